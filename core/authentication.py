@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from core.models import APIKey
+from core.selectors import api_key_authenticate
+from core.services import api_key_digest
+
+# Writing last_used_at on every request would turn reads into writes; a coarse
+# resolution is enough to see which keys are alive.
+LAST_USED_RESOLUTION = timedelta(minutes=5)
+
+
+class APIKeyAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <key>``, as OpenAI-compatible clients send it."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request):  # type: ignore[override]
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        parts = header.split()
+        if parts[0].lower() != self.keyword.lower():
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
+        api_key = api_key_authenticate(digest=api_key_digest(parts[1]))
+        if api_key is None:
+            raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
+        now = timezone.now()
+        if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
+            APIKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+        return api_key.owner, api_key
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword

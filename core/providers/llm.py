@@ -1,0 +1,100 @@
+"""The chat LLM: any OpenAI-compatible endpoint through the ``openai`` package.
+
+With ``LLM_BASE_URL`` unset, ``get_llm()`` raises ``ProviderNotConfigured`` naming
+the variable, and the API turns that into a JSON 503; features that need no LLM
+keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from django.conf import settings
+
+from core.providers.errors import ProviderBadResponse, ProviderNotConfigured
+from core.providers.retry import call_with_retries, translate_error
+
+
+@dataclass
+class ChatResult:
+    content: str
+    model: str
+    usage: dict[str, int] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+class ChatLLM:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        model: str,
+        timeout: float,
+        max_retries: int,
+        backoff: float,
+    ):
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.client = openai.OpenAI(
+            base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
+        )
+
+    def create(self, **kwargs: Any) -> dict[str, Any]:
+        """One non-streaming chat completion; returns the upstream JSON as a dict."""
+        kwargs.setdefault("model", self.model)
+        kwargs.pop("stream", None)
+        response = call_with_retries(
+            lambda: self.client.chat.completions.create(**kwargs),
+            max_retries=self.max_retries,
+            backoff=self.backoff,
+        )
+        return response.model_dump(exclude_unset=True)
+
+    def complete(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
+        raw = self.create(messages=messages, **kwargs)
+        try:
+            content = raw["choices"][0]["message"].get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ProviderBadResponse(f"chat response has no message content: {exc}") from exc
+        return ChatResult(
+            content=content, model=raw.get("model", ""), usage=raw.get("usage") or {}, raw=raw
+        )
+
+    def stream(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        """Stream chunks as dicts. Retries happen only before the first chunk arrives."""
+        kwargs.setdefault("model", self.model)
+        kwargs["stream"] = True
+        stream = call_with_retries(
+            lambda: self.client.chat.completions.create(**kwargs),
+            max_retries=self.max_retries,
+            backoff=self.backoff,
+        )
+        try:
+            for chunk in stream:
+                yield chunk.model_dump(exclude_unset=True)
+        except openai.OpenAIError as exc:
+            raise translate_error(exc) from exc
+
+
+def llm_configured() -> bool:
+    return bool(settings.LLM_BASE_URL)
+
+
+def get_llm(*, feature: str = "This feature") -> ChatLLM:
+    if not settings.LLM_BASE_URL:
+        raise ProviderNotConfigured("LLM_BASE_URL", feature)
+    if not settings.LLM_MODEL:
+        raise ProviderNotConfigured("LLM_MODEL", feature)
+    return ChatLLM(
+        base_url=settings.LLM_BASE_URL,
+        api_key=settings.LLM_API_KEY,
+        model=settings.LLM_MODEL,
+        timeout=settings.LLM_TIMEOUT,
+        max_retries=settings.LLM_MAX_RETRIES,
+        backoff=settings.RETRY_BACKOFF_SECONDS,
+    )

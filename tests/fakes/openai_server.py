@@ -1,0 +1,174 @@
+"""An OpenAI-compatible HTTP server on 127.0.0.1 with scripted answers.
+
+Tests push responses onto a queue; each request pops one (or falls back to a
+default). Requests are recorded so tests can assert what was sent. The real
+``openai`` client talks to it over HTTP, so the client path runs for real.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Scripted:
+    status: int = 200
+    body: Any = None  # dict -> JSON; str -> raw text
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    stream_chunks: list[dict[str, Any]] | None = None  # SSE when set
+
+
+def chat_body(content: str, *, model: str = "fake-model", usage: dict | None = None) -> dict:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": usage or {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def chat_chunks(pieces: list[str], *, model: str = "fake-model") -> list[dict[str, Any]]:
+    chunks = []
+    for i, piece in enumerate(pieces):
+        delta = {"content": piece} if i else {"role": "assistant", "content": piece}
+        chunks.append(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 1_700_000_000,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+            }
+        )
+    chunks.append(
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": model,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        }
+    )
+    return chunks
+
+
+def embedding_body(vectors: list[list[float]], *, model: str = "fake-embed") -> dict:
+    return {
+        "object": "list",
+        "model": model,
+        "data": [
+            {"object": "embedding", "index": i, "embedding": vector}
+            for i, vector in enumerate(vectors)
+        ],
+        "usage": {"prompt_tokens": 1, "total_tokens": 1},
+    }
+
+
+class FakeOpenAIServer:
+    def __init__(self) -> None:
+        self.queue: deque[Scripted] = deque()
+        self.requests: list[dict[str, Any]] = []
+        self.default_chat: Scripted | None = None
+        self.embed_fn = None  # callable(list[str]) -> list[list[float]] for embeddings
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    payload = json.loads(raw or b"{}")
+                except ValueError:
+                    payload = {"_raw": raw.decode(errors="replace")}
+                with server._lock:
+                    server.requests.append(
+                        {
+                            "path": self.path,
+                            "json": payload,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                        }
+                    )
+                    scripted = server.queue.popleft() if server.queue else None
+                if scripted is None:
+                    scripted = server._default_for(self.path, payload)
+                if scripted.delay:
+                    time.sleep(scripted.delay)
+                try:
+                    self._answer(scripted)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _answer(self, scripted: Scripted) -> None:
+                if scripted.stream_chunks is not None:
+                    self.send_response(scripted.status)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for chunk in scripted.stream_chunks:
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                body = scripted.body
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(scripted.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in scripted.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def _default_for(self, path: str, payload: dict[str, Any]) -> Scripted:
+        if path.endswith("/embeddings") and self.embed_fn is not None:
+            inputs = payload.get("input")
+            texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
+            return Scripted(body=embedding_body(self.embed_fn(texts)))
+        if self.default_chat is not None:
+            return self.default_chat
+        return Scripted(status=500, body={"error": {"message": "no scripted response"}})
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def push(self, *responses: Scripted) -> None:
+        with self._lock:
+            self.queue.extend(responses)
+
+    def start(self) -> FakeOpenAIServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
