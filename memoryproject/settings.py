@@ -257,3 +257,12 @@ LOGGING = {
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# --- Knowledge bases and retrieval ----------------------------------------------------
+# Scopes (bases x filters) up to this many chunks are searched exactly; larger ones
+# through the HNSW index (iterative scan on pgvector >= 0.8), redone exactly if short.
+SEARCH_EXACT_MAX_ROWS = env_int("SEARCH_EXACT_MAX_ROWS", 10000, minimum=0)
+SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
+SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
+INGEST_MAX_DOCUMENTS = env_int("INGEST_MAX_DOCUMENTS", 1000, minimum=1)
+INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimum=100)

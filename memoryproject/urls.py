@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/v1/", include("core.api.urls")),
+    path("api/v1/", include("knowledge.api.urls")),
 ]
 
 handler404 = "core.api.errors.json_404"

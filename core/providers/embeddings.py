@@ -223,18 +223,18 @@ def build_embedder(config: EmbeddingConfig | None = None) -> Embedder:
     raise ProviderError(f"unknown embedding provider {config.provider!r}")
 
 
-def get_embedder() -> Embedder:
-    """The configured embedder, built once per process (the local model loads once)."""
-    key = (
-        settings.EMBEDDING_PROVIDER,
-        settings.EMBEDDING_MODEL,
-        settings.EMBEDDING_DIMENSIONS,
-        settings.EMBEDDING_BASE_URL,
-    )
+def embedder_for(config: EmbeddingConfig) -> Embedder:
+    """The embedder for a stored configuration, built once per process and endpoint."""
+    key = (config.provider, config.model, config.dimensions, settings.EMBEDDING_BASE_URL)
     with _lock:
         if key not in _cache:
-            _cache[key] = build_embedder()
+            _cache[key] = build_embedder(config)
         return _cache[key]
+
+
+def get_embedder() -> Embedder:
+    """The configured embedder (the local model loads once per process)."""
+    return embedder_for(EmbeddingConfig.from_settings())
 
 
 def embed_texts(texts: Sequence[str]) -> np.ndarray:

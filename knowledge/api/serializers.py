@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from knowledge.models import FTS_LANGUAGES, KnowledgeBase
+from knowledge.search import FILTER_KEYS, MODES
+
+
+class KnowledgeBaseOutputSerializer(serializers.ModelSerializer):
+    embedding = serializers.SerializerMethodField()
+    metadata = serializers.SerializerMethodField()
+
+    class Meta:
+        model = KnowledgeBase
+        fields = [
+            "id", "name", "description", "is_memory_base", "source_kind", "language",
+            "chunk_size", "chunk_overlap", "embedding", "metadata", "created_at", "updated_at",
+        ]  # fmt: skip
+
+    def get_embedding(self, kb: KnowledgeBase) -> dict[str, Any]:
+        return {
+            "provider": kb.embedding_provider,
+            "model": kb.embedding_model,
+            "dimensions": kb.embedding_dimensions,
+        }
+
+    def get_metadata(self, kb: KnowledgeBase) -> dict[str, Any]:
+        return kb.embedding_metadata()
+
+
+class KnowledgeBaseCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    language = serializers.ChoiceField(choices=FTS_LANGUAGES, default="english")
+    chunk_size = serializers.IntegerField(min_value=50, max_value=20000, required=False)
+    chunk_overlap = serializers.IntegerField(min_value=0, max_value=10000, required=False)
+
+    def validate_name(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("Name may not be blank.")
+        return value.strip()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        size = attrs.get("chunk_size", 1000)
+        if attrs.get("chunk_overlap", 0) >= size:
+            raise serializers.ValidationError({"chunk_overlap": "Must be below chunk_size."})
+        return attrs
+
+
+class KnowledgeBaseUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    description = serializers.CharField(required=False, allow_blank=True)
+
+    def validate_name(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("Name may not be blank.")
+        return value.strip()
+
+
+class DocumentSerializer(serializers.Serializer):
+    text = serializers.CharField(trim_whitespace=False)
+    source_key = serializers.CharField(max_length=500, required=False)
+    metadata = serializers.DictField(required=False, default=dict)
+
+    def validate_text(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("Text may not be blank.")
+        if len(value) > settings.INGEST_MAX_DOCUMENT_CHARS:
+            raise serializers.ValidationError(
+                f"Text is longer than {settings.INGEST_MAX_DOCUMENT_CHARS} characters."
+            )
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # Without a key the text itself names the document, so re-sending it is idempotent.
+        if not attrs.get("source_key"):
+            attrs["source_key"] = "sha256:" + hashlib.sha256(attrs["text"].encode()).hexdigest()
+        return attrs
+
+
+class IngestSerializer(serializers.Serializer):
+    documents = DocumentSerializer(many=True, allow_empty=False)
+
+    def validate_documents(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len(value) > settings.INGEST_MAX_DOCUMENTS:
+            raise serializers.ValidationError(
+                f"At most {settings.INGEST_MAX_DOCUMENTS} documents per request."
+            )
+        keys = [doc["source_key"] for doc in value]
+        if len(keys) != len(set(keys)):
+            raise serializers.ValidationError("source_key values must be unique in a batch.")
+        return value
+
+
+class SearchSerializer(serializers.Serializer):
+    query = serializers.CharField(required=False, trim_whitespace=True, max_length=10000)
+    vector = serializers.ListField(
+        child=serializers.FloatField(), required=False, min_length=1, max_length=16000
+    )
+    top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    mode = serializers.ChoiceField(choices=MODES, default="hybrid")
+    similarity_threshold = serializers.FloatField(
+        min_value=-1.0, max_value=1.0, required=False, allow_null=True, default=None
+    )
+    filters = serializers.DictField(required=False, default=dict)
+    rrf_k = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    half_life_days = serializers.FloatField(
+        min_value=0.001, required=False, allow_null=True, default=None
+    )
+
+    def validate_filters(self, value: dict[str, Any]) -> dict[str, Any]:
+        allowed = {*FILTER_KEYS, "since", "until"}
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise serializers.ValidationError(
+                f"Unknown filter(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}."
+            )
+        out = dict(value)
+        for key in ("since", "until"):
+            if key in out:
+                out[key] = serializers.DateTimeField().to_internal_value(out[key])
+        for key in FILTER_KEYS:
+            if key in out and not isinstance(out[key], str | int):
+                raise serializers.ValidationError(f"Filter {key} must be a string.")
+        return out
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("query") and not attrs.get("vector"):
+            raise serializers.ValidationError({"query": "Give a non-empty query or a vector."})
+        if attrs["mode"] == "keyword" and not attrs.get("query"):
+            raise serializers.ValidationError({"query": "Keyword search needs a text query."})
+        return attrs
+
+
+class MultiSearchSerializer(SearchSerializer):
+    knowledge_base_ids = serializers.ListField(
+        child=serializers.UUIDField(), required=False, max_length=100
+    )
+    include_memory_bases = serializers.BooleanField(default=False)
+
+
+class HitSerializer(serializers.Serializer):
+    id = serializers.IntegerField(source="chunk_id")
+    knowledge_base = serializers.CharField(source="knowledge_base_id")
+    text = serializers.CharField()
+    metadata = serializers.DictField()
+    score = serializers.FloatField()
+    vector_score = serializers.FloatField(allow_null=True)
+    vector_rank = serializers.IntegerField(allow_null=True)
+    keyword_score = serializers.FloatField(allow_null=True)
+    keyword_rank = serializers.IntegerField(allow_null=True)
+
+
+class ChunkOutputSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    source_key = serializers.CharField()
+    document_key = serializers.CharField()
+    text = serializers.CharField()
+    chunk_index = serializers.IntegerField()
+    chunk_total = serializers.IntegerField()
+    source_type = serializers.CharField()
+    session_id = serializers.CharField()
+    metadata = serializers.DictField()
+    created_at = serializers.DateTimeField()

@@ -1,0 +1,185 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.errors import APIError
+from core.api.pagination import PageNumberPagination
+from knowledge.api.serializers import (
+    ChunkOutputSerializer,
+    HitSerializer,
+    IngestSerializer,
+    KnowledgeBaseCreateSerializer,
+    KnowledgeBaseOutputSerializer,
+    KnowledgeBaseUpdateSerializer,
+    MultiSearchSerializer,
+    SearchSerializer,
+)
+from knowledge.models import KnowledgeBase
+from knowledge.search import SearchRequest, search_chunks
+from knowledge.selectors import (
+    chunk_list,
+    knowledge_base_get,
+    knowledge_base_list,
+    knowledge_bases_for_search,
+)
+from knowledge.services import (
+    DocumentIn,
+    KnowledgeError,
+    NameTaken,
+    ReadOnlyKnowledgeBase,
+    knowledge_base_create,
+    knowledge_base_delete,
+    knowledge_base_ingest,
+    knowledge_base_update,
+)
+
+
+def knowledge_api_error(exc: KnowledgeError) -> APIError:
+    status_code = 409 if isinstance(exc, NameTaken | ReadOnlyKnowledgeBase) else 400
+    return APIError(status_code=status_code, code=exc.code, message=str(exc))
+
+
+def _get_kb(request: Request, kb_id: Any) -> KnowledgeBase:
+    try:
+        return knowledge_base_get(owner=request.user, kb_id=kb_id)
+    except KnowledgeBase.DoesNotExist:
+        raise Http404 from None
+
+
+def _search_request(data: dict[str, Any]) -> SearchRequest:
+    filters = dict(data.get("filters") or {})
+    return SearchRequest(
+        query=data.get("query") or None,
+        vector=data.get("vector"),
+        top_k=data["top_k"],
+        mode=data["mode"],
+        similarity_threshold=data.get("similarity_threshold"),
+        since=filters.pop("since", None),
+        until=filters.pop("until", None),
+        filters=filters,
+        rrf_k=data.get("rrf_k") or settings.SEARCH_RRF_K,
+        half_life_days=data.get("half_life_days"),
+    )
+
+
+def _run_search(bases: list[KnowledgeBase], data: dict[str, Any]) -> Response:
+    try:
+        hits = search_chunks(bases=bases, request=_search_request(data))
+    except KnowledgeError as exc:
+        raise knowledge_api_error(exc) from exc
+    return Response({"results": HitSerializer(hits, many=True).data})
+
+
+class KnowledgeBaseListView(APIView):
+    @extend_schema(responses=KnowledgeBaseOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(
+            knowledge_base_list(owner=request.user), request, view=self
+        )
+        return paginator.get_paginated_response(KnowledgeBaseOutputSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=KnowledgeBaseCreateSerializer, responses={201: KnowledgeBaseOutputSerializer}
+    )
+    def post(self, request: Request) -> Response:
+        data = KnowledgeBaseCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            kb = knowledge_base_create(owner=request.user, **data.validated_data)
+        except KnowledgeError as exc:
+            raise knowledge_api_error(exc) from exc
+        return Response(KnowledgeBaseOutputSerializer(kb).data, status=status.HTTP_201_CREATED)
+
+
+class KnowledgeBaseDetailView(APIView):
+    @extend_schema(responses=KnowledgeBaseOutputSerializer)
+    def get(self, request: Request, kb_id: Any) -> Response:
+        return Response(KnowledgeBaseOutputSerializer(_get_kb(request, kb_id)).data)
+
+    @extend_schema(request=KnowledgeBaseUpdateSerializer, responses=KnowledgeBaseOutputSerializer)
+    def patch(self, request: Request, kb_id: Any) -> Response:
+        kb = _get_kb(request, kb_id)
+        data = KnowledgeBaseUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            kb = knowledge_base_update(knowledge_base=kb, **data.validated_data)
+        except KnowledgeError as exc:
+            raise knowledge_api_error(exc) from exc
+        return Response(KnowledgeBaseOutputSerializer(kb).data)
+
+    def delete(self, request: Request, kb_id: Any) -> Response:
+        knowledge_base_delete(knowledge_base=_get_kb(request, kb_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class KnowledgeBaseDocumentsView(APIView):
+    @extend_schema(request=IngestSerializer)
+    def post(self, request: Request, kb_id: Any) -> Response:
+        kb = _get_kb(request, kb_id)
+        if kb.source_kind == KnowledgeBase.SourceKind.FILES:
+            raise knowledge_api_error(
+                ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
+            )
+        data = IngestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        documents = [
+            DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d["metadata"])
+            for d in data.validated_data["documents"]
+        ]
+        try:
+            result = knowledge_base_ingest(knowledge_base=kb, documents=documents)
+        except KnowledgeError as exc:
+            raise knowledge_api_error(exc) from exc
+        return Response(
+            {
+                "documents": result.documents,
+                "chunks_written": result.chunks_written,
+                "chunks_deleted": result.chunks_deleted,
+                "knowledge_base": KnowledgeBaseOutputSerializer(kb).data,
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class KnowledgeBaseChunksView(APIView):
+    @extend_schema(responses=ChunkOutputSerializer(many=True))
+    def get(self, request: Request, kb_id: Any) -> Response:
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(
+            chunk_list(knowledge_base=_get_kb(request, kb_id)), request, view=self
+        )
+        return paginator.get_paginated_response(ChunkOutputSerializer(page, many=True).data)
+
+
+class KnowledgeBaseSearchView(APIView):
+    @extend_schema(request=SearchSerializer, responses=HitSerializer(many=True))
+    def post(self, request: Request, kb_id: Any) -> Response:
+        kb = _get_kb(request, kb_id)
+        data = SearchSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return _run_search([kb], data.validated_data)
+
+
+class SearchView(APIView):
+    @extend_schema(request=MultiSearchSerializer, responses=HitSerializer(many=True))
+    def post(self, request: Request) -> Response:
+        data = MultiSearchSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            bases = knowledge_bases_for_search(
+                owner=request.user,
+                kb_ids=data.validated_data.get("knowledge_base_ids"),
+                include_memory_bases=data.validated_data["include_memory_bases"],
+            )
+        except KnowledgeBase.DoesNotExist:
+            raise Http404 from None
+        return _run_search(bases, data.validated_data)

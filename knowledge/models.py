@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from pgvector.django import VectorField
+
+# Dimensions that get an HNSW index (partial expression index per dimension, see
+# migration 0002). A base with other dimensions still works, through exact search.
+INDEXED_DIMENSIONS = (384, 768, 1024, 1536)
+FTS_LANGUAGES = (
+    "english",
+    "simple",
+    "french",
+    "german",
+    "spanish",
+    "italian",
+    "portuguese",
+    "dutch",
+)
+
+
+class RegConfigField(models.CharField):
+    """A PostgreSQL ``regconfig`` (text-search configuration), exchanged as its name."""
+
+    def db_type(self, connection: object) -> str:
+        return "regconfig"
+
+    def cast_db_type(self, connection: object) -> str:
+        return "regconfig"
+
+    def from_db_value(self, value: object, expression: object, connection: object) -> object:
+        return value if value is None else str(value)
+
+
+class KnowledgeBase(models.Model):
+    class SourceKind(models.TextChoices):
+        DOCUMENTS = "documents", "Documents (API)"
+        FILES = "files", "Files (read-only through the API)"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="knowledge_bases"
+    )
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    embedding_provider = models.CharField(max_length=32, editable=False)
+    embedding_model = models.CharField(max_length=200, editable=False)
+    embedding_dimensions = models.PositiveIntegerField(editable=False)
+    is_memory_base = models.BooleanField(default=False, editable=False)
+    source_kind = models.CharField(
+        max_length=16, choices=SourceKind.choices, default=SourceKind.DOCUMENTS
+    )
+    language = models.CharField(max_length=32, default="english")
+    chunk_size = models.PositiveIntegerField(default=1000)
+    chunk_overlap = models.PositiveIntegerField(default=100)
+    # Counters kept current in the same transaction as every chunk write.
+    chunk_count = models.PositiveIntegerField(default=0, editable=False)
+    word_count = models.PositiveBigIntegerField(default=0, editable=False)
+    char_count = models.PositiveBigIntegerField(default=0, editable=False)
+    size_bytes = models.PositiveBigIntegerField(default=0, editable=False)
+    source_types = models.JSONField(default=list, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="kb_unique_name_per_owner"),
+            models.CheckConstraint(
+                condition=models.Q(chunk_overlap__lt=models.F("chunk_size")),
+                name="kb_overlap_below_size",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(embedding_dimensions__gte=1, embedding_dimensions__lte=16000),
+                name="kb_dimensions_range",
+            ),
+        ]
+        indexes = [models.Index(fields=["owner", "is_memory_base"], name="kb_owner_memflag")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def average_chunk_size(self) -> float:
+        return round(self.char_count / self.chunk_count, 1) if self.chunk_count else 0.0
+
+    def embedding_metadata(self) -> dict[str, object]:
+        """The fields of a Langflow ``embedding_metadata.json``."""
+        return {
+            "embedding_provider": self.embedding_provider,
+            "embedding_model": self.embedding_model,
+            "embedding_dimensions": self.embedding_dimensions,
+            "chunks": self.chunk_count,
+            "words": self.word_count,
+            "characters": self.char_count,
+            "avg_chunk_size": self.average_chunk_size,
+            "size": self.size_bytes,
+            "is_memory_base": self.is_memory_base,
+            "source_types": self.source_types,
+        }
+
+
+class Chunk(models.Model):
+    """One piece of text with its embedding and source metadata.
+
+    ``search_vector`` (a stored generated ``tsvector`` over ``text`` with this row's
+    ``fts_config``) exists in the table but not in the model: it is written by
+    PostgreSQL and read only by the search SQL.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    knowledge_base = models.ForeignKey(
+        KnowledgeBase, on_delete=models.CASCADE, related_name="chunks"
+    )
+    source_key = models.CharField(max_length=600)
+    document_key = models.CharField(max_length=512)
+    text = models.TextField()
+    embedding = VectorField()
+    dimensions = models.PositiveSmallIntegerField()
+    fts_config = RegConfigField(max_length=32, default="english")
+    chunk_index = models.PositiveIntegerField(default=0)
+    chunk_total = models.PositiveIntegerField(default=1)
+    source_type = models.CharField(max_length=32, blank=True, default="")
+    message_id = models.CharField(max_length=64, blank=True, default="")
+    session_id = models.CharField(max_length=255, blank=True, default="")
+    flow_id = models.CharField(max_length=64, blank=True, default="")
+    run_id = models.CharField(max_length=64, blank=True, default="")
+    sender = models.CharField(max_length=255, blank=True, default="")
+    file_path = models.TextField(blank=True, default="")
+    content_hash = models.CharField(max_length=64, blank=True, default="")
+    source_timestamp = models.DateTimeField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    word_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["knowledge_base", "source_key"], name="chunk_unique_source_key"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["knowledge_base", "document_key"], name="chunk_kb_document"),
+            models.Index(fields=["knowledge_base", "session_id"], name="chunk_kb_session"),
+            models.Index(fields=["knowledge_base", "flow_id"], name="chunk_kb_flow"),
+            models.Index(fields=["knowledge_base", "source_type"], name="chunk_kb_source_type"),
+            models.Index(fields=["knowledge_base", "source_timestamp"], name="chunk_kb_timestamp"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_key}: {self.text[:60]}"

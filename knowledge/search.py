@@ -1,0 +1,295 @@
+"""Retrieval over chunks: vector, keyword (Postgres full text) and hybrid (RRF).
+
+The rule this module keeps: a filtered search returns min(top_k, matching rows).
+An HNSW scan with a filter applied afterwards can return fewer rows or none (the
+index hands back its ef_search nearest rows, and the filter may drop them all).
+So small scopes take an exact scan, large scopes use pgvector 0.8's iterative
+index scan where the server has it, and any index scan that comes back short is
+redone exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from core.health import pgvector_supports_iterative_scan, pgvector_version
+from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
+from knowledge.services import KnowledgeError, kb_embedder
+
+MODES = ("hybrid", "vector", "keyword")
+FILTER_KEYS = (
+    "session_id",
+    "flow_id",
+    "source_type",
+    "run_id",
+    "message_id",
+    "sender",
+    "file_path",
+)
+
+
+class SearchError(KnowledgeError):
+    code = "invalid"
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    query: str | None = None
+    vector: Sequence[float] | None = None
+    top_k: int = 10
+    mode: str = "hybrid"
+    similarity_threshold: float | None = None
+    filters: dict[str, Any] = field(default_factory=dict)
+    since: datetime | None = None
+    until: datetime | None = None
+    rrf_k: int = 10
+    half_life_days: float | None = None
+
+
+@dataclass
+class Hit:
+    chunk_id: int
+    knowledge_base_id: str
+    score: float
+    vector_score: float | None = None
+    vector_rank: int | None = None
+    keyword_score: float | None = None
+    keyword_rank: int | None = None
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def _iterative_scan_available() -> bool:
+    return pgvector_supports_iterative_scan(pgvector_version())
+
+
+def _scope_sql(kb_ids: list[str], request: SearchRequest) -> tuple[str, list[Any]]:
+    clauses = ["knowledge_base_id = ANY(%s::uuid[])"]
+    params: list[Any] = [kb_ids]
+    for key in FILTER_KEYS:
+        if key in request.filters:
+            clauses.append(f"{key} = %s")
+            params.append(str(request.filters[key]))
+    if request.since is not None:
+        clauses.append("coalesce(source_timestamp, created_at) >= %s")
+        params.append(request.since)
+    if request.until is not None:
+        clauses.append("coalesce(source_timestamp, created_at) < %s")
+        params.append(request.until)
+    return " AND ".join(clauses), params
+
+
+def _exact_vector(
+    scope: str, params: list[Any], vec: str, limit: int, max_distance: float | None
+) -> list[tuple[int, float]]:
+    threshold = " AND embedding <=> %s::vector <= %s" if max_distance is not None else ""
+    extra = [vec, max_distance] if max_distance is not None else []
+    # Ordering by the uncast column cannot use the per-dimension expression
+    # indexes, so this is always an exact scan of the (filtered) scope.
+    sql = (
+        f"SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
+        f"WHERE {scope}{threshold} ORDER BY d, id LIMIT %s"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, [vec, *params, *extra, limit])
+        return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+def _index_vector(
+    scope: str, params: list[Any], vec: str, dims: int, limit: int
+) -> list[tuple[int, float]]:
+    sql = (
+        f"WITH c AS MATERIALIZED (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d "
+        f"FROM knowledge_chunk WHERE dimensions = {dims} AND {scope} ORDER BY d LIMIT %s) "
+        "SELECT id, d FROM c ORDER BY d, id"
+    )
+    with transaction.atomic(), connection.cursor() as cur:
+        ef_search = min(max(40, limit * 2), 1000)
+        cur.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
+        if _iterative_scan_available():
+            cur.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+            cur.execute(f"SET LOCAL hnsw.max_scan_tuples = {settings.SEARCH_MAX_SCAN_TUPLES}")
+        cur.execute(sql, [vec, *params, limit])
+        return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+def _scope_is_small(scope: str, params: list[Any]) -> bool:
+    limit = settings.SEARCH_EXACT_MAX_ROWS
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM knowledge_chunk WHERE {scope} LIMIT %s) s",
+            [*params, limit + 1],
+        )
+        return cur.fetchone()[0] <= limit
+
+
+def vector_ranking(
+    kb_ids: list[str], dims: int, vector: np.ndarray, request: SearchRequest, limit: int
+) -> list[tuple[int, float]]:
+    """[(chunk id, cosine distance)] nearest first: min(limit, matching rows) of them."""
+    scope, params = _scope_sql(kb_ids, request)
+    vec = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    max_distance = (
+        None if request.similarity_threshold is None else 1.0 - request.similarity_threshold
+    )
+    if dims in INDEXED_DIMENSIONS and not _scope_is_small(scope, params):
+        rows = _index_vector(scope, params, vec, dims, limit)
+        if len(rows) >= limit:
+            if max_distance is not None:
+                rows = [r for r in rows if r[1] <= max_distance]
+            return rows
+        # The index scan came back short (post-filter ate it): redo exactly.
+    return _exact_vector(scope, params, vec, limit, max_distance)
+
+
+def keyword_ranking(
+    kb_ids: list[str], language: str, text: str, request: SearchRequest, limit: int
+) -> list[tuple[int, float]]:
+    """[(chunk id, ts_rank_cd)] best first, for the chunks matching the query."""
+    scope, params = _scope_sql(kb_ids, request)
+    # Any query word matches (OR of the query's lexemes, already normalised by the
+    # base's configuration); ts_rank_cd still ranks chunks with more of them higher.
+    sql = (
+        "WITH query AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
+        "FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) l), '')::tsquery AS q) "
+        "SELECT id, ts_rank_cd(search_vector, query.q) AS r FROM knowledge_chunk, query "
+        f"WHERE {scope} AND search_vector @@ query.q ORDER BY r DESC, id LIMIT %s"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, [language, text, *params, limit])
+        return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+def _query_vectors(
+    bases: list[KnowledgeBase], request: SearchRequest
+) -> dict[tuple[str, str, int], tuple[list[str], np.ndarray]]:
+    groups: dict[tuple[str, str, int], list[KnowledgeBase]] = defaultdict(list)
+    for kb in bases:
+        groups[(kb.embedding_provider, kb.embedding_model, kb.embedding_dimensions)].append(kb)
+    out = {}
+    for key, members in groups.items():
+        if request.vector is not None:
+            vector = np.asarray(request.vector, dtype=np.float32)
+            if vector.shape != (key[2],):
+                raise SearchError(
+                    f"vector has {vector.shape[0]} dimensions; knowledge base "
+                    f"{members[0].name!r} uses {key[2]}"
+                )
+        else:
+            vector = kb_embedder(members[0]).embed([request.query or ""])[0]
+        out[key] = ([str(kb.pk) for kb in members], vector)
+    return out
+
+
+def _decay(hits: list[Hit], created: dict[int, datetime], half_life_days: float) -> None:
+    now = timezone.now()
+    for hit in hits:
+        age_days = max(0.0, (now - created[hit.chunk_id]).total_seconds() / 86400)
+        hit.score *= math.pow(0.5, age_days / half_life_days)
+
+
+def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list[Hit]:
+    """Rank chunks of ``bases`` for ``request``; returns at most ``top_k`` hits."""
+    if request.mode not in MODES:
+        raise SearchError(f"mode must be one of {', '.join(MODES)}")
+    if request.mode == "keyword" and not request.query:
+        raise SearchError("keyword search needs a text query")
+    if not bases:
+        return []
+    top_k = request.top_k
+    pool = top_k if request.mode != "hybrid" else max(top_k * 3, 30)
+    vector_hits: list[tuple[int, float]] = []
+    keyword_hits: list[tuple[int, float]] = []
+    if request.mode in ("vector", "hybrid"):
+        for key, (kb_ids, vector) in _query_vectors(bases, request).items():
+            vector_hits += vector_ranking(kb_ids, key[2], vector, request, pool)
+        vector_hits.sort(key=lambda r: (r[1], r[0]))
+    if request.mode in ("keyword", "hybrid") and request.query:
+        by_language: dict[str, list[str]] = defaultdict(list)
+        for kb in bases:
+            by_language[kb.language].append(str(kb.pk))
+        for language, kb_ids in by_language.items():
+            keyword_hits += keyword_ranking(kb_ids, language, request.query, request, pool)
+        keyword_hits.sort(key=lambda r: (-r[1], r[0]))
+    hits = _fuse(vector_hits, keyword_hits, request)
+    return _finish(hits, request)
+
+
+def _fuse(
+    vector_hits: list[tuple[int, float]],
+    keyword_hits: list[tuple[int, float]],
+    request: SearchRequest,
+) -> list[Hit]:
+    by_id: dict[int, Hit] = {}
+    for rank, (chunk_id, distance) in enumerate(vector_hits, start=1):
+        hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
+        hit.vector_rank, hit.vector_score = rank, 1.0 - distance
+    for rank, (chunk_id, ts_rank) in enumerate(keyword_hits, start=1):
+        hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
+        hit.keyword_rank, hit.keyword_score = rank, ts_rank
+    for hit in by_id.values():
+        if request.mode == "vector":
+            hit.score = hit.vector_score or 0.0
+        elif request.mode == "keyword":
+            hit.score = hit.keyword_score or 0.0
+        else:
+            hit.score = sum(
+                1.0 / (request.rrf_k + rank)
+                for rank in (hit.vector_rank, hit.keyword_rank)
+                if rank is not None
+            )
+    return list(by_id.values())
+
+
+_DETAIL_SQL = (
+    "SELECT id, knowledge_base_id, text, source_key, document_key, chunk_index, chunk_total, "
+    "source_type, message_id, session_id, flow_id, run_id, sender, file_path, content_hash, "
+    "source_timestamp, metadata, created_at FROM knowledge_chunk WHERE id = ANY(%s)"
+)
+
+
+def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
+    if not hits:
+        return []
+    rows = _details([h.chunk_id for h in hits])
+    if request.half_life_days:
+        created = {cid: row["timestamp"] or row["created_at"] for cid, row in rows.items()}
+        _decay(hits, created, request.half_life_days)
+    hits.sort(key=lambda h: (-h.score, h.vector_rank or 10**9, h.keyword_rank or 10**9, h.chunk_id))
+    hits = hits[: request.top_k]
+    for hit in hits:
+        row = rows[hit.chunk_id]
+        hit.knowledge_base_id = str(row.pop("knowledge_base_id"))
+        hit.text = row.pop("text")
+        row.pop("created_at")
+        extra = row.pop("metadata") or {}
+        timestamp = row.pop("timestamp")
+        hit.metadata = {**extra, **row, "timestamp": timestamp.isoformat() if timestamp else None}
+    return hits
+
+
+def _details(ids: list[int]) -> dict[int, dict[str, Any]]:
+    with connection.cursor() as cur:
+        cur.execute(_DETAIL_SQL, [ids])
+        names = [c.name for c in cur.description]
+        out = {}
+        for values in cur.fetchall():
+            row = dict(zip(names, values))
+            row["timestamp"] = row.pop("source_timestamp")
+            if isinstance(row["metadata"], str):  # Django's connection loads jsonb as text
+                row["metadata"] = json.loads(row["metadata"])
+            out[row.pop("id")] = row
+        return out

@@ -1,0 +1,54 @@
+"""Reads for knowledge bases, always scoped by owner."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+
+from knowledge.models import Chunk, KnowledgeBase
+
+
+def knowledge_base_list(
+    *, owner: AbstractBaseUser, include_memory_bases: bool = True
+) -> QuerySet[KnowledgeBase]:
+    qs = KnowledgeBase.objects.filter(owner=owner)
+    if not include_memory_bases:
+        qs = qs.filter(is_memory_base=False)
+    return qs.order_by("name", "id")
+
+
+def knowledge_base_get(*, owner: AbstractBaseUser, kb_id: uuid.UUID | str) -> KnowledgeBase:
+    """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's."""
+    return KnowledgeBase.objects.get(owner=owner, pk=kb_id)
+
+
+def knowledge_bases_for_search(
+    *,
+    owner: AbstractBaseUser,
+    kb_ids: Sequence[uuid.UUID | str] | None,
+    include_memory_bases: bool,
+) -> list[KnowledgeBase]:
+    """The bases a search covers.
+
+    Named ids are searched whatever their kind (a memory base named by id is
+    searched); raises DoesNotExist if any id is not the owner's. Without ids: all
+    of the owner's bases, leaving out memory bases unless asked to include them.
+    """
+    if kb_ids:
+        wanted = {str(k) for k in kb_ids}
+        bases = list(KnowledgeBase.objects.filter(owner=owner, pk__in=wanted))
+        if len(bases) != len(wanted):
+            raise KnowledgeBase.DoesNotExist("unknown knowledge base")
+        return bases
+    return list(knowledge_base_list(owner=owner, include_memory_bases=include_memory_bases))
+
+
+def chunk_list(*, knowledge_base: KnowledgeBase) -> QuerySet[Chunk]:
+    return (
+        Chunk.objects.filter(knowledge_base=knowledge_base)
+        .defer("embedding")
+        .order_by("document_key", "chunk_index", "id")
+    )

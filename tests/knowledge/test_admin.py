@@ -1,0 +1,32 @@
+import pytest
+
+from knowledge.models import Chunk
+from tests.knowledge.factories import ingest, make_kb
+
+pytestmark = pytest.mark.django_db
+
+
+def test_admin_lists_bases_with_counts_and_memory_flag(admin_client, alice):
+    kb = make_kb(alice, name="notes")
+    make_kb(alice, name="memory", is_memory_base=True)
+    ingest(kb, ("a", "hello world"), ("b", "second doc"))
+    html = admin_client.get("/admin/knowledge/knowledgebase/").content.decode()
+    assert "notes" in html and "memory" in html
+    assert 'class="field-chunk_count">2<' in html
+
+
+def test_chunk_browser_searches_text_and_never_renders_vectors(admin_client, alice):
+    kb = make_kb(alice)
+    ingest(
+        kb,
+        ("a", "the running foxes", {"session_id": "s1"}),
+        ("b", "sleeping cats", {"session_id": "s2"}),
+    )
+    listing = admin_client.get("/admin/knowledge/chunk/?q=fox").content.decode()
+    assert "the running foxes" in listing and "sleeping cats" not in listing
+    by_session = admin_client.get("/admin/knowledge/chunk/?q=s2").content.decode()
+    assert "sleeping cats" in by_session and "the running foxes" not in by_session
+    chunk = Chunk.objects.get(source_key="a#0")
+    detail = admin_client.get(f"/admin/knowledge/chunk/{chunk.pk}/change/").content.decode()
+    assert "the running foxes" in detail
+    assert "embedding" not in detail.lower()
