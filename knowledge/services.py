@@ -360,3 +360,27 @@ def knowledge_base_delete_chunks(
             _apply_stats_delta(cur, knowledge_base, old, (0, 0, 0, 0))
     knowledge_base.refresh_from_db()
     return int(old[0])
+
+
+def knowledge_base_recount(*, knowledge_base: KnowledgeBase) -> KnowledgeBase:
+    """Recompute the counters from the chunks themselves.
+
+    The counters are kept exact by every write that goes through these services;
+    this repairs them after rows changed behind our back (a manual DELETE).
+    """
+    with transaction.atomic():
+        KnowledgeBase.objects.select_for_update().get(pk=knowledge_base.pk)
+        with connection.cursor() as cur:
+            cur.execute(
+                f"SELECT {_AGGREGATE} FROM knowledge_chunk WHERE knowledge_base_id = %s",
+                [knowledge_base.pk],
+            )
+            actual = cur.fetchone()
+            cur.execute(
+                "UPDATE knowledge_knowledgebase SET chunk_count = 0, word_count = 0, "
+                "char_count = 0, size_bytes = 0 WHERE id = %s",
+                [knowledge_base.pk],
+            )
+            _apply_stats_delta(cur, knowledge_base, (0, 0, 0, 0), actual)
+    knowledge_base.refresh_from_db()
+    return knowledge_base

@@ -266,3 +266,7 @@ SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 INGEST_MAX_DOCUMENTS = env_int("INGEST_MAX_DOCUMENTS", 1000, minimum=1)
 INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimum=100)
+
+# --- Memory bases ---------------------------------------------------------------------
+MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000, minimum=100)
+RUN_MAX_MESSAGES = env_int("RUN_MAX_MESSAGES", 500, minimum=1)

@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/v1/", include("core.api.urls")),
     path("api/v1/", include("knowledge.api.urls")),
+    path("api/v1/", include("ingestion.api.urls")),
 ]
 
 handler404 = "core.api.errors.json_404"
