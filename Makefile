@@ -21,6 +21,7 @@ run: install
 	$(BIN)/python manage.py serve
 
 test: install
+	bash scripts/ensure-chromium.sh
 	$(BIN)/python -m pytest
 
 lint: install
