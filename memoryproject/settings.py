@@ -270,3 +270,12 @@ INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimu
 # --- Memory bases ---------------------------------------------------------------------
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000, minimum=100)
 RUN_MAX_MESSAGES = env_int("RUN_MAX_MESSAGES", 500, minimum=1)
+
+# --- Conversation and node memory -----------------------------------------------------
+MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(DATA_DIR / "media")))
+# Node memory documents go through this storage alias (any Django storage backend).
+NODE_MEMORY_STORAGE = env_str("NODE_MEMORY_STORAGE", "default")
+NODE_MEMORY_IDLE_DAYS = env_float("NODE_MEMORY_IDLE_DAYS", 30.0, minimum=0.0)
+NODE_MEMORY_GZIP_BYTES = env_int("NODE_MEMORY_GZIP_BYTES", 64 * 1024, minimum=0)  # 0 = never
+HISTORY_MESSAGE_LIMIT = env_int("HISTORY_MESSAGE_LIMIT", 500, minimum=1)
+HISTORY_MAX_TOKENS = env_int("HISTORY_MAX_TOKENS", 2000, minimum=1)
