@@ -3,9 +3,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from core.api.errors import json_error_response
+from core.api.errors import json_error_response, openai_error_body
 
 API_PREFIXES = ("/api/", "/v1/")
 
@@ -23,10 +23,13 @@ class RequestSizeLimitMiddleware:
             except ValueError:
                 return json_error_response(400, "Invalid Content-Length header.")
             if length > settings.MAX_REQUEST_BYTES:
-                return json_error_response(
-                    413,
+                message = (
                     f"Request body of {length} bytes exceeds the limit of "
-                    f"{settings.MAX_REQUEST_BYTES} bytes.",
-                    {"limit": settings.MAX_REQUEST_BYTES, "size": length},
+                    f"{settings.MAX_REQUEST_BYTES} bytes."
                 )
+                details = {"limit": settings.MAX_REQUEST_BYTES, "size": length}
+                if request.path.startswith("/v1/"):
+                    body = openai_error_body(413, "payload_too_large", message, details)
+                    return JsonResponse(body, status=413)
+                return json_error_response(413, message, details)
         return self.get_response(request)

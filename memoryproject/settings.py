@@ -279,3 +279,26 @@ NODE_MEMORY_IDLE_DAYS = env_float("NODE_MEMORY_IDLE_DAYS", 30.0, minimum=0.0)
 NODE_MEMORY_GZIP_BYTES = env_int("NODE_MEMORY_GZIP_BYTES", 64 * 1024, minimum=0)  # 0 = never
 HISTORY_MESSAGE_LIMIT = env_int("HISTORY_MESSAGE_LIMIT", 500, minimum=1)
 HISTORY_MAX_TOKENS = env_int("HISTORY_MAX_TOKENS", 2000, minimum=1)
+
+# --- Personal memories ----------------------------------------------------------------
+MEMORY_USER_HEADER = env_str("MEMORY_USER_HEADER", "X-OpenWebUI-User-Id")
+# Cosine similarity a memory needs to be injected. The seed's 0.8 was for mistral-embed;
+# all-MiniLM-L6-v2 puts related facts around 0.3-0.6, OpenAI's text-embedding-3 models
+# around 0.3-0.5, and the hashing embedder only scores word overlap.
+_MEMORY_DEFAULTS = {
+    "local": {"score": 0.3, "dedup": 0.9, "conflict": 0.3},
+    "openai": {"score": 0.3, "dedup": 0.9, "conflict": 0.3},
+    "hashing": {"score": 0.2, "dedup": 0.9, "conflict": 0.2},
+}[EMBEDDING_PROVIDER]
+MEMORY_SCORE_THRESHOLD = env_float("MEMORY_SCORE_THRESHOLD", _MEMORY_DEFAULTS["score"])
+MEMORY_DEDUP_THRESHOLD = env_float("MEMORY_DEDUP_THRESHOLD", _MEMORY_DEFAULTS["dedup"])
+MEMORY_CONFLICT_MIN_SIMILARITY = env_float(
+    "MEMORY_CONFLICT_MIN_SIMILARITY", _MEMORY_DEFAULTS["conflict"]
+)
+MEMORY_CONFLICT_CANDIDATES = env_int("MEMORY_CONFLICT_CANDIDATES", 3, minimum=1)
+MEMORY_TOP_K = env_int("MEMORY_TOP_K", 10, minimum=1)
+MEMORY_PROMPT_MAX_TOKENS = env_int("MEMORY_PROMPT_MAX_TOKENS", 600, minimum=50)
+MEMORY_GLOBAL_MIN_PERSONAL = env_int("MEMORY_GLOBAL_MIN_PERSONAL", 5, minimum=0)
+MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MODEL
+CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
+METRICS_TOKEN = env_str("METRICS_TOKEN")  # when set, /metrics needs "Authorization: Bearer <token>"

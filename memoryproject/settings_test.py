@@ -19,5 +19,8 @@ for _name in (
 ):
     os.environ.pop(_name, None)
 os.environ.setdefault("RETRY_BACKOFF_SECONDS", "0.01")
+# Live-server threads must not keep connections open past a request (the test
+# database could not be dropped at the end of the run).
+os.environ["CONN_MAX_AGE"] = "0"
 
 from memoryproject.settings import *  # noqa: E402,F403

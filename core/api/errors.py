@@ -133,3 +133,49 @@ def json_500(request: HttpRequest) -> HttpResponse:
     if request.path.startswith(("/api/", "/v1/")):
         return json_error_response(500, "Internal server error.")
     return defaults.server_error(request)
+
+
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_error_body(
+    status_code: int, code: str, message: str, details: Any = None
+) -> dict[str, Any]:
+    """OpenAI's error shape (message, type, param, code), plus our ``details``."""
+    if status_code >= 500:
+        kind = "api_error"
+    else:
+        kind = _OPENAI_TYPES.get(status_code, "invalid_request_error")
+    param = None
+    if isinstance(details, dict) and len(details) == 1:
+        param = next(iter(details))
+    return {
+        "error": {
+            "message": message,
+            "type": kind,
+            "param": param,
+            "code": code,
+            "details": details,
+        }
+    }
+
+
+def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """The project's handler, answering in OpenAI's error shape for /v1 endpoints."""
+    response = exception_handler(exc, context)
+    if response is not None:
+        error = response.data["error"]
+        message = error["message"]
+        if error["code"] == "invalid" and isinstance(error["details"], dict):
+            field, problems = next(iter(error["details"].items()))
+            message = (
+                f"{field}: {problems[0] if isinstance(problems, list) and problems else problems}"
+            )
+        response.data = openai_error_body(
+            response.status_code, error["code"], message, error["details"]
+        )
+    return response

@@ -85,6 +85,7 @@ class FakeOpenAIServer:
         self.requests: list[dict[str, Any]] = []
         self.default_chat: Scripted | None = None
         self.embed_fn = None  # callable(list[str]) -> list[list[float]] for embeddings
+        self.chat_fn = None  # callable(request json) -> Scripted, when the queue is empty
         self._lock = threading.Lock()
         server = self
 
@@ -152,6 +153,8 @@ class FakeOpenAIServer:
             inputs = payload.get("input")
             texts = [inputs] if isinstance(inputs, str) else list(inputs or [])
             return Scripted(body=embedding_body(self.embed_fn(texts)))
+        if path.endswith("/chat/completions") and self.chat_fn is not None:
+            return self.chat_fn(payload)
         if self.default_chat is not None:
             return self.default_chat
         return Scripted(status=500, body={"error": {"message": "no scripted response"}})
