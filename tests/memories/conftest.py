@@ -89,7 +89,7 @@ def scripted_llm(
                     decision = dict(decision)
                     if "target" in decision:
                         target = decision.pop("target")
-                        line = next(l for l in content.splitlines() if f'"{target}"' in l)
+                        line = next(ln for ln in content.splitlines() if f'"{target}"' in ln)
                         decision["target_id"] = line.split("id=")[1].split(":")[0]
                     return Scripted(body=chat_body(json.dumps(decision)))
             return Scripted(body=chat_body('{"action": "add", "reason": "unrelated"}'))
