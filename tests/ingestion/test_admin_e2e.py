@@ -67,7 +67,7 @@ def _messages(browser) -> str:
 
 def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memory_base):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     UserFactory(username="operator", is_staff=True, is_superuser=True, password="operator-pw")
     record(flow, "s1", "first answer", "second answer", "third answer")
@@ -77,6 +77,7 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys("operator-pw")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 30).until(lambda b: "/admin/login/" not in b.current_url)
 
     listing = live_server.url + "/admin/ingestion/memorybase/"
     browser.get(listing)
@@ -99,6 +100,7 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
     browser.find_element(By.CSS_SELECTOR, "#result_list tbody input.action-select").click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("regenerate")
     browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    WebDriverWait(browser, 60).until(lambda b: "Regenerating" in _messages(b))
 
     assert "Regenerating: queued 2 job(s)." in _messages(browser)
     browser.get(listing)
