@@ -11,7 +11,7 @@ import hashlib
 import re
 import unicodedata
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -32,6 +32,7 @@ from memories.selectors import memory_search
 
 _END_USER_RE = re.compile(END_USER_ID_PATTERN)
 MAX_MEMORY_CHARS = 2000
+LAST_SEEN_RESOLUTION = timedelta(minutes=5)
 
 
 class MemoryServiceError(Exception):
@@ -72,7 +73,12 @@ def end_user_ensure(*, owner: AbstractBaseUser | Any, external_id: str) -> EndUs
     validate_external_id(external_id)
     owner_id = getattr(owner, "pk", owner)
     end_user, _ = EndUser.objects.get_or_create(owner_id=owner_id, external_id=external_id)
-    EndUser.objects.filter(pk=end_user.pk).update(last_seen_at=timezone.now())
+    now = timezone.now()
+    # A write (and its commit) on every chat request would dominate the proxy's
+    # latency; minutes are resolution enough for "last seen".
+    if end_user.last_seen_at is None or now - end_user.last_seen_at > LAST_SEEN_RESOLUTION:
+        EndUser.objects.filter(pk=end_user.pk).update(last_seen_at=now)
+        end_user.last_seen_at = now
     return end_user
 
 

@@ -248,6 +248,7 @@ LOGGING = {
     "loggers": {
         "pgserver": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
+        "django-q": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "httpx2": {"level": "WARNING"},
     },

@@ -7,6 +7,7 @@ keep working.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,16 +86,25 @@ def llm_configured() -> bool:
     return bool(settings.LLM_BASE_URL)
 
 
+_clients: dict[tuple[Any, ...], ChatLLM] = {}
+_lock = threading.Lock()
+
+
 def get_llm(*, feature: str = "This feature") -> ChatLLM:
+    """The configured chat LLM. One client per configuration and process: building an
+    HTTP client (connection pool, TLS context) per request costs tens of milliseconds."""
     if not settings.LLM_BASE_URL:
         raise ProviderNotConfigured("LLM_BASE_URL", feature)
     if not settings.LLM_MODEL:
         raise ProviderNotConfigured("LLM_MODEL", feature)
-    return ChatLLM(
-        base_url=settings.LLM_BASE_URL,
-        api_key=settings.LLM_API_KEY,
-        model=settings.LLM_MODEL,
-        timeout=settings.LLM_TIMEOUT,
-        max_retries=settings.LLM_MAX_RETRIES,
-        backoff=settings.RETRY_BACKOFF_SECONDS,
-    )
+    config = (
+        settings.LLM_BASE_URL, settings.LLM_API_KEY, settings.LLM_MODEL, settings.LLM_TIMEOUT,
+        settings.LLM_MAX_RETRIES, settings.RETRY_BACKOFF_SECONDS,
+    )  # fmt: skip
+    with _lock:
+        if config not in _clients:
+            _clients[config] = ChatLLM(
+                base_url=config[0], api_key=config[1], model=config[2], timeout=config[3],
+                max_retries=config[4], backoff=config[5],
+            )  # fmt: skip
+        return _clients[config]

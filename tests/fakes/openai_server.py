@@ -91,6 +91,9 @@ class FakeOpenAIServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes; without TCP_NODELAY the second
+            # waits ~40 ms for a delayed ACK and every call looks slow.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -1,0 +1,236 @@
+"""Chat proxy overhead and memory-formation cost.
+
+    EMBEDDED_DB_NAME=bench_chat EMBEDDING_PROVIDER=hashing .venv/bin/python bench/bench_chat_proxy.py
+
+1. Overhead: p50/p99 of POST /v1/chat/completions through the full Django stack
+   (authentication, validation, retrieval over the user's memories, injection,
+   forwarding over HTTP to an OpenAI-compatible upstream on 127.0.0.1) against the
+   openai client calling the same upstream directly. Embedding the query is
+   timed separately and subtracted: the figure is the service's own cost.
+2. Formation cost: LLM calls and tokens per user message, with a scripted
+   upstream that answers like a model would (facts, conflict decisions); tokens
+   are counted with tiktoken over exactly what the service sends and receives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryproject.settings")
+os.environ.setdefault("EMBEDDING_PROVIDER", "hashing")
+os.environ["CONN_MAX_AGE"] = "60"
+os.environ["Q_SYNC"] = "false"
+
+import django  # noqa: E402
+
+django.setup()
+
+import openai  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from core.providers import embeddings  # noqa: E402
+from core.providers.tokens import count_message_tokens, count_tokens  # noqa: E402
+from core.services import api_key_create  # noqa: E402
+from memories.formation import memory_formation_run  # noqa: E402
+from memories.models import EndUser, MetricCounter  # noqa: E402
+from memories.services import end_user_ensure, end_user_erase, memory_add  # noqa: E402
+from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
+
+TOPICS = ["hiking", "TypeScript", "green tea", "violin", "Berlin", "cycling", "jazz", "sushi",
+          "Rust", "gardening", "chess", "photography", "Python", "running", "coffee", "Lisbon"]  # fmt: skip
+MESSAGES = [
+    "I just moved to Lisbon and I'm learning Portuguese.",
+    "Can you write me a haiku about autumn?",
+    "I switched from Python to Rust for my side project.",
+    "My daughter started violin lessons this week.",
+    "What's the capital of Australia?",
+    "I'm vegetarian now, so no more sushi with fish for me.",
+    "I run 10 km every Sunday morning.",
+    "Thanks, that's all for today!",
+]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def overhead(server: FakeOpenAIServer, owner, requests: int) -> None:
+    end_user = end_user_ensure(owner=owner, external_id="bench-user")
+    if not end_user.links.exists():
+        at = timezone.now() - timedelta(days=1)
+        for i in range(200):
+            memory_add(
+                end_user=end_user,
+                content=f"User likes {TOPICS[i % len(TOPICS)]} (fact {i})",
+                observed_at=at,
+            )
+    _, key = api_key_create(owner=owner, name="bench")
+    server.default_chat = Scripted(
+        body=chat_body("Sure, here is an answer of moderate length. " * 4)
+    )
+    body = {"model": "fake-model", "messages": [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "What should I do this weekend? I like TypeScript and hiking."},
+    ]}  # fmt: skip
+    direct_client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    client = Client()
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    # Formation would call the upstream again: anonymous requests for the overhead
+    # of the answer path, identified ones for the path with retrieval.
+    embedder = embeddings.get_embedder()
+    text = body["messages"][-1]["content"]
+    for _ in range(20):  # warm up both paths
+        direct_client.chat.completions.create(**body)
+        client.post("/v1/chat/completions", body, content_type="application/json", **headers)
+    direct, anonymous, identified, embed = [], [], [], []
+    for _ in range(requests):
+        t = time.perf_counter()
+        direct_client.chat.completions.create(**body)
+        direct.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        response = client.post(
+            "/v1/chat/completions", body, content_type="application/json", **headers
+        )
+        anonymous.append(time.perf_counter() - t)
+        assert response.status_code == 200, response.content
+        t = time.perf_counter()
+        embedder.embed([text])
+        embed.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        response = client.post(
+            "/v1/chat/completions", {**body, "user": "bench-user"}, content_type="application/json",
+            **headers,
+        )  # fmt: skip
+        identified.append(time.perf_counter() - t)
+        assert response.status_code == 200 and response.json()["memories"], response.content
+    ms = 1000
+    embed_p50 = statistics.median(embed) * ms
+    print(f"requests per path: {requests}; user memories: {end_user.links.count()}")
+    print(
+        f"direct upstream (openai client)  p50 {statistics.median(direct) * ms:6.2f} ms  p99 {pct(direct, 0.99) * ms:6.2f} ms"
+    )
+    print(
+        f"proxy, anonymous                 p50 {statistics.median(anonymous) * ms:6.2f} ms  p99 {pct(anonymous, 0.99) * ms:6.2f} ms"
+    )
+    print(
+        f"proxy, with retrieval            p50 {statistics.median(identified) * ms:6.2f} ms  p99 {pct(identified, 0.99) * ms:6.2f} ms"
+    )
+    print(f"query embedding ({embedder.provider})       p50 {embed_p50:6.2f} ms")
+    over_anon = [(a - d) * ms for a, d in zip(anonymous, direct)]
+    over_ident = [(i - d - e) * ms for i, d, e in zip(identified, direct, embed)]
+    print(
+        f"overhead, anonymous (paired)     p50 {statistics.median(over_anon):6.2f} ms  p99 {pct(over_anon, 0.99):6.2f} ms"
+    )
+    print(
+        f"overhead, retrieval excl. embed  p50 {statistics.median(over_ident):6.2f} ms  p99 {pct(over_ident, 0.99):6.2f} ms"
+    )
+
+
+def formation(server: FakeOpenAIServer, owner) -> None:
+    facts = {
+        MESSAGES[0]: ["User lives in Lisbon", "User is learning Portuguese"],
+        MESSAGES[2]: ["User uses Rust for their side project"],
+        MESSAGES[3]: ["User has a daughter who takes violin lessons"],
+        MESSAGES[5]: ["User is vegetarian"],
+        MESSAGES[6]: ["User runs 10 km every Sunday morning"],
+    }
+    sent_tokens = received_tokens = 0
+
+    def respond(payload):
+        nonlocal sent_tokens, received_tokens
+        messages = payload["messages"]
+        content = " ".join(str(m.get("content")) for m in messages)
+        if "expert memory archivist" in content:
+            found = next((f for m, f in facts.items() if f"User Message: {m}" in content), [])
+            answer = json.dumps({"memories": found})
+        elif "Compare the New Fact" in content:
+            answer = json.dumps({"action": "add", "reason": "unrelated to the existing memories"})
+        else:
+            answer = "ok"
+        sent_tokens += count_message_tokens(messages)
+        received_tokens += count_tokens(answer)
+        usage = {
+            "prompt_tokens": count_message_tokens(messages),
+            "completion_tokens": count_tokens(answer),
+        }
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return Scripted(body=chat_body(answer, usage=usage))
+
+    server.chat_fn = respond
+    server.default_chat = None
+    existing = EndUser.objects.filter(owner=owner, external_id="formation-user").first()
+    if existing:
+        end_user_erase(end_user=existing)
+    seed = end_user_ensure(owner=owner, external_id="formation-user")
+    at = timezone.now() - timedelta(days=1)
+    for topic in TOPICS[:8]:
+        memory_add(end_user=seed, content=f"User enjoys {topic}", observed_at=at)
+    before = dict(MetricCounter.objects.values_list("name", "value"))
+    calls_before = len(server.requests)
+    decisions = []
+    t = time.perf_counter()
+    for message in MESSAGES:
+        decisions += memory_formation_run(
+            owner_id=owner.pk,
+            external_id="formation-user",
+            message=message,
+            message_at=timezone.now(),
+        )
+    elapsed = time.perf_counter() - t
+    after = dict(MetricCounter.objects.values_list("name", "value"))
+    calls = len(server.requests) - calls_before
+    n = len(MESSAGES)
+    print(f"messages: {n} (5 with facts, 3 chatter); facts extracted: {len(decisions)}; "
+          f"actions: {sorted({d.action for d in decisions})}")  # fmt: skip
+    print(
+        f"LLM calls per message: {calls / n:.2f} (counter: {(after.get('memory_llm_calls_total', 0) - before.get('memory_llm_calls_total', 0)) / n:.2f})"
+    )
+    print(f"tokens per message: {(sent_tokens + received_tokens) / n:.0f} "
+          f"(prompt {sent_tokens / n:.0f}, completion {received_tokens / n:.0f})")  # fmt: skip
+    print(
+        f"formation wall time per message (scripted LLM, {embeddings.get_embedder().provider} embedder): {elapsed / n * 1000:.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=300)
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    server = FakeOpenAIServer().start()
+    settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_API_KEY = (
+        server.base_url,
+        "fake-model",
+        "x",
+    )
+    # The hashing embedder scores paraphrases low; let retrieval inject memories.
+    settings.MEMORY_SCORE_THRESHOLD = 0.1
+    owner, _ = get_user_model().objects.get_or_create(username="bench-chat")
+    print(f"machine: {os.cpu_count()} cores; embedder: {embeddings.get_embedder().provider}")
+    print("== proxy overhead ==")
+    overhead(server, owner, args.requests)
+    print("== formation cost ==")
+    formation(server, owner)
+    server.stop()
+    # The identified requests queued formation tasks that no worker ran here.
+    from django_q.models import OrmQ
+
+    OrmQ.objects.all().delete()
+
+
+if __name__ == "__main__":
+    main()
