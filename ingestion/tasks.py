@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from ingestion.node_memory import node_memory_delete_idle
 from ingestion.services import session_ingest_run
 
 
 def ingest_session(job_id: str) -> str:
     job = session_ingest_run(job_id=job_id)
     return job.status if job is not None else "skipped"
+
+
+def node_memory_cleanup() -> int:
+    """Daily (schedule ``node-memory-cleanup``): delete idle conversations' node memory."""
+    return node_memory_delete_idle()
