@@ -91,7 +91,7 @@ class MemoryBaseAdmin(admin.ModelAdmin):
     def status(self, mb: MemoryBase) -> str:
         if mb.has_processed and not mb.has_chunks:
             return format_html(
-                '<strong class="mismatch" style="color:#ba2121">⚠ Mismatch detected</strong>'
+                '<strong class="mismatch" style="color:#ba2121">⚠ {}</strong>', "Mismatch detected"
             )
         if mb.active_jobs:
             return f"syncing ({mb.active_jobs})"

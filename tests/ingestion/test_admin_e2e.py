@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from knowledge.models import Chunk
-from tests.ingestion.conftest import record
 from tests.factories import UserFactory
+from tests.ingestion.conftest import record
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
