@@ -236,34 +236,30 @@ class MemoryBaseSessionsView(APIView):
         )
 
 
-class MemoryBaseFlushView(APIView):
+class MemoryBaseJobsView(APIView):
+    """Queue jobs for all sessions or one: ``flush`` (ingest pending outputs now,
+    ignoring the threshold) or ``regenerate`` (clear and re-ingest from the start)."""
+
+    service = staticmethod(memory_base_flush)
+
     @extend_schema(request=FlushInSerializer, responses={202: JobOutputSerializer(many=True)})
     def post(self, request: Request, mb_id: Any) -> Response:
         mb = _memory_base(request, mb_id)
         data = FlushInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
-            jobs = memory_base_flush(
-                memory_base=mb, session_id=data.validated_data.get("session_id")
-            )
+            jobs = self.service(memory_base=mb, session_id=data.validated_data.get("session_id"))
         except IngestionError as exc:
             raise ingestion_api_error(exc) from exc
         return Response({"jobs": _jobs_out(jobs)}, status=status.HTTP_202_ACCEPTED)
 
 
-class MemoryBaseRegenerateView(APIView):
-    @extend_schema(request=FlushInSerializer, responses={202: JobOutputSerializer(many=True)})
-    def post(self, request: Request, mb_id: Any) -> Response:
-        mb = _memory_base(request, mb_id)
-        data = FlushInSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        try:
-            jobs = memory_base_regenerate(
-                memory_base=mb, session_id=data.validated_data.get("session_id")
-            )
-        except IngestionError as exc:
-            raise ingestion_api_error(exc) from exc
-        return Response({"jobs": _jobs_out(jobs)}, status=status.HTTP_202_ACCEPTED)
+class MemoryBaseFlushView(MemoryBaseJobsView):
+    service = staticmethod(memory_base_flush)
+
+
+class MemoryBaseRegenerateView(MemoryBaseJobsView):
+    service = staticmethod(memory_base_regenerate)
 
 
 def _jobs_out(jobs: list[IngestionJob]) -> list[dict[str, Any]]:
