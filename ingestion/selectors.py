@@ -63,6 +63,7 @@ def _pending_subquery(flow_id_ref: object) -> Subquery:
         Message.objects.filter(
             flow_id=flow_id_ref, session_id=OuterRef("session_id"), is_output=True
         )
+        .filter(Q(created_at__gte=cursor_at))  # bounds the index range (see services._after)
         .filter(Q(created_at__gt=cursor_at) | Q(created_at=cursor_at, id__gt=cursor_id))
         .order_by()
         .values("session_id")

@@ -172,6 +172,7 @@ def _sessions_to_trigger(flow: Flow, session_id: str) -> list[MemoryBaseSession]
     due = []
     for memory_base in MemoryBase.objects.filter(flow=flow, auto_capture=True):
         session = memory_base_session_ensure(memory_base=memory_base, session_id=session_id)
+        session.memory_base = memory_base  # already loaded: no query per trigger check
         if session_pending_count(session=session) >= memory_base.threshold:
             due.append(session)
     return due
@@ -204,9 +205,16 @@ def _outputs_after_cursor(session: MemoryBaseSession) -> QuerySet[Message]:
 
 
 def _after(created_at: datetime | None, message_id: int | None) -> Q:
+    """Messages after the keyset cursor (created_at, id).
+
+    The redundant ``created_at >= cursor`` lets PostgreSQL bound the index range
+    with the cursor; the OR alone is applied as a filter over the whole session.
+    """
     if message_id is None:
         return Q()
-    return Q(created_at__gt=created_at) | Q(created_at=created_at, id__gt=message_id)
+    return Q(created_at__gte=created_at) & (
+        Q(created_at__gt=created_at) | Q(created_at=created_at, id__gt=message_id)
+    )
 
 
 def session_pending_count(*, session: MemoryBaseSession) -> int:
