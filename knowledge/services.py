@@ -216,7 +216,8 @@ _UPSERT_SQL = f"""
 INSERT INTO knowledge_chunk (knowledge_base_id, dimensions, created_at, updated_at, {_COPY_NAMES})
 SELECT %(kb)s, %(dims)s, now(), now(), source_key, document_key, text, embedding,
        fts_config::regconfig, chunk_index, chunk_total, source_type, message_id, session_id,
-       flow_id, run_id, sender, file_path, content_hash, source_timestamp, metadata, word_count
+       flow_id, run_id, sender, file_path, content_hash, coalesce(source_timestamp, now()),
+       metadata, word_count
 FROM knowledge_chunk_stage
 ON CONFLICT (knowledge_base_id, source_key) DO UPDATE SET
     document_key = EXCLUDED.document_key, text = EXCLUDED.text,
