@@ -637,7 +637,8 @@ def variant(
         overrides["SEARCH_MAX_SCAN_TUPLES"] = max_scan
     original = search._index_vector
     if ef_floor is not None or scan_mode is not None:
-        search._index_vector = _index_vector_variant(ef_floor or 40, scan_mode or "strict_order")
+        floor = ef_floor or getattr(search, "EF_SEARCH_FLOOR", 40)
+        search._index_vector = _index_vector_variant(floor, scan_mode or "strict_order")
     try:
         with override_settings(**overrides):
             yield
