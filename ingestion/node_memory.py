@@ -55,9 +55,10 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from core.db import advisory_xact_lock
 from core.providers.tokens import count_tokens
 from ingestion.conversation import (
     History,
@@ -200,10 +201,7 @@ def _storage() -> Storage:
 
 def _lock(path: str, *, shared: bool = False) -> None:
     """Hold the document's advisory lock until the surrounding transaction ends."""
-    digest = hashlib.blake2b(f"node-memory:{path}".encode(), digest_size=8).digest()
-    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    with connection.cursor() as cur:
-        cur.execute(f"SELECT {function}(%s)", [int.from_bytes(digest, "big", signed=True)])
+    advisory_xact_lock(f"node-memory:{path}", shared=shared)
 
 
 def _read_raw(storage: Storage, name: str) -> dict[str, Any] | None:

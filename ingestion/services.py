@@ -12,7 +12,6 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from core.db import advisory_xact_lock
 from core.providers.llm import get_llm
 from ingestion.models import (
     SESSION_ID_PATTERN,
@@ -113,10 +113,7 @@ def _session_lock(flow: Flow, session_id: str) -> None:
     session the keyset (created_at, id) grows in commit order and a cursor can
     never pass a message that commits later.
     """
-    digest = hashlib.blake2b(f"{flow.pk}:{session_id}".encode(), digest_size=8).digest()
-    key = int.from_bytes(digest, "big", signed=True)
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+    advisory_xact_lock(f"{flow.pk}:{session_id}")
 
 
 def _db_now() -> datetime:

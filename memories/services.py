@@ -7,7 +7,6 @@ fact at once leave one memory.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -15,10 +14,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from core.db import advisory_xact_lock
 from core.providers.embeddings import Embedder, get_embedder
 from memories.models import (
     END_USER_ID_PATTERN,
@@ -95,11 +95,7 @@ def counter_add(name: str, amount: int = 1) -> None:
 
 
 def _user_lock(end_user: EndUser) -> None:
-    digest = hashlib.blake2b(f"memories:{end_user.pk}".encode(), digest_size=8).digest()
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT pg_advisory_xact_lock(%s)", [int.from_bytes(digest, "big", signed=True)]
-        )
+    advisory_xact_lock(f"memories:{end_user.pk}")
 
 
 def _embedding_of(content: str, embedder: Embedder | None) -> tuple[list[float], Embedder]:
