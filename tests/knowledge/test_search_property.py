@@ -313,7 +313,7 @@ def test_index_path_with_a_one_percent_filter_returns_min_top_k(alice, settings,
     # The planner serves the session filter from its btree index (an exact scan of
     # 30 rows); the run_id filter has no index and must go through HNSW (for small
     # top_k at least: for 30 or 50 it may prefer a sort), or the trap is not exercised.
-    assert True in plans["run"], plans
+    assert any(plans["run"]), plans  # HNSW was planned at least once: the trap was reached
     assert redone, "no index scan came back short with max_scan_tuples = 1,000"
 
 
