@@ -81,7 +81,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.db.migrations.executor import MigrationExecutor  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
@@ -94,6 +94,7 @@ from knowledge.services import (  # noqa: E402
     knowledge_base_create,
     knowledge_base_delete,
     knowledge_base_ingest,
+    knowledge_index_pending,
 )
 
 DIMS = 384
@@ -603,61 +604,24 @@ def print_results(results: list[ScenarioResult]) -> None:
 
 
 # --- tuning alternatives (--tune) -------------------------------------------------------
-def _index_vector_variant(ef_floor: int, scan_mode: str) -> Callable[..., list[tuple[int, float]]]:
-    """search._index_vector with another ef_search floor and/or iterative scan mode.
-
-    Same SQL as search.py (experimental copy, for --tune only).
-    """
-
-    def index_vector(scope: str, params: list[Any], vec: str, dims: int, limit: int):
-        sql = (
-            f"WITH c AS MATERIALIZED (SELECT id, embedding::vector({dims}) <=> "
-            f"%s::vector({dims}) AS d FROM knowledge_chunk WHERE dimensions = {dims} "
-            f"AND {scope} ORDER BY d LIMIT %s) SELECT id, d FROM c ORDER BY d, id"
-        )
-        with transaction.atomic(), connection.cursor() as cur:
-            ef_search = min(max(ef_floor, limit * 2), 1000)
-            cur.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
-            cur.execute(f"SET LOCAL hnsw.iterative_scan = {scan_mode}")
-            cur.execute(f"SET LOCAL hnsw.max_scan_tuples = {settings.SEARCH_MAX_SCAN_TUPLES}")
-            cur.execute(sql, [vec, *params, limit])
-            return [(row[0], float(row[1])) for row in cur.fetchall()]
-
-    return index_vector
-
-
 @contextlib.contextmanager
-def variant(
-    exact_max: int | None, max_scan: int | None, ef_floor: int | None, scan_mode: str | None
-):
-    overrides: dict[str, int] = {}
-    if exact_max is not None:
-        overrides["SEARCH_EXACT_MAX_ROWS"] = exact_max
-    if max_scan is not None:
-        overrides["SEARCH_MAX_SCAN_TUPLES"] = max_scan
-    original = search._index_vector
-    if ef_floor is not None or scan_mode is not None:
-        floor = ef_floor or getattr(search, "EF_SEARCH_FLOOR", 40)
-        search._index_vector = _index_vector_variant(floor, scan_mode or "strict_order")
-    try:
-        with override_settings(**overrides):
-            yield
-    finally:
-        search._index_vector = original
+def variant(overrides: dict[str, Any]):
+    with override_settings(**overrides):
+        yield
 
 
 def tune(scenarios: list[tuple[Scenario, list[Query]]], truth: Truth, n: int) -> None:
-    variants = [
-        ("defaults", None, None, None, None),
-        ("ef_search floor 100", None, None, 100, None),
-        ("ef_search floor 200", None, None, 200, None),
-        ("relaxed_order", None, None, None, "relaxed_order"),
-        ("relaxed_order + ef floor 100", None, None, 100, "relaxed_order"),
-        ("max_scan_tuples 20000", None, 20_000, None, None),
-        ("EXACT_MAX_ROWS 0 (index always)", 0, None, None, None),
-        ("EXACT_MAX_ROWS 2000", 2_000, None, None, None),
-        ("EXACT_MAX_ROWS 5000", 5_000, None, None, None),
-        ("EXACT_MAX_ROWS 50000", 50_000, None, None, None),
+    variants: list[tuple[str, dict[str, Any]]] = [
+        ("defaults", {}),
+        ("legs one after the other", {"SEARCH_PARALLEL_LEGS": False}),
+        ("ef_search 40", {"SEARCH_EF_SEARCH": 40}),
+        ("ef_search 200", {"SEARCH_EF_SEARCH": 200}),
+        ("relaxed_order", {"SEARCH_ITERATIVE_SCAN": "relaxed_order"}),
+        ("max_scan_tuples 20000", {"SEARCH_MAX_SCAN_TUPLES": 20_000}),
+        ("EXACT_MAX_ROWS 0 (index always)", {"SEARCH_EXACT_MAX_ROWS": 0}),
+        ("EXACT_MAX_ROWS 2000", {"SEARCH_EXACT_MAX_ROWS": 2_000}),
+        ("EXACT_MAX_ROWS 5000", {"SEARCH_EXACT_MAX_ROWS": 5_000}),
+        ("EXACT_MAX_ROWS 50000", {"SEARCH_EXACT_MAX_ROWS": 50_000}),
     ]
     print()
     print(f"tuning alternatives ({n} queries each; vector top-10 and hybrid top-10)")
@@ -669,8 +633,8 @@ def tune(scenarios: list[tuple[Scenario, list[Query]]], truth: Truth, n: int) ->
     print("-" * len(head))
     for scenario, queries in scenarios:
         sample = queries[:n]
-        for label, exact_max, max_scan, ef_floor, scan_mode in variants:
-            with variant(exact_max, max_scan, ef_floor, scan_mode), PathRecorder() as rec:
+        for label, overrides in variants:
+            with variant(overrides), PathRecorder() as rec:
                 for q in sample[:5]:
                     run_search(q, "vector")
                 rec.path()
@@ -718,7 +682,7 @@ def server_facts() -> dict[str, str]:
             facts[name] = cur.fetchone()[0]
         cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         facts["pgvector"] = cur.fetchone()[0]
-        cur.execute("SELECT pg_size_pretty(pg_relation_size('chunk_embedding_hnsw_384'))")
+        cur.execute("SELECT pg_size_pretty(pg_relation_size('chunk_hnsw_384'))")
         facts["hnsw_384_size"] = cur.fetchone()[0]
         cur.execute("SELECT pg_size_pretty(pg_total_relation_size('knowledge_chunk'))")
         facts["chunk_table_total"] = cur.fetchone()[0]
@@ -726,10 +690,21 @@ def server_facts() -> dict[str, str]:
 
 
 def hnsw_index_sql() -> tuple[str, str]:
-    """(create, drop) SQL of the 384-dimension HNSW index, as migration 0002 has them."""
-    migration = importlib.import_module("knowledge.migrations.0002_search_indexes")
-    operation = migration._hnsw(DIMS)
+    """(create, drop) SQL of the 384-dimension HNSW index, as migration 0004 has them."""
+    migration = importlib.import_module("knowledge.migrations.0004_deferred_hnsw_inline_vectors")
+    operation = migration._hnsw(DIMS)[0]
     return operation.sql, operation.reverse_sql
+
+
+def run_indexer() -> tuple[int, float]:
+    """Drain the background indexer's queue in this process: (rows, seconds)."""
+    t0 = time.perf_counter()
+    total = 0
+    while True:
+        run = knowledge_index_pending(max_seconds=3600)
+        total += run.indexed
+        if run.finished:
+            return total, time.perf_counter() - t0
 
 
 def vacuum(table: str = "knowledge_chunk", analyze: bool = True) -> float:
@@ -793,14 +768,18 @@ def main() -> None:
                 log("building the HNSW index ...")
                 t0 = time.perf_counter()
                 with connection.cursor() as cur:
+                    # No HNSW index to maintain: clearing the flags is a plain update.
+                    cur.execute(
+                        "UPDATE knowledge_chunk SET index_pending = false WHERE index_pending"
+                    )
                     cur.execute(f"SET maintenance_work_mem = '{args.build_mem}'")
                     cur.execute(create_sql)
                     cur.execute("RESET maintenance_work_mem")
                 build_s = time.perf_counter() - t0
         index_state = "HNSW dropped, GIN present" if args.bulk_load else "HNSW+GIN present"
         print(
-            f"ingest (full load, {index_state}, table 0 -> {args.chunks:,}): "
-            f"{load.rate:,.0f} chunks/s over {load.seconds:.1f}s write time; "
+            f"ingest (full load, {index_state}, HNSW insertion deferred, table 0 -> "
+            f"{args.chunks:,}): {load.rate:,.0f} chunks/s over {load.seconds:.1f}s write time; "
             f"median {args.batch}-doc batch {statistics.median(load.batch_seconds) * 1000:.0f} ms; "
             f"last 10% of batches {load.tail_rate():,.0f} chunks/s"
         )
@@ -809,6 +788,12 @@ def main() -> None:
                 f"HNSW build afterwards (m=16, ef_construction=64, maintenance_work_mem="
                 f"{args.build_mem}): {build_s:.1f}s; insert-then-build overall "
                 f"{args.chunks / (load.seconds + build_s):,.0f} chunks/s"
+            )
+        else:
+            rows, seconds = run_indexer()
+            print(
+                f"background indexer afterwards (HNSW insertion of the pending rows): {rows:,} "
+                f"rows in {seconds:.1f}s = {rows / seconds:,.0f} rows/s"
             )
         print(f"VACUUM ANALYZE after load: {vacuum():.1f}s")
     sizes = Counter(s.role for s in specs)
@@ -878,14 +863,26 @@ def main() -> None:
     )
     if not args.skip_probes:
         probes = []
-        for dims, label in ((DIMS, "HNSW maintained"), (DIMS - 1, "outside the HNSW index")):
-            stats, kb = probe_ingest(corpus, args.seed, args.probe_chunks, args.batch, dims)
+        variants = (
+            (DIMS, True, "HNSW insertion deferred to the indexer"),
+            (DIMS, False, "HNSW maintained in the write"),
+            (DIMS - 1, True, "outside the HNSW index"),
+        )
+        for dims, deferred, label in variants:
+            with override_settings(KNOWLEDGE_DEFERRED_INDEXING=deferred):
+                stats, kb = probe_ingest(corpus, args.seed, args.probe_chunks, args.batch, dims)
             probes.append(kb)
             print(
                 f"ingest probe {args.probe_chunks:,} chunks into a {dims}-dim base "
                 f"({label}, table at {args.chunks:,}): {stats.rate:,.0f} chunks/s; median "
                 f"{args.batch}-doc batch {statistics.median(stats.batch_seconds) * 1000:.0f} ms"
             )
+            if deferred and dims == DIMS:
+                rows, seconds = run_indexer()
+                print(
+                    f"  background indexer for those: {rows:,} rows in {seconds:.1f}s = "
+                    f"{rows / seconds:,.0f} rows/s"
+                )
         for kb in probes:
             knowledge_base_delete(knowledge_base=kb)
         print(f"VACUUM after deleting the probes: {vacuum():.1f}s")

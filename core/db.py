@@ -7,6 +7,11 @@ import hashlib
 from django.db import connection
 
 
+def _lock_id(key: str) -> int:
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
 def advisory_xact_lock(key: str, *, shared: bool = False) -> None:
     """Hold a PostgreSQL advisory lock named by ``key`` until the transaction ends.
 
@@ -14,7 +19,13 @@ def advisory_xact_lock(key: str, *, shared: bool = False) -> None:
     the signed 64-bit id PostgreSQL takes, so every process agrees on it. Must be
     called inside ``transaction.atomic()``; outside one the lock ends at once.
     """
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
     with connection.cursor() as cur:
-        cur.execute(f"SELECT {function}(%s)", [int.from_bytes(digest, "big", signed=True)])
+        cur.execute(f"SELECT {function}(%s)", [_lock_id(key)])
+
+
+def try_advisory_xact_lock(key: str) -> bool:
+    """Like ``advisory_xact_lock`` but without waiting: whether the lock was taken."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_lock_id(key)])
+        return bool(cur.fetchone()[0])

@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -148,6 +148,50 @@ def _ensure_database(info: ServerInfo) -> None:
             pass
 
 
+def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str]) -> bool:
+    """Make the running server use ``wanted`` (memory sizes such as ``shared_buffers``).
+
+    Values go to ``postgresql.auto.conf`` through ``ALTER SYSTEM``; a reload applies
+    most of them, ``shared_buffers`` needs a restart. Both happen only when a value
+    differs, i.e. once after the data directory is created or the setting changed:
+    a restart drops the connections of other processes attached at that moment.
+    Returns whether the server was restarted.
+    """
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(info.conninfo("postgres"), autocommit=True) as conn:
+        changed: list[tuple[str, str]] = []
+        for name, value in wanted.items():
+            row = conn.execute(
+                "SELECT pg_size_bytes(current_setting(%s)) = pg_size_bytes(%s), context "
+                "FROM pg_settings WHERE name = %s",
+                (name, value, name),
+            ).fetchone()
+            if row is None:
+                raise EmbeddedPostgresError(f"unknown server setting {name!r}")
+            if not row[0]:
+                conn.execute(
+                    sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                        sql.Identifier(name), sql.Literal(value)
+                    )
+                )
+                changed.append((name, row[1]))
+        if not changed:
+            return False
+        if not any(context == "postmaster" for _, context in changed):
+            conn.execute("SELECT pg_reload_conf()")
+            return False
+    import pgserver._commands as commands
+
+    logger.warning(
+        "restarting the embedded server to apply %s", ", ".join(name for name, _ in changed)
+    )
+    user = "pgserver" if os.geteuid() == 0 else None
+    commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=user)
+    return True
+
+
 def pgvector_self_check(conninfo: str) -> float:
     """Compute one 384-dimension cosine distance on the server and verify it.
 
@@ -178,12 +222,16 @@ def pgvector_self_check(conninfo: str) -> float:
     return distance
 
 
-def ensure_embedded_postgres(data_dir: Path, *, dbname: str = "memory") -> ServerInfo:
+def ensure_embedded_postgres(
+    data_dir: Path, *, dbname: str = "memory", server_settings: dict[str, str] | None = None
+) -> ServerInfo:
     """Start (or attach to) the embedded server in ``data_dir/pgdata`` and return how to reach it.
 
     Safe to call from many processes at once; survives a stale ``postmaster.pid``
     left by a ``kill -9`` of the server or of any client. Creates ``dbname`` if
-    missing and runs the pgvector self-check once per process.
+    missing and runs the pgvector self-check once per process. ``server_settings``
+    (memory sizes by name) are applied with ``ALTER SYSTEM``, restarting the server
+    when ``shared_buffers`` changes.
     """
     # platformdirs warns when XDG_RUNTIME_DIR is unset (it falls back to /tmp): noise.
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
@@ -219,6 +267,10 @@ def ensure_embedded_postgres(data_dir: Path, *, dbname: str = "memory") -> Serve
             pid=int(pm.pid),
         )
         _wait_for_connection(info, timeout=30)
+        if server_settings and _apply_server_settings(info, pgdata, server_settings):
+            pid = _postmaster_pid(pgdata)
+            info = replace(info, pid=pid or info.pid)
+            _wait_for_connection(info, timeout=30)
         _ensure_database(info)
     if os.environ.get("MEMORY_SKIP_SELF_CHECK") != "1":
         pgvector_self_check(info.conninfo())

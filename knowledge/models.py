@@ -132,6 +132,10 @@ class Chunk(models.Model):
     source_timestamp = models.DateTimeField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     word_count = models.PositiveIntegerField(default=0)
+    # True while the row waits for the background indexer to add it to its HNSW
+    # index (the partial HNSW indexes cover ``NOT index_pending`` rows only).
+    # Searches rank pending rows exactly, so they are findable from the commit on.
+    index_pending = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -147,6 +151,11 @@ class Chunk(models.Model):
             models.Index(fields=["knowledge_base", "flow_id"], name="chunk_kb_flow"),
             models.Index(fields=["knowledge_base", "source_type"], name="chunk_kb_source_type"),
             models.Index(fields=["knowledge_base", "source_timestamp"], name="chunk_kb_timestamp"),
+            models.Index(
+                fields=["knowledge_base"],
+                condition=models.Q(index_pending=True),
+                name="chunk_kb_index_pending",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -5,31 +5,36 @@ An HNSW scan with a filter applied afterwards can return fewer rows or none (the
 index hands back its ef_search nearest rows, and the filter may drop them all).
 So small scopes take an exact scan, large scopes use pgvector 0.8's iterative
 index scan where the server has it, and any index scan that comes back short is
-redone exactly.
+redone exactly. Rows still waiting for the background HNSW indexer
+(``index_pending``) are ranked exactly next to the index scan, so a chunk is
+findable from the moment its write commits.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
 from knowledge.services import KnowledgeError, kb_embedder
 
+T = TypeVar("T")
+U = TypeVar("U")
 MODES = ("hybrid", "vector", "keyword")
-EF_SEARCH_FLOOR = 100
 FILTER_KEYS = (
     "session_id",
     "flow_id",
@@ -113,23 +118,31 @@ def _exact_vector(
 
 def _index_vector(
     scope: str, params: list[Any], vec: str, dims: int, limit: int
-) -> list[tuple[int, float]]:
+) -> tuple[list[tuple[int, float]], int]:
+    """HNSW ranking of the indexed rows merged with an exact ranking of the pending ones.
+
+    Returns ([(chunk id, distance)] nearest first, rows the index scan returned).
+    """
     sql = (
-        f"WITH c AS MATERIALIZED (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d "
-        f"FROM knowledge_chunk WHERE dimensions = {dims} AND {scope} ORDER BY d LIMIT %s) "
-        "SELECT id, d FROM c ORDER BY d, id"
+        f"WITH i AS MATERIALIZED (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) "
+        f"AS d FROM knowledge_chunk WHERE dimensions = {dims} AND NOT index_pending AND {scope} "
+        "ORDER BY d LIMIT %s), "
+        # Rows the background indexer has not reached yet (chunk_kb_index_pending).
+        "p AS MATERIALIZED (SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
+        f"WHERE index_pending AND {scope} ORDER BY d LIMIT %s) "
+        "SELECT id, d, true FROM i UNION ALL SELECT id, d, false FROM p"
     )
     with transaction.atomic(), connection.cursor() as cur:
-        # pgvector's default 40 left recall@10 at 0.967 on a 30,000-chunk base with a
-        # query or two finding none of the true ten; 100 gave 0.987 for ~0.1 ms
-        # (bench/bench_knowledge.py --tune, BENCHMARKS.md).
-        ef_search = min(max(EF_SEARCH_FLOOR, limit * 2), 1000)
+        ef_search = min(max(settings.SEARCH_EF_SEARCH, limit * 2), 1000)
         cur.execute(f"SET LOCAL hnsw.ef_search = {ef_search}")
         if _iterative_scan_available():
-            cur.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+            cur.execute(f"SET LOCAL hnsw.iterative_scan = {settings.SEARCH_ITERATIVE_SCAN}")
             cur.execute(f"SET LOCAL hnsw.max_scan_tuples = {settings.SEARCH_MAX_SCAN_TUPLES}")
-        cur.execute(sql, [vec, *params, limit])
-        return [(row[0], float(row[1])) for row in cur.fetchall()]
+        cur.execute(sql, [vec, *params, limit, vec, *params, limit])
+        rows = cur.fetchall()
+    from_index = sum(1 for row in rows if row[2])
+    ranked = sorted(((row[0], float(row[1])) for row in rows), key=lambda r: (r[1], r[0]))
+    return ranked[:limit], from_index
 
 
 def _scope_is_small(scope: str, params: list[Any]) -> bool:
@@ -142,36 +155,57 @@ def _scope_is_small(scope: str, params: list[Any]) -> bool:
         return cur.fetchone()[0] <= limit
 
 
+def _unfiltered(request: SearchRequest) -> bool:
+    return not any(k in request.filters for k in FILTER_KEYS) and (
+        request.since is None and request.until is None
+    )
+
+
 def vector_ranking(
-    kb_ids: list[str], dims: int, vector: np.ndarray, request: SearchRequest, limit: int
+    kb_ids: list[str],
+    dims: int,
+    vector: np.ndarray,
+    request: SearchRequest,
+    limit: int,
+    scope_rows: int | None = None,
 ) -> list[tuple[int, float]]:
-    """[(chunk id, cosine distance)] nearest first: min(limit, matching rows) of them."""
+    """[(chunk id, cosine distance)] nearest first: min(limit, matching rows) of them.
+
+    ``scope_rows``: the scope's size when known without counting (the bases'
+    chunk counters, for a search without filters).
+    """
     scope, params = _scope_sql(kb_ids, request)
     vec = "[" + ",".join(repr(float(x)) for x in vector) + "]"
     max_distance = (
         None if request.similarity_threshold is None else 1.0 - request.similarity_threshold
     )
-    if dims in INDEXED_DIMENSIONS and not _scope_is_small(scope, params):
-        rows = _index_vector(scope, params, vec, dims, limit)
-        if len(rows) >= limit:
+    if scope_rows is not None:
+        small = scope_rows <= settings.SEARCH_EXACT_MAX_ROWS
+    else:
+        small = _scope_is_small(scope, params)
+    if dims in INDEXED_DIMENSIONS and not small:
+        rows, from_index = _index_vector(scope, params, vec, dims, limit)
+        # The index scan coming back short means the post-filter ate it: redo exactly.
+        if from_index >= limit:
             if max_distance is not None:
                 rows = [r for r in rows if r[1] <= max_distance]
             return rows
-        # The index scan came back short (post-filter ate it): redo exactly.
     return _exact_vector(scope, params, vec, limit, max_distance)
 
 
 def keyword_ranking(
     kb_ids: list[str], language: str, text: str, request: SearchRequest, limit: int
 ) -> list[tuple[int, float]]:
-    """[(chunk id, ts_rank_cd)] best first, for the chunks matching the query."""
+    """[(chunk id, ts_rank)] best first, for the chunks matching the query."""
     scope, params = _scope_sql(kb_ids, request)
     # Any query word matches (OR of the query's lexemes, already normalised by the
-    # base's configuration); ts_rank_cd still ranks chunks with more of them higher.
+    # base's configuration); ts_rank ranks chunks with more of them, more often,
+    # higher. (ts_rank_cd, the cover-density variant, cost 3.5 us a row against
+    # 1.3 us: 4.9 ms more on 1,400 matches of a 30,000-chunk base.)
     sql = (
         "WITH query AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
         "FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) l), '')::tsquery AS q) "
-        "SELECT id, ts_rank_cd(search_vector, query.q) AS r FROM knowledge_chunk, query "
+        "SELECT id, ts_rank(search_vector, query.q) AS r FROM knowledge_chunk, query "
         f"WHERE {scope} AND search_vector @@ query.q ORDER BY r DESC, id LIMIT %s"
     )
     with connection.cursor() as cur:
@@ -181,7 +215,7 @@ def keyword_ranking(
 
 def _query_vectors(
     bases: list[KnowledgeBase], request: SearchRequest
-) -> dict[tuple[str, str, int], tuple[list[str], np.ndarray]]:
+) -> dict[tuple[str, str, int], tuple[list[KnowledgeBase], np.ndarray]]:
     groups: dict[tuple[str, str, int], list[KnowledgeBase]] = defaultdict(list)
     for kb in bases:
         groups[(kb.embedding_provider, kb.embedding_model, kb.embedding_dimensions)].append(kb)
@@ -196,7 +230,7 @@ def _query_vectors(
                 )
         else:
             vector = kb_embedder(members[0]).embed([request.query or ""])[0]
-        out[key] = ([str(kb.pk) for kb in members], vector)
+        out[key] = (members, vector)
     return out
 
 
@@ -217,21 +251,73 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
         return []
     top_k = request.top_k
     pool = top_k if request.mode != "hybrid" else max(top_k * 3, 30)
-    vector_hits: list[tuple[int, float]] = []
-    keyword_hits: list[tuple[int, float]] = []
-    if request.mode in ("vector", "hybrid"):
-        for key, (kb_ids, vector) in _query_vectors(bases, request).items():
-            vector_hits += vector_ranking(kb_ids, key[2], vector, request, pool)
-        vector_hits.sort(key=lambda r: (r[1], r[0]))
-    if request.mode in ("keyword", "hybrid") and request.query:
+
+    def vector_leg() -> list[tuple[int, float]]:
+        hits: list[tuple[int, float]] = []
+        for key, (members, vector) in _query_vectors(bases, request).items():
+            known = sum(kb.chunk_count for kb in members) if _unfiltered(request) else None
+            kb_ids = [str(kb.pk) for kb in members]
+            hits += vector_ranking(kb_ids, key[2], vector, request, pool, scope_rows=known)
+        return sorted(hits, key=lambda r: (r[1], r[0]))
+
+    def keyword_leg() -> list[tuple[int, float]]:
         by_language: dict[str, list[str]] = defaultdict(list)
         for kb in bases:
             by_language[kb.language].append(str(kb.pk))
+        hits: list[tuple[int, float]] = []
         for language, kb_ids in by_language.items():
-            keyword_hits += keyword_ranking(kb_ids, language, request.query, request, pool)
-        keyword_hits.sort(key=lambda r: (-r[1], r[0]))
+            hits += keyword_ranking(kb_ids, language, request.query or "", request, pool)
+        return sorted(hits, key=lambda r: (-r[1], r[0]))
+
+    want_vector = request.mode in ("vector", "hybrid")
+    want_keyword = request.mode in ("keyword", "hybrid") and bool(request.query)
+    if want_vector and want_keyword:
+        vector_hits, keyword_hits = _both(vector_leg, keyword_leg)
+    else:
+        vector_hits = vector_leg() if want_vector else []
+        keyword_hits = keyword_leg() if want_keyword else []
     hits = _fuse(vector_hits, keyword_hits, request)
     return _finish(hits, request)
+
+
+_legs_executor: ThreadPoolExecutor | None = None
+_legs_executor_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _legs_executor
+    with _legs_executor_lock:
+        if _legs_executor is None:
+            _legs_executor = ThreadPoolExecutor(
+                max_workers=settings.SEARCH_PARALLEL_WORKERS, thread_name_prefix="search-leg"
+            )
+        return _legs_executor
+
+
+def _on_own_connection(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    finally:
+        # What a request's end does: drop the connection if CONN_MAX_AGE says so or
+        # it broke, keep it for the next search otherwise.
+        close_old_connections()
+
+
+def _both(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
+    """Run ``first`` here and ``second`` on a pool thread (its own connection) at once.
+
+    Inside a transaction both run here, in order: another connection would not
+    see the transaction's uncommitted writes.
+    """
+    if not settings.SEARCH_PARALLEL_LEGS or connection.in_atomic_block:
+        return first(), second()
+    future = _executor().submit(_on_own_connection, second)
+    try:
+        a = first()
+    except BaseException:
+        future.cancel()
+        raise
+    return a, future.result()
 
 
 def _fuse(
@@ -270,21 +356,33 @@ _DETAIL_SQL = (
 def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
     if not hits:
         return []
-    rows = _details([h.chunk_id for h in hits])
+
+    def order(h: Hit) -> tuple:
+        return (-h.score, h.vector_rank or 10**9, h.keyword_rank or 10**9, h.chunk_id)
+
     if request.half_life_days:
+        # Decay reorders by age: every candidate's timestamp is needed first.
+        rows = _details([h.chunk_id for h in hits])
         created = {cid: row["timestamp"] or row["created_at"] for cid, row in rows.items()}
+        hits = [h for h in hits if h.chunk_id in rows]
         _decay(hits, created, request.half_life_days)
-    hits.sort(key=lambda h: (-h.score, h.vector_rank or 10**9, h.keyword_rank or 10**9, h.chunk_id))
-    hits = hits[: request.top_k]
+        hits = sorted(hits, key=order)[: request.top_k]
+    else:
+        hits = sorted(hits, key=order)[: request.top_k]
+        rows = _details([h.chunk_id for h in hits])
+    out = []
     for hit in hits:
-        row = rows[hit.chunk_id]
+        row = rows.get(hit.chunk_id)
+        if row is None:  # deleted between ranking and this read
+            continue
         hit.knowledge_base_id = str(row.pop("knowledge_base_id"))
         hit.text = row.pop("text")
         row.pop("created_at")
         extra = row.pop("metadata") or {}
         timestamp = row.pop("timestamp")
         hit.metadata = {**extra, **row, "timestamp": timestamp.isoformat() if timestamp else None}
-    return hits
+        out.append(hit)
+    return out
 
 
 def _details(ids: list[int]) -> dict[int, dict[str, Any]]:

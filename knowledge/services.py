@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.utils.dateparse import parse_datetime
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
+from core.db import try_advisory_xact_lock
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.chunking import chunk_text
-from knowledge.models import FTS_LANGUAGES, KnowledgeBase
+from knowledge.models import FTS_LANGUAGES, INDEXED_DIMENSIONS, KnowledgeBase
+
+logger = logging.getLogger(__name__)
 
 MESSAGE_CHUNKING = (1000, 100)
 FILE_CHUNKING = (500, 50)
@@ -62,6 +68,13 @@ class IngestResult:
     documents: int
     chunks_written: int
     chunks_deleted: int
+
+
+@dataclass(frozen=True)
+class IndexRun:
+    indexed: int
+    finished: bool  # no pending rows were left
+    busy: bool  # another indexer held the lock
 
 
 @dataclass
@@ -213,8 +226,9 @@ _COPY_NAMES = (
     "source_timestamp, metadata, word_count"
 )
 _UPSERT_SQL = f"""
-INSERT INTO knowledge_chunk (knowledge_base_id, dimensions, created_at, updated_at, {_COPY_NAMES})
-SELECT %(kb)s, %(dims)s, now(), now(), source_key, document_key, text, embedding,
+INSERT INTO knowledge_chunk (knowledge_base_id, dimensions, index_pending, created_at, updated_at,
+                             {_COPY_NAMES})
+SELECT %(kb)s, %(dims)s, %(pending)s, now(), now(), source_key, document_key, text, embedding,
        fts_config::regconfig, chunk_index, chunk_total, source_type, message_id, session_id,
        flow_id, run_id, sender, file_path, content_hash, coalesce(source_timestamp, now()),
        metadata, word_count
@@ -222,6 +236,7 @@ FROM knowledge_chunk_stage
 ON CONFLICT (knowledge_base_id, source_key) DO UPDATE SET
     document_key = EXCLUDED.document_key, text = EXCLUDED.text,
     embedding = EXCLUDED.embedding, dimensions = EXCLUDED.dimensions,
+    index_pending = EXCLUDED.index_pending,
     fts_config = EXCLUDED.fts_config, chunk_index = EXCLUDED.chunk_index,
     chunk_total = EXCLUDED.chunk_total, source_type = EXCLUDED.source_type,
     message_id = EXCLUDED.message_id, session_id = EXCLUDED.session_id,
@@ -278,10 +293,17 @@ def _write_chunks(
             (kb.pk, doc_keys),
         )
         deleted = cur.rowcount
-        cur.execute(_UPSERT_SQL, {"kb": kb.pk, "dims": kb.embedding_dimensions})
+        cur.execute(
+            _UPSERT_SQL,
+            {"kb": kb.pk, "dims": kb.embedding_dimensions, "pending": _defer_indexing(kb)},
+        )
         new = cur.execute(f"SELECT {_AGGREGATE} FROM knowledge_chunk_stage").fetchone()
         _apply_stats_delta(cur, kb, old, new)
     return len(stage_rows), deleted
+
+
+def _defer_indexing(kb: KnowledgeBase) -> bool:
+    return settings.KNOWLEDGE_DEFERRED_INDEXING and kb.embedding_dimensions in INDEXED_DIMENSIONS
 
 
 def _apply_stats_delta(cur: Any, kb: KnowledgeBase, old: tuple, new: tuple) -> None:
@@ -332,6 +354,8 @@ def knowledge_base_ingest(
         # it also fails cleanly if the base was deleted meanwhile.
         KnowledgeBase.objects.select_for_update().get(pk=knowledge_base.pk)
         written, deleted = _write_chunks(knowledge_base, stage_rows, keys)
+        if written and _defer_indexing(knowledge_base):
+            transaction.on_commit(enqueue_chunk_indexing)
     knowledge_base.refresh_from_db()
     return IngestResult(documents=len(documents), chunks_written=written, chunks_deleted=deleted)
 
@@ -385,3 +409,80 @@ def knowledge_base_recount(*, knowledge_base: KnowledgeBase) -> KnowledgeBase:
             _apply_stats_delta(cur, knowledge_base, (0, 0, 0, 0), actual)
     knowledge_base.refresh_from_db()
     return knowledge_base
+
+
+# --- Background HNSW indexing ----------------------------------------------------------
+INDEXER_LOCK = "knowledge:hnsw-indexer"
+
+
+def enqueue_chunk_indexing() -> None:
+    """Queue the indexer (after a commit that left pending rows). Never raises:
+    the rows are searchable already, and the periodic sweep picks them up."""
+    from django_q.tasks import async_task
+
+    try:
+        async_task("knowledge.tasks.index_pending_chunks", task_name="index-pending-chunks")
+    except Exception:
+        logger.exception("could not queue the chunk indexer; the periodic sweep will run it")
+
+
+def _index_batch(batch: int) -> int | None:
+    """Move up to ``batch`` pending rows into the HNSW index, in one transaction.
+
+    Returns the number moved, or None when another indexer holds the lock.
+    """
+    with transaction.atomic(), connection.cursor() as cur:
+        if not try_advisory_xact_lock(INDEXER_LOCK):
+            return None
+        # Clearing the flag writes a new row version, which the partial HNSW index
+        # (NOT index_pending) takes in. SKIP LOCKED: rows a writer is replacing
+        # right now are left for the next round (the writer marks them pending).
+        cur.execute(
+            "UPDATE knowledge_chunk SET index_pending = false WHERE id IN ("
+            "  SELECT id FROM knowledge_chunk WHERE index_pending ORDER BY id LIMIT %s"
+            "  FOR UPDATE SKIP LOCKED)",
+            [batch],
+        )
+        return cur.rowcount
+
+
+def _any_pending() -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM knowledge_chunk WHERE index_pending)")
+        return bool(cur.fetchone()[0])
+
+
+def knowledge_index_pending(
+    *, batch: int | None = None, max_seconds: float | None = None
+) -> IndexRun:
+    """Index pending chunks until none are left or ``max_seconds`` have passed.
+
+    One indexer at a time (a transaction-scoped advisory lock per batch); a run
+    that finds the lock taken returns at once, and the holder looks for rows
+    committed meanwhile after it lets go of the lock, so no row is left behind.
+    Safe to run twice, at any time.
+    """
+    batch = batch or settings.KNOWLEDGE_INDEX_BATCH
+    budget = settings.KNOWLEDGE_INDEX_RUN_SECONDS if max_seconds is None else max_seconds
+    deadline = time.monotonic() + budget
+    indexed = 0
+    while True:
+        moved = _index_batch(batch)
+        if moved is None:
+            return IndexRun(indexed=indexed, finished=False, busy=True)
+        indexed += moved
+        if moved < batch:
+            # The lock is released: anything committed since our last batch's
+            # snapshot is visible now, including rows whose enqueue found us busy.
+            if not _any_pending():
+                return IndexRun(indexed=indexed, finished=True, busy=False)
+            if moved == 0:
+                time.sleep(0.05)  # the rest is locked by a writer: let it commit
+        if time.monotonic() >= deadline:
+            return IndexRun(indexed=indexed, finished=False, busy=False)
+
+
+def knowledge_pending_count() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM knowledge_chunk WHERE index_pending")
+        return int(cur.fetchone()[0])

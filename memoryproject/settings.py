@@ -105,7 +105,17 @@ if DATABASE_URL:
 else:
     from core.embedded_pg import ensure_embedded_postgres
 
-    _server = ensure_embedded_postgres(DATA_DIR, dbname=env_str("EMBEDDED_DB_NAME", "memory"))
+    # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
+    # 100,000-chunk table: searches and inserts then page index blocks in and out of
+    # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval").
+    _server = ensure_embedded_postgres(
+        DATA_DIR,
+        dbname=env_str("EMBEDDED_DB_NAME", "memory"),
+        server_settings={
+            "shared_buffers": env_str("EMBEDDED_DB_SHARED_BUFFERS", "1GB"),
+            "maintenance_work_mem": env_str("EMBEDDED_DB_MAINTENANCE_WORK_MEM", "512MB"),
+        },
+    )
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
@@ -265,6 +275,24 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SEARCH_EXACT_MAX_ROWS = env_int("SEARCH_EXACT_MAX_ROWS", 10000, minimum=0)
 SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
+# hnsw.ef_search for index scans (at least 2 x the candidates wanted). pgvector's 40
+# left recall@10 at 0.967 on 100,000 chunks, 100 gives 0.99; a 1M-chunk table needs
+# 400-800 for 0.95 (BENCHMARKS.md).
+SEARCH_EF_SEARCH = env_int("SEARCH_EF_SEARCH", 100, minimum=10)
+SEARCH_ITERATIVE_SCAN = env_choice(
+    "SEARCH_ITERATIVE_SCAN", "strict_order", ("strict_order", "relaxed_order")
+)
+# Run the vector and keyword rankings of a hybrid search on two connections at once
+# (outside transactions only: inside one, both must see its uncommitted writes).
+SEARCH_PARALLEL_LEGS = env_bool("SEARCH_PARALLEL_LEGS", True)
+SEARCH_PARALLEL_WORKERS = env_int("SEARCH_PARALLEL_WORKERS", 4, minimum=1)
+# New chunks wait for the background indexer (knowledge.tasks.index_pending_chunks)
+# instead of paying for HNSW insertion in the write; searches rank them exactly
+# meanwhile. False = insert into the HNSW index inside the ingestion transaction.
+KNOWLEDGE_DEFERRED_INDEXING = env_bool("KNOWLEDGE_DEFERRED_INDEXING", True)
+KNOWLEDGE_INDEX_BATCH = env_int("KNOWLEDGE_INDEX_BATCH", 200, minimum=1)
+# One indexer run stops after this long and queues its successor (below Q_TIMEOUT).
+KNOWLEDGE_INDEX_RUN_SECONDS = env_float("KNOWLEDGE_INDEX_RUN_SECONDS", 60.0, minimum=1.0)
 INGEST_MAX_DOCUMENTS = env_int("INGEST_MAX_DOCUMENTS", 1000, minimum=1)
 INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimum=100)
 

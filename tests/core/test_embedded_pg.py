@@ -143,3 +143,38 @@ def test_concurrent_starts_share_one_server(data_dir):
     pids = {int(p.communicate(timeout=60)[0].strip()) for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert len(pids) == 1
+
+
+def _show(info, name: str) -> str:
+    with psycopg.connect(info.conninfo()) as conn:
+        return conn.execute(f"SHOW {name}").fetchone()[0]
+
+
+def test_server_settings_are_applied_once(data_dir):
+    first = ensure_embedded_postgres(data_dir, dbname="app")
+    assert _show(first, "shared_buffers") == "128MB"
+
+    # shared_buffers needs a restart (new postmaster pid); work_mem only a reload.
+    wanted = {"shared_buffers": "48MB", "work_mem": "6MB"}
+    applied = ensure_embedded_postgres(data_dir, dbname="app", server_settings=wanted)
+    assert applied.pid != first.pid
+    assert applied.pid == embedded_pg._postmaster_pid((data_dir / "pgdata").resolve())
+    assert (_show(applied, "shared_buffers"), _show(applied, "work_mem")) == ("48MB", "6MB")
+
+    # The same values again (spelled differently): nothing to do, no restart.
+    _forget_handles(data_dir)
+    again = ensure_embedded_postgres(
+        data_dir, dbname="app", server_settings={"shared_buffers": "49152kB", "work_mem": "6MB"}
+    )
+    assert again.pid == applied.pid
+
+    # A reload-only change keeps the server (and its pid).
+    _forget_handles(data_dir)
+    reloaded = ensure_embedded_postgres(data_dir, dbname="app", server_settings={"work_mem": "7MB"})
+    assert reloaded.pid == applied.pid
+    assert _show(reloaded, "work_mem") == "7MB"
+
+
+def test_unknown_server_setting_is_refused(data_dir):
+    with pytest.raises(EmbeddedPostgresError, match="unknown server setting 'no_such_thing'"):
+        ensure_embedded_postgres(data_dir, dbname="app", server_settings={"no_such_thing": "1MB"})

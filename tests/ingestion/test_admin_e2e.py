@@ -60,9 +60,15 @@ def _row_cells(browser, name: str) -> dict[str, str]:
 
 
 def _messages(browser) -> str:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return "\n".join(ul.text for ul in browser.find_elements(By.CSS_SELECTOR, "ul.messagelist"))
+    try:
+        return "\n".join(
+            ul.text for ul in browser.find_elements(By.CSS_SELECTOR, "ul.messagelist")
+        )
+    except StaleElementReferenceException:  # the page changed under us: ask again
+        return ""
 
 
 def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memory_base):

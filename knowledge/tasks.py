@@ -1,0 +1,15 @@
+"""Thin django-q2 tasks for knowledge bases. Safe to run twice."""
+
+from __future__ import annotations
+
+from knowledge.services import enqueue_chunk_indexing, knowledge_index_pending
+
+
+def index_pending_chunks() -> int:
+    """Queued after ingestion and every 5 minutes (schedule ``index-pending-chunks``):
+    add pending chunks to their HNSW index. A run that hits its time budget queues
+    its successor, so a large backlog never holds a worker past Q_TIMEOUT."""
+    run = knowledge_index_pending()
+    if not run.finished and not run.busy:
+        enqueue_chunk_indexing()
+    return run.indexed

@@ -1,0 +1,65 @@
+"""Hybrid search runs its keyword ranking on a second connection, outside transactions."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from knowledge import search
+from knowledge.search import SearchRequest, search_chunks
+from tests.factories import UserFactory
+from tests.knowledge.factories import ingest, make_kb
+
+
+def _docs():
+    return [
+        (f"d{i}", f"entry {i}: the {['harbour', 'orchard', 'quarry'][i % 3]} report")
+        for i in range(12)
+    ]
+
+
+def _run(kb, settings, parallel: bool):
+    settings.SEARCH_PARALLEL_LEGS = parallel
+    threads: set[str] = set()
+    original = search.keyword_ranking
+
+    def recording(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    search.keyword_ranking = recording
+    try:
+        request = SearchRequest(query="orchard report", top_k=5)
+        hits = search_chunks(bases=[kb], request=request)
+    finally:
+        search.keyword_ranking = original
+    return [(h.chunk_id, round(h.score, 9), h.vector_rank, h.keyword_rank) for h in hits], threads
+
+
+@pytest.mark.django_db(transaction=True)
+def test_parallel_legs_give_the_sequential_answer(settings):
+    kb = make_kb(UserFactory(username="dora"))
+    ingest(kb, *_docs())
+    sequential, seq_threads = _run(kb, settings, parallel=False)
+    parallel, par_threads = _run(kb, settings, parallel=True)
+    assert parallel == sequential and len(parallel) == 5
+    assert seq_threads == {threading.current_thread().name}
+    assert len(par_threads) == 1 and next(iter(par_threads)).startswith("search-leg")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_both_legs_see_its_writes(settings):
+    """Another connection could not see uncommitted rows: in a transaction the
+    legs run in order on this connection."""
+    settings.SEARCH_PARALLEL_LEGS = True
+    kb = make_kb(UserFactory(username="erin"))
+    with transaction.atomic():
+        ingest(kb, *_docs())
+        hits, threads = _run(kb, settings, parallel=True)
+        assert len(hits) == 5
+        assert all(h[3] is not None for h in hits[:2])  # keyword ranks came back
+        assert threads == {threading.current_thread().name}
+        transaction.set_rollback(True)
+    assert connection.in_atomic_block is False
