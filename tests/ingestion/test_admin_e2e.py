@@ -64,9 +64,7 @@ def _messages(browser) -> str:
     from selenium.webdriver.common.by import By
 
     try:
-        return "\n".join(
-            ul.text for ul in browser.find_elements(By.CSS_SELECTOR, "ul.messagelist")
-        )
+        return "\n".join(ul.text for ul in browser.find_elements(By.CSS_SELECTOR, "ul.messagelist"))
     except StaleElementReferenceException:  # the page changed under us: ask again
         return ""
 
