@@ -6,6 +6,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
+from knowledge.services import knowledge_pending_count
 from memories.models import EndUser, MetricCounter, UserVector, Vector
 
 COUNTERS = {
@@ -29,6 +30,10 @@ def render_metrics() -> str:
             Vector.objects.count(),
         ),
         "memory_end_users_count": ("Known end users.", EndUser.objects.count()),
+        "knowledge_chunks_index_pending": (
+            "Chunks waiting for the background HNSW indexer (searched exactly meanwhile).",
+            knowledge_pending_count(),
+        ),
     }
     lines = []
     for name, (help_text, value) in gauges.items():

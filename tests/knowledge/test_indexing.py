@@ -177,3 +177,11 @@ def test_the_periodic_sweep_is_registered():
         Schedule.MINUTES,
         5,
     )
+
+
+def test_metrics_report_the_indexer_backlog(alice, client):
+    kb = make_kb(alice)
+    ingest(kb, *_docs(3))
+    assert "\nknowledge_chunks_index_pending 3\n" in client.get("/metrics").content.decode()
+    knowledge_index_pending()
+    assert "\nknowledge_chunks_index_pending 0\n" in client.get("/metrics").content.decode()
