@@ -68,6 +68,7 @@ class ChunkAdmin(admin.ModelAdmin):
     list_filter = [
         "source_type",
         "knowledge_base__is_memory_base",
+        "index_pending",
         ("knowledge_base", admin.RelatedOnlyFieldListFilter),
     ]
     list_select_related = ["knowledge_base"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -292,6 +293,15 @@ def _executor() -> ThreadPoolExecutor:
                 max_workers=settings.SEARCH_PARALLEL_WORKERS, thread_name_prefix="search-leg"
             )
         return _legs_executor
+
+
+def _forget_executor() -> None:
+    # A forked child (gunicorn/qcluster workers) inherits the pool but not its threads.
+    global _legs_executor, _legs_executor_lock
+    _legs_executor, _legs_executor_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_executor)
 
 
 def _on_own_connection(fn: Callable[[], T]) -> T:

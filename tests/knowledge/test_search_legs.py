@@ -63,3 +63,26 @@ def test_inside_a_transaction_both_legs_see_its_writes(settings):
         assert threads == {threading.current_thread().name}
         transaction.set_rollback(True)
     assert connection.in_atomic_block is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_forked_child_gets_its_own_pool(settings):
+    """gunicorn and qcluster fork workers: the pool's threads do not survive a fork."""
+    import os
+
+    kb = make_kb(UserFactory(username="fern"))
+    ingest(kb, *_docs())
+    before, _ = _run(kb, settings, parallel=True)
+    parent_pool = search._legs_executor
+    assert parent_pool is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must not reuse the parent's pool object
+        os.close(read)
+        os.write(write, b"1" if search._legs_executor is None else b"0")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.waitpid(pid, 0)
+    assert search._legs_executor is parent_pool
+    assert _run(kb, settings, parallel=True)[0] == before
