@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.defaultfilters import filesizeformat
 
-from knowledge.models import Chunk, KnowledgeBase
+from knowledge.models import Chunk, IngestJob, KnowledgeBase
 from knowledge.services import knowledge_base_delete
 
 
@@ -107,3 +107,31 @@ class ChunkAdmin(admin.ModelAdmin):
             where=["search_vector @@ plainto_tsquery(fts_config, %s)"], params=[search_term]
         )
         return exact | words, may_have_duplicates
+
+
+@admin.register(IngestJob)
+class IngestJobAdmin(admin.ModelAdmin):
+    """Background ingestion batches (read-only; the payload is never rendered)."""
+
+    list_display = [
+        "id",
+        "knowledge_base",
+        "status",
+        "document_count",
+        "chunks_written",
+        "created_at",
+        "finished_at",
+    ]
+    list_filter = ["status"]
+    list_select_related = ["knowledge_base"]
+    exclude = ["documents"]
+    readonly_fields = [f.name for f in IngestJob._meta.fields if f.name != "documents"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[IngestJob]:
+        return super().get_queryset(request).defer("documents")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: IngestJob | None = None) -> bool:
+        return False

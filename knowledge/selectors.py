@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
-from knowledge.models import Chunk, KnowledgeBase
+from knowledge.models import Chunk, IngestJob, KnowledgeBase
 
 
 def knowledge_base_list(
@@ -23,6 +23,13 @@ def knowledge_base_list(
 def knowledge_base_get(*, owner: AbstractBaseUser, kb_id: uuid.UUID | str) -> KnowledgeBase:
     """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's."""
     return KnowledgeBase.objects.get(owner=owner, pk=kb_id)
+
+
+def ingest_job_get(
+    *, owner: AbstractBaseUser, kb_id: uuid.UUID | str, job_id: uuid.UUID | str
+) -> IngestJob:
+    """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
+    return IngestJob.objects.get(pk=job_id, knowledge_base_id=kb_id, knowledge_base__owner=owner)
 
 
 def knowledge_bases_for_search(

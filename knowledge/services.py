@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
@@ -20,7 +21,7 @@ from psycopg.types.json import Jsonb
 from core.db import try_advisory_xact_lock
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.chunking import chunk_text
-from knowledge.models import FTS_LANGUAGES, INDEXED_DIMENSIONS, KnowledgeBase
+from knowledge.models import FTS_LANGUAGES, INDEXED_DIMENSIONS, IngestJob, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -335,9 +336,7 @@ def knowledge_base_ingest(
     batch yields the same rows. ``should_cancel`` is checked between embedding
     batches and raises ``IngestCancelled`` before anything is written.
     """
-    keys = [doc.source_key for doc in documents]
-    if len(set(keys)) != len(keys):
-        raise KnowledgeError("source_key values must be unique within a batch")
+    keys = _check_batch(documents)
     rows = _chunk_documents(knowledge_base, documents)
     embedder = kb_embedder(knowledge_base)
     vectors: list[Any] = []
@@ -358,6 +357,90 @@ def knowledge_base_ingest(
             transaction.on_commit(enqueue_chunk_indexing)
     knowledge_base.refresh_from_db()
     return IngestResult(documents=len(documents), chunks_written=written, chunks_deleted=deleted)
+
+
+def _check_batch(documents: Sequence[DocumentIn]) -> list[str]:
+    keys = [doc.source_key for doc in documents]
+    if len(set(keys)) != len(keys):
+        raise KnowledgeError("source_key values must be unique within a batch")
+    return keys
+
+
+def knowledge_ingest_job_create(
+    *, knowledge_base: KnowledgeBase, documents: Sequence[DocumentIn]
+) -> IngestJob:
+    """Store a batch for background ingestion and queue it once committed."""
+    _check_batch(documents)
+    if knowledge_base.source_kind == KnowledgeBase.SourceKind.FILES:
+        raise ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
+    with transaction.atomic():
+        job = IngestJob.objects.create(
+            knowledge_base=knowledge_base,
+            documents=[
+                {"text": d.text, "source_key": d.source_key, "metadata": dict(d.metadata)}
+                for d in documents
+            ],
+            document_count=len(documents),
+            char_count=sum(len(d.text) for d in documents),
+        )
+        transaction.on_commit(lambda: _enqueue_ingest_job(job))
+    return job
+
+
+def _enqueue_ingest_job(job: IngestJob) -> None:
+    from django_q.tasks import async_task
+
+    try:
+        async_task("knowledge.tasks.run_ingest_job", str(job.pk), task_name="ingest-documents")
+    except Exception as exc:
+        logger.exception("could not queue ingest job %s", job.pk)
+        IngestJob.objects.filter(pk=job.pk, status=IngestJob.Status.QUEUED).update(
+            status=IngestJob.Status.FAILED,
+            error=f"could not be queued: {type(exc).__name__}: {exc}",
+            finished_at=timezone.now(),
+        )
+
+
+def knowledge_ingest_job_run(*, job_id: str) -> IngestJob | None:
+    """Run a queued (or interrupted) job; a finished or vanished one is left alone.
+
+    Safe to run twice: the ingestion helper is idempotent by source key, and a
+    job that already finished is not run again.
+    """
+    with transaction.atomic():
+        job = (
+            IngestJob.objects.select_for_update()
+            .select_related("knowledge_base")
+            .filter(pk=job_id)
+            .first()
+        )
+        if job is None or job.status in (IngestJob.Status.SUCCEEDED, IngestJob.Status.FAILED):
+            return job
+        job.status, job.started_at = IngestJob.Status.RUNNING, timezone.now()
+        job.save(update_fields=["status", "started_at"])
+    documents = [
+        DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d.get("metadata") or {})
+        for d in job.documents
+    ]
+    try:
+        result = knowledge_base_ingest(knowledge_base=job.knowledge_base, documents=documents)
+    except Exception as exc:  # recorded on the job: its poller must learn what happened
+        logger.exception("ingest job %s failed", job.pk)
+        message = str(exc) if isinstance(exc, KnowledgeError) else f"{type(exc).__name__}: {exc}"
+        IngestJob.objects.filter(pk=job.pk).update(
+            status=IngestJob.Status.FAILED, error=message[:2000], finished_at=timezone.now()
+        )
+    else:
+        IngestJob.objects.filter(pk=job.pk).update(
+            status=IngestJob.Status.SUCCEEDED,
+            chunks_written=result.chunks_written,
+            chunks_deleted=result.chunks_deleted,
+            documents=[],
+            error="",
+            finished_at=timezone.now(),
+        )
+    job.refresh_from_db()
+    return job
 
 
 def knowledge_base_delete_chunks(
@@ -437,9 +520,11 @@ def _index_batch(batch: int) -> int | None:
         # Clearing the flag writes a new row version, which the partial HNSW index
         # (NOT index_pending) takes in. SKIP LOCKED: rows a writer is replacing
         # right now are left for the next round (the writer marks them pending).
+        # No ORDER BY: the partial index hands out the first pending rows it has
+        # without sorting the whole backlog for every batch.
         cur.execute(
             "UPDATE knowledge_chunk SET index_pending = false WHERE id IN ("
-            "  SELECT id FROM knowledge_chunk WHERE index_pending ORDER BY id LIMIT %s"
+            "  SELECT id FROM knowledge_chunk WHERE index_pending LIMIT %s"
             "  FOR UPDATE SKIP LOCKED)",
             [batch],
         )

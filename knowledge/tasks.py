@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from knowledge.services import enqueue_chunk_indexing, knowledge_index_pending
+from knowledge.services import (
+    enqueue_chunk_indexing,
+    knowledge_index_pending,
+    knowledge_ingest_job_run,
+)
+
+
+def run_ingest_job(job_id: str) -> str:
+    job = knowledge_ingest_job_run(job_id=job_id)
+    return job.status if job is not None else "gone"
 
 
 def index_pending_chunks() -> int:

@@ -295,6 +295,10 @@ KNOWLEDGE_INDEX_BATCH = env_int("KNOWLEDGE_INDEX_BATCH", 200, minimum=1)
 KNOWLEDGE_INDEX_RUN_SECONDS = env_float("KNOWLEDGE_INDEX_RUN_SECONDS", 60.0, minimum=1.0)
 INGEST_MAX_DOCUMENTS = env_int("INGEST_MAX_DOCUMENTS", 1000, minimum=1)
 INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimum=100)
+# A POST .../documents with more characters than this answers 202 with a job (the
+# embedding of ~200 chunks takes about a second locally; a request must not outlive
+# the web server's timeout).
+INGEST_SYNC_MAX_CHARS = env_int("INGEST_SYNC_MAX_CHARS", 200_000, minimum=0)
 
 # --- Memory bases ---------------------------------------------------------------------
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000, minimum=100)

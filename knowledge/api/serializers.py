@@ -6,7 +6,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from knowledge.models import FTS_LANGUAGES, KnowledgeBase
+from knowledge.models import FTS_LANGUAGES, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
 
 
@@ -84,6 +84,9 @@ class DocumentSerializer(serializers.Serializer):
 
 class IngestSerializer(serializers.Serializer):
     documents = DocumentSerializer(many=True, allow_empty=False)
+    # Unset: batches over INGEST_SYNC_MAX_CHARS characters are ingested in the
+    # background (202 with a job); true/false forces one way.
+    background = serializers.BooleanField(required=False, allow_null=True, default=None)
 
     def validate_documents(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(value) > settings.INGEST_MAX_DOCUMENTS:
@@ -166,3 +169,15 @@ class ChunkOutputSerializer(serializers.Serializer):
     session_id = serializers.CharField()
     metadata = serializers.DictField()
     created_at = serializers.DateTimeField()
+
+
+class IngestJobOutputSerializer(serializers.ModelSerializer):
+    documents = serializers.IntegerField(source="document_count")
+    characters = serializers.IntegerField(source="char_count")
+
+    class Meta:
+        model = IngestJob
+        fields = [
+            "id", "knowledge_base", "status", "documents", "characters", "chunks_written",
+            "chunks_deleted", "error", "created_at", "started_at", "finished_at",
+        ]  # fmt: skip

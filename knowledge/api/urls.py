@@ -11,6 +11,11 @@ urlpatterns = [
         name="kb-documents",
     ),
     path(
+        "knowledge-bases/<uuid:kb_id>/jobs/<uuid:job_id>",
+        views.KnowledgeBaseJobView.as_view(),
+        name="kb-job",
+    ),
+    path(
         "knowledge-bases/<uuid:kb_id>/chunks",
         views.KnowledgeBaseChunksView.as_view(),
         name="kb-chunks",

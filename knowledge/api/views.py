@@ -4,6 +4,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import Http404
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -15,6 +16,7 @@ from core.api.pagination import PageNumberPagination
 from knowledge.api.serializers import (
     ChunkOutputSerializer,
     HitSerializer,
+    IngestJobOutputSerializer,
     IngestSerializer,
     KnowledgeBaseCreateSerializer,
     KnowledgeBaseOutputSerializer,
@@ -22,10 +24,11 @@ from knowledge.api.serializers import (
     MultiSearchSerializer,
     SearchSerializer,
 )
-from knowledge.models import KnowledgeBase
+from knowledge.models import IngestJob, KnowledgeBase
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.selectors import (
     chunk_list,
+    ingest_job_get,
     knowledge_base_get,
     knowledge_base_list,
     knowledge_bases_for_search,
@@ -39,6 +42,7 @@ from knowledge.services import (
     knowledge_base_delete,
     knowledge_base_ingest,
     knowledge_base_update,
+    knowledge_ingest_job_create,
 )
 
 
@@ -135,10 +139,23 @@ class KnowledgeBaseDocumentsView(APIView):
             DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d["metadata"])
             for d in data.validated_data["documents"]
         ]
+        background = data.validated_data["background"]
+        if background is None:
+            background = sum(len(d.text) for d in documents) > settings.INGEST_SYNC_MAX_CHARS
         try:
-            result = knowledge_base_ingest(knowledge_base=kb, documents=documents)
+            if background:
+                job = knowledge_ingest_job_create(knowledge_base=kb, documents=documents)
+            else:
+                result = knowledge_base_ingest(knowledge_base=kb, documents=documents)
         except KnowledgeError as exc:
             raise knowledge_api_error(exc) from exc
+        if background:
+            location = reverse("kb-job", kwargs={"kb_id": kb.pk, "job_id": job.pk})
+            return Response(
+                {"job": IngestJobOutputSerializer(job).data},
+                status=status.HTTP_202_ACCEPTED,
+                headers={"Location": location},
+            )
         return Response(
             {
                 "documents": result.documents,
@@ -148,6 +165,16 @@ class KnowledgeBaseDocumentsView(APIView):
             },
             status=status.HTTP_201_CREATED,
         )
+
+
+class KnowledgeBaseJobView(APIView):
+    @extend_schema(responses=IngestJobOutputSerializer)
+    def get(self, request: Request, kb_id: Any, job_id: Any) -> Response:
+        try:
+            job = ingest_job_get(owner=request.user, kb_id=kb_id, job_id=job_id)
+        except IngestJob.DoesNotExist:
+            raise Http404 from None
+        return Response({"job": IngestJobOutputSerializer(job).data})
 
 
 class KnowledgeBaseChunksView(APIView):

@@ -30,3 +30,27 @@ def test_chunk_browser_searches_text_and_never_renders_vectors(admin_client, ali
     detail = admin_client.get(f"/admin/knowledge/chunk/{chunk.pk}/change/").content.decode()
     assert "the running foxes" in detail
     assert "embedding" not in detail.lower()
+
+
+def test_chunk_browser_filters_pending_rows(admin_client, alice):
+    from knowledge.services import knowledge_index_pending
+
+    kb = make_kb(alice)
+    ingest(kb, ("a", "indexed already"))
+    knowledge_index_pending()
+    ingest(kb, ("b", "still waiting"))
+    pending = admin_client.get("/admin/knowledge/chunk/?index_pending__exact=1").content.decode()
+    assert "still waiting" in pending and "indexed already" not in pending
+
+
+def test_ingest_jobs_are_listed_without_their_payload(admin_client, alice):
+    from knowledge.services import DocumentIn, knowledge_ingest_job_create
+
+    kb = make_kb(alice, name="notes")
+    job = knowledge_ingest_job_create(
+        knowledge_base=kb, documents=[DocumentIn(text="secret payload text", source_key="k")]
+    )
+    listing = admin_client.get("/admin/knowledge/ingestjob/").content.decode()
+    assert str(job.pk) in listing and "queued" in listing
+    detail = admin_client.get(f"/admin/knowledge/ingestjob/{job.pk}/change/").content.decode()
+    assert "notes" in detail and "secret payload text" not in detail

@@ -1,0 +1,167 @@
+"""Large ingestion batches answer 202 with a job; the job runs the same helper."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.providers.errors import ProviderError
+from knowledge import services
+from knowledge.models import Chunk, IngestJob
+from knowledge.services import knowledge_ingest_job_run
+from knowledge.tasks import run_ingest_job
+from tests.knowledge.factories import make_kb
+
+pytestmark = pytest.mark.django_db
+
+
+def _batch(n: int, size: int = 120) -> dict:
+    return {
+        "documents": [
+            {"text": f"document {i} " + "lorem ipsum " * (size // 12), "source_key": f"d{i}"}
+            for i in range(n)
+        ]
+    }
+
+
+def _keys(kb) -> list[str]:
+    return sorted(Chunk.objects.filter(knowledge_base=kb).values_list("source_key", flat=True))
+
+
+def test_a_batch_over_the_limit_answers_202_and_the_job_writes_it(
+    alice, alice_client, settings, django_capture_on_commit_callbacks
+):
+    settings.INGEST_SYNC_MAX_CHARS = 1000
+    kb = make_kb(alice)
+    url = f"/api/v1/knowledge-bases/{kb.pk}/documents"
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = alice_client.post(url, _batch(12), format="json")
+    assert response.status_code == 202
+    job = response.json()["job"]
+    assert response["Location"] == f"/api/v1/knowledge-bases/{kb.pk}/jobs/{job['id']}"
+    assert (job["status"], job["documents"], job["chunks_written"]) == ("queued", 12, 0)
+    assert job["characters"] == sum(len(d["text"]) for d in _batch(12)["documents"])
+    assert _keys(kb) == []  # nothing written before the job runs
+
+    polled = alice_client.get(response["Location"]).json()["job"]
+    assert polled["status"] == "queued"
+
+    assert len(callbacks) == 1
+    callbacks[0]()  # the queued task; tasks run inline in tests
+    polled = alice_client.get(response["Location"]).json()["job"]
+    assert (polled["status"], polled["chunks_written"], polled["error"]) == ("succeeded", 12, "")
+    assert polled["finished_at"] is not None
+    assert _keys(kb) == sorted(f"d{i}#0" for i in range(12))
+    assert IngestJob.objects.get(pk=job["id"]).documents == []  # the payload is released
+    kb.refresh_from_db()
+    assert kb.chunk_count == 12
+
+
+def test_small_batches_stay_synchronous_and_background_can_be_forced(
+    alice, alice_client, settings, django_capture_on_commit_callbacks
+):
+    settings.INGEST_SYNC_MAX_CHARS = 100_000
+    kb = make_kb(alice)
+    url = f"/api/v1/knowledge-bases/{kb.pk}/documents"
+    response = alice_client.post(url, _batch(2), format="json")
+    assert response.status_code == 201 and response.json()["chunks_written"] == 2
+    assert not IngestJob.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        forced = alice_client.post(url, {**_batch(3), "background": True}, format="json")
+    assert forced.status_code == 202
+    job = IngestJob.objects.get()
+    assert (job.status, job.chunks_written, job.chunks_deleted) == ("succeeded", 3, 0)
+    assert _keys(kb) == ["d0#0", "d1#0", "d2#0"]
+
+    settings.INGEST_SYNC_MAX_CHARS = 10
+    kept = alice_client.post(url, {**_batch(1), "background": False}, format="json")
+    assert kept.status_code == 201 and IngestJob.objects.count() == 1
+
+
+def test_running_a_job_twice_yields_the_same_rows(alice, alice_client, settings):
+    settings.INGEST_SYNC_MAX_CHARS = 0
+    kb = make_kb(alice)
+    job_id = alice_client.post(
+        f"/api/v1/knowledge-bases/{kb.pk}/documents", _batch(4), format="json"
+    ).json()["job"]["id"]
+    assert run_ingest_job(job_id) == "succeeded"
+    rows = list(Chunk.objects.filter(knowledge_base=kb).order_by("id").values_list("id", "text"))
+    assert run_ingest_job(job_id) == "succeeded"  # finished: left alone
+    # A worker that died mid-run leaves "running": the retry writes the same rows.
+    IngestJob.objects.filter(pk=job_id).update(status="running")
+    IngestJob.objects.filter(pk=job_id).update(documents=_batch(4)["documents"])
+    assert run_ingest_job(job_id) == "succeeded"
+    assert (
+        list(Chunk.objects.filter(knowledge_base=kb).order_by("id").values_list("id", "text"))
+        == rows
+    )
+    kb.refresh_from_db()
+    assert kb.chunk_count == 4
+    assert run_ingest_job("00000000-0000-0000-0000-000000000000") == "gone"
+
+
+def test_a_failing_embedder_fails_the_job_and_writes_nothing(
+    alice, alice_client, settings, monkeypatch
+):
+    settings.INGEST_SYNC_MAX_CHARS = 0
+    kb = make_kb(alice)
+    url = f"/api/v1/knowledge-bases/{kb.pk}/documents"
+    job_id = alice_client.post(url, _batch(3), format="json").json()["job"]["id"]
+
+    class Broken:
+        def embed(self, texts):
+            raise ProviderError("embedding endpoint answered 503")
+
+    monkeypatch.setattr(services, "kb_embedder", lambda _kb: Broken())
+    job = knowledge_ingest_job_run(job_id=job_id)
+    assert job.status == "failed"
+    assert "503" in job.error and job.finished_at is not None
+    assert _keys(kb) == []
+    body = alice_client.get(f"/api/v1/knowledge-bases/{kb.pk}/jobs/{job_id}").json()["job"]
+    assert (body["status"], body["chunks_written"]) == ("failed", 0)
+
+
+def test_jobs_are_scoped_by_owner(alice, alice_client, bob, bob_client, settings):
+    settings.INGEST_SYNC_MAX_CHARS = 0
+    kb = make_kb(alice)
+    job_id = alice_client.post(
+        f"/api/v1/knowledge-bases/{kb.pk}/documents", _batch(1), format="json"
+    ).json()["job"]["id"]
+    bobs_kb = make_kb(bob)
+    for url in (
+        f"/api/v1/knowledge-bases/{kb.pk}/jobs/{job_id}",
+        f"/api/v1/knowledge-bases/{bobs_kb.pk}/jobs/{job_id}",
+    ):
+        response = bob_client.get(url)
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+    # Bob cannot queue into Alice's base either, and nothing is stored.
+    response = bob_client.post(
+        f"/api/v1/knowledge-bases/{kb.pk}/documents", _batch(2), format="json"
+    )
+    assert response.status_code == 404
+    assert IngestJob.objects.count() == 1
+    # A job under the wrong base id is not found for its owner either.
+    other = make_kb(alice, name="other")
+    assert alice_client.get(f"/api/v1/knowledge-bases/{other.pk}/jobs/{job_id}").status_code == 404
+
+
+def test_bad_batches_are_refused_before_any_job_exists(alice, alice_client, settings):
+    settings.INGEST_SYNC_MAX_CHARS = 0
+    kb = make_kb(alice)
+    files = make_kb(alice, name="docs", source_kind="files")
+    url = f"/api/v1/knowledge-bases/{kb.pk}/documents"
+    bad = [
+        {"documents": [{"text": "a", "source_key": "x"}, {"text": "b", "source_key": "x"}]},
+        {"documents": [{"text": "ok"}], "background": "perhaps"},
+        {"documents": []},
+    ]
+    for body in bad:
+        response = alice_client.post(url, body, format="json")
+        assert response.status_code == 400, body
+        assert set(response.json()["error"]) == {"code", "message", "details"}
+    response = alice_client.post(
+        f"/api/v1/knowledge-bases/{files.pk}/documents", _batch(1), format="json"
+    )
+    assert response.status_code == 409 and response.json()["error"]["code"] == "read_only"
+    assert not IngestJob.objects.exists()
