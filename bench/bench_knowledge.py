@@ -93,6 +93,7 @@ from knowledge.services import (  # noqa: E402
     DocumentIn,
     knowledge_base_create,
     knowledge_base_delete,
+    knowledge_base_delete_chunks,
     knowledge_base_ingest,
     knowledge_index_pending,
 )
@@ -365,6 +366,41 @@ def probe_ingest(
     with precomputed_embedder(dims) as fake:
         ingest_base(kb, spec, corpus, seed + 7, batch, fake, stats, transform=cut)
     return stats, kb
+
+
+def backlog_probe(
+    scenario: Scenario, queries: list[Query], corpus: Corpus, seed: int, n: int, batch: int
+) -> None:
+    """Hybrid latency of a scenario while ``n`` of its rows wait for the indexer."""
+    kb = scenario.bases[0]
+
+    def p50() -> float:
+        for q in queries[:10]:
+            run_search(q, "hybrid")
+        return statistics.median(run_search(q, "hybrid")[1] for q in queries)
+
+    before = p50()
+    spec = BaseSpec(scenario.tenant, "backlog", n, "probe")
+    keys = []
+    with precomputed_embedder(DIMS) as fake:
+        for start in range(0, n, batch):
+            docs, vectors = make_documents(corpus, spec, start, min(batch, n - start), seed + 13)
+            docs = [
+                DocumentIn(source_key=f"backlog-{d.source_key}", text=d.text, metadata=d.metadata)
+                for d in docs
+            ]
+            keys += [d.source_key for d in docs]
+            fake.load(vectors)
+            knowledge_base_ingest(knowledge_base=kb, documents=docs)
+    with_backlog = p50()
+    rows, seconds = run_indexer()
+    after = p50()
+    print(
+        f"backlog probe, {scenario.name}: hybrid p50 {before:.2f} ms -> {with_backlog:.2f} ms "
+        f"with {n:,} rows pending -> {after:.2f} ms once indexed ({rows:,} rows in "
+        f"{seconds:.1f}s = {rows / seconds:,.0f} rows/s); {len(queries)} queries"
+    )
+    knowledge_base_delete_chunks(knowledge_base=kb, document_keys=keys)
 
 
 def hashing_rate(corpus: Corpus, n: int, seed: int) -> tuple[float, float]:
@@ -894,6 +930,8 @@ def main() -> None:
                 )
         for kb in probes:
             knowledge_base_delete(knowledge_base=kb)
+        large = next(p for p in prepared if p[0].name.startswith("2 "))
+        backlog_probe(large[0], large[1][:100], corpus, args.seed, args.probe_chunks, args.batch)
         print(f"VACUUM after deleting the probes: {vacuum():.1f}s")
     print(f"\ntotal bench time {time.perf_counter() - started:.0f}s")
 

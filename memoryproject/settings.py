@@ -276,9 +276,10 @@ SEARCH_EXACT_MAX_ROWS = env_int("SEARCH_EXACT_MAX_ROWS", 10000, minimum=0)
 SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 # hnsw.ef_search for index scans (at least 2 x the candidates wanted). pgvector's 40
-# left recall@10 at 0.967 on 100,000 chunks, 100 gives 0.99; a 1M-chunk table needs
-# 400-800 for 0.95 (BENCHMARKS.md).
+# left recall@10 at 0.967-0.978 on 100,000 chunks, 100 gives 0.99 (BENCHMARKS.md) ...
 SEARCH_EF_SEARCH = env_int("SEARCH_EF_SEARCH", 100, minimum=10)
+# ... and grows with log10 of the index size past 100,000 rows (200 at 1M).
+SEARCH_EF_SEARCH_SCALE = env_bool("SEARCH_EF_SEARCH_SCALE", True)
 SEARCH_ITERATIVE_SCAN = env_choice(
     "SEARCH_ITERATIVE_SCAN", "strict_order", ("strict_order", "relaxed_order")
 )

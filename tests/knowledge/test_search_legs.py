@@ -86,3 +86,33 @@ def test_a_forked_child_gets_its_own_pool(settings):
     os.waitpid(pid, 0)
     assert search._legs_executor is parent_pool
     assert _run(kb, settings, parallel=True)[0] == before
+
+
+@pytest.mark.parametrize(
+    ("rows", "limit", "scale", "expected"),
+    [
+        (0, 10, True, 100),
+        (100_000, 10, True, 100),
+        (1_000_000, 10, True, 200),
+        (10_000_000, 10, True, 300),
+        (1_000_000, 10, False, 100),
+        (50_000, 300, True, 600),  # at least twice the rows wanted
+        (10**15, 10, True, 1000),  # 1,100 capped at pgvector's maximum
+    ],
+)
+def test_ef_search_grows_with_the_index(settings, monkeypatch, rows, limit, scale, expected):
+    settings.SEARCH_EF_SEARCH = 100
+    settings.SEARCH_EF_SEARCH_SCALE = scale
+    monkeypatch.setattr(search, "_index_rows", lambda dims: float(rows))
+    assert search.ef_search_for(384, limit) == expected
+
+
+@pytest.mark.django_db
+def test_index_rows_reads_the_planner_statistics(alice):
+    search._index_rows_cache.clear()
+    with connection.cursor() as cur:
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'chunk_hnsw_384'")
+        (stats,) = cur.fetchone()
+    assert search._index_rows(384) == max(stats, 0.0)
+    assert search._index_rows(999) == 0.0  # no such index
+    search._index_rows_cache.clear()
