@@ -439,8 +439,8 @@ def knowledge_ingest_job_run(*, job_id: str) -> IngestJob | None:
             error="",
             finished_at=timezone.now(),
         )
-    job.refresh_from_db()
-    return job
+    # None when the base (and with it the job) was deleted while the job ran.
+    return IngestJob.objects.filter(pk=job.pk).first()
 
 
 def knowledge_base_delete_chunks(

@@ -165,3 +165,22 @@ def test_bad_batches_are_refused_before_any_job_exists(alice, alice_client, sett
     )
     assert response.status_code == 409 and response.json()["error"]["code"] == "read_only"
     assert not IngestJob.objects.exists()
+
+
+def test_a_base_deleted_while_its_job_runs(alice, settings, monkeypatch):
+    from knowledge.services import DocumentIn, knowledge_base_delete, knowledge_ingest_job_create
+
+    kb = make_kb(alice)
+    job = knowledge_ingest_job_create(
+        knowledge_base=kb, documents=[DocumentIn(text="some text", source_key="k")]
+    )
+    original = services.knowledge_base_ingest
+
+    def deleted_meanwhile(*, knowledge_base, documents):
+        knowledge_base_delete(knowledge_base=knowledge_base)  # cascades to the job
+        return original(knowledge_base=knowledge_base, documents=documents)
+
+    monkeypatch.setattr(services, "knowledge_base_ingest", deleted_meanwhile)
+    assert knowledge_ingest_job_run(job_id=str(job.pk)) is None
+    assert run_ingest_job(str(job.pk)) == "gone"
+    assert not Chunk.objects.exists() and not IngestJob.objects.exists()
