@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 
 def _lock_id(key: str) -> int:
@@ -29,3 +31,26 @@ def try_advisory_xact_lock(key: str) -> bool:
     with connection.cursor() as cur:
         cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_lock_id(key)])
         return bool(cur.fetchone()[0])
+
+
+@contextmanager
+def advisory_session_lock(key: str) -> Iterator[bool]:
+    """Try to take a session-level advisory lock named by ``key``; yields whether it did.
+
+    Unlike the transaction-scoped locks above it spans transactions (and no
+    transaction stays open meanwhile), so it can cover work that calls the network
+    between its writes. Released on exit, or by PostgreSQL if the connection dies.
+    """
+    lock_id = _lock_id(key)
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(%s)", [lock_id])
+        taken = bool(cur.fetchone()[0])
+    try:
+        yield taken
+    finally:
+        if taken:
+            try:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", [lock_id])
+            except DatabaseError:  # the connection is gone, and the lock with it
+                pass

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import time
 import warnings
 from collections.abc import Iterator
@@ -160,6 +161,12 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
     import psycopg
     from psycopg import sql
 
+    for name, value in wanted.items():
+        # A bare number means bytes to pg_size_bytes but 8kB pages to the server.
+        if not re.fullmatch(r"\d+(kB|MB|GB|TB)", value):
+            raise EmbeddedPostgresError(
+                f"server setting {name}={value!r}: give a size with a unit, e.g. 512MB"
+            )
     with psycopg.connect(info.conninfo("postgres"), autocommit=True) as conn:
         changed: list[tuple[str, str]] = []
         for name, value in wanted.items():
@@ -188,8 +195,38 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
         "restarting the embedded server to apply %s", ", ".join(name for name, _ in changed)
     )
     user = "pgserver" if os.geteuid() == 0 else None
-    commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=user)
+    log = str(pgdata / "log")  # where pgserver's start sends the server log
+    try:
+        commands.pg_ctl(["-w", "-m", "fast", "-l", log, "restart"], pgdata=pgdata, user=user)
+    except Exception as exc:
+        # ALTER SYSTEM already saved the values: take them out again and start the
+        # server as it was, or no later start could get past them.
+        names = [name for name, _ in changed]
+        _forget_auto_settings(pgdata, names)
+        if _postmaster_pid(pgdata) is None or not _pid_is_postgres(_postmaster_pid(pgdata) or 0):
+            commands.pg_ctl(
+                ["-w", "-o", '-h ""', "-o", f"-k {info.socket_dir}", "-l", log, "start"],
+                pgdata=pgdata,
+                user=user,
+            )
+        tail = (pgdata / "log").read_text(errors="replace")[-1500:]
+        raise EmbeddedPostgresError(
+            f"the embedded server did not start with {', '.join(names)} = "
+            f"{', '.join(wanted[n] for n in names)} ({exc}); the values were removed again. "
+            f"Lower EMBEDDED_DB_SHARED_BUFFERS / EMBEDDED_DB_MAINTENANCE_WORK_MEM.\n{tail}"
+        ) from exc
     return True
+
+
+def _forget_auto_settings(pgdata: Path, names: list[str]) -> None:
+    """Remove ``names`` from postgresql.auto.conf (the server is down: no ALTER SYSTEM)."""
+    path = pgdata / "postgresql.auto.conf"
+    keep = [
+        line
+        for line in path.read_text().splitlines(keepends=True)
+        if line.split("=", 1)[0].strip() not in names
+    ]
+    path.write_text("".join(keep))
 
 
 def pgvector_self_check(conninfo: str) -> float:

@@ -176,6 +176,8 @@ class IngestJob(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     knowledge_base = models.ForeignKey(
         KnowledgeBase, on_delete=models.CASCADE, related_name="ingest_jobs"
@@ -188,6 +190,7 @@ class IngestJob(models.Model):
     chunks_written = models.PositiveIntegerField(default=0)
     chunks_deleted = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
+    attempts = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

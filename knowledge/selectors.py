@@ -29,7 +29,9 @@ def ingest_job_get(
     *, owner: AbstractBaseUser, kb_id: uuid.UUID | str, job_id: uuid.UUID | str
 ) -> IngestJob:
     """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
-    return IngestJob.objects.get(pk=job_id, knowledge_base_id=kb_id, knowledge_base__owner=owner)
+    return IngestJob.objects.defer("documents").get(  # the stored batch: up to MAX_REQUEST_BYTES
+        pk=job_id, knowledge_base_id=kb_id, knowledge_base__owner=owner
+    )
 
 
 def knowledge_bases_for_search(

@@ -7,24 +7,26 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
-from core.db import try_advisory_xact_lock
+from core.db import advisory_session_lock, try_advisory_xact_lock
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.chunking import chunk_text
 from knowledge.models import FTS_LANGUAGES, INDEXED_DIMENSIONS, IngestJob, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
+INGEST_JOB_MAX_ATTEMPTS = 3
 MESSAGE_CHUNKING = (1000, 100)
 FILE_CHUNKING = (500, 50)
 # Metadata keys stored in their own (indexed, filterable) columns; anything else
@@ -75,7 +77,7 @@ class IngestResult:
 class IndexRun:
     indexed: int
     finished: bool  # no pending rows were left
-    busy: bool  # another indexer held the lock
+    busy: bool  # another indexer held the lock, or another transaction the rows
 
 
 @dataclass
@@ -369,8 +371,14 @@ def _check_batch(documents: Sequence[DocumentIn]) -> list[str]:
 def knowledge_ingest_job_create(
     *, knowledge_base: KnowledgeBase, documents: Sequence[DocumentIn]
 ) -> IngestJob:
-    """Store a batch for background ingestion and queue it once committed."""
+    """Store a batch for background ingestion and queue it once committed.
+
+    The batch is checked as the synchronous path would check it, so a bad one is
+    refused here (KnowledgeError) instead of failing later in its job.
+    """
     _check_batch(documents)
+    for document in documents:
+        _timestamp(document.metadata.get("timestamp"))
     if knowledge_base.source_kind == KnowledgeBase.SourceKind.FILES:
         raise ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
     with transaction.atomic():
@@ -402,22 +410,64 @@ def _enqueue_ingest_job(job: IngestJob) -> None:
 
 
 def knowledge_ingest_job_run(*, job_id: str) -> IngestJob | None:
-    """Run a queued (or interrupted) job; a finished or vanished one is left alone.
+    """Run the queued jobs of ``job_id``'s base, oldest first; returns that job as it ends.
 
-    Safe to run twice: the ingestion helper is idempotent by source key, and a
-    job that already finished is not run again.
+    One runner per base at a time (a session-level advisory lock, so no transaction
+    stays open while embedding): writes of one base land in the order their batches
+    were accepted. A runner that finds the lock taken returns at once; the holder
+    takes every queued job of the base and looks again after letting go. Safe to run
+    twice: finished jobs are left alone, and the ingestion helper is idempotent.
     """
+    job = IngestJob.objects.defer("documents").filter(pk=job_id).first()
+    if job is not None:
+        knowledge_ingest_jobs_run_for_base(knowledge_base_id=job.knowledge_base_id)
+    # None when the base (and with it the job) was deleted.
+    return IngestJob.objects.defer("documents").filter(pk=job_id).first()
+
+
+def knowledge_ingest_jobs_run_for_base(*, knowledge_base_id: Any) -> int:
+    """Run the base's unfinished jobs in order unless another runner holds it."""
+    ran = 0
+    while True:
+        with advisory_session_lock(f"knowledge:ingest-jobs:{knowledge_base_id}") as taken:
+            if not taken:
+                return ran
+            while (job_pk := _next_job(knowledge_base_id)) is not None:
+                _run_job(job_pk)
+                ran += 1
+        # Jobs accepted while we held the lock, whose runs found it taken.
+        if _next_job(knowledge_base_id) is None:
+            return ran
+
+
+def _next_job(knowledge_base_id: Any) -> Any:
+    # A "running" job here was interrupted (its runner held the lock we now have).
+    return (
+        IngestJob.objects.filter(knowledge_base_id=knowledge_base_id, status__in=IngestJob.ACTIVE)
+        .order_by("created_at", "id")
+        .values_list("pk", flat=True)
+        .first()
+    )
+
+
+def _finish_job(job_pk: Any, **fields: Any) -> None:
+    IngestJob.objects.filter(pk=job_pk).update(finished_at=timezone.now(), **fields)
+
+
+def _run_job(job_pk: Any) -> None:
     with transaction.atomic():
-        job = (
-            IngestJob.objects.select_for_update()
-            .select_related("knowledge_base")
-            .filter(pk=job_id)
-            .first()
-        )
-        if job is None or job.status in (IngestJob.Status.SUCCEEDED, IngestJob.Status.FAILED):
-            return job
+        job = IngestJob.objects.select_for_update().select_related("knowledge_base").get(pk=job_pk)
+        if job.attempts >= INGEST_JOB_MAX_ATTEMPTS:
+            _finish_job(
+                job.pk,
+                status=IngestJob.Status.FAILED,
+                error=f"interrupted {job.attempts} times (worker timeout or restart); "
+                "send the batch again in smaller parts",
+            )
+            return
         job.status, job.started_at = IngestJob.Status.RUNNING, timezone.now()
-        job.save(update_fields=["status", "started_at"])
+        job.attempts += 1
+        job.save(update_fields=["status", "started_at", "attempts"])
     documents = [
         DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d.get("metadata") or {})
         for d in job.documents
@@ -427,20 +477,44 @@ def knowledge_ingest_job_run(*, job_id: str) -> IngestJob | None:
     except Exception as exc:  # recorded on the job: its poller must learn what happened
         logger.exception("ingest job %s failed", job.pk)
         message = str(exc) if isinstance(exc, KnowledgeError) else f"{type(exc).__name__}: {exc}"
-        IngestJob.objects.filter(pk=job.pk).update(
-            status=IngestJob.Status.FAILED, error=message[:2000], finished_at=timezone.now()
+        _finish_job(job.pk, status=IngestJob.Status.FAILED, error=message[:2000])
+    except BaseException as exc:
+        # The task's time limit (django-q raises a SystemExit subclass) or a shutdown.
+        _finish_job(
+            job.pk,
+            status=IngestJob.Status.FAILED,
+            error=f"interrupted: {type(exc).__name__}; send the batch again in smaller parts",
         )
+        raise
     else:
-        IngestJob.objects.filter(pk=job.pk).update(
+        _finish_job(
+            job.pk,
             status=IngestJob.Status.SUCCEEDED,
             chunks_written=result.chunks_written,
             chunks_deleted=result.chunks_deleted,
             documents=[],
             error="",
-            finished_at=timezone.now(),
         )
-    # None when the base (and with it the job) was deleted while the job ran.
-    return IngestJob.objects.filter(pk=job.pk).first()
+
+
+def knowledge_ingest_jobs_sweep(*, stale_seconds: float | None = None) -> int:
+    """Resume bases whose jobs wait with nobody running them (a lost task, a worker
+    killed mid-run). Bases with a live runner are skipped by its lock."""
+    stale = settings.Q_CLUSTER["retry"] if stale_seconds is None else stale_seconds
+    cutoff = timezone.now() - timedelta(seconds=stale)
+    bases = (
+        IngestJob.objects.filter(status__in=IngestJob.ACTIVE)
+        .filter(Q(started_at__lt=cutoff) | Q(started_at__isnull=True, created_at__lt=cutoff))
+        .values_list("knowledge_base_id", flat=True)
+        .distinct()
+    )
+    return sum(knowledge_ingest_jobs_run_for_base(knowledge_base_id=kb) for kb in list(bases))
+
+
+def knowledge_base_has_active_jobs(*, knowledge_base: KnowledgeBase) -> bool:
+    return IngestJob.objects.filter(
+        knowledge_base=knowledge_base, status__in=IngestJob.ACTIVE
+    ).exists()
 
 
 def knowledge_base_delete_chunks(
@@ -551,6 +625,7 @@ def knowledge_index_pending(
     budget = settings.KNOWLEDGE_INDEX_RUN_SECONDS if max_seconds is None else max_seconds
     deadline = time.monotonic() + budget
     indexed = 0
+    empty_rounds = 0
     while True:
         moved = _index_batch(batch)
         if moved is None:
@@ -562,7 +637,13 @@ def knowledge_index_pending(
             if not _any_pending():
                 return IndexRun(indexed=indexed, finished=True, busy=False)
             if moved == 0:
-                time.sleep(0.05)  # the rest is locked by a writer: let it commit
+                # What is left is locked by a writer (which queues us again when it
+                # commits) or by a long delete: wait a little, then leave it to them
+                # and to the sweep rather than hold a worker.
+                empty_rounds += 1
+                if empty_rounds >= 20:
+                    return IndexRun(indexed=indexed, finished=False, busy=True)
+                time.sleep(0.05)
         if time.monotonic() >= deadline:
             return IndexRun(indexed=indexed, finished=False, busy=False)
 

@@ -6,6 +6,7 @@ from knowledge.services import (
     enqueue_chunk_indexing,
     knowledge_index_pending,
     knowledge_ingest_job_run,
+    knowledge_ingest_jobs_sweep,
 )
 
 
@@ -22,3 +23,8 @@ def index_pending_chunks() -> int:
     if not run.finished and not run.busy:
         enqueue_chunk_indexing()
     return run.indexed
+
+
+def ingest_jobs_sweep() -> int:
+    """Every 5 minutes (schedule ``ingest-jobs-sweep``): resume abandoned ingest jobs."""
+    return knowledge_ingest_jobs_sweep()

@@ -40,6 +40,7 @@ from knowledge.services import (
     ReadOnlyKnowledgeBase,
     knowledge_base_create,
     knowledge_base_delete,
+    knowledge_base_has_active_jobs,
     knowledge_base_ingest,
     knowledge_base_update,
     knowledge_ingest_job_create,
@@ -142,6 +143,8 @@ class KnowledgeBaseDocumentsView(APIView):
         background = data.validated_data["background"]
         if background is None:
             background = sum(len(d.text) for d in documents) > settings.INGEST_SYNC_MAX_CHARS
+        # Behind queued batches of this base: queue too, so writes land in order.
+        background = background or knowledge_base_has_active_jobs(knowledge_base=kb)
         try:
             if background:
                 job = knowledge_ingest_job_create(knowledge_base=kb, documents=documents)

@@ -155,9 +155,13 @@ def test_server_settings_are_applied_once(data_dir):
     assert _show(first, "shared_buffers") == "128MB"
 
     # shared_buffers needs a restart (new postmaster pid); work_mem only a reload.
+    log = data_dir / "pgdata" / "log"
+    ready = log.read_text().count("ready to accept connections")
     wanted = {"shared_buffers": "48MB", "work_mem": "6MB"}
     applied = ensure_embedded_postgres(data_dir, dbname="app", server_settings=wanted)
     assert applied.pid != first.pid
+    # The restarted server still logs where pgserver's start pointed it.
+    assert log.read_text().count("ready to accept connections") == ready + 1
     assert applied.pid == embedded_pg._postmaster_pid((data_dir / "pgdata").resolve())
     assert (_show(applied, "shared_buffers"), _show(applied, "work_mem")) == ("48MB", "6MB")
 
@@ -178,3 +182,23 @@ def test_server_settings_are_applied_once(data_dir):
 def test_unknown_server_setting_is_refused(data_dir):
     with pytest.raises(EmbeddedPostgresError, match="unknown server setting 'no_such_thing'"):
         ensure_embedded_postgres(data_dir, dbname="app", server_settings={"no_such_thing": "1MB"})
+
+
+def test_a_setting_the_server_cannot_start_with_is_taken_back(data_dir):
+    first = ensure_embedded_postgres(data_dir, dbname="app")
+    _forget_handles(data_dir)
+    # Within shared_buffers' range, so ALTER SYSTEM takes it; no machine here can map it.
+    with pytest.raises(EmbeddedPostgresError, match="did not start with shared_buffers = 4TB"):
+        ensure_embedded_postgres(data_dir, dbname="app", server_settings={"shared_buffers": "4TB"})
+    auto_conf = (data_dir / "pgdata" / "postgresql.auto.conf").read_text()
+    assert "shared_buffers" not in auto_conf
+    # The server is up again with what it had, for everyone attached to it.
+    _forget_handles(data_dir)
+    again = ensure_embedded_postgres(data_dir, dbname="app")
+    assert _show(again, "shared_buffers") == "128MB"
+    assert again.port == first.port
+
+
+def test_server_sizes_need_a_unit(data_dir):
+    with pytest.raises(EmbeddedPostgresError, match="give a size with a unit"):
+        ensure_embedded_postgres(data_dir, dbname="app", server_settings={"work_mem": "16384"})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
+from django.db import connection
 
+from core.db import _lock_id
 from core.providers.errors import ProviderError
 from knowledge import services
 from knowledge.models import Chunk, IngestJob
@@ -184,3 +187,122 @@ def test_a_base_deleted_while_its_job_runs(alice, settings, monkeypatch):
     assert knowledge_ingest_job_run(job_id=str(job.pk)) is None
     assert run_ingest_job(str(job.pk)) == "gone"
     assert not Chunk.objects.exists() and not IngestJob.objects.exists()
+
+
+def _queue(kb, *docs):
+    from knowledge.services import DocumentIn, knowledge_ingest_job_create
+
+    return knowledge_ingest_job_create(
+        knowledge_base=kb, documents=[DocumentIn(text=t, source_key=k) for k, t in docs]
+    )
+
+
+def test_jobs_of_a_base_run_oldest_first_whichever_task_comes_first(alice):
+    kb = make_kb(alice)
+    older = _queue(kb, ("doc", "version one"))
+    newer = _queue(kb, ("doc", "version two"))
+    # The newer job's task happens to run first: it runs the older job before it.
+    assert run_ingest_job(str(newer.pk)) == "succeeded"
+    older.refresh_from_db()
+    assert (
+        older.status == "succeeded"
+        and older.finished_at <= IngestJob.objects.get(pk=newer.pk).finished_at
+    )
+    assert Chunk.objects.get(knowledge_base=kb, source_key="doc#0").text == "version two"
+    assert run_ingest_job(str(older.pk)) == "succeeded"  # nothing left to do
+    assert Chunk.objects.get(knowledge_base=kb, source_key="doc#0").text == "version two"
+
+
+def test_a_synchronous_batch_queues_behind_pending_jobs(alice, alice_client, settings):
+    settings.INGEST_SYNC_MAX_CHARS = 100_000
+    kb = make_kb(alice)
+    queued = _queue(kb, ("doc", "version one"))
+    url = f"/api/v1/knowledge-bases/{kb.pk}/documents"
+    body = {"documents": [{"text": "version two", "source_key": "doc"}], "background": False}
+    response = alice_client.post(url, body, format="json")
+    assert response.status_code == 202
+    assert _keys(kb) == []
+    knowledge_ingest_job_run(job_id=str(queued.pk))
+    assert Chunk.objects.get(knowledge_base=kb, source_key="doc#0").text == "version two"
+    assert alice_client.post(url, body, format="json").status_code == 201  # queue empty again
+
+
+def test_a_runner_holding_the_base_makes_others_return(alice):
+    kb = make_kb(alice)
+    job = _queue(kb, ("a", "text a"))
+    params = connection.get_connection_params()
+    holder = psycopg.connect(
+        host=params["host"], port=params["port"], user=params["user"], dbname=params["dbname"],
+        autocommit=True,
+    )  # fmt: skip
+    try:
+        holder.execute("SELECT pg_advisory_lock(%s)", [_lock_id(f"knowledge:ingest-jobs:{kb.pk}")])
+        assert run_ingest_job(str(job.pk)) == "queued"
+    finally:
+        holder.close()  # the lock goes with the session
+    assert run_ingest_job(str(job.pk)) == "succeeded"
+
+
+def test_a_time_limit_marks_the_job_interrupted(alice, monkeypatch):
+    kb = make_kb(alice)
+    job = _queue(kb, ("a", "text a"))
+
+    class TimeLimit(SystemExit):  # what django-q raises in a task past its timeout
+        pass
+
+    def stopped(**kwargs):
+        raise TimeLimit()
+
+    monkeypatch.setattr(services, "knowledge_base_ingest", stopped)
+    with pytest.raises(TimeLimit):
+        knowledge_ingest_job_run(job_id=str(job.pk))
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error.startswith("interrupted: TimeLimit")
+    assert job.attempts == 1 and _keys(kb) == []
+
+
+def test_an_abandoned_job_is_resumed_by_the_sweep_and_given_up_after_three_tries(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from knowledge.services import knowledge_ingest_jobs_sweep
+
+    kb = make_kb(alice)
+    fresh = _queue(make_kb(alice, name="other"), ("b", "text b"))
+    lost = _queue(kb, ("a", "text a"))
+    long_ago = timezone.now() - timedelta(hours=1)
+    # A worker died mid-run: "running", started an hour ago, nobody holds the base.
+    IngestJob.objects.filter(pk=lost.pk).update(status="running", started_at=long_ago, attempts=1)
+    assert knowledge_ingest_jobs_sweep() == 1
+    lost.refresh_from_db()
+    assert (lost.status, lost.attempts) == ("succeeded", 2)
+    assert IngestJob.objects.get(pk=fresh.pk).status == "queued"  # not stale: its task will come
+
+    again = _queue(kb, ("c", "text c"))
+    IngestJob.objects.filter(pk=again.pk).update(status="running", started_at=long_ago, attempts=3)
+    assert knowledge_ingest_jobs_sweep() == 1
+    again.refresh_from_db()
+    assert again.status == "failed" and "interrupted 3 times" in again.error
+    assert sorted(_keys(kb)) == ["a#0"]
+
+
+def test_a_bad_timestamp_in_a_background_batch_is_a_400_and_no_job(alice, alice_client, settings):
+    settings.INGEST_SYNC_MAX_CHARS = 0
+    kb = make_kb(alice)
+    body = {"documents": [{"text": "t", "source_key": "k", "metadata": {"timestamp": "yesterday"}}]}
+    response = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents", body, format="json")
+    assert response.status_code == 400
+    assert "ISO 8601" in response.json()["error"]["message"]
+    assert not IngestJob.objects.exists()
+
+
+def test_the_job_sweep_is_registered():
+    from django_q.models import Schedule
+
+    sweep = Schedule.objects.get(name="ingest-jobs-sweep")
+    assert (sweep.func, sweep.schedule_type, sweep.minutes) == (
+        "knowledge.tasks.ingest_jobs_sweep",
+        Schedule.MINUTES,
+        5,
+    )
