@@ -409,6 +409,43 @@ def _enqueue_ingest_job(job: IngestJob) -> None:
         )
 
 
+def _jobs_lock(knowledge_base_id: Any) -> str:
+    return f"knowledge:ingest-jobs:{knowledge_base_id}"
+
+
+def knowledge_documents_submit(
+    *,
+    knowledge_base: KnowledgeBase,
+    documents: Sequence[DocumentIn],
+    background: bool | None = None,
+) -> IngestResult | IngestJob:
+    """Ingest now (IngestResult) or queue a job (IngestJob), keeping a base's order.
+
+    ``background`` None: queue when the batch is over INGEST_SYNC_MAX_CHARS. A batch
+    is queued anyway while the base has unfinished jobs or a job runner is at work,
+    and a synchronous write holds the base's runner lock, so jobs accepted while it
+    embeds wait for it and then run (queued again here once the lock is let go).
+    """
+    if background is None:
+        background = sum(len(d.text) for d in documents) > settings.INGEST_SYNC_MAX_CHARS
+    if background:
+        return knowledge_ingest_job_create(knowledge_base=knowledge_base, documents=documents)
+    result: IngestResult | None = None
+    with advisory_session_lock(_jobs_lock(knowledge_base.pk)) as taken:
+        if taken and not knowledge_base_has_active_jobs(knowledge_base=knowledge_base):
+            result = knowledge_base_ingest(knowledge_base=knowledge_base, documents=documents)
+    if result is None:
+        return knowledge_ingest_job_create(knowledge_base=knowledge_base, documents=documents)
+    waiting = (
+        IngestJob.objects.filter(knowledge_base=knowledge_base, status__in=IngestJob.ACTIVE)
+        .defer("documents")
+        .first()
+    )
+    if waiting is not None:  # accepted meanwhile; its run found the lock taken
+        _enqueue_ingest_job(waiting)
+    return result
+
+
 def knowledge_ingest_job_run(*, job_id: str) -> IngestJob | None:
     """Run the queued jobs of ``job_id``'s base, oldest first; returns that job as it ends.
 
@@ -429,7 +466,7 @@ def knowledge_ingest_jobs_run_for_base(*, knowledge_base_id: Any) -> int:
     """Run the base's unfinished jobs in order unless another runner holds it."""
     ran = 0
     while True:
-        with advisory_session_lock(f"knowledge:ingest-jobs:{knowledge_base_id}") as taken:
+        with advisory_session_lock(_jobs_lock(knowledge_base_id)) as taken:
             if not taken:
                 return ran
             while (job_pk := _next_job(knowledge_base_id)) is not None:

@@ -40,10 +40,8 @@ from knowledge.services import (
     ReadOnlyKnowledgeBase,
     knowledge_base_create,
     knowledge_base_delete,
-    knowledge_base_has_active_jobs,
-    knowledge_base_ingest,
     knowledge_base_update,
-    knowledge_ingest_job_create,
+    knowledge_documents_submit,
 )
 
 
@@ -140,25 +138,22 @@ class KnowledgeBaseDocumentsView(APIView):
             DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d["metadata"])
             for d in data.validated_data["documents"]
         ]
-        background = data.validated_data["background"]
-        if background is None:
-            background = sum(len(d.text) for d in documents) > settings.INGEST_SYNC_MAX_CHARS
-        # Behind queued batches of this base: queue too, so writes land in order.
-        background = background or knowledge_base_has_active_jobs(knowledge_base=kb)
         try:
-            if background:
-                job = knowledge_ingest_job_create(knowledge_base=kb, documents=documents)
-            else:
-                result = knowledge_base_ingest(knowledge_base=kb, documents=documents)
+            outcome = knowledge_documents_submit(
+                knowledge_base=kb,
+                documents=documents,
+                background=data.validated_data["background"],
+            )
         except KnowledgeError as exc:
             raise knowledge_api_error(exc) from exc
-        if background:
-            location = reverse("kb-job", kwargs={"kb_id": kb.pk, "job_id": job.pk})
+        if isinstance(outcome, IngestJob):
+            location = reverse("kb-job", kwargs={"kb_id": kb.pk, "job_id": outcome.pk})
             return Response(
-                {"job": IngestJobOutputSerializer(job).data},
+                {"job": IngestJobOutputSerializer(outcome).data},
                 status=status.HTTP_202_ACCEPTED,
                 headers={"Location": location},
             )
+        result = outcome
         return Response(
             {
                 "documents": result.documents,

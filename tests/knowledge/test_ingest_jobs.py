@@ -306,3 +306,52 @@ def test_the_job_sweep_is_registered():
         Schedule.MINUTES,
         5,
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_accepted_during_a_synchronous_write_lands_after_it(monkeypatch):
+    """The synchronous batch (accepted first) is still embedding when a background
+    batch for the same document arrives and a worker (another connection) picks its
+    job up at once: the job must wait for the synchronous write, or the older text
+    would win."""
+    import threading
+
+    from knowledge.services import knowledge_documents_submit
+    from tests.factories import UserFactory
+
+    kb = make_kb(UserFactory(username="gail"))
+    queued_again = []
+    monkeypatch.setattr(services, "_enqueue_ingest_job", lambda job: queued_again.append(job.pk))
+    original = services.knowledge_base_ingest
+    worker_saw = []
+
+    def worker(job_pk):
+        try:
+            worker_saw.append(run_ingest_job(str(job_pk)))
+        finally:
+            connection.close()
+
+    def slow_sync_write(*, knowledge_base, documents):
+        if not worker_saw:  # the synchronous write (later calls are the job's own)
+            job = _queue(kb, ("doc", "version two (accepted second)"))
+            thread = threading.Thread(target=worker, args=(job.pk,))
+            thread.start()
+            thread.join()
+        return original(knowledge_base=knowledge_base, documents=documents)
+
+    monkeypatch.setattr(services, "knowledge_base_ingest", slow_sync_write)
+    result = knowledge_documents_submit(
+        knowledge_base=kb,
+        documents=[services.DocumentIn(text="version one (accepted first)", source_key="doc")],
+        background=False,
+    )
+    assert result.chunks_written == 1
+    job = IngestJob.objects.get()
+    assert worker_saw == ["queued"]  # the base was busy: the job was left queued
+    text = Chunk.objects.get(knowledge_base=kb, source_key="doc#0").text
+    assert text == "version one (accepted first)"
+    # Once the lock was let go, the job was queued again; its run writes the newer text.
+    assert queued_again == [job.pk, job.pk]  # at creation, and after the write
+    assert run_ingest_job(str(job.pk)) == "succeeded"
+    text = Chunk.objects.get(knowledge_base=kb, source_key="doc#0").text
+    assert text == "version two (accepted second)"
