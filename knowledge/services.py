@@ -379,8 +379,6 @@ def knowledge_ingest_job_create(
     _check_batch(documents)
     for document in documents:
         _timestamp(document.metadata.get("timestamp"))
-    if knowledge_base.source_kind == KnowledgeBase.SourceKind.FILES:
-        raise ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
     with transaction.atomic():
         job = IngestJob.objects.create(
             knowledge_base=knowledge_base,
@@ -425,7 +423,10 @@ def knowledge_documents_submit(
     is queued anyway while the base has unfinished jobs or a job runner is at work,
     and a synchronous write holds the base's runner lock, so jobs accepted while it
     embeds wait for it and then run (queued again here once the lock is let go).
+    File-backed bases are written by their file sources only.
     """
+    if knowledge_base.source_kind == KnowledgeBase.SourceKind.FILES:
+        raise ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
     if background is None:
         background = sum(len(d.text) for d in documents) > settings.INGEST_SYNC_MAX_CHARS
     if background:

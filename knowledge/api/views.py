@@ -128,10 +128,6 @@ class KnowledgeBaseDocumentsView(APIView):
     @extend_schema(request=IngestSerializer)
     def post(self, request: Request, kb_id: Any) -> Response:
         kb = _get_kb(request, kb_id)
-        if kb.source_kind == KnowledgeBase.SourceKind.FILES:
-            raise knowledge_api_error(
-                ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
-            )
         data = IngestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         documents = [
