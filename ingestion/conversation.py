@@ -15,7 +15,6 @@ The newest message is always kept, even if it alone exceeds the budget.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,40 +24,34 @@ from typing import Any, Literal, TypeVar
 
 from django.conf import settings
 
+from core.errors import ServiceError
 from core.providers.tokens import count_tokens
-from ingestion.models import SESSION_ID_PATTERN, Flow, Message
+from core.validation import validate_session_id
+from ingestion.models import Flow, Message
 
 PRIMING_TOKENS = 3  # count_message_tokens' reply priming
 PER_MESSAGE_TOKENS = 3  # count_message_tokens' per-message overhead
 DEFAULT_HUMAN_PREFIX = "Human"
 DEFAULT_AI_PREFIX = "Assistant"
-_SESSION_RE = re.compile(SESSION_ID_PATTERN)
 
 T = TypeVar("T")
 NullParent = Literal["linear", "root"]
 
 
 # --- errors -------------------------------------------------------------------------
-class HistoryError(Exception):
-    """Bad input to conversation or node memory; ``status`` is the HTTP answer."""
-
-    status = 400
-    code = "invalid"
-
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.details = details
+class HistoryError(ServiceError):
+    """Bad input to conversation or node memory."""
 
 
 class ConversationNotFound(HistoryError):
-    status = 404
+    status_code = 404
     code = "not_found"
 
 
 class UnknownMessage(HistoryError):
     """A message id that is not part of the conversation (or node memory)."""
 
-    status = 422
+    status_code = 422
     code = "unknown_message"
 
 
@@ -184,15 +177,6 @@ def validate_budget(*, max_tokens: int, message_limit: int | None = None) -> Non
         )
 
 
-def validate_conversation_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not _SESSION_RE.match(session_id):
-        raise HistoryError(
-            "the conversation (session) id must be 1-255 characters: letters, digits and "
-            ". _ : @ / + = -, starting with a letter or digit"
-        )
-    return session_id
-
-
 # --- conversation memory ------------------------------------------------------------
 _Link = tuple[int, int | None]  # (id, parent id)
 _CONTENT_FIELDS = ("id", "role", "text", "files", "created_at")
@@ -274,7 +258,7 @@ def conversation_history(
     max_tokens = settings.HISTORY_MAX_TOKENS if max_tokens is None else max_tokens
     message_limit = settings.HISTORY_MESSAGE_LIMIT if message_limit is None else message_limit
     validate_budget(max_tokens=max_tokens, message_limit=message_limit)
-    validate_conversation_id(session_id)
+    validate_session_id(session_id)
     links = _candidates(flow, session_id, current_message_id, message_limit)
     thread = extract_thread(links, key=itemgetter(0), parent=itemgetter(1), null_parent="linear")
     return history_from_items(
@@ -287,7 +271,7 @@ class TokenBufferMemory:
 
     def __init__(self, *, flow: Flow, conversation_id: str, message_limit: int | None = None):
         self.flow = flow
-        self.conversation_id = validate_conversation_id(conversation_id)
+        self.conversation_id = validate_session_id(conversation_id)
         self.message_limit = message_limit
 
     def get_history(

@@ -7,9 +7,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.jobs import Job
 from knowledge.models import KnowledgeBase
-
-SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,254}$"
 
 
 class Flow(models.Model):
@@ -139,25 +138,17 @@ class MemoryBaseSession(models.Model):
         return f"{self.memory_base} / {self.session_id}"
 
 
-class IngestionJob(models.Model):
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
+class IngestionJob(Job):
+    """Ingestion of one session's pending outputs into the memory base's knowledge
+    base, scope fixed when queued. Lifecycle: ``core.jobs``."""
 
     class Trigger(models.TextChoices):
         AUTO = "auto"
         MANUAL = "manual"
         REGENERATE = "regenerate"
 
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     memory_base = models.ForeignKey(MemoryBase, on_delete=models.CASCADE, related_name="jobs")
     session = models.ForeignKey(MemoryBaseSession, on_delete=models.CASCADE, related_name="jobs")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     trigger = models.CharField(max_length=16, choices=Trigger.choices)
     # Immutable scope, fixed when queued: (start cursor, last message] of the session.
     start_cursor_message_id = models.BigIntegerField(null=True, blank=True)
@@ -167,11 +158,7 @@ class IngestionJob(models.Model):
     messages_processed = models.PositiveIntegerField(default=0)
     chunks_written = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
-    error = models.TextField(blank=True, default="")
     task_id = models.CharField(max_length=64, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

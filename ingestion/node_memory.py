@@ -60,6 +60,7 @@ from django.utils import timezone
 
 from core.db import advisory_xact_lock
 from core.providers.tokens import count_tokens
+from core.validation import validate_node_id, validate_session_id
 from ingestion.conversation import (
     History,
     HistoryError,
@@ -69,7 +70,6 @@ from ingestion.conversation import (
     extract_thread,
     history_from_items,
     validate_budget,
-    validate_conversation_id,
 )
 from ingestion.models import Flow
 
@@ -77,9 +77,7 @@ logger = logging.getLogger(__name__)
 
 ROOT = "node_memory"
 VERSION = 1
-NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MESSAGE_ID_MAX = 200
-_NODE_RE = re.compile(NODE_ID_PATTERN)
 _PLAIN_SEGMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _MESSAGE_ID = itemgetter("message_id")
 _PARENT_ID = itemgetter("parent_message_id")
@@ -96,17 +94,17 @@ LATEST = Parent.LATEST
 
 # --- errors -------------------------------------------------------------------------
 class NodeMemoryNotFound(HistoryError):
-    status = 404
+    status_code = 404
     code = "not_found"
 
 
 class DuplicateMessage(HistoryError):
-    status = 409
+    status_code = 409
     code = "duplicate_message"
 
 
 class UnknownParent(HistoryError):
-    status = 422
+    status_code = 422
     code = "unknown_parent"
 
 
@@ -152,12 +150,8 @@ def session_segment(session_id: str) -> str:
 
 
 def node_key(*, flow: Flow, session_id: str, node_id: str) -> NodeKey:
-    validate_conversation_id(session_id)
-    if not isinstance(node_id, str) or not _NODE_RE.match(node_id):
-        raise HistoryError(
-            "node_id must be 1-128 letters, digits and . _ -, starting with a letter or digit",
-            details={"node_id": node_id},
-        )
+    validate_session_id(session_id)
+    validate_node_id(node_id)
     return NodeKey(owner_id=flow.owner_id, flow_id=flow.pk, session_id=session_id, node_id=node_id)
 
 

@@ -13,7 +13,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,9 +24,12 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from core.db import advisory_xact_lock
+from core.errors import Conflict, InvalidInput, NameTaken
+from core.jobs import job_claim, job_finish, job_outcome, job_run_lock, job_stale
 from core.providers.llm import get_llm
+from core.queue import enqueue_on_commit
+from core.validation import validate_session_id
 from ingestion.models import (
-    SESSION_ID_PATTERN,
     Flow,
     IngestionJob,
     MemoryBase,
@@ -44,29 +46,30 @@ from knowledge.services import (
     knowledge_base_ingest,
     knowledge_base_recount,
 )
-from knowledge.services import NameTaken as KnowledgeNameTaken
 
 logger = logging.getLogger(__name__)
-_SESSION_RE = re.compile(SESSION_ID_PATTERN)
 INGEST_BATCH_MESSAGES = 200
 
 
-class IngestionError(Exception):
-    code = "invalid"
+class IngestionError(InvalidInput):
+    pass
 
 
-class NameTaken(IngestionError):
-    code = "name_taken"
-
-
-class JobConflict(IngestionError):
-    code = "conflict"
+class JobConflict(Conflict):
+    code = "job_active"
 
     def __init__(self, job: IngestionJob):
         self.job = job
         super().__init__(
             f"session {job.session.session_id!r} already has an active ingestion job {job.id} "
-            f"({job.status})"
+            f"({job.status})",
+            details={
+                "job": {
+                    "id": str(job.pk),
+                    "status": job.status,
+                    "session_id": job.session.session_id,
+                }
+            },
         )
 
 
@@ -84,15 +87,6 @@ class MessageIn:
     def output(self) -> bool:
         # A message without an explicit flag is an output unless the user wrote it.
         return self.is_output if self.is_output is not None else self.role != "user"
-
-
-def validate_session_id(session_id: str) -> str:
-    if not isinstance(session_id, str) or not _SESSION_RE.match(session_id):
-        raise IngestionError(
-            "session_id must be 1-255 characters: letters, digits and . _ : @ / + = -, "
-            "starting with a letter or digit"
-        )
-    return session_id
 
 
 # --- flows --------------------------------------------------------------------------
@@ -253,25 +247,25 @@ def session_ingest_enqueue(
         session_ingest_run(job_id=job.pk, progress=progress)
         job.refresh_from_db()
     else:
-        transaction.on_commit(lambda: _dispatch(job))
+        _dispatch(job)
     return job
 
 
 def _dispatch(job: IngestionJob) -> None:
-    from django_q.tasks import async_task
-
-    try:
-        task_id = async_task(
-            "ingestion.tasks.ingest_session", str(job.pk), task_name=f"ingest-{job.pk}"
-        )
-    except Exception as exc:
+    enqueue_on_commit(
+        "ingestion.tasks.ingest_session",
+        str(job.pk),
+        task_name=f"ingest-{job.pk}",
+        on_queued=lambda task_id: IngestionJob.objects.filter(pk=job.pk).update(task_id=task_id),
         # Free the session's slot, or it would stay blocked by a job nobody runs.
-        IngestionJob.objects.filter(pk=job.pk, status=IngestionJob.Status.QUEUED).update(
-            status=IngestionJob.Status.FAILED, error=f"could not queue: {exc}",
+        on_error=lambda exc: IngestionJob.objects.filter(
+            pk=job.pk, status=IngestionJob.Status.QUEUED
+        ).update(
+            status=IngestionJob.Status.FAILED,
+            error=f"could not queue: {exc}",
             finished_at=timezone.now(),
-        )  # fmt: skip
-        raise
-    IngestionJob.objects.filter(pk=job.pk).update(task_id=str(task_id or ""))
+        ),
+    )
 
 
 def session_active_job(*, session: MemoryBaseSession) -> IngestionJob | None:
@@ -279,37 +273,6 @@ def session_active_job(*, session: MemoryBaseSession) -> IngestionJob | None:
         IngestionJob.objects.select_related("session")
         .filter(session=session, status__in=IngestionJob.ACTIVE)
         .first()
-    )
-
-
-def _claim(job_id: Any) -> IngestionJob | None:
-    """Mark the job running; None if it is gone, finished or cancelled.
-
-    A job found already running is taken over: delivery is at least once, and a
-    worker that died mid-run left it so. The run is idempotent.
-    """
-    with transaction.atomic():
-        job = (
-            IngestionJob.objects.select_for_update()
-            .select_related("session", "memory_base__knowledge_base", "memory_base__flow")
-            .filter(pk=job_id)
-            .first()
-        )
-        if job is None or job.status not in IngestionJob.ACTIVE:
-            return None
-        if job.cancel_requested:
-            _finish(job, IngestionJob.Status.CANCELLED)
-            return None
-        job.status = IngestionJob.Status.RUNNING
-        job.started_at = job.started_at or timezone.now()
-        job.save(update_fields=["status", "started_at"])
-        return job
-
-
-def _finish(job: IngestionJob, status: str, error: str = "") -> None:
-    job.status, job.error, job.finished_at = status, error[:5000], timezone.now()
-    IngestionJob.objects.filter(pk=job.pk).update(
-        status=job.status, error=job.error, finished_at=job.finished_at
     )
 
 
@@ -383,8 +346,11 @@ def _preprocess(memory_base: MemoryBase, batch: list[Message]) -> list[DocumentI
     ]
 
 
-def _advance_cursor(session: MemoryBaseSession, last: Message, count: int) -> None:
-    """Move the cursor past ``last``; never backwards (a stale rerun cannot rewind it)."""
+def _advance_cursor(
+    session: MemoryBaseSession, last: Message, count: int, *, job_id: Any = None
+) -> None:
+    """Move the cursor past ``last``; never backwards (a stale rerun cannot rewind it).
+    The job's count moves with it, so a resumed job counts each message once."""
     with transaction.atomic():
         fresh = MemoryBaseSession.objects.select_for_update().get(pk=session.pk)
         behind = fresh.cursor_message_id is None or (fresh.cursor_created_at, fresh.cursor_message_id) < (
@@ -402,6 +368,9 @@ def _advance_cursor(session: MemoryBaseSession, last: Message, count: int) -> No
                     "last_sync_at",
                 ]
             )
+            IngestionJob.objects.filter(pk=job_id).update(
+                messages_processed=F("messages_processed") + count
+            )
         session.cursor_message_id, session.cursor_created_at = (
             fresh.cursor_message_id,
             fresh.cursor_created_at,
@@ -416,11 +385,23 @@ def session_ingest_run(
     Starts from the later of the job's start cursor and the session's cursor (a
     rerun after a crash resumes, it does not redo). Checks for cancellation
     between batches. On failure the job is marked failed and the cursor stays at
-    the last committed batch, so the next run resumes from there.
+    the last committed batch, so the next run resumes from there. Returns None
+    when another live run holds the job, or it is gone, finished or given up
+    (lifecycle: ``core.jobs``).
     """
-    job = _claim(job_id)
-    if job is None:
-        return None
+    with job_run_lock(IngestionJob, job_id) as free:
+        if not free:
+            return None
+        job = job_claim(IngestionJob, job_id, related=("session", "memory_base__knowledge_base"))
+        if job is None:
+            return None
+        with job_outcome(IngestionJob, job.pk):
+            job_finish(IngestionJob, job.pk, _ingest(job, progress))
+    return IngestionJob.objects.select_related("session").filter(pk=job.pk).first()
+
+
+def _ingest(job: IngestionJob, progress: Callable[[int, int], None] | None) -> str:
+    """The claimed job's batches; returns how it ended (succeeded or cancelled)."""
     session = MemoryBaseSession.objects.select_related("memory_base__knowledge_base").get(
         pk=job.session_id
     )
@@ -431,17 +412,14 @@ def session_ingest_run(
     total = _scope_count(session, job)
     done = 0
     try:
-        while True:
-            if _cancelled(job.pk):
-                _finish(job, IngestionJob.Status.CANCELLED)
-                return job
+        while not _cancelled(job.pk):
             batch = list(
                 scope.filter(_after(session.cursor_created_at, session.cursor_message_id)).order_by(
                     "created_at", "id"
                 )[:INGEST_BATCH_MESSAGES]
             )
             if not batch:
-                break
+                return IngestionJob.Status.SUCCEEDED
             documents = _batch_to_documents(memory_base, batch)
             if documents:
                 result = knowledge_base_ingest(
@@ -450,20 +428,24 @@ def session_ingest_run(
                 IngestionJob.objects.filter(pk=job.pk).update(
                     chunks_written=F("chunks_written") + result.chunks_written
                 )
-            _advance_cursor(session, batch[-1], len(batch))
+            _advance_cursor(session, batch[-1], len(batch), job_id=job.pk)
             done += len(batch)
-            IngestionJob.objects.filter(pk=job.pk).update(messages_processed=done)
             if progress:
                 progress(done, total)
     except IngestCancelled:
-        _finish(job, IngestionJob.Status.CANCELLED)
-        return job
-    except Exception as exc:
-        logger.exception("ingestion job %s failed", job.pk)
-        _finish(job, IngestionJob.Status.FAILED, f"{type(exc).__name__}: {exc}")
-        return job
-    _finish(job, IngestionJob.Status.SUCCEEDED)
-    return job
+        pass
+    return IngestionJob.Status.CANCELLED
+
+
+def memory_base_jobs_sweep(*, stale_seconds: float | None = None) -> int:
+    """Resume Memory Base jobs that nobody runs (a lost task, a worker killed mid-run),
+    oldest first; a job claimed ``MAX_ATTEMPTS`` times is given up (failed), which
+    frees its session. Jobs with a live run are skipped (their run lock is held)."""
+    stale = job_stale(IngestionJob, stale_seconds=stale_seconds).order_by("created_at", "id")
+    ran = 0
+    for job_id in list(stale.values_list("pk", flat=True)):
+        ran += session_ingest_run(job_id=job_id) is not None
+    return ran
 
 
 def _scope_count(session: MemoryBaseSession, job: IngestionJob) -> int:
@@ -502,7 +484,7 @@ def memory_base_create(
             raise NameTaken(f"a memory base named {name!r} already exists")
         try:
             kb = knowledge_base_create(owner=owner, name=kb_name, is_memory_base=True)
-        except KnowledgeNameTaken as exc:
+        except NameTaken as exc:
             raise NameTaken(f"a knowledge base named {kb_name!r} already exists") from exc
         try:
             with transaction.atomic():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ingestion import services
 from ingestion.node_memory import node_memory_delete_idle
 from ingestion.services import session_ingest_run
 
@@ -14,3 +15,8 @@ def ingest_session(job_id: str) -> str:
 def node_memory_cleanup() -> int:
     """Daily (schedule ``node-memory-cleanup``): delete idle conversations' node memory."""
     return node_memory_delete_idle()
+
+
+def memory_base_jobs_sweep() -> int:
+    """Every 5 minutes (schedule ``memory-base-jobs-sweep``): resume abandoned jobs."""
+    return services.memory_base_jobs_sweep()

@@ -31,6 +31,7 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from core.health import pgvector_supports_iterative_scan, pgvector_version
+from core.scoring import decay
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
 from knowledge.services import KnowledgeError, kb_embedder
 
@@ -271,8 +272,7 @@ def _query_vectors(
 def _decay(hits: list[Hit], created: dict[int, datetime], half_life_days: float) -> None:
     now = timezone.now()
     for hit in hits:
-        age_days = max(0.0, (now - created[hit.chunk_id]).total_seconds() / 86400)
-        hit.score *= math.pow(0.5, age_days / half_life_days)
+        hit.score *= decay(created[hit.chunk_id], half_life_days, now=now)
 
 
 def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list[Hit]:

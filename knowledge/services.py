@@ -7,26 +7,26 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
 from core.db import advisory_session_lock, try_advisory_xact_lock
+from core.errors import Conflict, InvalidInput, NameTaken, ServiceError
+from core.jobs import job_claim, job_finish, job_outcome, job_stale
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.chunking import chunk_text
 from knowledge.models import FTS_LANGUAGES, INDEXED_DIMENSIONS, IngestJob, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
-INGEST_JOB_MAX_ATTEMPTS = 3
 MESSAGE_CHUNKING = (1000, 100)
 FILE_CHUNKING = (500, 50)
 # Metadata keys stored in their own (indexed, filterable) columns; anything else
@@ -43,19 +43,16 @@ COLUMN_KEYS = (
 )
 
 
-class KnowledgeError(Exception):
-    code = "invalid"
+class KnowledgeError(InvalidInput):
+    pass
 
 
-class NameTaken(KnowledgeError):
-    code = "name_taken"
-
-
-class ReadOnlyKnowledgeBase(KnowledgeError):
+class ReadOnlyKnowledgeBase(Conflict):
     code = "read_only"
 
 
-class IngestCancelled(KnowledgeError):
+class IngestCancelled(ServiceError):
+    status_code = 409
     code = "cancelled"
 
 
@@ -488,61 +485,31 @@ def _next_job(knowledge_base_id: Any) -> Any:
     )
 
 
-def _finish_job(job_pk: Any, **fields: Any) -> None:
-    IngestJob.objects.filter(pk=job_pk).update(finished_at=timezone.now(), **fields)
-
-
 def _run_job(job_pk: Any) -> None:
-    with transaction.atomic():
-        job = IngestJob.objects.select_for_update().select_related("knowledge_base").get(pk=job_pk)
-        if job.attempts >= INGEST_JOB_MAX_ATTEMPTS:
-            _finish_job(
-                job.pk,
-                status=IngestJob.Status.FAILED,
-                error=f"interrupted {job.attempts} times (worker timeout or restart); "
-                "send the batch again in smaller parts",
-            )
-            return
-        job.status, job.started_at = IngestJob.Status.RUNNING, timezone.now()
-        job.attempts += 1
-        job.save(update_fields=["status", "started_at", "attempts"])
+    job = job_claim(IngestJob, job_pk, related=("knowledge_base",))
+    if job is None:
+        return
     documents = [
         DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d.get("metadata") or {})
         for d in job.documents
     ]
-    try:
+    with job_outcome(IngestJob, job.pk):
         result = knowledge_base_ingest(knowledge_base=job.knowledge_base, documents=documents)
-    except Exception as exc:  # recorded on the job: its poller must learn what happened
-        logger.exception("ingest job %s failed", job.pk)
-        message = str(exc) if isinstance(exc, KnowledgeError) else f"{type(exc).__name__}: {exc}"
-        _finish_job(job.pk, status=IngestJob.Status.FAILED, error=message[:2000])
-    except BaseException as exc:
-        # The task's time limit (django-q raises a SystemExit subclass) or a shutdown.
-        _finish_job(
+        job_finish(
+            IngestJob,
             job.pk,
-            status=IngestJob.Status.FAILED,
-            error=f"interrupted: {type(exc).__name__}; send the batch again in smaller parts",
-        )
-        raise
-    else:
-        _finish_job(
-            job.pk,
-            status=IngestJob.Status.SUCCEEDED,
+            IngestJob.Status.SUCCEEDED,
             chunks_written=result.chunks_written,
             chunks_deleted=result.chunks_deleted,
             documents=[],
-            error="",
         )
 
 
 def knowledge_ingest_jobs_sweep(*, stale_seconds: float | None = None) -> int:
     """Resume bases whose jobs wait with nobody running them (a lost task, a worker
     killed mid-run). Bases with a live runner are skipped by its lock."""
-    stale = settings.Q_CLUSTER["retry"] if stale_seconds is None else stale_seconds
-    cutoff = timezone.now() - timedelta(seconds=stale)
     bases = (
-        IngestJob.objects.filter(status__in=IngestJob.ACTIVE)
-        .filter(Q(started_at__lt=cutoff) | Q(started_at__isnull=True, created_at__lt=cutoff))
+        job_stale(IngestJob, stale_seconds=stale_seconds)
         .values_list("knowledge_base_id", flat=True)
         .distinct()
     )

@@ -6,8 +6,6 @@ from django.conf import settings
 from django.db import models
 from pgvector.django import VectorField
 
-END_USER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=/-]{0,254}$"
-
 
 class EndUser(models.Model):
     """An end user of an owner's application, named by the id the client sends.

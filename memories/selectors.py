@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
+from core.scoring import decay
 from memories.models import EndUser, MemoryUpdate, UserVector, Vector
 
 
@@ -111,8 +111,7 @@ def memory_search(
             continue
         score = similarity
         if half_life_days:
-            age_days = max(0.0, (now - row.observed_at).total_seconds() / 86400)
-            score = similarity * math.pow(0.5, age_days / half_life_days)
+            score = similarity * decay(row.observed_at, half_life_days, now=now)
         hits.append(
             MemoryHit(
                 id=row.pk,

@@ -19,9 +19,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from core.db import advisory_xact_lock
+from core.errors import InvalidInput
 from core.providers.embeddings import Embedder, get_embedder
+from core.validation import validate_end_user_id
 from memories.models import (
-    END_USER_ID_PATTERN,
     EndUser,
     MemoryUpdate,
     MetricCounter,
@@ -30,17 +31,12 @@ from memories.models import (
 )
 from memories.selectors import memory_search
 
-_END_USER_RE = re.compile(END_USER_ID_PATTERN)
 MAX_MEMORY_CHARS = 2000
 LAST_SEEN_RESOLUTION = timedelta(minutes=5)
 
 
-class MemoryServiceError(Exception):
-    code = "invalid"
-
-
-class InvalidEndUser(MemoryServiceError):
-    code = "invalid_user"
+class MemoryServiceError(InvalidInput):
+    pass
 
 
 def normalize_fact(text: str) -> str:
@@ -48,15 +44,6 @@ def normalize_fact(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).casefold()
     text = re.sub(r"\s+", " ", text).strip()
     return text.rstrip(" .!?;:")
-
-
-def validate_external_id(external_id: str) -> str:
-    if not isinstance(external_id, str) or not _END_USER_RE.match(external_id):
-        raise InvalidEndUser(
-            "user id must be 1-255 characters: letters, digits and . _ : @ + = / -, "
-            "starting with a letter or digit"
-        )
-    return external_id
 
 
 def validate_content(content: str) -> str:
@@ -70,7 +57,7 @@ def validate_content(content: str) -> str:
 
 def end_user_ensure(*, owner: AbstractBaseUser | Any, external_id: str) -> EndUser:
     """The owner's end user with this id, created on first sight (race-safe)."""
-    validate_external_id(external_id)
+    validate_end_user_id(external_id)
     owner_id = getattr(owner, "pk", owner)
     end_user, _ = EndUser.objects.get_or_create(owner_id=owner_id, external_id=external_id)
     now = timezone.now()

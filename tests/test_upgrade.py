@@ -105,6 +105,7 @@ def test_migrate_keeps_every_row(upgraded_db):
     assert schedules["node-memory-cleanup"] == "ingestion.tasks.node_memory_cleanup"
     assert schedules["index-pending-chunks"] == "knowledge.tasks.index_pending_chunks"
     assert schedules["ingest-jobs-sweep"] == "knowledge.tasks.ingest_jobs_sweep"
+    assert schedules["memory-base-jobs-sweep"] == "ingestion.tasks.memory_base_jobs_sweep"
     assert {"ingestion.change_ingestionjob", "ingestion.view_message"} <= set(
         state["bob_permissions"]
     )

@@ -1,21 +1,9 @@
 from django.urls import path, register_converter
 
+from core.validation import SessionIdConverter
 from ingestion.api import conversation_views as views
 
-
-class SessionIdConverter:
-    """A session id, slashes included (``SESSION_ID_PATTERN``); node routes come first,
-    so ``a/nodes/n/history`` is node ``n`` of session ``a``."""
-
-    regex = r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,254}"
-
-    def to_python(self, value: str) -> str:
-        return value
-
-    def to_url(self, value: str) -> str:
-        return value
-
-
+# Node routes come first, so ``a/nodes/n/history`` is node ``n`` of session ``a``.
 register_converter(SessionIdConverter, "session")
 
 urlpatterns = [

@@ -12,7 +12,6 @@ from rest_framework.response import Response
 from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
-from core.api.errors import APIError
 from ingestion.api.conversation_serializers import (
     ConversationHistoryQuerySerializer,
     FlowQuerySerializer,
@@ -23,7 +22,7 @@ from ingestion.api.conversation_serializers import (
     NodeTurnOutputSerializer,
 )
 from ingestion.api.views import _flow
-from ingestion.conversation import History, HistoryError, conversation_history
+from ingestion.conversation import History, conversation_history
 from ingestion.node_memory import (
     LATEST,
     node_memory_append_turn,
@@ -37,10 +36,6 @@ class HistoryFormatNegotiation(DefaultContentNegotiation):
     read it as a renderer name and answer 404."""
 
     settings = APISettings({"URL_FORMAT_OVERRIDE": None})
-
-
-def history_api_error(exc: HistoryError) -> APIError:
-    return APIError(status_code=exc.status, code=exc.code, message=str(exc), details=exc.details)
 
 
 def _query(serializer_class: type, request: Request) -> dict[str, Any]:
@@ -68,16 +63,13 @@ class ConversationHistoryView(APIView):
     def get(self, request: Request, session_id: str) -> Response:
         params = _query(ConversationHistoryQuerySerializer, request)
         flow = _flow(request, params["flow"])
-        try:
-            history = conversation_history(
-                flow=flow,
-                session_id=session_id,
-                current_message_id=params.get("current_message_id"),
-                max_tokens=params["max_tokens"],
-                message_limit=params["message_limit"],
-            )
-        except HistoryError as exc:
-            raise history_api_error(exc) from exc
+        history = conversation_history(
+            flow=flow,
+            session_id=session_id,
+            current_message_id=params.get("current_message_id"),
+            max_tokens=params["max_tokens"],
+            message_limit=params["message_limit"],
+        )
         return _history_response(HistoryOutputSerializer, history, params)
 
 
@@ -88,16 +80,13 @@ class NodeTurnsView(APIView):
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         flow = _flow(request, values.pop("flow"))
-        try:
-            turn = node_memory_append_turn(
-                flow=flow,
-                session_id=session_id,
-                node_id=node_id,
-                parent_message_id=values.pop("parent_message_id", LATEST),
-                **values,
-            )
-        except HistoryError as exc:
-            raise history_api_error(exc) from exc
+        turn = node_memory_append_turn(
+            flow=flow,
+            session_id=session_id,
+            node_id=node_id,
+            parent_message_id=values.pop("parent_message_id", LATEST),
+            **values,
+        )
         return Response(
             NodeTurnOutputSerializer(turn).data,
             status=status.HTTP_201_CREATED if turn.created else status.HTTP_200_OK,
@@ -111,16 +100,13 @@ class NodeHistoryView(APIView):
     def get(self, request: Request, session_id: str, node_id: str) -> Response:
         params = _query(NodeHistoryQuerySerializer, request)
         flow = _flow(request, params["flow"])
-        try:
-            history = node_memory_history(
-                flow=flow,
-                session_id=session_id,
-                node_id=node_id,
-                current_message_id=params.get("current_message_id"),
-                max_tokens=params["max_tokens"],
-            )
-        except HistoryError as exc:
-            raise history_api_error(exc) from exc
+        history = node_memory_history(
+            flow=flow,
+            session_id=session_id,
+            node_id=node_id,
+            current_message_id=params.get("current_message_id"),
+            max_tokens=params["max_tokens"],
+        )
         return _history_response(NodeHistoryOutputSerializer, history, params)
 
 
@@ -128,8 +114,5 @@ class NodeMemoryView(APIView):
     @extend_schema(parameters=[FlowQuerySerializer], responses={204: None})
     def delete(self, request: Request, session_id: str, node_id: str) -> Response:
         flow = _flow(request, _query(FlowQuerySerializer, request)["flow"])
-        try:
-            node_memory_clear(flow=flow, session_id=session_id, node_id=node_id)
-        except HistoryError as exc:
-            raise history_api_error(exc) from exc
+        node_memory_clear(flow=flow, session_id=session_id, node_id=node_id)
         return Response(status=status.HTTP_204_NO_CONTENT)

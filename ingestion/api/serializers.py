@@ -5,22 +5,11 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from ingestion.models import SESSION_ID_PATTERN, Flow, IngestionJob, MemoryBase, Message
+from core.validation import SessionIdField
+from ingestion.models import Flow, IngestionJob, MemoryBase, Message
 
 FILE_TYPES = ("image", "audio", "video", "document", "custom")
 TRANSFER_METHODS = ("local_file", "remote_url", "tool_file")
-
-
-class SessionIdField(serializers.RegexField):
-    def __init__(self, **kwargs: Any):
-        kwargs.setdefault("max_length", 255)
-        super().__init__(
-            SESSION_ID_PATTERN,
-            error_messages={
-                "invalid": "Use 1-255 letters, digits and . _ : @ / + = -, starting with a letter or digit."
-            },
-            **kwargs,
-        )
 
 
 class FileRefSerializer(serializers.Serializer):

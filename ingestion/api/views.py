@@ -2,14 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.errors import APIError
 from core.api.pagination import PageNumberPagination
 from ingestion.api.serializers import (
     FlowInSerializer,
@@ -38,10 +36,7 @@ from ingestion.selectors import (
     message_list,
 )
 from ingestion.services import (
-    IngestionError,
-    JobConflict,
     MessageIn,
-    NameTaken,
     flow_create,
     memory_base_create,
     memory_base_delete,
@@ -53,18 +48,6 @@ from ingestion.services import (
 )
 
 
-def ingestion_api_error(exc: IngestionError) -> APIError:
-    if isinstance(exc, JobConflict):
-        job = exc.job
-        return APIError(
-            status_code=409, code="job_active", message=str(exc),
-            details={"job": {"id": str(job.pk), "status": job.status, "session_id": job.session.session_id}},
-        )  # fmt: skip
-    return APIError(
-        status_code=409 if isinstance(exc, NameTaken) else 400, code=exc.code, message=str(exc)
-    )
-
-
 def _paginate(view: APIView, request: Request, qs: Any, serializer: Any) -> Response:
     paginator = PageNumberPagination()
     page = paginator.paginate_queryset(qs, request, view=view)
@@ -72,17 +55,11 @@ def _paginate(view: APIView, request: Request, qs: Any, serializer: Any) -> Resp
 
 
 def _flow(request: Request, flow_id: Any) -> Flow:
-    try:
-        return flow_get(owner=request.user, flow_id=flow_id)
-    except Flow.DoesNotExist:
-        raise Http404 from None
+    return flow_get(owner=request.user, flow_id=flow_id)
 
 
 def _memory_base(request: Request, mb_id: Any) -> MemoryBase:
-    try:
-        return memory_base_get(owner=request.user, memory_base_id=mb_id)
-    except MemoryBase.DoesNotExist:
-        raise Http404 from None
+    return memory_base_get(owner=request.user, memory_base_id=mb_id)
 
 
 def _message_in(data: dict[str, Any]) -> MessageIn:
@@ -103,10 +80,7 @@ class FlowListView(APIView):
     def post(self, request: Request) -> Response:
         data = FlowInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            flow = flow_create(owner=request.user, name=data.validated_data["name"])
-        except IngestionError as exc:
-            raise ingestion_api_error(exc) from exc
+        flow = flow_create(owner=request.user, name=data.validated_data["name"])
         return Response(FlowOutputSerializer(flow).data, status=status.HTTP_201_CREATED)
 
 
@@ -122,15 +96,12 @@ class FlowRunView(APIView):
         flow = _flow(request, flow_id)
         data = RunInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            stored = messages_record(
-                flow=flow,
-                session_id=data.validated_data["session_id"],
-                run_id=data.validated_data["run_id"],
-                messages=[_message_in(m) for m in data.validated_data["messages"]],
-            )
-        except IngestionError as exc:
-            raise ingestion_api_error(exc) from exc
+        stored = messages_record(
+            flow=flow,
+            session_id=data.validated_data["session_id"],
+            run_id=data.validated_data["run_id"],
+            messages=[_message_in(m) for m in data.validated_data["messages"]],
+        )
         return Response(
             {"messages": MessageOutputSerializer(stored, many=True).data},
             status=status.HTTP_201_CREATED,
@@ -171,15 +142,12 @@ class MessageListView(APIView):
         data = SingleMessageInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         flow = _flow(request, data.validated_data["flow"])
-        try:
-            (message,) = messages_record(
-                flow=flow,
-                session_id=data.validated_data["session_id"],
-                run_id=data.validated_data["run_id"],
-                messages=[_message_in(data.validated_data)],
-            )
-        except IngestionError as exc:
-            raise ingestion_api_error(exc) from exc
+        (message,) = messages_record(
+            flow=flow,
+            session_id=data.validated_data["session_id"],
+            run_id=data.validated_data["run_id"],
+            messages=[_message_in(data.validated_data)],
+        )
         return Response(MessageOutputSerializer(message).data, status=status.HTTP_201_CREATED)
 
 
@@ -196,10 +164,7 @@ class MemoryBaseListView(APIView):
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         flow = _flow(request, values.pop("flow"))
-        try:
-            mb = memory_base_create(owner=request.user, flow=flow, **values)
-        except IngestionError as exc:
-            raise ingestion_api_error(exc) from exc
+        mb = memory_base_create(owner=request.user, flow=flow, **values)
         return Response(
             MemoryBaseOutputSerializer(_memory_base(request, mb.pk)).data,
             status=status.HTTP_201_CREATED,
@@ -216,10 +181,7 @@ class MemoryBaseDetailView(APIView):
         mb = _memory_base(request, mb_id)
         data = MemoryBaseUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            memory_base_update(memory_base=mb, **data.validated_data)
-        except IngestionError as exc:
-            raise ingestion_api_error(exc) from exc
+        memory_base_update(memory_base=mb, **data.validated_data)
         return Response(MemoryBaseOutputSerializer(_memory_base(request, mb_id)).data)
 
     def delete(self, request: Request, mb_id: Any) -> Response:
@@ -247,10 +209,7 @@ class MemoryBaseJobsView(APIView):
         mb = _memory_base(request, mb_id)
         data = FlushInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            jobs = self.service(memory_base=mb, session_id=data.validated_data.get("session_id"))
-        except IngestionError as exc:
-            raise ingestion_api_error(exc) from exc
+        jobs = self.service(memory_base=mb, session_id=data.validated_data.get("session_id"))
         return Response({"jobs": _jobs_out(jobs)}, status=status.HTTP_202_ACCEPTED)
 
 
@@ -271,8 +230,5 @@ def _jobs_out(jobs: list[IngestionJob]) -> list[dict[str, Any]]:
 class JobDetailView(APIView):
     @extend_schema(responses=JobOutputSerializer)
     def get(self, request: Request, job_id: Any) -> Response:
-        try:
-            job = job_get(owner=request.user, job_id=job_id)
-        except IngestionJob.DoesNotExist:
-            raise Http404 from None
+        job = job_get(owner=request.user, job_id=job_id)
         return Response(JobOutputSerializer(job).data)

@@ -10,11 +10,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.errors import APIError, openai_exception_handler
+from core.api.errors import openai_exception_handler
+from core.errors import InvalidInput
 from core.providers.errors import ProviderError, ProviderNotConfigured
+from core.validation import validate_end_user_id
 from memories.api.serializers import ChatCompletionSerializer
 from memories.chat import PreparedChat, chat_complete, chat_prepare, chat_stream
-from memories.services import InvalidEndUser, validate_external_id
 
 logger = logging.getLogger(__name__)
 
@@ -30,19 +31,12 @@ class ChatCompletionsView(APIView):
         external_id = request.META.get(header) or body.get("user") or None
         if external_id is None:
             return None
-        try:
-            return validate_external_id(external_id)
-        except InvalidEndUser as exc:
-            raise APIError(
-                status_code=400, code="invalid_user", message=str(exc), details={"user": str(exc)}
-            ) from exc
+        return validate_end_user_id(external_id)
 
     @extend_schema(request=ChatCompletionSerializer, responses={200: dict})
     def post(self, request: Request) -> Response | StreamingHttpResponse:
         if not isinstance(request.data, dict):
-            raise APIError(
-                status_code=400, code="invalid", message="The body must be a JSON object."
-            )
+            raise InvalidInput("The body must be a JSON object.")
         ChatCompletionSerializer(data=request.data).is_valid(raise_exception=True)
         body = dict(request.data)
         stream = bool(body.pop("stream", False))

@@ -10,9 +10,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.errors import APIError
 from core.api.pagination import PageNumberPagination
 from core.providers.embeddings import get_embedder
+from core.validation import validate_end_user_id
 from memories.api.serializers import (
     DecisionSerializer,
     GlobalMemoryInSerializer,
@@ -34,7 +34,6 @@ from memories.selectors import (
     memory_search,
 )
 from memories.services import (
-    MemoryServiceError,
     end_user_ensure,
     end_user_erase,
     global_memory_create,
@@ -42,19 +41,11 @@ from memories.services import (
     memory_add,
     memory_delete,
     memory_update,
-    validate_external_id,
 )
 
 
-def memory_api_error(exc: MemoryServiceError) -> APIError:
-    return APIError(status_code=400, code=exc.code, message=str(exc))
-
-
 def _user_id(user_id: str) -> str:
-    try:
-        return validate_external_id(user_id)
-    except MemoryServiceError as exc:
-        raise memory_api_error(exc) from exc
+    return validate_end_user_id(user_id)
 
 
 def _existing_user(request: Request, user_id: str) -> EndUser:
@@ -66,10 +57,7 @@ def _existing_user(request: Request, user_id: str) -> EndUser:
 
 def _memory(request: Request, user_id: str, memory_id: Any) -> tuple[EndUser, Vector]:
     end_user = _existing_user(request, user_id)
-    try:
-        return end_user, memory_get(end_user=end_user, vector_id=memory_id)
-    except Vector.DoesNotExist:
-        raise Http404 from None
+    return end_user, memory_get(end_user=end_user, vector_id=memory_id)
 
 
 class UserMemoriesView(APIView):
@@ -110,15 +98,12 @@ class UserMemoriesView(APIView):
             )
         end_user = end_user_ensure(owner=request.user, external_id=external_id)
         stored, duplicates = [], []
-        try:
-            for text in values["texts"]:
-                vector, duplicate = memory_add(
-                    end_user=end_user, content=text, reason="added through the API", observed_at=now,
-                    dedup_threshold=1.01, metadata=values.get("metadata"),
-                )  # fmt: skip
-                (duplicates if duplicate else stored).append(vector)
-        except MemoryServiceError as exc:
-            raise memory_api_error(exc) from exc
+        for text in values["texts"]:
+            vector, duplicate = memory_add(
+                end_user=end_user, content=text, reason="added through the API", observed_at=now,
+                dedup_threshold=1.01, metadata=values.get("metadata"),
+            )  # fmt: skip
+            (duplicates if duplicate else stored).append(vector)
         return Response(
             {
                 "memories": MemoryOutputSerializer(stored, many=True).data,
@@ -161,12 +146,9 @@ class UserMemoryDetailView(APIView):
         end_user, vector = _memory(request, user_id, memory_id)
         data = MemoryUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            new = memory_update(
-                end_user=end_user, vector=vector, content=data.validated_data["content"]
-            )
-        except MemoryServiceError as exc:
-            raise memory_api_error(exc) from exc
+        new = memory_update(
+            end_user=end_user, vector=vector, content=data.validated_data["content"]
+        )
         return Response(MemoryOutputSerializer(new).data)
 
     def delete(self, request: Request, user_id: str, memory_id: Any) -> Response:
@@ -198,12 +180,7 @@ class GlobalMemoriesView(APIView):
     def post(self, request: Request) -> Response:
         data = GlobalMemoryInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            vector = global_memory_create(
-                owner=request.user, content=data.validated_data["content"]
-            )
-        except MemoryServiceError as exc:
-            raise memory_api_error(exc) from exc
+        vector = global_memory_create(owner=request.user, content=data.validated_data["content"])
         return Response(MemoryOutputSerializer(vector).data, status=status.HTTP_201_CREATED)
 
 

@@ -15,6 +15,7 @@ from django.db import connection
 from django.utils import timezone
 from django_q.models import Schedule
 
+from core.errors import InvalidInput
 from core.providers.tokens import count_message_tokens, count_tokens
 from ingestion import node_memory, tasks
 from ingestion.conversation import HistoryError, TokenBufferMemory, UnknownMessage
@@ -448,7 +449,7 @@ def test_service_bad_input_writes_nothing(flow, seed_turns, node_storage):
         _turn(flow, "t9", "t9")
     with pytest.raises(UnknownParent, match="'ghost' is not in this node memory"):
         _turn(flow, "t9", "ghost")
-    with pytest.raises(HistoryError, match="node_id must be"):
+    with pytest.raises(InvalidInput, match="node_id must be"):
         _turn(flow, "t9", node="../etc")
     with pytest.raises(HistoryError, match="message_id must be"):
         _turn(flow, "  ")

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from core.errors import InvalidInput
 from core.providers.errors import ProviderError
 from ingestion import services
 from ingestion.models import IngestionJob, MemoryBase, MemoryBaseSession, Message
@@ -307,7 +308,7 @@ def test_preprocessing_distils_and_kill_phrase_advances_cursor(
 
 
 def test_bad_input_stores_nothing(flow, memory_base):
-    with pytest.raises(IngestionError):
+    with pytest.raises(InvalidInput):  # IngestionError is one too
         messages_record(
             flow=flow,
             session_id="bad id with spaces",
