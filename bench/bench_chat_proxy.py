@@ -44,9 +44,9 @@ from django.utils import timezone  # noqa: E402
 from core.providers import embeddings  # noqa: E402
 from core.providers.tokens import count_message_tokens, count_tokens  # noqa: E402
 from core.services import api_key_create  # noqa: E402
-from memories.formation import memory_formation_run  # noqa: E402
-from memories.models import EndUser, MetricCounter  # noqa: E402
-from memories.services import end_user_ensure, end_user_erase, memory_add  # noqa: E402
+from memories.personal.formation import memory_formation_run  # noqa: E402
+from memories.personal.models import EndUser, MetricCounter  # noqa: E402
+from memories.personal.services import end_user_ensure, end_user_erase, memory_add  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
 
 TOPICS = ["hiking", "TypeScript", "green tea", "violin", "Berlin", "cycling", "jazz", "sushi",

@@ -21,10 +21,10 @@ Every message records its parent. Node memory gets the same shape as 5,000 turns
 Reported, p50/p99 (and mean) over ``--calls`` calls after 10 warm-up calls, for a
 history cut to ``--max-tokens`` (2,000):
 
-* conversation memory, ``ingestion.conversation.conversation_history``: from the
+* conversation memory, ``memories.conversations.history.conversation_history``: from the
   newest message, and from a message in the middle (``current_message_id``); the
   default ``message_limit`` (500) bounds the candidates;
-* node memory, ``ingestion.node_memory.node_memory_history``: the document stored
+* node memory, ``memories.conversations.node_memory.node_memory_history``: the document stored
   plain and gzipped (default threshold 64 KiB); cold (the process's parsed-document
   cache emptied before every call: read + decompress + ``json.loads`` + thread),
   the parse alone, and warm (the bytes are read and checksummed, the parse reused);
@@ -64,9 +64,10 @@ from django.db import connection, transaction  # noqa: E402
 from django.db.migrations.executor import MigrationExecutor  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
-from ingestion import node_memory  # noqa: E402
-from ingestion.conversation import conversation_history  # noqa: E402
-from ingestion.models import Flow, Message  # noqa: E402
+from memories.conversations import node_memory  # noqa: E402
+from memories.conversations.history import conversation_history  # noqa: E402
+from memories.conversations.models import Flow, Message
+from memories.conversations.node_memory import documents as node_documents  # noqa: E402
 
 SESSION = "bench-10k"
 WORDS = (
@@ -281,15 +282,15 @@ def bench_node(flow: Flow, args: argparse.Namespace, label: str, tmp: Path) -> N
     )
 
     def cold() -> Any:
-        node_memory._cache.clear()
+        node_documents._cache.clear()
         return history()
 
     samples, result = timed(cold, args.calls)
     report(f"node memory history ({label}), cold", samples, f"{len(result.items)} messages")
 
     def parse_cold() -> Any:
-        node_memory._cache.clear()
-        return node_memory._load(node_memory._storage(), key)
+        node_documents._cache.clear()
+        return node_documents._load(node_documents._storage(), key)
 
     samples, _ = timed(parse_cold, args.calls)
     report(f"  of which read + parse ({label})", samples)

@@ -5,7 +5,7 @@ from core.schedules import ScheduleSpec
 
 class IngestionConfig(AppConfig):
     name = "ingestion"
-    verbose_name = "Memory bases and ingestion"
+    verbose_name = "Ingestion pipelines"
     schedules = (
         ScheduleSpec("node-memory-cleanup", "ingestion.tasks.node_memory_cleanup", "D"),
         ScheduleSpec(

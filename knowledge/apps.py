@@ -14,3 +14,6 @@ class KnowledgeConfig(AppConfig):
         ),
         ScheduleSpec("ingest-jobs-sweep", "knowledge.tasks.ingest_jobs_sweep", "I", minutes=5),
     )
+
+    def ready(self) -> None:
+        from knowledge import checks  # noqa: F401  (registers system checks)

@@ -30,10 +30,11 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from core.errors import InvalidInput
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.scoring import decay
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
-from knowledge.services import KnowledgeError, kb_embedder
+from knowledge.selectors import kb_embedder
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -49,8 +50,8 @@ FILTER_KEYS = (
 )
 
 
-class SearchError(KnowledgeError):
-    code = "invalid"
+class SearchError(InvalidInput):
+    pass
 
 
 @dataclass(frozen=True)

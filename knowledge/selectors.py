@@ -6,8 +6,9 @@ import uuid
 from collections.abc import Sequence
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Exists, QuerySet
 
+from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
 
 
@@ -61,3 +62,22 @@ def chunk_list(*, knowledge_base: KnowledgeBase) -> QuerySet[Chunk]:
         .defer("embedding")
         .order_by("document_key", "chunk_index", "id")
     )
+
+
+def chunks_exist(knowledge_base_ref: object) -> Exists:
+    """An ``Exists`` over the chunks of the base named by ``knowledge_base_ref`` (an id
+    or an ``OuterRef``), for other rooms' annotations."""
+    return Exists(Chunk.objects.filter(knowledge_base_id=knowledge_base_ref))
+
+
+def kb_embedding_config(kb: KnowledgeBase) -> EmbeddingConfig:
+    """The embedding provider, model and dimension the base was created with."""
+    return EmbeddingConfig(
+        provider=kb.embedding_provider,
+        model=kb.embedding_model,
+        dimensions=kb.embedding_dimensions,
+    )
+
+
+def kb_embedder(kb: KnowledgeBase) -> Embedder:
+    return embedder_for(kb_embedding_config(kb))

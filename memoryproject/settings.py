@@ -60,8 +60,10 @@ INSTALLED_APPS = [
     "django_q",
     "core",
     "knowledge",
+    "memories.conversations",
+    "memories.bases",
+    "memories.personal",
     "ingestion",
-    "memories",
 ]
 
 MIDDLEWARE = [

@@ -86,14 +86,14 @@ def test_migrate_keeps_every_row(upgraded_db):
         assert len(model["rows"]) == before[model["table"]], label
 
     models = state["models"]
-    messages = {r["text"]: r for r in models["ingestion.Message"]["rows"]}
+    messages = {r["text"]: r for r in models["conversations.Message"]["rows"]}
     assert messages["hello there"]["parent_id"] == messages["hi"]["id"]
     assert messages["second answer"]["parent_id"] == messages["hello there"]["id"]
     assert messages["hi"]["parent_id"] == "None"
-    sessions = {r["session_id"]: r for r in models["ingestion.MemoryBaseSession"]["rows"]}
+    sessions = {r["session_id"]: r for r in models["memory_bases.MemoryBaseSession"]["rows"]}
     assert sessions["s1"]["cursor_message_id"] == messages["hello there"]["id"]
     assert sessions["s1"]["total_processed"] == "1"
-    jobs = sorted(r["status"] for r in models["ingestion.IngestionJob"]["rows"])
+    jobs = sorted(r["status"] for r in models["memory_bases.MemoryBaseJob"]["rows"])
     assert jobs == ["running", "succeeded"]
     assert sorted(r["content"] for r in models["memories.Vector"]["rows"]) == [
         "Be concise", "Carol likes coffee", "Carol likes tea",
@@ -106,8 +106,15 @@ def test_migrate_keeps_every_row(upgraded_db):
     assert schedules["index-pending-chunks"] == "knowledge.tasks.index_pending_chunks"
     assert schedules["ingest-jobs-sweep"] == "knowledge.tasks.ingest_jobs_sweep"
     assert schedules["memory-base-jobs-sweep"] == "ingestion.tasks.memory_base_jobs_sweep"
-    assert {"ingestion.change_ingestionjob", "ingestion.view_message"} <= set(
-        state["bob_permissions"]
-    )
-    assert "ingestion.view_memorybase" in state["bob_permissions"]
-    assert state["admin_log"][0].startswith("ingestion.memorybase:")
+    # Admin content types and permissions moved with the models (same rows).
+    assert {
+        "memory_bases.change_memorybasejob",
+        "conversations.view_message",
+        "memory_bases.view_memorybase",  # through bob's group
+    } <= set(state["bob_permissions"])
+    assert not any(p.startswith("ingestion.") for p in state["bob_permissions"])
+    assert not any(ct.startswith("ingestion.") for ct in state["content_types"])
+    assert state["admin_log"][0].startswith("memory_bases.memorybase:")
+    # The job a dead worker left running can be resumed by the new sweep.
+    running = [r for r in models["memory_bases.MemoryBaseJob"]["rows"] if r["status"] == "running"]
+    assert running[0]["attempts"] == "0"

@@ -16,6 +16,7 @@ from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from core.errors import ServiceError
 
@@ -50,8 +51,8 @@ def _message(detail: Any, fallback: str) -> str:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ServiceError):
-        body = error_body(exc.code, str(exc), exc.details)
-        return Response(body, status=exc.status_code)
+        set_rollback()
+        return Response(error_body(exc.code, str(exc), exc.details), status=exc.status_code)
     if isinstance(exc, Http404 | ObjectDoesNotExist):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

@@ -109,7 +109,9 @@ class KnowledgeBaseDocumentsView(APIView):
         data = IngestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         documents = [
-            DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d["metadata"])
+            DocumentIn.from_payload(
+                text=d["text"], source_key=d["source_key"], metadata=d["metadata"]
+            )
             for d in data.validated_data["documents"]
         ]
         outcome = knowledge_documents_submit(

@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from ingestion import services
-from ingestion.models import IngestionJob, MemoryBaseSession, Message
-from ingestion.services import memory_base_jobs_sweep, session_ingest_enqueue
+from ingestion import memory_bases as runner
+from ingestion.memory_bases import memory_base_jobs_sweep
 from knowledge.models import Chunk
-from tests.ingestion.conftest import record
+from memories.bases import services
+from memories.bases.models import MemoryBaseJob, MemoryBaseSession
+from memories.bases.services import session_ingest_enqueue
+from memories.conversations.models import Message
+from tests.conftest import record
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +32,11 @@ WORKER = textwrap.dedent(
     import sys, time
     import django
     django.setup()
-    from ingestion import services
-    from knowledge import services as kb_services
+    from ingestion import memory_bases
+    from knowledge.services import ingest as kb_services
     from ingestion.tasks import ingest_session
 
-    services.INGEST_BATCH_MESSAGES = 2
+    memory_bases.INGEST_BATCH_MESSAGES = 2
     real = kb_services.kb_embedder
 
     class Slow:
@@ -71,18 +74,18 @@ def _wait(predicate, timeout: float = 60.0) -> None:
 
 
 def test_killed_worker_job_is_resumed_by_the_sweep(flow, alice, alice_client, monkeypatch):
-    from ingestion.services import memory_base_create
+    from memories.bases.services import memory_base_create
 
     mb = memory_base_create(owner=alice, name="kill", flow=flow, threshold=100)
     record(flow, "s1", *[f"answer {i}" for i in range(6)])
     session = MemoryBaseSession.objects.get(memory_base=mb, session_id="s1")
     monkeypatch.setattr(services, "_dispatch", lambda job: None)  # the worker below runs it
-    job = session_ingest_enqueue(session=session, trigger=IngestionJob.Trigger.MANUAL)
+    job = session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.MANUAL)
 
     worker = _worker(str(job.pk))
     try:
         # Kill -9 once the first batch (2 messages) is committed, mid-way through the run.
-        _wait(lambda: IngestionJob.objects.get(pk=job.pk).messages_processed >= 2)
+        _wait(lambda: MemoryBaseJob.objects.get(pk=job.pk).messages_processed >= 2)
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
     finally:
@@ -117,19 +120,19 @@ def test_killed_worker_job_is_resumed_by_the_sweep(flow, alice, alice_client, mo
     assert Chunk.objects.filter(knowledge_base=mb.knowledge_base).count() == 7
 
 
-def job_done(job: IngestionJob) -> bool:
-    return IngestionJob.objects.get(pk=job.pk).status not in IngestionJob.ACTIVE
+def job_done(job: MemoryBaseJob) -> bool:
+    return MemoryBaseJob.objects.get(pk=job.pk).status not in MemoryBaseJob.ACTIVE
 
 
 def test_sweep_gives_up_after_the_attempts_and_frees_the_session(flow, alice):
-    from ingestion.services import memory_base_create
+    from memories.bases.services import memory_base_create
 
     mb = memory_base_create(owner=alice, name="gives-up", flow=flow, threshold=100)
     record(flow, "s1", "one")
     session = MemoryBaseSession.objects.get(memory_base=mb, session_id="s1")
-    job = IngestionJob.objects.create(
+    job = MemoryBaseJob.objects.create(
         memory_base=mb, session=session, trigger="manual", status="running",
-        attempts=IngestionJob.MAX_ATTEMPTS, last_message_id=Message.objects.get().pk,
+        attempts=MemoryBaseJob.MAX_ATTEMPTS, last_message_id=Message.objects.get().pk,
         last_message_created_at=Message.objects.get().created_at,
     )  # fmt: skip
     assert memory_base_jobs_sweep(stale_seconds=0) == 0
@@ -140,7 +143,7 @@ def test_sweep_gives_up_after_the_attempts_and_frees_the_session(flow, alice):
 
 
 def test_a_time_limit_records_the_run_interrupted(flow, alice, monkeypatch):
-    from ingestion.services import memory_base_create
+    from memories.bases.services import memory_base_create
 
     class TimeLimit(SystemExit):
         pass
@@ -150,10 +153,10 @@ def test_a_time_limit_records_the_run_interrupted(flow, alice, monkeypatch):
 
     mb = memory_base_create(owner=alice, name="cut", flow=flow, threshold=100)
     record(flow, "s1", "one")
-    monkeypatch.setattr(services, "knowledge_base_ingest", cut)
+    monkeypatch.setattr(runner, "knowledge_base_ingest", cut)
     with pytest.raises(TimeLimit):
         services.memory_base_flush(memory_base=mb, session_id="s1")
-    job = IngestionJob.objects.get()
+    job = MemoryBaseJob.objects.get()
     assert job.status == "failed" and job.error.startswith("interrupted: TimeLimit")
     monkeypatch.undo()
     assert services.memory_base_flush(memory_base=mb, session_id="s1")  # the slot is free

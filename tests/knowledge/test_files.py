@@ -15,6 +15,7 @@ from knowledge import services
 from knowledge.files import FileEvent, IndexReport, knowledge_base_index_files
 from knowledge.models import Chunk, KnowledgeBase
 from knowledge.services import KnowledgeError
+from knowledge.services import ingest as ingest_module
 from tests.knowledge.factories import make_kb
 
 pytestmark = pytest.mark.django_db
@@ -84,7 +85,7 @@ def no_embedding(monkeypatch):
     def refuse(kb):
         raise AssertionError("nothing should be embedded")
 
-    monkeypatch.setattr(services, "kb_embedder", refuse)
+    monkeypatch.setattr(ingest_module, "kb_embedder", refuse)
 
 
 # --- first index ---------------------------------------------------------------------
@@ -131,7 +132,7 @@ def test_reindex_with_nothing_changed_writes_nothing(
     before = _snapshot(kb)
     kb.refresh_from_db()
     counters = (kb.chunk_count, kb.word_count, kb.char_count, kb.size_bytes)
-    monkeypatch.setattr(services, "kb_embedder", lambda kb: pytest.fail("embedded"))
+    monkeypatch.setattr(ingest_module, "kb_embedder", lambda kb: pytest.fail("embedded"))
     with django_assert_num_queries(1):  # the stored hashes, nothing else
         report, events = _index(kb, tree)
     assert report == _report(unchanged=3)

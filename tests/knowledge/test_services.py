@@ -6,19 +6,20 @@ import numpy as np
 import pytest
 from django.db import connection
 
+from core.errors import NameTaken
 from core.providers.errors import ProviderError
-from knowledge import services
 from knowledge.models import Chunk, KnowledgeBase
+from knowledge.selectors import kb_embedder
 from knowledge.services import (
     DocumentIn,
     IngestCancelled,
     KnowledgeError,
-    NameTaken,
     knowledge_base_create,
     knowledge_base_delete,
     knowledge_base_delete_chunks,
     knowledge_base_ingest,
 )
+from knowledge.services import ingest as ingest_module
 from tests.knowledge.factories import ingest, make_kb
 
 pytestmark = pytest.mark.django_db
@@ -114,7 +115,7 @@ def test_embedding_failure_writes_nothing(alice, monkeypatch):
         def embed(self, texts):
             raise ProviderError("embedding endpoint down")
 
-    monkeypatch.setattr(services, "kb_embedder", lambda kb: Broken())
+    monkeypatch.setattr(ingest_module, "kb_embedder", lambda kb: Broken())
     with pytest.raises(ProviderError):
         ingest(kb, ("new", "never stored"))
     assert [r[1] for r in _rows(kb)] == ["kept#0"]
@@ -129,7 +130,7 @@ def test_failure_inside_the_write_rolls_back_everything(alice, monkeypatch):
     def explode(cur, kb, old, new):
         raise RuntimeError("crash after the upsert, before commit")
 
-    monkeypatch.setattr(services, "_apply_stats_delta", explode)
+    monkeypatch.setattr(ingest_module, "_apply_stats_delta", explode)
     with pytest.raises(RuntimeError):
         ingest(kb, ("kept", "changed text"), ("new", "never stored"))
     assert [(r[1], r[2]) for r in _rows(kb)] == [("kept#0", "already here")]
@@ -164,7 +165,7 @@ def test_embeddings_are_stored_as_given(alice):
     kb = make_kb(alice)
     ingest(kb, ("a", "hello vector world"))
     stored = np.asarray(Chunk.objects.get(knowledge_base=kb).embedding)
-    expected = services.kb_embedder(kb).embed(["hello vector world"])[0]
+    expected = kb_embedder(kb).embed(["hello vector world"])[0]
     np.testing.assert_allclose(stored, expected, rtol=1e-6)
 
 
