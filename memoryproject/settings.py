@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "memories.conversations",
     "memories.bases",
     "memories.personal",
+    "memories.engine",
     "ingestion",
 ]
 
@@ -336,5 +337,16 @@ MEMORY_TOP_K = env_int("MEMORY_TOP_K", 10, minimum=1)
 MEMORY_PROMPT_MAX_TOKENS = env_int("MEMORY_PROMPT_MAX_TOKENS", 600, minimum=50)
 MEMORY_GLOBAL_MIN_PERSONAL = env_int("MEMORY_GLOBAL_MIN_PERSONAL", 5, minimum=0)
 MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MODEL
+
+# --- Memory engine: core facts of a scope ---------------------------------------------
+# A fact is stored only at or above this confidence (0-1).
+ENGINE_MIN_CONFIDENCE = env_float("ENGINE_MIN_CONFIDENCE", 0.7, minimum=0.0)
+# At most this many facts per scope; beyond it the lowest confidence, then the oldest, go.
+ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
+# Search: score = (w * similarity + (1 - w) * keyword) * 0.5 ** (age / half-life).
+ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.7, minimum=0.0)
+ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  # 0 = no decay
+# Injection: the share of the token budget kept for corrections.
+ENGINE_CORRECTION_SHARE = env_float("ENGINE_CORRECTION_SHARE", 0.25, minimum=0.0)
 CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # when set, /metrics needs "Authorization: Bearer <token>"

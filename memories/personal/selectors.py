@@ -6,8 +6,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
@@ -32,7 +34,8 @@ def end_user_find(*, owner: AbstractBaseUser, external_id: str) -> EndUser | Non
 
 
 def end_user_list(*, owner: AbstractBaseUser) -> QuerySet[EndUser]:
-    return EndUser.objects.filter(owner=owner).order_by("external_id")
+    """The owner's end users (the ``["user", <id>]`` scopes)."""
+    return EndUser.objects.filter(owner=owner, external_id__isnull=False).order_by("external_id")
 
 
 def memory_list(*, end_user: EndUser) -> QuerySet[Vector]:
@@ -125,3 +128,118 @@ def memory_search(
         )
     hits.sort(key=lambda h: (-h.score, str(h.id)))
     return hits[:top_k]
+
+
+# --- Core facts of a scope (the engine's core tier) ----------------------------------
+# A scope's facts are the vectors whose ``scope`` is that scope (one range of the
+# covering index ``vector_scope_covering``: ranking never visits the heap) plus the
+# shared ones reached through its ``shared`` links (few). Both legs are exact: a scope
+# holds at most ``ENGINE_MAX_FACTS`` facts, and an exact scan returns every match.
+
+_SHARED_JOIN = (
+    "memories_uservector uv JOIN memories_vector v ON v.id = uv.vector_id "
+    "WHERE uv.end_user_id = %s AND uv.shared AND v.scope_id IS NULL"
+)
+
+
+@dataclass
+class FactFilter:
+    categories: list[str] | None = None
+    min_confidence: float | None = None
+
+    def sql(self, alias: str = "") -> tuple[str, list[Any]]:
+        parts: list[str] = []
+        params: list[Any] = []
+        if self.categories:
+            parts.append(f"{alias}category = ANY(%s)")
+            params.append(list(self.categories))
+        if self.min_confidence is not None:
+            parts.append(f"{alias}confidence >= %s")
+            params.append(self.min_confidence)
+        return "".join(f" AND {p}" for p in parts), params
+
+
+def scope_vector_ranking(
+    *,
+    scope_id: int,
+    vector: Sequence[float],
+    embedding_model: str,
+    limit: int,
+    filter: FactFilter | None = None,
+) -> list[tuple[uuid.UUID, float]]:
+    """[(fact id, cosine similarity)] of the scope's facts, most similar first (exact)."""
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
+    text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    sql = (
+        "WITH q AS (SELECT %s::vector AS v) "
+        "SELECT id, d FROM ("
+        " SELECT id, embedding <=> q.v AS d FROM memories_vector, q"
+        f" WHERE scope_id = %s AND dimensions = %s AND embedding_model = %s{where}"
+        " UNION ALL"
+        f" SELECT v.id, v.embedding <=> q.v FROM q, {_SHARED_JOIN}"
+        f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere}"
+        ") ranked ORDER BY d, id LIMIT %s"
+    )
+    params = [text, scope_id, len(vector), embedding_model, *fparams,
+              scope_id, len(vector), embedding_model, *vparams, limit]  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
+
+
+def scope_keyword_ranking(
+    *, scope_id: int, text: str, limit: int, filter: FactFilter | None = None
+) -> list[tuple[uuid.UUID, float]]:
+    """[(fact id, ts_rank)] of the scope's facts sharing a word with ``text``, best first.
+
+    Any query word matches (an OR of its English lexemes); the GIN lookup intersects
+    them with the scope's own lexeme (``~scope:<id>``, see migration 0003), so it reads
+    the scope's matches only, however many facts other scopes hold.
+    """
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
+    sql = (
+        "WITH q AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
+        "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')"
+        "::tsquery AS words, quote_literal(%s)::tsquery AS scope) "
+        "SELECT id, r FROM ("
+        " SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_vector, q"
+        f" WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope){where}"
+        " UNION ALL"
+        f" SELECT v.id, ts_rank(v.search_vector, q.words) FROM q, {_SHARED_JOIN}"
+        f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
+        ") ranked ORDER BY r DESC, id LIMIT %s"
+    )
+    params = [text, f"~scope:{scope_id}", *fparams, scope_id, *vparams, limit]
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+def core_fact_count(*, scope: EndUser) -> int:
+    """Facts linked to the scope (an index-only count of its links)."""
+    return UserVector.objects.filter(end_user=scope).count()
+
+
+def core_fact_list(*, scope: EndUser, filter: FactFilter | None = None) -> QuerySet[Vector]:
+    """The scope's facts, highest confidence first, then newest."""
+    qs = Vector.objects.filter(owner_id=scope.owner_id, links__end_user=scope).defer("embedding")
+    if filter is not None and filter.categories:
+        qs = qs.filter(category__in=filter.categories)
+    if filter is not None and filter.min_confidence is not None:
+        qs = qs.filter(confidence__gte=filter.min_confidence)
+    return qs.order_by("-confidence", "-updated_at", "id")
+
+
+def core_fact_get(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) -> Vector:
+    """One of the owner's facts (not a global memory); raises Vector.DoesNotExist."""
+    owner_id = int(owner if isinstance(owner, int) else owner.pk)
+    return Vector.objects.defer("embedding").get(
+        owner_id=owner_id, type=Vector.Type.MEMORY, pk=fact_id
+    )
+
+
+def fact_scopes(*, fact: Vector) -> list[EndUser]:
+    """The scopes a fact is linked to."""
+    return list(EndUser.objects.filter(links__vector=fact).order_by("id"))

@@ -1,0 +1,1 @@
+from tests.memories.personal.conftest import fixture_embedder  # noqa: F401
