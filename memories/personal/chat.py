@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
@@ -23,7 +24,8 @@ from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
 from core.providers.tokens import count_tokens
 from core.queue import enqueue_on_commit
-from memories.personal.models import EndUser
+from memories.personal.models import EndUser, Vector
+from memories.personal.retrieval import format_for_injection
 from memories.personal.selectors import MemoryHit, memory_search, personal_count
 from memories.personal.services import end_user_ensure
 
@@ -57,20 +59,6 @@ def message_text(content: Any) -> str:
     return ""
 
 
-def memory_block(hits: list[MemoryHit], budget: int) -> tuple[str, list[MemoryHit]]:
-    """The system-prompt block, best memories first, within ``budget`` tokens."""
-    lines, used, kept = [MEMORY_BLOCK_HEADER], count_tokens(MEMORY_BLOCK_HEADER), []
-    for hit in hits:
-        line = f"- {hit.content}"
-        cost = count_tokens(line) + 1
-        if used + cost > budget:
-            break
-        lines.append(line)
-        used += cost
-        kept.append(hit)
-    return ("\n".join(lines) if kept else ""), kept
-
-
 def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
     """Append the block to the first system message, or add one in front."""
     if not block:
@@ -96,22 +84,85 @@ def chat_prepare(*, owner_id: int, body: dict[str, Any], external_id: str | None
     prepared.end_user = end_user_ensure(owner=owner_id, external_id=external_id)
     if not prepared.user_text.strip():
         return prepared
-    embedder = get_embedder()
-    query = embedder.embed([prepared.user_text])[0]
-    cold = personal_count(end_user=prepared.end_user) < settings.MEMORY_GLOBAL_MIN_PERSONAL
-    hits = memory_search(
-        owner_id=owner_id, end_user=prepared.end_user, vector=query,
-        embedding_model=embedder.model, top_k=settings.MEMORY_TOP_K,
-        threshold=settings.MEMORY_SCORE_THRESHOLD, include_globals=cold,
-    )  # fmt: skip
-    block, prepared.memories = memory_block(hits, settings.MEMORY_PROMPT_MAX_TOKENS)
+    block, prepared.memories = memory_block(
+        owner_id=owner_id, end_user=prepared.end_user, query=prepared.user_text
+    )
     prepared.body["messages"] = inject(body["messages"], block)
     return prepared
 
 
+def memory_block(*, owner_id: int, end_user: EndUser, query: str) -> tuple[str, list[MemoryHit]]:
+    """The system-prompt block: the user's core facts as the engine injects them
+    (``format_for_injection``: corrections' share, the facts relevant to ``query``
+    first, then the rest by confidence) within ``MEMORY_PROMPT_MAX_TOKENS``; for a user
+    with few memories, the relevant global memories after them while they fit.
+    An embedder failure leaves the ranking keyword-only, never the answer."""
+    embedder = get_embedder()
+    try:
+        vector: list[float] | None = [float(x) for x in embedder.embed([query])[0]]
+    except Exception:  # the answer does not depend on memories
+        logger.warning("chat proxy: the embedder failed; memories ranked by keyword", exc_info=True)
+        vector = None
+    budget = settings.MEMORY_PROMPT_MAX_TOKENS
+    injection = format_for_injection(
+        owner=owner_id, scope=end_user, max_tokens=budget, query=query,
+        header=MEMORY_BLOCK_HEADER, embedder=embedder if vector is not None else _Failed(),
+        query_vector=vector, relevance_threshold=settings.MEMORY_SCORE_THRESHOLD,
+    )  # fmt: skip
+    hits = [_hit(f, injection.similarity.get(f.pk)) for f in injection.facts]
+    text = injection.text
+    cold = personal_count(end_user=end_user) < settings.MEMORY_GLOBAL_MIN_PERSONAL
+    if cold and vector is not None:
+        globals_ = memory_search(
+            owner_id=owner_id, end_user=None, vector=vector, embedding_model=embedder.model,
+            top_k=settings.MEMORY_TOP_K, threshold=settings.MEMORY_SCORE_THRESHOLD,
+            include_globals=True,
+        )  # fmt: skip
+        text, added = _append_globals(text, globals_, budget)
+        hits += added
+    return text, hits
+
+
+class _Failed:
+    """An embedder that already failed for this request: search goes keyword-only."""
+
+    provider, model, dimensions = "failed", "", 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise RuntimeError("the embedder failed for this request")
+
+
+def _hit(fact: Vector, similarity: float | None) -> MemoryHit:
+    return MemoryHit(
+        id=fact.pk, content=fact.content, type=fact.type, created_at=fact.created_at,
+        observed_at=fact.observed_at, similarity=similarity if similarity is not None else 0.0,
+        score=similarity if similarity is not None else 0.0, relevant=similarity is not None,
+    )  # fmt: skip
+
+
+def _append_globals(
+    text: str, globals_: list[MemoryHit], budget: int
+) -> tuple[str, list[MemoryHit]]:
+    lines = text.splitlines() if text else [MEMORY_BLOCK_HEADER]
+    kept: list[MemoryHit] = []
+    for hit in globals_:
+        candidate = [*lines, f"- [global] {hit.content}"]
+        if count_tokens("\n".join(candidate)) > budget:
+            break
+        lines = candidate
+        kept.append(hit)
+    return ("\n".join(lines) if len(lines) > 1 else ""), kept
+
+
 def memories_payload(prepared: PreparedChat) -> list[dict[str, Any]]:
     return [
-        {"id": str(h.id), "content": h.content, "score": round(h.similarity, 4), "type": h.type}
+        {
+            "id": str(h.id),
+            "content": h.content,
+            "type": h.type,
+            "relevant": h.relevant,
+            "score": round(h.similarity, 4) if h.relevant else None,
+        }  # fmt: skip
         for h in prepared.memories
     ]
 

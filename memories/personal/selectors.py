@@ -10,7 +10,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
@@ -27,6 +27,7 @@ class MemoryHit:
     observed_at: datetime
     similarity: float
     score: float
+    relevant: bool = True  # retrieved for the query (not only injected by confidence)
 
 
 def end_user_find(*, owner: AbstractBaseUser, external_id: str) -> EndUser | None:
@@ -86,31 +87,40 @@ def memory_search(
 ) -> list[MemoryHit]:
     """Nearest memories of ``end_user`` (and global ones when asked), best first.
 
-    Exact cosine ranking: a user's memories are few, and a filtered HNSW scan
-    could drop rows. ``threshold`` applies to the raw similarity; decay
-    (``score = similarity * 0.5 ** (age / half_life)``, age from when the fact
-    was said) reorders what passes it.
+    Exact cosine ranking of the user's scope (``scope_vector_ranking``: one range of
+    the covering index, whatever the owner's other users hold) and of the owner's
+    global memories. ``threshold`` applies to the raw similarity; decay
+    (``score = similarity * 0.5 ** (age / half_life)``, age from when the fact was
+    said) reorders what passes it.
     """
-    scope = Q(pk__in=[])
-    if end_user is not None:
-        scope |= Exists(UserVector.objects.filter(end_user=end_user, vector=OuterRef("pk")))
-    if include_globals:
-        scope |= Q(type=Vector.Type.GLOBAL)
     pool = top_k if not half_life_days else max(top_k * 5, 50)
-    rows = (
-        Vector.objects.filter(
-            owner_id=owner_id, embedding_model=embedding_model, dimensions=len(vector)
+    ranked: list[tuple[uuid.UUID, float]] = []
+    if end_user is not None:
+        ranked += scope_vector_ranking(
+            scope_id=end_user.pk, vector=vector, embedding_model=embedding_model, limit=pool
         )
-        .filter(scope)
-        .annotate(distance=CosineDistance("embedding", list(map(float, vector))))
-        .order_by("distance", "id")
-        .defer("embedding")[:pool]
-    )
+    if include_globals:
+        rows = (
+            Vector.objects.filter(
+                owner_id=owner_id, type=Vector.Type.GLOBAL, embedding_model=embedding_model,
+                dimensions=len(vector),
+            )
+            .annotate(distance=CosineDistance("embedding", list(map(float, vector))))
+            .order_by("distance", "id")
+            .values_list("id", "distance")[:pool]
+        )  # fmt: skip
+        ranked += [(pk, 1.0 - float(d)) for pk, d in rows]
+    ranked = [(pk, sim) for pk, sim in ranked if threshold is None or sim >= threshold]
+    ranked.sort(key=lambda r: (-r[1], str(r[0])))
+    ranked = ranked[:pool]
+    rows_by_id = {
+        v.pk: v for v in Vector.objects.filter(pk__in=[r[0] for r in ranked]).defer("embedding")
+    }
     now = timezone.now()
     hits = []
-    for row in rows:
-        similarity = 1.0 - float(row.distance)
-        if threshold is not None and similarity < threshold:
+    for pk, similarity in ranked:
+        row = rows_by_id.get(pk)
+        if row is None:
             continue
         score = similarity
         if half_life_days:
