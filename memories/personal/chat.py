@@ -24,9 +24,9 @@ from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
 from core.providers.tokens import count_tokens
 from core.queue import enqueue_on_commit
-from memories.personal.models import EndUser, Vector
+from memories.personal.models import EndUser
 from memories.personal.retrieval import format_for_injection
-from memories.personal.selectors import MemoryHit, memory_search, personal_count
+from memories.personal.selectors import FactRow, MemoryHit, memory_search, personal_count
 from memories.personal.services import end_user_ensure
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class _Failed:
         raise RuntimeError("the embedder failed for this request")
 
 
-def _hit(fact: Vector, similarity: float | None) -> MemoryHit:
+def _hit(fact: FactRow, similarity: float | None) -> MemoryHit:
     return MemoryHit(
         id=fact.pk, content=fact.content, type=fact.type, created_at=fact.created_at,
         observed_at=fact.observed_at, similarity=similarity if similarity is not None else 0.0,

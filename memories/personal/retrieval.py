@@ -26,7 +26,8 @@ from memories.personal.models import CATEGORIES, EndUser, Vector
 from memories.personal.scopes import Scope, scope_find, scope_parse
 from memories.personal.selectors import (
     FactFilter,
-    core_fact_list,
+    FactRow,
+    core_fact_rows,
     scope_keyword_ranking,
     scope_vector_ranking,
 )
@@ -162,21 +163,28 @@ def _merge(
 class Injection:
     text: str
     tokens: int
-    facts: list[Vector] = field(default_factory=list)
+    facts: list[FactRow] = field(default_factory=list)
     relevant_ids: set[uuid.UUID] = field(default_factory=set)
     similarity: dict[uuid.UUID, float] = field(default_factory=dict)
 
 
-def fact_line(fact: Vector) -> str:
+def fact_line(fact: FactRow | Vector) -> str:
     return f"- [{fact.category} | {fact.confidence:.2f}] {fact.content}"
 
 
-def _fill(candidates: list[Vector], budget: int, taken: set[uuid.UUID]) -> tuple[list[Vector], int]:
+MIN_LINE_TOKENS = 8  # "- [goal | 0.90] x" is 10 tokens: below this nothing fits
+
+
+def _fill(
+    candidates: list[FactRow], budget: int, taken: set[uuid.UUID]
+) -> tuple[list[FactRow], int]:
     """Lines that fit ``budget`` tokens, in order (one that does not fit is skipped,
     a shorter one after it may still fit). A line costs its tokens and the newline
     before it unless it is the first of the block."""
     kept, used = [], 0
     for fact in candidates:
+        if budget - used < MIN_LINE_TOKENS:
+            break
         if fact.pk in taken:
             continue
         cost = count_tokens(fact_line(fact)) + (1 if taken else 0)
@@ -219,7 +227,7 @@ def format_for_injection(
     if row is None or budget <= 0:
         return Injection("", 0)
     # (the header's newline is counted above; the first fact line then pays none)
-    facts = list(core_fact_list(scope=row))
+    facts = core_fact_rows(scope=row)
     corrections = [f for f in facts if f.category == "correction"]
     others = [f for f in facts if f.category != "correction"]
     relevant: list[uuid.UUID] = []

@@ -242,6 +242,34 @@ def core_fact_list(*, scope: EndUser, filter: FactFilter | None = None) -> Query
     return qs.order_by("-confidence", "-updated_at", "id")
 
 
+@dataclass(frozen=True)
+class FactRow:
+    """A fact as plain values (no model instance: injection reads hundreds at once)."""
+
+    id: uuid.UUID
+    content: str
+    category: str
+    confidence: float
+    type: str
+    observed_at: datetime
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def pk(self) -> uuid.UUID:
+        return self.id
+
+
+_ROW_FIELDS = ("id", "content", "category", "confidence", "type", "observed_at", "created_at",
+               "updated_at")  # fmt: skip
+
+
+def core_fact_rows(*, scope: EndUser) -> list[FactRow]:
+    """The scope's facts as ``FactRow``, highest confidence first, then newest."""
+    rows = core_fact_list(scope=scope).values_list(*_ROW_FIELDS)
+    return [FactRow(*row) for row in rows]
+
+
 def core_fact_get(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) -> Vector:
     """One of the owner's facts (not a global memory); raises Vector.DoesNotExist."""
     owner_id = int(owner if isinstance(owner, int) else owner.pk)
