@@ -128,25 +128,35 @@ def _merge(
     keyword = dict(keyword_hits)
     best = max(keyword.values(), default=0.0) or 1.0
     weight = 0.0 if keyword_only else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
-    rows = Vector.objects.filter(pk__in=set(similarity) | set(keyword)).defer("embedding")
+    rows = Vector.objects.filter(pk__in=set(similarity) | set(keyword)).values_list(
+        "id",
+        "content",
+        "category",
+        "confidence",
+        "source_kind",
+        "source_ref",
+        "observed_at",
+        "created_at",
+        "updated_at",
+    )  # fmt: skip (plain values: up to 2 x the pool of rows, no model instances)
     now = timezone.now()
     hits = []
-    for row in rows:
-        sim, kw = similarity.get(row.pk), keyword.get(row.pk)
+    for pk, content, category, confidence, kind, ref, observed, created, updated in rows:
+        sim, kw = similarity.get(pk), keyword.get(pk)
         relevance = weight * max(sim or 0.0, 0.0) + (1 - weight) * (kw or 0.0) / best
         if half_life:
-            relevance *= decay(row.observed_at, half_life, now=now)
+            relevance *= decay(observed, half_life, now=now)
         hits.append(
             FactHit(
-                id=row.pk,
-                content=row.content,
-                category=row.category,
-                confidence=row.confidence,
-                source_kind=row.source_kind,
-                source_ref=row.source_ref,
-                observed_at=row.observed_at,
-                created_at=row.created_at,
-                updated_at=row.updated_at,
+                id=pk,
+                content=content,
+                category=category,
+                confidence=confidence,
+                source_kind=kind,
+                source_ref=ref,
+                observed_at=observed,
+                created_at=created,
+                updated_at=updated,
                 similarity=sim,
                 keyword_score=kw,
                 score=relevance,
