@@ -66,9 +66,12 @@ class Vector(models.Model):
     content = models.TextField()
     normalized = models.TextField(help_text="Normalised text, for exact duplicate checks.")
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.MEMORY)
+    # No index of its own: vector_scope_covering (below) leads with it, and a plain
+    # one would be chosen instead and visit the heap for every fact of the scope.
     scope = models.ForeignKey(
-        EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
-    )
+        EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        db_index=False,
+    )  # fmt: skip
     category = models.CharField(
         max_length=16, choices=[(c, c) for c in CATEGORIES], default="context"
     )
