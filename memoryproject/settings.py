@@ -350,3 +350,20 @@ ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  #
 ENGINE_CORRECTION_SHARE = env_float("ENGINE_CORRECTION_SHARE", 0.25, minimum=0.0)
 CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # when set, /metrics needs "Authorization: Bearer <token>"
+
+# --- Memory engine: background work (debounced updates, journal, Deep Dream) ----------
+# Flushes of one scope within this many seconds coalesce into one extraction (0 = at once).
+MEMORY_UPDATE_DEBOUNCE_SECONDS = env_float("MEMORY_UPDATE_DEBOUNCE_SECONDS", 30.0, minimum=0.0)
+# A scope that keeps flushing is still extracted this long after its oldest pending flush.
+MEMORY_UPDATE_MAX_WAIT_SECONDS = env_float("MEMORY_UPDATE_MAX_WAIT_SECONDS", 300.0, minimum=0.0)
+# Failed extractions (LLM down) are retried by the sweep this many times, then kept as failed.
+MEMORY_UPDATE_MAX_ATTEMPTS = env_int("MEMORY_UPDATE_MAX_ATTEMPTS", 5, minimum=1)
+# Journal, MEMORY.md and dream diaries go through this storage alias.
+ENGINE_STORAGE = env_str("ENGINE_STORAGE", "default")
+ENGINE_DREAM_LOOKBACK_DAYS = env_int("ENGINE_DREAM_LOOKBACK_DAYS", 3, minimum=1)
+# A dream that would drop more than this share of a scope's facts is refused (nothing changes).
+ENGINE_DREAM_MAX_DROP = env_float("ENGINE_DREAM_MAX_DROP", 0.5, minimum=0.0)
+# The daily dream schedule, for owners who have not turned it off (EngineSettings).
+ENGINE_DREAM_SCHEDULE = env_bool("ENGINE_DREAM_SCHEDULE", True)
+# Context summaries: the default summary budget (tokens).
+ENGINE_SUMMARY_MAX_TOKENS = env_int("ENGINE_SUMMARY_MAX_TOKENS", 256, minimum=16)

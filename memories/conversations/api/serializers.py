@@ -133,6 +133,20 @@ class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):
     message_limit = serializers.IntegerField(
         min_value=1, max_value=MESSAGE_LIMIT_CEILING, default=_default_message_limit
     )
+    strategy = serializers.ChoiceField(
+        choices=("truncate", "summarize"),
+        default="truncate",
+        help_text="truncate: the oldest messages are dropped. summarize: they are folded "
+        "into the conversation's running summary (an LLM call when it grows).",
+    )
+    max_tokens_before_summary = serializers.IntegerField(
+        min_value=16, max_value=MAX_TOKENS_CEILING, required=False,
+        help_text="summarize: fold once the history passes this (default max_tokens).",
+    )  # fmt: skip
+    max_summary_tokens = serializers.IntegerField(
+        min_value=1, max_value=MAX_TOKENS_CEILING, default=256,
+        help_text="summarize: the summary's size limit.",
+    )  # fmt: skip
 
 
 class NodeHistoryQuerySerializer(_HistoryQuerySerializer):
@@ -217,6 +231,27 @@ class HistoryOutputSerializer(serializers.Serializer):
         data = super().to_representation(history)
         data.pop("text" if data["format"] == "messages" else "messages")
         return data
+
+
+class RunningSummarySerializer(serializers.Serializer):
+    text = serializers.CharField(source="summary")
+    summarized_message_ids = serializers.ListField(
+        child=serializers.CharField(), source="summarized_ids"
+    )
+    last_summarized_message_id = serializers.CharField(source="last_summarized_id")
+    folded_now = serializers.ListField(child=serializers.CharField(), source="folded")
+    llm_calls = serializers.IntegerField()
+
+
+class SummarizedHistoryOutputSerializer(HistoryOutputSerializer):
+    """strategy=summarize: ``messages`` start with the running summary (a system
+    message); ``items`` are the messages kept verbatim."""
+
+    strategy = serializers.SerializerMethodField()
+    summary = RunningSummarySerializer()
+
+    def get_strategy(self, history: Any) -> str:
+        return "summarize"
 
 
 class NodeHistoryOutputSerializer(HistoryOutputSerializer):
