@@ -24,7 +24,7 @@ from django.db import IntegrityError, transaction
 
 from core.errors import InvalidInput
 from core.providers.llm import ChatLLM, get_llm
-from core.providers.tokens import count_tokens
+from core.providers.tokens import count_tokens, truncate_to_tokens
 from core.validation import validate_session_id
 from memories.conversations.history import (
     PRIMING_TOKENS,
@@ -208,7 +208,8 @@ def _summarise(
     answer = (llm or get_llm(feature=FEATURE)).complete(
         [{"role": "user", "content": prompt}], max_tokens=budget, temperature=0
     )
-    return answer.content.strip()
+    # The budget holds even for a model that ignores max_tokens.
+    return truncate_to_tokens(answer.content.strip(), budget)
 
 
 def _store(owner_id: int, key: str, state: ConversationSummary | None, text: str,

@@ -91,7 +91,7 @@ class DreamNotUndoable(Conflict):
 
 @dataclass
 class DreamOutcome:
-    dream: Dream | None
+    dream: Dream
     skipped: bool = False  # same inputs as the last dream: no LLM call, nothing changed
 
 
@@ -160,6 +160,40 @@ def latest_dream(scope: EndUser) -> Dream | None:
         .order_by("-created_at")
         .first()
     )
+
+
+@dataclass
+class DreamInputs:
+    """What a dream of the scope would read now."""
+
+    facts: list[dict[str, Any]]
+    memory_md: str
+    days: list[str]
+    journal: str
+    input_hash: str
+    unchanged_since: Dream | None  # the last dream, when these inputs are the same as its
+
+
+def dream_inputs(scope: EndUser, *, lookback: int, today: date) -> DreamInputs:
+    facts = core_facts_snapshot(scope=scope)
+    memory_md = render_memory_md(scope, facts)
+    days, journal = _journal(scope, today, lookback)
+    input_hash = _hash(memory_md, journal, lookback)
+    last = latest_dream(scope)
+    same = last is not None and input_hash in (last.input_hash, last.result_hash)
+    return DreamInputs(facts, memory_md, days, journal, input_hash, last if same else None)
+
+
+def dream_preview(
+    *,
+    owner: AbstractBaseUser | int,
+    scope: Scope | EndUser,
+    lookback_days: int | None = None,
+    today: date | None = None,
+) -> DreamInputs:
+    """What ``dream_run`` would read (and whether it would skip), changing nothing."""
+    return dream_inputs(_scope_row(owner, scope), lookback=_lookback(lookback_days),
+                        today=today or timezone.now().date())  # fmt: skip
 
 
 # --- the plan -----------------------------------------------------------------------
@@ -268,13 +302,16 @@ def dream_run(
     with scope_run_lock(row.pk) as taken:
         if not taken:
             raise ScopeBusy("this scope's memory is being updated; try again shortly")
-        before = core_facts_snapshot(scope=row)
-        memory_md = render_memory_md(row, before)
-        days, journal = _journal(row, today, lookback)
-        input_hash = _hash(memory_md, journal, lookback)
-        last = latest_dream(row)
-        if last is not None and input_hash in (last.input_hash, last.result_hash):
-            return DreamOutcome(last, skipped=True)
+        inputs = dream_inputs(row, lookback=lookback, today=today)
+        before, memory_md, days, journal, input_hash = (
+            inputs.facts,
+            inputs.memory_md,
+            inputs.days,
+            inputs.journal,
+            inputs.input_hash,
+        )
+        if inputs.unchanged_since is not None:
+            return DreamOutcome(inputs.unchanged_since, skipped=True)
         prompt = DREAM_PROMPT.format(scope="/".join(row.scope), memory_md=memory_md,
                                      days=lookback, journal=journal or "(no entries)")  # fmt: skip
         try:

@@ -11,7 +11,7 @@ store generalised to scopes (``memories.personal.facts`` / ``retrieval``): a fac
 managed here for ``["user", "alice"]`` is one of alice's personal memories.
 
 ``flush`` (debounced updates, daily journal) and ``dream`` (consolidation) are the
-background half of the engine; they are named here and raise until it is built.
+background half of the engine (``memories.engine.updates`` and ``.dreams``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 
 from core.errors import InvalidInput
+from memories.engine.dreams import DreamOutcome, dream_run
+from memories.engine.models import PendingUpdate
+from memories.engine.updates import update_record
 from memories.personal.facts import (
     FactDecision,
     FactIn,
@@ -155,10 +158,20 @@ class MemoryEngine:
 
     # --- The background half (issue 12, second part) ----------------------------------
 
-    def flush(self, scope: Sequence[Any], messages: Sequence[Mapping[str, Any]]) -> Any:
-        """Queue a debounced update of ``scope`` from ``messages``."""
-        raise NotImplementedError("flush: the background half of the engine")
+    def flush(
+        self, scope: Sequence[Any], messages: Sequence[Mapping[str, Any]], *, source: str = "engine"
+    ) -> PendingUpdate:
+        """Queue a debounced update of ``scope`` from ``messages`` (returns at once): one
+        extraction per ``MEMORY_UPDATE_DEBOUNCE_SECONDS`` window, and a journal entry."""
+        return update_record(
+            owner=self.owner, scope=self.scope(scope), messages=list(messages), source=source
+        )
 
-    def dream(self, scope: Sequence[Any], lookback_days: int = 7) -> Any:
-        """Consolidate the scope's core facts with its recent journal."""
-        raise NotImplementedError("dream: the background half of the engine")
+    def dream(
+        self, scope: Sequence[Any], lookback_days: int | None = None, **options: Any
+    ) -> DreamOutcome:
+        """Consolidate the scope's core facts with its recent journal (reversible:
+        ``memories.engine.dreams.dream_undo``)."""
+        return dream_run(
+            owner=self.owner, scope=self.scope(scope), lookback_days=lookback_days, **options
+        )

@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from memories.personal.models import EndUser
+
 
 class PendingUpdate(models.Model):
     """One flush: messages of a scope waiting for the scope's next extraction.
@@ -126,3 +128,11 @@ class EngineSettings(models.Model):
 
     def __str__(self) -> str:
         return f"engine settings of {self.owner_id}"
+
+
+class ScopeJournal(EndUser):
+    """Admin handle for a scope's journal, MEMORY.md and dreams (no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "scope journal"

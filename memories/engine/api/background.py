@@ -26,61 +26,43 @@ from memories.conversations.summaries import (
     summary_fold,
 )
 from memories.engine import files
+from memories.engine.api.serializers import ScopedSerializer
+from memories.engine.api.views import _engine, _query_scope, _validated
 from memories.engine.dreams import (
     ScopeNotFound,
     dream_get,
     dream_list,
-    dream_run,
     dream_schedule_enabled,
     dream_undo,
     engine_settings_update,
 )
 from memories.engine.models import Dream, PendingUpdate
-from memories.engine.updates import pending_of, update_list, update_record
+from memories.engine.updates import pending_of, update_list
 from memories.personal.models import EndUser
-from memories.personal.scopes import Scope, scope_find, scope_parse
+from memories.personal.scopes import Scope, scope_find
 
 
 # --- input --------------------------------------------------------------------------
-class ScopeField(serializers.Field):
-    """A scope: a list of 1-8 id-like strings (``["user", "u-123"]``). In a query string:
-    the parameter repeated (``?scope=user&scope=u-123``) or one JSON list."""
-
-    def to_internal_value(self, data: Any) -> Scope:
-        return scope_parse(data)
-
-    def to_representation(self, value: Any) -> list[str]:
-        return list(value)
-
-
 def _owner(request: Request) -> int:
     return int(cast(Any, request.user).pk)
 
 
-def query_scope(request: Request) -> Scope:
-    values = request.query_params.getlist("scope")
-    if len(values) == 1 and values[0].startswith("["):
-        try:
-            return scope_parse(json.loads(values[0]))
-        except ValueError:
-            pass
-    return scope_parse(values)
-
-
-def scope_row(request: Request, scope: Scope) -> EndUser:
-    row = scope_find(owner=_owner(request), scope=scope)
+def scope_row(request: Request) -> EndUser:
+    """The caller's scope named by the query string (``?scope=user&scope=alice`` or a
+    JSON list, templates filled from the other parameters); 404 if it has none."""
+    engine = _engine(request, dict(request.query_params.items()))
+    scope = _query_scope(request, engine, required=True)
+    row = scope_find(owner=_owner(request), scope=cast(Scope, scope))
     if row is None:
         raise ScopeNotFound("no such scope")
     return row
 
 
-class FlushInSerializer(serializers.Serializer):
-    scope = ScopeField()
+class FlushInSerializer(ScopedSerializer):
     messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
 
 
-class DreamInSerializer(serializers.Serializer):
-    scope = ScopeField()
+class DreamInSerializer(ScopedSerializer):
     lookback_days = serializers.IntegerField(min_value=1, max_value=90, required=False)
 
 
@@ -100,8 +82,7 @@ class ConversationRefSerializer(serializers.Serializer):
     message_limit = serializers.IntegerField(min_value=1, max_value=10_000, default=500)
 
 
-class SummaryInSerializer(serializers.Serializer):
-    scope = ScopeField()
+class SummaryInSerializer(ScopedSerializer):
     conversation = ConversationRefSerializer(required=False)
     conversation_id = serializers.CharField(max_length=255, required=False)
     messages = SummaryMessageSerializer(many=True, required=False)
@@ -160,10 +141,10 @@ class FlushView(APIView):
     @extend_schema(request=FlushInSerializer, responses={202: PendingUpdateOutputSerializer})
     def post(self, request: Request) -> Response:
         """Record messages of a scope for its next (debounced) extraction; answers at once."""
-        data = FlushInSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        update = update_record(owner=_owner(request), scope=data.validated_data["scope"],
-                               messages=data.validated_data["messages"])  # fmt: skip
+        data = _validated(FlushInSerializer, request.data)
+        update = _engine(request, data["scope_values"]).flush(
+            data["scope"], data["messages"], source="api"
+        )
         body = dict(PendingUpdateOutputSerializer(update).data)
         body["pending_in_scope"] = pending_of(update.scope_id).count()
         return Response(body, status=status.HTTP_202_ACCEPTED)
@@ -173,7 +154,7 @@ class UpdatesView(APIView):
     @extend_schema(responses=PendingUpdateOutputSerializer(many=True))
     def get(self, request: Request) -> Response:
         """The scope's flushes, newest first: pending, done (with their batch) or failed."""
-        row = scope_row(request, query_scope(request))
+        row = scope_row(request)
         qs = update_list(owner=_owner(request), scope=row).select_related("scope")
         return paginated_response(self, request, qs, PendingUpdateOutputSerializer)
 
@@ -182,7 +163,7 @@ class JournalView(APIView):
     def get(self, request: Request) -> Response | HttpResponse:
         """``?scope=...&date=YYYY-MM-DD``: that day's journal (``download=1``: the Markdown
         file); without a date: the days the scope has a journal for."""
-        row = scope_row(request, query_scope(request))
+        row = scope_row(request)
         if "date" not in request.query_params:
             days = files.journal_days(owner_id=row.owner_id, scope=row.scope)
             return Response({"scope": row.scope, "days": [d.isoformat() for d in days]})
@@ -205,11 +186,9 @@ class DreamView(APIView):
     def post(self, request: Request) -> Response:
         """Dream the scope now: 201 with the dream, or 200 with the last one and
         ``skipped`` when its inputs have not changed (no LLM call)."""
-        data = DreamInSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = data.validated_data
-        outcome = dream_run(owner=_owner(request), scope=values["scope"],
-                            lookback_days=values.get("lookback_days"))  # fmt: skip
+        data = _validated(DreamInSerializer, request.data)
+        engine = _engine(request, data["scope_values"])
+        outcome = engine.dream(data["scope"], data.get("lookback_days"))
         body = dict(DreamOutputSerializer(outcome.dream).data)
         body["skipped"] = outcome.skipped
         return Response(
@@ -220,7 +199,7 @@ class DreamView(APIView):
 class DreamListView(APIView):
     @extend_schema(responses=DreamListSerializer(many=True))
     def get(self, request: Request) -> Response:
-        row = scope_row(request, query_scope(request))
+        row = scope_row(request)
         qs = dream_list(owner=_owner(request), scope=row).select_related("scope")
         return paginated_response(self, request, qs, DreamListSerializer)
 
@@ -259,9 +238,8 @@ class SummariesView(APIView):
     def post(self, request: Request) -> Response:
         """Keep a conversation within ``max_tokens``: the newest messages verbatim, the
         older ones folded into its running summary (stored per conversation)."""
-        data = SummaryInSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = data.validated_data
+        values = _validated(SummaryInSerializer, request.data)
+        values["scope"] = _engine(request, values["scope_values"]).scope(values["scope"])
         key, messages = _summary_input(request, values)
         result = summary_fold(
             owner=_owner(request), key=key, messages=messages, max_tokens=values["max_tokens"],

@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.fakes.openai_server import Scripted, chat_body
 
 
@@ -34,8 +36,9 @@ class EngineLLM:
             answer = self.dream(content) if self.dream else {"facts": [], "diary": ""}
             return self._answer("dream", content, answer)
         if "summary" in content.lower() and "conversation" in content.lower():
-            folded = re.findall(r"^(?:user|assistant|system|tool): (.*)$", content, re.M)
-            return self._answer("summary", content, "SUMMARY[" + " | ".join(folded) + "]")
+            folded = re.findall(r"^((?:user|assistant|system|tool): .*)$", content, re.M)
+            short = [" ".join(line.split()[:4]) for line in folded]
+            return self._answer("summary", content, "SUMMARY[" + " | ".join(short) + "]")
         return self._answer("chat", content, "ok")
 
     def _extract(self, content: str) -> dict[str, Any]:
@@ -56,3 +59,15 @@ class EngineLLM:
 
 def fact(content: str, category: str = "preference", confidence: float = 0.9, **extra: Any):
     return {"content": content, "category": category, "confidence": confidence, **extra}
+
+
+@pytest.fixture
+def engine_storage(tmp_path, settings):
+    """Journals, MEMORY.md and diaries in a temporary directory."""
+    location = tmp_path / "engine"
+    settings.STORAGES = {**settings.STORAGES, "engine_test": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(location)},
+    }}  # fmt: skip
+    settings.ENGINE_STORAGE = "engine_test"
+    return location
