@@ -85,7 +85,10 @@ def test_scope_templates_fill_from_values(alice, alice_client, engine_llm):
 
 
 def test_without_an_llm_flush_and_dream_are_503_and_the_rest_works(
-    alice, alice_client, settings, engine_storage  # noqa: F811
+    alice,
+    alice_client,
+    settings,
+    engine_storage,  # noqa: F811
 ):  # noqa: F811
     settings.LLM_BASE_URL = ""
     for url, payload in (("/api/v1/engine/flush", {"scope": SCOPE, "messages": [{"role": "user", "content": SAID}]}),
