@@ -47,7 +47,7 @@ from memories.personal.facts import (
 from memories.personal.models import CATEGORIES, EndUser
 from memories.personal.restore import core_fact_restore
 from memories.personal.scopes import Scope, owner_pk, scope_find, scope_parse
-from memories.personal.services import MAX_MEMORY_CHARS, counter_add
+from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_fact
 
 logger = logging.getLogger("memories.decisions")
 FEATURE = "Deep Dream (POST /api/v1/engine/dream)"
@@ -206,6 +206,7 @@ def _plan(
     if not isinstance(raw, list):
         raise ProviderBadResponse("the dream answer has no list of facts")
     by_id = {f["id"]: f for f in before}
+    by_text = {normalize_fact(f["content"]): f for f in before}
     kept: set[str] = set()
     plan: list[dict[str, Any]] = []
     for item in raw:
@@ -217,7 +218,8 @@ def _plan(
             confidence = min(1.0, max(0.0, float(item["confidence"])))
         except (KeyError, TypeError, ValueError):
             confidence = None
-        old = by_id.get(str(item.get("id") or ""))
+        # a fact given back without its id but with its text is that fact, kept
+        old = by_id.get(str(item.get("id") or "")) or by_text.get(normalize_fact(content))
         if old is None or old["id"] in kept:  # new (or a second use of one id): an addition
             plan.append({"action": "add", "content": content, "category": category or "context",
                          "confidence": 1.0 if confidence is None else confidence})  # fmt: skip

@@ -31,12 +31,7 @@ DARK = "Please use dark mode, always"
 
 
 @pytest.fixture
-def engine_llm(llm_settings, openai_server, tmp_path, settings):
-    settings.STORAGES = {**settings.STORAGES, "engine_test": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(tmp_path / "engine")},
-    }}  # fmt: skip
-    settings.ENGINE_STORAGE = "engine_test"
+def engine_llm(llm_settings, openai_server, engine_storage, settings):
     settings.MEMORY_UPDATE_DEBOUNCE_SECONDS = 30
     script = EngineLLM({
         TEA: [fact("User drinks green tea every morning", "behavior", 0.95)],

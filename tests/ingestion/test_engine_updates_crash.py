@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
 from memories.personal.models import MemoryUpdate, Vector
 from memories.personal.scopes import scope_find
+from tests.ingestion.test_job_lifecycle import _wait
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,17 +52,6 @@ WORKER = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def storage_dir(tmp_path, settings):
-    location = tmp_path / "engine"
-    settings.STORAGES = {**settings.STORAGES, "engine_test": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(location)},
-    }}  # fmt: skip
-    settings.ENGINE_STORAGE = "engine_test"
-    return location
-
-
 def _worker(base_url: str, location: Path) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env.update(
@@ -73,13 +62,6 @@ def _worker(base_url: str, location: Path) -> subprocess.Popen[str]:
         [sys.executable, "-c", WORKER, base_url, str(location)], cwd=ROOT, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-
-
-def _wait(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _flush_three(alice) -> int:
@@ -96,7 +78,7 @@ def _extraction_requests(server) -> int:
 
 @pytest.mark.slow
 def test_worker_killed_mid_extraction_then_restarted(
-    alice, openai_server, storage_dir, llm_settings
+    alice, openai_server, engine_storage, llm_settings
 ):
     script = EngineLLM(MESSAGES)
     hang = {"on": True}
@@ -110,7 +92,7 @@ def test_worker_killed_mid_extraction_then_restarted(
     openai_server.chat_fn = respond
     _flush_three(alice)
 
-    first = _worker(openai_server.base_url, storage_dir)
+    first = _worker(openai_server.base_url, engine_storage)
     try:
         _wait(lambda: _extraction_requests(openai_server) == 1)
         os.kill(first.pid, signal.SIGKILL)
@@ -124,7 +106,7 @@ def test_worker_killed_mid_extraction_then_restarted(
     assert Vector.objects.count() == 0 and MemoryUpdate.objects.count() == 0
 
     hang["on"] = False
-    second = _worker(openai_server.base_url, storage_dir)  # the restarted worker
+    second = _worker(openai_server.base_url, engine_storage)  # the restarted worker
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
     assert "swept 1" in out  # its sweep found the abandoned scope (the lock died with the worker)
@@ -141,13 +123,13 @@ def test_worker_killed_mid_extraction_then_restarted(
     assert journal.count("<!-- entry ") == 3
 
     # a third worker (or a duplicate delivery) finds nothing to do
-    third = _worker(openai_server.base_url, storage_dir)
+    third = _worker(openai_server.base_url, engine_storage)
     out, err = third.communicate(timeout=120)
     assert "swept 0" in out, err
     assert _extraction_requests(openai_server) == 2 and Vector.objects.count() == 3
 
 
-def test_a_crash_between_the_journal_and_the_commit_is_redone_once(alice, openai_server, storage_dir,
+def test_a_crash_between_the_journal_and_the_commit_is_redone_once(alice, openai_server, engine_storage,
                                                                   llm_settings, monkeypatch):  # fmt: skip
     openai_server.chat_fn = EngineLLM(MESSAGES)
     scope_id = _flush_three(alice)

@@ -10,14 +10,14 @@ from memories.engine.models import Dream
 from memories.engine.updates import update_record
 from memories.personal.facts import FactIn, core_fact_add
 from memories.personal.models import Vector
-from tests.memories.engine.scripted import EngineLLM, engine_storage, fact  # noqa: F401
+from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db
 SCOPE = ("user", "alice")
 
 
 def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_settings, openai_server,
-                                                   engine_storage):  # noqa: F811  # fmt: skip
+                                                   engine_storage):  # fmt: skip
     openai_server.chat_fn = EngineLLM(
         {"I like tea": [fact("User likes tea")]},
         dream=lambda prompt: {"facts": [], "diary": "cleared"},

@@ -10,7 +10,7 @@ from ingestion.updates import updates_run
 from memories.engine.facade import MemoryEngine
 from memories.engine.models import Dream, PendingUpdate
 from memories.personal.models import Vector
-from tests.memories.engine.scripted import EngineLLM, engine_storage, fact  # noqa: F401
+from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db
 SCOPE = ["org", "acme", "agent-1"]
@@ -18,7 +18,7 @@ SAID = "I prefer short answers"
 
 
 @pytest.fixture
-def engine_llm(llm_settings, openai_server, engine_storage):  # noqa: F811
+def engine_llm(llm_settings, openai_server, engine_storage):
     script = EngineLLM(
         {SAID: [fact("User prefers short answers", "preference", 0.9)]},
         dream=lambda prompt: {"facts": [], "diary": "nothing to keep"},
@@ -88,8 +88,8 @@ def test_without_an_llm_flush_and_dream_are_503_and_the_rest_works(
     alice,
     alice_client,
     settings,
-    engine_storage,  # noqa: F811
-):  # noqa: F811
+    engine_storage,
+):
     settings.LLM_BASE_URL = ""
     for url, payload in (("/api/v1/engine/flush", {"scope": SCOPE, "messages": [{"role": "user", "content": SAID}]}),
                          ("/api/v1/engine/dream", {"scope": SCOPE})):  # fmt: skip

@@ -25,7 +25,7 @@ from memories.engine.updates import update_record
 from memories.personal.facts import FactIn, core_fact_add, core_facts_snapshot
 from memories.personal.models import MemoryUpdate
 from memories.personal.scopes import scope_find
-from tests.memories.engine.scripted import EngineLLM, engine_storage, fact  # noqa: F401
+from tests.memories.engine.scripted import EngineLLM
 
 pytestmark = pytest.mark.django_db
 SCOPE = ("user", "alice")
@@ -67,7 +67,7 @@ def keep_all(prompt: str) -> dict:
 
 
 @pytest.fixture
-def dreaming(alice, llm_settings, openai_server, engine_storage):  # noqa: F811
+def dreaming(alice, llm_settings, openai_server, engine_storage):
     script = EngineLLM({"I moved to Berlin and I work remotely now": []}, dream=consolidate)
     openai_server.chat_fn = script
     core_fact_add(owner=alice, scope=SCOPE, reason="seed", facts=[
