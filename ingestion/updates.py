@@ -249,9 +249,15 @@ def _log(scope: EndUser, result: UpdateRun) -> None:
 
 def updates_sweep(*, now: datetime | None = None) -> int:
     """Queue a run for every scope whose pending flushes are due (a run lost with a
-    killed worker, a schedule lost, a retry after a failure). Returns how many."""
+    killed worker, a schedule lost, a retry after a failure); forget processed flushes
+    older than ``MEMORY_UPDATE_KEEP_DAYS`` (their journal entries stay). Returns the
+    runs queued."""
     from core.queue import enqueue
 
+    now = now or timezone.now()
+    PendingUpdate.objects.exclude(status=PendingUpdate.Status.PENDING).filter(
+        processed_at__lt=now - timedelta(days=settings.MEMORY_UPDATE_KEEP_DAYS)
+    ).delete()
     scopes = due_scopes(now=now)
     for scope_id in scopes:
         enqueue(

@@ -358,6 +358,8 @@ MEMORY_UPDATE_DEBOUNCE_SECONDS = env_float("MEMORY_UPDATE_DEBOUNCE_SECONDS", 30.
 MEMORY_UPDATE_MAX_WAIT_SECONDS = env_float("MEMORY_UPDATE_MAX_WAIT_SECONDS", 300.0, minimum=0.0)
 # Failed extractions (LLM down) are retried by the sweep this many times, then kept as failed.
 MEMORY_UPDATE_MAX_ATTEMPTS = env_int("MEMORY_UPDATE_MAX_ATTEMPTS", 5, minimum=1)
+# Processed (done or failed) flushes are deleted by the sweep after this many days.
+MEMORY_UPDATE_KEEP_DAYS = env_int("MEMORY_UPDATE_KEEP_DAYS", 7, minimum=1)
 # Journal, MEMORY.md and dream diaries go through this storage alias.
 ENGINE_STORAGE = env_str("ENGINE_STORAGE", "default")
 ENGINE_DREAM_LOOKBACK_DAYS = env_int("ENGINE_DREAM_LOOKBACK_DAYS", 3, minimum=1)

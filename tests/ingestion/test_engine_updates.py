@@ -13,7 +13,7 @@ from django_q.models import Schedule
 
 from core.db import advisory_session_lock
 from ingestion.tasks import engine_updates_sweep, form_memories
-from ingestion.updates import updates_run
+from ingestion.updates import updates_run, updates_sweep
 from memories.engine import files
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import schedule_name, update_record
@@ -177,6 +177,11 @@ def test_sweep_runs_due_scopes_only(alice, bob, engine_llm):
         scope_find(owner=bob, scope=SCOPE) is not None
         and Vector.objects.filter(owner=bob).count() == 0
     )
+    # a week later the processed flush is forgotten; the pending one is not
+    updates_sweep(now=timezone.now() + timedelta(days=7, minutes=1))
+    assert list(PendingUpdate.objects.values_list("owner__username", "status")) == [
+        ("bob", "pending")
+    ]
 
 
 def test_llm_failure_keeps_the_flushes_and_backs_off_then_gives_up(
