@@ -607,9 +607,17 @@ def measure(scenario: Scenario, queries: list[Query], truth: Truth, warmup: int)
     scope = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
     per_query = {k: 1000 * v / len(queries) for k, v in hybrid_seconds.items()}
     return ScenarioResult(
-        scenario.name, scope, hybrid_ms, vector_ms, recall, rows_h, rows_v, expected, paths,
+        scenario.name,
+        scope,
+        hybrid_ms,
+        vector_ms,
+        recall,
+        rows_h,
+        rows_v,
+        expected,
+        paths,
         per_query,
-    )  # fmt: skip
+    )
 
 
 def print_results(results: list[ScenarioResult]) -> None:

@@ -15,8 +15,8 @@ def enqueue(
     task_path: str,
     *args: Any,
     task_name: str,
-    on_queued: Callable[[str], None] | None = None,
-    on_error: Callable[[Exception], None] | None = None,
+    on_queued: Callable[[str], object] | None = None,
+    on_error: Callable[[Exception], object] | None = None,
 ) -> None:
     """Hand ``task_path(*args)`` to django-q2 now. Never raises: a failure is logged and
     passed to ``on_error`` (e.g. to mark a job failed so its slot frees); sweeps and
@@ -38,8 +38,8 @@ def enqueue_on_commit(
     task_path: str,
     *args: Any,
     task_name: str,
-    on_queued: Callable[[str], None] | None = None,
-    on_error: Callable[[Exception], None] | None = None,
+    on_queued: Callable[[str], object] | None = None,
+    on_error: Callable[[Exception], object] | None = None,
 ) -> None:
     """``enqueue`` once the current transaction commits (at once outside one): a worker
     never sees a row its caller might still roll back. The task is named by its

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 from django.db import transaction
 
@@ -28,5 +29,5 @@ def messages_record(
     with transaction.atomic():
         stored = messages_store(flow=flow, session_id=session_id, run_id=run_id, messages=messages)
         for session in sessions_due(flow=flow, session_id=session_id):
-            transaction.on_commit(lambda s=session: session_ingest_enqueue_quietly(session=s))
+            transaction.on_commit(partial(session_ingest_enqueue_quietly, session=session))
     return stored

@@ -28,10 +28,10 @@ def node_memory_cleanup() -> int:
 
 def form_memories(owner_id: int, external_id: str, message: str, message_at: str) -> int:
     """After a chat answer (queued by the chat proxy): learn facts from the message."""
+    observed = parse_datetime(message_at)
+    if observed is None:  # queued by the chat proxy as isoformat(): never
+        raise ValueError(f"not an ISO 8601 date-time: {message_at!r}")
     decisions = memory_formation_run(
-        owner_id=owner_id,
-        external_id=external_id,
-        message=message,
-        message_at=parse_datetime(message_at),
+        owner_id=owner_id, external_id=external_id, message=message, message_at=observed
     )
     return len(decisions)

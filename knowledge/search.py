@@ -116,7 +116,7 @@ def _exact_vector(
         f"WHERE {scope}{threshold} ORDER BY d, id LIMIT %s"
     )
     with connection.cursor() as cur:
-        cur.execute(sql, [vec, *params, *extra, limit])
+        cur.execute(sql, [vec, *params, *extra, limit])  # type: ignore[list-item]
         return [(row[0], float(row[1])) for row in cur.fetchall()]
 
 

@@ -27,10 +27,15 @@ from memories.conversations.services import MessageIn
 def _message_in(data: dict[str, Any]) -> MessageIn:
     text, blocks = content_to_text(data["content"])
     return MessageIn(
-        role=data["role"], text=text, content=blocks, is_output=data.get("is_output"),
-        sender=data.get("sender", ""), sender_name=data.get("sender_name", ""),
-        files=data.get("files") or [], parent_id=data.get("parent_message_id"),
-    )  # fmt: skip
+        role=data["role"],
+        text=text,
+        content=blocks,
+        is_output=data.get("is_output"),
+        sender=data.get("sender", ""),
+        sender_name=data.get("sender_name", ""),
+        files=data.get("files") or [],
+        parent_id=data.get("parent_message_id"),
+    )
 
 
 class FlowRunView(APIView):

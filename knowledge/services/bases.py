@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from core.errors import NameTaken
@@ -13,7 +13,7 @@ from knowledge.services.errors import FILE_CHUNKING, MESSAGE_CHUNKING, Knowledge
 
 def knowledge_base_create(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     name: str,
     description: str = "",
     is_memory_base: bool = False,

@@ -31,7 +31,7 @@ class MemoryBaseSessionInline(admin.TabularInline):
     extra = 0
     can_delete = False
     fields = ["session_id", "pending", "total_processed", "last_sync_at", "cursor_message_id"]
-    readonly_fields = fields
+    readonly_fields = tuple(fields)
     show_change_link = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[MemoryBaseSession]:
@@ -48,9 +48,18 @@ class MemoryBaseSessionInline(admin.TabularInline):
 @admin.register(MemoryBase)
 class MemoryBaseAdmin(admin.ModelAdmin):
     list_display = [
-        "name", "owner", "flow", "threshold", "auto_capture", "sessions_count", "pending",
-        "processed", "chunks", "last_sync", "status",
-    ]  # fmt: skip
+        "name",
+        "owner",
+        "flow",
+        "threshold",
+        "auto_capture",
+        "sessions_count",
+        "pending",
+        "processed",
+        "chunks",
+        "last_sync",
+        "status",
+    ]
     list_editable = ["auto_capture"]
     list_filter = ["auto_capture"]
     search_fields = ["name", "owner__username", "flow__name"]

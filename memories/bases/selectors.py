@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import (
     BooleanField,
     Count,
@@ -25,7 +26,7 @@ from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.conversations.selectors import pending_outputs_subquery
 
 
-def memory_base_list(*, owner: AbstractBaseUser) -> QuerySet[MemoryBase]:
+def memory_base_list(*, owner: User) -> QuerySet[MemoryBase]:
     """Memory bases with their counters, in a fixed number of queries."""
     return with_counters(MemoryBase.objects.filter(owner=owner))
 
@@ -85,7 +86,7 @@ def _session_aggregate(aggregate: object) -> Coalesce:
     return Coalesce(Subquery(per_base, output_field=IntegerField()), 0)
 
 
-def memory_base_get(*, owner: AbstractBaseUser, memory_base_id: uuid.UUID | str) -> MemoryBase:
+def memory_base_get(*, owner: User, memory_base_id: uuid.UUID | str) -> MemoryBase:
     return memory_base_list(owner=owner).get(pk=memory_base_id)
 
 
@@ -109,10 +110,11 @@ def sessions_with_status(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBase
 
 
 def memory_base_pending_total(*, memory_base: MemoryBase) -> int:
-    return sum(s.pending for s in memory_base_sessions(memory_base=memory_base))
+    sessions: Any = memory_base_sessions(memory_base=memory_base)
+    return sum(s.pending for s in sessions)
 
 
-def job_get(*, owner: AbstractBaseUser, job_id: uuid.UUID | str) -> MemoryBaseJob:
+def job_get(*, owner: User, job_id: uuid.UUID | str) -> MemoryBaseJob:
     return MemoryBaseJob.objects.select_related("session", "memory_base").get(
         memory_base__owner=owner, pk=job_id
     )
@@ -121,8 +123,5 @@ def job_get(*, owner: AbstractBaseUser, job_id: uuid.UUID | str) -> MemoryBaseJo
 def memory_base_mismatch(*, memory_base: MemoryBase) -> bool:
     """Whether the memory base's sessions report processed messages but its knowledge
     base holds no chunks (``with_counters`` defines it)."""
-    return bool(
-        with_counters(MemoryBase.objects.filter(pk=memory_base.pk))
-        .values_list("mismatch", flat=True)
-        .first()
-    )
+    counted: Any = with_counters(MemoryBase.objects.filter(pk=memory_base.pk)).first()
+    return counted is not None and bool(counted.mismatch)

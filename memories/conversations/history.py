@@ -228,9 +228,14 @@ def _thread_items(thread: list[_Link], max_tokens: int) -> Iterator[HistoryItem]
             if pk in rows:  # else deleted since the scan
                 _, role, text, files, created_at = rows[pk]
                 yield HistoryItem(
-                    message_id=pk, parent_message_id=parent_id, role=role, content=text,
-                    files=files or [], token_count=count_tokens(text), created_at=created_at,
-                )  # fmt: skip
+                    message_id=pk,
+                    parent_message_id=parent_id,
+                    role=role,
+                    content=text,
+                    files=files or [],
+                    token_count=count_tokens(text),
+                    created_at=created_at,
+                )
         start += size
         size *= 2
 

@@ -50,9 +50,13 @@ class Message(models.Model):
     content = models.JSONField(default=list, blank=True, help_text="Structured content blocks.")
     files = models.JSONField(default=list, blank=True, help_text="File references.")
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children",
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
         db_column="parent_message_id",
-    )  # fmt: skip
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

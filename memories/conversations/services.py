@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 
 from core.db import advisory_xact_lock
@@ -32,7 +32,7 @@ class MessageIn:
         return self.is_output if self.is_output is not None else self.role != "user"
 
 
-def flow_create(*, owner: AbstractBaseUser, name: str) -> Flow:
+def flow_create(*, owner: User, name: str) -> Flow:
     """Register a flow; names are unique per owner."""
     try:
         with transaction.atomic():

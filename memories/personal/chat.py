@@ -100,10 +100,14 @@ def chat_prepare(*, owner_id: int, body: dict[str, Any], external_id: str | None
     query = embedder.embed([prepared.user_text])[0]
     cold = personal_count(end_user=prepared.end_user) < settings.MEMORY_GLOBAL_MIN_PERSONAL
     hits = memory_search(
-        owner_id=owner_id, end_user=prepared.end_user, vector=query,
-        embedding_model=embedder.model, top_k=settings.MEMORY_TOP_K,
-        threshold=settings.MEMORY_SCORE_THRESHOLD, include_globals=cold,
-    )  # fmt: skip
+        owner_id=owner_id,
+        end_user=prepared.end_user,
+        vector=query,
+        embedding_model=embedder.model,
+        top_k=settings.MEMORY_TOP_K,
+        threshold=settings.MEMORY_SCORE_THRESHOLD,
+        include_globals=cold,
+    )
     block, prepared.memories = memory_block(hits, settings.MEMORY_PROMPT_MAX_TOKENS)
     prepared.body["messages"] = inject(body["messages"], block)
     return prepared

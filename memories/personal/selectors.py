@@ -6,8 +6,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
@@ -27,11 +28,11 @@ class MemoryHit:
     score: float
 
 
-def end_user_find(*, owner: AbstractBaseUser, external_id: str) -> EndUser | None:
+def end_user_find(*, owner: User, external_id: str) -> EndUser | None:
     return EndUser.objects.filter(owner=owner, external_id=external_id).first()
 
 
-def end_user_list(*, owner: AbstractBaseUser) -> QuerySet[EndUser]:
+def end_user_list(*, owner: User) -> QuerySet[EndUser]:
     return EndUser.objects.filter(owner=owner).order_by("external_id")
 
 
@@ -53,7 +54,7 @@ def personal_count(*, end_user: EndUser) -> int:
     return UserVector.objects.filter(end_user=end_user).count()
 
 
-def global_memory_list(*, owner: AbstractBaseUser) -> QuerySet[Vector]:
+def global_memory_list(*, owner: User) -> QuerySet[Vector]:
     return (
         Vector.objects.filter(owner=owner, type=Vector.Type.GLOBAL)
         .defer("embedding")
@@ -88,7 +89,7 @@ def memory_search(
     (``score = similarity * 0.5 ** (age / half_life)``, age from when the fact
     was said) reorders what passes it.
     """
-    scope = Q(pk__in=[])
+    scope: Any = Q(pk__in=[])
     if end_user is not None:
         scope |= Exists(UserVector.objects.filter(end_user=end_user, vector=OuterRef("pk")))
     if include_globals:
@@ -121,7 +122,7 @@ def memory_search(
                 observed_at=row.observed_at,
                 similarity=similarity,
                 score=score,
-            )  # fmt: skip
+            )
         )
     hits.sort(key=lambda h: (-h.score, str(h.id)))
     return hits[:top_k]

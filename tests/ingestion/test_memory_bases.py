@@ -74,10 +74,15 @@ def test_threshold_triggers_per_session_not_across_sessions(flow, memory_base):
 
 def test_user_messages_are_not_outputs(flow, memory_base):
     messages_record(
-        flow=flow, session_id="s1", run_id="r1",
-        messages=[MessageIn(role="user", text="q1"), MessageIn(role="assistant", text="a1"),
-                  MessageIn(role="user", text="q2", is_output=True)],
-    )  # fmt: skip
+        flow=flow,
+        session_id="s1",
+        run_id="r1",
+        messages=[
+            MessageIn(role="user", text="q1"),
+            MessageIn(role="assistant", text="a1"),
+            MessageIn(role="user", text="q2", is_output=True),
+        ],
+    )
     outputs = list(
         Message.objects.filter(is_output=True).values_list("text", flat=True).order_by("id")
     )
@@ -289,9 +294,13 @@ def test_preprocessing_distils_and_kill_phrase_advances_cursor(
     from tests.fakes.openai_server import Scripted, chat_body
 
     mb = services.memory_base_create(
-        owner=alice, name="distilled", flow=flow, threshold=100, preprocess=True,
+        owner=alice,
+        name="distilled",
+        flow=flow,
+        threshold=100,
+        preprocess=True,
         preprocess_kill_phrase="NOTHING_TO_STORE",
-    )  # fmt: skip
+    )
     openai_server.push(Scripted(body=chat_body("User prefers dark mode.")))
     record(flow, "s1", "I like dark mode", "Noted!")
     memory_base_flush(memory_base=mb)

@@ -232,9 +232,12 @@ def test_a_runner_holding_the_base_makes_others_return(alice):
     job = _queue(kb, ("a", "text a"))
     params = connection.get_connection_params()
     holder = psycopg.connect(
-        host=params["host"], port=params["port"], user=params["user"], dbname=params["dbname"],
+        host=params["host"],
+        port=params["port"],
+        user=params["user"],
+        dbname=params["dbname"],
         autocommit=True,
-    )  # fmt: skip
+    )
     try:
         holder.execute("SELECT pg_advisory_lock(%s)", [_lock_id(f"knowledge:ingest-jobs:{kb.pk}")])
         assert run_ingest_job(str(job.pk)) == "queued"

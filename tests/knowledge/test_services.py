@@ -59,10 +59,19 @@ def test_ingest_writes_chunks_with_metadata_and_counters(alice):
     kb = make_kb(alice)
     ingest(
         kb,
-        ("m1", LONG, {"session_id": "s1", "flow_id": "f1", "source_type": "message",
-                      "timestamp": "2026-01-02T03:04:05Z", "topic": "demo"}),
+        (
+            "m1",
+            LONG,
+            {
+                "session_id": "s1",
+                "flow_id": "f1",
+                "source_type": "message",
+                "timestamp": "2026-01-02T03:04:05Z",
+                "topic": "demo",
+            },
+        ),
         ("m2", "short note about cats", {"session_id": "s2"}),
-    )  # fmt: skip
+    )
     chunks = Chunk.objects.filter(knowledge_base=kb).order_by("source_key")
     long_chunks = [c for c in chunks if c.document_key == "m1"]
     assert [c.source_key for c in long_chunks] == [f"m1#{i}" for i in range(len(long_chunks))]

@@ -56,11 +56,25 @@ class MemoryBaseOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = MemoryBase
         fields = [
-            "id", "name", "flow", "threshold", "auto_capture", "knowledge_base", "kb_name",
-            "preprocess", "preprocess_model", "preprocess_instructions", "preprocess_kill_phrase",
-            "sessions", "total_processed", "last_sync_at", "active_jobs", "chunks", "mismatch",
+            "id",
+            "name",
+            "flow",
+            "threshold",
+            "auto_capture",
+            "knowledge_base",
+            "kb_name",
+            "preprocess",
+            "preprocess_model",
+            "preprocess_instructions",
+            "preprocess_kill_phrase",
+            "sessions",
+            "total_processed",
+            "last_sync_at",
+            "active_jobs",
+            "chunks",
+            "mismatch",
             "created_at",
-        ]  # fmt: skip
+        ]
 
 
 class JobOutputSerializer(serializers.ModelSerializer):
@@ -70,9 +84,18 @@ class JobOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = MemoryBaseJob
         fields = [
-            "id", "memory_base", "session_id", "status", "trigger", "messages_processed",
-            "chunks_written", "error", "created_at", "started_at", "finished_at",
-        ]  # fmt: skip
+            "id",
+            "memory_base",
+            "session_id",
+            "status",
+            "trigger",
+            "messages_processed",
+            "chunks_written",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
 
 
 class SessionOutputSerializer(serializers.Serializer):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
@@ -100,7 +101,7 @@ class MemoryBaseJobsView(APIView):
     """Queue jobs for all sessions or one: ``flush`` (ingest pending outputs now,
     ignoring the threshold) or ``regenerate`` (clear and re-ingest from the start)."""
 
-    service = staticmethod(memory_base_flush)
+    service: Callable[..., list[MemoryBaseJob]] = staticmethod(memory_base_flush)
 
     @extend_schema(request=FlushInSerializer, responses={202: JobOutputSerializer(many=True)})
     def post(self, request: Request, mb_id: Any) -> Response:
@@ -119,7 +120,7 @@ class MemoryBaseRegenerateView(MemoryBaseJobsView):
     service = staticmethod(memory_base_regenerate)
 
 
-def _jobs_out(jobs: list[MemoryBaseJob]) -> list[dict[str, Any]]:
+def _jobs_out(jobs: list[MemoryBaseJob]) -> Any:
     fresh = MemoryBaseJob.objects.select_related("session").filter(pk__in=[j.pk for j in jobs])
     by_id = {job.pk: job for job in fresh}
     return JobOutputSerializer([by_id[j.pk] for j in jobs], many=True).data

@@ -220,7 +220,7 @@ class HistoryOutputSerializer(serializers.Serializer):
 
 
 class NodeHistoryOutputSerializer(HistoryOutputSerializer):
-    items = NodeItemSerializer(many=True)
+    items = NodeItemSerializer(many=True)  # type: ignore[assignment]  # node message ids are strings
 
 
 class NodeTurnOutputSerializer(serializers.Serializer):

@@ -65,7 +65,7 @@ class HistoryFormatNegotiation(DefaultContentNegotiation):
     """``?format=messages|text`` chooses the history's shape here; DRF would otherwise
     read it as a renderer name and answer 404."""
 
-    settings = APISettings({"URL_FORMAT_OVERRIDE": None})
+    settings = APISettings({"URL_FORMAT_OVERRIDE": None})  # type: ignore[assignment]
 
 
 def _query(serializer_class: type, request: Request) -> dict[str, Any]:

@@ -123,8 +123,10 @@ def _turn_in(
     if not isinstance(parent, Parent) and parent is not None:
         parent = ident("parent_message_id", parent)
     return TurnIn(
-        message_id=ident("message_id", message_id), parent_message_id=parent,
-        user_content=user_content, assistant_content=assistant_content,
+        message_id=ident("message_id", message_id),
+        parent_message_id=parent,
+        user_content=user_content,
+        assistant_content=assistant_content,
         user_files=files("user_files", user_files),
         assistant_files=files("assistant_files", assistant_files),
-    )  # fmt: skip
+    )

@@ -72,7 +72,9 @@ class InputMessageSerializer(serializers.Serializer):
 
 class MemoryAddSerializer(serializers.Serializer):
     text = serializers.CharField(required=False, max_length=100_000)
-    messages = InputMessageSerializer(many=True, required=False, allow_empty=False, max_length=200)
+    messages = InputMessageSerializer(  # type: ignore[call-arg]  # ListSerializer takes it
+        many=True, required=False, allow_empty=False, max_length=200
+    )
     infer = serializers.BooleanField(default=True)
     metadata = serializers.DictField(required=False, default=dict)
 

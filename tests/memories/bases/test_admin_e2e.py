@@ -34,10 +34,18 @@ def browser():
     options.binary_location = chromium
     profile = tempfile.mkdtemp(prefix="chromium-e2e-")
     for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--no-first-run", "--disable-quic", "--window-size=1400,1000", f"--user-data-dir={profile}",
-    ):  # fmt: skip
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     drv = webdriver.Chrome(service=Service(executable_path=driver), options=options)
     drv.set_page_load_timeout(30)

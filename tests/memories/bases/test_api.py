@@ -220,10 +220,13 @@ def test_delete_session_messages_endpoint(alice_client, flow, memory_base):
 def test_tenancy_on_every_endpoint(alice, flow, memory_base, bob_client, anon_client):
     record(flow, "s1", "m1")
     job = MemoryBaseJob.objects.create(
-        memory_base=memory_base, session=memory_base.sessions.get(), trigger="manual",
-        last_message_id=Message.objects.get().pk, last_message_created_at=Message.objects.get().created_at,
+        memory_base=memory_base,
+        session=memory_base.sessions.get(),
+        trigger="manual",
+        last_message_id=Message.objects.get().pk,
+        last_message_created_at=Message.objects.get().created_at,
         status="succeeded",
-    )  # fmt: skip
+    )
     mb, f = memory_base.pk, flow.pk
     calls = [
         ("get", f"/api/v1/flows/{f}", None),

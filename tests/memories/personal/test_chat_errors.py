@@ -44,9 +44,11 @@ def test_malformed_requests(alice_client, configured, body, param):
 
 def test_invalid_user_id(alice_client, configured):
     response = alice_client.post(
-        "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, format="json",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}]},
+        format="json",
         HTTP_X_OPENWEBUI_USER_ID="bad user id!",
-    )  # fmt: skip
+    )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_user"
     assert not EndUser.objects.exists() and configured.requests == []
