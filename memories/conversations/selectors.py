@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from memories.conversations.models import Flow, Message
@@ -30,8 +30,8 @@ def message_list(
     session_id: str | None = None,
     flow_id: Any = None,
 ) -> QuerySet[Message]:
-    """Messages in keyset order."""
-    qs = Message.objects.filter(owner=owner)
+    """Messages in keyset order, each with its parent's caller id (``parent_caller_id``)."""
+    qs = Message.objects.filter(owner=owner).annotate(parent_caller_id=F("parent__message_id"))
     if flow_id is not None:
         qs = qs.filter(flow_id=flow_id)
     if session_id is not None:

@@ -27,7 +27,7 @@ from memories.bases.services import (
     session_messages_delete,
 )
 from memories.conversations.models import Message
-from memories.conversations.services import MessageIn
+from memories.conversations.services import MessageIn, UnknownParent
 from tests.conftest import record
 
 # on_commit callbacks (enqueue, dispatch) must really run: transactional tests.
@@ -328,12 +328,12 @@ def test_bad_input_stores_nothing(flow, memory_base):
         )
     with pytest.raises(InvalidInput):
         messages_record(flow=flow, session_id="s1", run_id="r", messages=[])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(UnknownParent):
         messages_record(
             flow=flow,
             session_id="s1",
             run_id="r",
-            messages=[MessageIn(role="assistant", text="x", parent_id=999999)],
+            messages=[MessageIn(role="assistant", text="x", parent=999999)],
         )
     with pytest.raises(MemoryBaseError):
         memory_base_update(memory_base=memory_base, threshold=0)

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
 from memories.conversations.api.serializers import (
+    ConversationHistoryOutputSerializer,
     ConversationHistoryQuerySerializer,
     FlowInSerializer,
     FlowOutputSerializer,
@@ -86,9 +87,9 @@ class ConversationHistoryView(APIView):
 
     @extend_schema(
         parameters=[ConversationHistoryQuerySerializer],
-        responses=HistoryOutputSerializer,
-        description="The current thread of a conversation (flow + session), newest kept, "
-        "cut to max_tokens.",
+        responses=ConversationHistoryOutputSerializer,
+        description="The current thread of a conversation (flow + session), cut to "
+        "max_tokens by whole turns, newest kept; an empty conversation has an empty history.",
     )
     def get(self, request: Request, session_id: str) -> Response:
         params = _query(ConversationHistoryQuerySerializer, request)
@@ -100,7 +101,7 @@ class ConversationHistoryView(APIView):
             max_tokens=params["max_tokens"],
             message_limit=params["message_limit"],
         )
-        return _history_response(HistoryOutputSerializer, history, params)
+        return _history_response(ConversationHistoryOutputSerializer, history, params)
 
 
 class NodeTurnsView(APIView):

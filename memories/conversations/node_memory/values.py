@@ -15,11 +15,10 @@ from memories.conversations.history import (
     HistoryError,
     HistoryItem,
 )
-from memories.conversations.models import Flow
+from memories.conversations.models import MESSAGE_ID_MAX, Flow
 
 ROOT = "node_memory"
 VERSION = 1
-MESSAGE_ID_MAX = 200
 _PLAIN_SEGMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _MESSAGE_ID = itemgetter("message_id")
 _PARENT_ID = itemgetter("parent_message_id")

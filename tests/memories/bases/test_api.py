@@ -159,8 +159,10 @@ def test_single_message_endpoint_and_listing(alice_client, flow, memory_base):
 )
 def test_run_bad_input_is_4xx_and_stores_nothing(alice_client, flow, memory_base, body):
     response = alice_client.post(f"/api/v1/flows/{flow.pk}/runs", body, format="json")
-    assert response.status_code == 400
+    unknown_parent = "parent_message_id" in str(body)
+    assert response.status_code == (422 if unknown_parent else 400)
     assert set(response.json()["error"]) == ERR
+    assert response.json()["error"]["code"] == ("unknown_parent" if unknown_parent else "invalid")
     assert not Message.objects.exists()
 
 
