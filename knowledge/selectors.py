@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import Exists, QuerySet
+from django.db.models import Count, Exists, IntegerField, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
@@ -25,6 +26,11 @@ def knowledge_base_list(
 def knowledge_base_get(*, owner: User, kb_id: uuid.UUID | str) -> KnowledgeBase:
     """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's."""
     return KnowledgeBase.objects.get(owner=owner, pk=kb_id)
+
+
+def ingest_job_get_by_id(*, owner: User, job_id: uuid.UUID | str) -> IngestJob:
+    """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
+    return IngestJob.objects.defer("documents").get(pk=job_id, knowledge_base__owner=owner)
 
 
 def ingest_job_get(*, owner: User, kb_id: Any, job_id: uuid.UUID | str) -> IngestJob:
@@ -67,6 +73,20 @@ def chunks_exist(knowledge_base_ref: Any) -> Exists:
     """An ``Exists`` over the chunks of the base named by ``knowledge_base_ref`` (an id
     or an ``OuterRef``), for other rooms' annotations."""
     return Exists(Chunk.objects.filter(knowledge_base_id=knowledge_base_ref))
+
+
+def chunk_count_subquery(knowledge_base_ref: object) -> Coalesce:
+    """The number of chunk rows of the base named by ``knowledge_base_ref`` (an id or
+    an ``OuterRef``), counted from the table (not the base's stored counters, which a
+    deletion behind the service's back leaves behind), for other rooms' annotations."""
+    per_base = (
+        Chunk.objects.filter(knowledge_base_id=knowledge_base_ref)
+        .order_by()
+        .values("knowledge_base_id")
+        .annotate(c=Count("*"))
+        .values("c")
+    )
+    return Coalesce(Subquery(per_base, output_field=IntegerField()), 0)
 
 
 def kb_embedding_config(kb: KnowledgeBase) -> EmbeddingConfig:

@@ -49,6 +49,38 @@ def _message(detail: Any, fallback: str) -> str:
     return fallback
 
 
+def first_problem(detail: Any, path: str = "") -> tuple[str, str]:
+    """The first error in DRF's nested validation details, as (the field's path, e.g.
+    ``messages[1].content``, and its message as plain text)."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if key == "non_field_errors":
+                inner = path
+            elif isinstance(key, int) or str(key).isdigit():
+                inner = f"{path}[{key}]"
+            else:
+                inner = f"{path}.{key}" if path else str(key)
+            found = first_problem(value, inner)
+            if found[1]:
+                return found
+        return path, ""
+    if isinstance(detail, list):
+        for index, value in enumerate(detail):
+            found = first_problem(value, path if isinstance(value, str) else f"{path}[{index}]")
+            if found[1]:
+                return found
+        return path, ""
+    return path, str(detail)
+
+
+def validation_message(detail: Any) -> str:
+    """A plain sentence naming the (first) field at fault: ``content: Required.``"""
+    path, message = first_problem(detail)
+    if not message:
+        return "The request is invalid."
+    return f"{path}: {message}" if path else message
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ServiceError):
         set_rollback()
@@ -62,7 +94,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return None
     status_code = response.status_code
     if isinstance(exc, exceptions.ValidationError):
-        body = error_body("invalid", "The request is invalid.", exc.detail)
+        body = error_body("invalid", validation_message(exc.detail), exc.detail)
     else:
         detail = getattr(exc, "detail", None)
         code = _CODES.get(status_code, "error")
@@ -125,13 +157,7 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
     response = exception_handler(exc, context)
     if response is not None:
         error = response.data["error"]
-        message = error["message"]
-        if error["code"] == "invalid" and isinstance(error["details"], dict):
-            field, problems = next(iter(error["details"].items()))
-            message = (
-                f"{field}: {problems[0] if isinstance(problems, list) and problems else problems}"
-            )
         response.data = openai_error_body(
-            response.status_code, error["code"], message, error["details"]
+            response.status_code, error["code"], error["message"], error["details"]
         )
     return response

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.contrib.auth.models import User
 from django.db.models import (
@@ -21,7 +21,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
-from knowledge.selectors import chunks_exist
+from knowledge.selectors import chunk_count_subquery
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.conversations.selectors import pending_outputs_subquery
 
@@ -32,7 +32,9 @@ def memory_base_list(*, owner: User) -> QuerySet[MemoryBase]:
 
 
 def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
-    """Annotate sessions, processed total, last sync, active jobs, chunks and ``mismatch``."""
+    """Annotate sessions, processed total, last sync, active jobs, ``chunk_total`` (rows
+    in the knowledge base's chunk table: the one chunk count the API, the admin and
+    the commands show) and ``mismatch``."""
     processed = MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"), total_processed__gt=0)
     return (
         qs.select_related("flow", "knowledge_base", "owner")
@@ -61,14 +63,14 @@ def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
                 ),
                 0,
             ),
-            has_chunks=chunks_exist(OuterRef("knowledge_base_id")),
+            chunk_total=chunk_count_subquery(OuterRef("knowledge_base_id")),
             has_processed=Exists(processed),
         )
         # Mismatch, defined once: sessions report processed messages but the
         # knowledge base holds no chunks (deleted behind our back).
         .annotate(
             mismatch=ExpressionWrapper(
-                Q(has_processed=True) & Q(has_chunks=False), output_field=BooleanField()
+                Q(has_processed=True) & Q(chunk_total=0), output_field=BooleanField()
             )
         )
         .order_by("name", "id")
@@ -109,6 +111,16 @@ def sessions_with_status(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBase
     ).order_by("session_id")
 
 
+def session_status(session: MemoryBaseSession) -> str:
+    """``queued``/``syncing`` (an active job), ``failed`` (the last job), ``pending``
+    or ``synced``, for a session from ``sessions_with_status``."""
+    if session.active_job_id is not None:  # type: ignore[attr-defined]
+        return "syncing" if session.active_job_status == "running" else "queued"  # type: ignore[attr-defined]
+    if session.last_job_status == "failed":  # type: ignore[attr-defined]
+        return "failed"
+    return "pending" if session.pending else "synced"  # type: ignore[attr-defined]
+
+
 def memory_base_pending_total(*, memory_base: MemoryBase) -> int:
     sessions: Any = memory_base_sessions(memory_base=memory_base)
     return sum(s.pending for s in sessions)
@@ -123,5 +135,19 @@ def job_get(*, owner: User, job_id: uuid.UUID | str) -> MemoryBaseJob:
 def memory_base_mismatch(*, memory_base: MemoryBase) -> bool:
     """Whether the memory base's sessions report processed messages but its knowledge
     base holds no chunks (``with_counters`` defines it)."""
-    counted: Any = with_counters(MemoryBase.objects.filter(pk=memory_base.pk)).first()
-    return counted is not None and bool(counted.mismatch)
+    return memory_base_chunk_state(memory_base=memory_base).mismatch
+
+
+class ChunkState(NamedTuple):
+    chunks: int
+    mismatch: bool
+
+
+def memory_base_chunk_state(*, memory_base: MemoryBase) -> ChunkState:
+    """The chunk count and mismatch flag ``with_counters`` gives (one definition)."""
+    chunks, mismatch = (
+        with_counters(MemoryBase.objects.filter(pk=memory_base.pk))
+        .values_list("chunk_total", "mismatch")
+        .get()
+    )
+    return ChunkState(chunks, mismatch)

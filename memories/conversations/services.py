@@ -94,7 +94,7 @@ def _check_caller_ids(flow: Flow, session_id: str, messages: Sequence[MessageIn]
     taken_ids = repeated or sorted(str(i) for i in taken.values_list("message_id", flat=True))
     if taken_ids:
         raise DuplicateMessage(
-            f"Message id(s) {taken_ids} are already used in conversation {session_id!r}.",
+            f"Message id {', '.join(taken_ids)} is already used in conversation {session_id!r}.",
             details={"message_id": taken_ids},
         )
 

@@ -9,6 +9,7 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 
+from core.admin_confirm import confirm_first
 from memories.personal.metrics import COUNTERS
 from memories.personal.models import (
     EndUser,
@@ -95,6 +96,14 @@ class EndUserAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Erase selected users (memories, links and audit trail)")
+    @confirm_first(
+        title="Erase these end users?",
+        consequences=[
+            "delete their memory links, the memories nobody else shares, their audit trail "
+            "and the end users themselves (this cannot be undone).",
+        ],
+        button="Yes, erase",
+    )
     def erase(self, request: HttpRequest, queryset: QuerySet[EndUser]) -> None:
         removed = sum(end_user_erase(end_user=end_user) for end_user in list(queryset))
         self.message_user(request, f"Erased; {removed} memory link(s) removed.")

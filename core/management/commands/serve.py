@@ -58,6 +58,13 @@ class Command(BaseCommand):
             "4",
             "--timeout",
             "120",
+            # Idle keep-alive connections stay open 75 s (gunicorn's default is 2 s):
+            # longer than clients keep idle connections (httpx 5 s, browsers and load
+            # balancers ~60 s), so a client never reuses a connection the server is
+            # closing (a poll every 2 s got "Server disconnected without sending a
+            # response", and the server logged nothing).
+            "--keep-alive",
+            "75",
             "--access-logfile",
             "-",
         ]

@@ -4,8 +4,10 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.api.serializers import JOB_FIELDS, JobOutputBase
 from core.validation import SessionIdField
 from memories.bases.models import MemoryBase, MemoryBaseJob
+from memories.bases.selectors import session_status
 
 
 class MemoryBaseCreateSerializer(serializers.Serializer):
@@ -50,7 +52,7 @@ class MemoryBaseOutputSerializer(serializers.ModelSerializer):
     total_processed = serializers.IntegerField(source="processed_total")
     last_sync_at = serializers.DateTimeField(source="last_sync", allow_null=True)
     active_jobs = serializers.IntegerField()
-    chunks = serializers.IntegerField(source="knowledge_base.chunk_count")
+    chunks = serializers.IntegerField(source="chunk_total", help_text="Rows in the chunk table.")
     mismatch = serializers.BooleanField()
 
     class Meta:
@@ -77,25 +79,17 @@ class MemoryBaseOutputSerializer(serializers.ModelSerializer):
         ]
 
 
-class JobOutputSerializer(serializers.ModelSerializer):
+class JobOutputSerializer(JobOutputBase):
+    KIND = "memory_base_sync"
     session_id = serializers.CharField(source="session.session_id")
     memory_base = serializers.UUIDField(source="memory_base_id")
 
     class Meta:
         model = MemoryBaseJob
         fields = [
-            "id",
-            "memory_base",
-            "session_id",
-            "status",
-            "trigger",
-            "messages_processed",
+            *JOB_FIELDS, "memory_base", "session_id", "trigger", "messages_processed",
             "chunks_written",
-            "error",
-            "created_at",
-            "started_at",
-            "finished_at",
-        ]
+        ]  # fmt: skip
 
 
 class SessionOutputSerializer(serializers.Serializer):
@@ -112,11 +106,7 @@ class SessionOutputSerializer(serializers.Serializer):
         return {"id": str(session.active_job_id), "status": session.active_job_status}
 
     def get_status(self, session: Any) -> str:
-        if session.active_job_id is not None:
-            return "syncing" if session.active_job_status == "running" else "queued"
-        if session.last_job_status == "failed":
-            return "failed"
-        return "pending" if session.pending else "synced"
+        return session_status(session)
 
 
 class FlushInSerializer(serializers.Serializer):

@@ -11,6 +11,8 @@ from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
 from core.validation import SessionIdField
+from knowledge.api.serializers import job_answer
+from knowledge.selectors import ingest_job_get_by_id
 from memories.bases.api.serializers import (
     FlushInSerializer,
     JobOutputSerializer,
@@ -127,7 +129,12 @@ def _jobs_out(jobs: list[MemoryBaseJob]) -> Any:
 
 
 class JobDetailView(APIView):
+    """Any job of the caller: a Memory Base sync or a knowledge-base batch."""
+
     @extend_schema(responses=JobOutputSerializer)
     def get(self, request: Request, job_id: Any) -> Response:
-        job = job_get(owner=request.user, job_id=job_id)
+        try:
+            job = job_get(owner=request.user, job_id=job_id)
+        except MemoryBaseJob.DoesNotExist:
+            return Response(job_answer(ingest_job_get_by_id(owner=request.user, job_id=job_id)))
         return Response(JobOutputSerializer(job).data)

@@ -95,7 +95,7 @@ def test_uuid_nil_and_omitted_parents_follow_the_previous_message(alice_client, 
     "fields, status, code, message",
     [
         ({"message_id": "dup"}, 409, "duplicate_message",
-         "Message id(s) ['dup'] are already used in conversation 's1'."),
+         "Message id dup is already used in conversation 's1'."),
         ({"parent_message_id": "nope"}, 422, "unknown_parent",
          "Parent message 'nope' is not in conversation 's1'; a message can only follow a "
          "message recorded before it."),
