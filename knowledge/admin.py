@@ -34,8 +34,9 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
     list_filter = ["is_memory_base", "source_kind", "embedding_provider"]
     list_select_related = ["owner"]
     search_fields = ["name", "owner__username"]
+    # What shaped the stored chunks is fixed at creation (the API refuses it too).
     readonly_fields = [
-        "owner", "embedding_provider", "embedding_model", "embedding_dimensions", "is_memory_base",
+        "owner", "source_kind", "language", "chunk_size", "chunk_overlap", "embedding_provider", "embedding_model", "embedding_dimensions", "is_memory_base",
         "chunk_count", "word_count", "char_count", "size_bytes", "source_types",
         "created_at", "updated_at",
     ]  # fmt: skip
@@ -65,7 +66,7 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         kb = self.get_object(request, object_id)
         if kb is not None and kb.is_memory_base and request.method == "GET":
-            messages.info(request, MEMORY_BASE_KB_TEXT.format(name=kb.name))
+            messages.warning(request, MEMORY_BASE_KB_TEXT.format(name=kb.name))
         return super().change_view(request, object_id, form_url, extra_context)
 
     def delete_model(self, request: HttpRequest, obj: KnowledgeBase) -> None:
@@ -96,14 +97,9 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
 class ChunkAdmin(admin.ModelAdmin):
     """A read-only chunk browser. The embedding is never loaded or rendered."""
 
-    list_display = [
-        "source_key",
-        "knowledge_base",
-        "session_id",
-        "source_type",
-        "excerpt",
-        "updated_at",
-    ]
+    # Few narrow columns so the text gets the width (source type is a filter; the
+    # timestamps and every other column are on the chunk's own page).
+    list_display = ["source_key", "knowledge_base", "session_id", "excerpt"]
     list_filter = [
         "source_type",
         "knowledge_base__is_memory_base",

@@ -32,7 +32,7 @@ from memories.bases.services import (
 
 MISMATCH_TEXT = (
     "Mismatch detected: {processed} message(s) were processed but the knowledge base holds "
-    "no chunks. Run the Regenerate action to rebuild it."
+    "no chunks. Press Regenerate… above to rebuild it."
 )
 
 
@@ -94,7 +94,7 @@ class MemoryBaseAdmin(admin.ModelAdmin):
         "status",
     ]
     list_editable = ["auto_capture"]
-    list_filter = ["auto_capture"]
+    # No filter sidebar: at 1440 px it pushed Last sync and Status off screen.
     search_fields = ["name", "owner__username", "flow__name"]
     fieldsets = [
         (None, {"fields": ["name", "owner", "flow", "knowledge_base", "kb_name", "created_at"]}),
