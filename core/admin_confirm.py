@@ -64,9 +64,14 @@ def confirm_first(
             if is_confirmed(request):
                 return func(modeladmin, request, queryset)
             return confirmation_page(
-                modeladmin, request, list(queryset), title=title,
-                consequences=consequences, button=button, action=func.__name__,
-            )  # fmt: skip
+                modeladmin,
+                request,
+                list(queryset),
+                title=title,
+                consequences=consequences,
+                button=button,
+                action=func.__name__,
+            )
 
         return action
 

@@ -36,10 +36,23 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
     search_fields = ["name", "owner__username"]
     # What shaped the stored chunks is fixed at creation (the API refuses it too).
     readonly_fields = [
-        "owner", "source_kind", "language", "chunk_size", "chunk_overlap", "embedding_provider", "embedding_model", "embedding_dimensions", "is_memory_base",
-        "chunk_count", "word_count", "char_count", "size_bytes", "source_types",
-        "created_at", "updated_at",
-    ]  # fmt: skip
+        "owner",
+        "source_kind",
+        "language",
+        "chunk_size",
+        "chunk_overlap",
+        "embedding_provider",
+        "embedding_model",
+        "embedding_dimensions",
+        "is_memory_base",
+        "chunk_count",
+        "word_count",
+        "char_count",
+        "size_bytes",
+        "source_types",
+        "created_at",
+        "updated_at",
+    ]
     actions = ["delete_with_chunks"]
 
     @admin.display(description="size", ordering="size_bytes")

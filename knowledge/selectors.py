@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import Count, Exists, IntegerField, QuerySet, Subquery
+from django.db.models import Count, IntegerField, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
@@ -69,13 +69,7 @@ def chunk_list(*, knowledge_base: KnowledgeBase) -> QuerySet[Chunk]:
     )
 
 
-def chunks_exist(knowledge_base_ref: Any) -> Exists:
-    """An ``Exists`` over the chunks of the base named by ``knowledge_base_ref`` (an id
-    or an ``OuterRef``), for other rooms' annotations."""
-    return Exists(Chunk.objects.filter(knowledge_base_id=knowledge_base_ref))
-
-
-def chunk_count_subquery(knowledge_base_ref: object) -> Coalesce:
+def chunk_count_subquery(knowledge_base_ref: Any) -> Coalesce:
     """The number of chunk rows of the base named by ``knowledge_base_ref`` (an id or
     an ``OuterRef``), counted from the table (not the base's stored counters, which a
     deletion behind the service's back leaves behind), for other rooms' annotations."""

@@ -101,8 +101,12 @@ def _new_key(env: dict[str, str]) -> str:
     """Another key for alice, made the way the tour makes one."""
     out = subprocess.run(
         [".venv/bin/python", "manage.py", "create_api_key", "alice", "--create-user"],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 

@@ -31,8 +31,16 @@ class MeSerializer(serializers.Serializer):
 
 
 JOB_FIELDS = [
-    "id", "kind", "url", "status", "attempts", "error", "created_at", "started_at", "finished_at",
-]  # fmt: skip
+    "id",
+    "kind",
+    "url",
+    "status",
+    "attempts",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
+]
 
 
 class JobOutputBase(serializers.ModelSerializer):

@@ -214,9 +214,13 @@ class IngestJobOutputSerializer(JobOutputBase):
     class Meta:
         model = IngestJob
         fields = [
-            *JOB_FIELDS, "knowledge_base", "documents", "characters", "chunks_written",
+            *JOB_FIELDS,
+            "knowledge_base",
+            "documents",
+            "characters",
+            "chunks_written",
             "chunks_deleted",
-        ]  # fmt: skip
+        ]
 
 
 def job_answer(job: IngestJob) -> dict[str, Any]:

@@ -107,7 +107,7 @@ class MemoryBaseAdmin(admin.ModelAdmin):
                     "preprocess_model",
                     "preprocess_instructions",
                     "preprocess_kill_phrase",
-                ],  # fmt: skip
+                ],
                 "classes": ["collapse"],
             },
         ),
@@ -230,10 +230,14 @@ class MemoryBaseAdmin(admin.ModelAdmin):
         mb = self._object_or_404(request, object_id)
         if not is_confirmed(request):
             return confirmation_page(
-                self, request, [mb], title="Regenerate this memory base?",
-                consequences=REGENERATE_CONSEQUENCES, button="Yes, regenerate",
+                self,
+                request,
+                [mb],
+                title="Regenerate this memory base?",
+                consequences=REGENERATE_CONSEQUENCES,
+                button="Yes, regenerate",
                 cancel_url=self._change_url(mb),
-            )  # fmt: skip
+            )
         self._run(request, [mb], memory_base_regenerate, REGENERATE_TEXTS)
         return HttpResponseRedirect(self._change_url(mb))
 

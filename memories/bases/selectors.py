@@ -111,14 +111,14 @@ def sessions_with_status(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBase
     ).order_by("session_id")
 
 
-def session_status(session: MemoryBaseSession) -> str:
+def session_status(session: Any) -> str:
     """``queued``/``syncing`` (an active job), ``failed`` (the last job), ``pending``
     or ``synced``, for a session from ``sessions_with_status``."""
-    if session.active_job_id is not None:  # type: ignore[attr-defined]
-        return "syncing" if session.active_job_status == "running" else "queued"  # type: ignore[attr-defined]
-    if session.last_job_status == "failed":  # type: ignore[attr-defined]
+    if session.active_job_id is not None:
+        return "syncing" if session.active_job_status == "running" else "queued"
+    if session.last_job_status == "failed":
         return "failed"
-    return "pending" if session.pending else "synced"  # type: ignore[attr-defined]
+    return "pending" if session.pending else "synced"
 
 
 def memory_base_pending_total(*, memory_base: MemoryBase) -> int:
@@ -145,9 +145,5 @@ class ChunkState(NamedTuple):
 
 def memory_base_chunk_state(*, memory_base: MemoryBase) -> ChunkState:
     """The chunk count and mismatch flag ``with_counters`` gives (one definition)."""
-    chunks, mismatch = (
-        with_counters(MemoryBase.objects.filter(pk=memory_base.pk))
-        .values_list("chunk_total", "mismatch")
-        .get()
-    )
-    return ChunkState(chunks, mismatch)
+    counted: Any = with_counters(MemoryBase.objects.filter(pk=memory_base.pk)).get()
+    return ChunkState(counted.chunk_total, counted.mismatch)

@@ -322,9 +322,16 @@ def _link_parent(link: _Link) -> int | str | None:
 
 
 _CONTENT_FIELDS = (
-    "id", "message_id", "parent_id", "parent__message_id", "role", "text", "content", "files",
+    "id",
+    "message_id",
+    "parent_id",
+    "parent__message_id",
+    "role",
+    "text",
+    "content",
+    "files",
     "created_at",
-)  # fmt: skip
+)
 
 
 def _thread_items(thread: list[_Link], max_tokens: int) -> Iterator[HistoryItem]:

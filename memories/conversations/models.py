@@ -46,9 +46,11 @@ class Message(models.Model):
     session_id = models.CharField(max_length=255)
     # NULL, not "", for "no caller id": the partial unique constraint skips NULLs.
     message_id = models.CharField(  # noqa: DJ001
-        max_length=MESSAGE_ID_MAX, null=True, blank=True,
+        max_length=MESSAGE_ID_MAX,
+        null=True,
+        blank=True,
         help_text="The caller's id for this message, unique within its conversation.",
-    )  # fmt: skip
+    )
     run_id = models.CharField(max_length=64, blank=True, default="")
     is_output = models.BooleanField(default=False)
     role = models.CharField(max_length=16, choices=Role.choices)

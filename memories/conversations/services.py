@@ -170,7 +170,7 @@ def messages_store(
                     parent_id=parent.pk,
                     starts_thread=parent.starts_thread,
                     created_at=now,
-                )  # fmt: skip
+                )
                 for m, parent in zip(messages, parents, strict=True)
             ]
         )

@@ -27,8 +27,11 @@ def test_a_knowledge_base_job_has_the_one_job_shape_everywhere(
     job_id = body["id"]
     assert list(body)[: len(JOB_FIELDS)] == JOB_FIELDS
     assert (body["kind"], body["status"], body["attempts"], body["documents"]) == (
-        "knowledge_ingest", "queued", 0, 1,
-    )  # fmt: skip
+        "knowledge_ingest",
+        "queued",
+        0,
+        1,
+    )
     assert body["url"] == f"/api/v1/jobs/{job_id}"
     # The earlier shape stays readable: the same object under "job".
     assert body["job"] == {k: v for k, v in body.items() if k != "job"}
@@ -41,9 +44,14 @@ def test_a_knowledge_base_job_has_the_one_job_shape_everywhere(
 
 @pytest.mark.parametrize(
     "field, value",
-    [("chunk_size", 500), ("chunk_overlap", 10), ("language", "french"),
-     ("source_kind", "files"), ("is_memory_base", True)],
-)  # fmt: skip
+    [
+        ("chunk_size", 500),
+        ("chunk_overlap", 10),
+        ("language", "french"),
+        ("source_kind", "files"),
+        ("is_memory_base", True),
+    ],
+)
 def test_patch_refuses_immutable_fields_and_changes_nothing(alice, alice_client, field, value):
     kb = make_kb(alice)
     before = KnowledgeBase.objects.filter(pk=kb.pk).values().get()

@@ -87,9 +87,13 @@ class JobOutputSerializer(JobOutputBase):
     class Meta:
         model = MemoryBaseJob
         fields = [
-            *JOB_FIELDS, "memory_base", "session_id", "trigger", "messages_processed",
+            *JOB_FIELDS,
+            "memory_base",
+            "session_id",
+            "trigger",
+            "messages_processed",
             "chunks_written",
-        ]  # fmt: skip
+        ]
 
 
 class SessionOutputSerializer(serializers.Serializer):

@@ -39,8 +39,12 @@ def test_change_page_has_buttons_counters_sessions_and_owner_by_name(
         for label in ("sessions", "pending", "processed", "chunks", "status")
     }
     assert counters == {
-        "sessions": "2", "pending": "1", "processed": "3", "chunks": "3", "status": "ok",
-    }  # fmt: skip
+        "sessions": "2",
+        "pending": "1",
+        "processed": "3",
+        "chunks": "3",
+        "status": "ok",
+    }
     assert "s1" in html and "s2" in html and "synced" in html and "pending" in html
     # The owner is a name, not an id in a box to type into.
     assert ">alice</a>" in html
@@ -103,12 +107,16 @@ def test_regenerate_asks_first_on_the_page_and_in_the_list(admin_client, flow, m
     "url, action, make, title",
     [
         (LIST, "delete_with_knowledge_base", "memory_base", "Delete these memory bases?"),
-        ("/admin/knowledge/knowledgebase/", "delete_with_chunks", "kb",
-         "Delete these knowledge bases?"),
+        (
+            "/admin/knowledge/knowledgebase/",
+            "delete_with_chunks",
+            "kb",
+            "Delete these knowledge bases?",
+        ),
         ("/admin/core/apikey/", "revoke_keys", "key", "Revoke these API keys?"),
         ("/admin/memories/enduser/", "erase", "end_user", "Erase these end users?"),
     ],
-)  # fmt: skip
+)
 def test_every_destructive_action_asks_first(
     admin_client, alice, flow, memory_base, url, action, make, title
 ):
@@ -166,11 +174,15 @@ def test_owners_are_usernames_on_every_admin_page(admin_client, alice, flow, mem
     record(flow, "s1", "a")
     kb = make_kb(alice, name="notes")
     pages = [
-        LIST, _change(memory_base), "/admin/knowledge/knowledgebase/",
-        f"/admin/knowledge/knowledgebase/{kb.pk}/change/", "/admin/conversations/flow/",
-        f"/admin/conversations/flow/{flow.pk}/change/", "/admin/conversations/message/",
+        LIST,
+        _change(memory_base),
+        "/admin/knowledge/knowledgebase/",
+        f"/admin/knowledge/knowledgebase/{kb.pk}/change/",
+        "/admin/conversations/flow/",
+        f"/admin/conversations/flow/{flow.pk}/change/",
+        "/admin/conversations/message/",
         "/admin/core/apikey/add/",
-    ]  # fmt: skip
+    ]
     for page in pages:
         html = admin_client.get(page).content.decode()
         assert 'class="vForeignKeyRawIdAdminField"' not in html, page

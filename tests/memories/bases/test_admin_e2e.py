@@ -162,9 +162,12 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
         for label in ("sessions", "pending", "processed", "chunks", "status")
     }
     assert counter == {
-        "sessions": "2", "pending": "0", "processed": "6", "chunks": "0",
+        "sessions": "2",
+        "pending": "0",
+        "processed": "6",
+        "chunks": "0",
         "status": "⚠ Mismatch",
-    }  # fmt: skip
+    }
     assert browser.find_element(By.ID, "sync-now").is_displayed()
     assert "alice" in browser.find_element(By.CSS_SELECTOR, "div.field-owner").text
     assert _fits_the_window(browser, "#regenerate", "#sync-now")

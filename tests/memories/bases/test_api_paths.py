@@ -40,8 +40,11 @@ def test_memory_base_jobs_have_the_one_job_shape(alice_client, flow, memory_base
     (job,) = response.json()["jobs"]
     assert list(job)[: len(JOB_FIELDS)] == JOB_FIELDS
     assert (job["kind"], job["status"], job["attempts"], job["session_id"]) == (
-        "memory_base_sync", "queued", 0, "s1",
-    )  # fmt: skip
+        "memory_base_sync",
+        "queued",
+        0,
+        "s1",
+    )
     assert job["url"] == f"/api/v1/jobs/{job['id']}"
     assert alice_client.get(job["url"]).json() == job
 

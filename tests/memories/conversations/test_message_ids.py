@@ -34,8 +34,9 @@ def _history(client, flow, **params):
 def test_caller_ids_round_trip_and_parents_of_either_kind(alice_client, flow):
     q = _post(alice_client, flow, message_id="q-1").json()
     assert (q["message_id"], q["parent_message_id"], q["starts_thread"]) == ("q-1", None, False)
-    a = _post(alice_client, flow, role="assistant", content="A", message_id="a-1",
-              parent_message_id="q-1").json()  # fmt: skip
+    a = _post(
+        alice_client, flow, role="assistant", content="A", message_id="a-1", parent_message_id="q-1"
+    ).json()
     assert a["parent_message_id"] == "q-1"
     # A parent named by its server id, as an integer or as digits; a message without a
     # caller id is shown by its server id.
@@ -45,8 +46,11 @@ def test_caller_ids_round_trip_and_parents_of_either_kind(alice_client, flow):
     assert c.json()["parent_message_id"] == b["id"]
     items = _history(alice_client, flow)["items"]
     assert [(i["message_id"], i["parent_message_id"]) for i in items] == [
-        ("q-1", None), ("a-1", "q-1"), (b["id"], "a-1"), (c.json()["id"], b["id"]),
-    ]  # fmt: skip
+        ("q-1", None),
+        ("a-1", "q-1"),
+        (b["id"], "a-1"),
+        (c.json()["id"], b["id"]),
+    ]
     assert [i["id"] for i in items] == [q["id"], a["id"], b["id"], c.json()["id"]]
     # current_message_id names either kind too.
     assert [i["content"] for i in _history(alice_client, flow, current_message_id="a-1")["items"]]
@@ -72,16 +76,23 @@ def test_a_run_may_name_its_own_earlier_messages(alice_client, flow):
     assert response.status_code == 201, response.json()
     stored = response.json()["messages"]
     assert [(m["message_id"], m["parent_message_id"], m["starts_thread"]) for m in stored] == [
-        ("q", None, True), ("a", "q", False),
-    ]  # fmt: skip
+        ("q", None, True),
+        ("a", "q", False),
+    ]
     # The explicit null parent rooted a new thread: "old" is not in the history.
     assert [i["message_id"] for i in _history(alice_client, flow)["items"]] == ["q", "a"]
 
 
 def test_uuid_nil_and_omitted_parents_follow_the_previous_message(alice_client, flow):
     _post(alice_client, flow, message_id="1")
-    _post(alice_client, flow, role="assistant", content="x", message_id="2",
-          parent_message_id=UUID_NIL)  # fmt: skip
+    _post(
+        alice_client,
+        flow,
+        role="assistant",
+        content="x",
+        message_id="2",
+        parent_message_id=UUID_NIL,
+    )
     _post(alice_client, flow, message_id="3")
     assert _rows(flow) == [
         ("1", None, False, "hi"),
@@ -94,22 +105,38 @@ def test_uuid_nil_and_omitted_parents_follow_the_previous_message(alice_client, 
 @pytest.mark.parametrize(
     "fields, status, code, message",
     [
-        ({"message_id": "dup"}, 409, "duplicate_message",
-         "Message id dup is already used in conversation 's1'."),
-        ({"parent_message_id": "nope"}, 422, "unknown_parent",
-         "Parent message 'nope' is not in conversation 's1'; a message can only follow a "
-         "message recorded before it."),
-        ({"parent_message_id": 999999}, 422, "unknown_parent",
-         "Parent message 999999 is not in conversation 's1'; a message can only follow a "
-         "message recorded before it."),
-        ({"message_id": UUID_NIL}, 400, "invalid",
-         f"message_id may not be {UUID_NIL} (it means 'no parent')."),
+        (
+            {"message_id": "dup"},
+            409,
+            "duplicate_message",
+            "Message id dup is already used in conversation 's1'.",
+        ),
+        (
+            {"parent_message_id": "nope"},
+            422,
+            "unknown_parent",
+            "Parent message 'nope' is not in conversation 's1'; a message can only follow a "
+            "message recorded before it.",
+        ),
+        (
+            {"parent_message_id": 999999},
+            422,
+            "unknown_parent",
+            "Parent message 999999 is not in conversation 's1'; a message can only follow a "
+            "message recorded before it.",
+        ),
+        (
+            {"message_id": UUID_NIL},
+            400,
+            "invalid",
+            f"message_id may not be {UUID_NIL} (it means 'no parent').",
+        ),
         ({"message_id": "x" * 201}, 400, "invalid", None),
         ({"parent_message_id": 0}, 400, "invalid", None),
         ({"parent_message_id": ""}, 400, "invalid", None),
         ({"content": ""}, 400, "invalid", None),  # a user message needs text or an image
     ],
-)  # fmt: skip
+)
 def test_bad_ids_are_refused_and_write_nothing(alice_client, flow, fields, status, code, message):
     _post(alice_client, flow, message_id="dup")
     before = _rows(flow)
@@ -128,10 +155,15 @@ def test_a_caller_id_is_unique_per_conversation_only(alice_client, flow):
     assert _post(alice_client, flow, message_id="m", session_id="s2").status_code == 201
     run = alice_client.post(
         f"/api/v1/flows/{flow.pk}/runs",
-        {"session_id": "s3", "messages": [{"role": "user", "content": "a", "message_id": "z"},
-                                          {"role": "user", "content": "b", "message_id": "z"}]},
+        {
+            "session_id": "s3",
+            "messages": [
+                {"role": "user", "content": "a", "message_id": "z"},
+                {"role": "user", "content": "b", "message_id": "z"},
+            ],
+        },
         format="json",
-    )  # fmt: skip
+    )
     assert run.status_code == 409 and run.json()["error"]["code"] == "duplicate_message"
     assert not Message.objects.filter(session_id="s3").exists()
 
@@ -144,8 +176,9 @@ def test_pending_answer_is_accepted_and_left_out_with_its_question(alice_client,
     assert pending.status_code == 201 and pending.json()["text"] == ""
     body = _history(alice_client, flow)
     assert body["messages"] == [
-        {"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"},
-    ]  # fmt: skip
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+    ]
     assert (body["thread_length"], body["truncated"]) == (2, 0)
 
 
@@ -155,7 +188,8 @@ def test_image_only_messages_are_accepted_and_keep_their_blocks(alice_client, fl
     _post(alice_client, flow, role="assistant", content=[{"type": "text", "text": "A cat."}])
     body = _history(alice_client, flow)
     assert body["messages"] == [
-        {"role": "user", "content": [IMAGE]}, {"role": "assistant", "content": "A cat."},
-    ]  # fmt: skip
+        {"role": "user", "content": [IMAGE]},
+        {"role": "assistant", "content": "A cat."},
+    ]
     text = _history(alice_client, flow, format="text")["text"]
     assert text == "Human: [image]\nAssistant: A cat."
