@@ -145,7 +145,7 @@ def message_cost(role: str, content_tokens: int) -> int:
 
 _ANY = object()
 _END = object()
-THREAD_START = "\x00thread-start"  # parent(item) for an item that roots its thread
+THREAD_START = object()  # parent(item) for an item that roots its thread
 
 
 def extract_thread(
@@ -180,7 +180,7 @@ def extract_thread(
         thread.append(item)
         last = item_key
         expected = parent(item)
-        if expected == THREAD_START or (expected is None and null_parent == "root"):
+        if expected is THREAD_START or (expected is None and null_parent == "root"):
             expected = _END
         elif expected is None:
             expected = _ANY
@@ -317,7 +317,7 @@ def _without_pending(thread: list[_Link]) -> list[_Link]:
     return kept
 
 
-def _link_parent(link: _Link) -> int | str | None:
+def _link_parent(link: _Link) -> Hashable | None:
     return THREAD_START if link.starts_thread else link.parent_id
 
 
