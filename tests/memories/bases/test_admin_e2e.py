@@ -152,6 +152,7 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
     assert "mismatch detected in support-memory" in _messages(browser)
     assert "Mismatch" in _row_cells(browser, "support-memory")["status"]
     assert _row_cells(browser, "support-memory")["chunks"] == "0"
+    assert _fits_the_window(browser, "td.field-last_sync", "td.field-status")
     _shot(browser, "admin-memory-base-mismatch")
 
     # The change page: counters, buttons, the sessions; Regenerate asks first.
