@@ -423,8 +423,6 @@ def main() -> None:
     args = parser.parse_args()
     args.mode_given = args.mode is not None
     args.mode = args.mode or "hybrid"
-    if args.rrf_k is None and not args.http:
-        args.rrf_k = settings.SEARCH_RRF_K
     args.overrides = parse_overrides(args.overrides)
     for name, value in args.overrides.items():
         setattr(settings, name, value)

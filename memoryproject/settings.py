@@ -274,7 +274,18 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 # through the HNSW index (iterative scan on pgvector >= 0.8), redone exactly if short.
 SEARCH_EXACT_MAX_ROWS = env_int("SEARCH_EXACT_MAX_ROWS", 10000, minimum=0)
 SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
+# Hybrid search (knowledge/fusion.py): each leg's best SEARCH_CANDIDATES chunks, fused
+# by weighted min-max scores (or reciprocal ranks: "rrf", with SEARCH_RRF_K), then each
+# chunk earns SEARCH_CONTEXT_WEIGHT x the best score of its neighbours (0: off).
+SEARCH_FUSION = env_choice("SEARCH_FUSION", "weighted", ("weighted", "rrf"))
+SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 0.4, minimum=0.0)
+SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 50, minimum=1)
+SEARCH_CONTEXT_WEIGHT = env_float("SEARCH_CONTEXT_WEIGHT", 0.5, minimum=0.0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
+# BM25 (keyword leg): term-frequency saturation and length normalisation (b 0.3 beat
+# 0.5/0.75/0.9 on LoCoMo conv-26: short turns, BENCHMARKS.md).
+SEARCH_BM25_K1 = env_float("SEARCH_BM25_K1", 1.2, minimum=0.0)
+SEARCH_BM25_B = env_float("SEARCH_BM25_B", 0.3, minimum=0.0)
 # hnsw.ef_search for index scans (at least 2 x the candidates wanted). pgvector's 40
 # left recall@10 at 0.967-0.978 on 100,000 chunks, 100 gives 0.99 (BENCHMARKS.md) ...
 SEARCH_EF_SEARCH = env_int("SEARCH_EF_SEARCH", 100, minimum=10)

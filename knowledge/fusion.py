@@ -1,0 +1,106 @@
+"""How a hybrid search turns its two rankings into one: fusion, then context.
+
+Fusion (SEARCH_FUSION): ``weighted`` (the default) scales each leg's scores to [0, 1]
+over its candidates (min-max: the leg's best candidate 1, its worst 0) and adds them
+with weights SEARCH_VECTOR_WEIGHT and 1 - that; a chunk missing from a leg gets 0 from
+it. Unlike reciprocal-rank fusion it keeps how far apart the scores are: a chunk with a
+BM25 score far above the rest (a rare name, an exact phrase) stays far ahead, where RRF
+would give it the same lead as any first rank. ``rrf`` sums 1 / (k + rank) per leg, and
+is what a request naming ``rrf_k`` gets.
+
+Context (SEARCH_CONTEXT_WEIGHT): a chunk also earns that share of the best fused score
+of its two neighbours, the chunks just before and after it in the same base and session
+(ordered by source timestamp, then id: conversation order for messages, chunk order for
+a document). The neighbours of the candidates become candidates themselves. In a
+conversation the words of a question are often in one turn and the answer in the next
+("What pets do you have?" / "Two cats, Luna and Oliver"); a short reply ("Yes, for
+running!") is found through the turn it answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connection
+
+Ranking = Sequence[tuple[int, float]]  # (chunk id, score), best first
+
+
+def weighted_scores(vector: Ranking, keyword: Ranking, vector_weight: float) -> dict[int, float]:
+    """Min-max normalised scores of the two legs, added with their weights."""
+    out: dict[int, float] = {}
+    for leg, weight in ((vector, vector_weight), (keyword, 1.0 - vector_weight)):
+        if not leg:
+            continue
+        high, low = max(s for _, s in leg), min(s for _, s in leg)
+        for chunk_id, score in leg:
+            scaled = (score - low) / (high - low) if high > low else 1.0
+            out[chunk_id] = out.get(chunk_id, 0.0) + weight * scaled
+    return out
+
+
+def rrf_scores(vector: Ranking, keyword: Ranking, k: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for leg in (vector, keyword):
+        for rank, (chunk_id, _) in enumerate(leg, start=1):
+            out[chunk_id] = out.get(chunk_id, 0.0) + 1.0 / (k + rank)
+    return out
+
+
+_NEIGHBOURS_SQL = """
+SELECT c.id,
+    (SELECT p.id FROM knowledge_chunk p
+      WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
+        AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
+      ORDER BY p.source_timestamp DESC, p.id DESC LIMIT 1),
+    (SELECT n.id FROM knowledge_chunk n
+      WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
+        AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
+      ORDER BY n.source_timestamp, n.id LIMIT 1)
+FROM knowledge_chunk c WHERE c.id = ANY(%s)
+"""
+
+
+def neighbours(chunk_ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
+    """{chunk id: (previous chunk id, next chunk id)} in its base and session."""
+    with connection.cursor() as cur:
+        cur.execute(_NEIGHBOURS_SQL, [chunk_ids])
+        return {row[0]: (row[1], row[2]) for row in cur.fetchall()}
+
+
+def in_scope(chunk_ids: list[int], scope: str, params: list[Any]) -> set[int]:
+    """The ids among ``chunk_ids`` that the search's bases and filters allow."""
+    if not chunk_ids:
+        return set()
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT id FROM knowledge_chunk WHERE id = ANY(%s) AND {scope}", [chunk_ids, *params]
+        )
+        return {row[0] for row in cur.fetchall()}
+
+
+def with_context(
+    scores: dict[int, float],
+    around: dict[int, tuple[int | None, int | None]],
+    weight: float,
+    allowed: set[int],
+) -> dict[int, float]:
+    """Each candidate and neighbour scored as its own score + ``weight`` x its best neighbour's.
+
+    ``around`` maps the candidates to their neighbours; ``allowed``: the neighbours that
+    may become hits (inside the search's scope).
+    """
+    pairs: dict[int, set[int]] = {chunk_id: set() for chunk_id in scores}
+    for chunk_id, (before, after) in around.items():
+        for other in (before, after):
+            if other is None:
+                continue
+            pairs[chunk_id].add(other)
+            if other in scores or other in allowed:
+                pairs.setdefault(other, set()).add(chunk_id)
+    return {
+        chunk_id: scores.get(chunk_id, 0.0)
+        + weight * max((scores.get(o, 0.0) for o in others), default=0.0)
+        for chunk_id, others in pairs.items()
+    }
