@@ -8,10 +8,11 @@ BM25 score far above the rest (a rare name, an exact phrase) stays far ahead, wh
 would give it the same lead as any first rank. ``rrf`` sums 1 / (k + rank) per leg, and
 is what a request naming ``rrf_k`` gets.
 
-Context (SEARCH_CONTEXT_WEIGHT): a chunk also earns that share of the best fused score
-of its two neighbours, the chunks just before and after it in the same base and session
-(ordered by source timestamp, then id: conversation order for messages, chunk order for
-a document). The neighbours of the candidates become candidates themselves. In a
+Context (SEARCH_CONTEXT_WEIGHT w, SEARCH_CONTEXT_WINDOW n): a chunk also earns, for each
+distance d up to n, w ** d times the best fused score among the chunks d steps before or
+after it in the same base and session (ordered by source timestamp, then id: conversation
+order for messages, chunk order for a document). The neighbours of the candidates become
+candidates themselves. In a
 conversation the words of a question are often in one turn and the answer in the next
 ("What pets do you have?" / "Two cats, Luna and Oliver"); a short reply ("Yes, for
 running!") is found through the turn it answers.
@@ -50,23 +51,23 @@ def rrf_scores(vector: Ranking, keyword: Ranking, k: int) -> dict[int, float]:
 
 _NEIGHBOURS_SQL = """
 SELECT c.id,
-    (SELECT p.id FROM knowledge_chunk p
-      WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
-        AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
-      ORDER BY p.source_timestamp DESC, p.id DESC LIMIT 1),
-    (SELECT n.id FROM knowledge_chunk n
-      WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
-        AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
-      ORDER BY n.source_timestamp, n.id LIMIT 1)
+    ARRAY(SELECT p.id FROM knowledge_chunk p
+           WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
+             AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
+           ORDER BY p.source_timestamp DESC, p.id DESC LIMIT %s),
+    ARRAY(SELECT n.id FROM knowledge_chunk n
+           WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
+             AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
+           ORDER BY n.source_timestamp, n.id LIMIT %s)
 FROM knowledge_chunk c WHERE c.id = ANY(%s)
 """
 
 
-def neighbours(chunk_ids: list[int]) -> dict[int, tuple[int | None, int | None]]:
-    """{chunk id: (previous chunk id, next chunk id)} in its base and session."""
+def neighbours(chunk_ids: list[int], window: int) -> dict[int, tuple[list[int], list[int]]]:
+    """{chunk id: (up to ``window`` chunks before it, nearest first; the same after)}."""
     with connection.cursor() as cur:
-        cur.execute(_NEIGHBOURS_SQL, [chunk_ids])
-        return {row[0]: (row[1], row[2]) for row in cur.fetchall()}
+        cur.execute(_NEIGHBOURS_SQL, [window, window, chunk_ids])
+        return {row[0]: (list(row[1]), list(row[2])) for row in cur.fetchall()}
 
 
 def in_scope(chunk_ids: list[int], scope: str, params: list[Any]) -> set[int]:
@@ -82,25 +83,28 @@ def in_scope(chunk_ids: list[int], scope: str, params: list[Any]) -> set[int]:
 
 def with_context(
     scores: dict[int, float],
-    around: dict[int, tuple[int | None, int | None]],
+    around: dict[int, tuple[list[int], list[int]]],
     weight: float,
     allowed: set[int],
 ) -> dict[int, float]:
-    """Each candidate and neighbour scored as its own score + ``weight`` x its best neighbour's.
+    """Each candidate and neighbour: its own score + sum over distances d of
+    ``weight`` ** d x the best score among the chunks d steps away.
 
-    ``around`` maps the candidates to their neighbours; ``allowed``: the neighbours that
-    may become hits (inside the search's scope).
+    ``around``: the candidates' neighbours (``neighbours``); only candidates have
+    scores, so what a chunk earns is read off the candidates' lists. ``allowed``: the
+    non-candidates that may become hits (inside the search's scope).
     """
-    pairs: dict[int, set[int]] = {chunk_id: set() for chunk_id in scores}
-    for chunk_id, (before, after) in around.items():
-        for other in (before, after):
-            if other is None:
-                continue
-            pairs[chunk_id].add(other)
-            if other in scores or other in allowed:
-                pairs.setdefault(other, set()).add(chunk_id)
-    return {
-        chunk_id: scores.get(chunk_id, 0.0)
-        + weight * max((scores.get(o, 0.0) for o in others), default=0.0)
-        for chunk_id, others in pairs.items()
-    }
+    best: dict[int, dict[int, float]] = {}  # chunk -> distance -> best candidate score
+    for chunk_id, sides in around.items():
+        score = scores.get(chunk_id, 0.0)
+        for side in sides:
+            for distance, other in enumerate(side, start=1):
+                if other in scores or other in allowed:
+                    at = best.setdefault(other, {})
+                    at[distance] = max(at.get(distance, 0.0), score)
+    out = dict(scores)
+    for chunk_id, at in best.items():
+        out[chunk_id] = scores.get(chunk_id, 0.0) + sum(
+            weight**distance * value for distance, value in at.items()
+        )
+    return out

@@ -276,11 +276,13 @@ SEARCH_EXACT_MAX_ROWS = env_int("SEARCH_EXACT_MAX_ROWS", 10000, minimum=0)
 SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
 # Hybrid search (knowledge/fusion.py): each leg's best SEARCH_CANDIDATES chunks, fused
 # by weighted min-max scores (or reciprocal ranks: "rrf", with SEARCH_RRF_K), then each
-# chunk earns SEARCH_CONTEXT_WEIGHT x the best score of its neighbours (0: off).
+# chunk earns SEARCH_CONTEXT_WEIGHT ** d x the best score of its neighbours d steps away,
+# up to SEARCH_CONTEXT_WINDOW steps (0: off).
 SEARCH_FUSION = env_choice("SEARCH_FUSION", "weighted", ("weighted", "rrf"))
 SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 0.4, minimum=0.0)
 SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 50, minimum=1)
 SEARCH_CONTEXT_WEIGHT = env_float("SEARCH_CONTEXT_WEIGHT", 0.5, minimum=0.0)
+SEARCH_CONTEXT_WINDOW = env_int("SEARCH_CONTEXT_WINDOW", 2, minimum=0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 # BM25 (keyword leg): term-frequency saturation and length normalisation (b 0.3 beat
 # 0.5/0.75/0.9 on LoCoMo conv-26: short turns, BENCHMARKS.md).

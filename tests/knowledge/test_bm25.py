@@ -115,8 +115,8 @@ def test_bm25_scores_rare_words_higher_and_stems(alice):
     assert [h.text for h in stemmed] == ["She runs"]
 
 
-def test_a_hits_neighbour_in_its_session_earns_context(alice, settings):
-    settings.SEARCH_CONTEXT_WEIGHT = 0.5
+def test_a_hits_neighbours_in_its_session_earn_context(alice, settings):
+    settings.SEARCH_CONTEXT_WEIGHT, settings.SEARCH_CONTEXT_WINDOW = 0.5, 2
     kb = make_kb(alice)
     turns = [
         ("t1", "Ann: Good morning!", {"session_id": "s", "sender": "ann"}),
@@ -129,21 +129,22 @@ def test_a_hits_neighbour_in_its_session_earns_context(alice, settings):
     by_key = {h.metadata["source_key"]: h for h in hits}
     question, answer = by_key["t2#0"], by_key["t3#0"]
     assert hits[0] is question and question.keyword_rank == 1
-    # The answer holds no query word; it earns half its best neighbour's score.
+    # The answer holds no query word; it earns 0.5 x its best neighbour's score one step
+    # away and 0.25 x the best two steps away.
     assert answer.keyword_rank is None
     settings.SEARCH_CONTEXT_WEIGHT = 0.0
     plain = {
         h.metadata["source_key"]: h.score
         for h in search_chunks(bases=[kb], request=SearchRequest(query="pets", top_k=4))
     }
-    assert answer.score == pytest.approx(plain["t3#0"] + 0.5 * plain["t2#0"])
+    assert answer.score == pytest.approx(plain["t3#0"] + 0.5 * plain["t2#0"] + 0.25 * plain["t1#0"])
     assert question.score == pytest.approx(plain["t2#0"] + 0.5 * max(plain["t1#0"], plain["t3#0"]))
     # Different session: not a neighbour of t3.
     assert by_key["t4#0"].score == pytest.approx(plain["t4#0"])
 
 
 def test_a_neighbour_outside_the_filters_is_not_returned(alice, settings):
-    settings.SEARCH_CONTEXT_WEIGHT = 0.5
+    settings.SEARCH_CONTEXT_WEIGHT, settings.SEARCH_CONTEXT_WINDOW = 0.5, 2
     settings.SEARCH_CANDIDATES = 1
     kb = make_kb(alice)
     ingest(
