@@ -369,6 +369,7 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
                 ranked += memory_search(
                     owner_id=owner.pk, end_user=users[speaker], vector=vector,
                     embedding_model=embedder.model, top_k=max(KS),
+                    query=question.text if settings.MEMORY_HYBRID else None,
                 )  # fmt: skip
             ranked.sort(key=lambda h: -h.score)
             covered = [ids_of.get(h.id, set()) for h in ranked]
@@ -389,7 +390,9 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     report(f"fact recall (personal memories, {settings.EMBEDDING_PROVIDER} embedder)", rows)
     print(
         f"  questions with an evidence fact injected: {statistics.fmean(injected_any):.3f} "
-        f"(threshold {settings.MEMORY_SCORE_THRESHOLD}, top_k {settings.MEMORY_TOP_K}); "
+        f"(threshold {settings.MEMORY_SCORE_THRESHOLD}, relative "
+        f"{settings.MEMORY_RELATIVE_THRESHOLD}, hybrid {settings.MEMORY_HYBRID}, "
+        f"top_k {settings.MEMORY_TOP_K}); "
         f"facts injected per question: mean {statistics.fmean(injected_counts):.2f}, "
         f"share with none {statistics.fmean(c == 0 for c in injected_counts):.3f}"
     )

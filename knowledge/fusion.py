@@ -11,8 +11,9 @@ is what a request naming ``rrf_k`` gets.
 Context (SEARCH_CONTEXT_WEIGHT w, SEARCH_CONTEXT_WINDOW n): a chunk also earns, for each
 distance d up to n, w ** d times the best fused score among the chunks d steps before or
 after it in the same base and session (ordered by source timestamp, then id: conversation
-order for messages, chunk order for a document). The neighbours of the candidates become
-candidates themselves. In a
+order for messages, chunk order for a document). Only the best CONTEXT_DONORS x top_k
+candidates pass their score on (a weaker one's neighbours could not reach the top k; the
+lookups cost an index probe each), and their neighbours become candidates themselves. In a
 conversation the words of a question are often in one turn and the answer in the next
 ("What pets do you have?" / "Two cats, Luna and Oliver"); a short reply ("Yes, for
 running!") is found through the turn it answers.
@@ -26,6 +27,7 @@ from typing import Any
 from django.db import connection
 
 Ranking = Sequence[tuple[int, float]]  # (chunk id, score), best first
+CONTEXT_DONORS = 2
 
 
 def weighted_scores(vector: Ranking, keyword: Ranking, vector_weight: float) -> dict[int, float]:
@@ -50,35 +52,35 @@ def rrf_scores(vector: Ranking, keyword: Ranking, k: int) -> dict[int, float]:
 
 
 _NEIGHBOURS_SQL = """
-SELECT c.id,
-    ARRAY(SELECT p.id FROM knowledge_chunk p
-           WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
-             AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
-           ORDER BY p.source_timestamp DESC, p.id DESC LIMIT %s),
-    ARRAY(SELECT n.id FROM knowledge_chunk n
-           WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
-             AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
-           ORDER BY n.source_timestamp, n.id LIMIT %s)
-FROM knowledge_chunk c WHERE c.id = ANY(%s)
+WITH nb AS MATERIALIZED (
+    SELECT c.id,
+        ARRAY(SELECT p.id FROM knowledge_chunk p
+               WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
+                 AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
+               ORDER BY p.source_timestamp DESC, p.id DESC LIMIT %s) AS before,
+        ARRAY(SELECT n.id FROM knowledge_chunk n
+               WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
+                 AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
+               ORDER BY n.source_timestamp, n.id LIMIT %s) AS after
+    FROM knowledge_chunk c WHERE c.id = ANY(%s)
+)
+SELECT nb.id, nb.before, nb.after, ARRAY(
+    SELECT id FROM knowledge_chunk
+    WHERE id IN (SELECT unnest(before || after) FROM nb) AND {scope}
+) FROM nb
 """
 
 
-def neighbours(chunk_ids: list[int], window: int) -> dict[int, tuple[list[int], list[int]]]:
-    """{chunk id: (up to ``window`` chunks before it, nearest first; the same after)}."""
+def neighbours(
+    chunk_ids: list[int], window: int, scope: str, params: list[Any]
+) -> tuple[dict[int, tuple[list[int], list[int]]], set[int]]:
+    """({chunk id: (up to ``window`` chunks before it, nearest first; the same after)},
+    the neighbours inside the search's scope, which alone may become hits)."""
     with connection.cursor() as cur:
-        cur.execute(_NEIGHBOURS_SQL, [window, window, chunk_ids])
-        return {row[0]: (list(row[1]), list(row[2])) for row in cur.fetchall()}
-
-
-def in_scope(chunk_ids: list[int], scope: str, params: list[Any]) -> set[int]:
-    """The ids among ``chunk_ids`` that the search's bases and filters allow."""
-    if not chunk_ids:
-        return set()
-    with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT id FROM knowledge_chunk WHERE id = ANY(%s) AND {scope}", [chunk_ids, *params]
-        )
-        return {row[0] for row in cur.fetchall()}
+        cur.execute(_NEIGHBOURS_SQL.format(scope=scope), [window, window, chunk_ids, *params])
+        rows = cur.fetchall()
+    allowed = set(rows[0][3]) if rows else set()
+    return {row[0]: (list(row[1]), list(row[2])) for row in rows}, allowed
 
 
 def with_context(
@@ -90,9 +92,9 @@ def with_context(
     """Each candidate and neighbour: its own score + sum over distances d of
     ``weight`` ** d x the best score among the chunks d steps away.
 
-    ``around``: the candidates' neighbours (``neighbours``); only candidates have
-    scores, so what a chunk earns is read off the candidates' lists. ``allowed``: the
-    non-candidates that may become hits (inside the search's scope).
+    ``around``: the neighbours of the candidates that pass their score on (the best
+    ones: ``neighbours``); what a chunk earns is read off their lists. ``allowed``: the
+    neighbours that may become hits (inside the search's scope).
     """
     best: dict[int, dict[int, float]] = {}  # chunk -> distance -> best candidate score
     for chunk_id, sides in around.items():

@@ -382,9 +382,12 @@ def _fuse(
     else:
         scores = fusion.weighted_scores(similarities, keyword_hits, settings.SEARCH_VECTOR_WEIGHT)
     if settings.SEARCH_CONTEXT_WEIGHT > 0 and settings.SEARCH_CONTEXT_WINDOW > 0 and scores:
-        around = fusion.neighbours(list(scores), settings.SEARCH_CONTEXT_WINDOW)
-        new = sorted({o for sides in around.values() for side in sides for o in side} - set(scores))
-        allowed = fusion.in_scope(new, *_scope_sql(kb_ids, request))
+        donors = sorted(scores, key=lambda cid: (-scores[cid], cid))
+        around, allowed = fusion.neighbours(
+            donors[: fusion.CONTEXT_DONORS * request.top_k],
+            settings.SEARCH_CONTEXT_WINDOW,
+            *_scope_sql(kb_ids, request),
+        )
         scores = fusion.with_context(scores, around, settings.SEARCH_CONTEXT_WEIGHT, allowed)
     for chunk_id, score in scores.items():
         hit(chunk_id).score = score

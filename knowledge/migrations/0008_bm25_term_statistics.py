@@ -10,7 +10,8 @@ INSERT, UPDATE and DELETE, whichever code path issued it (ingestion, re-ingestio
 deletion of documents or sessions, a base's cascade), so the figures can never drift from
 the rows and are written in the same transaction as them. Upserts run in lexeme order, so
 two writers of one base queue on the same rows in the same order instead of deadlocking.
-An UPDATE that leaves ``search_vector`` unchanged (the HNSW indexer clearing
+Pages are left part empty (fillfactor) so that a count's update stays on its page and
+leaves the primary key alone (a HOT update). An UPDATE that leaves ``search_vector`` unchanged (the HNSW indexer clearing
 ``index_pending``, a re-ingestion of the same text) writes nothing. Rows whose count
 falls to zero are removed, so a deleted base (its chunks deleted first) leaves none. No
 foreign key: Django's test flush truncates the tables it knows, and a TRUNCATE of the
@@ -25,12 +26,12 @@ CREATE TABLE knowledge_term_stats (
     lexeme text NOT NULL,
     df integer NOT NULL CHECK (df > 0),
     PRIMARY KEY (knowledge_base_id, lexeme)
-);
+) WITH (fillfactor = 70);
 CREATE TABLE knowledge_base_text_stats (
     knowledge_base_id uuid PRIMARY KEY,
     chunks bigint NOT NULL CHECK (chunks > 0),
     lexemes bigint NOT NULL CHECK (lexemes >= 0)
-);
+) WITH (fillfactor = 50);
 
 CREATE FUNCTION knowledge_chunk_stats() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
