@@ -49,17 +49,21 @@ ORDER BY idf DESC, q.lexeme
 _RANK_SQL = """
 WITH w(lexeme, idf) AS (SELECT * FROM unnest(%s::text[], %s::float8[])),
 bound AS MATERIALIZED (
-    SELECT id, search_vector, length(search_vector)::float8 AS dl
+    SELECT id, search_vector AS tv, length(search_vector)::float8 AS dl
     FROM knowledge_chunk
     WHERE {scope} AND search_vector @@ %s::tsquery
     ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / {avgdl})) DESC, id
     LIMIT %s
 )
+{scored}"""
+
+# The exact score of the rows of ``c`` (columns id, tv, dl) for the lexemes of ``w``.
+_SCORED = """
 SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / {avgdl})))
     AS score
-FROM bound c
+FROM {source}
 CROSS JOIN LATERAL (
-    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(c.search_vector)
+    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(c.tv)
 ) u
 JOIN w ON w.lexeme = u.lexeme
 GROUP BY c.id
@@ -101,8 +105,9 @@ def bm25_ranking(
         bound_terms = " + ".join(
             f"CASE WHEN search_vector @@ %s::tsquery THEN {idf!r} ELSE 0 END" for idf in idfs
         )
+        scored = _SCORED.format(source="bound c", k1=repr(k1), b=repr(b), avgdl=repr(avgdl))
         sql = _RANK_SQL.format(
-            scope=scope, terms=bound_terms, k1=repr(k1), b=repr(b), avgdl=repr(avgdl)
+            scope=scope, terms=bound_terms, k1=repr(k1), b=repr(b), avgdl=repr(avgdl), scored=scored
         )
         literals = [_tsquery_literal(x) for x in lexemes]
         cur.execute(
@@ -115,7 +120,8 @@ def bm25_ranking(
 
 _ADHOC_SQL = """
 WITH docs AS MATERIALIZED (
-    SELECT d.id, to_tsvector(%s::regconfig, d.text) AS tv FROM ({docs}) d
+    SELECT d.id, tv, length(tv)::float8 AS dl
+    FROM ({docs}) d, to_tsvector(%s::regconfig, d.text) tv
 ),
 tot AS (
     SELECT count(*)::float8 AS n, greatest(coalesce(avg(length(tv)), 1), 1) AS avgdl FROM docs
@@ -126,18 +132,7 @@ w AS MATERIALIZED (
     FROM q CROSS JOIN tot LEFT JOIN docs d ON d.tv @@ quote_literal(q.lexeme)::tsquery
     GROUP BY q.lexeme, tot.n
 )
-SELECT d.id, sum(
-    w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * length(d.tv) / tot.avgdl))
-) AS score
-FROM tot, docs d
-CROSS JOIN LATERAL (
-    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(d.tv)
-) u
-JOIN w ON w.lexeme = u.lexeme
-GROUP BY d.id
-ORDER BY score DESC, d.id
-LIMIT %s
-"""
+{scored}"""
 
 
 def bm25_adhoc(
@@ -149,7 +144,8 @@ def bm25_adhoc(
     are computed over that set on the fly, so it should stay small (hundreds of rows).
     """
     k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
-    sql = _ADHOC_SQL.format(docs=docs_sql, k1=repr(k1), b=repr(b))
+    scored = _SCORED.format(source="tot, docs c", k1=repr(k1), b=repr(b), avgdl="tot.avgdl")
+    sql = _ADHOC_SQL.format(docs=docs_sql, scored=scored)
     with connection.cursor() as cur:
-        cur.execute(sql, [language, *docs_params, language, text, limit])
+        cur.execute(sql, [*docs_params, language, language, text, limit])
         return [(row[0], float(row[1])) for row in cur.fetchall()]

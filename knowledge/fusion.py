@@ -22,9 +22,6 @@ running!") is found through the turn it answers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-from django.db import connection
 
 Ranking = Sequence[tuple[int, float]]  # (chunk id, score), best first
 CONTEXT_DONORS = 2
@@ -51,38 +48,6 @@ def rrf_scores(vector: Ranking, keyword: Ranking, k: int) -> dict[int, float]:
     return out
 
 
-_NEIGHBOURS_SQL = """
-WITH nb AS MATERIALIZED (
-    SELECT c.id,
-        ARRAY(SELECT p.id FROM knowledge_chunk p
-               WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
-                 AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
-               ORDER BY p.source_timestamp DESC, p.id DESC LIMIT %s) AS before,
-        ARRAY(SELECT n.id FROM knowledge_chunk n
-               WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
-                 AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
-               ORDER BY n.source_timestamp, n.id LIMIT %s) AS after
-    FROM knowledge_chunk c WHERE c.id = ANY(%s)
-)
-SELECT nb.id, nb.before, nb.after, ARRAY(
-    SELECT id FROM knowledge_chunk
-    WHERE id IN (SELECT unnest(before || after) FROM nb) AND {scope}
-) FROM nb
-"""
-
-
-def neighbours(
-    chunk_ids: list[int], window: int, scope: str, params: list[Any]
-) -> tuple[dict[int, tuple[list[int], list[int]]], set[int]]:
-    """({chunk id: (up to ``window`` chunks before it, nearest first; the same after)},
-    the neighbours inside the search's scope, which alone may become hits)."""
-    with connection.cursor() as cur:
-        cur.execute(_NEIGHBOURS_SQL.format(scope=scope), [window, window, chunk_ids, *params])
-        rows = cur.fetchall()
-    allowed = set(rows[0][3]) if rows else set()
-    return {row[0]: (list(row[1]), list(row[2])) for row in rows}, allowed
-
-
 def with_context(
     scores: dict[int, float],
     around: dict[int, tuple[list[int], list[int]]],
@@ -92,8 +57,8 @@ def with_context(
     """Each candidate and neighbour: its own score + sum over distances d of
     ``weight`` ** d x the best score among the chunks d steps away.
 
-    ``around``: the neighbours of the candidates that pass their score on (the best
-    ones: ``neighbours``); what a chunk earns is read off their lists. ``allowed``: the
+    ``around``: for the candidates that pass their score on (the best ones), the
+    chunks before and after them, nearest first; what a chunk earns is read off these. ``allowed``: the
     neighbours that may become hits (inside the search's scope).
     """
     best: dict[int, dict[int, float]] = {}  # chunk -> distance -> best candidate score

@@ -87,20 +87,20 @@ def _iterative_scan_available() -> bool:
     return pgvector_supports_iterative_scan(pgvector_version())
 
 
-def _scope_sql(kb_ids: list[str], request: SearchRequest) -> tuple[str, list[Any]]:
-    clauses = ["knowledge_base_id = ANY(%s::uuid[])"]
+def _scope_sql(kb_ids: list[str], request: SearchRequest, alias: str = "") -> tuple[str, list[Any]]:
+    clauses = [f"{alias}knowledge_base_id = ANY(%s::uuid[])"]
     params: list[Any] = [kb_ids]
     for key in FILTER_KEYS:
         if key in request.filters:
-            clauses.append(f"{key} = %s")
+            clauses.append(f"{alias}{key} = %s")
             params.append(str(request.filters[key]))
     # Every chunk has a source_timestamp (ingestion stamps one when the metadata has
     # none), so a time range can use the (knowledge_base, source_timestamp) index.
     if request.since is not None:
-        clauses.append("source_timestamp >= %s")
+        clauses.append(f"{alias}source_timestamp >= %s")
         params.append(request.since)
     if request.until is not None:
-        clauses.append("source_timestamp < %s")
+        clauses.append(f"{alias}source_timestamp < %s")
         params.append(request.until)
     return " AND ".join(clauses), params
 
@@ -301,8 +301,11 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
     else:
         vector_hits = vector_leg() if want_vector else []
         keyword_hits = keyword_leg() if want_keyword else []
-    hits = _fuse(vector_hits, keyword_hits, request, [str(kb.pk) for kb in bases])
-    return _finish(hits, request)
+    hits = _fuse(vector_hits, keyword_hits, request)
+    rows = None
+    if request.mode == "hybrid" and settings.SEARCH_CONTEXT_WEIGHT > 0 and hits:
+        hits, rows = _with_context(hits, request, [str(kb.pk) for kb in bases])
+    return _finish(hits, request, rows)
 
 
 _legs_executor: ThreadPoolExecutor | None = None
@@ -358,7 +361,6 @@ def _fuse(
     vector_hits: list[tuple[int, float]],
     keyword_hits: list[tuple[int, float]],
     request: SearchRequest,
-    kb_ids: list[str],
 ) -> list[Hit]:
     """One Hit per candidate, scored as knowledge.fusion describes for hybrid searches."""
     by_id: dict[int, Hit] = {}
@@ -381,27 +383,75 @@ def _fuse(
         )
     else:
         scores = fusion.weighted_scores(similarities, keyword_hits, settings.SEARCH_VECTOR_WEIGHT)
-    if settings.SEARCH_CONTEXT_WEIGHT > 0 and settings.SEARCH_CONTEXT_WINDOW > 0 and scores:
-        donors = sorted(scores, key=lambda cid: (-scores[cid], cid))
-        around, allowed = fusion.neighbours(
-            donors[: fusion.CONTEXT_DONORS * request.top_k],
-            settings.SEARCH_CONTEXT_WINDOW,
-            *_scope_sql(kb_ids, request),
-        )
-        scores = fusion.with_context(scores, around, settings.SEARCH_CONTEXT_WEIGHT, allowed)
     for chunk_id, score in scores.items():
         hit(chunk_id).score = score
     return list(by_id.values())
 
 
-_DETAIL_SQL = (
-    "SELECT id, knowledge_base_id, text, source_key, document_key, chunk_index, chunk_total, "
+_DETAIL_COLUMNS = (
+    "id, knowledge_base_id, text, source_key, document_key, chunk_index, chunk_total, "
     "source_type, message_id, session_id, flow_id, run_id, sender, file_path, content_hash, "
-    "source_timestamp, metadata, created_at FROM knowledge_chunk WHERE id = ANY(%s)"
+    "source_timestamp, metadata, created_at"
 )
+_DETAIL_SQL = f"SELECT {_DETAIL_COLUMNS} FROM knowledge_chunk WHERE id = ANY(%s)"
+# The donors' neighbours (up to the window on each side, in base, session and source
+# order) and the details of donors and neighbours, in one statement: every chunk that
+# can end up in the top k is among them (``knowledge.fusion``).
+_CONTEXT_SQL = f"""
+WITH nb AS MATERIALIZED (
+    SELECT c.id,
+        ARRAY(SELECT p.id FROM knowledge_chunk p
+               WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
+                 AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
+               ORDER BY p.source_timestamp DESC, p.id DESC LIMIT %s) AS before,
+        ARRAY(SELECT n.id FROM knowledge_chunk n
+               WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
+                 AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
+               ORDER BY n.source_timestamp, n.id LIMIT %s) AS after
+    FROM knowledge_chunk c WHERE c.id = ANY(%s)
+),
+ids AS (SELECT id FROM nb UNION SELECT unnest(before || after) FROM nb)
+SELECT {", ".join("k." + c for c in _DETAIL_COLUMNS.split(", "))}, nb.before, nb.after,
+       {{scope}} AS in_scope
+FROM knowledge_chunk k JOIN ids ON ids.id = k.id LEFT JOIN nb ON nb.id = k.id
+"""
 
 
-def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
+def _with_context(
+    hits: list[Hit], request: SearchRequest, kb_ids: list[str]
+) -> tuple[list[Hit], dict[int, dict[str, Any]]]:
+    """Add the neighbours' context to the fused scores (``knowledge.fusion.with_context``).
+
+    Returns the hits (neighbours that may become hits added) and the details of every
+    chunk that can reach the top k, so ``_finish`` needs no other query.
+    """
+    donors = sorted(hits, key=lambda h: (-h.score, h.chunk_id))
+    donors = donors[: fusion.CONTEXT_DONORS * request.top_k]
+    scope, params = _scope_sql(kb_ids, request, alias="k.")
+    window = settings.SEARCH_CONTEXT_WINDOW
+    with connection.cursor() as cur:
+        cur.execute(
+            _CONTEXT_SQL.format(scope=scope),
+            [window, window, [h.chunk_id for h in donors], *params],
+        )
+        rows = _detail_rows(cur)
+    around = {cid: (row.pop("before"), row.pop("after")) for cid, row in rows.items()}
+    around = {cid: sides for cid, sides in around.items() if sides[0] is not None}
+    allowed = {cid for cid, row in rows.items() if row.pop("in_scope")}
+    scores = {h.chunk_id: h.score for h in hits}
+    new = fusion.with_context(scores, around, settings.SEARCH_CONTEXT_WEIGHT, allowed)
+    by_id = {h.chunk_id: h for h in hits}
+    for chunk_id, score in new.items():
+        hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
+        hit.score = score
+    return list(by_id.values()), {cid: row for cid, row in rows.items() if cid in allowed}
+
+
+def _finish(
+    hits: list[Hit], request: SearchRequest, rows: dict[int, dict[str, Any]] | None = None
+) -> list[Hit]:
+    """The top_k hits, best first, with their text and metadata (``rows``: details
+    already read for every hit that can be among them)."""
     if not hits:
         return []
 
@@ -417,7 +467,8 @@ def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
         hits = sorted(hits, key=order)[: request.top_k]
     else:
         hits = sorted(hits, key=order)[: request.top_k]
-        rows = _details([h.chunk_id for h in hits])
+        if rows is None or any(h.chunk_id not in rows for h in hits):
+            rows = _details([h.chunk_id for h in hits])
     out = []
     for hit in hits:
         row = rows.get(hit.chunk_id)
@@ -436,12 +487,16 @@ def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
 def _details(ids: list[int]) -> dict[int, dict[str, Any]]:
     with connection.cursor() as cur:
         cur.execute(_DETAIL_SQL, [ids])
-        names = [c.name for c in cur.description]
-        out = {}
-        for values in cur.fetchall():
-            row = dict(zip(names, values))
-            row["timestamp"] = row.pop("source_timestamp")
-            if isinstance(row["metadata"], str):  # Django's connection loads jsonb as text
-                row["metadata"] = json.loads(row["metadata"])
-            out[row.pop("id")] = row
-        return out
+        return _detail_rows(cur)
+
+
+def _detail_rows(cur: Any) -> dict[int, dict[str, Any]]:
+    names = [c.name for c in cur.description]
+    out = {}
+    for values in cur.fetchall():
+        row = dict(zip(names, values))
+        row["timestamp"] = row.pop("source_timestamp")
+        if isinstance(row["metadata"], str):  # Django's connection loads jsonb as text
+            row["metadata"] = json.loads(row["metadata"])
+        out[row.pop("id")] = row
+    return out
