@@ -21,38 +21,43 @@ and the bound costs about what ``ts_rank`` did per matching row.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 
-_TERMS_SQL = """
+# One statement: the query's lexemes with their idf (from the statistics), the matching
+# chunks ranked by a bound, every matched term counted once (tf = 1: one tsvector lookup
+# per query term and row, about what ts_rank costs), then the exact score, with each
+# term's frequency, for the best of them only.
+_RANK_SQL = """
 WITH tot AS (
     SELECT coalesce(sum(chunks), 0)::float8 AS n,
            greatest(coalesce(sum(lexemes)::float8 / nullif(sum(chunks), 0), 1), 1) AS avgdl
     FROM knowledge_base_text_stats WHERE knowledge_base_id = ANY(%s::uuid[])
-)
-SELECT q.lexeme,
-       ln(1 + (tot.n - coalesce(sum(s.df), 0) + 0.5) / (coalesce(sum(s.df), 0) + 0.5)) AS idf,
-       tot.avgdl
-FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%s::regconfig, %s))) q
-CROSS JOIN tot
-LEFT JOIN knowledge_term_stats s
-       ON s.lexeme = q.lexeme AND s.knowledge_base_id = ANY(%s::uuid[])
-GROUP BY q.lexeme, tot.n, tot.avgdl
-ORDER BY idf DESC, q.lexeme
-"""
-
-# First the matching chunks by a bound: every matched term counted once (tf = 1), which
-# needs one tsvector lookup per query term and row (about what ts_rank costs); then the
-# exact score, with each term's frequency, for the best of them only.
-_RANK_SQL = """
-WITH w(lexeme, idf) AS (SELECT * FROM unnest(%s::text[], %s::float8[])),
+),
+w AS MATERIALIZED (
+    SELECT q.lexeme,
+           ln(1 + (tot.n - coalesce(sum(s.df), 0) + 0.5) / (coalesce(sum(s.df), 0) + 0.5)) AS idf
+    FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%s::regconfig, %s))) q
+    CROSS JOIN tot
+    LEFT JOIN knowledge_term_stats s
+           ON s.lexeme = q.lexeme AND s.knowledge_base_id = ANY(%s::uuid[])
+    GROUP BY q.lexeme, tot.n
+),
+t AS MATERIALIZED (
+    SELECT array_agg(quote_literal(lexeme)::tsquery ORDER BY idf DESC, lexeme) AS qs,
+           array_agg(idf ORDER BY idf DESC, lexeme) AS idf,
+           string_agg(quote_literal(lexeme), ' | ')::tsquery AS q,
+           (SELECT avgdl FROM tot) AS avgdl
+    FROM w
+),
 bound AS MATERIALIZED (
     SELECT id, search_vector AS tv, length(search_vector)::float8 AS dl
-    FROM knowledge_chunk
-    WHERE {scope} AND search_vector @@ %s::tsquery
-    ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / {avgdl})) DESC, id
+    FROM knowledge_chunk, t
+    WHERE {scope} AND search_vector @@ t.q
+    ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / t.avgdl)) DESC, id
     LIMIT %s
 )
 {scored}"""
@@ -72,11 +77,9 @@ LIMIT %s
 """
 
 # Chunks scored exactly, per chunk wanted (the rest are ranked by the tf = 1 bound).
-EXACT_FACTOR = 4
-
-
-def _tsquery_literal(lexeme: str) -> str:
-    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+EXACT_FACTOR = 2
+# Query terms in the bound, at most (rarest first; the rest still match and are scored).
+BOUND_TERMS = 32
 
 
 def bm25_ranking(
@@ -90,31 +93,24 @@ def bm25_ranking(
     """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
 
     ``scope``/``scope_params``: the WHERE clause of the search (bases and filters), as
-    ``search._scope_sql`` builds it. Two statements: the query's lexemes with their idf
-    (from the statistics), then the ranking.
+    ``search._scope_sql`` builds it.
     """
+    # Lexemes are unknown until the statement runs: the bound has a slot for as many as
+    # the text could give (a hyphenated word gives up to three), empty slots add 0.
+    slots = min(BOUND_TERMS, 2 * len(re.findall(r"\w+", text)))
+    if not slots:
+        return []
+    bound_terms = " + ".join(
+        f"CASE WHEN search_vector @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END"
+        for i in range(1, slots + 1)
+    )
+    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    scored = _SCORED.format(source="bound c, t", k1=repr(k1), b=repr(b), avgdl="t.avgdl")
+    sql = _RANK_SQL.format(scope=scope, terms=bound_terms, k1=repr(k1), b=repr(b), scored=scored)
     with connection.cursor() as cur:
-        cur.execute(_TERMS_SQL, [kb_ids, language, text, kb_ids])
-        terms = cur.fetchall()
-        if not terms:
-            return []
-        lexemes = [t[0] for t in terms]
-        idfs = [float(t[1]) for t in terms]
-        avgdl = float(terms[0][2])
-        k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
-        bound_terms = " + ".join(
-            f"CASE WHEN search_vector @@ %s::tsquery THEN {idf!r} ELSE 0 END" for idf in idfs
-        )
-        scored = _SCORED.format(source="bound c", k1=repr(k1), b=repr(b), avgdl=repr(avgdl))
-        sql = _RANK_SQL.format(
-            scope=scope, terms=bound_terms, k1=repr(k1), b=repr(b), avgdl=repr(avgdl), scored=scored
-        )
-        literals = [_tsquery_literal(x) for x in lexemes]
         cur.execute(
-            sql,
-            [lexemes, idfs, *scope_params, " | ".join(literals), *literals,
-             limit * EXACT_FACTOR, limit],
-        )  # fmt: skip
+            sql, [kb_ids, language, text, kb_ids, *scope_params, limit * EXACT_FACTOR, limit]
+        )
         return [(row[0], float(row[1])) for row in cur.fetchall()]
 
 
