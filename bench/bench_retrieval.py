@@ -27,9 +27,9 @@ are the API's own parameters; ``--set NAME=VALUE`` overrides a ``SEARCH_*`` sett
 process (and in the served instance's environment), for tuning.
 
 ``--facts`` adds the personal-memory yardstick: every session's ``observation`` facts are
-stored (``memories.services.memory_add``) as personal memories of end users named after
+stored (``memories.personal.services.memory_add``) as personal memories of end users named after
 the speakers (one owner per conversation), with their turn ids in metadata. Each question
-is then asked as the chat proxy asks it (``memories.chat.chat_prepare``: the proxy's
+is then asked as the chat proxy asks it (``memories.personal.chat.chat_prepare``: the proxy's
 retrieval at MEMORY_SCORE_THRESHOLD and MEMORY_TOP_K, then its token budget), as each
 speaker the question names (both when it names neither or both). Printed: fact recall@k
 (share of the evidence turns covered by the top-k facts, no threshold), the share of
@@ -230,10 +230,21 @@ class OverHTTP:
             self.port = sock.getsockname()[1]
         env = {**os.environ, **{k: str(v) for k, v in args.overrides.items()}}
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--no-worker", "--port", str(self.port),
-             "--web-workers", "1"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "manage.py",
+                "serve",
+                "--no-worker",
+                "--port",
+                str(self.port),
+                "--web-workers",
+                "1",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
@@ -285,8 +296,11 @@ def report(title: str, rows: list[tuple[Question, dict[int, float]]]) -> None:
         groups[question.conversation].append(scores)
     print(f"\n{title}")
     print(f"  {'':16} {'n':>5} " + " ".join(f"{'R@' + str(k):>7}" for k in KS))
-    order = ["all", *sorted(k for k in groups if k[0].isdigit()), *sorted(
-        k for k in groups if k.startswith("conv"))]  # fmt: skip
+    order = [
+        "all",
+        *sorted(k for k in groups if k[0].isdigit()),
+        *sorted(k for k in groups if k.startswith("conv")),
+    ]
     for name in order:
         values = groups[name]
         cells = " ".join(f"{statistics.fmean(v[k] for v in values):7.3f}" for k in KS)
@@ -314,8 +328,11 @@ def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
     via = "HTTP API" if args.http else "search service"
     mode = args.mode if args.mode_given or not args.http else "default"
     settings_note = " ".join(f"{k}={v}" for k, v in args.overrides.items())
-    report(f"turn recall ({via}, mode {mode}, {settings.EMBEDDING_PROVIDER} "
-           f"embedder{', ' + settings_note if settings_note else ''})", rows)  # fmt: skip
+    report(
+        f"turn recall ({via}, mode {mode}, {settings.EMBEDDING_PROVIDER} "
+        f"embedder{', ' + settings_note if settings_note else ''})",
+        rows,
+    )
     print(
         f"  search latency: p50 {statistics.median(latencies):.1f} ms, "
         f"p95 {pct(latencies, 0.95):.1f} ms ({len(latencies)} searches)"
@@ -325,8 +342,8 @@ def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
 # --- personal facts ----------------------------------------------------------------------
 def ensure_facts(conv: Conversation, fresh: bool) -> Any:
     from core.providers.embeddings import get_embedder
-    from memories.models import EndUser, Vector
-    from memories.services import end_user_ensure, end_user_erase, memory_add
+    from memories.personal.models import EndUser, Vector
+    from memories.personal.services import end_user_ensure, end_user_erase, memory_add
 
     owner = bench_owner(f"bench-facts-{conv.sample_id}")
     embedder = get_embedder()
@@ -340,17 +357,20 @@ def ensure_facts(conv: Conversation, fresh: bool) -> Any:
     for (speaker, fact, ids), vector in zip(conv.facts, vectors):
         end_user = end_user_ensure(owner=owner, external_id=speaker)
         memory_add(
-            end_user=end_user, content=fact, embedding=[float(x) for x in vector],
-            embedder=embedder, metadata={"dia_ids": sorted(ids)},
-        )  # fmt: skip
+            end_user=end_user,
+            content=fact,
+            embedding=[float(x) for x in vector],
+            embedder=embedder,
+            metadata={"dia_ids": sorted(ids)},
+        )
     return owner
 
 
 def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     from core.providers.embeddings import get_embedder
-    from memories.chat import chat_prepare
-    from memories.models import EndUser, Vector
-    from memories.selectors import memory_search
+    from memories.personal.chat import chat_prepare
+    from memories.personal.models import EndUser, Vector
+    from memories.personal.selectors import memory_search
 
     embedder = get_embedder()
     rows, injected_any, injected_counts, latencies = [], [], [], []
@@ -367,10 +387,13 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
             ranked = []
             for speaker in askers:
                 ranked += memory_search(
-                    owner_id=owner.pk, end_user=users[speaker], vector=vector,
-                    embedding_model=embedder.model, top_k=max(KS),
+                    owner_id=owner.pk,
+                    end_user=users[speaker],
+                    vector=vector,
+                    embedding_model=embedder.model,
+                    top_k=max(KS),
                     query=question.text if settings.MEMORY_HYBRID else None,
-                )  # fmt: skip
+                )
             ranked.sort(key=lambda h: -h.score)
             covered = [ids_of.get(h.id, set()) for h in ranked]
             scores = {
@@ -416,8 +439,14 @@ def main() -> None:
     parser.add_argument("--conversations", nargs="*", help="sample ids (default: all)")
     parser.add_argument("--mode", choices=("hybrid", "vector", "keyword"))
     parser.add_argument("--rrf-k", type=int, default=None)
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="NAME=VALUE", help="override a SEARCH_*/MEMORY_* setting")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a SEARCH_*/MEMORY_* setting",
+    )
     parser.add_argument("--http", action="store_true", help="search through a served instance")
     parser.add_argument("--facts", action="store_true", help="also the personal-memory yardstick")
     parser.add_argument("--facts-only", action="store_true")

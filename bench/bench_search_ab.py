@@ -70,8 +70,10 @@ def main() -> None:
     before = load_before(args.before)
     corpus = bk.Corpus(args.seed, 1.0)
     print(f"hybrid top-10, ms; before = {args.before}; {args.queries} paired queries")
-    print(f"{'scenario':36} {'before p50':>10} {'after p50':>10} {'ratio':>6} "
-          f"{'paired':>6} {'before p95':>10} {'after p95':>10}")  # fmt: skip
+    print(
+        f"{'scenario':36} {'before p50':>10} {'after p50':>10} {'ratio':>6} "
+        f"{'paired':>6} {'before p95':>10} {'after p95':>10}"
+    )
     for scenario in bk.build_scenarios(specs):
         queries = bk.make_queries(scenario, corpus, args.queries, args.seed, args.query_noise)
         for query in queries[: args.warmup]:

