@@ -67,7 +67,9 @@ def messages_store(
     if not messages:
         raise InvalidInput("a run needs at least one message")
     parent_ids = {m.parent_id for m in messages if m.parent_id is not None}
-    with transaction.atomic():
+    # No savepoint when the caller's transaction is open (capture): one statement less
+    # each way per run, and the caller's transaction is what the lock must span.
+    with transaction.atomic(savepoint=False):
         _session_lock(flow, session_id)
         if parent_ids:
             known = set(
