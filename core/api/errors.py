@@ -11,6 +11,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from core.db_recovery import as_database_unavailable, response_for_current_exception
 from core.providers.errors import ProviderError, ProviderNotConfigured
 
 
@@ -95,6 +96,10 @@ def _message(detail: Any, fallback: str) -> str:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ProviderError):
         exc = provider_api_error(exc)
+    unavailable = as_database_unavailable(exc)
+    if unavailable is not None:
+        exc = APIError(status_code=503, code=unavailable.code, message=str(unavailable))
+        exc.wait = unavailable.retry_after  # DRF's handler turns it into Retry-After
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -130,6 +135,9 @@ def json_404(request: HttpRequest, exception: Exception | None = None) -> HttpRe
 
 
 def json_500(request: HttpRequest) -> HttpResponse:
+    unavailable = response_for_current_exception(request)
+    if unavailable is not None:  # every path: the admin cannot render without it either
+        return unavailable
     if request.path.startswith(("/api/", "/v1/")):
         return json_error_response(500, "Internal server error.")
     return defaults.server_error(request)
