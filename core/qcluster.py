@@ -97,8 +97,9 @@ def _forget_claim(task_id: Any) -> None:
 def _on_task_start(sender: Any = None, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
     state = _state_dir()
     if state is not None:
-        name = (task or {}).get("name", "")
-        _write(state / f"busy-{os.getpid()}", f"{time.time()} {name}")
+        task = task or {}
+        ack_id = task.get("ack_id") or 0
+        _write(state / f"busy-{os.getpid()}", f"{time.time()} {ack_id} {task.get('name', '')}")
 
 
 def _on_task_end(sender: Any = None, **kwargs: Any) -> None:
@@ -143,8 +144,9 @@ def _claims(state: Path) -> dict[int, datetime]:
     return found
 
 
-def release_claims(state: Path) -> int:
-    """Hand the rows a dead cluster claimed back to the broker now; returns how many.
+def release_claims(state: Path, only: set[int] | None = None) -> int:
+    """Hand the rows a dead cluster (or worker: ``only``) claimed back to the broker now,
+    instead of after ``Q_RETRY``; returns how many.
 
     Only rows still locked with the value that cluster set: a row acknowledged (gone)
     or claimed again by another cluster since is left alone. The tasks run again:
@@ -154,6 +156,8 @@ def release_claims(state: Path) -> int:
     from django_q.models import OrmQ
 
     claims = _claims(state)
+    if only is not None:
+        claims = {pk: lock for pk, lock in claims.items() if pk in only}
     released = 0
     if claims:
         rows = OrmQ.objects.filter(pk__in=list(claims)).values_list("pk", "lock")
@@ -204,6 +208,7 @@ class QclusterProgram(Program):
         self._lock_handle: Any = None
         self._last_check = 0.0
         self._progress_at: datetime | None = None
+        self._heartbeat_at: datetime | None = None
 
     def before_start(self) -> dict[str, str]:
         from django.utils import timezone
@@ -213,7 +218,7 @@ class QclusterProgram(Program):
         self.state = Path(tempfile.mkdtemp(prefix=f"qcluster-{os.getpid()}-", dir=self.base))
         self._lock_handle = open(self.state / "lock", "a+")  # noqa: SIM115 - held while it runs
         fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
-        self._progress_at = timezone.now()
+        self._progress_at = self._heartbeat_at = timezone.now()
         return {STATE_DIR_ENV: str(self.state)}
 
     def after_stop(self) -> None:
@@ -233,22 +238,40 @@ class QclusterProgram(Program):
         shutil.rmtree(self.state, ignore_errors=True)
         self.state = None
 
+    def _busy(self) -> list[tuple[int, float, int]]:
+        """(pid, started, broker row) of each worker that started a task and has not
+        finished it."""
+        found = []
+        for path in self.state.glob("busy-*") if self.state else []:
+            try:
+                started, ack_id = path.read_text().split()[:2]
+                found.append((int(path.name[5:]), float(started), int(ack_id)))
+            except (OSError, ValueError):
+                continue
+        return found
+
     def busy_workers(self) -> int:
         from django.conf import settings
 
-        if self.state is None:
-            return 0
         limit = settings.Q_CLUSTER["timeout"] + _BUSY_GRACE
-        busy = 0
-        for path in self.state.glob("busy-*"):
-            try:
-                pid = int(path.name[5:])
-                started = float(path.read_text().split()[0])
-            except (OSError, ValueError, IndexError):
-                continue
-            if psutil_alive(pid) and time.time() - started < limit:
-                busy += 1
-        return busy
+        return sum(
+            1
+            for pid, started, _ in self._busy()
+            if psutil_alive(pid) and time.time() - started < limit
+        )
+
+    def release_dead_workers_tasks(self) -> int:
+        """A worker killed mid-task takes its task with it (the sentinel replaces the
+        worker, not the task): hand that task back now rather than after Q_RETRY."""
+        dead = [(pid, ack_id) for pid, _, ack_id in self._busy() if not psutil_alive(pid)]
+        if not dead or self.state is None:
+            return 0
+        count = release_claims(self.state, only={ack_id for _, ack_id in dead})
+        for pid, _ in dead:
+            (self.state / f"busy-{pid}").unlink(missing_ok=True)
+        if count:
+            logger.warning("%s: handed back %d task(s) of killed worker(s)", self.name, count)
+        return count
 
     def check(self) -> str | None:
         now = time.monotonic()
@@ -260,10 +283,13 @@ class QclusterProgram(Program):
 
         close_old_connections()
         try:
+            self.release_dead_workers_tasks()
             figures = queue_figures(own_claims=_claims(self.state))
+            beating = self._beating()
         except DatabaseError:
-            # The database is down: no cluster can progress, restarting one does not help.
-            self._progress_at = timezone.now()
+            # The database is down: no cluster can progress (nor publish its heartbeat),
+            # restarting one does not help.
+            self._progress_at = self._heartbeat_at = timezone.now()
             return None
         wall = timezone.now()
         progress = [self._progress_at or wall]
@@ -276,12 +302,26 @@ class QclusterProgram(Program):
         self._progress_at = max(progress)
         idle_for = (wall - self._progress_at).total_seconds()
         publish_watchdog_state(self, figures, idle_for)
+        if beating:
+            self._heartbeat_at = wall
+        silent = (wall - (self._heartbeat_at or wall)).total_seconds()
+        if silent > self.stall_seconds:
+            # The sentinel's guard loop itself can block on a lock of a killed worker:
+            # then nothing replaces dead workers and the heartbeat stops.
+            return f"no heartbeat from the cluster for {silent:.0f}s"
         if idle_for > self.stall_seconds:
             return (
                 f"{figures['waiting']} task(s) waiting for {figures['oldest_waiting_seconds']:.0f}s, "
                 f"none finished and no worker busy for {idle_for:.0f}s"
             )
         return None
+
+    def _beating(self) -> bool:
+        """Whether the cluster's sentinel published its status in the last seconds."""
+        from django_q.status import Stat
+
+        pid = self.proc.pid if self.proc is not None else None
+        return any(stat.pid == pid for stat in Stat.get_all())
 
 
 def psutil_alive(pid: int) -> bool:
@@ -335,15 +375,20 @@ WATCHDOG_CACHE_PREFIX = "memory:worker-watchdog:"
 def publish_watchdog_state(program: QclusterProgram, figures: dict[str, Any], idle: float) -> None:
     """Share the watchdog's view (busy workers, restarts) with /healthz."""
     from django.core.cache import cache
+    from django.db import DatabaseError
 
-    cache.set(
-        f"{WATCHDOG_CACHE_PREFIX}{os.uname().nodename}:{os.getpid()}",
-        {
-            "pid": os.getpid(),
-            "busy_workers": program.busy_workers(),
-            "idle_seconds": round(idle, 1),
-            "restarts": program.restarts,
-            "stall_seconds": program.stall_seconds,
-        },
-        timeout=max(10, int(program.check_every * 5)),
-    )
+    state = {
+        "pid": os.getpid(),
+        "busy_workers": program.busy_workers(),
+        "idle_seconds": round(idle, 1),
+        "restarts": program.restarts,
+        "stall_seconds": program.stall_seconds,
+    }
+    try:
+        cache.set(
+            f"{WATCHDOG_CACHE_PREFIX}{os.uname().nodename}:{os.getpid()}",
+            state,
+            timeout=max(10, int(program.check_every * 5)),
+        )
+    except DatabaseError:
+        pass

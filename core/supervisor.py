@@ -246,10 +246,11 @@ class Supervisor:
     def _schedule_restart(
         self, program: Program, ran: float, why: str, *, immediately: bool = False
     ) -> None:
-        program.failures = 0 if ran >= self.stable_after else program.failures + 1
-        delay = min(self.backoff_max, self.backoff_initial * 2 ** max(0, program.failures - 1))
-        if immediately:
+        if immediately:  # we stopped it: not a crash loop to slow down
             delay = 0.0
+        else:
+            program.failures = 0 if ran >= self.stable_after else program.failures + 1
+            delay = min(self.backoff_max, self.backoff_initial * 2 ** max(0, program.failures - 1))
         program.restart_at = time.monotonic() + delay
         logger.error(
             "%s %s after %.1fs; restarting in %.1fs (restart %d)",

@@ -136,18 +136,25 @@ class Instance:
         return done.stdout
 
     def start(self, *command: str) -> None:
-        command = command or ("serve", "--web-workers", "2")
+        """Run ``manage.py <command>`` (default ``serve``) as the instance's process."""
+        self.proc = self.spawn(*(command or ("serve", "--web-workers", "2")))
+
+    def spawn(self, *command: str, **env: str) -> subprocess.Popen[bytes]:
+        """Start ``manage.py <command>`` in this instance's environment, logging to
+        ``serve.log``; the caller stops it."""
         assert self.log_path is not None
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *command],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        try:
+            return subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), *command],
+                cwd=ROOT,
+                env={**self.env, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
 
     def log(self) -> str:
         assert self.log_path is not None
@@ -240,6 +247,21 @@ class Instance:
     def post(self, path: str, body: Any, **kwargs: Any) -> Reply:
         return self.request("POST", path, body, **kwargs)
 
+    def enqueue_sleeps(self, count: int, seconds: float, prefix: str) -> None:
+        """Queue ``count`` tasks ``time.sleep(seconds)`` named ``<prefix>-<n>``."""
+        self.manage(
+            "shell",
+            "-c",
+            "from django_q.tasks import async_task\n"
+            f"for i in range({count}): async_task('time.sleep', {seconds}, "
+            f"task_name=f'{prefix}-{{i}}')",
+        )
+
+    def finished(self, prefix: str) -> int:
+        return self.query("SELECT count(*) FROM django_q_task WHERE name LIKE %s", [prefix + "-%"])[
+            0
+        ][0]
+
     # --- database (straight to the instance's server, no Django) ---------------------
     def postmaster_pid(self) -> int | None:
         try:
@@ -257,18 +279,19 @@ class Instance:
     def tree(self) -> list[psutil.Process]:
         return descendants(self.proc.pid) if self.proc else []
 
-    def cluster_main(self) -> psutil.Process | None:
-        """The worker cluster's main process (a child of serve)."""
-        if self.proc is None:
+    def cluster_main(self, supervisor: int | None = None) -> psutil.Process | None:
+        """The worker cluster's main process (a child of serve, or of ``supervisor``)."""
+        pid = supervisor or (self.proc.pid if self.proc else None)
+        if pid is None:
             return None
-        for child in psutil.Process(self.proc.pid).children():
+        for child in psutil.Process(pid).children():
             text = title(child)
             if "--run-cluster" in text or text.startswith("qcluster"):
                 return child
         return None
 
-    def workers(self) -> list[psutil.Process]:
-        main = self.cluster_main()
+    def workers(self, supervisor: int | None = None) -> list[psutil.Process]:
+        main = self.cluster_main(supervisor)
         if main is None:
             return []
         return [p for p in descendants(main.pid) if WORKER_TITLE.match(title(p))]
