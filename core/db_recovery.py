@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError, models
 from django.http import HttpRequest, JsonResponse
 
 logger = logging.getLogger("core.db_recovery")
@@ -90,6 +90,18 @@ def response_for_current_exception(request: HttpRequest) -> JsonResponse | None:
     """Inside Django's 500 handler: the 503 if the request failed on an outage."""
     unavailable = as_database_unavailable(sys.exc_info()[1]) if sys.exc_info()[1] else None
     return unavailable_response(request, unavailable) if unavailable else None
+
+
+def refresh_after_commit(instance: models.Model) -> None:
+    """Reload ``instance`` after its write committed; if the database went away in
+    between, keep the values in memory. The write succeeded and must answer so: a
+    client told 503 would send it again."""
+    try:
+        instance.refresh_from_db()
+    except DatabaseError as exc:
+        if not is_database_unavailable(exc):
+            raise
+        logger.warning("committed, but could not reload %r: %s", instance, exc)
 
 
 # --- embedded server restart -----------------------------------------------------------

@@ -161,7 +161,7 @@ def messages_record(
             ]
         )  # fmt: skip
         for session in _sessions_to_trigger(flow, session_id):
-            transaction.on_commit(lambda s=session: _enqueue_quietly(s))
+            transaction.on_commit(lambda s=session: _enqueue_quietly(s), robust=True)
     return stored
 
 
@@ -253,7 +253,9 @@ def session_ingest_enqueue(
         session_ingest_run(job_id=job.pk, progress=progress)
         job.refresh_from_db()
     else:
-        transaction.on_commit(lambda: _dispatch(job))
+        # robust: the job row is committed; a failed hand-off (the database gone in
+        # between) must not turn the accepted request into an error.
+        transaction.on_commit(lambda: _dispatch(job), robust=True)
     return job
 
 

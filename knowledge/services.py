@@ -20,6 +20,7 @@ from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
 from core.db import advisory_session_lock, try_advisory_xact_lock
+from core.db_recovery import refresh_after_commit
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.chunking import chunk_text
 from knowledge.models import FTS_LANGUAGES, INDEXED_DIMENSIONS, IngestJob, KnowledgeBase
@@ -356,8 +357,8 @@ def knowledge_base_ingest(
         KnowledgeBase.objects.select_for_update().get(pk=knowledge_base.pk)
         written, deleted = _write_chunks(knowledge_base, stage_rows, keys)
         if written and _defer_indexing(knowledge_base):
-            transaction.on_commit(enqueue_chunk_indexing)
-    knowledge_base.refresh_from_db()
+            transaction.on_commit(enqueue_chunk_indexing, robust=True)
+    refresh_after_commit(knowledge_base)
     return IngestResult(documents=len(documents), chunks_written=written, chunks_deleted=deleted)
 
 
@@ -389,7 +390,7 @@ def knowledge_ingest_job_create(
             document_count=len(documents),
             char_count=sum(len(d.text) for d in documents),
         )
-        transaction.on_commit(lambda: _enqueue_ingest_job(job))
+        transaction.on_commit(lambda: _enqueue_ingest_job(job), robust=True)
     return job
 
 

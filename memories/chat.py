@@ -132,7 +132,7 @@ def _enqueue_formation(prepared: PreparedChat) -> None:
         except Exception:  # noqa: BLE001 - the answer is delivered; learning is best effort
             logger.exception("could not queue memory formation")
 
-    transaction.on_commit(enqueue)
+    transaction.on_commit(enqueue, robust=True)
 
 
 def chat_complete(prepared: PreparedChat) -> dict[str, Any]:

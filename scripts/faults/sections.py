@@ -244,14 +244,15 @@ def database_kill(
     before: float = 3.0,
     after: float = 15.0,
 ) -> dict[str, Any]:
-    """Load (writes to /messages, reads of /memories and /healthz) on ``threads``
+    """Load (writes to /messages and to a knowledge base's /documents, reads of
+    /memories and /healthz) on ``threads``
     threads; after ``before`` seconds the postmaster is SIGKILLed (``how="kill"``) or
     stopped (``how="stop"``, as ``make db-stop``); load goes on ``after`` seconds.
     Every 2xx write must be in the table; no request may answer anything but 2xx or
     503 ``database_unavailable`` with ``Retry-After``."""
     inst.wait_healthy()
     flow = inst.post("/api/v1/flows", {"name": f"db-{uuid.uuid4().hex[:8]}"}).body["id"]
-    inst.ensure_key()
+    kb = inst.post("/api/v1/knowledge-bases", {"name": f"db-{uuid.uuid4().hex[:8]}"}).body["id"]
     results: list[tuple[float, str, str, str | None]] = []  # (t, kind, class, write id)
     lock = threading.Lock()
     stop = threading.Event()
@@ -260,10 +261,17 @@ def database_kill(
         i = 0
         while not stop.is_set():
             i += 1
-            kind = ("write", "read", "write", "health")[i % 4]
+            kind = ("write", "read", "document", "health")[i % 4]
             write_id = None
             try:
-                if kind == "write":
+                if kind == "document":
+                    write_id = f"d{n}-{i}"
+                    reply = inst.post(
+                        f"/api/v1/knowledge-bases/{kb}/documents",
+                        {"documents": [{"text": f"document {write_id}", "source_key": write_id}]},
+                        timeout=20,
+                    )
+                elif kind == "write":
                     write_id = f"w{n}-{i}"
                     reply = inst.post(
                         "/api/v1/messages",
@@ -281,6 +289,8 @@ def database_kill(
                 else:
                     reply = inst.get("/healthz", auth=False, timeout=20)
                 outcome = _classify(reply)
+                if reply.status == 202:  # accepted as a background job: the job row is the write
+                    write_id = f"job:{reply.body['job']['id']}"
             except OSError as exc:
                 outcome = f"connection error ({type(exc).__name__})"
             with lock:
@@ -307,7 +317,19 @@ def database_kill(
     new_pid = inst.postmaster_pid()
     rows = {
         r[0] for r in inst.query("SELECT run_id FROM ingestion_message WHERE flow_id = %s", [flow])
+    } | {
+        r[0]
+        for r in inst.query(
+            "SELECT document_key FROM knowledge_chunk WHERE knowledge_base_id = %s", [kb]
+        )
     }
+    jobs = dict(
+        inst.query(
+            "SELECT 'job:' || id, status FROM knowledge_ingestjob WHERE knowledge_base_id = %s",
+            [kb],
+        )
+    )
+    rows |= set(jobs)
     during = [r for r in results if r[0] >= killed_at]
     # Down from the kill until the first success after the first failure (a stop
     # takes a moment: requests still succeed while the server shuts down).
@@ -316,8 +338,8 @@ def database_kill(
         (r[0] for r in during if first_fail and r[0] > first_fail and r[2] == "ok"), None
     )
     outage = [r for r in during if first_fail and (first_ok is None or r[0] < first_ok)]
-    ok_writes = {r[3] for r in results if r[1] == "write" and r[2] == "ok"}
-    failed_writes = {r[3] for r in results if r[1] == "write" and r[2] != "ok"}
+    ok_writes = {r[3] for r in results if r[3] and r[2] == "ok"}
+    failed_writes = {r[3] for r in results if r[3] and r[2] != "ok"}
     return {
         "how": how,
         "requests": len(results),
@@ -332,6 +354,7 @@ def database_kill(
         "writes_2xx": len(ok_writes),
         "writes_2xx_missing": len(ok_writes - rows),
         "writes_failed_but_committed": len(failed_writes & rows),
+        "document_batches_queued_as_jobs": dict(Counter(jobs.values())),
     }
 
 
