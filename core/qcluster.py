@@ -36,6 +36,10 @@ logger = logging.getLogger("core.qcluster")
 
 STATE_DIR_ENV = "MEMORY_WORKER_STATE_DIR"
 _BUSY_GRACE = 30.0  # seconds past Q_TIMEOUT before a "busy" worker stops counting as progress
+# Floors under WORKER_STALL_SECONDS: a loaded machine can take this long to start a
+# cluster, or to refresh its heartbeat (django-q2 publishes it every 0.5 s for 3 s).
+STARTUP_SECONDS = 60.0
+HEARTBEAT_SECONDS = 15.0
 
 
 # --- inside the cluster process --------------------------------------------------------
@@ -209,6 +213,7 @@ class QclusterProgram(Program):
         self._last_check = 0.0
         self._progress_at: datetime | None = None
         self._heartbeat_at: datetime | None = None
+        self._up = False
 
     def before_start(self) -> dict[str, str]:
         from django.utils import timezone
@@ -219,6 +224,7 @@ class QclusterProgram(Program):
         self._lock_handle = open(self.state / "lock", "a+")  # noqa: SIM115 - held while it runs
         fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
         self._progress_at = self._heartbeat_at = timezone.now()
+        self._up = False
         return {STATE_DIR_ENV: str(self.state)}
 
     def after_stop(self) -> None:
@@ -292,6 +298,15 @@ class QclusterProgram(Program):
             self._progress_at = self._heartbeat_at = timezone.now()
             return None
         wall = timezone.now()
+        if not self._up:
+            # The clock starts once the cluster runs: under load, starting Django and
+            # forking the workers takes a while, and waiting tasks are not a stall then.
+            if not beating:
+                waited = (wall - (self._heartbeat_at or wall)).total_seconds()
+                limit = max(self.stall_seconds, STARTUP_SECONDS)
+                return f"not running after {waited:.0f}s" if waited > limit else None
+            self._up = True
+            self._progress_at = self._heartbeat_at = wall
         progress = [self._progress_at or wall]
         if figures["waiting_since"] is None or self.busy_workers():
             progress.append(wall)
@@ -305,7 +320,7 @@ class QclusterProgram(Program):
         if beating:
             self._heartbeat_at = wall
         silent = (wall - (self._heartbeat_at or wall)).total_seconds()
-        if silent > self.stall_seconds:
+        if silent > max(self.stall_seconds, HEARTBEAT_SECONDS):
             # The sentinel's guard loop itself can block on a lock of a killed worker:
             # then nothing replaces dead workers and the heartbeat stops.
             return f"no heartbeat from the cluster for {silent:.0f}s"

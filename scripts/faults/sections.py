@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
+import psycopg
 
 from scripts.faults.harness import Instance, Reply, alive, title
 
@@ -314,6 +315,13 @@ def database_kill(
     stop.set()
     for worker in workers:
         worker.join(timeout=30)
+    deadline = time.monotonic() + 60  # the figures need the server back
+    while time.monotonic() < deadline:
+        try:
+            inst.query("SELECT 1")
+            break
+        except psycopg.OperationalError:
+            time.sleep(0.5)
     new_pid = inst.postmaster_pid()
     rows = {
         r[0] for r in inst.query("SELECT run_id FROM ingestion_message WHERE flow_id = %s", [flow])

@@ -20,7 +20,7 @@ from scripts.faults.sections import database_kill, serve_sigterm, worker_main_ki
 
 pytestmark = pytest.mark.slow
 
-STALL = 3  # WORKER_STALL_SECONDS of the instance
+STALL = 5  # WORKER_STALL_SECONDS of the instance
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +115,12 @@ def test_worker_kills_in_a_loop_never_freeze_background_work(served):
 
 
 def test_kill_of_the_worker_main_process(served):
-    figures = worker_main_kill(served, bound=30)
+    figures = worker_main_kill(served, bound=45)
     assert figures["web_failures"] == 0
     assert figures["seconds_to_new_cluster"] is not None, (figures, served.log()[-4000:])
-    assert figures["seconds_to_new_cluster"] < 15
+    # About 5 s (BENCHMARKS.md); the bound leaves room for a loaded machine (starting
+    # Django there took 15-20 s with the load average at 10 on 2 cores).
+    assert figures["seconds_to_new_cluster"] < 30
     assert figures["seconds_to_first_task_done"] is not None
     assert figures["orphans_of_old_cluster"] == []
     assert "worker exited with code -9" in served.log()
@@ -129,11 +131,34 @@ def test_database_killed_under_load(served):
     assert figures["server_restarted"], figures
     assert figures["other_5xx"] == 0, figures
     assert set(figures["all_by_outcome"]) <= {"ok", "503_database_unavailable"}, figures
-    assert figures["requests_while_down"] > 0
-    assert figures["seconds_to_recover"] is not None and figures["seconds_to_recover"] < 10
-    assert figures["writes_2xx"] > 0
-    assert figures["writes_2xx_missing"] == 0
-    assert figures["writes_failed_but_committed"] == 0
+    assert figures["requests_while_down"] > 0, figures
+    # About 5-8 s here (BENCHMARKS.md); the bound leaves room for a loaded machine.
+    assert figures["seconds_to_recover"] is not None, figures
+    assert figures["seconds_to_recover"] < 30, figures
+    assert figures["writes_2xx"] > 0, figures
+    assert figures["writes_2xx_missing"] == 0, figures
+    assert figures["writes_failed_but_committed"] == 0, figures
+
+
+def test_kill_of_the_web_server_restarts_it(served):
+    master = next(p for p in served.tree() if "gunicorn: master" in title(p))
+    old = [master, *master.children()]
+    master.kill()
+    started = time.monotonic()
+
+    def answering():
+        try:
+            return served.get("/api/v1/flows", timeout=5).status == 200
+        except OSError:
+            return False
+
+    # The old workers notice their master's death within a second or so and may answer
+    # until then: wait for the supervisor's restart, then for the new server.
+    assert _wait(lambda: "web exited with code -9" in served.log(), 15), served.log()[-3000:]
+    assert _wait(answering, 30), served.log()[-3000:]
+    assert time.monotonic() - started < 15
+    assert alive(old) == []
+    assert any("gunicorn: master" in title(p) for p in served.tree())
 
 
 def test_sigterm_to_serve_leaves_no_process(served):
