@@ -155,8 +155,9 @@ def test_kill_of_the_web_server_restarts_it(served):
     # The old workers notice their master's death within a second or so and may answer
     # until then: wait for the supervisor's restart, then for the new server.
     assert _wait(lambda: "web exited with code -9" in served.log(), 15), served.log()[-3000:]
-    assert _wait(answering, 30), served.log()[-3000:]
-    assert time.monotonic() - started < 15
+    assert _wait(answering, 45), served.log()[-3000:]
+    # A few seconds on a quiet machine; 22 s was seen with the load average at 10.
+    assert time.monotonic() - started < 45
     assert alive(old) == []
     assert any("gunicorn: master" in title(p) for p in served.tree())
 
