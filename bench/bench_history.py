@@ -21,10 +21,10 @@ Every message records its parent. Node memory gets the same shape as 5,000 turns
 Reported, p50/p99 (and mean) over ``--calls`` calls after 10 warm-up calls, for a
 history cut to ``--max-tokens`` (2,000):
 
-* conversation memory, ``ingestion.conversation.conversation_history``: from the
+* conversation memory, ``memories.conversations.history.conversation_history``: from the
   newest message, and from a message in the middle (``current_message_id``); the
   default ``message_limit`` (500) bounds the candidates;
-* node memory, ``ingestion.node_memory.node_memory_history``: the document stored
+* node memory, ``memories.conversations.node_memory.node_memory_history``: the document stored
   plain and gzipped (default threshold 64 KiB); cold (the process's parsed-document
   cache emptied before every call: read + decompress + ``json.loads`` + thread),
   the parse alone, and warm (the bytes are read and checksummed, the parse reused);
@@ -64,9 +64,10 @@ from django.db import connection, transaction  # noqa: E402
 from django.db.migrations.executor import MigrationExecutor  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
-from ingestion import node_memory  # noqa: E402
-from ingestion.conversation import conversation_history  # noqa: E402
-from ingestion.models import Flow, Message  # noqa: E402
+from memories.conversations import node_memory  # noqa: E402
+from memories.conversations.history import conversation_history  # noqa: E402
+from memories.conversations.models import Flow, Message
+from memories.conversations.node_memory import documents as node_documents  # noqa: E402
 
 SESSION = "bench-10k"
 WORDS = (
@@ -127,13 +128,20 @@ def build_conversation(flow: Flow, n: int) -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [
         Message(
-            id=ids[i], owner_id=flow.owner_id, flow=flow, session_id=SESSION, run_id=f"r{i}",
-            is_output=role != "user", role=role, sender=role, text=text,
+            id=ids[i],
+            owner_id=flow.owner_id,
+            flow=flow,
+            session_id=SESSION,
+            run_id=f"r{i}",
+            is_output=role != "user",
+            role=role,
+            sender=role,
+            text=text,
             parent_id=ids[p] if p is not None else None,
             created_at=start + timedelta(seconds=i),
         )
         for i, p, role, text in shape
-    ]  # fmt: skip
+    ]
     with transaction.atomic():
         Message.objects.bulk_create(rows, batch_size=2000)
     with connection.cursor() as cur:
@@ -237,7 +245,7 @@ def main() -> None:
             session_id=SESSION,
             current_message_id=middle_id,
             max_tokens=args.max_tokens,
-        ),  # fmt: skip
+        ),
         args.calls,
     )
     report("conversation history, current_message_id", samples, f"{len(result.items)} messages")
@@ -281,15 +289,15 @@ def bench_node(flow: Flow, args: argparse.Namespace, label: str, tmp: Path) -> N
     )
 
     def cold() -> Any:
-        node_memory._cache.clear()
+        node_documents._cache.clear()
         return history()
 
     samples, result = timed(cold, args.calls)
     report(f"node memory history ({label}), cold", samples, f"{len(result.items)} messages")
 
     def parse_cold() -> Any:
-        node_memory._cache.clear()
-        return node_memory._load(node_memory._storage(), key)
+        node_documents._cache.clear()
+        return node_documents._load(node_documents._storage(), key)
 
     samples, _ = timed(parse_cold, args.calls)
     report(f"  of which read + parse ({label})", samples)
@@ -299,9 +307,13 @@ def bench_node(flow: Flow, args: argparse.Namespace, label: str, tmp: Path) -> N
 
     def append() -> Any:
         return node_memory.node_memory_append_turn(
-            flow=flow, session_id=SESSION, node_id="llm1", message_id=f"x{next(appended)}",
-            user_content="One more question?", assistant_content="One more answer.",
-        )  # fmt: skip
+            flow=flow,
+            session_id=SESSION,
+            node_id="llm1",
+            message_id=f"x{next(appended)}",
+            user_content="One more question?",
+            assistant_content="One more answer.",
+        )
 
     samples, _ = timed(append, min(args.calls, 50))
     report(f"append one turn ({label})", samples)

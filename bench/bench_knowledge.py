@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import os
 import random
@@ -86,7 +87,7 @@ from django.db.migrations.executor import MigrationExecutor  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
 from core.providers.embeddings import HashingEmbedder, _feature_slot  # noqa: E402
-from knowledge import search, services  # noqa: E402
+from knowledge import search  # noqa: E402
 from knowledge.models import Chunk, KnowledgeBase  # noqa: E402
 from knowledge.search import SearchRequest, search_chunks  # noqa: E402
 from knowledge.services import (  # noqa: E402
@@ -97,6 +98,7 @@ from knowledge.services import (  # noqa: E402
     knowledge_base_ingest,
     knowledge_index_pending,
 )
+from knowledge.services import ingest as services  # noqa: E402
 
 DIMS = 384
 N_TENANTS = 100
@@ -204,7 +206,7 @@ def make_documents(
     sessions = rng.integers(0, SESSIONS_PER_TENANT, n)
     seconds = rng.integers(0, 365 * 86400, n)
     docs = [
-        DocumentIn(
+        DocumentIn.from_payload(
             source_key=f"d{start + i}",
             text=corpus.text(int(clusters[i]), trng),
             metadata={
@@ -385,10 +387,7 @@ def backlog_probe(
     with precomputed_embedder(DIMS) as fake:
         for start in range(0, n, batch):
             docs, vectors = make_documents(corpus, spec, start, min(batch, n - start), seed + 13)
-            docs = [
-                DocumentIn(source_key=f"backlog-{d.source_key}", text=d.text, metadata=d.metadata)
-                for d in docs
-            ]
+            docs = [dataclasses.replace(d, source_key=f"backlog-{d.source_key}") for d in docs]
             keys += [d.source_key for d in docs]
             fake.load(vectors)
             knowledge_base_ingest(knowledge_base=kb, documents=docs)
@@ -608,9 +607,17 @@ def measure(scenario: Scenario, queries: list[Query], truth: Truth, warmup: int)
     scope = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
     per_query = {k: 1000 * v / len(queries) for k, v in hybrid_seconds.items()}
     return ScenarioResult(
-        scenario.name, scope, hybrid_ms, vector_ms, recall, rows_h, rows_v, expected, paths,
+        scenario.name,
+        scope,
+        hybrid_ms,
+        vector_ms,
+        recall,
+        rows_h,
+        rows_v,
+        expected,
+        paths,
         per_query,
-    )  # fmt: skip
+    )
 
 
 def print_results(results: list[ScenarioResult]) -> None:

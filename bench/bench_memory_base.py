@@ -17,7 +17,7 @@ written to files; the figures are printed.
    django-q broker) receive the outputs through ``messages_record``: one run per
    output, each run = a short user turn + one assistant output of 40-80 words,
    round-robin over ``--sessions`` sessions. Then every session is ingested inline
-   (``session_ingest_enqueue(run_inline=True)``: batches of 200 messages ->
+   (``session_ingest_enqueue(run_with=session_ingest_run)``: batches of 200 messages ->
    ``knowledge_base_ingest`` -> cursor). Ingestion is repeated ``--repeats`` times
    into fresh memory bases on the same flow (median reported). The embedder's own
    time is measured twice: inside ingestion (the embedder's ``embed`` wrapped with a
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import dataclasses
 import io
 import os
 import platform
@@ -71,11 +72,20 @@ from django.db import connection, transaction  # noqa: E402
 from django.test import override_settings  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
-import ingestion.services as ing  # noqa: E402
-import knowledge.services as ks  # noqa: E402
+import ingestion.capture as capture  # noqa: E402
+import ingestion.memory_bases as runner  # noqa: E402
+import knowledge.services.ingest as ks  # noqa: E402
+import memories.bases.services as mbs  # noqa: E402
+import memories.conversations.services as convs  # noqa: E402
 from core.providers.embeddings import _feature_slot  # noqa: E402
-from ingestion.models import Flow, IngestionJob, MemoryBase, MemoryBaseSession, Message  # noqa: E402
 from knowledge.models import Chunk  # noqa: E402
+from knowledge.selectors import kb_embedder  # noqa: E402
+from memories.bases.models import (  # noqa: E402
+    MemoryBase,
+    MemoryBaseJob,  # noqa: E402
+    MemoryBaseSession,
+)
+from memories.conversations.models import Flow, Message  # noqa: E402
 
 TARGET_OVERHEAD = 0.10
 NO_TRIGGER = 10**9
@@ -199,7 +209,7 @@ def bench_user(username: str) -> Any:
 
 def delete_memory_bases(qs: Any) -> None:
     for mb in qs.select_related("knowledge_base"):
-        ing.memory_base_delete(memory_base=mb, wait_seconds=0)
+        mbs.memory_base_delete(memory_base=mb, wait_seconds=0)
 
 
 def clear_e2e_data(user: Any) -> None:
@@ -238,14 +248,16 @@ class EmbedTimer:
         del self.embedder.embed
 
 
-def ingest_all(memory_base: MemoryBase, session_ids: list[str]) -> list[IngestionJob]:
+def ingest_all(memory_base: MemoryBase, session_ids: list[str]) -> list[MemoryBaseJob]:
     jobs = []
     for session_id in session_ids:
-        session = ing.memory_base_session_ensure(memory_base=memory_base, session_id=session_id)
-        job = ing.session_ingest_enqueue(
-            session=session, trigger=IngestionJob.Trigger.MANUAL, run_inline=True
+        session = mbs.memory_base_session_ensure(memory_base=memory_base, session_id=session_id)
+        job = mbs.session_ingest_enqueue(
+            session=session,
+            trigger=MemoryBaseJob.Trigger.MANUAL,
+            run_with=runner.session_ingest_run,
         )
-        if job is None or job.status != IngestionJob.Status.SUCCEEDED:
+        if job is None or job.status != MemoryBaseJob.Status.SUCCEEDED:
             raise RuntimeError(f"ingestion of {session_id} did not succeed: {job and job.error}")
         jobs.append(job)
     return jobs
@@ -257,7 +269,7 @@ def check_committed(memory_base: MemoryBase, outputs: int, texts: set[str]) -> N
     if found != outputs:
         raise RuntimeError(f"expected {outputs} committed chunks, found {found}")
     pending = sum(
-        ing.session_pending_count(session=s)
+        mbs.session_pending_count(session=s)
         for s in memory_base.sessions.select_related("memory_base")
     )
     if pending:
@@ -268,7 +280,7 @@ def check_committed(memory_base: MemoryBase, outputs: int, texts: set[str]) -> N
 
 
 def new_memory_base(user: Any, flow: Flow, name: str) -> MemoryBase:
-    return ing.memory_base_create(owner=user, name=name, flow=flow, threshold=NO_TRIGGER)
+    return mbs.memory_base_create(owner=user, name=name, flow=flow, threshold=NO_TRIGGER)
 
 
 def run_e2e(
@@ -277,7 +289,7 @@ def run_e2e(
     rng = random.Random(seed)
     user = bench_user(E2E_USER)
     clear_e2e_data(user)
-    flow = ing.flow_create(owner=user, name=f"e2e-{provider}")
+    flow = convs.flow_create(owner=user, name=f"e2e-{provider}")
     session_ids = [f"{provider}-session-{i:03d}" for i in range(sessions)]
     topics = list(_TOPICS)
     runs = []
@@ -288,8 +300,8 @@ def run_e2e(
                 session_ids[i % sessions],
                 f"run-{i:06d}",
                 [
-                    ing.MessageIn(role="user", text=user_text(rng, topic)),
-                    ing.MessageIn(role="assistant", text=assistant_text(rng, topic)),
+                    convs.MessageIn(role="user", text=user_text(rng, topic)),
+                    convs.MessageIn(role="assistant", text=assistant_text(rng, topic)),
                 ],
             )
         )
@@ -310,16 +322,18 @@ def run_e2e(
         memory_base = new_memory_base(user, flow, f"mb-{provider}-0")
         kb = memory_base.knowledge_base
         assert kb.embedding_provider == provider, kb.embedding_provider
-        embedder = ks.kb_embedder(kb)
+        embedder = kb_embedder(kb)
         load_start = time.perf_counter()
         embedder.embed(["warm-up text for the embedder"] * 8)  # loads the local model
         result["embedder_load_s"] = time.perf_counter() - load_start
 
         start = time.perf_counter()
         for session_id, run_id, messages in runs:
-            ing.messages_record(flow=flow, session_id=session_id, run_id=run_id, messages=messages)
+            capture.messages_record(
+                flow=flow, session_id=session_id, run_id=run_id, messages=messages
+            )
         result["capture_s"] = time.perf_counter() - start
-        if IngestionJob.objects.filter(memory_base=memory_base).exists():
+        if MemoryBaseJob.objects.filter(memory_base=memory_base).exists():
             raise RuntimeError("capture queued a job: the threshold should prevent it")
         vacuum("ingestion_message")
 
@@ -505,17 +519,17 @@ def profile_phases(
 ) -> dict[str, Any]:
     phases = Phases()
     for name, label in [
-        ("_claim", "ing._claim"),
-        ("_scope_count", "ing._scope_count"),
-        ("_cancelled", "ing._cancelled (cancel polls)"),
-        ("_batch_to_documents", "ing._batch_to_documents"),
+        ("job_claim", "runner.job_claim"),
+        ("_scope", "runner._scope"),
+        ("_cancelled", "runner._cancelled (cancel polls)"),
+        ("_batch_to_documents", "runner._batch_to_documents"),
         ("knowledge_base_ingest", "ks.knowledge_base_ingest"),
-        ("_advance_cursor", "ing._advance_cursor"),
-        ("_finish", "ing._finish"),
-        ("session_ingest_run", "ing.session_ingest_run"),
-        ("memory_base_session_ensure", "ing.memory_base_session_ensure"),
+        ("session_cursor_advance", "mbs.session_cursor_advance"),
+        ("job_finish", "runner.job_finish"),
+        ("session_ingest_run", "runner.session_ingest_run"),
     ]:
-        phases.wrap(ing, name, label)
+        phases.wrap(runner, name, label)
+    phases.wrap(mbs, "memory_base_session_ensure", "mbs.memory_base_session_ensure")
     for name, label in [
         ("_chunk_documents", "ks._chunk_documents"),
         ("_stage_row", "ks._stage_row (per chunk)"),
@@ -554,12 +568,12 @@ def write_probe(memory_base: MemoryBase, embedder: Any, reps: int = 5) -> dict[s
     flow_id = memory_base.flow_id
     batch = list(
         Message.objects.filter(flow_id=flow_id, is_output=True).order_by("created_at", "id")[
-            : ing.INGEST_BATCH_MESSAGES
+            : runner.INGEST_BATCH_MESSAGES
         ]
     )
     docs = [
-        ks.DocumentIn(text=d.text, source_key="probe:" + d.source_key, metadata=d.metadata)
-        for d in ing._batch_to_documents(memory_base, batch)
+        dataclasses.replace(d, source_key="probe:" + d.source_key)
+        for d in runner._batch_to_documents(memory_base, batch)
     ]
     rows = ks._chunk_documents(kb, docs)
     vectors = embedder.embed([r.text for r in rows])
@@ -608,7 +622,7 @@ def profile_capture(flow: Flow, runs: list[tuple[str, str, list[Any]]]) -> dict[
         with connection.execute_wrapper(django_sql):
             start = time.perf_counter()
             for session_id, run_id, messages in runs:
-                ing.messages_record(
+                capture.messages_record(
                     flow=flow, session_id=session_id + "-p", run_id=run_id, messages=messages
                 )
             total = time.perf_counter() - start
@@ -627,7 +641,7 @@ def profile_capture_cprofile(flow: Flow, runs: list[tuple[str, str, list[Any]]])
     start = time.perf_counter()
     profiler.enable()
     for session_id, run_id, messages in runs:
-        ing.messages_record(
+        capture.messages_record(
             flow=flow, session_id=session_id + "-c", run_id=run_id, messages=messages
         )
     profiler.disable()
@@ -684,10 +698,17 @@ def load_pending_rows(user: Any, flow: Flow, rows: int, sessions: int) -> float:
             cur.execute(
                 _LOAD_SQL,
                 {
-                    "owner": user.pk, "flow": flow.pk, "sessions": sessions, "outputs": outputs,
-                    "questions": questions, "k": k, "t0": t0, "lo": lo, "hi": hi,
+                    "owner": user.pk,
+                    "flow": flow.pk,
+                    "sessions": sessions,
+                    "outputs": outputs,
+                    "questions": questions,
+                    "k": k,
+                    "t0": t0,
+                    "lo": lo,
+                    "hi": hi,
                 },
-            )  # fmt: skip
+            )
         print(
             f"  loaded {hi + 1:,} / {rows:,} rows ({time.perf_counter() - start:.0f} s)", flush=True
         )
@@ -718,11 +739,11 @@ def run_pending(rows: int, sessions: int, runs: int, fresh: bool) -> dict[str, A
     with override_settings(
         EMBEDDING_PROVIDER="hashing", EMBEDDING_MODEL=MODELS["hashing"], EMBEDDING_DIMENSIONS=384
     ):
-        memory_base = MemoryBase.objects.filter(flow=flow).first() or ing.memory_base_create(
+        memory_base = MemoryBase.objects.filter(flow=flow).first() or mbs.memory_base_create(
             owner=user, name="pending-load", flow=flow, threshold=NO_TRIGGER
         )
     session_id = f"sess-{sessions // 2:05d}"
-    session = ing.memory_base_session_ensure(memory_base=memory_base, session_id=session_id)
+    session = mbs.memory_base_session_ensure(memory_base=memory_base, session_id=session_id)
     outputs = list(
         Message.objects.filter(flow=flow, session_id=session_id, is_output=True)
         .order_by("created_at", "id")
@@ -753,7 +774,7 @@ def run_pending(rows: int, sessions: int, runs: int, fresh: bool) -> dict[str, A
     )
 
     with CaptureQueriesContext(connection) as captured:
-        count = ing.session_pending_count(session=session)
+        count = mbs.session_pending_count(session=session)
     sql = captured.captured_queries[-1]["sql"]
     if count != expected:
         raise RuntimeError(f"pending count {count}, expected {expected}")
@@ -770,7 +791,7 @@ def run_pending(rows: int, sessions: int, runs: int, fresh: bool) -> dict[str, A
     orm_ms, raw_ms, server_ms = [], [], []
     for _ in range(runs):
         start = time.perf_counter()
-        ing.session_pending_count(session=session)
+        mbs.session_pending_count(session=session)
         orm_ms.append((time.perf_counter() - start) * 1000)
     with connection.cursor() as cur:
         for _ in range(runs):
@@ -786,7 +807,7 @@ def run_pending(rows: int, sessions: int, runs: int, fresh: bool) -> dict[str, A
     # plain range condition, which the planner can use as an Index Cond.
     with CaptureQueriesContext(connection) as captured:
         alt_count = (
-            ing._outputs_after_cursor(session).filter(created_at__gte=session.cursor_created_at)
+            mbs._outputs_after_cursor(session).filter(created_at__gte=session.cursor_created_at)
         ).count()
     alt_sql = captured.captured_queries[-1]["sql"]
     assert alt_count == count

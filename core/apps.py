@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class CoreConfig(AppConfig):
@@ -7,3 +8,7 @@ class CoreConfig(AppConfig):
 
     def ready(self) -> None:
         from core import checks  # noqa: F401  (registers system checks)
+        from core.schedules import register_schedules
+
+        # Once per migrate (the sender filter), after every app's migrations ran.
+        post_migrate.connect(register_schedules, sender=self, dispatch_uid="core.schedules")

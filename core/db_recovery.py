@@ -14,14 +14,19 @@ import logging
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, models
 from django.http import HttpRequest, JsonResponse
 
+from core.errors import Unavailable
+
 logger = logging.getLogger("core.db_recovery")
+
+T = TypeVar("T")
 
 CODE = "database_unavailable"
 MESSAGE = "The database is unavailable; retry shortly."
@@ -32,10 +37,9 @@ MESSAGE = "The database is unavailable; retry shortly."
 _UNAVAILABLE_SQLSTATES = ("08", "57P")
 
 
-class DatabaseUnavailable(Exception):
+class DatabaseUnavailable(Unavailable):
     """The database cannot be reached: 503 with ``Retry-After``."""
 
-    status_code = 503
     code = CODE
 
     def __init__(self, message: str = MESSAGE) -> None:
@@ -88,20 +92,28 @@ def unavailable_response(request: HttpRequest, exc: DatabaseUnavailable) -> Json
 
 def response_for_current_exception(request: HttpRequest) -> JsonResponse | None:
     """Inside Django's 500 handler: the 503 if the request failed on an outage."""
-    unavailable = as_database_unavailable(sys.exc_info()[1]) if sys.exc_info()[1] else None
+    exc = sys.exc_info()[1]
+    unavailable = as_database_unavailable(exc) if exc is not None else None
     return unavailable_response(request, unavailable) if unavailable else None
+
+
+def read_after_commit(read: Callable[[], T], fallback: Callable[[], T]) -> T:
+    """``read()``, the fresh state of a write that already committed; if the database
+    went away in between, ``fallback()`` (built from what the write returned). The
+    write succeeded and must answer so: a client told 503 would send it again."""
+    try:
+        return read()
+    except DatabaseError as exc:
+        if not is_database_unavailable(exc):
+            raise
+        logger.warning("committed, but could not read it back: %s", exc)
+        return fallback()
 
 
 def refresh_after_commit(instance: models.Model) -> None:
     """Reload ``instance`` after its write committed; if the database went away in
-    between, keep the values in memory. The write succeeded and must answer so: a
-    client told 503 would send it again."""
-    try:
-        instance.refresh_from_db()
-    except DatabaseError as exc:
-        if not is_database_unavailable(exc):
-            raise
-        logger.warning("committed, but could not reload %r: %s", instance, exc)
+    between, keep the values in memory (``read_after_commit``)."""
+    read_after_commit(instance.refresh_from_db, lambda: None)
 
 
 # --- embedded server restart -----------------------------------------------------------

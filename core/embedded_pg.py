@@ -238,14 +238,16 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
     user = "pgserver" if os.geteuid() == 0 else None
     log = str(pgdata / "log")  # where pgserver's start sends the server log
     try:
-        commands.pg_ctl(["-w", "-m", "fast", "-l", log, "restart"], pgdata=pgdata, user=user)
+        commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "fast", "-l", log, "restart"], pgdata=pgdata, user=user
+        )
     except Exception as exc:
         # ALTER SYSTEM already saved the values: take them out again and start the
         # server as it was, or no later start could get past them.
         names = [name for name, _ in changed]
         _forget_auto_settings(pgdata, names)
         if _postmaster_pid(pgdata) is None or not _pid_is_postgres(_postmaster_pid(pgdata) or 0):
-            commands.pg_ctl(
+            commands.pg_ctl(  # type: ignore[attr-defined]
                 ["-w", "-o", '-h ""', "-o", f"-k {info.socket_dir}", "-l", log, "start"],
                 pgdata=pgdata,
                 user=user,
@@ -367,5 +369,5 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
     if pid is None or not _pid_is_postgres(pid):
         return False
     user = "pgserver" if os.geteuid() == 0 else None
-    commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+    commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)  # type: ignore[attr-defined]
     return True

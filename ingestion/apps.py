@@ -1,6 +1,14 @@
 from django.apps import AppConfig
 
+from core.schedules import ScheduleSpec
+
 
 class IngestionConfig(AppConfig):
     name = "ingestion"
-    verbose_name = "Memory bases and ingestion"
+    verbose_name = "Ingestion pipelines"
+    schedules = (
+        ScheduleSpec("node-memory-cleanup", "ingestion.tasks.node_memory_cleanup", "D"),
+        ScheduleSpec(
+            "memory-base-jobs-sweep", "ingestion.tasks.memory_base_jobs_sweep", "I", minutes=5
+        ),
+    )

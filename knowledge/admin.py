@@ -14,18 +14,33 @@ from knowledge.services import knowledge_base_delete
 @admin.register(KnowledgeBase)
 class KnowledgeBaseAdmin(admin.ModelAdmin):
     list_display = [
-        "name", "owner", "is_memory_base", "source_kind", "chunk_count", "size",
-        "embedding_model", "embedding_dimensions", "updated_at",
-    ]  # fmt: skip
+        "name",
+        "owner",
+        "is_memory_base",
+        "source_kind",
+        "chunk_count",
+        "size",
+        "embedding_model",
+        "embedding_dimensions",
+        "updated_at",
+    ]
     list_filter = ["is_memory_base", "source_kind", "embedding_provider"]
     list_select_related = ["owner"]
     search_fields = ["name", "owner__username"]
     raw_id_fields = ["owner"]
     readonly_fields = [
-        "embedding_provider", "embedding_model", "embedding_dimensions", "is_memory_base",
-        "chunk_count", "word_count", "char_count", "size_bytes", "source_types",
-        "created_at", "updated_at",
-    ]  # fmt: skip
+        "embedding_provider",
+        "embedding_model",
+        "embedding_dimensions",
+        "is_memory_base",
+        "chunk_count",
+        "word_count",
+        "char_count",
+        "size_bytes",
+        "source_types",
+        "created_at",
+        "updated_at",
+    ]
     actions = ["delete_with_chunks"]
 
     @admin.display(description="size", ordering="size_bytes")

@@ -1,6 +1,19 @@
 from django.apps import AppConfig
 
+from core.schedules import ScheduleSpec
+
 
 class KnowledgeConfig(AppConfig):
     name = "knowledge"
     verbose_name = "Knowledge bases"
+    schedules = (
+        # Ingestion queues the indexer after each commit; this covers a lost queueing
+        # or a worker that died mid-run.
+        ScheduleSpec(
+            "index-pending-chunks", "knowledge.tasks.index_pending_chunks", "I", minutes=5
+        ),
+        ScheduleSpec("ingest-jobs-sweep", "knowledge.tasks.ingest_jobs_sweep", "I", minutes=5),
+    )
+
+    def ready(self) -> None:
+        from knowledge import checks  # noqa: F401  (registers system checks)

@@ -222,14 +222,16 @@ class _Indexer:
             if previous is None:
                 return self.skip(path, "file is empty")
             return self.remove(path, previous, "file is empty")
-        metadata = {
-            "source_type": SOURCE_TYPE,
-            "file_path": str(path),
-            "content_hash": digest,
-            "timestamp": mtime.isoformat(),
-        }
+        document = DocumentIn(
+            text=text,
+            source_key=key,
+            source_type=SOURCE_TYPE,
+            file_path=str(path),
+            content_hash=digest,
+            timestamp=mtime,
+        )
         action: FileAction = "added" if previous is None else "updated"
-        self.add(DocumentIn(text=text, source_key=key, metadata=metadata), pieces)
+        self.add(document, pieces)
         self.emit(FileEvent(path, action, pieces))
         if self.batch_chunks >= BATCH_CHUNKS:
             self.flush()

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from pgvector.django import VectorField
 
+from core.jobs import Job
+
 # Dimensions that get an HNSW index (partial expression index per dimension, see
 # migration 0002). A base with other dimensions still works, through exact search.
 INDEXED_DIMENSIONS = (384, 768, 1024, 1536)
@@ -162,38 +164,26 @@ class Chunk(models.Model):
         return f"{self.source_key}: {self.text[:60]}"
 
 
-class IngestJob(models.Model):
+class IngestJob(Job):
     """A batch of documents ingested in the background (a large POST .../documents).
 
     The validated documents are kept here until they are written; the task
     ``knowledge.tasks.run_ingest_job`` runs the same ingestion helper as the
-    synchronous path, so running it twice yields the same chunks.
+    synchronous path, so running it twice yields the same chunks. Lifecycle:
+    ``core.jobs``.
     """
 
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
+    RETRY_HINT = "send the batch again in smaller parts"
 
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     knowledge_base = models.ForeignKey(
         KnowledgeBase, on_delete=models.CASCADE, related_name="ingest_jobs"
     )
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     # [{"text", "source_key", "metadata"}]; emptied once written.
     documents = models.JSONField(default=list, editable=False)
     document_count = models.PositiveIntegerField()
     char_count = models.PositiveBigIntegerField()
     chunks_written = models.PositiveIntegerField(default=0)
     chunks_deleted = models.PositiveIntegerField(default=0)
-    error = models.TextField(blank=True, default="")
-    attempts = models.PositiveSmallIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["knowledge_base", "status"], name="ingestjob_kb_status")]

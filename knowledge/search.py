@@ -30,9 +30,11 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from core.errors import InvalidInput
 from core.health import pgvector_supports_iterative_scan, pgvector_version
+from core.scoring import decay
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
-from knowledge.services import KnowledgeError, kb_embedder
+from knowledge.selectors import kb_embedder
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -48,8 +50,8 @@ FILTER_KEYS = (
 )
 
 
-class SearchError(KnowledgeError):
-    code = "invalid"
+class SearchError(InvalidInput):
+    pass
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def _exact_vector(
         f"WHERE {scope}{threshold} ORDER BY d, id LIMIT %s"
     )
     with connection.cursor() as cur:
-        cur.execute(sql, [vec, *params, *extra, limit])
+        cur.execute(sql, [vec, *params, *extra, limit])  # type: ignore[list-item]
         return [(row[0], float(row[1])) for row in cur.fetchall()]
 
 
@@ -271,8 +273,7 @@ def _query_vectors(
 def _decay(hits: list[Hit], created: dict[int, datetime], half_life_days: float) -> None:
     now = timezone.now()
     for hit in hits:
-        age_days = max(0.0, (now - created[hit.chunk_id]).total_seconds() / 86400)
-        hit.score *= math.pow(0.5, age_days / half_life_days)
+        hit.score *= decay(created[hit.chunk_id], half_life_days, now=now)
 
 
 def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list[Hit]:

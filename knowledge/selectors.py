@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.contrib.auth.models import User
+from django.db.models import Exists, QuerySet
 
+from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
 
 
 def knowledge_base_list(
-    *, owner: AbstractBaseUser, include_memory_bases: bool = True
+    *, owner: User, include_memory_bases: bool = True
 ) -> QuerySet[KnowledgeBase]:
     qs = KnowledgeBase.objects.filter(owner=owner)
     if not include_memory_bases:
@@ -20,14 +22,12 @@ def knowledge_base_list(
     return qs.order_by("name", "id")
 
 
-def knowledge_base_get(*, owner: AbstractBaseUser, kb_id: uuid.UUID | str) -> KnowledgeBase:
+def knowledge_base_get(*, owner: User, kb_id: uuid.UUID | str) -> KnowledgeBase:
     """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's."""
     return KnowledgeBase.objects.get(owner=owner, pk=kb_id)
 
 
-def ingest_job_get(
-    *, owner: AbstractBaseUser, kb_id: uuid.UUID | str, job_id: uuid.UUID | str
-) -> IngestJob:
+def ingest_job_get(*, owner: User, kb_id: Any, job_id: uuid.UUID | str) -> IngestJob:
     """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
     return IngestJob.objects.defer("documents").get(  # the stored batch: up to MAX_REQUEST_BYTES
         pk=job_id, knowledge_base_id=kb_id, knowledge_base__owner=owner
@@ -36,7 +36,7 @@ def ingest_job_get(
 
 def knowledge_bases_for_search(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     kb_ids: Sequence[uuid.UUID | str] | None,
     include_memory_bases: bool,
 ) -> list[KnowledgeBase]:
@@ -61,3 +61,22 @@ def chunk_list(*, knowledge_base: KnowledgeBase) -> QuerySet[Chunk]:
         .defer("embedding")
         .order_by("document_key", "chunk_index", "id")
     )
+
+
+def chunks_exist(knowledge_base_ref: Any) -> Exists:
+    """An ``Exists`` over the chunks of the base named by ``knowledge_base_ref`` (an id
+    or an ``OuterRef``), for other rooms' annotations."""
+    return Exists(Chunk.objects.filter(knowledge_base_id=knowledge_base_ref))
+
+
+def kb_embedding_config(kb: KnowledgeBase) -> EmbeddingConfig:
+    """The embedding provider, model and dimension the base was created with."""
+    return EmbeddingConfig(
+        provider=kb.embedding_provider,
+        model=kb.embedding_model,
+        dimensions=kb.embedding_dimensions,
+    )
+
+
+def kb_embedder(kb: KnowledgeBase) -> Embedder:
+    return embedder_for(kb_embedding_config(kb))

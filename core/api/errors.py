@@ -1,68 +1,25 @@
-"""One JSON error shape for the whole API: ``{"error": {"code", "message", "details"}}``."""
+"""One JSON error shape for the whole API: ``{"error": {"code", "message", "details"}}``.
+
+Services raise the ``core.errors.ServiceError`` family (provider errors included);
+this handler maps them, a missing object (``ObjectDoesNotExist``, ``Http404``) and
+DRF's own errors once. Views never catch and re-raise.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from core.db_recovery import as_database_unavailable, response_for_current_exception
-from core.providers.errors import ProviderError, ProviderNotConfigured
-
-
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The resource is busy or already exists."
-    default_code = "conflict"
-
-
-class PayloadTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The request body is too large."
-    default_code = "payload_too_large"
-
-
-class Unprocessable(exceptions.APIException):
-    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
-    default_detail = "The request is well-formed but cannot be processed."
-    default_code = "unprocessable"
-
-
-class ServiceUnavailable(exceptions.APIException):
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_detail = "A required service is not available."
-    default_code = "service_unavailable"
-
-
-class APIError(exceptions.APIException):
-    """An error with a chosen status, code and machine-readable details."""
-
-    def __init__(self, *, status_code: int, code: str, message: str, details: Any = None):
-        super().__init__(detail=message, code=code)
-        self.status_code = status_code
-        self.code = code
-        self.details = details
-
-
-def provider_api_error(exc: ProviderError) -> APIError:
-    if isinstance(exc, ProviderNotConfigured):
-        return APIError(
-            status_code=503,
-            code="not_configured",
-            message=str(exc),
-            details={"variable": exc.variable},
-        )
-    codes = {429: "upstream_rate_limited", 504: "upstream_timeout"}
-    return APIError(
-        status_code=exc.status_code,
-        code=codes.get(exc.status_code, "upstream_error"),
-        message=str(exc),
-    )
+from core.errors import ServiceError
 
 
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
@@ -94,13 +51,17 @@ def _message(detail: Any, fallback: str) -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, ProviderError):
-        exc = provider_api_error(exc)
     unavailable = as_database_unavailable(exc)
-    if unavailable is not None:
-        exc = APIError(status_code=503, code=unavailable.code, message=str(unavailable))
-        exc.wait = unavailable.retry_after  # DRF's handler turns it into Retry-After
-    if isinstance(exc, Http404):
+    if unavailable is not None:  # an outage, whatever raised it: 503 with Retry-After
+        exc = unavailable
+    if isinstance(exc, ServiceError):
+        set_rollback()
+        answer = Response(error_body(exc.code, str(exc), exc.details), status=exc.status_code)
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            answer["Retry-After"] = str(retry_after)
+        return answer
+    if isinstance(exc, Http404 | ObjectDoesNotExist):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
@@ -108,9 +69,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response is None:
         return None
     status_code = response.status_code
-    if isinstance(exc, APIError):
-        body = error_body(exc.code, str(exc.detail), exc.details)
-    elif isinstance(exc, exceptions.ValidationError):
+    if isinstance(exc, exceptions.ValidationError):
         body = error_body("invalid", "The request is invalid.", exc.detail)
     else:
         detail = getattr(exc, "detail", None)

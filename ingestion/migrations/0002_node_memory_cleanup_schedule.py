@@ -1,24 +1,6 @@
-"""Register the daily node-memory cleanup with django-q2, idempotently (by name)."""
+"""Was: register the daily node-memory cleanup schedule. Now a no-op (see core.schedules)."""
 
 from django.db import migrations
-
-NAME = "node-memory-cleanup"
-
-
-def register(apps, schema_editor):
-    Schedule = apps.get_model("django_q", "Schedule")
-    Schedule.objects.update_or_create(
-        name=NAME,
-        defaults={
-            "func": "ingestion.tasks.node_memory_cleanup",
-            "schedule_type": "D",  # Schedule.DAILY
-            "repeats": -1,
-        },
-    )
-
-
-def unregister(apps, schema_editor):
-    apps.get_model("django_q", "Schedule").objects.filter(name=NAME).delete()
 
 
 class Migration(migrations.Migration):
@@ -27,4 +9,9 @@ class Migration(migrations.Migration):
         ("django_q", "0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more"),
     ]
 
-    operations = [migrations.RunPython(register, unregister)]
+    operations = [
+        # Schedules are registered by core.schedules after every migrate (post_migrate);
+        # this step used to write one here and is kept, doing nothing, so the
+        # migration graph of existing databases stays the same.
+        migrations.RunPython(migrations.RunPython.noop, migrations.RunPython.noop),
+    ]

@@ -17,9 +17,19 @@ class KnowledgeBaseOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = KnowledgeBase
         fields = [
-            "id", "name", "description", "is_memory_base", "source_kind", "language",
-            "chunk_size", "chunk_overlap", "embedding", "metadata", "created_at", "updated_at",
-        ]  # fmt: skip
+            "id",
+            "name",
+            "description",
+            "is_memory_base",
+            "source_kind",
+            "language",
+            "chunk_size",
+            "chunk_overlap",
+            "embedding",
+            "metadata",
+            "created_at",
+            "updated_at",
+        ]
 
     def get_embedding(self, kb: KnowledgeBase) -> dict[str, Any]:
         return {
@@ -178,6 +188,15 @@ class IngestJobOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = IngestJob
         fields = [
-            "id", "knowledge_base", "status", "documents", "characters", "chunks_written",
-            "chunks_deleted", "error", "created_at", "started_at", "finished_at",
-        ]  # fmt: skip
+            "id",
+            "knowledge_base",
+            "status",
+            "documents",
+            "characters",
+            "chunks_written",
+            "chunks_deleted",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]

@@ -3,7 +3,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.http import Http404
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -11,7 +10,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.errors import APIError
 from core.api.pagination import PageNumberPagination
 from knowledge.api.serializers import (
     ChunkOutputSerializer,
@@ -35,9 +33,6 @@ from knowledge.selectors import (
 )
 from knowledge.services import (
     DocumentIn,
-    KnowledgeError,
-    NameTaken,
-    ReadOnlyKnowledgeBase,
     knowledge_base_create,
     knowledge_base_delete,
     knowledge_base_update,
@@ -45,16 +40,8 @@ from knowledge.services import (
 )
 
 
-def knowledge_api_error(exc: KnowledgeError) -> APIError:
-    status_code = 409 if isinstance(exc, NameTaken | ReadOnlyKnowledgeBase) else 400
-    return APIError(status_code=status_code, code=exc.code, message=str(exc))
-
-
 def _get_kb(request: Request, kb_id: Any) -> KnowledgeBase:
-    try:
-        return knowledge_base_get(owner=request.user, kb_id=kb_id)
-    except KnowledgeBase.DoesNotExist:
-        raise Http404 from None
+    return knowledge_base_get(owner=request.user, kb_id=kb_id)
 
 
 def _search_request(data: dict[str, Any]) -> SearchRequest:
@@ -74,10 +61,7 @@ def _search_request(data: dict[str, Any]) -> SearchRequest:
 
 
 def _run_search(bases: list[KnowledgeBase], data: dict[str, Any]) -> Response:
-    try:
-        hits = search_chunks(bases=bases, request=_search_request(data))
-    except KnowledgeError as exc:
-        raise knowledge_api_error(exc) from exc
+    hits = search_chunks(bases=bases, request=_search_request(data))
     return Response({"results": HitSerializer(hits, many=True).data})
 
 
@@ -96,10 +80,7 @@ class KnowledgeBaseListView(APIView):
     def post(self, request: Request) -> Response:
         data = KnowledgeBaseCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            kb = knowledge_base_create(owner=request.user, **data.validated_data)
-        except KnowledgeError as exc:
-            raise knowledge_api_error(exc) from exc
+        kb = knowledge_base_create(owner=request.user, **data.validated_data)
         return Response(KnowledgeBaseOutputSerializer(kb).data, status=status.HTTP_201_CREATED)
 
 
@@ -113,10 +94,7 @@ class KnowledgeBaseDetailView(APIView):
         kb = _get_kb(request, kb_id)
         data = KnowledgeBaseUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            kb = knowledge_base_update(knowledge_base=kb, **data.validated_data)
-        except KnowledgeError as exc:
-            raise knowledge_api_error(exc) from exc
+        kb = knowledge_base_update(knowledge_base=kb, **data.validated_data)
         return Response(KnowledgeBaseOutputSerializer(kb).data)
 
     def delete(self, request: Request, kb_id: Any) -> Response:
@@ -131,17 +109,16 @@ class KnowledgeBaseDocumentsView(APIView):
         data = IngestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         documents = [
-            DocumentIn(text=d["text"], source_key=d["source_key"], metadata=d["metadata"])
+            DocumentIn.from_payload(
+                text=d["text"], source_key=d["source_key"], metadata=d["metadata"]
+            )
             for d in data.validated_data["documents"]
         ]
-        try:
-            outcome = knowledge_documents_submit(
-                knowledge_base=kb,
-                documents=documents,
-                background=data.validated_data["background"],
-            )
-        except KnowledgeError as exc:
-            raise knowledge_api_error(exc) from exc
+        outcome = knowledge_documents_submit(
+            knowledge_base=kb,
+            documents=documents,
+            background=data.validated_data["background"],
+        )
         if isinstance(outcome, IngestJob):
             location = reverse("kb-job", kwargs={"kb_id": kb.pk, "job_id": outcome.pk})
             return Response(
@@ -164,10 +141,7 @@ class KnowledgeBaseDocumentsView(APIView):
 class KnowledgeBaseJobView(APIView):
     @extend_schema(responses=IngestJobOutputSerializer)
     def get(self, request: Request, kb_id: Any, job_id: Any) -> Response:
-        try:
-            job = ingest_job_get(owner=request.user, kb_id=kb_id, job_id=job_id)
-        except IngestJob.DoesNotExist:
-            raise Http404 from None
+        job = ingest_job_get(owner=request.user, kb_id=kb_id, job_id=job_id)
         return Response({"job": IngestJobOutputSerializer(job).data})
 
 
@@ -195,12 +169,9 @@ class SearchView(APIView):
     def post(self, request: Request) -> Response:
         data = MultiSearchSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            bases = knowledge_bases_for_search(
-                owner=request.user,
-                kb_ids=data.validated_data.get("knowledge_base_ids"),
-                include_memory_bases=data.validated_data["include_memory_bases"],
-            )
-        except KnowledgeBase.DoesNotExist:
-            raise Http404 from None
+        bases = knowledge_bases_for_search(
+            owner=request.user,
+            kb_ids=data.validated_data.get("knowledge_base_ids"),
+            include_memory_bases=data.validated_data["include_memory_bases"],
+        )
         return _run_search(bases, data.validated_data)

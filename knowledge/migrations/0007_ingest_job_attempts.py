@@ -1,24 +1,6 @@
-"""Ingest job attempts, and the 5-minute sweep that resumes abandoned jobs."""
+"""Ingest job attempts (the sweep schedule it used to register is in core.schedules)."""
 
 from django.db import migrations, models
-
-NAME = "ingest-jobs-sweep"
-
-
-def register(apps, schema_editor):
-    apps.get_model("django_q", "Schedule").objects.update_or_create(
-        name=NAME,
-        defaults={
-            "func": "knowledge.tasks.ingest_jobs_sweep",
-            "schedule_type": "I",  # Schedule.MINUTES
-            "minutes": 5,
-            "repeats": -1,
-        },
-    )
-
-
-def unregister(apps, schema_editor):
-    apps.get_model("django_q", "Schedule").objects.filter(name=NAME).delete()
 
 
 class Migration(migrations.Migration):
@@ -33,5 +15,8 @@ class Migration(migrations.Migration):
             name="attempts",
             field=models.PositiveSmallIntegerField(default=0),
         ),
-        migrations.RunPython(register, unregister),
+        # Schedules are registered by core.schedules after every migrate (post_migrate);
+        # this step used to write one here and is kept, doing nothing, so the
+        # migration graph of existing databases stays the same.
+        migrations.RunPython(migrations.RunPython.noop, migrations.RunPython.noop),
     ]

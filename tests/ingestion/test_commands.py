@@ -5,7 +5,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from knowledge.models import Chunk
-from tests.ingestion.conftest import record
+from tests.conftest import record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -209,7 +209,7 @@ def test_keyword_and_vector_modes(alice, alice_client):
 
 
 def test_search_with_explicit_vector_and_threshold(alice, alice_client):
-    from knowledge.services import kb_embedder
+    from knowledge.selectors import kb_embedder
 
     kb = make_kb(alice)
     ingest(kb, ("a", "alpha beta gamma"), ("b", "completely different words"))

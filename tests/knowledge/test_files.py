@@ -15,6 +15,7 @@ from knowledge import services
 from knowledge.files import FileEvent, IndexReport, knowledge_base_index_files
 from knowledge.models import Chunk, KnowledgeBase
 from knowledge.services import KnowledgeError
+from knowledge.services import ingest as ingest_module
 from tests.knowledge.factories import make_kb
 
 pytestmark = pytest.mark.django_db
@@ -84,7 +85,7 @@ def no_embedding(monkeypatch):
     def refuse(kb):
         raise AssertionError("nothing should be embedded")
 
-    monkeypatch.setattr(services, "kb_embedder", refuse)
+    monkeypatch.setattr(ingest_module, "kb_embedder", refuse)
 
 
 # --- first index ---------------------------------------------------------------------
@@ -97,8 +98,11 @@ def test_first_index_adds_every_file_with_metadata(alice, tree):
         (tree / "b.txt", "added", 1, 2, 3),
         (tree / "sub" / "c.md", "added", 1, 3, 3),
     ]
-    assert _counts(kb) == {_key(tree / "a.md"): 3, _key(tree / "b.txt"): 1,
-                           _key(tree / "sub" / "c.md"): 1}  # fmt: skip
+    assert _counts(kb) == {
+        _key(tree / "a.md"): 3,
+        _key(tree / "b.txt"): 1,
+        _key(tree / "sub" / "c.md"): 1,
+    }
     a_path = tree / "a.md"
     chunks = list(Chunk.objects.filter(document_key=_key(a_path)).order_by("chunk_index"))
     expected_hash = hashlib.sha256(LONG.encode()).hexdigest()
@@ -131,12 +135,15 @@ def test_reindex_with_nothing_changed_writes_nothing(
     before = _snapshot(kb)
     kb.refresh_from_db()
     counters = (kb.chunk_count, kb.word_count, kb.char_count, kb.size_bytes)
-    monkeypatch.setattr(services, "kb_embedder", lambda kb: pytest.fail("embedded"))
+    monkeypatch.setattr(ingest_module, "kb_embedder", lambda kb: pytest.fail("embedded"))
     with django_assert_num_queries(1):  # the stored hashes, nothing else
         report, events = _index(kb, tree)
     assert report == _report(unchanged=3)
-    assert [(e.action, e.chunks) for e in events] == [("unchanged", 3), ("unchanged", 1),
-                                                      ("unchanged", 1)]  # fmt: skip
+    assert [(e.action, e.chunks) for e in events] == [
+        ("unchanged", 3),
+        ("unchanged", 1),
+        ("unchanged", 1),
+    ]
     assert _snapshot(kb) == before
     assert all(row[3] == OLD for row in before)
     kb.refresh_from_db()

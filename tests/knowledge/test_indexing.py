@@ -18,7 +18,8 @@ from core.db import _lock_id
 from knowledge import tasks
 from knowledge.models import Chunk
 from knowledge.search import SearchRequest, search_chunks
-from knowledge.services import INDEXER_LOCK, knowledge_index_pending, knowledge_pending_count
+from knowledge.services import knowledge_index_pending, knowledge_pending_count
+from knowledge.services.indexing import INDEXER_LOCK
 from tests.knowledge.factories import ingest, make_kb
 
 pytestmark = pytest.mark.django_db

@@ -29,7 +29,6 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from knowledge import services
 from knowledge.models import Chunk
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import (
@@ -38,6 +37,7 @@ from knowledge.services import (
     knowledge_base_ingest,
     knowledge_index_pending,
 )
+from knowledge.services import ingest as ingest_module
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -81,13 +81,15 @@ def _make_base(
     texts = [f"row {i}" for i in range(len(vectors))]
     fixed = _FixedEmbedder(dict(zip(texts, vectors)), dims)
     split = round(len(texts) * indexed)
-    with mock.patch.object(services, "kb_embedder", lambda _kb: fixed):
+    with mock.patch.object(ingest_module, "kb_embedder", lambda _kb: fixed):
         for first, part in ((True, range(split)), (False, range(split, len(texts)))):
             for start in range(part.start, part.stop, batch):
                 knowledge_base_ingest(
                     knowledge_base=kb,
                     documents=[
-                        DocumentIn(source_key=f"k{i}", text=texts[i], metadata=metadata[i])
+                        DocumentIn.from_payload(
+                            source_key=f"k{i}", text=texts[i], metadata=metadata[i]
+                        )
                         for i in range(start, min(start + batch, part.stop))
                     ],
                 )

@@ -6,19 +6,20 @@ import numpy as np
 import pytest
 from django.db import connection
 
+from core.errors import NameTaken
 from core.providers.errors import ProviderError
-from knowledge import services
 from knowledge.models import Chunk, KnowledgeBase
+from knowledge.selectors import kb_embedder
 from knowledge.services import (
     DocumentIn,
     IngestCancelled,
     KnowledgeError,
-    NameTaken,
     knowledge_base_create,
     knowledge_base_delete,
     knowledge_base_delete_chunks,
     knowledge_base_ingest,
 )
+from knowledge.services import ingest as ingest_module
 from tests.knowledge.factories import ingest, make_kb
 
 pytestmark = pytest.mark.django_db
@@ -58,10 +59,19 @@ def test_ingest_writes_chunks_with_metadata_and_counters(alice):
     kb = make_kb(alice)
     ingest(
         kb,
-        ("m1", LONG, {"session_id": "s1", "flow_id": "f1", "source_type": "message",
-                      "timestamp": "2026-01-02T03:04:05Z", "topic": "demo"}),
+        (
+            "m1",
+            LONG,
+            {
+                "session_id": "s1",
+                "flow_id": "f1",
+                "source_type": "message",
+                "timestamp": "2026-01-02T03:04:05Z",
+                "topic": "demo",
+            },
+        ),
         ("m2", "short note about cats", {"session_id": "s2"}),
-    )  # fmt: skip
+    )
     chunks = Chunk.objects.filter(knowledge_base=kb).order_by("source_key")
     long_chunks = [c for c in chunks if c.document_key == "m1"]
     assert [c.source_key for c in long_chunks] == [f"m1#{i}" for i in range(len(long_chunks))]
@@ -114,7 +124,7 @@ def test_embedding_failure_writes_nothing(alice, monkeypatch):
         def embed(self, texts):
             raise ProviderError("embedding endpoint down")
 
-    monkeypatch.setattr(services, "kb_embedder", lambda kb: Broken())
+    monkeypatch.setattr(ingest_module, "kb_embedder", lambda kb: Broken())
     with pytest.raises(ProviderError):
         ingest(kb, ("new", "never stored"))
     assert [r[1] for r in _rows(kb)] == ["kept#0"]
@@ -129,7 +139,7 @@ def test_failure_inside_the_write_rolls_back_everything(alice, monkeypatch):
     def explode(cur, kb, old, new):
         raise RuntimeError("crash after the upsert, before commit")
 
-    monkeypatch.setattr(services, "_apply_stats_delta", explode)
+    monkeypatch.setattr(ingest_module, "_apply_stats_delta", explode)
     with pytest.raises(RuntimeError):
         ingest(kb, ("kept", "changed text"), ("new", "never stored"))
     assert [(r[1], r[2]) for r in _rows(kb)] == [("kept#0", "already here")]
@@ -164,7 +174,7 @@ def test_embeddings_are_stored_as_given(alice):
     kb = make_kb(alice)
     ingest(kb, ("a", "hello vector world"))
     stored = np.asarray(Chunk.objects.get(knowledge_base=kb).embedding)
-    expected = services.kb_embedder(kb).embed(["hello vector world"])[0]
+    expected = kb_embedder(kb).embed(["hello vector world"])[0]
     np.testing.assert_allclose(stored, expected, rtol=1e-6)
 
 
@@ -200,3 +210,20 @@ def test_unknown_language_is_refused(alice):
     with pytest.raises(KnowledgeError):
         knowledge_base_create(owner=alice, name="x", language="klingon")
     assert not KnowledgeBase.objects.exists()
+
+
+def test_document_source_is_typed_and_the_payload_shape_maps_to_it():
+    from datetime import UTC, datetime
+
+    with pytest.raises(TypeError, match="session_id"):
+        DocumentIn(text="t", source_key="k", metadata={"session_id": "s1"})
+    doc = DocumentIn.from_payload(
+        text="t",
+        source_key="k",
+        metadata={"session_id": "s1", "message_id": 7, "timestamp": "2026-01-02T03:04:05Z", "x": 1},
+    )
+    assert (doc.session_id, doc.message_id, dict(doc.metadata)) == ("s1", "7", {"x": 1})
+    assert doc.timestamp == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert DocumentIn.from_payload(**doc.payload()) == doc
+    with pytest.raises(KnowledgeError, match="ISO 8601"):
+        DocumentIn.from_payload(text="t", source_key="k", metadata={"timestamp": "yesterday"})

@@ -5,9 +5,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ingestion.models import MemoryBase
-from ingestion.selectors import memory_base_sessions
-from ingestion.services import IngestionError, memory_base_mismatch, memory_base_regenerate
+from core.errors import ServiceError
+from ingestion.memory_bases import session_ingest_run
+from memories.bases.models import MemoryBase
+from memories.bases.selectors import memory_base_mismatch, memory_base_sessions
+from memories.bases.services import memory_base_regenerate
 
 
 def _bar(done: int, total: int, width: int = 30) -> str:
@@ -64,9 +66,12 @@ class Command(BaseCommand):
             return
         try:
             jobs = memory_base_regenerate(
-                memory_base=mb, session_id=session, run_inline=True, progress=self._progress
+                memory_base=mb,
+                session_id=session,
+                run_with=session_ingest_run,
+                progress=self._progress,
             )
-        except IngestionError as exc:
+        except ServiceError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write("")
         failed = [job for job in jobs if job.status != "succeeded"]

@@ -1,0 +1,53 @@
+"""The one family of errors that services raise.
+
+Each carries a machine-readable ``code``, an HTTP ``status_code`` and optional
+``details``; the API's exception handler (``core.api.errors``) maps them to
+``{"error": {"code", "message", "details"}}`` once, so views never catch them. Rooms
+subclass these with their own codes (``JobConflict(Conflict)`` "job_active", ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    status_code = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, code: str | None = None, details: Any = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.details = details
+
+
+class InvalidInput(ServiceError):
+    status_code = 400
+    code = "invalid"
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status_code = 409
+    code = "conflict"
+
+
+class NameTaken(Conflict):
+    """A name that must be unique per owner is in use (the database said so)."""
+
+    code = "name_taken"
+
+
+class Unprocessable(ServiceError):
+    status_code = 422
+    code = "unprocessable"
+
+
+class Unavailable(ServiceError):
+    status_code = 503
+    code = "service_unavailable"

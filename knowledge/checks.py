@@ -1,0 +1,46 @@
+"""System checks of the knowledge store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Tags, Warning, register
+
+
+@register(Tags.compatibility)
+def knowledge_base_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
+    """Bases whose stored embedding configuration differs from the configured provider.
+
+    Their searches and ingestion still use the model they were created with; this
+    warns that a provider change left existing data behind (re-create or
+    regenerate those bases to move them).
+    """
+    from django.db import DatabaseError
+
+    from knowledge.models import KnowledgeBase
+
+    try:
+        rows = (
+            KnowledgeBase.objects.exclude(
+                embedding_provider=settings.EMBEDDING_PROVIDER,
+                embedding_model=settings.EMBEDDING_MODEL,
+                embedding_dimensions=settings.EMBEDDING_DIMENSIONS,
+            )
+            .values_list("embedding_provider", "embedding_model", "embedding_dimensions")
+            .distinct()
+        )
+        stale = list(rows)
+    except DatabaseError:  # not migrated yet, or no database: nothing to compare
+        return []
+    return [
+        Warning(
+            f"Knowledge bases exist with embeddings from {provider}/{model} ({dims} dims), "
+            f"but the configured provider is {settings.EMBEDDING_PROVIDER}/"
+            f"{settings.EMBEDDING_MODEL} ({settings.EMBEDDING_DIMENSIONS} dims).",
+            hint="They keep using their own model. Restore the old settings, or re-create "
+            "those bases (memory bases: regenerate) to move them to the new model.",
+            id="core.W002",  # its id from when core held it: silenced lists keep working
+        )
+        for provider, model, dims in stale
+    ]

@@ -1,0 +1,79 @@
+"""Knowledge bases: create, rename, delete."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+
+from core.errors import NameTaken
+from core.providers.embeddings import EmbeddingConfig
+from knowledge.models import FTS_LANGUAGES, KnowledgeBase
+from knowledge.services.errors import FILE_CHUNKING, MESSAGE_CHUNKING, KnowledgeError
+
+
+def knowledge_base_create(
+    *,
+    owner: User,
+    name: str,
+    description: str = "",
+    is_memory_base: bool = False,
+    source_kind: str = KnowledgeBase.SourceKind.DOCUMENTS,
+    language: str = "english",
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+) -> KnowledgeBase:
+    """Create a base whose embedding provider, model and dimension are fixed now.
+
+    The configured provider at creation time is recorded; later searches and
+    ingestion always embed with it. Raises ``NameTaken`` if the owner already has
+    a base with this name (the database enforces it).
+    """
+    if language not in FTS_LANGUAGES:
+        raise KnowledgeError(f"language must be one of {', '.join(FTS_LANGUAGES)}")
+    default_size, default_overlap = (
+        FILE_CHUNKING if source_kind == KnowledgeBase.SourceKind.FILES else MESSAGE_CHUNKING
+    )
+    config = EmbeddingConfig.from_settings()
+    try:
+        with transaction.atomic():
+            return KnowledgeBase.objects.create(
+                owner=owner,
+                name=name,
+                description=description,
+                embedding_provider=config.provider,
+                embedding_model=config.model,
+                embedding_dimensions=config.dimensions,
+                is_memory_base=is_memory_base,
+                source_kind=source_kind,
+                language=language,
+                chunk_size=chunk_size or default_size,
+                chunk_overlap=default_overlap if chunk_overlap is None else chunk_overlap,
+            )
+    except IntegrityError as exc:
+        if "kb_unique_name_per_owner" in str(exc):
+            raise NameTaken(f"a knowledge base named {name!r} already exists") from exc
+        raise
+
+
+def knowledge_base_update(
+    *, knowledge_base: KnowledgeBase, name: str | None = None, description: str | None = None
+) -> KnowledgeBase:
+    """Rename or re-describe a base. Embedding settings never change after creation."""
+    if name is not None:
+        knowledge_base.name = name
+    if description is not None:
+        knowledge_base.description = description
+    try:
+        with transaction.atomic():
+            knowledge_base.save(update_fields=["name", "description", "updated_at"])
+    except IntegrityError as exc:
+        raise NameTaken(f"a knowledge base named {name!r} already exists") from exc
+    return knowledge_base
+
+
+def knowledge_base_delete(*, knowledge_base: KnowledgeBase) -> None:
+    """Delete a base and all its chunks (one statement, cascaded by the database)."""
+    # Chunks have no dependents, so Django deletes them with one DELETE ... WHERE
+    # knowledge_base_id = ..., without loading them.
+    with transaction.atomic():
+        knowledge_base.delete()

@@ -1,0 +1,98 @@
+"""Background HNSW indexing: move pending chunks into their index in batches."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from core.db import try_advisory_xact_lock
+from core.queue import enqueue, enqueue_on_commit
+from knowledge.services.errors import IndexRun
+
+logger = logging.getLogger(__name__)
+INDEXER_LOCK = "knowledge:hnsw-indexer"
+
+
+def enqueue_chunk_indexing() -> None:
+    """Queue the indexer. Never raises: the rows are searchable already, and the
+    periodic sweep picks them up."""
+    enqueue("knowledge.tasks.index_pending_chunks", task_name="index-pending-chunks")
+
+
+def enqueue_chunk_indexing_on_commit() -> None:
+    """Queue the indexer once the write that left pending rows commits."""
+    enqueue_on_commit("knowledge.tasks.index_pending_chunks", task_name="index-pending-chunks")
+
+
+def _index_batch(batch: int) -> int | None:
+    """Move up to ``batch`` pending rows into the HNSW index, in one transaction.
+
+    Returns the number moved, or None when another indexer holds the lock.
+    """
+    with transaction.atomic(), connection.cursor() as cur:
+        if not try_advisory_xact_lock(INDEXER_LOCK):
+            return None
+        # Clearing the flag writes a new row version, which the partial HNSW index
+        # (NOT index_pending) takes in. SKIP LOCKED: rows a writer is replacing
+        # right now are left for the next round (the writer marks them pending).
+        # No ORDER BY: the partial index hands out the first pending rows it has
+        # without sorting the whole backlog for every batch.
+        cur.execute(
+            "UPDATE knowledge_chunk SET index_pending = false WHERE id IN ("
+            "  SELECT id FROM knowledge_chunk WHERE index_pending LIMIT %s"
+            "  FOR UPDATE SKIP LOCKED)",
+            [batch],
+        )
+        return cur.rowcount
+
+
+def _any_pending() -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM knowledge_chunk WHERE index_pending)")
+        return bool(cur.fetchone()[0])
+
+
+def knowledge_index_pending(
+    *, batch: int | None = None, max_seconds: float | None = None
+) -> IndexRun:
+    """Index pending chunks until none are left or ``max_seconds`` have passed.
+
+    One indexer at a time (a transaction-scoped advisory lock per batch); a run
+    that finds the lock taken returns at once, and the holder looks for rows
+    committed meanwhile after it lets go of the lock, so no row is left behind.
+    Safe to run twice, at any time.
+    """
+    batch = batch or settings.KNOWLEDGE_INDEX_BATCH
+    budget = settings.KNOWLEDGE_INDEX_RUN_SECONDS if max_seconds is None else max_seconds
+    deadline = time.monotonic() + budget
+    indexed = 0
+    empty_rounds = 0
+    while True:
+        moved = _index_batch(batch)
+        if moved is None:
+            return IndexRun(indexed=indexed, finished=False, busy=True)
+        indexed += moved
+        if moved < batch:
+            # The lock is released: anything committed since our last batch's
+            # snapshot is visible now, including rows whose enqueue found us busy.
+            if not _any_pending():
+                return IndexRun(indexed=indexed, finished=True, busy=False)
+            if moved == 0:
+                # What is left is locked by a writer (which queues us again when it
+                # commits) or by a long delete: wait a little, then leave it to them
+                # and to the sweep rather than hold a worker.
+                empty_rounds += 1
+                if empty_rounds >= 20:
+                    return IndexRun(indexed=indexed, finished=False, busy=True)
+                time.sleep(0.05)
+        if time.monotonic() >= deadline:
+            return IndexRun(indexed=indexed, finished=False, busy=False)
+
+
+def knowledge_pending_count() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM knowledge_chunk WHERE index_pending")
+        return int(cur.fetchone()[0])

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from core.validation import SessionIdField
+from memories.bases.models import MemoryBase, MemoryBaseJob
+
+
+class MemoryBaseCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    flow = serializers.UUIDField()
+    threshold = serializers.IntegerField(min_value=1, max_value=100000, default=10)
+    auto_capture = serializers.BooleanField(default=True)
+    kb_name = serializers.CharField(max_length=200, required=False)
+    preprocess = serializers.BooleanField(default=False)
+    preprocess_model = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default=""
+    )
+    preprocess_instructions = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=10000
+    )
+    preprocess_kill_phrase = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, default=""
+    )
+
+    def validate_name(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("Name may not be blank.")
+        return value.strip()
+
+
+class MemoryBaseUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    threshold = serializers.IntegerField(min_value=1, max_value=100000, required=False)
+    auto_capture = serializers.BooleanField(required=False)
+    preprocess = serializers.BooleanField(required=False)
+    preprocess_model = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    preprocess_instructions = serializers.CharField(
+        required=False, allow_blank=True, max_length=10000
+    )
+    preprocess_kill_phrase = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class MemoryBaseOutputSerializer(serializers.ModelSerializer):
+    flow = serializers.UUIDField(source="flow_id")
+    knowledge_base = serializers.UUIDField(source="knowledge_base_id")
+    sessions = serializers.IntegerField(source="session_count")
+    total_processed = serializers.IntegerField(source="processed_total")
+    last_sync_at = serializers.DateTimeField(source="last_sync", allow_null=True)
+    active_jobs = serializers.IntegerField()
+    chunks = serializers.IntegerField(source="knowledge_base.chunk_count")
+    mismatch = serializers.BooleanField()
+
+    class Meta:
+        model = MemoryBase
+        fields = [
+            "id",
+            "name",
+            "flow",
+            "threshold",
+            "auto_capture",
+            "knowledge_base",
+            "kb_name",
+            "preprocess",
+            "preprocess_model",
+            "preprocess_instructions",
+            "preprocess_kill_phrase",
+            "sessions",
+            "total_processed",
+            "last_sync_at",
+            "active_jobs",
+            "chunks",
+            "mismatch",
+            "created_at",
+        ]
+
+
+class JobOutputSerializer(serializers.ModelSerializer):
+    session_id = serializers.CharField(source="session.session_id")
+    memory_base = serializers.UUIDField(source="memory_base_id")
+
+    class Meta:
+        model = MemoryBaseJob
+        fields = [
+            "id",
+            "memory_base",
+            "session_id",
+            "status",
+            "trigger",
+            "messages_processed",
+            "chunks_written",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+
+class SessionOutputSerializer(serializers.Serializer):
+    session_id = serializers.CharField()
+    pending = serializers.IntegerField()
+    total_processed = serializers.IntegerField()
+    last_sync_at = serializers.DateTimeField(allow_null=True)
+    active_job = serializers.SerializerMethodField()
+    status = serializers.SerializerMethodField()
+
+    def get_active_job(self, session: Any) -> dict[str, Any] | None:
+        if session.active_job_id is None:
+            return None
+        return {"id": str(session.active_job_id), "status": session.active_job_status}
+
+    def get_status(self, session: Any) -> str:
+        if session.active_job_id is not None:
+            return "syncing" if session.active_job_status == "running" else "queued"
+        if session.last_job_status == "failed":
+            return "failed"
+        return "pending" if session.pending else "synced"
+
+
+class FlushInSerializer(serializers.Serializer):
+    session_id = SessionIdField(required=False)

@@ -1,0 +1,140 @@
+"""Reads for memory bases, their sessions and jobs, always scoped by owner."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    IntegerField,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
+from django.db.models.functions import Coalesce
+
+from knowledge.selectors import chunks_exist
+from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
+from memories.conversations.selectors import pending_outputs_subquery
+
+
+def memory_base_list(*, owner: User) -> QuerySet[MemoryBase]:
+    """Memory bases with their counters, in a fixed number of queries."""
+    return with_counters(MemoryBase.objects.filter(owner=owner))
+
+
+def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
+    """Annotate sessions, processed total, last sync, active jobs, chunks and ``mismatch``."""
+    processed = MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"), total_processed__gt=0)
+    return (
+        qs.select_related("flow", "knowledge_base", "owner")
+        # Subqueries, not joins: aggregating sessions and jobs through two joins
+        # would multiply each session's numbers by its job count.
+        .annotate(
+            session_count=_session_aggregate(Count("id")),
+            processed_total=_session_aggregate(Sum("total_processed")),
+            last_sync=Subquery(
+                MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"))
+                .order_by()
+                .values("memory_base")
+                .annotate(v=Max("last_sync_at"))
+                .values("v")
+            ),
+            active_jobs=Coalesce(
+                Subquery(
+                    MemoryBaseJob.objects.filter(
+                        memory_base=OuterRef("pk"), status__in=MemoryBaseJob.ACTIVE
+                    )
+                    .order_by()
+                    .values("memory_base")
+                    .annotate(c=Count("id"))
+                    .values("c"),
+                    output_field=IntegerField(),
+                ),
+                0,
+            ),
+            has_chunks=chunks_exist(OuterRef("knowledge_base_id")),
+            has_processed=Exists(processed),
+        )
+        # Mismatch, defined once: sessions report processed messages but the
+        # knowledge base holds no chunks (deleted behind our back).
+        .annotate(
+            mismatch=ExpressionWrapper(
+                Q(has_processed=True) & Q(has_chunks=False), output_field=BooleanField()
+            )
+        )
+        .order_by("name", "id")
+    )
+
+
+def memory_base_as_created(memory_base: MemoryBase) -> MemoryBase:
+    """A base just created, with the counters ``with_counters`` would find (no
+    sessions, jobs or chunks yet), set without a query."""
+    memory_base.session_count = 0  # type: ignore[attr-defined]
+    memory_base.processed_total = 0  # type: ignore[attr-defined]
+    memory_base.last_sync = None  # type: ignore[attr-defined]
+    memory_base.active_jobs = 0  # type: ignore[attr-defined]
+    memory_base.has_chunks = False  # type: ignore[attr-defined]
+    memory_base.has_processed = False  # type: ignore[attr-defined]
+    memory_base.mismatch = False  # type: ignore[attr-defined]
+    return memory_base
+
+
+def _session_aggregate(aggregate: object) -> Coalesce:
+    per_base = (
+        MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"))
+        .order_by()
+        .values("memory_base")
+        .annotate(v=aggregate)
+        .values("v")
+    )
+    return Coalesce(Subquery(per_base, output_field=IntegerField()), 0)
+
+
+def memory_base_get(*, owner: User, memory_base_id: uuid.UUID | str) -> MemoryBase:
+    return memory_base_list(owner=owner).get(pk=memory_base_id)
+
+
+def memory_base_sessions(*, memory_base: MemoryBase) -> QuerySet[MemoryBaseSession]:
+    """Sessions with their pending output count and active job id, in one query."""
+    return sessions_with_status(MemoryBaseSession.objects.filter(memory_base=memory_base))
+
+
+def sessions_with_status(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBaseSession]:
+    active = MemoryBaseJob.objects.filter(session=OuterRef("pk"), status__in=MemoryBaseJob.ACTIVE)
+    return qs.annotate(
+        pending=Coalesce(pending_outputs_subquery(OuterRef("memory_base__flow_id")), 0),
+        active_job_id=Subquery(active.values("pk")[:1]),
+        active_job_status=Subquery(active.values("status")[:1]),
+        last_job_status=Subquery(
+            MemoryBaseJob.objects.filter(session=OuterRef("pk"))
+            .order_by("-created_at")
+            .values("status")[:1]
+        ),
+    ).order_by("session_id")
+
+
+def memory_base_pending_total(*, memory_base: MemoryBase) -> int:
+    sessions: Any = memory_base_sessions(memory_base=memory_base)
+    return sum(s.pending for s in sessions)
+
+
+def job_get(*, owner: User, job_id: uuid.UUID | str) -> MemoryBaseJob:
+    return MemoryBaseJob.objects.select_related("session", "memory_base").get(
+        memory_base__owner=owner, pk=job_id
+    )
+
+
+def memory_base_mismatch(*, memory_base: MemoryBase) -> bool:
+    """Whether the memory base's sessions report processed messages but its knowledge
+    base holds no chunks (``with_counters`` defines it)."""
+    counted: Any = with_counters(MemoryBase.objects.filter(pk=memory_base.pk)).first()
+    return counted is not None and bool(counted.mismatch)

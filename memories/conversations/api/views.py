@@ -1,0 +1,148 @@
+"""Conversation history and node memory endpoints (thin: serializer -> service -> serializer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import APISettings
+from rest_framework.views import APIView
+
+from core.api.pagination import paginated_response
+from memories.conversations.api.serializers import (
+    ConversationHistoryQuerySerializer,
+    FlowInSerializer,
+    FlowOutputSerializer,
+    FlowQuerySerializer,
+    HistoryOutputSerializer,
+    NodeHistoryOutputSerializer,
+    NodeHistoryQuerySerializer,
+    NodeTurnInSerializer,
+    NodeTurnOutputSerializer,
+)
+from memories.conversations.history import History, conversation_history
+from memories.conversations.models import Flow
+from memories.conversations.node_memory import (
+    LATEST,
+    node_memory_append_turn,
+    node_memory_clear,
+    node_memory_history,
+)
+from memories.conversations.selectors import flow_get, flow_list
+from memories.conversations.services import flow_create
+
+
+def flow_for(request: Request, flow_id: Any) -> Flow:
+    return flow_get(owner=request.user, flow_id=flow_id)
+
+
+class FlowListView(APIView):
+    @extend_schema(responses=FlowOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return paginated_response(
+            self, request, flow_list(owner=request.user), FlowOutputSerializer
+        )
+
+    @extend_schema(request=FlowInSerializer, responses={201: FlowOutputSerializer})
+    def post(self, request: Request) -> Response:
+        data = FlowInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        flow = flow_create(owner=request.user, name=data.validated_data["name"])
+        return Response(FlowOutputSerializer(flow).data, status=status.HTTP_201_CREATED)
+
+
+class FlowDetailView(APIView):
+    @extend_schema(responses=FlowOutputSerializer)
+    def get(self, request: Request, flow_id: Any) -> Response:
+        return Response(FlowOutputSerializer(flow_for(request, flow_id)).data)
+
+
+class HistoryFormatNegotiation(DefaultContentNegotiation):
+    """``?format=messages|text`` chooses the history's shape here; DRF would otherwise
+    read it as a renderer name and answer 404."""
+
+    settings = APISettings({"URL_FORMAT_OVERRIDE": None})  # type: ignore[assignment]
+
+
+def _query(serializer_class: type, request: Request) -> dict[str, Any]:
+    query = serializer_class(data=request.query_params)
+    query.is_valid(raise_exception=True)
+    return dict(query.validated_data)
+
+
+def _history_response(
+    serializer_class: type[HistoryOutputSerializer], history: History, params: dict[str, Any]
+) -> Response:
+    context = {key: params[key] for key in ("format", "human_prefix", "ai_prefix")}
+    return Response(serializer_class(history, context=context).data)
+
+
+class ConversationHistoryView(APIView):
+    content_negotiation_class = HistoryFormatNegotiation
+
+    @extend_schema(
+        parameters=[ConversationHistoryQuerySerializer],
+        responses=HistoryOutputSerializer,
+        description="The current thread of a conversation (flow + session), newest kept, "
+        "cut to max_tokens.",
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        params = _query(ConversationHistoryQuerySerializer, request)
+        flow = flow_for(request, params["flow"])
+        history = conversation_history(
+            flow=flow,
+            session_id=session_id,
+            current_message_id=params.get("current_message_id"),
+            max_tokens=params["max_tokens"],
+            message_limit=params["message_limit"],
+        )
+        return _history_response(HistoryOutputSerializer, history, params)
+
+
+class NodeTurnsView(APIView):
+    @extend_schema(request=NodeTurnInSerializer, responses={201: NodeTurnOutputSerializer})
+    def post(self, request: Request, session_id: str, node_id: str) -> Response:
+        data = NodeTurnInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        flow = flow_for(request, values.pop("flow"))
+        turn = node_memory_append_turn(
+            flow=flow,
+            session_id=session_id,
+            node_id=node_id,
+            parent_message_id=values.pop("parent_message_id", LATEST),
+            **values,
+        )
+        return Response(
+            NodeTurnOutputSerializer(turn).data,
+            status=status.HTTP_201_CREATED if turn.created else status.HTTP_200_OK,
+        )
+
+
+class NodeHistoryView(APIView):
+    content_negotiation_class = HistoryFormatNegotiation
+
+    @extend_schema(parameters=[NodeHistoryQuerySerializer], responses=NodeHistoryOutputSerializer)
+    def get(self, request: Request, session_id: str, node_id: str) -> Response:
+        params = _query(NodeHistoryQuerySerializer, request)
+        flow = flow_for(request, params["flow"])
+        history = node_memory_history(
+            flow=flow,
+            session_id=session_id,
+            node_id=node_id,
+            current_message_id=params.get("current_message_id"),
+            max_tokens=params["max_tokens"],
+        )
+        return _history_response(NodeHistoryOutputSerializer, history, params)
+
+
+class NodeMemoryView(APIView):
+    @extend_schema(parameters=[FlowQuerySerializer], responses={204: None})
+    def delete(self, request: Request, session_id: str, node_id: str) -> Response:
+        flow = flow_for(request, _query(FlowQuerySerializer, request)["flow"])
+        node_memory_clear(flow=flow, session_id=session_id, node_id=node_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)

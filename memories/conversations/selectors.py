@@ -1,0 +1,109 @@
+"""Reads for flows and messages, scoped by owner, and the keyset queries other rooms
+use to walk a session's outputs (Memory Base cursors)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+
+from memories.conversations.models import Flow, Message
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def flow_list(*, owner: User) -> QuerySet[Flow]:
+    return Flow.objects.filter(owner=owner).order_by("name", "id")
+
+
+def flow_get(*, owner: User, flow_id: uuid.UUID | str) -> Flow:
+    return Flow.objects.get(owner=owner, pk=flow_id)
+
+
+def message_list(
+    *,
+    owner: User,
+    session_id: str | None = None,
+    flow_id: Any = None,
+) -> QuerySet[Message]:
+    """Messages in keyset order."""
+    qs = Message.objects.filter(owner=owner)
+    if flow_id is not None:
+        qs = qs.filter(flow_id=flow_id)
+    if session_id is not None:
+        qs = qs.filter(session_id=session_id)
+    return qs.order_by("created_at", "id")
+
+
+def message_get(*, owner: User, message_id: int) -> Message:
+    return Message.objects.get(owner=owner, pk=message_id)
+
+
+def after_keyset(created_at: datetime | None, message_id: int | None) -> Q:
+    """Messages after the keyset cursor (created_at, id).
+
+    The redundant ``created_at >= cursor`` lets PostgreSQL bound the index range
+    with the cursor; the OR alone is applied as a filter over the whole session.
+    """
+    if message_id is None:
+        return Q()
+    return Q(created_at__gte=created_at) & (
+        Q(created_at__gt=created_at) | Q(created_at=created_at, id__gt=message_id)
+    )
+
+
+def outputs_after(
+    *, flow_id: Any, session_id: str, created_at: datetime | None, message_id: int | None
+) -> QuerySet[Message]:
+    """A session's outputs after the cursor (created_at, id), unordered."""
+    return Message.objects.filter(flow_id=flow_id, session_id=session_id, is_output=True).filter(
+        after_keyset(created_at, message_id)
+    )
+
+
+def outputs_in_scope(
+    *,
+    flow_id: Any,
+    session_id: str,
+    after: tuple[datetime | None, int | None],
+    up_to: tuple[datetime, int],
+) -> QuerySet[Message]:
+    """A session's outputs in (after, up_to], in keyset order."""
+    return (
+        outputs_after(
+            flow_id=flow_id, session_id=session_id, created_at=after[0], message_id=after[1]
+        )
+        .exclude(after_keyset(*up_to))
+        .order_by("created_at", "id")
+    )
+
+
+def session_ids_with_outputs(*, flow_id: Any) -> set[str]:
+    return set(
+        Message.objects.filter(flow_id=flow_id, is_output=True)
+        .values_list("session_id", flat=True)
+        .distinct()
+    )
+
+
+def pending_outputs_subquery(flow_id_ref: Any) -> Subquery:
+    """Per outer session row (``session_id``, ``cursor_created_at``,
+    ``cursor_message_id``): how many outputs lie after its cursor."""
+    cursor_at = Coalesce(OuterRef("cursor_created_at"), Value(_EPOCH))
+    cursor_id = Coalesce(OuterRef("cursor_message_id"), Value(-1))
+    pending = (
+        Message.objects.filter(
+            flow_id=flow_id_ref, session_id=OuterRef("session_id"), is_output=True
+        )
+        .filter(Q(created_at__gte=cursor_at))  # bounds the index range (see after_keyset)
+        .filter(Q(created_at__gt=cursor_at) | Q(created_at=cursor_at, id__gt=cursor_id))
+        .order_by()
+        .values("session_id")
+        .annotate(c=Count("*"))
+        .values("c")
+    )
+    return Subquery(pending, output_field=IntegerField())

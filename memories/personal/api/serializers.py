@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from rest_framework import serializers
+
+from memories.personal.models import MemoryUpdate, Vector
+from memories.personal.services import MAX_MEMORY_CHARS
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+class ChatMessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=CHAT_ROLES)
+    content = serializers.JSONField(required=False, allow_null=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        content = attrs.get("content")
+        if content is None and attrs["role"] not in ("assistant", "tool", "function"):
+            raise serializers.ValidationError({"content": "Required for this role."})
+        if content is not None and not isinstance(content, str | list):
+            raise serializers.ValidationError(
+                {"content": "Must be a string or a list of content parts."}
+            )
+        if isinstance(content, list) and not all(
+            isinstance(p, dict) and "type" in p for p in content
+        ):
+            raise serializers.ValidationError({"content": "Each content part needs a type."})
+        return attrs
+
+
+class ChatCompletionSerializer(serializers.Serializer):
+    """Validates what the proxy relies on; every other field passes through unchanged."""
+
+    model = serializers.CharField(max_length=200, required=False)
+    messages = ChatMessageSerializer(many=True, allow_empty=False)
+    stream = serializers.BooleanField(required=False, default=False)
+    user = serializers.CharField(max_length=255, required=False, allow_blank=True)
+
+    def validate_model(self, value: str) -> str:
+        if not isinstance(self.initial_data.get("model"), str):
+            raise serializers.ValidationError("Must be a string.")
+        return value
+
+    def validate_messages(self, value: list[Any]) -> list[Any]:
+        if len(value) > settings.CHAT_MAX_MESSAGES:
+            raise serializers.ValidationError(f"At most {settings.CHAT_MAX_MESSAGES} messages.")
+        return value
+
+
+class MemoryOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Vector
+        fields = ["id", "content", "type", "metadata", "observed_at", "created_at"]
+
+
+class MemoryHitSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    content = serializers.CharField()
+    type = serializers.CharField()
+    similarity = serializers.FloatField()
+    score = serializers.FloatField()
+    observed_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+
+
+class InputMessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=CHAT_ROLES)
+    content = serializers.CharField(max_length=100_000)
+
+
+class MemoryAddSerializer(serializers.Serializer):
+    text = serializers.CharField(required=False, max_length=100_000)
+    messages = InputMessageSerializer(  # type: ignore[call-arg]  # ListSerializer takes it
+        many=True, required=False, allow_empty=False, max_length=200
+    )
+    infer = serializers.BooleanField(default=True)
+    metadata = serializers.DictField(required=False, default=dict)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if bool(attrs.get("text", "").strip()) == bool(attrs.get("messages")):
+            raise serializers.ValidationError({"text": "Give either a non-empty text or messages."})
+        if not attrs["infer"]:
+            texts = (
+                [attrs["text"]]
+                if attrs.get("text")
+                else [m["content"] for m in attrs["messages"] if m["role"] == "user"]
+            )
+            if not texts:
+                raise serializers.ValidationError({"messages": "No user message to store."})
+            for text in texts:
+                if len(text.strip()) > MAX_MEMORY_CHARS:
+                    raise serializers.ValidationError(
+                        {
+                            "text": f"A memory stored as given is at most {MAX_MEMORY_CHARS} characters."
+                        }
+                    )
+            attrs["texts"] = texts
+        return attrs
+
+
+class MemoryUpdateSerializer(serializers.Serializer):
+    content = serializers.CharField(max_length=MAX_MEMORY_CHARS)
+
+
+class MemorySearchSerializer(serializers.Serializer):
+    q = serializers.CharField(max_length=10_000)
+    top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    threshold = serializers.FloatField(min_value=-1, max_value=1, required=False)
+    half_life_days = serializers.FloatField(min_value=0.001, required=False)
+    include_globals = serializers.BooleanField(required=False, default=False)
+
+
+class GlobalMemoryInSerializer(serializers.Serializer):
+    content = serializers.CharField(max_length=MAX_MEMORY_CHARS)
+
+
+class HistorySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MemoryUpdate
+        fields = [
+            "id",
+            "action",
+            "old_vector",
+            "new_vector",
+            "old_content",
+            "new_content",
+            "reason",
+            "created_at",
+        ]
+
+
+class DecisionSerializer(serializers.Serializer):
+    fact = serializers.CharField()
+    action = serializers.CharField()
+    reason = serializers.CharField()
+    target_id = serializers.CharField(allow_null=True)
+    memory_id = serializers.CharField(allow_null=True)

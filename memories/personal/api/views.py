@@ -1,0 +1,203 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.pagination import PageNumberPagination
+from core.providers.embeddings import get_embedder
+from core.validation import validate_end_user_id
+from memories.personal.api.serializers import (
+    DecisionSerializer,
+    GlobalMemoryInSerializer,
+    HistorySerializer,
+    MemoryAddSerializer,
+    MemoryHitSerializer,
+    MemoryOutputSerializer,
+    MemorySearchSerializer,
+    MemoryUpdateSerializer,
+)
+from memories.personal.formation import memory_formation_run
+from memories.personal.models import EndUser, Vector
+from memories.personal.selectors import (
+    end_user_find,
+    global_memory_list,
+    memory_get,
+    memory_history,
+    memory_list,
+    memory_search,
+)
+from memories.personal.services import (
+    end_user_ensure,
+    end_user_erase,
+    global_memory_create,
+    global_memory_delete,
+    memory_add,
+    memory_delete,
+    memory_update,
+)
+
+
+def _user_id(user_id: str) -> str:
+    return validate_end_user_id(user_id)
+
+
+def _existing_user(request: Request, user_id: str) -> EndUser:
+    end_user = end_user_find(owner=request.user, external_id=_user_id(user_id))
+    if end_user is None:
+        raise Http404
+    return end_user
+
+
+def _memory(request: Request, user_id: str, memory_id: Any) -> tuple[EndUser, Vector]:
+    end_user = _existing_user(request, user_id)
+    return end_user, memory_get(end_user=end_user, vector_id=memory_id)
+
+
+class UserMemoriesView(APIView):
+    @extend_schema(responses=MemoryOutputSerializer(many=True))
+    def get(self, request: Request, user_id: str) -> Response:
+        end_user = end_user_find(owner=request.user, external_id=_user_id(user_id))
+        qs = memory_list(end_user=end_user) if end_user else Vector.objects.none()
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(qs, request, view=self)
+        return paginator.get_paginated_response(MemoryOutputSerializer(page, many=True).data)
+
+    @extend_schema(request=MemoryAddSerializer)
+    def post(self, request: Request, user_id: str) -> Response:
+        external_id = _user_id(user_id)
+        data = MemoryAddSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        now = timezone.now()
+        if values["infer"]:
+            from core.providers.llm import get_llm
+
+            llm = get_llm(
+                feature="Memory extraction (infer=true)"
+            )  # 503 before anything is written
+            text = values.get("text") or "\n".join(
+                m["content"] for m in values["messages"] if m["role"] == "user"
+            )
+            decisions = memory_formation_run(
+                owner_id=request.user.pk,
+                external_id=external_id,
+                message=text,
+                message_at=now,
+                llm=llm,
+            )
+            return Response(
+                {"decisions": DecisionSerializer(decisions, many=True).data},
+                status=status.HTTP_200_OK,
+            )
+        end_user = end_user_ensure(owner=request.user, external_id=external_id)
+        stored: list[Any] = []
+        duplicates: list[Any] = []
+        for text in values["texts"]:
+            vector, duplicate = memory_add(
+                end_user=end_user,
+                content=text,
+                reason="added through the API",
+                observed_at=now,
+                dedup_threshold=1.01,
+                metadata=values.get("metadata"),
+            )
+            (duplicates if duplicate else stored).append(vector)
+        return Response(
+            {
+                "memories": MemoryOutputSerializer(stored, many=True).data,
+                "duplicates": MemoryOutputSerializer(duplicates, many=True).data,
+            },
+            status=status.HTTP_201_CREATED if stored else status.HTTP_200_OK,
+        )
+
+    def delete(self, request: Request, user_id: str) -> Response:
+        removed = end_user_erase(end_user=_existing_user(request, user_id))
+        return Response({"deleted": removed})
+
+
+class UserMemorySearchView(APIView):
+    @extend_schema(parameters=[MemorySearchSerializer], responses=MemoryHitSerializer(many=True))
+    def get(self, request: Request, user_id: str) -> Response:
+        external_id = _user_id(user_id)
+        query = MemorySearchSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        end_user = end_user_find(owner=request.user, external_id=external_id)
+        if end_user is None and not params["include_globals"]:
+            return Response({"results": []})
+        embedder = get_embedder()
+        hits = memory_search(
+            owner_id=request.user.pk,
+            end_user=end_user,
+            vector=embedder.embed([params["q"]])[0],
+            embedding_model=embedder.model,
+            top_k=params["top_k"],
+            threshold=params.get("threshold"),
+            include_globals=params["include_globals"],
+            half_life_days=params.get("half_life_days"),
+        )
+        return Response({"results": MemoryHitSerializer(hits, many=True).data})
+
+
+class UserMemoryDetailView(APIView):
+    @extend_schema(responses=MemoryOutputSerializer)
+    def get(self, request: Request, user_id: str, memory_id: Any) -> Response:
+        return Response(MemoryOutputSerializer(_memory(request, user_id, memory_id)[1]).data)
+
+    @extend_schema(request=MemoryUpdateSerializer, responses=MemoryOutputSerializer)
+    def patch(self, request: Request, user_id: str, memory_id: Any) -> Response:
+        end_user, vector = _memory(request, user_id, memory_id)
+        data = MemoryUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        new = memory_update(
+            end_user=end_user, vector=vector, content=data.validated_data["content"]
+        )
+        return Response(MemoryOutputSerializer(new).data)
+
+    def delete(self, request: Request, user_id: str, memory_id: Any) -> Response:
+        end_user, vector = _memory(request, user_id, memory_id)
+        memory_delete(end_user=end_user, vector=vector)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class UserMemoryHistoryView(APIView):
+    @extend_schema(responses=HistorySerializer(many=True))
+    def get(self, request: Request, user_id: str, memory_id: Any) -> Response:
+        end_user = _existing_user(request, user_id)
+        rows = list(memory_history(end_user=end_user, vector_id=memory_id))
+        if not rows:
+            raise Http404
+        return Response({"results": HistorySerializer(rows, many=True).data})
+
+
+class GlobalMemoriesView(APIView):
+    @extend_schema(responses=MemoryOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        paginator = PageNumberPagination()
+        page = paginator.paginate_queryset(
+            global_memory_list(owner=request.user), request, view=self
+        )
+        return paginator.get_paginated_response(MemoryOutputSerializer(page, many=True).data)
+
+    @extend_schema(request=GlobalMemoryInSerializer, responses={201: MemoryOutputSerializer})
+    def post(self, request: Request) -> Response:
+        data = GlobalMemoryInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        vector = global_memory_create(owner=request.user, content=data.validated_data["content"])
+        return Response(MemoryOutputSerializer(vector).data, status=status.HTTP_201_CREATED)
+
+
+class GlobalMemoryDetailView(APIView):
+    def delete(self, request: Request, memory_id: Any) -> Response:
+        vector = global_memory_list(owner=request.user).filter(pk=memory_id).first()
+        if vector is None:
+            raise Http404
+        global_memory_delete(vector=vector)
+        return Response(status=status.HTTP_204_NO_CONTENT)
