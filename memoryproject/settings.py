@@ -111,14 +111,15 @@ else:
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
     # 100,000-chunk table: searches and inserts then page index blocks in and out of
     # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval").
-    _server = ensure_embedded_postgres(
-        DATA_DIR,
-        dbname=env_str("EMBEDDED_DB_NAME", "memory"),
-        server_settings={
+    EMBEDDED_DB_OPTIONS: dict[str, Any] = {
+        "dbname": env_str("EMBEDDED_DB_NAME", "memory"),
+        "server_settings": {
             "shared_buffers": env_str("EMBEDDED_DB_SHARED_BUFFERS", "1GB"),
             "maintenance_work_mem": env_str("EMBEDDED_DB_MAINTENANCE_WORK_MEM", "512MB"),
         },
-    )
+    }
+    # The running service starts it again the same way if it stops (core.db_recovery).
+    _server = ensure_embedded_postgres(DATA_DIR, **EMBEDDED_DB_OPTIONS)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
@@ -131,6 +132,8 @@ else:
     }
     EMBEDDED_DATABASE = True
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Seconds a client is told to wait (Retry-After) while the database is unreachable.
+DATABASE_RETRY_AFTER = env_int("DATABASE_RETRY_AFTER", 2, minimum=1)
 DATABASES["default"].setdefault("TEST", {})["NAME"] = env_str("TEST_DB_NAME", "test_memory")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -245,6 +248,11 @@ Q_CLUSTER: dict[str, Any] = {
     "sync": TESTING or env_bool("Q_SYNC", False),
     "label": "Background tasks",
 }
+# The worker supervisor (manage.py serve / manage.py worker) restarts the whole cluster
+# when tasks wait and, for this long, no task finished and no worker was busy: a worker
+# killed while holding a lock of django-q2's internal queues freezes the others.
+WORKER_STALL_SECONDS = env_float("WORKER_STALL_SECONDS", 60.0, minimum=1.0)
+WORKER_STATE_DIR = Path(env_str("WORKER_STATE_DIR", str(DATA_DIR / "worker")))
 if Q_CLUSTER["retry"] <= Q_CLUSTER["timeout"]:
     from memoryproject.env import EnvError
 
