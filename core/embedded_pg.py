@@ -89,6 +89,46 @@ def _pid_is_postgres(pid: int) -> bool:
         return False
 
 
+def postmaster_running(pgdata: Path) -> bool:
+    """Whether the server of ``pgdata`` runs (its ``postmaster.pid`` names a live postgres)."""
+    pid = _postmaster_pid(pgdata)
+    return pid is not None and _pid_is_postgres(pid)
+
+
+def _orphaned_backends(pgdata: Path) -> list:
+    """Server processes of ``pgdata`` left behind by a postmaster killed -9 (their
+    working directory is the data directory)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.info["name"] == "postgres" and Path(proc.cwd()) == pgdata:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _end_orphaned_backends(pgdata: Path, wait: float = 3.0) -> None:
+    """Let the backends of a dead postmaster exit (they notice its death), then kill
+    the rest: a new server must not start while they still use the old shared memory,
+    and the stale-pidfile repair below would take away the check that prevents it."""
+    import psutil
+
+    orphans = _orphaned_backends(pgdata)
+    if not orphans:
+        return
+    _gone, alive = psutil.wait_procs(orphans, timeout=wait)
+    for proc in alive:
+        logger.warning("killing backend %s of a dead postmaster", proc.pid)
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def _remove_stale_pidfile(pgdata: Path) -> None:
     """Drop a ``postmaster.pid`` whose pid is dead or belongs to another program.
 
@@ -98,6 +138,7 @@ def _remove_stale_pidfile(pgdata: Path) -> None:
     """
     pid = _postmaster_pid(pgdata)
     if pid is not None and not _pid_is_postgres(pid):
+        _end_orphaned_backends(pgdata)
         logger.warning("removing stale postmaster.pid (pid %s is not a postgres server)", pid)
         (pgdata / "postmaster.pid").unlink(missing_ok=True)
 
@@ -288,6 +329,9 @@ def ensure_embedded_postgres(
     with _file_lock(data_dir / ".pgserver.lock"):
         if pgdata.exists():
             _remove_stale_pidfile(pgdata)
+        # pgserver caches one handle per data directory and would return it without
+        # looking: a server that died since must be found dead and started again.
+        pgserver.PostgresServer._instances.pop(pgdata, None)
         try:
             server = pgserver.get_server(pgdata, cleanup_mode=None)
         except Exception as exc:

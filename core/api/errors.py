@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
+from core.db_recovery import as_database_unavailable, response_for_current_exception
 from core.errors import ServiceError
 
 
@@ -82,9 +83,16 @@ def validation_message(detail: Any) -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    unavailable = as_database_unavailable(exc)
+    if unavailable is not None:  # an outage, whatever raised it: 503 with Retry-After
+        exc = unavailable
     if isinstance(exc, ServiceError):
         set_rollback()
-        return Response(error_body(exc.code, str(exc), exc.details), status=exc.status_code)
+        answer = Response(error_body(exc.code, str(exc), exc.details), status=exc.status_code)
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            answer["Retry-After"] = str(retry_after)
+        return answer
     if isinstance(exc, Http404 | ObjectDoesNotExist):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -118,6 +126,9 @@ def json_404(request: HttpRequest, exception: Exception | None = None) -> HttpRe
 
 
 def json_500(request: HttpRequest) -> HttpResponse:
+    unavailable = response_for_current_exception(request)
+    if unavailable is not None:  # every path: the admin cannot render without it either
+        return unavailable
     if request.path.startswith(("/api/", "/v1/")):
         return json_error_response(500, "Internal server error.")
     return defaults.server_error(request)

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -56,7 +55,7 @@ def _search_request(data: dict[str, Any]) -> SearchRequest:
         since=filters.pop("since", None),
         until=filters.pop("until", None),
         filters=filters,
-        rrf_k=data.get("rrf_k") or settings.SEARCH_RRF_K,
+        rrf_k=data.get("rrf_k"),
         half_life_days=data.get("half_life_days"),
     )
 

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
+from core.db_recovery import refresh_after_commit
 from knowledge.chunking import chunk_text
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
 from knowledge.selectors import kb_embedder
@@ -219,7 +220,7 @@ def knowledge_base_ingest(
         written, deleted = _write_chunks(knowledge_base, stage_rows, keys)
         if written and _defer_indexing(knowledge_base):
             enqueue_chunk_indexing_on_commit()
-    knowledge_base.refresh_from_db()
+    refresh_after_commit(knowledge_base)
     return IngestResult(documents=len(documents), chunks_written=written, chunks_deleted=deleted)
 
 

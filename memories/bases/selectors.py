@@ -77,6 +77,19 @@ def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
     )
 
 
+def memory_base_as_created(memory_base: MemoryBase) -> MemoryBase:
+    """A base just created, with the counters ``with_counters`` would find (no
+    sessions, jobs or chunks yet), set without a query."""
+    memory_base.session_count = 0  # type: ignore[attr-defined]
+    memory_base.processed_total = 0  # type: ignore[attr-defined]
+    memory_base.last_sync = None  # type: ignore[attr-defined]
+    memory_base.active_jobs = 0  # type: ignore[attr-defined]
+    memory_base.has_chunks = False  # type: ignore[attr-defined]
+    memory_base.has_processed = False  # type: ignore[attr-defined]
+    memory_base.mismatch = False  # type: ignore[attr-defined]
+    return memory_base
+
+
 def _session_aggregate(aggregate: object) -> Coalesce:
     per_base = (
         MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"))

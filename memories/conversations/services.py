@@ -142,7 +142,9 @@ def messages_store(
     validate_session_id(session_id)
     if not messages:
         raise InvalidInput("A run needs at least one message.")
-    with transaction.atomic():
+    # No savepoint when the caller's transaction is open (capture): one statement less
+    # each way per run, and the caller's transaction is what the lock must span.
+    with transaction.atomic(savepoint=False):
         _session_lock(flow, session_id)
         _check_caller_ids(flow, session_id, messages)
         earlier: dict[str, int] = {}

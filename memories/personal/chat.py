@@ -107,6 +107,8 @@ def chat_prepare(*, owner_id: int, body: dict[str, Any], external_id: str | None
         top_k=settings.MEMORY_TOP_K,
         threshold=settings.MEMORY_SCORE_THRESHOLD,
         include_globals=cold,
+        query=prepared.user_text if settings.MEMORY_HYBRID else None,
+        relative_threshold=settings.MEMORY_RELATIVE_THRESHOLD or None,
     )
     block, prepared.memories = memory_block(hits, settings.MEMORY_PROMPT_MAX_TOKENS)
     prepared.body["messages"] = inject(body["messages"], block)

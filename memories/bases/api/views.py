@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.db_recovery import read_after_commit
 from core.validation import SessionIdField
 from knowledge.api.serializers import job_answer
 from knowledge.selectors import ingest_job_get_by_id
@@ -24,6 +25,7 @@ from memories.bases.api.serializers import (
 from memories.bases.models import MemoryBase, MemoryBaseJob
 from memories.bases.selectors import (
     job_get,
+    memory_base_as_created,
     memory_base_get,
     memory_base_list,
     memory_base_sessions,
@@ -66,10 +68,11 @@ class MemoryBaseListView(APIView):
         values = dict(data.validated_data)
         flow = flow_for(request, values.pop("flow"))
         mb = memory_base_create(owner=request.user, flow=flow, **values)
-        return Response(
-            MemoryBaseOutputSerializer(_memory_base(request, mb.pk)).data,
-            status=status.HTTP_201_CREATED,
+        # Committed: re-read with the counters, or answer from what create returned.
+        out = read_after_commit(
+            lambda: _memory_base(request, mb.pk), lambda: memory_base_as_created(mb)
         )
+        return Response(MemoryBaseOutputSerializer(out).data, status=status.HTTP_201_CREATED)
 
 
 class MemoryBaseDetailView(APIView):
@@ -83,7 +86,9 @@ class MemoryBaseDetailView(APIView):
         data = MemoryBaseUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         memory_base_update(memory_base=mb, **data.validated_data)
-        return Response(MemoryBaseOutputSerializer(_memory_base(request, mb_id)).data)
+        # Committed: re-read, or answer with the counters read before the update.
+        out = read_after_commit(lambda: _memory_base(request, mb_id), lambda: mb)
+        return Response(MemoryBaseOutputSerializer(out).data)
 
     def delete(self, request: Request, mb_id: Any) -> Response:
         memory_base_delete(memory_base=_memory_base(request, mb_id))
@@ -123,9 +128,15 @@ class MemoryBaseRegenerateView(MemoryBaseJobsView):
 
 
 def _jobs_out(jobs: list[MemoryBaseJob]) -> Any:
-    fresh = MemoryBaseJob.objects.select_related("session").filter(pk__in=[j.pk for j in jobs])
-    by_id = {job.pk: job for job in fresh}
-    return JobOutputSerializer([by_id[j.pk] for j in jobs], many=True).data
+    """The jobs as they are now (a queued job may have run or failed to queue); if the
+    database went away after they committed, as the service returned them."""
+
+    def fresh() -> list[MemoryBaseJob]:
+        qs = MemoryBaseJob.objects.select_related("session").filter(pk__in=[j.pk for j in jobs])
+        by_id = {job.pk: job for job in qs}
+        return [by_id[j.pk] for j in jobs]
+
+    return JobOutputSerializer(read_after_commit(fresh, lambda: jobs), many=True).data
 
 
 class JobDetailView(APIView):
