@@ -21,11 +21,12 @@ def knowledge_base_create(
     language: str = "english",
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
+    embedding: EmbeddingConfig | None = None,
 ) -> KnowledgeBase:
     """Create a base whose embedding provider, model and dimension are fixed now.
 
-    The configured provider at creation time is recorded; later searches and
-    ingestion always embed with it. Raises ``NameTaken`` if the owner already has
+    The configured provider at creation time (or ``embedding``, for a caller with a
+    model of its own) is recorded; later searches and ingestion always embed with it. Raises ``NameTaken`` if the owner already has
     a base with this name (the database enforces it).
     """
     if language not in FTS_LANGUAGES:
@@ -33,7 +34,7 @@ def knowledge_base_create(
     default_size, default_overlap = (
         FILE_CHUNKING if source_kind == KnowledgeBase.SourceKind.FILES else MESSAGE_CHUNKING
     )
-    config = EmbeddingConfig.from_settings()
+    config = embedding or EmbeddingConfig.from_settings()
     try:
         with transaction.atomic():
             return KnowledgeBase.objects.create(
