@@ -117,6 +117,8 @@ def _walk_errors(detail: Any, path: str) -> Iterator[tuple[str, str]]:
         for key, sub in detail.items():
             if key == "non_field_errors":
                 yield from _walk_errors(sub, path)
+            elif isinstance(key, int):  # ListField and many=True report {index: errors}
+                yield from _walk_errors(sub, f"{path}[{key}]")
             else:
                 yield from _walk_errors(sub, f"{path}.{key}" if path else str(key))
     elif (
