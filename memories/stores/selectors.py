@@ -47,7 +47,7 @@ def node_attachments(*, flow_id: Any, node_id: str) -> list[MemoryAttachment]:
     """A node's attachments in their configured order, each with its store."""
     return list(
         MemoryAttachment.objects.filter(flow_id=flow_id, node_id=node_id)
-        .select_related("store", "store__knowledge_base", "store__owner")
+        .select_related("store", "store__knowledge_base")
         .order_by("position", "id")
     )
 

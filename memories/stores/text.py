@@ -172,5 +172,9 @@ def lexical_score(query_words: list[str], text_words: list[str]) -> float:
         return 0.0
     qs, ts = set(query_words), set(text_words)
     jaccard = len(qs & ts) / len(qs | ts)
-    lcs = _lcs(query_words, text_words) / len(query_words)
+    # Words outside the other list cannot be in a common subsequence: drop them first.
+    shared = qs & ts
+    lcs = _lcs(
+        [w for w in query_words if w in shared], [w for w in text_words if w in shared]
+    ) / len(query_words)
     return (jaccard + lcs) / 2

@@ -6,6 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from django.db import connection
 
 from memories.stores.backends.base import StoreHit
@@ -14,7 +15,8 @@ TABLE = "memory_stores_memoryitem"
 
 
 def vector_literal(vector: Any) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    # 7 significant digits hold a float32; the literal is sent in the query text.
+    return "[" + ",".join(map("{:.7g}".format, np.asarray(vector, dtype=float).tolist())) + "]"
 
 
 def _hit(row: tuple[Any, ...], distance: float | None = None) -> StoreHit:
