@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
 
-from core.errors import NameTaken
+from core.errors import Conflict, NameTaken
 from core.providers.embeddings import EmbeddingConfig
 from knowledge.models import FTS_LANGUAGES, KnowledgeBase
 from knowledge.services.errors import FILE_CHUNKING, MESSAGE_CHUNKING, KnowledgeError
@@ -73,8 +74,20 @@ def knowledge_base_update(
 
 
 def knowledge_base_delete(*, knowledge_base: KnowledgeBase) -> None:
-    """Delete a base and all its chunks (one statement, cascaded by the database)."""
+    """Delete a base and all its chunks (one statement, cascaded by the database).
+
+    Raises ``Conflict`` ("in_use", 409) for a base another object depends on (a memory
+    base's, a memory store's): those are deleted with their owner object.
+    """
     # Chunks have no dependents, so Django deletes them with one DELETE ... WHERE
     # knowledge_base_id = ..., without loading them.
-    with transaction.atomic():
-        knowledge_base.delete()
+    try:
+        with transaction.atomic():
+            knowledge_base.delete()
+    except ProtectedError as exc:
+        users = sorted({f"{type(o)._meta.verbose_name} {o}" for o in exc.protected_objects})
+        raise Conflict(
+            f"knowledge base {knowledge_base.name!r} belongs to {', '.join(users)}; "
+            "delete that instead",
+            code="in_use",
+        ) from exc

@@ -319,3 +319,17 @@ def test_tenancy(configured, alice_client, bob_client, anon_client, flow, alice)
     assert anon_client.get("/api/v1/memory-stores").status_code == 401
     assert anon_client.post("/api/v1/memory-config", {}, format="json").status_code == 401
     assert snapshot_db() == before
+
+
+def test_a_file_store_index_cannot_be_deleted_on_its_own(configured, alice_client, alice):
+    docs = MemoryStore.objects.get(owner=alice, name="project_docs")
+    response = alice_client.delete(f"/api/v1/knowledge-bases/{docs.knowledge_base_id}")
+    assert response.status_code == 409
+    assert response.json()["error"] == {
+        "code": "in_use",
+        "message": "knowledge base 'memory-store:project_docs' belongs to memory store "
+        "project_docs; delete that instead",
+        "details": None,
+    }
+    docs.refresh_from_db()
+    assert docs.knowledge_base.chunk_count == 3
