@@ -109,6 +109,7 @@ def fill_items(store: MemoryStore, n: int, rng: random.Random, *, embed: bool) -
                 vectors = embedder.embed([item.content_summary for item in batch])
                 for item, vector in zip(batch, vectors):
                     item.embedding = vector
+                    item.dimensions = len(vector)
             MemoryItem.objects.bulk_create(batch)
             batch = []
 

@@ -346,6 +346,9 @@ MEMORY_STORE_FILE_ROOTS = env_list("MEMORY_STORE_FILE_ROOTS", [])
 # Inline base64 data in a written snapshot block is kept up to this size; larger data
 # is replaced by a reference (name, MIME type, size, sha256).
 MEMORY_STORE_INLINE_MAX_BYTES = env_int("MEMORY_STORE_INLINE_MAX_BYTES", 256 * 1024, minimum=0)
+# Simple stores up to this many items are searched exactly; larger ones through the
+# HNSW index of their dimension (pgvector's iterative scan, filtered to the store).
+MEMORY_STORE_EXACT_MAX_ITEMS = env_int("MEMORY_STORE_EXACT_MAX_ITEMS", 2000, minimum=0)
 # The "Related Memories" block of a retrieve call, when the caller sends no max_tokens.
 MEMORY_STORE_PROMPT_MAX_TOKENS = env_int("MEMORY_STORE_PROMPT_MAX_TOKENS", 1000, minimum=20)
 

@@ -81,6 +81,8 @@ class MemoryItem(models.Model):
     session_id = models.CharField(max_length=255, blank=True, default="")
     # Of the store's recorded dimension (checked on write); null without an embedder.
     embedding = VectorField(null=True, blank=True)
+    # The vector's dimension: the partial HNSW indexes (one per dimension) key on it.
+    dimensions = models.PositiveSmallIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -75,7 +75,9 @@ class SimpleStore(StoreBackend):
             return sql.newest(self.store.pk, query.top_k)
         vector = query.vectors.for_embedder(embedder, text)
         cut = None if query.similarity_threshold <= -1 else 1.0 - query.similarity_threshold
-        candidates = sql.nearest(self.store.pk, vector, query.top_k * 3, cut)
+        candidates = sql.nearest(
+            self.store.pk, vector, query.top_k * 3, cut, dims=self.store.embedding_dimensions
+        )
         weight = self.config["rerank_weight"]
         query_words = words(text)
         for hit in candidates:
@@ -137,6 +139,7 @@ class SimpleStore(StoreBackend):
             },
             session_id=write.session_id,
             embedding=prepared.vector,
+            dimensions=None if prepared.vector is None else len(prepared.vector),
         )
         trimmed = sql.trim(self.store.pk, max_items=self.config["max_items"])
         return WriteResult("added", item_id=item.pk, trimmed=trimmed)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from django.db import connection
+from django.conf import settings
+from django.db import connection, transaction
 
+from core.health import pgvector_supports_iterative_scan, pgvector_version
+from knowledge.models import INDEXED_DIMENSIONS
 from memories.stores.backends.base import StoreHit
 
 TABLE = "memory_stores_memoryitem"
@@ -34,22 +38,82 @@ def _hit(row: tuple[Any, ...], distance: float | None = None) -> StoreHit:
     )
 
 
-def nearest(store_id: Any, vector: Any, limit: int, max_distance: float | None) -> list[StoreHit]:
-    """The ``limit`` items nearest by cosine (exact scan of this store's rows)."""
-    vec = vector_literal(vector)
+@lru_cache(maxsize=1)
+def _iterative_scan() -> bool:
+    return pgvector_supports_iterative_scan(pgvector_version())
+
+
+def _small(store_id: Any) -> bool:
+    limit = settings.MEMORY_STORE_EXACT_MAX_ITEMS
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} WHERE store_id = %s LIMIT %s) s",
+            [store_id, limit + 1],
+        )
+        return int(cur.fetchone()[0]) <= limit
+
+
+_DETAILS = (
+    "SELECT i.id, i.content_summary, i.metadata, i.created_at, c.d FROM c "
+    f"JOIN {TABLE} i ON i.id = c.id ORDER BY c.d, c.id"
+)
+
+
+def _exact(store_id: Any, vec: str, limit: int, max_distance: float | None) -> list[StoreHit]:
     cut = " AND embedding <=> %s::vector <= %s" if max_distance is not None else ""
     params: list[Any] = [vec, store_id]
     if max_distance is not None:
         params += [vec, max_distance]
+    # Ordering by the uncast column never uses the per-dimension indexes: an exact scan.
     sql = (
         f"WITH c AS MATERIALIZED (SELECT id, embedding <=> %s::vector AS d FROM {TABLE} "
-        f"WHERE store_id = %s AND embedding IS NOT NULL{cut} ORDER BY d, id LIMIT %s) "
-        f"SELECT i.id, i.content_summary, i.metadata, i.created_at, c.d FROM c "
-        f"JOIN {TABLE} i ON i.id = c.id ORDER BY c.d, c.id"
+        f"WHERE store_id = %s AND embedding IS NOT NULL{cut} ORDER BY d, id LIMIT %s) {_DETAILS}"
     )
     with connection.cursor() as cur:
         cur.execute(sql, [*params, limit])
         return [_hit(row, float(row[4])) for row in cur.fetchall()]
+
+
+def _indexed(store_id: Any, vec: str, dims: int, limit: int) -> list[StoreHit]:
+    """The HNSW index of this dimension, filtered to the store (pgvector's iterative
+    scan keeps walking the graph until ``limit`` rows of the store are found)."""
+    sql = (
+        f"WITH c AS MATERIALIZED (SELECT id, embedding::vector({dims}) <=> "
+        f"%s::vector({dims}) AS d FROM {TABLE} WHERE dimensions = {dims} AND store_id = %s "
+        f"ORDER BY d LIMIT %s) {_DETAILS}"
+    )
+    with transaction.atomic(), connection.cursor() as cur:
+        ef = max(settings.SEARCH_EF_SEARCH, limit * 2)
+        if _iterative_scan():
+            cur.execute(
+                "SELECT set_config('hnsw.ef_search', %s, true), "
+                "set_config('hnsw.iterative_scan', 'strict_order', true), "
+                "set_config('hnsw.max_scan_tuples', %s, true)",
+                [str(ef), str(settings.SEARCH_MAX_SCAN_TUPLES)],
+            )
+        else:
+            cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
+        cur.execute(sql, [vec, store_id, limit])
+        return [_hit(row, float(row[4])) for row in cur.fetchall()]
+
+
+def nearest(
+    store_id: Any, vector: Any, limit: int, max_distance: float | None, *, dims: int | None
+) -> list[StoreHit]:
+    """The ``limit`` items nearest by cosine, at most ``max_distance`` away.
+
+    Stores of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` items are scanned exactly; larger
+    ones go through the HNSW index of their dimension (approximate: its recall is in
+    BENCHMARKS.md), and an index scan that comes back short is redone exactly.
+    """
+    vec = vector_literal(vector)
+    if dims in INDEXED_DIMENSIONS and not _small(store_id):
+        hits = _indexed(store_id, vec, dims, limit)
+        if len(hits) >= limit:
+            if max_distance is not None:
+                hits = [h for h in hits if 1.0 - (h.similarity or 0.0) <= max_distance + 1e-9]
+            return hits
+    return _exact(store_id, vec, limit, max_distance)
 
 
 def newest(store_id: Any, limit: int, since: datetime | None = None) -> list[StoreHit]:

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from django.core.checks import run_checks
 from django.core.exceptions import ObjectDoesNotExist
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -20,6 +22,7 @@ from memories.stores.backends.base import (
     WriteIn,
     WriteResult,
 )
+from memories.stores.config import memory_config_apply
 from memories.stores.manager import MemoryManager
 from memories.stores.models import MemoryItem, MemoryStore
 from memories.stores.registry import (
@@ -28,6 +31,7 @@ from memories.stores.registry import (
     register_memory_store,
     unregister_memory_store,
 )
+from memories.stores.runtime import node_memory_retrieve, node_memory_write
 from memories.stores.text import key_content, lexical_score, turn_summary, words
 from tests.factories import UserFactory
 from tests.memories.stores.conftest import snapshot_db
@@ -302,3 +306,34 @@ def test_check_warns_when_the_default_embedding_moved(alice_client, settings):
     warnings = [m for m in run_checks() if m.id == "memory_stores.W001"]
     assert len(warnings) == 1
     assert "Memory store 'notes' embeds with hashing/hashing-v1 (384 dims)" in warnings[0].msg
+
+
+def test_large_stores_search_through_the_hnsw_index(alice, flow, settings):
+    memory_config_apply(
+        owner=alice,
+        document={
+            "memory": [{"name": "big", "type": "simple", "config": {}}],
+            "nodes": [{"id": "n", "flow": flow.name, "memories": [{"name": "big", "top_k": 3}]}],
+        },
+    )
+    topics = ["deploy", "invoice", "mentor", "weather", "museum", "database", "schedule"]
+    for n, topic in enumerate(topics * 3):
+        node_memory_write(
+            flow=flow,
+            node_id="n",
+            input=f"question {n} about {topic}",
+            output=f"The answer {n} is all about the {topic} topic.",
+        )
+    assert set(MemoryItem.objects.values_list("dimensions", flat=True)) == {384}
+
+    def hits() -> list[tuple[str, float]]:
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query="deploy topic")
+        return [(h.id, round(h.similarity or 0, 6)) for h in result.stores[0].hits]
+
+    exact = hits()
+    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 5  # 21 items: the index path
+    with CaptureQueriesContext(connection) as queries:
+        indexed = hits()
+    assert any("::vector(384)" in q["sql"] for q in queries.captured_queries)
+    assert indexed == exact
+    assert all("deploy" in MemoryItem.objects.get(pk=i).content_summary for i, _ in exact)
