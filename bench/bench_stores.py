@@ -22,7 +22,9 @@ Reported, p50/p95 (and mean) over ``--calls`` calls after 10 warm-up calls:
 budget, for each node; the query embedding (hashing, one 384-d vector) is timed
 apart and subtracted in the "excl. embedding" column. Then ``--writes`` sequential
 ``node_memory_write`` calls to ``three-simple`` (each: three summaries embedded, one
-transaction, the stores' locks, dedup check, insert, trim to max_items = --items).
+transaction, the stores' locks, dedup check, insert with its HNSW entry, trim to
+max_items = --items). Also: recall@15 of the HNSW path against the exact scan for
+store s1, and the exact scan's own latency.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from core.providers.embeddings import get_embedder
 from knowledge.services import knowledge_index_pending
 from memories.conversations.models import Flow
 from memories.conversations.services import flow_create
+from memories.stores.backends import sql
 from memories.stores.config import memory_config_apply
 from memories.stores.models import MemoryItem, MemoryStore
 from memories.stores.runtime import node_memory_retrieve, node_memory_write
@@ -232,6 +235,20 @@ def main() -> None:
         excl = [s - embed_p50 for s in samples]
         log(f"retrieve {node:13} (3 attachments):  {percentiles(samples)}")
         log(f"  excl. embedding:                      {percentiles(excl)}")
+
+    # Recall of the index path against the exact scan: the 15 candidates of store s1.
+    s1 = MemoryStore.objects.get(owner=flow.owner, name="s1")
+    found = total = 0
+    for query in queries[:50]:
+        vector = embedder.embed([query])[0]
+        literal = sql.vector_literal(vector)
+        exact = {h.id for h in sql._exact(s1.pk, literal, 15, None)}
+        indexed = {h.id for h in sql._indexed(s1.pk, literal, 384, 15)}
+        found += len(exact & indexed)
+        total += len(exact)
+    log(f"recall@15 of the HNSW path against the exact scan (s1, 50 queries): {found / total:.3f}")
+    exact_ms = timed(lambda: sql._exact(s1.pk, literal, 15, None), 20)
+    log(f"one store, exact scan of {counts['s1']} items: {percentiles(exact_ms)}")
 
     started = time.perf_counter()
     for n in range(args.writes):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.parsers import JSONParser
@@ -58,7 +59,10 @@ def _flow(request: Request, flow_id: Any) -> Flow:
 
 
 class StoreTypesView(APIView):
-    @extend_schema(description="Registered store types with their summaries and config fields.")
+    @extend_schema(
+        responses=OpenApiTypes.OBJECT,
+        description="Registered store types with their summaries and config fields.",
+    )
     def get(self, request: Request) -> Response:
         return Response(
             {
@@ -106,13 +110,18 @@ class StoreDetailView(APIView):
         memory_store_update(store=store, config=data.validated_data["config"])
         return Response(StoreOutputSerializer(_store(request, store_id)).data)
 
+    @extend_schema(responses={204: None})
     def delete(self, request: Request, store_id: Any) -> Response:
         memory_store_delete(store=_store(request, store_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class StoreLoadView(APIView):
-    @extend_schema(request=None, description="Re-index a file store's changed files now.")
+    @extend_schema(
+        request=None,
+        responses=OpenApiTypes.OBJECT,
+        description="Re-index a file store's changed files now.",
+    )
     def post(self, request: Request, store_id: Any) -> Response:
         return Response({"load": memory_store_load(store=_store(request, store_id))})
 
@@ -133,6 +142,7 @@ class StoreItemDetailView(APIView):
         item = memory_item_get(store=_store(request, store_id), item_id=item_id)
         return Response(ItemOutputSerializer(item).data)
 
+    @extend_schema(responses={204: None})
     def delete(self, request: Request, store_id: Any, item_id: int) -> Response:
         memory_item_delete(store=_store(request, store_id), item_id=item_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -144,11 +154,18 @@ class MemoryConfigView(APIView):
     parser_classes = [JSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
     renderer_classes = [JSONRenderer, YAMLRenderer]
 
-    @extend_schema(description="Export: `?format=yaml` (or Accept: application/yaml) for YAML.")
+    @extend_schema(
+        responses=OpenApiTypes.OBJECT,
+        description="Export: `?format=yaml` (or Accept: application/yaml) for YAML.",
+    )
     def get(self, request: Request) -> Response:
         return Response(memory_config_export(owner=request.user))
 
-    @extend_schema(parameters=[ConfigQuerySerializer], request={"application/json": dict})
+    @extend_schema(
+        parameters=[ConfigQuerySerializer],
+        request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.OBJECT},
+        responses=OpenApiTypes.OBJECT,
+    )
     def post(self, request: Request) -> Response:
         query = ConfigQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)

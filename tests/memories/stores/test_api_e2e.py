@@ -333,3 +333,15 @@ def test_a_file_store_index_cannot_be_deleted_on_its_own(configured, alice_clien
     }
     docs.refresh_from_db()
     assert docs.knowledge_base.chunk_count == 3
+
+
+def test_schema_lists_the_endpoints(client):
+    schema = client.get("/api/schema/").content
+    for path in (
+        b"/api/v1/memory-config:",
+        b"/api/v1/memory-store-types:",
+        b"/api/v1/memory-stores/{store_id}/items/{item_id}:",
+        b"/api/v1/flows/{flow_id}/nodes/{node_id}/memory/retrieve:",
+        b"/api/v1/flows/{flow_id}/nodes/{node_id}/memory/write:",
+    ):
+        assert path in schema
