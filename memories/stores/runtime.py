@@ -137,6 +137,12 @@ def attachments_or_404(flow: Flow, node_id: str) -> list[MemoryAttachment]:
     return attachments
 
 
+def _reading(attachments: list[MemoryAttachment], stage: str) -> list[MemoryAttachment]:
+    return [
+        a for a in attachments if a.read and (not a.retrieve_stage or stage in a.retrieve_stage)
+    ]
+
+
 def node_memory_retrieve(
     *,
     flow: Flow,
@@ -166,22 +172,28 @@ def node_memory_retrieve(
     if attachments is None:
         attachments = attachments_or_404(flow, node_id)
     vectors = QueryVectors(query)
-    groups = []
-    for attachment in attachments:
-        if not attachment.read:
-            continue
-        if attachment.retrieve_stage and stage not in attachment.retrieve_stage:
-            continue
-        store = attachment.store
-        request = RetrieveQuery(
-            text=query,
-            top_k=attachment.top_k,
-            similarity_threshold=attachment.similarity_threshold,
-            session_id=session_id,
-            vectors=vectors,
+    requests = [
+        (
+            attachment.store,
+            backend_for(attachment.store),
+            RetrieveQuery(
+                text=query,
+                top_k=attachment.top_k,
+                similarity_threshold=attachment.similarity_threshold,
+                session_id=session_id,
+                vectors=vectors,
+            ),
         )
-        hits = backend_for(store).retrieve(request)[: attachment.top_k]
-        groups.append(StoreHits(store=store.name, type=store.type, hits=hits))
+        for attachment in _reading(attachments, stage)
+    ]
+    for _, backend, request in requests:
+        backend.prepare_retrieve(request)  # the query embedded, outside any transaction
+    groups = []
+    # One read transaction for every store's search (fewer round trips than one each).
+    with transaction.atomic():
+        for store, backend, request in requests:
+            hits = backend.retrieve(request)[: request.top_k]
+            groups.append(StoreHits(store=store.name, type=store.type, hits=hits))
     filled = _Budget(budget, groups)
     filled.fill()
     for group, chosen in zip(groups, filled.chosen):

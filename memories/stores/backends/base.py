@@ -76,10 +76,11 @@ class WriteResult:
 
 
 class StoreBackend:
-    """One store's behaviour. ``prepare`` runs outside any transaction (network calls:
-    embeddings); ``update`` runs inside the write's transaction, with the store's lock
-    held, so a type can rely on it for exact deduplication and trimming. Types keep
-    no state between calls: everything lives in the database."""
+    """One store's behaviour. ``prepare`` and ``prepare_retrieve`` run outside any
+    transaction (network calls: embeddings); ``retrieve`` runs in a read transaction
+    shared by the node's stores, ``update`` inside the write's transaction with the
+    store's lock held, so a type can rely on it for exact deduplication and trimming.
+    Types keep no state between calls: everything lives in the database."""
 
     read_only: ClassVar[bool] = False
 
@@ -118,6 +119,10 @@ class StoreBackend:
     def load(self) -> dict[str, Any] | None:
         """Bring derived data up to date (a file store re-indexes changed files)."""
         return None
+
+    def prepare_retrieve(self, query: RetrieveQuery) -> None:
+        """Outside any transaction, before ``retrieve``: network work such as embedding
+        the query into ``query.vectors`` (``retrieve`` then finds it there)."""
 
     def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
         raise NotImplementedError

@@ -12,6 +12,7 @@ import codecs
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from rest_framework import serializers
 
@@ -179,12 +180,20 @@ class FileStore(StoreBackend):
             totals["deleted"] += len(stale)
         return totals
 
-    def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+    def _query_vector(self, query: RetrieveQuery) -> np.ndarray | None:
         text = key_content(query.text, max_chars=500)
         embedder = self.embedder()
         if not text or embedder is None:
+            return None
+        return query.vectors.for_embedder(embedder, text)
+
+    def prepare_retrieve(self, query: RetrieveQuery) -> None:
+        self._query_vector(query)
+
+    def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+        vector = self._query_vector(query)
+        if vector is None:
             return []
-        vector = query.vectors.for_embedder(embedder, text)
         threshold = None if query.similarity_threshold <= -1 else query.similarity_threshold
         request = SearchRequest(
             vector=[float(x) for x in vector],

@@ -67,13 +67,21 @@ class _Prepared:
 
 
 class SimpleStore(StoreBackend):
-    def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+    def _query_vector(self, query: RetrieveQuery) -> tuple[str, np.ndarray | None]:
         embedder = self.embedder()
         text = key_content(query.text, max_chars=self.config["max_content_length"])
         if embedder is None or not text:
+            return text, None
+        return text, query.vectors.for_embedder(embedder, text)
+
+    def prepare_retrieve(self, query: RetrieveQuery) -> None:
+        self._query_vector(query)
+
+    def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+        text, vector = self._query_vector(query)
+        if vector is None:
             # No embedder (or nothing to compare): the newest items, as the seed degrades.
             return sql.newest(self.store.pk, query.top_k)
-        vector = query.vectors.for_embedder(embedder, text)
         cut = None if query.similarity_threshold <= -1 else 1.0 - query.similarity_threshold
         candidates = sql.nearest(
             self.store.pk, vector, query.top_k * 3, cut, dims=self.store.embedding_dimensions

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -43,14 +44,26 @@ def _iterative_scan() -> bool:
     return pgvector_supports_iterative_scan(pgvector_version())
 
 
+_sizes: dict[str, tuple[bool, float]] = {}
+SIZE_TTL = 60.0
+
+
 def _small(store_id: Any) -> bool:
+    """Whether the store has at most ``MEMORY_STORE_EXACT_MAX_ITEMS`` items; remembered for
+    a minute per process (either path is correct, the choice is only about speed)."""
+    key, now = str(store_id), time.monotonic()
+    cached = _sizes.get(key)
+    if cached is not None and now - cached[1] < SIZE_TTL:
+        return cached[0]
     limit = settings.MEMORY_STORE_EXACT_MAX_ITEMS
     with connection.cursor() as cur:
         cur.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} WHERE store_id = %s LIMIT %s) s",
             [store_id, limit + 1],
         )
-        return int(cur.fetchone()[0]) <= limit
+        small = int(cur.fetchone()[0]) <= limit
+    _sizes[key] = (small, now)
+    return small
 
 
 _DETAILS = (
@@ -82,8 +95,10 @@ def _indexed(store_id: Any, vec: str, dims: int, limit: int) -> list[StoreHit]:
         f"%s::vector({dims}) AS d FROM {TABLE} WHERE dimensions = {dims} AND store_id = %s "
         f"ORDER BY d LIMIT %s) {_DETAILS}"
     )
-    with transaction.atomic(), connection.cursor() as cur:
-        ef = max(settings.SEARCH_EF_SEARCH, limit * 2)
+    # SET LOCAL needs a transaction; inside the caller's (a retrieve call opens one for
+    # all its stores) no savepoint is needed: this only reads.
+    with transaction.atomic(savepoint=False), connection.cursor() as cur:
+        ef = max(settings.MEMORY_STORE_EF_SEARCH, limit * 2)
         if _iterative_scan():
             cur.execute(
                 "SELECT set_config('hnsw.ef_search', %s, true), "
