@@ -24,7 +24,7 @@ apart and subtracted in the "excl. embedding" column. Then ``--writes`` sequenti
 ``node_memory_write`` calls to ``three-simple`` (each: three summaries embedded, one
 transaction, the stores' locks, dedup check, insert with its HNSW entry, trim to
 max_items = --items). Also: recall@15 of the HNSW path against the exact scan for
-store s1, and the exact scan's own latency.
+store s1 at ef_search 40/100/200, and both paths' latency for one store.
 """
 
 from __future__ import annotations
@@ -236,19 +236,25 @@ def main() -> None:
         log(f"retrieve {node:13} (3 attachments):  {percentiles(samples)}")
         log(f"  excl. embedding:                      {percentiles(excl)}")
 
-    # Recall of the index path against the exact scan: the 15 candidates of store s1.
+    # Recall of the index path against the exact scan (the 15 candidates of store s1),
+    # and one store's search both ways, interleaved so that load hits both alike.
     s1 = MemoryStore.objects.get(owner=flow.owner, name="s1")
-    found = total = 0
-    for query in queries[:50]:
-        vector = embedder.embed([query])[0]
-        literal = sql.vector_literal(vector)
-        exact = {h.id for h in sql._exact(s1.pk, literal, 15, None)}
-        indexed = {h.id for h in sql._indexed(s1.pk, literal, 384, 15)}
-        found += len(exact & indexed)
-        total += len(exact)
-    log(f"recall@15 of the HNSW path against the exact scan (s1, 50 queries): {found / total:.3f}")
-    exact_ms = timed(lambda: sql._exact(s1.pk, literal, 15, None), 20)
-    log(f"one store, exact scan of {counts['s1']} items: {percentiles(exact_ms)}")
+    literals = [sql.vector_literal(embedder.embed([q])[0]) for q in queries[:50]]
+    exact = [{h.id for h in sql._exact(s1.pk, v, 15, None)} for v in literals]
+    exact_ms: list[float] = []
+    for ef in (40, 100, 200):
+        settings.MEMORY_STORE_EF_SEARCH = ef
+        found, index_ms = 0, []
+        for wanted, literal in zip(exact, literals):
+            started = time.perf_counter()
+            found += len(wanted & {h.id for h in sql._indexed(s1.pk, literal, 384, 15)})
+            index_ms.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            sql._exact(s1.pk, literal, 15, None)
+            exact_ms.append((time.perf_counter() - started) * 1000)
+        recall = found / sum(len(w) for w in exact)
+        log(f"one store, HNSW ef_search {ef:3}: recall@15 {recall:.3f}, {percentiles(index_ms)}")
+    log(f"one store, exact scan of {counts['s1']} items:  {percentiles(exact_ms)}")
 
     started = time.perf_counter()
     for n in range(args.writes):

@@ -350,7 +350,7 @@ MEMORY_STORE_INLINE_MAX_BYTES = env_int("MEMORY_STORE_INLINE_MAX_BYTES", 256 * 1
 # HNSW index of their dimension (pgvector's iterative scan, filtered to the store).
 MEMORY_STORE_EXACT_MAX_ITEMS = env_int("MEMORY_STORE_EXACT_MAX_ITEMS", 2000, minimum=0)
 # hnsw.ef_search for those index scans (at least twice the candidates wanted).
-MEMORY_STORE_EF_SEARCH = env_int("MEMORY_STORE_EF_SEARCH", 40, minimum=1)
+MEMORY_STORE_EF_SEARCH = env_int("MEMORY_STORE_EF_SEARCH", 100, minimum=1)
 # The "Related Memories" block of a retrieve call, when the caller sends no max_tokens.
 MEMORY_STORE_PROMPT_MAX_TOKENS = env_int("MEMORY_STORE_PROMPT_MAX_TOKENS", 1000, minimum=20)
 
