@@ -107,8 +107,9 @@ class StoreDetailView(APIView):
         store = _store(request, store_id)
         data = StoreUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        memory_store_update(store=store, config=data.validated_data["config"])
-        return Response(StoreOutputSerializer(_store(request, store_id)).data)
+        store = memory_store_update(store=store, config=data.validated_data["config"])
+        load = memory_store_load(store=store)
+        return Response({**StoreOutputSerializer(_store(request, store_id)).data, "load": load})
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, store_id: Any) -> Response:

@@ -345,3 +345,21 @@ def test_schema_lists_the_endpoints(client):
         b"/api/v1/flows/{flow_id}/nodes/{node_id}/memory/write:",
     ):
         assert path in schema
+
+
+def test_patching_file_sources_reindexes(configured, alice_client, alice):
+    docs = MemoryStore.objects.get(owner=alice, name="project_docs")
+    config = {**docs.config, "file_sources": [{"path": "docs/guide", "file_types": [".mdx"]}]}
+    response = alice_client.patch(
+        f"/api/v1/memory-stores/{docs.pk}", {"config": config}, format="json"
+    )
+    assert response.status_code == 200, response.json()
+    assert response.json()["load"] == {
+        "added": 0,
+        "updated": 0,
+        "unchanged": 1,
+        "deleted": 2,
+        "skipped": 0,
+        "chunks_written": 0,
+    }
+    assert response.json()["items"] == 1
