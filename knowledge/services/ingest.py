@@ -208,12 +208,12 @@ def knowledge_base_ingest(
     """
     keys = _check_batch(documents)
     rows = _chunk_documents(knowledge_base, documents)
-    embedder = embedder or kb_embedder(knowledge_base)
-    if embedder.dimensions != knowledge_base.embedding_dimensions:
+    if embedder is not None and embedder.dimensions != knowledge_base.embedding_dimensions:
         raise KnowledgeError(
             f"the embedder has {embedder.dimensions} dimensions; knowledge base "
             f"{knowledge_base.name!r} holds {knowledge_base.embedding_dimensions}"
         )
+    embedder = embedder or kb_embedder(knowledge_base)
     vectors: list[Any] = []
     for start in range(0, len(rows), embed_batch_size):
         if should_cancel is not None and should_cancel():
