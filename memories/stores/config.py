@@ -35,8 +35,8 @@ from memories.stores.selectors import memory_stores_by_name, owner_attachments
 from memories.stores.services import (
     ConfigInvalid,
     ValidStore,
-    _target,
     backend_for,
+    effective_definition,
     embedding_change_problem,
     memory_store_create_valid,
     memory_store_update_valid,
@@ -261,7 +261,7 @@ def _attachment_values(attachment: MemoryAttachment) -> dict[str, Any]:
 def _store_action(valid: ValidStore, current: MemoryStore | None) -> Action:
     if current is None:
         return "create"
-    target = _target(current, valid)
+    target = effective_definition(current, valid)
     same_spec = target.spec is None or (
         (target.spec.provider, target.spec.model, target.spec.dimensions)
         == (current.embedding_provider, current.embedding_model, current.embedding_dimensions)

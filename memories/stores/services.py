@@ -109,7 +109,7 @@ def memory_store_create_valid(*, owner: User, name: str, valid: ValidStore) -> M
     return store
 
 
-def _target(store: MemoryStore, valid: ValidStore) -> ValidStore:
+def effective_definition(store: MemoryStore, valid: ValidStore) -> ValidStore:
     """A store without an embedding block keeps the default it recorded at creation,
     whatever the service's default is now (as a knowledge base does)."""
     if valid.type.embeds and not valid.config.get("embedding") and not store.has_own_embedding:
@@ -121,7 +121,7 @@ def embedding_change_problem(store: MemoryStore, valid: ValidStore) -> str | Non
     """Why ``valid`` may not replace the store's config, or None."""
     if valid.type.name != store.type:
         return f"store {store.name!r} is a {store.type} store; delete it to change its type"
-    valid = _target(store, valid)
+    valid = effective_definition(store, valid)
     if valid.spec == _spec_of(store):
         return None
     items = MemoryItem.objects.filter(store=store).count()
@@ -139,7 +139,7 @@ def memory_store_update_valid(*, store: MemoryStore, valid: ValidStore) -> Memor
     """Replace a store's config (same type; a new embedding only while it holds no items
     of its own: a file store re-indexes with the new model)."""
     problem = embedding_change_problem(store, valid)
-    valid = _target(store, valid)
+    valid = effective_definition(store, valid)
     if problem is not None:
         raise Conflict(problem, code="embedding_locked", details={"store": store.name})
     with transaction.atomic():
