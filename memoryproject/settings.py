@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "memories.conversations",
     "memories.bases",
     "memories.personal",
+    "memories.stores",
     "ingestion",
 ]
 
@@ -337,6 +338,21 @@ NODE_MEMORY_IDLE_DAYS = env_float("NODE_MEMORY_IDLE_DAYS", 30.0, minimum=0.0)
 NODE_MEMORY_GZIP_BYTES = env_int("NODE_MEMORY_GZIP_BYTES", 64 * 1024, minimum=0)  # 0 = never
 HISTORY_MESSAGE_LIMIT = env_int("HISTORY_MESSAGE_LIMIT", 500, minimum=1)
 HISTORY_MAX_TOKENS = env_int("HISTORY_MAX_TOKENS", 2000, minimum=1)
+
+# --- Memory stores -------------------------------------------------------------------
+# Directories ``file`` memory stores may read (comma-separated). Empty: no file stores.
+# Relative ``file_sources`` paths are taken relative to the first one.
+MEMORY_STORE_FILE_ROOTS = env_list("MEMORY_STORE_FILE_ROOTS", [])
+# Inline base64 data in a written snapshot block is kept up to this size; larger data
+# is replaced by a reference (name, MIME type, size, sha256).
+MEMORY_STORE_INLINE_MAX_BYTES = env_int("MEMORY_STORE_INLINE_MAX_BYTES", 256 * 1024, minimum=0)
+# Simple stores up to this many items are searched exactly; larger ones through the
+# HNSW index of their dimension (pgvector's iterative scan, filtered to the store).
+MEMORY_STORE_EXACT_MAX_ITEMS = env_int("MEMORY_STORE_EXACT_MAX_ITEMS", 2000, minimum=0)
+# hnsw.ef_search for those index scans (at least twice the candidates wanted).
+MEMORY_STORE_EF_SEARCH = env_int("MEMORY_STORE_EF_SEARCH", 100, minimum=1)
+# The "Related Memories" block of a retrieve call, when the caller sends no max_tokens.
+MEMORY_STORE_PROMPT_MAX_TOKENS = env_int("MEMORY_STORE_PROMPT_MAX_TOKENS", 1000, minimum=20)
 
 # --- Personal memories ----------------------------------------------------------------
 MEMORY_USER_HEADER = env_str("MEMORY_USER_HEADER", "X-OpenWebUI-User-Id")
