@@ -84,7 +84,7 @@ def memory_base_as_created(memory_base: MemoryBase) -> MemoryBase:
     memory_base.processed_total = 0  # type: ignore[attr-defined]
     memory_base.last_sync = None  # type: ignore[attr-defined]
     memory_base.active_jobs = 0  # type: ignore[attr-defined]
-    memory_base.has_chunks = False  # type: ignore[attr-defined]
+    memory_base.chunk_total = 0  # type: ignore[attr-defined]
     memory_base.has_processed = False  # type: ignore[attr-defined]
     memory_base.mismatch = False  # type: ignore[attr-defined]
     return memory_base
