@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
@@ -75,7 +76,7 @@ class WriteResult:
     trimmed: int = 0
 
 
-class StoreBackend:
+class StoreBackend(ABC):
     """One store's behaviour. ``prepare`` and ``prepare_retrieve`` run outside any
     transaction (network calls: embeddings); ``retrieve`` runs in a read transaction
     shared by the node's stores, ``update`` inside the write's transaction with the
@@ -108,12 +109,15 @@ class StoreBackend:
     # --- lifecycle hooks, called by the store services inside their transaction ------
     def created(self) -> None:
         """The store row exists (a file store creates its knowledge base here)."""
+        return None  # optional hook
 
     def embedding_changed(self) -> None:
         """The recorded embedding changed on a store without items of its own."""
+        return None  # optional hook
 
     def deleted(self) -> None:
         """The store row (its items and attachments with it) is gone."""
+        return None  # optional hook
 
     # --- runtime ------------------------------------------------------------------------
     def load(self) -> dict[str, Any] | None:
@@ -123,9 +127,11 @@ class StoreBackend:
     def prepare_retrieve(self, query: RetrieveQuery) -> None:
         """Outside any transaction, before ``retrieve``: network work such as embedding
         the query into ``query.vectors`` (``retrieve`` then finds it there)."""
+        return None  # optional hook
 
+    @abstractmethod
     def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
-        raise NotImplementedError
+        """The store's hits for ``query``, best first (every type answers reads)."""
 
     def prepare(self, write: WriteIn) -> Any:
         return None
