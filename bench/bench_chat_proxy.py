@@ -49,8 +49,24 @@ from memories.personal.models import EndUser, MetricCounter  # noqa: E402
 from memories.personal.services import end_user_ensure, end_user_erase, memory_add  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
 
-TOPICS = ["hiking", "TypeScript", "green tea", "violin", "Berlin", "cycling", "jazz", "sushi",
-          "Rust", "gardening", "chess", "photography", "Python", "running", "coffee", "Lisbon"]  # fmt: skip
+TOPICS = [
+    "hiking",
+    "TypeScript",
+    "green tea",
+    "violin",
+    "Berlin",
+    "cycling",
+    "jazz",
+    "sushi",
+    "Rust",
+    "gardening",
+    "chess",
+    "photography",
+    "Python",
+    "running",
+    "coffee",
+    "Lisbon",
+]
 MESSAGES = [
     "I just moved to Lisbon and I'm learning Portuguese.",
     "Can you write me a haiku about autumn?",
@@ -82,10 +98,16 @@ def overhead(server: FakeOpenAIServer, owner, requests: int) -> None:
     server.default_chat = Scripted(
         body=chat_body("Sure, here is an answer of moderate length. " * 4)
     )
-    body = {"model": "fake-model", "messages": [
-        {"role": "system", "content": "You are helpful."},
-        {"role": "user", "content": "What should I do this weekend? I like TypeScript and hiking."},
-    ]}  # fmt: skip
+    body = {
+        "model": "fake-model",
+        "messages": [
+            {"role": "system", "content": "You are helpful."},
+            {
+                "role": "user",
+                "content": "What should I do this weekend? I like TypeScript and hiking.",
+            },
+        ],
+    }
     direct_client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     client = Client()
     headers = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
@@ -112,9 +134,11 @@ def overhead(server: FakeOpenAIServer, owner, requests: int) -> None:
         embed.append(time.perf_counter() - t)
         t = time.perf_counter()
         response = client.post(
-            "/v1/chat/completions", {**body, "user": "bench-user"}, content_type="application/json",
+            "/v1/chat/completions",
+            {**body, "user": "bench-user"},
+            content_type="application/json",
             **headers,
-        )  # fmt: skip
+        )
         identified.append(time.perf_counter() - t)
         assert response.status_code == 200 and response.json()["memories"], response.content
     ms = 1000
@@ -194,13 +218,17 @@ def formation(server: FakeOpenAIServer, owner) -> None:
     after = dict(MetricCounter.objects.values_list("name", "value"))
     calls = len(server.requests) - calls_before
     n = len(MESSAGES)
-    print(f"messages: {n} (5 with facts, 3 chatter); facts extracted: {len(decisions)}; "
-          f"actions: {sorted({d.action for d in decisions})}")  # fmt: skip
+    print(
+        f"messages: {n} (5 with facts, 3 chatter); facts extracted: {len(decisions)}; "
+        f"actions: {sorted({d.action for d in decisions})}"
+    )
     print(
         f"LLM calls per message: {calls / n:.2f} (counter: {(after.get('memory_llm_calls_total', 0) - before.get('memory_llm_calls_total', 0)) / n:.2f})"
     )
-    print(f"tokens per message: {(sent_tokens + received_tokens) / n:.0f} "
-          f"(prompt {sent_tokens / n:.0f}, completion {received_tokens / n:.0f})")  # fmt: skip
+    print(
+        f"tokens per message: {(sent_tokens + received_tokens) / n:.0f} "
+        f"(prompt {sent_tokens / n:.0f}, completion {received_tokens / n:.0f})"
+    )
     print(
         f"formation wall time per message (scripted LLM, {embeddings.get_embedder().provider} embedder): {elapsed / n * 1000:.1f} ms"
     )

@@ -128,13 +128,20 @@ def build_conversation(flow: Flow, n: int) -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [
         Message(
-            id=ids[i], owner_id=flow.owner_id, flow=flow, session_id=SESSION, run_id=f"r{i}",
-            is_output=role != "user", role=role, sender=role, text=text,
+            id=ids[i],
+            owner_id=flow.owner_id,
+            flow=flow,
+            session_id=SESSION,
+            run_id=f"r{i}",
+            is_output=role != "user",
+            role=role,
+            sender=role,
+            text=text,
             parent_id=ids[p] if p is not None else None,
             created_at=start + timedelta(seconds=i),
         )
         for i, p, role, text in shape
-    ]  # fmt: skip
+    ]
     with transaction.atomic():
         Message.objects.bulk_create(rows, batch_size=2000)
     with connection.cursor() as cur:
@@ -238,7 +245,7 @@ def main() -> None:
             session_id=SESSION,
             current_message_id=middle_id,
             max_tokens=args.max_tokens,
-        ),  # fmt: skip
+        ),
         args.calls,
     )
     report("conversation history, current_message_id", samples, f"{len(result.items)} messages")
@@ -300,9 +307,13 @@ def bench_node(flow: Flow, args: argparse.Namespace, label: str, tmp: Path) -> N
 
     def append() -> Any:
         return node_memory.node_memory_append_turn(
-            flow=flow, session_id=SESSION, node_id="llm1", message_id=f"x{next(appended)}",
-            user_content="One more question?", assistant_content="One more answer.",
-        )  # fmt: skip
+            flow=flow,
+            session_id=SESSION,
+            node_id="llm1",
+            message_id=f"x{next(appended)}",
+            user_content="One more question?",
+            assistant_content="One more answer.",
+        )
 
     samples, _ = timed(append, min(args.calls, 50))
     report(f"append one turn ({label})", samples)

@@ -516,6 +516,39 @@ class Truth:
         return ids[order].tolist(), len(ids)
 
 
+def build_scenarios(specs: list[BaseSpec]) -> list[Scenario]:
+    """The five retrieval scenarios over the loaded bases (also bench_search_ab.py's)."""
+    bases = {(int(kb.owner.username[len(USER_PREFIX) :]), kb.name): kb for kb in bench_bases()}
+    small_tenants = sorted(
+        (s for s in specs if s.role == "small"), key=lambda s: -s.rows
+    )  # largest first
+    picks = small_tenants[:: max(1, len(small_tenants) // 10)][:10]
+    return [
+        Scenario(
+            "1 small tenant base (x10 tenants)",
+            [],
+            0,
+            rotate=[([bases[(s.tenant, "main")]], s.tenant) for s in picks],
+        ),
+        Scenario("2 large tenant base", [bases[(0, "big")]], 0),
+        Scenario("3 large base + session filter", [bases[(0, "big")]], 0, session_filter=True),
+        Scenario(
+            "4 all bases of the large tenant",
+            [bases[(0, "big")], bases[(0, "notes")], bases[(0, "files")]],
+            0,
+        ),
+        Scenario(
+            "5 all bases of a mid tenant (x6)",
+            [],
+            1,
+            rotate=[
+                ([bases[(t, "main")], bases[(t, "archive")]], t)
+                for t in range(1, len(MID_SHARES) + 1)
+            ],
+        ),
+    ]
+
+
 def make_queries(
     scenario: Scenario, corpus: Corpus, n: int, seed: int, query_noise: float
 ) -> list[Query]:
@@ -607,9 +640,17 @@ def measure(scenario: Scenario, queries: list[Query], truth: Truth, warmup: int)
     scope = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,}-{sizes[-1]:,}"
     per_query = {k: 1000 * v / len(queries) for k, v in hybrid_seconds.items()}
     return ScenarioResult(
-        scenario.name, scope, hybrid_ms, vector_ms, recall, rows_h, rows_v, expected, paths,
+        scenario.name,
+        scope,
+        hybrid_ms,
+        vector_ms,
+        recall,
+        rows_h,
+        rows_v,
+        expected,
+        paths,
         per_query,
-    )  # fmt: skip
+    )
 
 
 def print_results(results: list[ScenarioResult]) -> None:
@@ -850,35 +891,7 @@ def main() -> None:
     )
 
     # 2. retrieval -----------------------------------------------------------------
-    bases = {(int(kb.owner.username[len(USER_PREFIX) :]), kb.name): kb for kb in bench_bases()}
-    small_tenants = sorted(
-        (s for s in specs if s.role == "small"), key=lambda s: -s.rows
-    )  # largest first
-    picks = small_tenants[:: max(1, len(small_tenants) // 10)][:10]
-    scenarios = [
-        Scenario(
-            "1 small tenant base (x10 tenants)",
-            [],
-            0,
-            rotate=[([bases[(s.tenant, "main")]], s.tenant) for s in picks],
-        ),
-        Scenario("2 large tenant base", [bases[(0, "big")]], 0),
-        Scenario("3 large base + session filter", [bases[(0, "big")]], 0, session_filter=True),
-        Scenario(
-            "4 all bases of the large tenant",
-            [bases[(0, "big")], bases[(0, "notes")], bases[(0, "files")]],
-            0,
-        ),
-        Scenario(
-            "5 all bases of a mid tenant (x6)",
-            [],
-            1,
-            rotate=[
-                ([bases[(t, "main")], bases[(t, "archive")]], t)
-                for t in range(1, len(MID_SHARES) + 1)
-            ],
-        ),
-    ]
+    scenarios = build_scenarios(specs)
     truth = Truth()
     results = []
     prepared = []

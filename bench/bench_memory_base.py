@@ -698,10 +698,17 @@ def load_pending_rows(user: Any, flow: Flow, rows: int, sessions: int) -> float:
             cur.execute(
                 _LOAD_SQL,
                 {
-                    "owner": user.pk, "flow": flow.pk, "sessions": sessions, "outputs": outputs,
-                    "questions": questions, "k": k, "t0": t0, "lo": lo, "hi": hi,
+                    "owner": user.pk,
+                    "flow": flow.pk,
+                    "sessions": sessions,
+                    "outputs": outputs,
+                    "questions": questions,
+                    "k": k,
+                    "t0": t0,
+                    "lo": lo,
+                    "hi": hi,
                 },
-            )  # fmt: skip
+            )
         print(
             f"  loaded {hi + 1:,} / {rows:,} rows ({time.perf_counter() - start:.0f} s)", flush=True
         )

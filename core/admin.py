@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from core.admin_confirm import confirm_first
 from core.models import APIKey
 from core.services import api_key_create, api_key_revoke
 
@@ -21,7 +22,7 @@ class APIKeyAdmin(admin.ModelAdmin):
     list_filter = ["revoked_at"]
     list_select_related = ["owner"]
     search_fields = ["prefix", "name", "owner__username"]
-    raw_id_fields = ["owner"]
+    autocomplete_fields = ["owner"]  # chosen by username
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_keys"]
 
@@ -52,6 +53,11 @@ class APIKeyAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Revoke selected API keys")
+    @confirm_first(
+        title="Revoke these API keys?",
+        consequences=["stop them working at once; a revoked key cannot be restored."],
+        button="Yes, revoke",
+    )
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> None:
         for api_key in queryset:
             api_key_revoke(api_key=api_key)

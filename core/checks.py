@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 
 @register(Tags.compatibility)
 def provider_configuration(app_configs: Any, **kwargs: Any) -> list:
-    problems = []
+    problems: list[CheckMessage] = []
     if settings.EMBEDDING_PROVIDER == "local" and settings.EMBEDDING_DIMENSIONS != 384:
         problems.append(
             Error(

@@ -89,6 +89,46 @@ def _pid_is_postgres(pid: int) -> bool:
         return False
 
 
+def postmaster_running(pgdata: Path) -> bool:
+    """Whether the server of ``pgdata`` runs (its ``postmaster.pid`` names a live postgres)."""
+    pid = _postmaster_pid(pgdata)
+    return pid is not None and _pid_is_postgres(pid)
+
+
+def _orphaned_backends(pgdata: Path) -> list:
+    """Server processes of ``pgdata`` left behind by a postmaster killed -9 (their
+    working directory is the data directory)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.info["name"] == "postgres" and Path(proc.cwd()) == pgdata:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _end_orphaned_backends(pgdata: Path, wait: float = 3.0) -> None:
+    """Let the backends of a dead postmaster exit (they notice its death), then kill
+    the rest: a new server must not start while they still use the old shared memory,
+    and the stale-pidfile repair below would take away the check that prevents it."""
+    import psutil
+
+    orphans = _orphaned_backends(pgdata)
+    if not orphans:
+        return
+    _gone, alive = psutil.wait_procs(orphans, timeout=wait)
+    for proc in alive:
+        logger.warning("killing backend %s of a dead postmaster", proc.pid)
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
 def _remove_stale_pidfile(pgdata: Path) -> None:
     """Drop a ``postmaster.pid`` whose pid is dead or belongs to another program.
 
@@ -98,6 +138,7 @@ def _remove_stale_pidfile(pgdata: Path) -> None:
     """
     pid = _postmaster_pid(pgdata)
     if pid is not None and not _pid_is_postgres(pid):
+        _end_orphaned_backends(pgdata)
         logger.warning("removing stale postmaster.pid (pid %s is not a postgres server)", pid)
         (pgdata / "postmaster.pid").unlink(missing_ok=True)
 
@@ -197,14 +238,16 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
     user = "pgserver" if os.geteuid() == 0 else None
     log = str(pgdata / "log")  # where pgserver's start sends the server log
     try:
-        commands.pg_ctl(["-w", "-m", "fast", "-l", log, "restart"], pgdata=pgdata, user=user)
+        commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "fast", "-l", log, "restart"], pgdata=pgdata, user=user
+        )
     except Exception as exc:
         # ALTER SYSTEM already saved the values: take them out again and start the
         # server as it was, or no later start could get past them.
         names = [name for name, _ in changed]
         _forget_auto_settings(pgdata, names)
         if _postmaster_pid(pgdata) is None or not _pid_is_postgres(_postmaster_pid(pgdata) or 0):
-            commands.pg_ctl(
+            commands.pg_ctl(  # type: ignore[attr-defined]
                 ["-w", "-o", '-h ""', "-o", f"-k {info.socket_dir}", "-l", log, "start"],
                 pgdata=pgdata,
                 user=user,
@@ -286,6 +329,9 @@ def ensure_embedded_postgres(
     with _file_lock(data_dir / ".pgserver.lock"):
         if pgdata.exists():
             _remove_stale_pidfile(pgdata)
+        # pgserver caches one handle per data directory and would return it without
+        # looking: a server that died since must be found dead and started again.
+        pgserver.PostgresServer._instances.pop(pgdata, None)
         try:
             server = pgserver.get_server(pgdata, cleanup_mode=None)
         except Exception as exc:
@@ -323,5 +369,5 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
     if pid is None or not _pid_is_postgres(pid):
         return False
     user = "pgserver" if os.geteuid() == 0 else None
-    commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+    commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)  # type: ignore[attr-defined]
     return True

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from django_q.status import Stat
+
+from core.db_recovery import as_database_unavailable
 
 
 def pgvector_version() -> str | None:
@@ -24,12 +27,55 @@ def pgvector_supports_iterative_scan(version: str | None) -> bool:
     return tuple(parts) >= (0, 8)
 
 
+def _watchdogs() -> list[dict[str, Any]]:
+    from django.core.cache import cache
+
+    from core.qcluster import WATCHDOG_CACHE_PREFIX
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT cache_key FROM django_cache WHERE cache_key LIKE %s AND expires > now()",
+            [f"%{WATCHDOG_CACHE_PREFIX}%"],
+        )
+        keys = [row[0].split(":", 2)[-1] for row in cursor.fetchall()]
+    found = cache.get_many(keys)
+    return [found[key] for key in keys if key in found]
+
+
 def worker_status() -> dict[str, Any]:
-    # Clusters publish a Stat into the shared (database) cache every few seconds,
-    # with an expiry, so a present entry means a live worker.
+    """Clusters alive (their heartbeat), and whether they get work done.
+
+    Clusters publish a Stat into the shared (database) cache every few seconds, with
+    an expiry, so a present entry means a live cluster; but a cluster whose workers
+    are deadlocked keeps its heartbeat. So: tasks waiting in the broker while none
+    finished for ``WORKER_STALL_SECONDS`` and no supervised worker is busy is
+    ``stalled`` (the supervisor restarts such a cluster after the same delay).
+    """
+    from core.qcluster import queue_figures
+
     clusters = Stat.get_all()
+    queue = queue_figures()
+    watchdogs = _watchdogs()
+    busy = sum(w.get("busy_workers", 0) for w in watchdogs)
+    stall = settings.WORKER_STALL_SECONDS
+    last = queue["last_finished_seconds_ago"]
+    stalled = (
+        queue["oldest_waiting_seconds"] > stall and (last is None or last > stall) and not busy
+    )
+    status = "down" if not clusters else ("stalled" if stalled else "ok")
     return {
-        "status": "ok" if clusters else "down",
+        "status": status,
+        "stall_seconds": stall,
+        "queue": {
+            "waiting": queue["waiting"],
+            "claimed": queue["claimed"],
+            "oldest_waiting_seconds": round(queue["oldest_waiting_seconds"], 1),
+            "last_finished_at": queue["last_finished_at"].isoformat()
+            if queue["last_finished_at"]
+            else None,
+            "last_finished_seconds_ago": round(last, 1) if last is not None else None,
+        },
+        "supervisors": watchdogs,
         "clusters": [
             {
                 "cluster_id": str(stat.cluster_id),
@@ -55,7 +101,13 @@ def health_report() -> tuple[bool, dict[str, Any]]:
             "iterative_scan": pgvector_supports_iterative_scan(version),
         }
     except Exception as exc:  # noqa: BLE001 - a health check reports, it does not raise
-        report["database"] = {"status": "error", "error": str(exc)}
+        unavailable = as_database_unavailable(exc)
+        report["database"] = {
+            "status": "unavailable" if unavailable else "error",
+            "error": str(exc).strip(),
+        }
+        if unavailable:
+            report["error"] = {"code": unavailable.code, "message": str(unavailable)}
         report["status"] = "error"
         return False, report
     try:

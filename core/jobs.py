@@ -65,7 +65,7 @@ J = TypeVar("J", bound=Job)
 
 
 def job_finish(model: type[Job], job_id: Any, status: str, error: str = "", **fields: Any) -> None:
-    model.objects.filter(pk=job_id).update(
+    model._default_manager.filter(pk=job_id).update(
         status=status, error=error[:5000], finished_at=timezone.now(), **fields
     )
 
@@ -75,7 +75,12 @@ def job_claim(model: type[J], job_id: Any, *, related: tuple[str, ...] = ()) -> 
     cancelled or given up. A job found ``running`` was abandoned (the caller holds
     its run lock) and is taken over: delivery is at least once, runs are idempotent."""
     with transaction.atomic():
-        job = model.objects.select_for_update().select_related(*related).filter(pk=job_id).first()
+        job = (
+            model._default_manager.select_for_update()
+            .select_related(*related)
+            .filter(pk=job_id)
+            .first()
+        )
         if job is None or job.status not in model.ACTIVE:
             return None
         if getattr(job, "cancel_requested", False):
@@ -128,8 +133,8 @@ def job_outcome(model: type[Job], job_id: Any) -> Iterator[None]:
 def job_stale(model: type[J], *, stale_seconds: float | None = None) -> QuerySet[J]:
     """Active jobs nobody seems to run: started (or queued) longer ago than the
     queue's retry period, after which django-q would have given the task up."""
-    stale = settings.Q_CLUSTER["retry"] if stale_seconds is None else stale_seconds
+    stale = float(settings.Q_CLUSTER["retry"]) if stale_seconds is None else stale_seconds
     cutoff = timezone.now() - timedelta(seconds=stale)
-    return model.objects.filter(status__in=model.ACTIVE).filter(
+    return model._default_manager.filter(status__in=model.ACTIVE).filter(
         Q(started_at__lt=cutoff) | Q(started_at__isnull=True, created_at__lt=cutoff)
     )

@@ -1,4 +1,11 @@
-"""The one way to queue background work: by task path, after the transaction commits."""
+"""The one way to queue background work: by task path, after the transaction commits.
+
+Hand-offs are robust: once a request's write has committed, nothing that happens while
+queueing (the broker insert failing, the database gone in between, a callback's update
+failing with it) turns the committed request into an error - a client told "failed"
+would send the write again. What a lost hand-off left behind is picked up by the sweeps
+and schedules.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +18,24 @@ from django.db import transaction
 logger = logging.getLogger(__name__)
 
 
+def _call_quietly(callback: Callable[[Any], object], value: Any, what: str) -> None:
+    try:
+        callback(value)
+    except Exception:
+        logger.exception("%s failed", what)
+
+
 def enqueue(
     task_path: str,
     *args: Any,
     task_name: str,
-    on_queued: Callable[[str], None] | None = None,
-    on_error: Callable[[Exception], None] | None = None,
+    on_queued: Callable[[str], object] | None = None,
+    on_error: Callable[[Exception], object] | None = None,
 ) -> None:
     """Hand ``task_path(*args)`` to django-q2 now. Never raises: a failure is logged and
     passed to ``on_error`` (e.g. to mark a job failed so its slot frees); sweeps and
-    schedules pick up what a lost enqueue left behind."""
+    schedules pick up what a lost enqueue left behind. A callback that fails (its
+    update needs the database too) is logged, not raised."""
     from django_q.tasks import async_task
 
     try:
@@ -28,23 +43,29 @@ def enqueue(
     except Exception as exc:
         logger.exception("could not queue %s (%s)", task_path, task_name)
         if on_error is not None:
-            on_error(exc)
+            _call_quietly(on_error, exc, f"on_error of {task_name}")
         return
     if on_queued is not None:
-        on_queued(str(task_id or ""))
+        _call_quietly(on_queued, str(task_id or ""), f"on_queued of {task_name}")
+
+
+def after_commit(callback: Callable[[], object]) -> None:
+    """Run ``callback`` once the current transaction commits (at once outside one); an
+    exception it raises is logged, never raised into the caller whose write committed."""
+    transaction.on_commit(callback, robust=True)
 
 
 def enqueue_on_commit(
     task_path: str,
     *args: Any,
     task_name: str,
-    on_queued: Callable[[str], None] | None = None,
-    on_error: Callable[[Exception], None] | None = None,
+    on_queued: Callable[[str], object] | None = None,
+    on_error: Callable[[Exception], object] | None = None,
 ) -> None:
     """``enqueue`` once the current transaction commits (at once outside one): a worker
     never sees a row its caller might still roll back. The task is named by its
     dotted path, so the caller imports nothing of the room that runs it."""
-    transaction.on_commit(
+    after_commit(
         lambda: enqueue(
             task_path, *args, task_name=task_name, on_queued=on_queued, on_error=on_error
         )

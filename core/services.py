@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -18,7 +18,7 @@ def api_key_digest(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
 
-def api_key_create(*, owner: AbstractBaseUser, name: str = "") -> tuple[APIKey, str]:
+def api_key_create(*, owner: User, name: str = "") -> tuple[APIKey, str]:
     """Create an API key for ``owner`` and return the row and the raw key.
 
     The raw key is shown to the caller exactly once; only its digest is stored.

@@ -1,7 +1,8 @@
 """One validator each for the ids clients choose: session ids, end-user ids, node ids.
 
-Each kind has one pattern and one message, used by the services (``validate_*``), the
-API fields (``*Field``) and the URL converters (``*Converter``).
+Each kind has one pattern and one message, used by the services (``validate_*``) and,
+for session ids, the API field and the URL converter built from it. (Node ids in URLs
+are checked by the service, which answers 400 rather than the converter's 404.)
 """
 
 from __future__ import annotations
@@ -79,10 +80,6 @@ class _IdField(serializers.RegexField):
 
 class SessionIdField(_IdField):
     kind = SESSION_ID
-
-
-class NodeIdField(_IdField):
-    kind = NODE_ID
 
 
 class _IdConverter:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
@@ -10,4 +11,7 @@ from core.health import health_report
 def healthz(request: HttpRequest) -> JsonResponse:
     """200 while the database and pgvector work (worker state is reported, not required)."""
     healthy, report = health_report()
-    return JsonResponse(report, status=200 if healthy else 503)
+    response = JsonResponse(report, status=200 if healthy else 503)
+    if "error" in report:  # the database is unreachable
+        response["Retry-After"] = str(settings.DATABASE_RETRY_AFTER)
+    return response

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 
 from django.db import transaction
 
+from core.queue import after_commit
 from memories.bases.services import session_ingest_enqueue_quietly, sessions_due
 from memories.conversations.models import Flow, Message
 from memories.conversations.services import MessageIn, messages_store
@@ -28,5 +30,5 @@ def messages_record(
     with transaction.atomic():
         stored = messages_store(flow=flow, session_id=session_id, run_id=run_id, messages=messages)
         for session in sessions_due(flow=flow, session_id=session_id):
-            transaction.on_commit(lambda s=session: session_ingest_enqueue_quietly(session=s))
+            after_commit(partial(session_ingest_enqueue_quietly, session=session))
     return stored

@@ -34,11 +34,13 @@ def form_memories(owner_id: int, external_id: str, message: str, message_at: str
     debounced updates of the scope ``["user", external_id]`` (one extraction per
     debounce window, however many messages). Returns the pending update's id."""
     at = parse_datetime(message_at)
+    if at is None:  # queued by the chat proxy as isoformat(): never
+        raise ValueError(f"not an ISO 8601 date-time: {message_at!r}")
     message = message[: settings.MESSAGE_MAX_CHARS]
     update = update_record(
         owner=owner_id,
         scope=user_scope(external_id),
-        messages=[{"role": "user", "content": message, "at": at.isoformat() if at else None}],
+        messages=[{"role": "user", "content": message, "at": at.isoformat()}],
         source="chat",
         require_llm=False,  # recorded either way; the run waits for an LLM
     )

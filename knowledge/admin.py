@@ -2,30 +2,57 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.defaultfilters import filesizeformat
+from django.utils.html import format_html
 
+from core.admin_confirm import confirm_first
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
 from knowledge.services import knowledge_base_delete
+
+MEMORY_BASE_KB_TEXT = (
+    "{name} is a memory base's own knowledge base and is not deleted here: delete the "
+    "memory base instead (Memory bases), which deletes its knowledge base with it."
+)
 
 
 @admin.register(KnowledgeBase)
 class KnowledgeBaseAdmin(admin.ModelAdmin):
     list_display = [
-        "name", "owner", "is_memory_base", "source_kind", "chunk_count", "size",
-        "embedding_model", "embedding_dimensions", "updated_at",
-    ]  # fmt: skip
+        "name",
+        "owner",
+        "is_memory_base",
+        "source_kind",
+        "chunk_count",
+        "size",
+        "embedding_model",
+        "embedding_dimensions",
+        "updated_at",
+    ]
     list_filter = ["is_memory_base", "source_kind", "embedding_provider"]
     list_select_related = ["owner"]
     search_fields = ["name", "owner__username"]
-    raw_id_fields = ["owner"]
+    # What shaped the stored chunks is fixed at creation (the API refuses it too).
     readonly_fields = [
-        "embedding_provider", "embedding_model", "embedding_dimensions", "is_memory_base",
-        "chunk_count", "word_count", "char_count", "size_bytes", "source_types",
-        "created_at", "updated_at",
-    ]  # fmt: skip
+        "owner",
+        "source_kind",
+        "language",
+        "chunk_size",
+        "chunk_overlap",
+        "embedding_provider",
+        "embedding_model",
+        "embedding_dimensions",
+        "is_memory_base",
+        "chunk_count",
+        "word_count",
+        "char_count",
+        "size_bytes",
+        "source_types",
+        "created_at",
+        "updated_at",
+    ]
     actions = ["delete_with_chunks"]
 
     @admin.display(description="size", ordering="size_bytes")
@@ -41,30 +68,51 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
         actions.pop("delete_selected", None)
         return actions
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A memory base's own knowledge base goes with its memory base.
+        if obj is not None and obj.is_memory_base:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        kb = self.get_object(request, object_id)
+        if kb is not None and kb.is_memory_base and request.method == "GET":
+            messages.warning(request, MEMORY_BASE_KB_TEXT.format(name=kb.name))
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def delete_model(self, request: HttpRequest, obj: KnowledgeBase) -> None:
         knowledge_base_delete(knowledge_base=obj)
 
     @admin.action(description="Delete selected knowledge bases and their chunks")
+    @confirm_first(
+        title="Delete these knowledge bases?",
+        consequences=[
+            "delete the knowledge bases and every chunk they hold (this cannot be undone);",
+            "memory bases' own knowledge bases are skipped: delete the memory base instead.",
+        ],
+        button="Yes, delete",
+    )
     def delete_with_chunks(self, request: HttpRequest, queryset: QuerySet[KnowledgeBase]) -> None:
-        count = 0
+        deleted = []
         for kb in queryset:
+            if kb.is_memory_base:
+                self.message_user(request, MEMORY_BASE_KB_TEXT.format(name=kb.name), messages.ERROR)
+                continue
             knowledge_base_delete(knowledge_base=kb)
-            count += 1
-        self.message_user(request, f"Deleted {count} knowledge base(s).")
+            deleted.append(kb.name)
+        if deleted:
+            self.message_user(request, f"Deleted {', '.join(deleted)} and their chunks.")
 
 
 @admin.register(Chunk)
 class ChunkAdmin(admin.ModelAdmin):
     """A read-only chunk browser. The embedding is never loaded or rendered."""
 
-    list_display = [
-        "source_key",
-        "knowledge_base",
-        "session_id",
-        "source_type",
-        "excerpt",
-        "updated_at",
-    ]
+    # Few narrow columns so the text gets the width (source type is a filter; the
+    # timestamps and every other column are on the chunk's own page).
+    list_display = ["source_key", "knowledge_base", "session_id", "excerpt"]
     list_filter = [
         "source_type",
         "knowledge_base__is_memory_base",
@@ -94,7 +142,12 @@ class ChunkAdmin(admin.ModelAdmin):
 
     @admin.display(description="text")
     def excerpt(self, obj: Chunk) -> str:
-        return obj.text[:120] + ("…" if len(obj.text) > 120 else "")
+        # Two lines at most in the list (the stylesheet clamps it); the whole text is on
+        # the chunk's own page.
+        text = obj.text[:300] + ("…" if len(obj.text) > 300 else "")
+        return format_html(
+            '<span class="chunk-excerpt" title="{}">{}</span>', obj.text[:2000], text
+        )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Chunk], search_term: str

@@ -21,7 +21,7 @@ def knowledge_base_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
     from knowledge.models import KnowledgeBase
 
     try:
-        stale = (
+        rows = (
             KnowledgeBase.objects.exclude(
                 embedding_provider=settings.EMBEDDING_PROVIDER,
                 embedding_model=settings.EMBEDDING_MODEL,
@@ -30,7 +30,7 @@ def knowledge_base_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
             .values_list("embedding_provider", "embedding_model", "embedding_dimensions")
             .distinct()
         )
-        stale = list(stale)
+        stale = list(rows)
     except DatabaseError:  # not migrated yet, or no database: nothing to compare
         return []
     return [

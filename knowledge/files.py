@@ -13,6 +13,7 @@ from typing import Literal
 
 from django.db.models import Count
 
+from core.providers.embeddings import Embedder
 from knowledge.chunking import chunk_text
 from knowledge.models import Chunk, KnowledgeBase
 from knowledge.services import (
@@ -167,6 +168,8 @@ class _Indexer:
     dry_run: bool
     progress: Callable[[FileEvent], None] | None
     total: int
+    embedder: Embedder | None = None
+    within: tuple[Path, ...] | None = None
     report: IndexReport = field(default_factory=IndexReport)
     position: int = 0
     batch: list[DocumentIn] = field(default_factory=list)
@@ -199,6 +202,9 @@ class _Indexer:
         key = f"{KEY_PREFIX}{path}"
         if candidate.skip_reason:
             return self.skip(path, candidate.skip_reason)
+        if self.within is not None and not any(path.is_relative_to(r) for r in self.within):
+            # A symlink below a root can point anywhere: the resolved path decides.
+            return self.skip(path, "outside the allowed directories")
         if len(key) > MAX_KEY_LENGTH:
             return self.skip(path, f"path longer than {MAX_KEY_LENGTH - len(KEY_PREFIX)} chars")
         try:
@@ -248,7 +254,9 @@ class _Indexer:
 
     def flush(self) -> None:
         if self.batch:
-            result = knowledge_base_ingest(knowledge_base=self.kb, documents=self.batch)
+            result = knowledge_base_ingest(
+                knowledge_base=self.kb, documents=self.batch, embedder=self.embedder
+            )
             self.report.chunks_written += result.chunks_written
         self.batch, self.batch_chunks = [], 0
         queued, self.queued = self.queued, []
@@ -272,6 +280,8 @@ def knowledge_base_index_files(
     encoding: str = "utf-8",
     dry_run: bool = False,
     progress: Callable[[FileEvent], None] | None = None,
+    embedder: Embedder | None = None,
+    within: Sequence[Path] | None = None,
 ) -> IndexReport:
     """Bring a files-backed base in line with the files under ``paths``.
 
@@ -287,7 +297,9 @@ def knowledge_base_index_files(
     A file that cannot be read or decoded is reported as ``skipped`` with a reason
     and keeps whatever chunks it had. ``dry_run`` computes the same report
     (``chunks_written`` counting chunks that would be written) without embedding or
-    writing. ``progress`` receives one ``FileEvent`` per file. Raises
+    writing. ``progress`` receives one ``FileEvent`` per file. ``embedder`` replaces
+    the base's own (see ``knowledge_base_ingest``). ``within``: files whose resolved
+    path (symlinks followed) lies outside these directories are skipped. Raises
     ``KnowledgeError`` for a base that is not files-backed, a path that does not
     exist, or an unknown encoding.
     """
@@ -311,6 +323,8 @@ def knowledge_base_index_files(
         dry_run=dry_run,
         progress=progress,
         total=len(candidates) + len(gone),
+        embedder=embedder,
+        within=None if within is None else tuple(Path(p).resolve() for p in within),
     )
     for candidate in candidates:
         indexer.visit(candidate)

@@ -149,7 +149,11 @@ class Chunk(models.Model):
         ]
         indexes = [
             models.Index(fields=["knowledge_base", "document_key"], name="chunk_kb_document"),
-            models.Index(fields=["knowledge_base", "session_id"], name="chunk_kb_session"),
+            # Also orders a session's chunks: a search finds a hit's neighbours through it.
+            models.Index(
+                fields=["knowledge_base", "session_id", "source_timestamp", "id"],
+                name="chunk_kb_session_order",
+            ),
             models.Index(fields=["knowledge_base", "flow_id"], name="chunk_kb_flow"),
             models.Index(fields=["knowledge_base", "source_type"], name="chunk_kb_source_type"),
             models.Index(fields=["knowledge_base", "source_timestamp"], name="chunk_kb_timestamp"),

@@ -1,4 +1,4 @@
-"""Retrieval over chunks: vector, keyword (Postgres full text) and hybrid (RRF).
+"""Retrieval over chunks: vector, keyword (BM25 over Postgres full text) and hybrid.
 
 The rule this module keeps: a filtered search returns min(top_k, matching rows).
 An HNSW scan with a filter applied afterwards can return fewer rows or none (the
@@ -33,6 +33,8 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.scoring import decay
+from knowledge import fusion
+from knowledge.bm25 import bm25_ranking
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
 from knowledge.selectors import kb_embedder
 
@@ -64,7 +66,8 @@ class SearchRequest:
     filters: dict[str, Any] = field(default_factory=dict)
     since: datetime | None = None
     until: datetime | None = None
-    rrf_k: int = 10
+    # A hybrid search fuses with RRF at this k when it is given, else as SEARCH_FUSION says.
+    rrf_k: int | None = None
     half_life_days: float | None = None
 
 
@@ -86,20 +89,20 @@ def _iterative_scan_available() -> bool:
     return pgvector_supports_iterative_scan(pgvector_version())
 
 
-def _scope_sql(kb_ids: list[str], request: SearchRequest) -> tuple[str, list[Any]]:
-    clauses = ["knowledge_base_id = ANY(%s::uuid[])"]
+def _scope_sql(kb_ids: list[str], request: SearchRequest, alias: str = "") -> tuple[str, list[Any]]:
+    clauses = [f"{alias}knowledge_base_id = ANY(%s::uuid[])"]
     params: list[Any] = [kb_ids]
     for key in FILTER_KEYS:
         if key in request.filters:
-            clauses.append(f"{key} = %s")
+            clauses.append(f"{alias}{key} = %s")
             params.append(str(request.filters[key]))
     # Every chunk has a source_timestamp (ingestion stamps one when the metadata has
     # none), so a time range can use the (knowledge_base, source_timestamp) index.
     if request.since is not None:
-        clauses.append("source_timestamp >= %s")
+        clauses.append(f"{alias}source_timestamp >= %s")
         params.append(request.since)
     if request.until is not None:
-        clauses.append("source_timestamp < %s")
+        clauses.append(f"{alias}source_timestamp < %s")
         params.append(request.until)
     return " AND ".join(clauses), params
 
@@ -116,7 +119,7 @@ def _exact_vector(
         f"WHERE {scope}{threshold} ORDER BY d, id LIMIT %s"
     )
     with connection.cursor() as cur:
-        cur.execute(sql, [vec, *params, *extra, limit])
+        cur.execute(sql, [vec, *params, *extra, limit])  # type: ignore[list-item]
         return [(row[0], float(row[1])) for row in cur.fetchall()]
 
 
@@ -232,21 +235,9 @@ def vector_ranking(
 def keyword_ranking(
     kb_ids: list[str], language: str, text: str, request: SearchRequest, limit: int
 ) -> list[tuple[int, float]]:
-    """[(chunk id, ts_rank)] best first, for the chunks matching the query."""
+    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme."""
     scope, params = _scope_sql(kb_ids, request)
-    # Any query word matches (OR of the query's lexemes, already normalised by the
-    # base's configuration); ts_rank ranks chunks with more of them, more often,
-    # higher. (ts_rank_cd, the cover-density variant, cost 3.5 us a row against
-    # 1.3 us: 4.9 ms more on 1,400 matches of a 30,000-chunk base.)
-    sql = (
-        "WITH query AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
-        "FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) l), '')::tsquery AS q) "
-        "SELECT id, ts_rank(search_vector, query.q) AS r FROM knowledge_chunk, query "
-        f"WHERE {scope} AND search_vector @@ query.q ORDER BY r DESC, id LIMIT %s"
-    )
-    with connection.cursor() as cur:
-        cur.execute(sql, [language, text, *params, limit])
-        return [(row[0], float(row[1])) for row in cur.fetchall()]
+    return bm25_ranking(kb_ids, language, text, scope, params, limit)
 
 
 def _query_vectors(
@@ -285,7 +276,7 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
     if not bases:
         return []
     top_k = request.top_k
-    pool = top_k if request.mode != "hybrid" else max(top_k * 3, 30)
+    pool = top_k if request.mode != "hybrid" else max(top_k * 3, settings.SEARCH_CANDIDATES)
 
     def vector_leg() -> list[tuple[int, float]]:
         hits: list[tuple[int, float]] = []
@@ -312,7 +303,10 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
         vector_hits = vector_leg() if want_vector else []
         keyword_hits = keyword_leg() if want_keyword else []
     hits = _fuse(vector_hits, keyword_hits, request)
-    return _finish(hits, request)
+    rows = None
+    if request.mode == "hybrid" and settings.SEARCH_CONTEXT_WEIGHT > 0 and hits:
+        hits, rows = _with_context(hits, request, [str(kb.pk) for kb in bases])
+    return _finish(hits, request, rows)
 
 
 _legs_executor: ThreadPoolExecutor | None = None
@@ -369,35 +363,96 @@ def _fuse(
     keyword_hits: list[tuple[int, float]],
     request: SearchRequest,
 ) -> list[Hit]:
+    """One Hit per candidate, scored as knowledge.fusion describes for hybrid searches."""
     by_id: dict[int, Hit] = {}
+
+    def hit(chunk_id: int) -> Hit:
+        return by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
+
     for rank, (chunk_id, distance) in enumerate(vector_hits, start=1):
-        hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
-        hit.vector_rank, hit.vector_score = rank, 1.0 - distance
-    for rank, (chunk_id, ts_rank) in enumerate(keyword_hits, start=1):
-        hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
-        hit.keyword_rank, hit.keyword_score = rank, ts_rank
-    for hit in by_id.values():
-        if request.mode == "vector":
-            hit.score = hit.vector_score or 0.0
-        elif request.mode == "keyword":
-            hit.score = hit.keyword_score or 0.0
-        else:
-            hit.score = sum(
-                1.0 / (request.rrf_k + rank)
-                for rank in (hit.vector_rank, hit.keyword_rank)
-                if rank is not None
-            )
+        hit(chunk_id).vector_rank, hit(chunk_id).vector_score = rank, 1.0 - distance
+    for rank, (chunk_id, bm25) in enumerate(keyword_hits, start=1):
+        hit(chunk_id).keyword_rank, hit(chunk_id).keyword_score = rank, bm25
+    if request.mode != "hybrid":
+        for h in by_id.values():
+            h.score = (h.vector_score if request.mode == "vector" else h.keyword_score) or 0.0
+        return list(by_id.values())
+    similarities = [(cid, 1.0 - distance) for cid, distance in vector_hits]
+    if request.rrf_k is not None or settings.SEARCH_FUSION == "rrf":
+        scores = fusion.rrf_scores(
+            similarities, keyword_hits, request.rrf_k or settings.SEARCH_RRF_K
+        )
+    else:
+        scores = fusion.weighted_scores(similarities, keyword_hits, settings.SEARCH_VECTOR_WEIGHT)
+    for chunk_id, score in scores.items():
+        hit(chunk_id).score = score
     return list(by_id.values())
 
 
-_DETAIL_SQL = (
-    "SELECT id, knowledge_base_id, text, source_key, document_key, chunk_index, chunk_total, "
+_DETAIL_COLUMNS = (
+    "id, knowledge_base_id, text, source_key, document_key, chunk_index, chunk_total, "
     "source_type, message_id, session_id, flow_id, run_id, sender, file_path, content_hash, "
-    "source_timestamp, metadata, created_at FROM knowledge_chunk WHERE id = ANY(%s)"
+    "source_timestamp, metadata, created_at"
 )
+_DETAIL_SQL = f"SELECT {_DETAIL_COLUMNS} FROM knowledge_chunk WHERE id = ANY(%s)"
+# The donors' neighbours (up to the window on each side, in base, session and source
+# order) and the details of donors and neighbours, in one statement: every chunk that
+# can end up in the top k is among them (``knowledge.fusion``).
+_CONTEXT_SQL = f"""
+WITH nb AS MATERIALIZED (
+    SELECT c.id,
+        ARRAY(SELECT p.id FROM knowledge_chunk p
+               WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
+                 AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
+               ORDER BY p.source_timestamp DESC, p.id DESC LIMIT %s) AS before,
+        ARRAY(SELECT n.id FROM knowledge_chunk n
+               WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
+                 AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
+               ORDER BY n.source_timestamp, n.id LIMIT %s) AS after
+    FROM knowledge_chunk c WHERE c.id = ANY(%s)
+),
+ids AS (SELECT id FROM nb UNION SELECT unnest(before || after) FROM nb)
+SELECT {", ".join("k." + c for c in _DETAIL_COLUMNS.split(", "))}, nb.before, nb.after,
+       {{scope}} AS in_scope
+FROM knowledge_chunk k JOIN ids ON ids.id = k.id LEFT JOIN nb ON nb.id = k.id
+"""
 
 
-def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
+def _with_context(
+    hits: list[Hit], request: SearchRequest, kb_ids: list[str]
+) -> tuple[list[Hit], dict[int, dict[str, Any]]]:
+    """Add the neighbours' context to the fused scores (``knowledge.fusion.with_context``).
+
+    Returns the hits (neighbours that may become hits added) and the details of every
+    chunk that can reach the top k, so ``_finish`` needs no other query.
+    """
+    donors = sorted(hits, key=lambda h: (-h.score, h.chunk_id))
+    donors = donors[: fusion.CONTEXT_DONORS * request.top_k]
+    scope, params = _scope_sql(kb_ids, request, alias="k.")
+    window = settings.SEARCH_CONTEXT_WINDOW
+    with connection.cursor() as cur:
+        cur.execute(
+            _CONTEXT_SQL.format(scope=scope),
+            [window, window, [h.chunk_id for h in donors], *params],
+        )
+        rows = _detail_rows(cur)
+    around = {cid: (row.pop("before"), row.pop("after")) for cid, row in rows.items()}
+    around = {cid: sides for cid, sides in around.items() if sides[0] is not None}
+    allowed = {cid for cid, row in rows.items() if row.pop("in_scope")}
+    scores = {h.chunk_id: h.score for h in hits}
+    new = fusion.with_context(scores, around, settings.SEARCH_CONTEXT_WEIGHT, allowed)
+    by_id = {h.chunk_id: h for h in hits}
+    for chunk_id, score in new.items():
+        hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
+        hit.score = score
+    return list(by_id.values()), {cid: row for cid, row in rows.items() if cid in allowed}
+
+
+def _finish(
+    hits: list[Hit], request: SearchRequest, rows: dict[int, dict[str, Any]] | None = None
+) -> list[Hit]:
+    """The top_k hits, best first, with their text and metadata (``rows``: details
+    already read for every hit that can be among them)."""
     if not hits:
         return []
 
@@ -413,7 +468,8 @@ def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
         hits = sorted(hits, key=order)[: request.top_k]
     else:
         hits = sorted(hits, key=order)[: request.top_k]
-        rows = _details([h.chunk_id for h in hits])
+        if rows is None or any(h.chunk_id not in rows for h in hits):
+            rows = _details([h.chunk_id for h in hits])
     out = []
     for hit in hits:
         row = rows.get(hit.chunk_id)
@@ -432,12 +488,16 @@ def _finish(hits: list[Hit], request: SearchRequest) -> list[Hit]:
 def _details(ids: list[int]) -> dict[int, dict[str, Any]]:
     with connection.cursor() as cur:
         cur.execute(_DETAIL_SQL, [ids])
-        names = [c.name for c in cur.description]
-        out = {}
-        for values in cur.fetchall():
-            row = dict(zip(names, values))
-            row["timestamp"] = row.pop("source_timestamp")
-            if isinstance(row["metadata"], str):  # Django's connection loads jsonb as text
-                row["metadata"] = json.loads(row["metadata"])
-            out[row.pop("id")] = row
-        return out
+        return _detail_rows(cur)
+
+
+def _detail_rows(cur: Any) -> dict[int, dict[str, Any]]:
+    names = [c.name for c in cur.description]
+    out = {}
+    for values in cur.fetchall():
+        row = dict(zip(names, values))
+        row["timestamp"] = row.pop("source_timestamp")
+        if isinstance(row["metadata"], str):  # Django's connection loads jsonb as text
+            row["metadata"] = json.loads(row["metadata"])
+        out[row.pop("id")] = row
+    return out

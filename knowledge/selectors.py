@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Exists, QuerySet
+from django.contrib.auth.models import User
+from django.db.models import Count, IntegerField, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
 
 
 def knowledge_base_list(
-    *, owner: AbstractBaseUser, include_memory_bases: bool = True
+    *, owner: User, include_memory_bases: bool = True
 ) -> QuerySet[KnowledgeBase]:
     qs = KnowledgeBase.objects.filter(owner=owner)
     if not include_memory_bases:
@@ -21,14 +23,17 @@ def knowledge_base_list(
     return qs.order_by("name", "id")
 
 
-def knowledge_base_get(*, owner: AbstractBaseUser, kb_id: uuid.UUID | str) -> KnowledgeBase:
+def knowledge_base_get(*, owner: User, kb_id: uuid.UUID | str) -> KnowledgeBase:
     """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's."""
     return KnowledgeBase.objects.get(owner=owner, pk=kb_id)
 
 
-def ingest_job_get(
-    *, owner: AbstractBaseUser, kb_id: uuid.UUID | str, job_id: uuid.UUID | str
-) -> IngestJob:
+def ingest_job_get_by_id(*, owner: User, job_id: uuid.UUID | str) -> IngestJob:
+    """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
+    return IngestJob.objects.defer("documents").get(pk=job_id, knowledge_base__owner=owner)
+
+
+def ingest_job_get(*, owner: User, kb_id: Any, job_id: uuid.UUID | str) -> IngestJob:
     """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
     return IngestJob.objects.defer("documents").get(  # the stored batch: up to MAX_REQUEST_BYTES
         pk=job_id, knowledge_base_id=kb_id, knowledge_base__owner=owner
@@ -37,7 +42,7 @@ def ingest_job_get(
 
 def knowledge_bases_for_search(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     kb_ids: Sequence[uuid.UUID | str] | None,
     include_memory_bases: bool,
 ) -> list[KnowledgeBase]:
@@ -64,10 +69,18 @@ def chunk_list(*, knowledge_base: KnowledgeBase) -> QuerySet[Chunk]:
     )
 
 
-def chunks_exist(knowledge_base_ref: object) -> Exists:
-    """An ``Exists`` over the chunks of the base named by ``knowledge_base_ref`` (an id
-    or an ``OuterRef``), for other rooms' annotations."""
-    return Exists(Chunk.objects.filter(knowledge_base_id=knowledge_base_ref))
+def chunk_count_subquery(knowledge_base_ref: Any) -> Coalesce:
+    """The number of chunk rows of the base named by ``knowledge_base_ref`` (an id or
+    an ``OuterRef``), counted from the table (not the base's stored counters, which a
+    deletion behind the service's back leaves behind), for other rooms' annotations."""
+    per_base = (
+        Chunk.objects.filter(knowledge_base_id=knowledge_base_ref)
+        .order_by()
+        .values("knowledge_base_id")
+        .annotate(c=Count("*"))
+        .values("c")
+    )
+    return Coalesce(Subquery(per_base, output_field=IntegerField()), 0)
 
 
 def kb_embedding_config(kb: KnowledgeBase) -> EmbeddingConfig:

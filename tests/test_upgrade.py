@@ -49,10 +49,26 @@ def upgraded_db():
     db = settings.DATABASES["default"]
     _admin(f'CREATE DATABASE "{dbname}"')
     subprocess.run(
-        [str(PSQL), "-q", "-v", "ON_ERROR_STOP=1", "-h", db["HOST"], "-p", str(db["PORT"]),
-         "-U", db["USER"], "-d", dbname, "-f", str(DUMP)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(PSQL),
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            db["HOST"],
+            "-p",
+            str(db["PORT"]),
+            "-U",
+            db["USER"],
+            "-d",
+            dbname,
+            "-f",
+            str(DUMP),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     env = {k: v for k, v in os.environ.items() if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"}}
     env.update(EMBEDDED_DB_NAME=dbname, EMBEDDING_PROVIDER="hashing")
     yield dbname, env
@@ -96,8 +112,10 @@ def test_migrate_keeps_every_row(upgraded_db):
     jobs = sorted(r["status"] for r in models["memory_bases.MemoryBaseJob"]["rows"])
     assert jobs == ["running", "succeeded"]
     assert sorted(r["content"] for r in models["memories.Vector"]["rows"]) == [
-        "Be concise", "Carol likes coffee", "Carol likes tea",
-    ]  # fmt: skip
+        "Be concise",
+        "Carol likes coffee",
+        "Carol likes tea",
+    ]
     counters = {r["name"]: r["value"] for r in models["memories.MetricCounter"]["rows"]}
     assert counters == {"memory_additions_total": "7", "memory_llm_calls_total": "3"}
     schedules = dict(state["schedules"])

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
+from core.db_recovery import as_database_unavailable, response_for_current_exception
 from core.errors import ServiceError
 
 
@@ -49,10 +50,49 @@ def _message(detail: Any, fallback: str) -> str:
     return fallback
 
 
+def first_problem(detail: Any, path: str = "") -> tuple[str, str]:
+    """The first error in DRF's nested validation details, as (the field's path, e.g.
+    ``messages[1].content``, and its message as plain text)."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if key == "non_field_errors":
+                inner = path
+            elif isinstance(key, int) or str(key).isdigit():
+                inner = f"{path}[{key}]"
+            else:
+                inner = f"{path}.{key}" if path else str(key)
+            found = first_problem(value, inner)
+            if found[1]:
+                return found
+        return path, ""
+    if isinstance(detail, list):
+        for index, value in enumerate(detail):
+            found = first_problem(value, path if isinstance(value, str) else f"{path}[{index}]")
+            if found[1]:
+                return found
+        return path, ""
+    return path, str(detail)
+
+
+def validation_message(detail: Any) -> str:
+    """A plain sentence naming the (first) field at fault: ``content: Required.``"""
+    path, message = first_problem(detail)
+    if not message:
+        return "The request is invalid."
+    return f"{path}: {message}" if path else message
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    unavailable = as_database_unavailable(exc)
+    if unavailable is not None:  # an outage, whatever raised it: 503 with Retry-After
+        exc = unavailable
     if isinstance(exc, ServiceError):
         set_rollback()
-        return Response(error_body(exc.code, str(exc), exc.details), status=exc.status_code)
+        answer = Response(error_body(exc.code, str(exc), exc.details), status=exc.status_code)
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            answer["Retry-After"] = str(retry_after)
+        return answer
     if isinstance(exc, Http404 | ObjectDoesNotExist):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -62,7 +102,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return None
     status_code = response.status_code
     if isinstance(exc, exceptions.ValidationError):
-        body = error_body("invalid", "The request is invalid.", exc.detail)
+        body = error_body("invalid", validation_message(exc.detail), exc.detail)
     else:
         detail = getattr(exc, "detail", None)
         code = _CODES.get(status_code, "error")
@@ -86,6 +126,9 @@ def json_404(request: HttpRequest, exception: Exception | None = None) -> HttpRe
 
 
 def json_500(request: HttpRequest) -> HttpResponse:
+    unavailable = response_for_current_exception(request)
+    if unavailable is not None:  # every path: the admin cannot render without it either
+        return unavailable
     if request.path.startswith(("/api/", "/v1/")):
         return json_error_response(500, "Internal server error.")
     return defaults.server_error(request)
@@ -125,13 +168,7 @@ def openai_exception_handler(exc: Exception, context: dict[str, Any]) -> Respons
     response = exception_handler(exc, context)
     if response is not None:
         error = response.data["error"]
-        message = error["message"]
-        if error["code"] == "invalid" and isinstance(error["details"], dict):
-            field, problems = next(iter(error["details"].items()))
-            message = (
-                f"{field}: {problems[0] if isinstance(problems, list) and problems else problems}"
-            )
         response.data = openai_error_body(
-            response.status_code, error["code"], message, error["details"]
+            response.status_code, error["code"], error["message"], error["details"]
         )
     return response

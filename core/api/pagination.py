@@ -11,5 +11,5 @@ class PageNumberPagination(pagination.PageNumberPagination):
 def paginated_response(view: Any, request: Any, qs: Any, serializer: Any) -> Any:
     """``{"count", "next", "previous", "results"}`` for one page of ``qs``."""
     paginator = PageNumberPagination()
-    page = paginator.paginate_queryset(qs, request, view=view)
+    page: Any = paginator.paginate_queryset(qs, request, view=view)
     return paginator.get_paginated_response(serializer(page, many=True).data)

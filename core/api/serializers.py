@@ -1,3 +1,6 @@
+from typing import Any
+
+from django.urls import reverse
 from rest_framework import serializers
 
 from core.models import APIKey
@@ -25,3 +28,32 @@ class APIKeyCreatedSerializer(APIKeyOutputSerializer):
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     username = serializers.CharField()
+
+
+JOB_FIELDS = [
+    "id",
+    "kind",
+    "url",
+    "status",
+    "attempts",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
+]
+
+
+class JobOutputBase(serializers.ModelSerializer):
+    """The one job shape: these fields for every kind of job, then the kind's own
+    (``Meta.fields`` = ``JOB_FIELDS`` + them). ``url`` is where to poll it:
+    ``GET /api/v1/jobs/{id}`` answers every kind."""
+
+    KIND = ""
+    kind = serializers.SerializerMethodField(help_text="What the job does.")
+    url = serializers.SerializerMethodField(help_text="GET it to poll the job.")
+
+    def get_kind(self, job: Any) -> str:
+        return self.KIND
+
+    def get_url(self, job: Any) -> str:
+        return reverse("job-detail", kwargs={"job_id": job.pk})

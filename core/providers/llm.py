@@ -98,13 +98,21 @@ def get_llm(*, feature: str = "This feature") -> ChatLLM:
     if not settings.LLM_MODEL:
         raise ProviderNotConfigured("LLM_MODEL", feature)
     config = (
-        settings.LLM_BASE_URL, settings.LLM_API_KEY, settings.LLM_MODEL, settings.LLM_TIMEOUT,
-        settings.LLM_MAX_RETRIES, settings.RETRY_BACKOFF_SECONDS,
-    )  # fmt: skip
+        settings.LLM_BASE_URL,
+        settings.LLM_API_KEY,
+        settings.LLM_MODEL,
+        settings.LLM_TIMEOUT,
+        settings.LLM_MAX_RETRIES,
+        settings.RETRY_BACKOFF_SECONDS,
+    )
     with _lock:
         if config not in _clients:
             _clients[config] = ChatLLM(
-                base_url=config[0], api_key=config[1], model=config[2], timeout=config[3],
-                max_retries=config[4], backoff=config[5],
-            )  # fmt: skip
+                base_url=config[0],
+                api_key=config[1],
+                model=config[2],
+                timeout=config[3],
+                max_retries=config[4],
+                backoff=config[5],
+            )
         return _clients[config]

@@ -21,16 +21,22 @@ from memories.bases.selectors import memory_base_get
 from memories.conversations.api.serializers import MessageOutputSerializer, content_to_text
 from memories.conversations.api.views import flow_for
 from memories.conversations.selectors import message_list
-from memories.conversations.services import MessageIn
+from memories.conversations.services import PREVIOUS, MessageIn
 
 
 def _message_in(data: dict[str, Any]) -> MessageIn:
     text, blocks = content_to_text(data["content"])
     return MessageIn(
-        role=data["role"], text=text, content=blocks, is_output=data.get("is_output"),
-        sender=data.get("sender", ""), sender_name=data.get("sender_name", ""),
-        files=data.get("files") or [], parent_id=data.get("parent_message_id"),
-    )  # fmt: skip
+        role=data["role"],
+        text=text,
+        content=blocks,
+        is_output=data.get("is_output"),
+        sender=data.get("sender", ""),
+        sender_name=data.get("sender_name", ""),
+        files=data.get("files") or [],
+        message_id=data.get("message_id"),
+        parent=data.get("parent_message_id", PREVIOUS),
+    )
 
 
 class FlowRunView(APIView):

@@ -6,6 +6,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from core.api.serializers import JOB_FIELDS, JobOutputBase
 from knowledge.models import FTS_LANGUAGES, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
 
@@ -17,9 +18,19 @@ class KnowledgeBaseOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = KnowledgeBase
         fields = [
-            "id", "name", "description", "is_memory_base", "source_kind", "language",
-            "chunk_size", "chunk_overlap", "embedding", "metadata", "created_at", "updated_at",
-        ]  # fmt: skip
+            "id",
+            "name",
+            "description",
+            "is_memory_base",
+            "source_kind",
+            "language",
+            "chunk_size",
+            "chunk_overlap",
+            "embedding",
+            "metadata",
+            "created_at",
+            "updated_at",
+        ]
 
     def get_embedding(self, kb: KnowledgeBase) -> dict[str, Any]:
         return {
@@ -51,7 +62,16 @@ class KnowledgeBaseCreateSerializer(serializers.Serializer):
         return attrs
 
 
+IMMUTABLE_KB_FIELDS = ("language", "chunk_size", "chunk_overlap", "source_kind", "is_memory_base")
+READ_ONLY_KB_FIELDS = ("id", "embedding", "metadata", "created_at", "updated_at")
+
+
 class KnowledgeBaseUpdateSerializer(serializers.Serializer):
+    """``name`` and ``description`` change; the fields that shaped the stored chunks
+    (``IMMUTABLE_KB_FIELDS``) are refused with a 400 when they differ from the base's
+    (so a GET body sent back unchanged is fine); other fields are refused as unknown.
+    Needs ``context={"knowledge_base": kb}``."""
+
     name = serializers.CharField(max_length=200, required=False)
     description = serializers.CharField(required=False, allow_blank=True)
 
@@ -59,6 +79,21 @@ class KnowledgeBaseUpdateSerializer(serializers.Serializer):
         if not value.strip():
             raise serializers.ValidationError("Name may not be blank.")
         return value.strip()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        kb: KnowledgeBase = self.context["knowledge_base"]
+        errors = {}
+        for key, value in self.initial_data.items():
+            if key in IMMUTABLE_KB_FIELDS and value != getattr(kb, key):
+                errors[key] = (
+                    f"{key} cannot be changed after the knowledge base is created (its chunks "
+                    "were made with it): create a new knowledge base and ingest again."
+                )
+            elif key not in self.fields and key not in IMMUTABLE_KB_FIELDS + READ_ONLY_KB_FIELDS:
+                errors[key] = f"Unknown field {key}: only name and description can be changed."
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
 
 
 class DocumentSerializer(serializers.Serializer):
@@ -171,13 +206,25 @@ class ChunkOutputSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-class IngestJobOutputSerializer(serializers.ModelSerializer):
+class IngestJobOutputSerializer(JobOutputBase):
+    KIND = "knowledge_ingest"
     documents = serializers.IntegerField(source="document_count")
     characters = serializers.IntegerField(source="char_count")
 
     class Meta:
         model = IngestJob
         fields = [
-            "id", "knowledge_base", "status", "documents", "characters", "chunks_written",
-            "chunks_deleted", "error", "created_at", "started_at", "finished_at",
-        ]  # fmt: skip
+            *JOB_FIELDS,
+            "knowledge_base",
+            "documents",
+            "characters",
+            "chunks_written",
+            "chunks_deleted",
+        ]
+
+
+def job_answer(job: IngestJob) -> dict[str, Any]:
+    """The job, flat like every job answer, and again under ``job`` (the shape of
+    earlier versions, kept for their clients)."""
+    data = dict(IngestJobOutputSerializer(job).data)
+    return {**data, "job": data}

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -21,6 +20,7 @@ from knowledge.api.serializers import (
     KnowledgeBaseUpdateSerializer,
     MultiSearchSerializer,
     SearchSerializer,
+    job_answer,
 )
 from knowledge.models import IngestJob, KnowledgeBase
 from knowledge.search import SearchRequest, search_chunks
@@ -55,7 +55,7 @@ def _search_request(data: dict[str, Any]) -> SearchRequest:
         since=filters.pop("since", None),
         until=filters.pop("until", None),
         filters=filters,
-        rrf_k=data.get("rrf_k") or settings.SEARCH_RRF_K,
+        rrf_k=data.get("rrf_k"),
         half_life_days=data.get("half_life_days"),
     )
 
@@ -92,7 +92,7 @@ class KnowledgeBaseDetailView(APIView):
     @extend_schema(request=KnowledgeBaseUpdateSerializer, responses=KnowledgeBaseOutputSerializer)
     def patch(self, request: Request, kb_id: Any) -> Response:
         kb = _get_kb(request, kb_id)
-        data = KnowledgeBaseUpdateSerializer(data=request.data)
+        data = KnowledgeBaseUpdateSerializer(data=request.data, context={"knowledge_base": kb})
         data.is_valid(raise_exception=True)
         kb = knowledge_base_update(knowledge_base=kb, **data.validated_data)
         return Response(KnowledgeBaseOutputSerializer(kb).data)
@@ -122,7 +122,7 @@ class KnowledgeBaseDocumentsView(APIView):
         if isinstance(outcome, IngestJob):
             location = reverse("kb-job", kwargs={"kb_id": kb.pk, "job_id": outcome.pk})
             return Response(
-                {"job": IngestJobOutputSerializer(outcome).data},
+                job_answer(outcome),
                 status=status.HTTP_202_ACCEPTED,
                 headers={"Location": location},
             )
@@ -142,7 +142,7 @@ class KnowledgeBaseJobView(APIView):
     @extend_schema(responses=IngestJobOutputSerializer)
     def get(self, request: Request, kb_id: Any, job_id: Any) -> Response:
         job = ingest_job_get(owner=request.user, kb_id=kb_id, job_id=job_id)
-        return Response({"job": IngestJobOutputSerializer(job).data})
+        return Response(job_answer(job))
 
 
 class KnowledgeBaseChunksView(APIView):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
 
-from core.errors import NameTaken
+from core.errors import Conflict, NameTaken
 from core.providers.embeddings import EmbeddingConfig
 from knowledge.models import FTS_LANGUAGES, KnowledgeBase
 from knowledge.services.errors import FILE_CHUNKING, MESSAGE_CHUNKING, KnowledgeError
@@ -13,7 +14,7 @@ from knowledge.services.errors import FILE_CHUNKING, MESSAGE_CHUNKING, Knowledge
 
 def knowledge_base_create(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     name: str,
     description: str = "",
     is_memory_base: bool = False,
@@ -21,11 +22,12 @@ def knowledge_base_create(
     language: str = "english",
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
+    embedding: EmbeddingConfig | None = None,
 ) -> KnowledgeBase:
     """Create a base whose embedding provider, model and dimension are fixed now.
 
-    The configured provider at creation time is recorded; later searches and
-    ingestion always embed with it. Raises ``NameTaken`` if the owner already has
+    The configured provider at creation time (or ``embedding``, for a caller with a
+    model of its own) is recorded; later searches and ingestion always embed with it. Raises ``NameTaken`` if the owner already has
     a base with this name (the database enforces it).
     """
     if language not in FTS_LANGUAGES:
@@ -33,7 +35,7 @@ def knowledge_base_create(
     default_size, default_overlap = (
         FILE_CHUNKING if source_kind == KnowledgeBase.SourceKind.FILES else MESSAGE_CHUNKING
     )
-    config = EmbeddingConfig.from_settings()
+    config = embedding or EmbeddingConfig.from_settings()
     try:
         with transaction.atomic():
             return KnowledgeBase.objects.create(
@@ -72,8 +74,20 @@ def knowledge_base_update(
 
 
 def knowledge_base_delete(*, knowledge_base: KnowledgeBase) -> None:
-    """Delete a base and all its chunks (one statement, cascaded by the database)."""
+    """Delete a base and all its chunks (one statement, cascaded by the database).
+
+    Raises ``Conflict`` ("in_use", 409) for a base another object depends on (a memory
+    base's, a memory store's): those are deleted with their owner object.
+    """
     # Chunks have no dependents, so Django deletes them with one DELETE ... WHERE
     # knowledge_base_id = ..., without loading them.
-    with transaction.atomic():
-        knowledge_base.delete()
+    try:
+        with transaction.atomic():
+            knowledge_base.delete()
+    except ProtectedError as exc:
+        users = sorted({f"{type(o)._meta.verbose_name} {o}" for o in exc.protected_objects})
+        raise Conflict(
+            f"knowledge base {knowledge_base.name!r} belongs to {', '.join(users)}; "
+            "delete that instead",
+            code="in_use",
+        ) from exc

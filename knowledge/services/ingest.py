@@ -13,6 +13,8 @@ from django.db import connection, transaction
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
+from core.db_recovery import refresh_after_commit
+from core.providers.embeddings import Embedder
 from knowledge.chunking import chunk_text
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
 from knowledge.selectors import kb_embedder
@@ -189,6 +191,7 @@ def knowledge_base_ingest(
     documents: Sequence[DocumentIn],
     should_cancel: Callable[[], bool] | None = None,
     embed_batch_size: int = 256,
+    embedder: Embedder | None = None,
 ) -> IngestResult:
     """Chunk, embed and store ``documents``; return only after the write is committed.
 
@@ -198,11 +201,19 @@ def knowledge_base_ingest(
     (``<document source_key>#<chunk index>``), so re-ingesting a document updates
     its chunks in place and drops the ones it no longer has; a retry of the same
     batch yields the same rows. ``should_cancel`` is checked between embedding
-    batches and raises ``IngestCancelled`` before anything is written.
+    batches and raises ``IngestCancelled`` before anything is written. ``embedder``
+    replaces the one built from the base's recorded configuration (a caller with its
+    own endpoint, e.g. a memory store's ``embedding`` block); it must produce the
+    base's dimension.
     """
     keys = _check_batch(documents)
     rows = _chunk_documents(knowledge_base, documents)
-    embedder = kb_embedder(knowledge_base)
+    if embedder is not None and embedder.dimensions != knowledge_base.embedding_dimensions:
+        raise KnowledgeError(
+            f"the embedder has {embedder.dimensions} dimensions; knowledge base "
+            f"{knowledge_base.name!r} holds {knowledge_base.embedding_dimensions}"
+        )
+    embedder = embedder or kb_embedder(knowledge_base)
     vectors: list[Any] = []
     for start in range(0, len(rows), embed_batch_size):
         if should_cancel is not None and should_cancel():
@@ -219,7 +230,7 @@ def knowledge_base_ingest(
         written, deleted = _write_chunks(knowledge_base, stage_rows, keys)
         if written and _defer_indexing(knowledge_base):
             enqueue_chunk_indexing_on_commit()
-    knowledge_base.refresh_from_db()
+    refresh_after_commit(knowledge_base)
     return IngestResult(documents=len(documents), chunks_written=written, chunks_deleted=deleted)
 
 

@@ -4,13 +4,23 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.timezone import localtime
 
+from core.admin_confirm import confirm_first, confirmation_page, is_confirmed
 from core.errors import ServiceError
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.bases.selectors import (
     memory_base_pending_total,
+    session_status,
     sessions_with_status,
     with_counters,
 )
@@ -22,7 +32,7 @@ from memories.bases.services import (
 
 MISMATCH_TEXT = (
     "Mismatch detected: {processed} message(s) were processed but the knowledge base holds "
-    "no chunks. Run the Regenerate action to rebuild it."
+    "no chunks. Press Regenerate… above to rebuild it."
 )
 
 
@@ -30,8 +40,15 @@ class MemoryBaseSessionInline(admin.TabularInline):
     model = MemoryBaseSession
     extra = 0
     can_delete = False
-    fields = ["session_id", "pending", "total_processed", "last_sync_at", "cursor_message_id"]
-    readonly_fields = fields
+    fields = [
+        "session_id",
+        "pending",
+        "total_processed",
+        "last_sync_at",
+        "session_status",
+        "cursor_message_id",
+    ]
+    readonly_fields = tuple(fields)
     show_change_link = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[MemoryBaseSession]:
@@ -44,20 +61,63 @@ class MemoryBaseSessionInline(admin.TabularInline):
     def pending(self, session: MemoryBaseSession) -> int:
         return session.pending
 
+    @admin.display(description="status")
+    def session_status(self, session: MemoryBaseSession) -> str:
+        return session_status(session)
+
+
+REGENERATE_CONSEQUENCES = [
+    "reset every session's cursor,",
+    "delete all chunks of the memory base's knowledge base,",
+    "re-ingest every captured output from the start, in the background.",
+]
+DELETE_CONSEQUENCES = [
+    "cancel their queued and running jobs,",
+    "delete the memory bases, their sessions and their knowledge bases with every chunk.",
+    "The flows and their captured messages are kept.",
+]
+
 
 @admin.register(MemoryBase)
 class MemoryBaseAdmin(admin.ModelAdmin):
     list_display = [
-        "name", "owner", "flow", "threshold", "auto_capture", "sessions_count", "pending",
-        "processed", "chunks", "last_sync", "status",
-    ]  # fmt: skip
+        "name",
+        "owner",
+        "flow",
+        "threshold",
+        "auto_capture",
+        "sessions_count",
+        "pending",
+        "processed",
+        "chunks",
+        "last_sync",
+        "status",
+    ]
     list_editable = ["auto_capture"]
-    list_filter = ["auto_capture"]
+    # No filter sidebar: at 1440 px it pushed Last sync and Status off screen.
     search_fields = ["name", "owner__username", "flow__name"]
-    raw_id_fields = ["owner", "flow", "knowledge_base"]
-    readonly_fields = ["knowledge_base", "kb_name", "created_at"]
+    fieldsets = [
+        (None, {"fields": ["name", "owner", "flow", "knowledge_base", "kb_name", "created_at"]}),
+        ("Capture", {"fields": ["threshold", "auto_capture"]}),
+        (
+            "Preprocessing",
+            {
+                "fields": [
+                    "preprocess",
+                    "preprocess_model",
+                    "preprocess_instructions",
+                    "preprocess_kill_phrase",
+                ],
+                "classes": ["collapse"],
+            },
+        ),
+    ]
+    # The owner, the flow and the knowledge base are fixed at creation (tenancy): shown
+    # as names, never as raw ids to type.
+    readonly_fields = ["owner", "flow", "knowledge_base", "kb_name", "created_at"]
     inlines = [MemoryBaseSessionInline]
     actions = ["sync_now", "regenerate", "delete_with_knowledge_base"]
+    change_form_template = "admin/memory_bases/memorybase/change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[MemoryBase]:
         return with_counters(super().get_queryset(request))
@@ -69,6 +129,20 @@ class MemoryBaseAdmin(admin.ModelAdmin):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path(
+                "<path:object_id>/sync/", view(self.sync_view), name="memory_bases_memorybase_sync"
+            ),
+            path(
+                "<path:object_id>/regenerate/",
+                view(self.regenerate_view),
+                name="memory_bases_memorybase_regenerate",
+            ),
+            *super().get_urls(),
+        ]
 
     @admin.display(description="sessions", ordering="session_count")
     def sessions_count(self, mb: MemoryBase) -> int:
@@ -83,19 +157,21 @@ class MemoryBaseAdmin(admin.ModelAdmin):
     def processed(self, mb: MemoryBase) -> int:
         return mb.processed_total
 
-    @admin.display(description="chunks")
+    @admin.display(description="chunks", ordering="chunk_total")
     def chunks(self, mb: MemoryBase) -> int:
-        return mb.knowledge_base.chunk_count if mb.has_chunks else 0
+        return mb.chunk_total
 
     @admin.display(description="last sync", ordering="last_sync")
-    def last_sync(self, mb: MemoryBase) -> Any:
-        return mb.last_sync
+    def last_sync(self, mb: MemoryBase) -> str:
+        if mb.last_sync is None:
+            return "never"
+        return localtime(mb.last_sync).strftime("%Y-%m-%d %H:%M")
 
     @admin.display(description="status")
     def status(self, mb: MemoryBase) -> str:
         if mb.mismatch:
             return format_html(
-                '<strong class="mismatch" style="color:#ba2121">⚠ {}</strong>', "Mismatch detected"
+                '<strong class="mismatch" style="color:#ba2121">⚠ {}</strong>', "Mismatch"
             )
         if mb.active_jobs:
             return f"syncing ({mb.active_jobs})"
@@ -105,9 +181,19 @@ class MemoryBaseAdmin(admin.ModelAdmin):
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> HttpResponse:
         mb = self.get_queryset(request).filter(pk=object_id).first()
-        if mb is not None and mb.mismatch and request.method == "GET":
-            messages.warning(request, MISMATCH_TEXT.format(processed=mb.processed_total))
-        return super().change_view(request, object_id, form_url, extra_context)
+        extra = dict(extra_context or {})
+        if mb is not None:
+            if mb.mismatch and request.method == "GET":
+                messages.warning(request, MISMATCH_TEXT.format(processed=mb.processed_total))
+            extra["counters"] = [
+                ("Sessions", mb.session_count),
+                ("Pending", memory_base_pending_total(memory_base=mb)),
+                ("Processed", mb.processed_total),
+                ("Chunks", mb.chunk_total),
+                ("Last sync", self.last_sync(mb)),
+                ("Status", self.status(mb)),
+            ]
+        return super().change_view(request, object_id, form_url, extra)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if request.method == "GET":
@@ -116,22 +202,63 @@ class MemoryBaseAdmin(admin.ModelAdmin):
                 messages.warning(
                     request,
                     f"Mismatch detected in {', '.join(broken)}: processed messages but no chunks. "
-                    "Select and run “Regenerate”.",
+                    "Open it and press Regenerate (or select it and run “Regenerate”).",
                 )
         return super().changelist_view(request, extra_context)
 
     def delete_model(self, request: HttpRequest, obj: MemoryBase) -> None:
         memory_base_delete(memory_base=obj)
 
+    # --- the change page's buttons ------------------------------------------------------
+    def _object_or_404(self, request: HttpRequest, object_id: str) -> MemoryBase:
+        mb = self.get_object(request, object_id)
+        if mb is None or not self.has_change_permission(request, mb):
+            raise Http404("No such memory base.")
+        return mb
+
+    def _change_url(self, mb: MemoryBase) -> str:
+        return reverse("admin:memory_bases_memorybase_change", args=[mb.pk])
+
+    def sync_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        mb = self._object_or_404(request, object_id)
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        self._run(request, [mb], memory_base_flush, SYNC_TEXTS)
+        return HttpResponseRedirect(self._change_url(mb))
+
+    def regenerate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        mb = self._object_or_404(request, object_id)
+        if not is_confirmed(request):
+            return confirmation_page(
+                self,
+                request,
+                [mb],
+                title="Regenerate this memory base?",
+                consequences=REGENERATE_CONSEQUENCES,
+                button="Yes, regenerate",
+                cancel_url=self._change_url(mb),
+            )
+        self._run(request, [mb], memory_base_regenerate, REGENERATE_TEXTS)
+        return HttpResponseRedirect(self._change_url(mb))
+
+    # --- list actions -----------------------------------------------------------------
     @admin.action(description="Sync now (ingest pending messages, ignoring the threshold)")
     def sync_now(self, request: HttpRequest, queryset: QuerySet[MemoryBase]) -> None:
-        self._run(request, queryset, memory_base_flush, "Queued {n} ingestion job(s).")
+        self._run(request, list(queryset), memory_base_flush, SYNC_TEXTS)
 
     @admin.action(description="Regenerate (clear the knowledge base and re-ingest everything)")
+    @confirm_first(
+        title="Regenerate these memory bases?",
+        consequences=REGENERATE_CONSEQUENCES,
+        button="Yes, regenerate",
+    )
     def regenerate(self, request: HttpRequest, queryset: QuerySet[MemoryBase]) -> None:
-        self._run(request, queryset, memory_base_regenerate, "Regenerating: queued {n} job(s).")
+        self._run(request, list(queryset), memory_base_regenerate, REGENERATE_TEXTS)
 
     @admin.action(description="Delete selected memory bases and their knowledge bases")
+    @confirm_first(
+        title="Delete these memory bases?", consequences=DELETE_CONSEQUENCES, button="Yes, delete"
+    )
     def delete_with_knowledge_base(
         self, request: HttpRequest, queryset: QuerySet[MemoryBase]
     ) -> None:
@@ -139,18 +266,41 @@ class MemoryBaseAdmin(admin.ModelAdmin):
         for mb in list(queryset):
             memory_base_delete(memory_base=mb)
             names.append(mb.name)
-        self.message_user(request, f"Deleted {', '.join(names)}.")
+        self.message_user(request, f"Deleted {', '.join(names)} and their knowledge bases.")
 
     def _run(
-        self, request: HttpRequest, queryset: QuerySet[MemoryBase], service: Any, text: str
+        self,
+        request: HttpRequest,
+        memory_bases: list[MemoryBase],
+        service: Any,
+        texts: tuple[str, str],
     ) -> None:
-        total = 0
-        for mb in queryset:
+        """One message per memory base and outcome: queued (success), nothing to do
+        (info), or refused (error, saying why)."""
+        queued_text, nothing_text = texts
+        for mb in memory_bases:
             try:
-                total += len(service(memory_base=mb))
+                jobs = service(memory_base=mb)
             except ServiceError as exc:
-                self.message_user(request, f"{mb.name}: {exc}", level=messages.ERROR)
-        self.message_user(request, text.format(n=total))
+                self.message_user(request, f"{mb.name}: not started, {exc}.", messages.ERROR)
+                continue
+            if jobs:
+                text = queued_text.format(
+                    name=mb.name, n=len(jobs), s="" if len(jobs) == 1 else "s"
+                )
+                self.message_user(request, text, messages.SUCCESS)
+            else:
+                self.message_user(request, nothing_text.format(name=mb.name), messages.INFO)
+
+
+SYNC_TEXTS = (
+    "{name}: sync started, {n} ingestion job{s} queued.",
+    "{name}: nothing to sync, no session has pending messages.",
+)
+REGENERATE_TEXTS = (
+    "{name}: regenerating, {n} job{s} queued.",
+    "{name}: nothing to regenerate, no session has captured messages.",
+)
 
 
 @admin.register(MemoryBaseJob)

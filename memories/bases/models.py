@@ -28,9 +28,11 @@ class MemoryBase(models.Model):
     preprocess_model = models.CharField(max_length=200, blank=True, default="")
     preprocess_instructions = models.TextField(blank=True, default="")
     preprocess_kill_phrase = models.CharField(
-        max_length=200, blank=True, default="",
+        max_length=200,
+        blank=True,
+        default="",
         help_text="If the LLM answers with this phrase, store nothing but advance the cursor.",
-    )  # fmt: skip
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any, NamedTuple
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import (
     BooleanField,
     Count,
@@ -20,18 +21,20 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
-from knowledge.selectors import chunks_exist
+from knowledge.selectors import chunk_count_subquery
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.conversations.selectors import pending_outputs_subquery
 
 
-def memory_base_list(*, owner: AbstractBaseUser) -> QuerySet[MemoryBase]:
+def memory_base_list(*, owner: User) -> QuerySet[MemoryBase]:
     """Memory bases with their counters, in a fixed number of queries."""
     return with_counters(MemoryBase.objects.filter(owner=owner))
 
 
 def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
-    """Annotate sessions, processed total, last sync, active jobs, chunks and ``mismatch``."""
+    """Annotate sessions, processed total, last sync, active jobs, ``chunk_total`` (rows
+    in the knowledge base's chunk table: the one chunk count the API, the admin and
+    the commands show) and ``mismatch``."""
     processed = MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"), total_processed__gt=0)
     return (
         qs.select_related("flow", "knowledge_base", "owner")
@@ -60,18 +63,31 @@ def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
                 ),
                 0,
             ),
-            has_chunks=chunks_exist(OuterRef("knowledge_base_id")),
+            chunk_total=chunk_count_subquery(OuterRef("knowledge_base_id")),
             has_processed=Exists(processed),
         )
         # Mismatch, defined once: sessions report processed messages but the
         # knowledge base holds no chunks (deleted behind our back).
         .annotate(
             mismatch=ExpressionWrapper(
-                Q(has_processed=True) & Q(has_chunks=False), output_field=BooleanField()
+                Q(has_processed=True) & Q(chunk_total=0), output_field=BooleanField()
             )
         )
         .order_by("name", "id")
     )
+
+
+def memory_base_as_created(memory_base: MemoryBase) -> MemoryBase:
+    """A base just created, with the counters ``with_counters`` would find (no
+    sessions, jobs or chunks yet), set without a query."""
+    memory_base.session_count = 0  # type: ignore[attr-defined]
+    memory_base.processed_total = 0  # type: ignore[attr-defined]
+    memory_base.last_sync = None  # type: ignore[attr-defined]
+    memory_base.active_jobs = 0  # type: ignore[attr-defined]
+    memory_base.chunk_total = 0  # type: ignore[attr-defined]
+    memory_base.has_processed = False  # type: ignore[attr-defined]
+    memory_base.mismatch = False  # type: ignore[attr-defined]
+    return memory_base
 
 
 def _session_aggregate(aggregate: object) -> Coalesce:
@@ -85,7 +101,7 @@ def _session_aggregate(aggregate: object) -> Coalesce:
     return Coalesce(Subquery(per_base, output_field=IntegerField()), 0)
 
 
-def memory_base_get(*, owner: AbstractBaseUser, memory_base_id: uuid.UUID | str) -> MemoryBase:
+def memory_base_get(*, owner: User, memory_base_id: uuid.UUID | str) -> MemoryBase:
     return memory_base_list(owner=owner).get(pk=memory_base_id)
 
 
@@ -108,11 +124,22 @@ def sessions_with_status(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBase
     ).order_by("session_id")
 
 
+def session_status(session: Any) -> str:
+    """``queued``/``syncing`` (an active job), ``failed`` (the last job), ``pending``
+    or ``synced``, for a session from ``sessions_with_status``."""
+    if session.active_job_id is not None:
+        return "syncing" if session.active_job_status == "running" else "queued"
+    if session.last_job_status == "failed":
+        return "failed"
+    return "pending" if session.pending else "synced"
+
+
 def memory_base_pending_total(*, memory_base: MemoryBase) -> int:
-    return sum(s.pending for s in memory_base_sessions(memory_base=memory_base))
+    sessions: Any = memory_base_sessions(memory_base=memory_base)
+    return sum(s.pending for s in sessions)
 
 
-def job_get(*, owner: AbstractBaseUser, job_id: uuid.UUID | str) -> MemoryBaseJob:
+def job_get(*, owner: User, job_id: uuid.UUID | str) -> MemoryBaseJob:
     return MemoryBaseJob.objects.select_related("session", "memory_base").get(
         memory_base__owner=owner, pk=job_id
     )
@@ -121,8 +148,15 @@ def job_get(*, owner: AbstractBaseUser, job_id: uuid.UUID | str) -> MemoryBaseJo
 def memory_base_mismatch(*, memory_base: MemoryBase) -> bool:
     """Whether the memory base's sessions report processed messages but its knowledge
     base holds no chunks (``with_counters`` defines it)."""
-    return bool(
-        with_counters(MemoryBase.objects.filter(pk=memory_base.pk))
-        .values_list("mismatch", flat=True)
-        .first()
-    )
+    return memory_base_chunk_state(memory_base=memory_base).mismatch
+
+
+class ChunkState(NamedTuple):
+    chunks: int
+    mismatch: bool
+
+
+def memory_base_chunk_state(*, memory_base: MemoryBase) -> ChunkState:
+    """The chunk count and mismatch flag ``with_counters`` gives (one definition)."""
+    counted: Any = with_counters(MemoryBase.objects.filter(pk=memory_base.pk)).get()
+    return ChunkState(counted.chunk_total, counted.mismatch)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -211,7 +211,7 @@ def session_cursor_advance(
 # --- memory bases -------------------------------------------------------------------
 def memory_base_create(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     name: str,
     flow: Flow,
     threshold: int = 10,
@@ -385,10 +385,10 @@ def memory_base_regenerate(
     per session; otherwise they are queued.
     """
     _discover_sessions(memory_base)
-    sessions = memory_base.sessions.order_by("session_id")
+    scope = memory_base.sessions.order_by("session_id")
     if session_id is not None:
-        sessions = sessions.filter(session_id=session_id)
-    sessions = list(sessions)
+        scope = scope.filter(session_id=session_id)
+    sessions = list(scope)
     for session in sessions:
         active = session_active_job(session=session)
         if active is not None:

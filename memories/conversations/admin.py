@@ -13,7 +13,7 @@ class FlowAdmin(admin.ModelAdmin):
     list_display = ["name", "owner", "created_at"]
     list_select_related = ["owner"]
     search_fields = ["name", "owner__username"]
-    raw_id_fields = ["owner"]
+    autocomplete_fields = ["owner"]  # chosen by username
 
 
 @admin.register(Message)
@@ -31,7 +31,8 @@ class MessageAdmin(admin.ModelAdmin):
     list_filter = ["role", "is_output"]
     list_select_related = ["flow"]
     search_fields = ["=session_id", "=run_id", "flow__name"]
-    raw_id_fields = ["owner", "flow", "parent"]
+    readonly_fields = ["owner"]
+    raw_id_fields = ["flow", "parent"]
     show_full_result_count = False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -2,27 +2,40 @@
 
 A conversation is ``(flow, session_id)`` over the Message table. The history of a
 message is its thread (the chain of ``parent_message_id`` back to the root, so that
-after a regeneration only the current branch is used), newest kept, oldest dropped
-while the history exceeds the budget.
+after a regeneration only the current branch is used), cut to a token budget by
+whole turns, newest kept (Dify's ``TokenBufferMemory``).
+
+Thread: a message names its parent (the caller's ``message_id`` or the server id), or
+has an explicit null parent, which makes it the root of its thread; a message recorded
+without a parent (or with Dify's ``UUID_NIL``) follows the one recorded just before it,
+so history recorded without parents is one linear thread.
+
+Pending answers: an assistant message with no content (no text, no image), an answer
+still being generated, is left out of the history together with the user message it
+answers (Dify skips a message whose answer is empty).
 
 Token budget, for conversation and node memory alike: the history is measured as the
 chat transcript it becomes, ``core.providers.tokens.count_message_tokens`` of the
 returned ``[{"role", "content"}]`` list: 3 priming tokens, plus per message 3 +
-tokens(role) + tokens(content). File references are not counted. Each item's own
-``token_count`` is tokens(content) alone (what node memory stores, as the seed does).
-The newest message is always kept, even if it alone exceeds the budget.
+tokens(role) + tokens(content). File references and images are not counted. Each
+item's own ``token_count`` is tokens(content) alone (what node memory stores, as the
+seed does). Truncation drops whole turns, oldest first: a turn is a user message and
+the messages after it up to the next user message, so no answer is kept without its
+question. A newest turn that alone exceeds the budget gives an empty history
+(history is optional context; sending it over budget would break the next call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from operator import itemgetter
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from django.conf import settings
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 
 from core.errors import ServiceError
 from core.providers.tokens import count_tokens
@@ -33,6 +46,9 @@ PRIMING_TOKENS = 3  # count_message_tokens' reply priming
 PER_MESSAGE_TOKENS = 3  # count_message_tokens' per-message overhead
 DEFAULT_HUMAN_PREFIX = "Human"
 DEFAULT_AI_PREFIX = "Assistant"
+MESSAGE_LIMIT_MAX = 10_000  # a larger message_limit is clamped to this
+IMAGE_BLOCK_TYPES_ORDERED = ("image_url", "image", "input_image")
+IMAGE_BLOCK_TYPES = frozenset(IMAGE_BLOCK_TYPES_ORDERED)
 
 T = TypeVar("T")
 NullParent = Literal["linear", "root"]
@@ -41,11 +57,6 @@ NullParent = Literal["linear", "root"]
 # --- errors -------------------------------------------------------------------------
 class HistoryError(ServiceError):
     """Bad input to conversation or node memory."""
-
-
-class ConversationNotFound(HistoryError):
-    status_code = 404
-    code = "not_found"
 
 
 class UnknownMessage(HistoryError):
@@ -65,6 +76,30 @@ class HistoryItem:
     files: list[dict[str, Any]]
     token_count: int
     created_at: datetime | str
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # content blocks as recorded
+    id: int | None = None  # the server id (conversation messages)
+
+    @property
+    def has_image(self) -> bool:
+        return any(block.get("type") in IMAGE_BLOCK_TYPES for block in self.blocks)
+
+    def chat_content(self) -> str | list[dict[str, Any]]:
+        """The text, or the content blocks when they hold more than text."""
+        if any(block.get("type") != "text" for block in self.blocks):
+            return self.blocks
+        return self.content
+
+    def text_content(self) -> str:
+        """Text blocks as text, an image as ``[image]`` (Dify's transcript)."""
+        if not self.has_image:
+            return self.content
+        parts = []
+        for block in self.blocks:
+            if block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            elif block.get("type") in IMAGE_BLOCK_TYPES:
+                parts.append("[image]")
+        return "\n".join(parts).strip()
 
 
 @dataclass(frozen=True)
@@ -75,23 +110,26 @@ class History:
     token_count: int
     max_tokens: int
     thread_length: int
+    message_limit: int | None = None
 
     @property
     def truncated(self) -> int:
         return self.thread_length - len(self.items)
 
-    def as_messages(self) -> list[dict[str, str]]:
-        """OpenAI chat format."""
-        return [{"role": item.role, "content": item.content} for item in self.items]
+    def as_messages(self) -> list[dict[str, Any]]:
+        """OpenAI chat format (content blocks kept where a message has an image)."""
+        return [{"role": item.role, "content": item.chat_content()} for item in self.items]
 
     def as_text(
         self, *, human_prefix: str = DEFAULT_HUMAN_PREFIX, ai_prefix: str = DEFAULT_AI_PREFIX
     ) -> str:
-        """A transcript: one ``Prefix: content`` line per message."""
+        """A transcript, one ``Prefix: content`` line per user or assistant message;
+        system and tool messages are left out (Dify's ``get_history_prompt_text``)."""
         prefixes = {"user": human_prefix, "assistant": ai_prefix}
         return "\n".join(
-            f"{prefixes.get(item.role, item.role.capitalize())}: {item.content}"
+            f"{prefixes[item.role]}: {item.text_content()}"
             for item in self.items
+            if item.role in prefixes
         )
 
 
@@ -107,6 +145,7 @@ def message_cost(role: str, content_tokens: int) -> int:
 
 _ANY = object()
 _END = object()
+THREAD_START = object()  # parent(item) for an item that roots its thread
 
 
 def extract_thread(
@@ -122,9 +161,9 @@ def extract_thread(
     item, then each item whose key is the parent expected next; consecutive items
     with the same key are one turn (node memory stores a user and an assistant
     message per turn) and are kept together. A parent that is not among the items
-    ends the thread. A null parent means, with ``"root"``, that the item starts the
-    thread; with ``"linear"``, that it follows the item just before it (history
-    recorded without parents is all one thread).
+    ends the thread, and so does ``THREAD_START``. A null parent means, with
+    ``"root"``, that the item starts the thread; with ``"linear"``, that it follows
+    the item just before it (history recorded without parents is all one thread).
     """
     thread: list[T] = []
     expected: Any = _ANY
@@ -141,74 +180,158 @@ def extract_thread(
         thread.append(item)
         last = item_key
         expected = parent(item)
-        if expected is None:
-            expected = _END if null_parent == "root" else _ANY
+        if expected is THREAD_START or (expected is None and null_parent == "root"):
+            expected = _END
+        elif expected is None:
+            expected = _ANY
     return thread
 
 
-def history_from_items(
-    newest_first: Iterable[HistoryItem], *, thread_length: int, max_tokens: int
-) -> History:
-    """Keep the newest items that fit ``max_tokens`` (the first one always).
+def _turns(newest_first: Iterable[HistoryItem]) -> Iterator[list[HistoryItem]]:
+    """Whole turns, newest first, each oldest first: a user message and what follows
+    it up to the next user message (what precedes the first user message is a turn
+    of its own)."""
+    turn: list[HistoryItem] = []
+    for item in newest_first:
+        turn.append(item)
+        if item.role == "user":
+            yield turn[::-1]
+            turn = []
+    if turn:
+        yield turn[::-1]
 
-    ``newest_first`` is consumed only as far as the budget reaches, so a lazy
-    iterable loads and counts no more than what is kept (plus one).
+
+def history_from_items(
+    newest_first: Iterable[HistoryItem],
+    *,
+    thread_length: int,
+    max_tokens: int,
+    message_limit: int | None = None,
+) -> History:
+    """Keep the newest whole turns that fit ``max_tokens`` (see the module docstring).
+
+    ``newest_first`` is consumed only as far as the budget reaches (to the start of
+    the first turn that does not fit), so a lazy iterable loads and counts no more
+    than what is kept plus one turn.
     """
     kept: list[HistoryItem] = []
     total = PRIMING_TOKENS
-    for item in newest_first:
-        cost = message_cost(item.role, item.token_count)
-        if kept and total + cost > max_tokens:
+    for turn in _turns(newest_first):
+        cost = sum(message_cost(item.role, item.token_count) for item in turn)
+        if total + cost > max_tokens:
             break
-        kept.append(item)
+        kept[:0] = turn
         total += cost
-    kept.reverse()
     return History(
-        items=kept, token_count=total, max_tokens=max_tokens, thread_length=thread_length
+        items=kept,
+        token_count=total if kept else 0,
+        max_tokens=max_tokens,
+        thread_length=thread_length,
+        message_limit=message_limit,
     )
 
 
-def validate_budget(*, max_tokens: int, message_limit: int | None = None) -> None:
+def validate_budget(*, max_tokens: int) -> None:
     if max_tokens < 1:
-        raise HistoryError("max_tokens must be at least 1", details={"max_tokens": max_tokens})
-    if message_limit is not None and message_limit < 1:
+        raise HistoryError("max_tokens must be at least 1.", details={"max_tokens": max_tokens})
+
+
+def effective_message_limit(message_limit: int | None) -> int:
+    """None or 0: ``HISTORY_MESSAGE_LIMIT``; above ``MESSAGE_LIMIT_MAX``: clamped
+    (Dify's ``message_limit`` rules); negative: refused."""
+    if message_limit is not None and message_limit < 0:
         raise HistoryError(
-            "message_limit must be at least 1", details={"message_limit": message_limit}
+            "message_limit must be 0 (the default) or more.",
+            details={"message_limit": message_limit},
         )
+    return min(message_limit or settings.HISTORY_MESSAGE_LIMIT, MESSAGE_LIMIT_MAX)
 
 
 # --- conversation memory ------------------------------------------------------------
-_Link = tuple[int, int | None]  # (id, parent id)
-_CONTENT_FIELDS = ("id", "role", "text", "files", "created_at")
+class _Link(NamedTuple):
+    id: int
+    parent_id: int | None
+    starts_thread: bool
+    role: str
+    pending: bool
+
+
+def _pending_answer() -> ExpressionWrapper:
+    """An assistant message with no text and no image: an answer being generated."""
+    no_image = ~Q(content__contains=[{"type": IMAGE_BLOCK_TYPES_ORDERED[0]}])
+    for block_type in IMAGE_BLOCK_TYPES_ORDERED[1:]:
+        no_image &= ~Q(content__contains=[{"type": block_type}])
+    return ExpressionWrapper(
+        Q(role=Message.Role.ASSISTANT, text="") & no_image, output_field=BooleanField()
+    )
+
+
+def resolve_message(messages: QuerySet[Message], reference: int | str) -> Message | None:
+    """The message a caller names: its own ``message_id`` first, else (digits) the
+    server id."""
+    if isinstance(reference, str):
+        found = messages.filter(message_id=reference).first()
+        if found is not None or not reference.isdigit():
+            return found
+    return messages.filter(pk=int(reference)).first()
 
 
 def _candidates(
-    flow: Flow, session_id: str, current_message_id: int | None, message_limit: int
+    flow: Flow, session_id: str, current_message_id: int | str | None, message_limit: int
 ) -> list[_Link]:
-    """At most ``message_limit`` (id, parent) pairs, newest first, from the current
-    message down: one backward scan of the (flow, session_id, created_at, id) index,
-    without the texts (most candidates are not in the thread or not in the budget).
-    """
+    """At most ``message_limit`` links, newest first, from the current message down:
+    one backward scan of the (flow, session_id, created_at, id) index, without the
+    texts (most candidates are not in the thread or not in the budget)."""
     messages = Message.objects.filter(flow=flow, session_id=session_id)
     if current_message_id is not None:
-        current_at = messages.filter(pk=current_message_id).values_list("created_at", flat=True)
-        at = current_at.first()
-        if at is None:
-            if not messages.exists():
-                raise ConversationNotFound(f"no conversation {session_id!r} in this flow")
+        current = resolve_message(messages, current_message_id)
+        if current is None:
             raise UnknownMessage(
-                f"message {current_message_id} is not part of conversation {session_id!r}",
+                f"Message {current_message_id} is not part of conversation {session_id!r}.",
                 details={"current_message_id": current_message_id},
             )
-        messages = messages.filter(created_at__lte=at).exclude(
-            created_at=at, id__gt=current_message_id
+        messages = messages.filter(created_at__lte=current.created_at).exclude(
+            created_at=current.created_at, id__gt=current.pk
         )
-    links = list(
-        messages.order_by("-created_at", "-id").values_list("id", "parent_id")[:message_limit]
-    )
-    if not links:
-        raise ConversationNotFound(f"no conversation {session_id!r} in this flow")
-    return links
+    return [
+        _Link(*row)
+        for row in messages.order_by("-created_at", "-id")
+        .annotate(pending=_pending_answer())
+        .values_list("id", "parent_id", "starts_thread", "role", "pending")[:message_limit]
+    ]
+
+
+def _without_pending(thread: list[_Link]) -> list[_Link]:
+    """Leave out pending answers and the user message each one answers (the thread
+    message just before it, when that is a user message)."""
+    kept: list[_Link] = []
+    skip_question = False
+    for link in thread:
+        if link.pending:
+            skip_question = True
+        elif skip_question and link.role == Message.Role.USER:
+            skip_question = False
+        else:
+            skip_question = False
+            kept.append(link)
+    return kept
+
+
+def _link_parent(link: _Link) -> Hashable | None:
+    return THREAD_START if link.starts_thread else link.parent_id
+
+
+_CONTENT_FIELDS = (
+    "id",
+    "message_id",
+    "parent_id",
+    "parent__message_id",
+    "role",
+    "text",
+    "content",
+    "files",
+    "created_at",
+)
 
 
 def _thread_items(thread: list[_Link], max_tokens: int) -> Iterator[HistoryItem]:
@@ -220,17 +343,24 @@ def _thread_items(thread: list[_Link], max_tokens: int) -> Iterator[HistoryItem]
         batch = thread[start : start + size]
         rows = {
             row[0]: row
-            for row in Message.objects.filter(pk__in=[pk for pk, _ in batch]).values_list(
+            for row in Message.objects.filter(pk__in=[link.id for link in batch]).values_list(
                 *_CONTENT_FIELDS
             )
         }
-        for pk, parent_id in batch:
-            if pk in rows:  # else deleted since the scan
-                _, role, text, files, created_at = rows[pk]
+        for link in batch:
+            if link.id in rows:  # else deleted since the scan
+                pk, own_id, parent_pk, parent_own_id, role, text, blocks, files, at = rows[link.id]
                 yield HistoryItem(
-                    message_id=pk, parent_message_id=parent_id, role=role, content=text,
-                    files=files or [], token_count=count_tokens(text), created_at=created_at,
-                )  # fmt: skip
+                    message_id=own_id or pk,
+                    parent_message_id=parent_own_id or parent_pk,
+                    role=role,
+                    content=text,
+                    files=files or [],
+                    token_count=count_tokens(text),
+                    created_at=at,
+                    blocks=blocks or [],
+                    id=pk,
+                )
         start += size
         size *= 2
 
@@ -239,30 +369,35 @@ def conversation_history(
     *,
     flow: Flow,
     session_id: str,
-    current_message_id: int | None = None,
+    current_message_id: int | str | None = None,
     max_tokens: int | None = None,
     message_limit: int | None = None,
 ) -> History:
     """The thread of the current message (default: the newest) of one conversation.
 
-    ``flow`` must come from an owner-scoped lookup. Candidates are the conversation's
-    ``message_limit`` newest messages up to and including the current one (default
-    ``HISTORY_MESSAGE_LIMIT``); the thread follows ``parent_message_id`` from the
-    current message, a message without a parent following the one recorded just
-    before it; the oldest messages are dropped while the history exceeds
-    ``max_tokens`` (default ``HISTORY_MAX_TOKENS``; see the module docstring for
-    what is counted), the current message is always kept. Raises
-    ``ConversationNotFound`` (no messages), ``UnknownMessage`` (current message not
-    in the conversation) or ``HistoryError`` (bad budget). Reads only.
+    ``flow`` must come from an owner-scoped lookup. ``current_message_id`` is the
+    caller's message id or the server id. Candidates are the conversation's
+    ``message_limit`` newest messages up to and including the current one (see
+    ``effective_message_limit``); the thread follows the parents from the current
+    message (module docstring), pending answers are left out with their questions,
+    and whole turns are dropped, oldest first, while the history exceeds
+    ``max_tokens`` (default ``HISTORY_MAX_TOKENS``). A conversation without messages
+    has an empty history. Raises ``UnknownMessage`` (current message not in the
+    conversation) or ``HistoryError`` (bad budget). Reads only.
     """
     max_tokens = settings.HISTORY_MAX_TOKENS if max_tokens is None else max_tokens
-    message_limit = settings.HISTORY_MESSAGE_LIMIT if message_limit is None else message_limit
-    validate_budget(max_tokens=max_tokens, message_limit=message_limit)
+    validate_budget(max_tokens=max_tokens)
+    limit = effective_message_limit(message_limit)
     validate_session_id(session_id)
-    links = _candidates(flow, session_id, current_message_id, message_limit)
-    thread = extract_thread(links, key=itemgetter(0), parent=itemgetter(1), null_parent="linear")
+    links = _candidates(flow, session_id, current_message_id, limit)
+    thread = _without_pending(
+        extract_thread(links, key=itemgetter(0), parent=_link_parent, null_parent="linear")
+    )
     return history_from_items(
-        _thread_items(thread, max_tokens), thread_length=len(thread), max_tokens=max_tokens
+        _thread_items(thread, max_tokens),
+        thread_length=len(thread),
+        max_tokens=max_tokens,
+        message_limit=limit,
     )
 
 
@@ -275,7 +410,7 @@ class TokenBufferMemory:
         self.message_limit = message_limit
 
     def get_history(
-        self, *, current_message_id: int | None = None, max_token_limit: int | None = None
+        self, *, current_message_id: int | str | None = None, max_token_limit: int | None = None
     ) -> History:
         return conversation_history(
             flow=self.flow,
@@ -285,5 +420,14 @@ class TokenBufferMemory:
             message_limit=self.message_limit,
         )
 
-    def get_history_prompt_messages(self, **kwargs: Any) -> list[dict[str, str]]:
+    def get_history_prompt_messages(self, **kwargs: Any) -> list[dict[str, Any]]:
         return self.get_history(**kwargs).as_messages()
+
+    def get_history_prompt_text(
+        self,
+        *,
+        human_prefix: str = DEFAULT_HUMAN_PREFIX,
+        ai_prefix: str = DEFAULT_AI_PREFIX,
+        **kwargs: Any,
+    ) -> str:
+        return self.get_history(**kwargs).as_text(human_prefix=human_prefix, ai_prefix=ai_prefix)

@@ -7,6 +7,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+MESSAGE_ID_MAX = 200  # a caller's message id (conversation messages, node memory turns)
+UUID_NIL = "00000000-0000-0000-0000-000000000000"  # Dify's "no parent: follows the previous"
+
 
 class Flow(models.Model):
     """An application or agent workflow that produces messages."""
@@ -41,6 +44,13 @@ class Message(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     flow = models.ForeignKey(Flow, on_delete=models.CASCADE, related_name="messages")
     session_id = models.CharField(max_length=255)
+    # NULL, not "", for "no caller id": the partial unique constraint skips NULLs.
+    message_id = models.CharField(  # noqa: DJ001
+        max_length=MESSAGE_ID_MAX,
+        null=True,
+        blank=True,
+        help_text="The caller's id for this message, unique within its conversation.",
+    )
     run_id = models.CharField(max_length=64, blank=True, default="")
     is_output = models.BooleanField(default=False)
     role = models.CharField(max_length=16, choices=Role.choices)
@@ -50,13 +60,27 @@ class Message(models.Model):
     content = models.JSONField(default=list, blank=True, help_text="Structured content blocks.")
     files = models.JSONField(default=list, blank=True, help_text="File references.")
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children",
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
         db_column="parent_message_id",
-    )  # fmt: skip
+    )
+    starts_thread = models.BooleanField(
+        default=False, help_text="Recorded with an explicit null parent: the root of a thread."
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         db_table = "ingestion_message"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["flow", "session_id", "message_id"],
+                condition=Q(message_id__isnull=False),
+                name="message_unique_caller_id",
+            )
+        ]
         indexes = [
             # "Pending outputs after the cursor for this session": an index-only
             # range count on (flow, session) past the (created_at, id) cursor.

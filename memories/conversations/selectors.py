@@ -7,8 +7,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.contrib.auth.models import User
+from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
 from memories.conversations.models import Flow, Message
@@ -16,22 +16,22 @@ from memories.conversations.models import Flow, Message
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def flow_list(*, owner: AbstractBaseUser) -> QuerySet[Flow]:
+def flow_list(*, owner: User) -> QuerySet[Flow]:
     return Flow.objects.filter(owner=owner).order_by("name", "id")
 
 
-def flow_get(*, owner: AbstractBaseUser, flow_id: uuid.UUID | str) -> Flow:
+def flow_get(*, owner: User, flow_id: uuid.UUID | str) -> Flow:
     return Flow.objects.get(owner=owner, pk=flow_id)
 
 
 def message_list(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     session_id: str | None = None,
     flow_id: Any = None,
 ) -> QuerySet[Message]:
-    """Messages in keyset order."""
-    qs = Message.objects.filter(owner=owner)
+    """Messages in keyset order, each with its parent's caller id (``parent_caller_id``)."""
+    qs = Message.objects.filter(owner=owner).annotate(parent_caller_id=F("parent__message_id"))
     if flow_id is not None:
         qs = qs.filter(flow_id=flow_id)
     if session_id is not None:
@@ -39,7 +39,7 @@ def message_list(
     return qs.order_by("created_at", "id")
 
 
-def message_get(*, owner: AbstractBaseUser, message_id: int) -> Message:
+def message_get(*, owner: User, message_id: int) -> Message:
     return Message.objects.get(owner=owner, pk=message_id)
 
 
@@ -90,7 +90,7 @@ def session_ids_with_outputs(*, flow_id: Any) -> set[str]:
     )
 
 
-def pending_outputs_subquery(flow_id_ref: object) -> Subquery:
+def pending_outputs_subquery(flow_id_ref: Any) -> Subquery:
     """Per outer session row (``session_id``, ``cursor_created_at``,
     ``cursor_message_id``): how many outputs lie after its cursor."""
     cursor_at = Coalesce(OuterRef("cursor_created_at"), Value(_EPOCH))

@@ -17,6 +17,7 @@ running summary enters the answer as one system message in front.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -31,7 +32,10 @@ from memories.conversations.history import (
     History,
     HistoryItem,
     _candidates,
+    _link_parent,
     _thread_items,
+    _without_pending,
+    effective_message_limit,
     extract_thread,
     message_cost,
 )
@@ -238,12 +242,14 @@ def conversation_key(flow: Flow, session_id: str) -> str:
 
 
 def conversation_thread(
-    *, flow: Flow, session_id: str, current_message_id: int | None, message_limit: int
+    *, flow: Flow, session_id: str, current_message_id: int | str | None, message_limit: int
 ) -> list[HistoryItem]:
-    """The thread of the current message, oldest first, every message (no budget cut)."""
+    """The thread of the current message, oldest first, every message (no budget cut),
+    pending answers left out with their questions (as ``conversation_history``)."""
     links = _candidates(flow, session_id, current_message_id, message_limit)
-    thread = extract_thread(links, key=lambda link: link[0], parent=lambda link: link[1],
-                            null_parent="linear")  # fmt: skip
+    thread = _without_pending(
+        extract_thread(links, key=itemgetter(0), parent=_link_parent, null_parent="linear")
+    )
     return list(reversed(list(_thread_items(thread, 1 << 30))))
 
 
@@ -253,8 +259,8 @@ class SummarizedHistory(History):
 
     summary: SummaryResult | None = None
 
-    def as_messages(self) -> list[dict[str, str]]:
-        head = []
+    def as_messages(self) -> list[dict[str, Any]]:
+        head: list[dict[str, Any]] = []
         if self.summary is not None and self.summary.summary:
             head = [{"role": "system", "content": SUMMARY_PREFIX + self.summary.summary}]
         return head + super().as_messages()
@@ -264,9 +270,9 @@ def conversation_history_summarized(
     *,
     flow: Flow,
     session_id: str,
-    current_message_id: int | None = None,
+    current_message_id: int | str | None = None,
     max_tokens: int,
-    message_limit: int,
+    message_limit: int | None,
     max_tokens_before_summary: int | None = None,
     max_summary_tokens: int = 256,
     llm: ChatLLM | None = None,
@@ -275,16 +281,18 @@ def conversation_history_summarized(
     running summary (``summary_fold``; the same summary ``POST /api/v1/engine/summaries``
     keeps for this conversation). ``flow`` must come from an owner-scoped lookup."""
     validate_session_id(session_id)
+    limit = effective_message_limit(message_limit)
     items = conversation_thread(flow=flow, session_id=session_id,
-                                current_message_id=current_message_id, message_limit=message_limit)  # fmt: skip
+                                current_message_id=current_message_id, message_limit=limit)  # fmt: skip
+    # Summaries remember server ids (a caller's message_id is optional).
     result = summary_fold(
         owner=flow.owner_id, key=conversation_key(flow, session_id),
-        messages=[SummaryMessage(str(i.message_id), i.role, i.content) for i in items],
+        messages=[SummaryMessage(str(i.id), i.role, i.text_content()) for i in items],
         max_tokens=max_tokens, max_tokens_before_summary=max_tokens_before_summary,
         max_summary_tokens=max_summary_tokens, llm=llm,
     )  # fmt: skip
     kept = {m.id for m in result.kept}
     return SummarizedHistory(
-        items=[i for i in items if str(i.message_id) in kept], token_count=result.token_count,
-        max_tokens=max_tokens, thread_length=len(items), summary=result,
+        items=[i for i in items if str(i.id) in kept], token_count=result.token_count,
+        max_tokens=max_tokens, thread_length=len(items), message_limit=limit, summary=result,
     )  # fmt: skip

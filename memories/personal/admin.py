@@ -9,6 +9,7 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html, format_html_join
 
+from core.admin_confirm import confirm_first
 from memories.personal.metrics import COUNTERS
 from memories.personal.models import (
     EndUser,
@@ -26,7 +27,7 @@ class MemoryUpdateInline(admin.TabularInline):
     extra = 0
     can_delete = False
     fields = ["created_at", "action", "old_content", "new_content", "reason"]
-    readonly_fields = fields
+    readonly_fields = tuple(fields)
     ordering = ["-created_at"]
     verbose_name_plural = "audit trail"
 
@@ -57,7 +58,7 @@ class EndUserAdmin(admin.ModelAdmin):
 
     @admin.display(description="memories", ordering="_memories")
     def memory_count(self, end_user: EndUser) -> int:
-        return end_user._memories
+        return end_user._memories  # type: ignore[attr-defined]  # annotated by get_queryset
 
     @admin.display(description="memories (links)")
     def memories(self, end_user: EndUser) -> str:
@@ -68,9 +69,18 @@ class EndUserAdmin(admin.ModelAdmin):
             .order_by("-created_at")
         )
         rows = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((link.vector.content, link.vector.observed_at, link.created_at, link.shared_with - 1) for link in links),
-        )  # fmt: skip
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    link.vector.content,
+                    link.vector.observed_at,
+                    link.created_at,
+                    link.shared_with - 1,
+                )
+                for link in links
+            ),
+        )
         return format_html(
             "<table><thead><tr><th>memory</th><th>said at</th><th>linked at</th><th>shared with</th></tr>"
             "</thead><tbody>{}</tbody></table>",
@@ -86,6 +96,14 @@ class EndUserAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Erase selected users (memories, links and audit trail)")
+    @confirm_first(
+        title="Erase these end users?",
+        consequences=[
+            "delete their memory links, the memories nobody else shares, their audit trail "
+            "and the end users themselves (this cannot be undone).",
+        ],
+        button="Yes, erase",
+    )
     def erase(self, request: HttpRequest, queryset: QuerySet[EndUser]) -> None:
         removed = sum(end_user_erase(end_user=end_user) for end_user in list(queryset))
         self.message_user(request, f"Erased; {removed} memory link(s) removed.")

@@ -92,11 +92,14 @@ def chat_prepare(*, owner_id: int, body: dict[str, Any], external_id: str | None
 
 
 def memory_block(*, owner_id: int, end_user: EndUser, query: str) -> tuple[str, list[MemoryHit]]:
-    """The system-prompt block: the user's core facts as the engine injects them
-    (``format_for_injection``: corrections' share, the facts relevant to ``query``
-    first, then the rest by confidence) within ``MEMORY_PROMPT_MAX_TOKENS``; for a user
-    with few memories, the relevant global memories after them while they fit.
-    An embedder failure leaves the ranking keyword-only, never the answer."""
+    """The system-prompt block within ``MEMORY_PROMPT_MAX_TOKENS``: the user's core facts
+    as the engine injects them (``format_for_injection``: corrections' share, then the
+    facts relevant to ``query``, then the rest by confidence). Relevant is what the
+    hybrid ranking keeps (``memory_search``: cosine fused with BM25 when
+    ``MEMORY_HYBRID``, ``MEMORY_SCORE_THRESHOLD`` on the similarity,
+    ``MEMORY_RELATIVE_THRESHOLD`` of the best score); for a user with few memories the
+    relevant global memories follow while they fit. An embedder failure leaves the
+    ranking keyword-only, never the answer."""
     embedder = get_embedder()
     try:
         vector: list[float] | None = [float(x) for x in embedder.embed([query])[0]]
@@ -104,23 +107,33 @@ def memory_block(*, owner_id: int, end_user: EndUser, query: str) -> tuple[str, 
         logger.warning("chat proxy: the embedder failed; memories ranked by keyword", exc_info=True)
         vector = None
     budget = settings.MEMORY_PROMPT_MAX_TOKENS
-    injection = format_for_injection(
-        owner=owner_id, scope=end_user, max_tokens=budget, query=query,
-        header=MEMORY_BLOCK_HEADER, embedder=embedder if vector is not None else _Failed(),
-        query_vector=vector, relevance_threshold=settings.MEMORY_SCORE_THRESHOLD,
-    )  # fmt: skip
-    hits = [_hit(f, injection.similarity.get(f.pk)) for f in injection.facts]
-    text = injection.text
     cold = personal_count(end_user=end_user) < settings.MEMORY_GLOBAL_MIN_PERSONAL
-    if cold and vector is not None:
-        globals_ = memory_search(
-            owner_id=owner_id, end_user=None, vector=vector, embedding_model=embedder.model,
-            top_k=settings.MEMORY_TOP_K, threshold=settings.MEMORY_SCORE_THRESHOLD,
-            include_globals=True,
-        )  # fmt: skip
-        text, added = _append_globals(text, globals_, budget)
-        hits += added
-    return text, hits
+    found: list[MemoryHit] = []
+    if vector is not None:
+        found = memory_search(
+            owner_id=owner_id,
+            end_user=end_user,
+            vector=vector,
+            embedding_model=embedder.model,
+            top_k=settings.MEMORY_TOP_K,
+            threshold=settings.MEMORY_SCORE_THRESHOLD,
+            include_globals=cold,
+            query=query if settings.MEMORY_HYBRID else None,
+            relative_threshold=settings.MEMORY_RELATIVE_THRESHOLD or None,
+        )
+    personal = [(h.id, h.similarity) for h in found if h.type != "global"]
+    injection = format_for_injection(
+        owner=owner_id,
+        scope=end_user,
+        max_tokens=budget,
+        query=query,
+        header=MEMORY_BLOCK_HEADER,
+        embedder=embedder if vector is not None else _Failed(),
+        ranked=personal if vector is not None else None,
+    )
+    hits = [_hit(f, injection.similarity.get(f.pk)) for f in injection.facts]
+    text, added = _append_globals(injection.text, [h for h in found if h.type == "global"], budget)
+    return text, hits + added
 
 
 class _Failed:

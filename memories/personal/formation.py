@@ -132,10 +132,13 @@ class _Calls:
                         "attempt": attempt + 1,
                         "answer": result.content[:500],
                     }
-                )  # fmt: skip
+                )
             )
-            messages = [*messages, {"role": "assistant", "content": result.content},
-                        {"role": "user", "content": REPAIR_PROMPT}]  # fmt: skip
+            messages = [
+                *messages,
+                {"role": "assistant", "content": result.content},
+                {"role": "user", "content": REPAIR_PROMPT},
+            ]
         counter_add("memory_llm_malformed_total")
         return None
 
@@ -189,21 +192,27 @@ def _decide(
         return Decision(fact, "ignore", "exact duplicate", target_id=str(exact.pk))
     embedding = [float(x) for x in embedder.embed([fact])[0]]
     dup = find_duplicate(
-        end_user=end_user, content=fact, embedding=embedding, embedder=embedder,
+        end_user=end_user,
+        content=fact,
+        embedding=embedding,
+        embedder=embedder,
         threshold=settings.MEMORY_DEDUP_THRESHOLD,
-    )  # fmt: skip
+    )
     if dup is not None:
         counter_add("memory_dedup_total")
         return Decision(fact, "ignore", f"{dup[0]} duplicate", target_id=str(dup[1].pk))
     nearest = memory_search(
-        owner_id=end_user.owner_id, end_user=end_user, vector=embedding,
-        embedding_model=embedder.model, top_k=settings.MEMORY_CONFLICT_CANDIDATES,
+        owner_id=end_user.owner_id,
+        end_user=end_user,
+        vector=embedding,
+        embedding_model=embedder.model,
+        top_k=settings.MEMORY_CONFLICT_CANDIDATES,
         threshold=settings.MEMORY_CONFLICT_MIN_SIMILARITY,
-    )  # fmt: skip
+    )
     action, target_id, reason = (
         ("add", None, "no related memory") if not nearest else _conflict(calls, fact, nearest)
     )
-    if action == "replace":
+    if action == "replace" and target_id is not None:
         target = Vector.objects.filter(pk=target_id).first()
         if target is not None and not message_at > target.observed_at:
             counter_add("memory_flipflop_total")
@@ -215,16 +224,27 @@ def _decide(
             )
         if target is not None:
             new = memory_replace(
-                end_user=end_user, old=target, content=fact, reason=reason,
-                observed_at=message_at, embedding=embedding, embedder=embedder,
-            )  # fmt: skip
+                end_user=end_user,
+                old=target,
+                content=fact,
+                reason=reason,
+                observed_at=message_at,
+                embedding=embedding,
+                embedder=embedder,
+            )
             if new is not None:
                 return Decision(fact, "replace", reason, target_id, str(new.pk))
         reason = "the memory to replace is gone; kept as new"
     vector, duplicate = memory_add(
-        end_user=end_user, content=fact, reason=reason, observed_at=message_at,
-        embedding=embedding, embedder=embedder, dedup_threshold=settings.MEMORY_DEDUP_THRESHOLD,
-    )  # fmt: skip
+        end_user=end_user,
+        content=fact,
+        reason=reason,
+        observed_at=message_at,
+        embedding=embedding,
+        embedder=embedder,
+        dedup_threshold=settings.MEMORY_DEDUP_THRESHOLD,
+    )
+    assert vector is not None  # memory_add returns the stored or the duplicate vector
     if duplicate is not None:  # a parallel run stored it first
         counter_add("memory_dedup_total")
         return Decision(fact, "ignore", f"{duplicate} duplicate (concurrent)", str(vector.pk))

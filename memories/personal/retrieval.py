@@ -216,6 +216,7 @@ def format_for_injection(
     relevance_threshold: float | None = None,
     embedder: Embedder | None = None,
     query_vector: Sequence[float] | None = None,
+    ranked: Sequence[tuple[uuid.UUID, float]] | None = None,
 ) -> Injection:
     """The scope's core facts as ``- [category | confidence] content`` lines within
     ``max_tokens`` (tiktoken, offline; ``header`` and newlines included).
@@ -225,7 +226,9 @@ def format_for_injection(
     confidence first). The rest of the budget (plus what corrections left unused)
     goes to the other facts: with ``query``, the facts relevant to it first (search
     order, similarity >= ``relevance_threshold`` or a keyword match), then the others
-    by confidence, then newest.
+    by confidence, then newest. ``ranked`` ([(fact id, similarity)], best first), when
+    given, is the caller's own choice of relevant facts (the chat proxy's hybrid
+    ranking) and replaces that search.
     """
     row = (
         scope
@@ -242,7 +245,10 @@ def format_for_injection(
     others = [f for f in facts if f.category != "correction"]
     relevant: list[uuid.UUID] = []
     similarity: dict[uuid.UUID, float] = {}
-    if query and query.strip() and others:
+    if ranked is not None:
+        relevant = [pk for pk, _ in ranked]
+        similarity = dict(ranked)
+    elif query and query.strip() and others:
         found = core_fact_search(
             owner=owner, scope=row, query=query, limit=len(others), half_life_days=0,
             embedder=embedder, query_vector=query_vector,

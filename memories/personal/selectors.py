@@ -8,13 +8,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, User
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
 from core.scoring import decay
+from knowledge.bm25 import bm25_adhoc
+from knowledge.fusion import weighted_scores
 from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
 
 
@@ -30,11 +33,11 @@ class MemoryHit:
     relevant: bool = True  # retrieved for the query (not only injected by confidence)
 
 
-def end_user_find(*, owner: AbstractBaseUser, external_id: str) -> EndUser | None:
+def end_user_find(*, owner: User, external_id: str) -> EndUser | None:
     return EndUser.objects.filter(owner=owner, external_id=external_id).first()
 
 
-def end_user_list(*, owner: AbstractBaseUser) -> QuerySet[EndUser]:
+def end_user_list(*, owner: User) -> QuerySet[EndUser]:
     """The owner's end users (the ``["user", <id>]`` scopes)."""
     return EndUser.objects.filter(owner=owner, external_id__isnull=False).order_by("external_id")
 
@@ -57,7 +60,7 @@ def personal_count(*, end_user: EndUser) -> int:
     return UserVector.objects.filter(end_user=end_user).count()
 
 
-def global_memory_list(*, owner: AbstractBaseUser) -> QuerySet[Vector]:
+def global_memory_list(*, owner: User) -> QuerySet[Vector]:
     return (
         Vector.objects.filter(owner=owner, type=Vector.Type.GLOBAL)
         .defer("embedding")
@@ -84,35 +87,59 @@ def memory_search(
     threshold: float | None = None,
     include_globals: bool = False,
     half_life_days: float | None = None,
+    query: str | None = None,
+    relative_threshold: float | None = None,
 ) -> list[MemoryHit]:
     """Nearest memories of ``end_user`` (and global ones when asked), best first.
 
-    Exact cosine ranking of the user's scope (``scope_vector_ranking``: one range of
-    the covering index, whatever the owner's other users hold) and of the owner's
-    global memories. ``threshold`` applies to the raw similarity; decay
-    (``score = similarity * 0.5 ** (age / half_life)``, age from when the fact was
-    said) reorders what passes it.
+    The user's facts are read from their scope's range of the covering index
+    (``scope_vector_ranking``: exact cosine, whatever the owner's other users hold),
+    the owner's global memories by an exact scan of their own. With ``query`` (the
+    text ``vector`` embeds) the ranking is hybrid: BM25 over the same memories, fused
+    with the cosine ranking as knowledge search fuses its legs
+    (``knowledge.fusion.weighted_scores``), and ``score`` is the fused score.
+    ``threshold`` applies to the raw similarity; decay (``score * 0.5 ** (age /
+    half_life)``, age from when the fact was said) reorders what passes it;
+    ``relative_threshold`` then drops hits scoring under that share of the best one's.
     """
-    pool = top_k if not half_life_days else max(top_k * 5, 50)
-    ranked: list[tuple[uuid.UUID, float]] = []
+    pool = top_k if not (half_life_days or query) else max(top_k * 5, 50)
+    cosine: list[tuple[uuid.UUID, float]] = []
     if end_user is not None:
-        ranked += scope_vector_ranking(
+        cosine += scope_vector_ranking(
             scope_id=end_user.pk, vector=vector, embedding_model=embedding_model, limit=pool
         )
+    globals_ = Vector.objects.filter(
+        owner_id=owner_id,
+        type=Vector.Type.GLOBAL,
+        embedding_model=embedding_model,
+        dimensions=len(vector),
+    )
+    distance = CosineDistance("embedding", list(map(float, vector)))
     if include_globals:
-        rows = (
-            Vector.objects.filter(
-                owner_id=owner_id, type=Vector.Type.GLOBAL, embedding_model=embedding_model,
-                dimensions=len(vector),
+        rows = globals_.annotate(distance=distance).order_by("distance", "id")
+        cosine += [(pk, 1.0 - float(d)) for pk, d in rows.values_list("id", "distance")[:pool]]
+    cosine.sort(key=lambda r: (-r[1], str(r[0])))
+    cosine = cosine[:pool]
+    fused: dict[uuid.UUID, float] | None = None
+    if query:
+        scope: Any = Q(pk__in=[])
+        if end_user is not None:
+            scope |= Q(scope_id=end_user.pk) | Exists(
+                UserVector.objects.filter(end_user=end_user, shared=True, vector=OuterRef("pk"))
             )
-            .annotate(distance=CosineDistance("embedding", list(map(float, vector))))
-            .order_by("distance", "id")
-            .values_list("id", "distance")[:pool]
-        )  # fmt: skip
-        ranked += [(pk, 1.0 - float(d)) for pk, d in rows]
-    ranked = [(pk, sim) for pk, sim in ranked if threshold is None or sim >= threshold]
-    ranked.sort(key=lambda r: (-r[1], str(r[0])))
-    ranked = ranked[:pool]
+        if include_globals:
+            scope |= Q(type=Vector.Type.GLOBAL)
+        base = Vector.objects.filter(
+            owner_id=owner_id, embedding_model=embedding_model, dimensions=len(vector)
+        ).filter(scope)
+        sql, params = base.annotate(text=F("content")).values("id", "text").query.sql_with_params()
+        keyword = bm25_adhoc(sql, list(params), "english", query, pool)
+        seen = {pk for pk, _ in cosine}
+        missing = [pk for pk, _ in keyword if pk not in seen]
+        extra = base.filter(pk__in=missing).annotate(distance=distance)
+        cosine += [(pk, 1.0 - float(d)) for pk, d in extra.values_list("id", "distance")]
+        fused = weighted_scores(cosine, keyword, settings.SEARCH_VECTOR_WEIGHT)
+    ranked = [(pk, sim) for pk, sim in cosine if threshold is None or sim >= threshold]
     rows_by_id = {
         v.pk: v for v in Vector.objects.filter(pk__in=[r[0] for r in ranked]).defer("embedding")
     }
@@ -122,9 +149,9 @@ def memory_search(
         row = rows_by_id.get(pk)
         if row is None:
             continue
-        score = similarity
+        score = similarity if fused is None else fused[row.pk]
         if half_life_days:
-            score = similarity * decay(row.observed_at, half_life_days, now=now)
+            score = score * decay(row.observed_at, half_life_days, now=now)
         hits.append(
             MemoryHit(
                 id=row.pk,
@@ -134,9 +161,11 @@ def memory_search(
                 observed_at=row.observed_at,
                 similarity=similarity,
                 score=score,
-            )  # fmt: skip
+            )
         )
     hits.sort(key=lambda h: (-h.score, str(h.id)))
+    if relative_threshold and hits:
+        hits = [h for h in hits if h.score >= relative_threshold * hits[0].score]
     return hits[:top_k]
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -55,7 +55,7 @@ def validate_content(content: str) -> str:
     return content
 
 
-def end_user_ensure(*, owner: AbstractBaseUser | Any, external_id: str) -> EndUser:
+def end_user_ensure(*, owner: User | Any, external_id: str) -> EndUser:
     """The owner's end user with this id, created on first sight (race-safe)."""
     validate_end_user_id(external_id)
     owner_id = getattr(owner, "pk", owner)
@@ -124,15 +124,18 @@ def find_duplicate(
     embedding: Sequence[float],
     embedder: Embedder,
     threshold: float,
-) -> tuple[str, Vector | None] | None:
+) -> tuple[str, Vector] | None:
     """('exact', vector) or ('semantic', vector) if the user already has this fact."""
     exact = find_exact_duplicate(end_user=end_user, content=content)
     if exact is not None:
         return "exact", exact
     nearest = memory_search(
-        owner_id=end_user.owner_id, end_user=end_user, vector=embedding,
-        embedding_model=embedder.model, top_k=1,
-    )  # fmt: skip
+        owner_id=end_user.owner_id,
+        end_user=end_user,
+        vector=embedding,
+        embedding_model=embedder.model,
+        top_k=1,
+    )
     if nearest and nearest[0].similarity >= threshold:
         return "semantic", Vector.objects.get(pk=nearest[0].id)
     return None
@@ -167,9 +170,12 @@ def memory_add(
         _user_lock(end_user)
         if dedup_threshold is not None:
             dup = find_duplicate(
-                end_user=end_user, content=content, embedding=embedding, embedder=embedder,
+                end_user=end_user,
+                content=content,
+                embedding=embedding,
+                embedder=embedder,
                 threshold=dedup_threshold,
-            )  # fmt: skip
+            )
             if dup is not None:
                 return dup[1], dup[0]
         vector = _new_vector(
@@ -178,9 +184,12 @@ def memory_add(
         )  # fmt: skip
         UserVector.objects.create(end_user=end_user, vector=vector)
         MemoryUpdate.objects.create(
-            end_user=end_user, new_vector=vector, new_content=content,
-            action=MemoryUpdate.Action.ADD, reason=reason,
-        )  # fmt: skip
+            end_user=end_user,
+            new_vector=vector,
+            new_content=content,
+            action=MemoryUpdate.Action.ADD,
+            reason=reason,
+        )
     counter_add("memory_additions_total")
     return vector, None
 
@@ -213,9 +222,14 @@ def memory_replace(
         )
         UserVector.objects.create(end_user=end_user, vector=vector)
         MemoryUpdate.objects.create(
-            end_user=end_user, old_vector=old, new_vector=vector, old_content=old.content,
-            new_content=content, action=MemoryUpdate.Action.REPLACE, reason=reason,
-        )  # fmt: skip
+            end_user=end_user,
+            old_vector=old,
+            new_vector=vector,
+            old_content=old.content,
+            new_content=content,
+            action=MemoryUpdate.Action.REPLACE,
+            reason=reason,
+        )
         _delete_if_orphan(old)
     counter_add("memory_replacements_total")
     return vector
@@ -292,9 +306,12 @@ def memory_delete(*, end_user: EndUser, vector: Vector, reason: str = "deleted")
         _user_lock(end_user)
         UserVector.objects.filter(end_user=end_user, vector=vector).delete()
         MemoryUpdate.objects.create(
-            end_user=end_user, old_vector=vector, old_content=vector.content,
-            action=MemoryUpdate.Action.DELETE, reason=reason,
-        )  # fmt: skip
+            end_user=end_user,
+            old_vector=vector,
+            old_content=vector.content,
+            action=MemoryUpdate.Action.DELETE,
+            reason=reason,
+        )
         _delete_if_orphan(vector)
 
 
@@ -327,12 +344,15 @@ def memory_link(*, end_user: EndUser, vector: Vector, reason: str = "shared") ->
             Vector.objects.filter(pk=vector.pk).update(scope=None)
             UserVector.objects.filter(vector=vector).update(shared=True)
             MemoryUpdate.objects.create(
-                end_user=end_user, new_vector=vector, new_content=vector.content,
-                action=MemoryUpdate.Action.ADD, reason=reason,
-            )  # fmt: skip
+                end_user=end_user,
+                new_vector=vector,
+                new_content=vector.content,
+                action=MemoryUpdate.Action.ADD,
+                reason=reason,
+            )
 
 
-def global_memory_create(*, owner: AbstractBaseUser, content: str) -> Vector:
+def global_memory_create(*, owner: User, content: str) -> Vector:
     """A community/system fact shown to every user of the owner with few personal memories."""
     content = validate_content(content)
     embedding, embedder = _embedding_of(content, None)

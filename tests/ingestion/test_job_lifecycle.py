@@ -61,9 +61,13 @@ def _worker(job_id: str) -> subprocess.Popen[str]:
         EMBEDDED_DB_NAME=settings.DATABASES["default"]["NAME"],
     )
     return subprocess.Popen(
-        [sys.executable, "-c", WORKER, job_id], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [sys.executable, "-c", WORKER, job_id],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait(predicate, timeout: float = 60.0) -> None:
@@ -131,10 +135,14 @@ def test_sweep_gives_up_after_the_attempts_and_frees_the_session(flow, alice):
     record(flow, "s1", "one")
     session = MemoryBaseSession.objects.get(memory_base=mb, session_id="s1")
     job = MemoryBaseJob.objects.create(
-        memory_base=mb, session=session, trigger="manual", status="running",
-        attempts=MemoryBaseJob.MAX_ATTEMPTS, last_message_id=Message.objects.get().pk,
+        memory_base=mb,
+        session=session,
+        trigger="manual",
+        status="running",
+        attempts=MemoryBaseJob.MAX_ATTEMPTS,
+        last_message_id=Message.objects.get().pk,
         last_message_created_at=Message.objects.get().created_at,
-    )  # fmt: skip
+    )
     assert memory_base_jobs_sweep(stale_seconds=0) == 0
     job.refresh_from_db()
     assert job.status == "failed" and "interrupted 3 times" in job.error

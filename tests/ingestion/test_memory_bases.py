@@ -27,7 +27,7 @@ from memories.bases.services import (
     session_messages_delete,
 )
 from memories.conversations.models import Message
-from memories.conversations.services import MessageIn
+from memories.conversations.services import MessageIn, UnknownParent
 from tests.conftest import record
 
 # on_commit callbacks (enqueue, dispatch) must really run: transactional tests.
@@ -74,10 +74,15 @@ def test_threshold_triggers_per_session_not_across_sessions(flow, memory_base):
 
 def test_user_messages_are_not_outputs(flow, memory_base):
     messages_record(
-        flow=flow, session_id="s1", run_id="r1",
-        messages=[MessageIn(role="user", text="q1"), MessageIn(role="assistant", text="a1"),
-                  MessageIn(role="user", text="q2", is_output=True)],
-    )  # fmt: skip
+        flow=flow,
+        session_id="s1",
+        run_id="r1",
+        messages=[
+            MessageIn(role="user", text="q1"),
+            MessageIn(role="assistant", text="a1"),
+            MessageIn(role="user", text="q2", is_output=True),
+        ],
+    )
     outputs = list(
         Message.objects.filter(is_output=True).values_list("text", flat=True).order_by("id")
     )
@@ -289,9 +294,13 @@ def test_preprocessing_distils_and_kill_phrase_advances_cursor(
     from tests.fakes.openai_server import Scripted, chat_body
 
     mb = services.memory_base_create(
-        owner=alice, name="distilled", flow=flow, threshold=100, preprocess=True,
+        owner=alice,
+        name="distilled",
+        flow=flow,
+        threshold=100,
+        preprocess=True,
         preprocess_kill_phrase="NOTHING_TO_STORE",
-    )  # fmt: skip
+    )
     openai_server.push(Scripted(body=chat_body("User prefers dark mode.")))
     record(flow, "s1", "I like dark mode", "Noted!")
     memory_base_flush(memory_base=mb)
@@ -319,12 +328,12 @@ def test_bad_input_stores_nothing(flow, memory_base):
         )
     with pytest.raises(InvalidInput):
         messages_record(flow=flow, session_id="s1", run_id="r", messages=[])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(UnknownParent):
         messages_record(
             flow=flow,
             session_id="s1",
             run_id="r",
-            messages=[MessageIn(role="assistant", text="x", parent_id=999999)],
+            messages=[MessageIn(role="assistant", text="x", parent=999999)],
         )
     with pytest.raises(MemoryBaseError):
         memory_base_update(memory_base=memory_base, threshold=0)

@@ -185,7 +185,10 @@ def test_search_returns_hits_with_components(alice, alice_client):
     ]
     top = results[0]
     assert top["vector_rank"] == 1 and top["keyword_rank"] == 1
-    assert top["score"] == pytest.approx(2 / (10 + 1))
+    # Weighted fusion: first in both legs (1.0 each after min-max scaling: 0.4 + 0.6); its
+    # neighbour "b" is last in the vector leg (0) and missing from the keyword leg.
+    assert top["score"] == pytest.approx(1.0)
+    assert results[1]["score"] == pytest.approx(0.5 * 1.0)  # context: half of its neighbour's
     assert results[1]["keyword_rank"] is None
     assert top["metadata"]["source_key"] == "a#0"
     assert top["knowledge_base"] == str(kb.pk)
@@ -350,3 +353,18 @@ def test_chunk_listing(alice, alice_client):
     body = alice_client.get(f"/api/v1/knowledge-bases/{kb.pk}/chunks").json()
     assert [c["text"] for c in body["results"]] == ["first", "second"]
     assert "embedding" not in body["results"][0]
+
+
+def test_search_naming_rrf_k_fuses_by_reciprocal_rank(alice, alice_client):
+    kb = make_kb(alice)
+    ingest(kb, ("a", "The user loves hiking in the Alps"), ("b", "Quarterly revenue report"))
+    response = alice_client.post(
+        f"/api/v1/knowledge-bases/{kb.pk}/search",
+        {"query": "hiking alps", "top_k": 2, "rrf_k": 10},
+        format="json",
+    )
+    top, second = response.json()["results"]
+    assert (top["vector_rank"], top["keyword_rank"]) == (1, 1)
+    # 1/(k+1) from each leg, plus half the neighbour's 1/(k+2) (context).
+    assert top["score"] == pytest.approx(2 / 11 + 0.5 / 12)
+    assert second["score"] == pytest.approx(1 / 12 + 0.5 * 2 / 11)

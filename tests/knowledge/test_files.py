@@ -98,8 +98,11 @@ def test_first_index_adds_every_file_with_metadata(alice, tree):
         (tree / "b.txt", "added", 1, 2, 3),
         (tree / "sub" / "c.md", "added", 1, 3, 3),
     ]
-    assert _counts(kb) == {_key(tree / "a.md"): 3, _key(tree / "b.txt"): 1,
-                           _key(tree / "sub" / "c.md"): 1}  # fmt: skip
+    assert _counts(kb) == {
+        _key(tree / "a.md"): 3,
+        _key(tree / "b.txt"): 1,
+        _key(tree / "sub" / "c.md"): 1,
+    }
     a_path = tree / "a.md"
     chunks = list(Chunk.objects.filter(document_key=_key(a_path)).order_by("chunk_index"))
     expected_hash = hashlib.sha256(LONG.encode()).hexdigest()
@@ -136,8 +139,11 @@ def test_reindex_with_nothing_changed_writes_nothing(
     with django_assert_num_queries(1):  # the stored hashes, nothing else
         report, events = _index(kb, tree)
     assert report == _report(unchanged=3)
-    assert [(e.action, e.chunks) for e in events] == [("unchanged", 3), ("unchanged", 1),
-                                                      ("unchanged", 1)]  # fmt: skip
+    assert [(e.action, e.chunks) for e in events] == [
+        ("unchanged", 3),
+        ("unchanged", 1),
+        ("unchanged", 1),
+    ]
     assert _snapshot(kb) == before
     assert all(row[3] == OLD for row in before)
     kb.refresh_from_db()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 from django.db import connection
@@ -232,15 +234,21 @@ def test_a_runner_holding_the_base_makes_others_return(alice):
     job = _queue(kb, ("a", "text a"))
     params = connection.get_connection_params()
     holder = psycopg.connect(
-        host=params["host"], port=params["port"], user=params["user"], dbname=params["dbname"],
+        host=params["host"],
+        port=params["port"],
+        user=params["user"],
+        dbname=params["dbname"],
         autocommit=True,
-    )  # fmt: skip
+    )
     try:
         holder.execute("SELECT pg_advisory_lock(%s)", [_lock_id(f"knowledge:ingest-jobs:{kb.pk}")])
         assert run_ingest_job(str(job.pk)) == "queued"
     finally:
-        holder.close()  # the lock goes with the session
-    assert run_ingest_job(str(job.pk)) == "succeeded"
+        holder.close()  # the lock goes with the session, once the server notices
+    deadline = time.monotonic() + 10
+    while (outcome := run_ingest_job(str(job.pk))) == "queued" and time.monotonic() < deadline:
+        time.sleep(0.05)  # the holder's backend may take a moment to exit on a busy machine
+    assert outcome == "succeeded"
 
 
 def test_a_time_limit_marks_the_job_interrupted(alice, monkeypatch):

@@ -59,10 +59,19 @@ def test_ingest_writes_chunks_with_metadata_and_counters(alice):
     kb = make_kb(alice)
     ingest(
         kb,
-        ("m1", LONG, {"session_id": "s1", "flow_id": "f1", "source_type": "message",
-                      "timestamp": "2026-01-02T03:04:05Z", "topic": "demo"}),
+        (
+            "m1",
+            LONG,
+            {
+                "session_id": "s1",
+                "flow_id": "f1",
+                "source_type": "message",
+                "timestamp": "2026-01-02T03:04:05Z",
+                "topic": "demo",
+            },
+        ),
         ("m2", "short note about cats", {"session_id": "s2"}),
-    )  # fmt: skip
+    )
     chunks = Chunk.objects.filter(knowledge_base=kb).order_by("source_key")
     long_chunks = [c for c in chunks if c.document_key == "m1"]
     assert [c.source_key for c in long_chunks] == [f"m1#{i}" for i in range(len(long_chunks))]
@@ -201,3 +210,20 @@ def test_unknown_language_is_refused(alice):
     with pytest.raises(KnowledgeError):
         knowledge_base_create(owner=alice, name="x", language="klingon")
     assert not KnowledgeBase.objects.exists()
+
+
+def test_document_source_is_typed_and_the_payload_shape_maps_to_it():
+    from datetime import UTC, datetime
+
+    with pytest.raises(TypeError, match="session_id"):
+        DocumentIn(text="t", source_key="k", metadata={"session_id": "s1"})
+    doc = DocumentIn.from_payload(
+        text="t",
+        source_key="k",
+        metadata={"session_id": "s1", "message_id": 7, "timestamp": "2026-01-02T03:04:05Z", "x": 1},
+    )
+    assert (doc.session_id, doc.message_id, dict(doc.metadata)) == ("s1", "7", {"x": 1})
+    assert doc.timestamp == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert DocumentIn.from_payload(**doc.payload()) == doc
+    with pytest.raises(KnowledgeError, match="ISO 8601"):
+        DocumentIn.from_payload(text="t", source_key="k", metadata={"timestamp": "yesterday"})

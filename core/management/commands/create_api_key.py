@@ -4,22 +4,40 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
 from core.services import api_key_create
 
 
 class Command(BaseCommand):
-    help = "Create an API key for a user. The key is printed alone on the last line."
+    help = (
+        "Create an API key for a user. The key is printed alone on the last line. "
+        "--create-user creates the user first (without a password: an API-only account)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username", help="Owner of the key.")
         parser.add_argument("--name", default="", help="A label for the key.")
+        parser.add_argument(
+            "--create-user",
+            action="store_true",
+            help="Create the user when there is none of that name (no password, not staff).",
+        )
 
-    def handle(self, *args: Any, username: str, name: str, **options: Any) -> None:
-        try:
-            owner = get_user_model().objects.get(username=username)
-        except get_user_model().DoesNotExist:
-            raise CommandError(f"No user named {username!r}.") from None
-        api_key, raw_key = api_key_create(owner=owner, name=name)
+    def handle(
+        self, *args: Any, username: str, name: str, create_user: bool, **options: Any
+    ) -> None:
+        users = get_user_model().objects
+        with transaction.atomic():
+            owner = users.filter(username=username).first()
+            if owner is None and not create_user:
+                raise CommandError(
+                    f"No user named {username!r}. Add --create-user to create it, or create "
+                    "one with `manage.py createsuperuser` (or in the admin: Users → Add)."
+                )
+            if owner is None:
+                owner = users.create_user(username=username)  # an unusable password
+                self.stdout.write(f"Created user {username} (API access only, no password).")
+            api_key, raw_key = api_key_create(owner=owner, name=name)
         self.stdout.write(f"Created API key {api_key.prefix}… for {username}. Store it now:")
         self.stdout.write(raw_key)

@@ -1,23 +1,25 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from core.db_recovery import watch_embedded
+from core.qcluster import QclusterProgram
 from core.services import admin_ensure
+from core.supervisor import Program, Supervisor
 
 
 class Command(BaseCommand):
     help = (
         "Prepare the database and run the web server (gunicorn) and the django-q2 worker "
-        "together; Ctrl-C or SIGTERM stops both."
+        "under one supervisor: either is restarted with backoff if it crashes, the worker "
+        "also if it stalls (WORKER_STALL_SECONDS), the embedded database if it stops; "
+        "Ctrl-C or SIGTERM stops everything, grandchildren included."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -28,8 +30,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._prepare()
-        children = self._start(options)
-        self._supervise(children)
+        supervisor = Supervisor(self._programs(options), periodic=[watch_embedded()])
+        supervisor.run()
+        self.stdout.write("Stopped.")
 
     def _prepare(self) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -41,7 +44,7 @@ class Command(BaseCommand):
             self.stdout.write(self.style.WARNING("Created the admin user (shown once):"))
             self.stdout.write(f"  username: {username}\n  password: {password}")
 
-    def _start(self, options: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
+    def _programs(self, options: dict[str, Any]) -> list[Program]:
         bind = f"{options['host']}:{options['port']}"
         web = [
             sys.executable,
@@ -58,46 +61,20 @@ class Command(BaseCommand):
             "4",
             "--timeout",
             "120",
+            # Idle keep-alive connections stay open 75 s (gunicorn's default is 2 s):
+            # longer than clients keep idle connections (httpx 5 s, browsers and load
+            # balancers ~60 s), so a client never reuses a connection the server is
+            # closing (a poll every 2 s got "Server disconnected without sending a
+            # response", and the server logged nothing).
+            "--keep-alive",
+            "75",
+            "--graceful-timeout",
+            "10",
             "--access-logfile",
             "-",
         ]
-        children = [subprocess.Popen(web)]
+        programs: list[Program] = [Program("web", web)]
         if not options["no_worker"]:
-            manage = str(settings.BASE_DIR / "manage.py")
-            children.append(subprocess.Popen([sys.executable, manage, "qcluster"]))
+            programs.append(QclusterProgram(stall_seconds=settings.WORKER_STALL_SECONDS))
         self.stdout.write(f"Serving on http://{bind}/ (admin at /admin/, API docs at /api/docs/)")
-        return children
-
-    def _supervise(self, children: list[subprocess.Popen[bytes]]) -> None:
-        stopping = False
-
-        def stop(signum: int, frame: Any) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
-        exit_code = 0
-        while not stopping:
-            exited = [c for c in children if c.poll() is not None]
-            if exited:
-                exit_code = exited[0].returncode or 1
-                self.stderr.write(f"process {exited[0].args[2:4]} exited; stopping the others")
-                break
-            time.sleep(0.2)
-        self._terminate(children)
-        self.stdout.write("Stopped.")
-        if exit_code:
-            raise SystemExit(exit_code)
-
-    def _terminate(self, children: list[subprocess.Popen[bytes]]) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for child in children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        return programs

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from core.errors import ServiceError
 from ingestion.memory_bases import session_ingest_run
 from memories.bases.models import MemoryBase
-from memories.bases.selectors import memory_base_mismatch, memory_base_sessions
+from memories.bases.selectors import memory_base_chunk_state, memory_base_sessions
 from memories.bases.services import memory_base_regenerate
 
 
@@ -48,11 +48,9 @@ class Command(BaseCommand):
             sessions = [s for s in sessions if s.session_id == session]
             if not sessions:
                 raise CommandError(f"Memory base {mb.name!r} has no session {session!r}.")
-        kb = mb.knowledge_base
-        state = (
-            "MISMATCH (chunks missing)" if memory_base_mismatch(memory_base=mb) else "consistent"
-        )
-        self.stdout.write(f"Memory base {mb.name} ({mb.pk}): {kb.chunk_count} chunks, {state}")
+        counted = memory_base_chunk_state(memory_base=mb)
+        state = "MISMATCH (chunks missing)" if counted.mismatch else "consistent"
+        self.stdout.write(f"Memory base {mb.name} ({mb.pk}): {counted.chunks} chunks, {state}")
         for s in sessions:
             self.stdout.write(
                 f"  session {s.session_id}: processed={s.total_processed} pending={s.pending}"
@@ -75,9 +73,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self.stdout.write("")
         failed = [job for job in jobs if job.status != "succeeded"]
-        kb.refresh_from_db()
         processed = sum(job.messages_processed for job in jobs)
-        self.stdout.write(f"Regenerated: {processed} message(s), {kb.chunk_count} chunks.")
+        chunks = memory_base_chunk_state(memory_base=mb).chunks
+        self.stdout.write(f"Regenerated: {processed} message(s), {chunks} chunks.")
         if failed:
             raise CommandError(
                 "; ".join(f"{job.session.session_id}: {job.status} {job.error}" for job in failed)

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
@@ -81,9 +81,7 @@ class Command(BaseCommand):
                 transaction.set_rollback(True)
         self._summary(report, dry_run)
 
-    def _base(
-        self, ref: str, user: AbstractBaseUser | None, *, create: bool, dry_run: bool
-    ) -> KnowledgeBase:
+    def _base(self, ref: str, user: User | None, *, create: bool, dry_run: bool) -> KnowledgeBase:
         base = _find_base(ref, user)
         if base is None:
             if not create:
@@ -144,14 +142,14 @@ class Command(BaseCommand):
         self.stdout.write(f"dry run: {line}" if dry_run else line, self.style.SUCCESS)
 
 
-def _user(username: str) -> AbstractBaseUser:
+def _user(username: str) -> User:
     try:
         return get_user_model().objects.get(username=username)
     except get_user_model().DoesNotExist:
         raise CommandError(f"No user named {username!r}.") from None
 
 
-def _find_base(ref: str, user: AbstractBaseUser | None) -> KnowledgeBase | None:
+def _find_base(ref: str, user: User | None) -> KnowledgeBase | None:
     """The base with this id or name; a name shared by several owners needs ``user``."""
     bases = KnowledgeBase.objects.select_related("owner")
     if user is not None:

@@ -4,8 +4,10 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.api.serializers import JOB_FIELDS, JobOutputBase
 from core.validation import SessionIdField
 from memories.bases.models import MemoryBase, MemoryBaseJob
+from memories.bases.selectors import session_status
 
 
 class MemoryBaseCreateSerializer(serializers.Serializer):
@@ -50,29 +52,48 @@ class MemoryBaseOutputSerializer(serializers.ModelSerializer):
     total_processed = serializers.IntegerField(source="processed_total")
     last_sync_at = serializers.DateTimeField(source="last_sync", allow_null=True)
     active_jobs = serializers.IntegerField()
-    chunks = serializers.IntegerField(source="knowledge_base.chunk_count")
+    chunks = serializers.IntegerField(source="chunk_total", help_text="Rows in the chunk table.")
     mismatch = serializers.BooleanField()
 
     class Meta:
         model = MemoryBase
         fields = [
-            "id", "name", "flow", "threshold", "auto_capture", "knowledge_base", "kb_name",
-            "preprocess", "preprocess_model", "preprocess_instructions", "preprocess_kill_phrase",
-            "sessions", "total_processed", "last_sync_at", "active_jobs", "chunks", "mismatch",
+            "id",
+            "name",
+            "flow",
+            "threshold",
+            "auto_capture",
+            "knowledge_base",
+            "kb_name",
+            "preprocess",
+            "preprocess_model",
+            "preprocess_instructions",
+            "preprocess_kill_phrase",
+            "sessions",
+            "total_processed",
+            "last_sync_at",
+            "active_jobs",
+            "chunks",
+            "mismatch",
             "created_at",
-        ]  # fmt: skip
+        ]
 
 
-class JobOutputSerializer(serializers.ModelSerializer):
+class JobOutputSerializer(JobOutputBase):
+    KIND = "memory_base_sync"
     session_id = serializers.CharField(source="session.session_id")
     memory_base = serializers.UUIDField(source="memory_base_id")
 
     class Meta:
         model = MemoryBaseJob
         fields = [
-            "id", "memory_base", "session_id", "status", "trigger", "messages_processed",
-            "chunks_written", "error", "created_at", "started_at", "finished_at",
-        ]  # fmt: skip
+            *JOB_FIELDS,
+            "memory_base",
+            "session_id",
+            "trigger",
+            "messages_processed",
+            "chunks_written",
+        ]
 
 
 class SessionOutputSerializer(serializers.Serializer):
@@ -89,11 +110,7 @@ class SessionOutputSerializer(serializers.Serializer):
         return {"id": str(session.active_job_id), "status": session.active_job_status}
 
     def get_status(self, session: Any) -> str:
-        if session.active_job_id is not None:
-            return "syncing" if session.active_job_status == "running" else "queued"
-        if session.last_job_status == "failed":
-            return "failed"
-        return "pending" if session.pending else "synced"
+        return session_status(session)
 
 
 class FlushInSerializer(serializers.Serializer):

@@ -2,31 +2,46 @@ from django.urls import path
 
 from memories.bases.api import views
 
+
+def _memory_base_routes(prefix: str, suffix: str = "") -> list:
+    """``/memory-bases`` is the documented path; ``/memories`` (the seed's name) stays."""
+    return [
+        path(prefix, views.MemoryBaseListView.as_view(), name=f"memory-base-list{suffix}"),
+        path(
+            f"{prefix}/<uuid:mb_id>",
+            views.MemoryBaseDetailView.as_view(),
+            name=f"memory-base-detail{suffix}",
+        ),
+        path(
+            f"{prefix}/<uuid:mb_id>/sessions",
+            views.MemoryBaseSessionsView.as_view(),
+            name=f"memory-base-sessions{suffix}",
+        ),
+        path(
+            f"{prefix}/<uuid:mb_id>/flush",
+            views.MemoryBaseFlushView.as_view(),
+            name=f"memory-base-flush{suffix}",
+        ),
+        path(
+            f"{prefix}/<uuid:mb_id>/update",
+            views.MemoryBaseFlushView.as_view(),
+            name=f"memory-base-update{suffix}",
+        ),
+        path(
+            f"{prefix}/<uuid:mb_id>/regenerate",
+            views.MemoryBaseRegenerateView.as_view(),
+            name=f"memory-base-regenerate{suffix}",
+        ),
+    ]
+
+
 urlpatterns = [
     path(
         "flows/<uuid:flow_id>/sessions/<str:session_id>/messages",
         views.FlowSessionMessagesView.as_view(),
         name="flow-session-messages",
     ),
-    path("memories", views.MemoryBaseListView.as_view(), name="memory-base-list"),
-    path("memories/<uuid:mb_id>", views.MemoryBaseDetailView.as_view(), name="memory-base-detail"),
-    path(
-        "memories/<uuid:mb_id>/sessions",
-        views.MemoryBaseSessionsView.as_view(),
-        name="memory-base-sessions",
-    ),
-    path(
-        "memories/<uuid:mb_id>/flush", views.MemoryBaseFlushView.as_view(), name="memory-base-flush"
-    ),
-    path(
-        "memories/<uuid:mb_id>/update",
-        views.MemoryBaseFlushView.as_view(),
-        name="memory-base-update",
-    ),
-    path(
-        "memories/<uuid:mb_id>/regenerate",
-        views.MemoryBaseRegenerateView.as_view(),
-        name="memory-base-regenerate",
-    ),
+    *_memory_base_routes("memory-bases"),
+    *_memory_base_routes("memories", "-seed"),
     path("jobs/<uuid:job_id>", views.JobDetailView.as_view(), name="job-detail"),
 ]

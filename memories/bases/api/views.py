@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
@@ -9,7 +10,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.db_recovery import read_after_commit
 from core.validation import SessionIdField
+from knowledge.api.serializers import job_answer
+from knowledge.selectors import ingest_job_get_by_id
 from memories.bases.api.serializers import (
     FlushInSerializer,
     JobOutputSerializer,
@@ -21,6 +25,7 @@ from memories.bases.api.serializers import (
 from memories.bases.models import MemoryBase, MemoryBaseJob
 from memories.bases.selectors import (
     job_get,
+    memory_base_as_created,
     memory_base_get,
     memory_base_list,
     memory_base_sessions,
@@ -63,10 +68,11 @@ class MemoryBaseListView(APIView):
         values = dict(data.validated_data)
         flow = flow_for(request, values.pop("flow"))
         mb = memory_base_create(owner=request.user, flow=flow, **values)
-        return Response(
-            MemoryBaseOutputSerializer(_memory_base(request, mb.pk)).data,
-            status=status.HTTP_201_CREATED,
+        # Committed: re-read with the counters, or answer from what create returned.
+        out = read_after_commit(
+            lambda: _memory_base(request, mb.pk), lambda: memory_base_as_created(mb)
         )
+        return Response(MemoryBaseOutputSerializer(out).data, status=status.HTTP_201_CREATED)
 
 
 class MemoryBaseDetailView(APIView):
@@ -80,7 +86,9 @@ class MemoryBaseDetailView(APIView):
         data = MemoryBaseUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         memory_base_update(memory_base=mb, **data.validated_data)
-        return Response(MemoryBaseOutputSerializer(_memory_base(request, mb_id)).data)
+        # Committed: re-read, or answer with the counters read before the update.
+        out = read_after_commit(lambda: _memory_base(request, mb_id), lambda: mb)
+        return Response(MemoryBaseOutputSerializer(out).data)
 
     def delete(self, request: Request, mb_id: Any) -> Response:
         memory_base_delete(memory_base=_memory_base(request, mb_id))
@@ -100,7 +108,7 @@ class MemoryBaseJobsView(APIView):
     """Queue jobs for all sessions or one: ``flush`` (ingest pending outputs now,
     ignoring the threshold) or ``regenerate`` (clear and re-ingest from the start)."""
 
-    service = staticmethod(memory_base_flush)
+    service: Callable[..., list[MemoryBaseJob]] = staticmethod(memory_base_flush)
 
     @extend_schema(request=FlushInSerializer, responses={202: JobOutputSerializer(many=True)})
     def post(self, request: Request, mb_id: Any) -> Response:
@@ -119,14 +127,25 @@ class MemoryBaseRegenerateView(MemoryBaseJobsView):
     service = staticmethod(memory_base_regenerate)
 
 
-def _jobs_out(jobs: list[MemoryBaseJob]) -> list[dict[str, Any]]:
-    fresh = MemoryBaseJob.objects.select_related("session").filter(pk__in=[j.pk for j in jobs])
-    by_id = {job.pk: job for job in fresh}
-    return JobOutputSerializer([by_id[j.pk] for j in jobs], many=True).data
+def _jobs_out(jobs: list[MemoryBaseJob]) -> Any:
+    """The jobs as they are now (a queued job may have run or failed to queue); if the
+    database went away after they committed, as the service returned them."""
+
+    def fresh() -> list[MemoryBaseJob]:
+        qs = MemoryBaseJob.objects.select_related("session").filter(pk__in=[j.pk for j in jobs])
+        by_id = {job.pk: job for job in qs}
+        return [by_id[j.pk] for j in jobs]
+
+    return JobOutputSerializer(read_after_commit(fresh, lambda: jobs), many=True).data
 
 
 class JobDetailView(APIView):
+    """Any job of the caller: a Memory Base sync or a knowledge-base batch."""
+
     @extend_schema(responses=JobOutputSerializer)
     def get(self, request: Request, job_id: Any) -> Response:
-        job = job_get(owner=request.user, job_id=job_id)
+        try:
+            job = job_get(owner=request.user, job_id=job_id)
+        except MemoryBaseJob.DoesNotExist:
+            return Response(job_answer(ingest_job_get_by_id(owner=request.user, job_id=job_id)))
         return Response(JobOutputSerializer(job).data)

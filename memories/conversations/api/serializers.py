@@ -5,12 +5,17 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from memories.conversations.history import DEFAULT_AI_PREFIX, DEFAULT_HUMAN_PREFIX, History
-from memories.conversations.models import Flow, Message
-from memories.conversations.node_memory import MESSAGE_ID_MAX
+from memories.conversations.history import (
+    DEFAULT_AI_PREFIX,
+    DEFAULT_HUMAN_PREFIX,
+    IMAGE_BLOCK_TYPES,
+    MESSAGE_LIMIT_MAX,
+    History,
+)
+from memories.conversations.models import MESSAGE_ID_MAX, UUID_NIL, Flow, Message
+from memories.conversations.services import PREVIOUS
 
 MAX_TOKENS_CEILING = 1_000_000
-MESSAGE_LIMIT_CEILING = 10_000
 
 
 FILE_TYPES = ("image", "audio", "video", "document", "custom")
@@ -43,36 +48,89 @@ def content_to_text(content: Any) -> tuple[str, list[dict[str, Any]]]:
     raise serializers.ValidationError("Must be a string or a list of content blocks with a type.")
 
 
+class MessageIdField(serializers.CharField):
+    def __init__(self, **kwargs: Any):
+        super().__init__(max_length=MESSAGE_ID_MAX, **kwargs)
+
+
+class ParentMessageIdField(serializers.Field):
+    """A message id of either kind: the caller's ``message_id`` (a string) or the
+    server id (an integer). Dify's ``UUID_NIL`` means "no parent: follows the
+    previous message", as an omitted parent does; ``null`` starts a new thread."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("allow_null", True)
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, int) and not isinstance(data, bool) and data >= 1:
+            return data
+        if isinstance(data, str) and data.strip() and len(data) <= MESSAGE_ID_MAX:
+            return PREVIOUS if data == UUID_NIL else data
+        raise serializers.ValidationError(
+            f"Must be a message id: the id you gave the message (a string of at most "
+            f"{MESSAGE_ID_MAX} characters) or the server's id (a positive integer)."
+        )
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+def validate_message_content(role: str, content: Any) -> None:
+    """Text or an image; an assistant message may be exactly ``""`` (an answer still
+    being generated, left out of histories)."""
+    text, blocks = content_to_text(content)
+    has_image = any(block.get("type") in IMAGE_BLOCK_TYPES for block in blocks)
+    pending = role == Message.Role.ASSISTANT and text == "" and not blocks
+    if not text.strip() and not has_image and not pending:
+        raise serializers.ValidationError({"content": ["Content has no text or image."]})
+    if len(text) > settings.MESSAGE_MAX_CHARS:
+        raise serializers.ValidationError(
+            {"content": [f"Content is longer than {settings.MESSAGE_MAX_CHARS} characters."]}
+        )
+
+
 class MessageInSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=Message.Role.choices)
     content = serializers.JSONField()
+    message_id = MessageIdField(
+        required=False,
+        help_text="Your id for the message, unique within the conversation; history "
+        "items carry it, and parent_message_id / current_message_id may name it.",
+    )
     is_output = serializers.BooleanField(required=False, allow_null=True, default=None)
     sender = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     sender_name = serializers.CharField(
         required=False, allow_blank=True, max_length=200, default=""
     )
     files = FileRefSerializer(many=True, required=False, default=list)
-    parent_message_id = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    parent_message_id = ParentMessageIdField(
+        help_text="The message this one follows: your message_id or the server id. "
+        "Omitted (or 00000000-0000-0000-0000-000000000000): the message recorded just "
+        "before. null: the message starts a new thread."
+    )
 
     def validate_content(self, value: Any) -> Any:
-        text, _ = content_to_text(value)
-        if not text.strip():
-            raise serializers.ValidationError("Content has no text.")
-        if len(text) > settings.MESSAGE_MAX_CHARS:
-            raise serializers.ValidationError(
-                f"Content is longer than {settings.MESSAGE_MAX_CHARS} characters."
-            )
+        content_to_text(value)
         return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        validate_message_content(attrs["role"], attrs["content"])
+        return attrs
 
 
 class MessageOutputSerializer(serializers.ModelSerializer):
     flow = serializers.UUIDField(source="flow_id")
-    parent_message_id = serializers.IntegerField(source="parent_id", allow_null=True)
+    parent_message_id = serializers.SerializerMethodField(
+        help_text="The parent's message_id when it has one, else its server id."
+    )
 
     class Meta:
         model = Message
         fields = [
             "id",
+            "message_id",
             "flow",
             "session_id",
             "run_id",
@@ -84,8 +142,13 @@ class MessageOutputSerializer(serializers.ModelSerializer):
             "content",
             "files",
             "parent_message_id",
+            "starts_thread",
             "created_at",
         ]
+
+    def get_parent_message_id(self, message: Message) -> int | str | None:
+        caller_id = getattr(message, "parent_caller_id", None)
+        return caller_id or message.parent_id
 
 
 class FlowInSerializer(serializers.Serializer):
@@ -107,10 +170,6 @@ def _default_max_tokens() -> int:
     return settings.HISTORY_MAX_TOKENS
 
 
-def _default_message_limit() -> int:
-    return settings.HISTORY_MESSAGE_LIMIT
-
-
 class FlowQuerySerializer(serializers.Serializer):
     flow = serializers.UUIDField(help_text="A flow of the caller; another owner's flow is 404.")
 
@@ -129,9 +188,14 @@ class _HistoryQuerySerializer(FlowQuerySerializer):
 
 
 class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):
-    current_message_id = serializers.IntegerField(min_value=1, required=False)
+    current_message_id = MessageIdField(
+        required=False, help_text="Your message_id or the server id (default: the newest)."
+    )
     message_limit = serializers.IntegerField(
-        min_value=1, max_value=MESSAGE_LIMIT_CEILING, default=_default_message_limit
+        min_value=0,
+        default=0,
+        help_text=f"Newest messages considered; 0: HISTORY_MESSAGE_LIMIT; at most "
+        f"{MESSAGE_LIMIT_MAX} (larger values are clamped).",
     )
     strategy = serializers.ChoiceField(
         choices=("truncate", "summarize"),
@@ -190,8 +254,11 @@ class _HistoryItemSerializer(serializers.Serializer):
 
 
 class ConversationItemSerializer(_HistoryItemSerializer):
-    message_id = serializers.IntegerField()
-    parent_message_id = serializers.IntegerField(allow_null=True)
+    id = serializers.IntegerField(help_text="The server id.")
+    message_id = serializers.JSONField(help_text="Your message_id, else the server id.")
+    parent_message_id = serializers.JSONField(
+        help_text="The parent's message_id, else its server id; null without a parent."
+    )
 
 
 class NodeItemSerializer(_HistoryItemSerializer):
@@ -201,7 +268,7 @@ class NodeItemSerializer(_HistoryItemSerializer):
 
 class ChatMessageSerializer(serializers.Serializer):
     role = serializers.CharField()
-    content = serializers.CharField()
+    content = serializers.JSONField(help_text="The text, or content blocks with an image.")
 
 
 class HistoryOutputSerializer(serializers.Serializer):
@@ -215,7 +282,9 @@ class HistoryOutputSerializer(serializers.Serializer):
         help_text="count_message_tokens of the messages: 3 + per message 3 + role + content."
     )
     max_tokens = serializers.IntegerField()
-    thread_length = serializers.IntegerField(help_text="Messages in the thread before the cut.")
+    thread_length = serializers.IntegerField(
+        help_text="Messages in the thread before the cut (pending answers left out)."
+    )
     truncated = serializers.IntegerField(help_text="Oldest thread messages dropped.")
 
     def get_format(self, history: History) -> str:
@@ -233,6 +302,10 @@ class HistoryOutputSerializer(serializers.Serializer):
         return data
 
 
+class ConversationHistoryOutputSerializer(HistoryOutputSerializer):
+    message_limit = serializers.IntegerField(help_text="The message_limit applied.")
+
+
 class RunningSummarySerializer(serializers.Serializer):
     text = serializers.CharField(source="summary")
     summarized_message_ids = serializers.ListField(
@@ -243,7 +316,7 @@ class RunningSummarySerializer(serializers.Serializer):
     llm_calls = serializers.IntegerField()
 
 
-class SummarizedHistoryOutputSerializer(HistoryOutputSerializer):
+class SummarizedHistoryOutputSerializer(ConversationHistoryOutputSerializer):
     """strategy=summarize: ``messages`` start with the running summary (a system
     message); ``items`` are the messages kept verbatim."""
 
@@ -255,7 +328,7 @@ class SummarizedHistoryOutputSerializer(HistoryOutputSerializer):
 
 
 class NodeHistoryOutputSerializer(HistoryOutputSerializer):
-    items = NodeItemSerializer(many=True)
+    items = NodeItemSerializer(many=True)  # type: ignore[assignment]  # node message ids are strings
 
 
 class NodeTurnOutputSerializer(serializers.Serializer):

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
 from memories.conversations.api.serializers import (
+    ConversationHistoryOutputSerializer,
     ConversationHistoryQuerySerializer,
     FlowInSerializer,
     FlowOutputSerializer,
@@ -67,7 +68,7 @@ class HistoryFormatNegotiation(DefaultContentNegotiation):
     """``?format=messages|text`` chooses the history's shape here; DRF would otherwise
     read it as a renderer name and answer 404."""
 
-    settings = APISettings({"URL_FORMAT_OVERRIDE": None})
+    settings = APISettings({"URL_FORMAT_OVERRIDE": None})  # type: ignore[assignment]
 
 
 def _query(serializer_class: type, request: Request) -> dict[str, Any]:
@@ -88,10 +89,11 @@ class ConversationHistoryView(APIView):
 
     @extend_schema(
         parameters=[ConversationHistoryQuerySerializer],
-        responses=HistoryOutputSerializer,
-        description="The current thread of a conversation (flow + session), newest kept, "
-        "cut to max_tokens; with strategy=summarize the older messages are folded into the "
-        "conversation's running summary instead of dropped.",
+        responses=ConversationHistoryOutputSerializer,
+        description="The current thread of a conversation (flow + session), cut to "
+        "max_tokens by whole turns, newest kept; an empty conversation has an empty history; "
+        "with strategy=summarize the older messages are folded into the conversation's "
+        "running summary instead of dropped.",
     )
     def get(self, request: Request, session_id: str) -> Response:
         params = _query(ConversationHistoryQuerySerializer, request)
@@ -114,7 +116,7 @@ class ConversationHistoryView(APIView):
             max_tokens=params["max_tokens"],
             message_limit=params["message_limit"],
         )
-        return _history_response(HistoryOutputSerializer, history, params)
+        return _history_response(ConversationHistoryOutputSerializer, history, params)
 
 
 class NodeTurnsView(APIView):

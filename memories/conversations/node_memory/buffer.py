@@ -65,11 +65,14 @@ class NodeTokenBufferMemory:
     ) -> None:
         self._pending.append(
             _turn_in(
-                message_id=message_id, parent_message_id=parent_message_id,
-                user_content=user_content, assistant_content=assistant_content,
-                user_files=list(user_files), assistant_files=list(assistant_files),
+                message_id=message_id,
+                parent_message_id=parent_message_id,
+                user_content=user_content,
+                assistant_content=assistant_content,
+                user_files=list(user_files),
+                assistant_files=list(assistant_files),
             )
-        )  # fmt: skip
+        )
 
     @property
     def pending(self) -> int:
@@ -80,9 +83,11 @@ class NodeTokenBufferMemory:
         if not self._pending:
             return []
         results = node_memory_append_turns(
-            flow=self.flow, session_id=self.key.session_id, node_id=self.key.node_id,
+            flow=self.flow,
+            session_id=self.key.session_id,
+            node_id=self.key.node_id,
             turns=self._pending,
-        )  # fmt: skip
+        )
         self._pending = []
         return results
 

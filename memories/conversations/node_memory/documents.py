@@ -195,10 +195,16 @@ def _now_iso(now: datetime) -> str:
 
 def _new_doc(key: NodeKey, now: str) -> dict[str, Any]:
     return {
-        "version": VERSION, "revision": 0, "owner_id": key.owner_id,
-        "flow_id": str(key.flow_id), "session_id": key.session_id, "node_id": key.node_id,
-        "created_at": now, "updated_at": now, "messages": [],
-    }  # fmt: skip
+        "version": VERSION,
+        "revision": 0,
+        "owner_id": key.owner_id,
+        "flow_id": str(key.flow_id),
+        "session_id": key.session_id,
+        "node_id": key.node_id,
+        "created_at": now,
+        "updated_at": now,
+        "messages": [],
+    }
 
 
 # --- turns --------------------------------------------------------------------------
@@ -206,19 +212,26 @@ def _entry(
     turn: TurnIn, parent: str | None, role: str, content: str, files: list[dict[str, Any]], now: str
 ) -> dict[str, Any]:
     return {
-        "message_id": turn.message_id, "parent_message_id": parent, "role": role,
-        "content": content, "files": files, "token_count": count_tokens(content),
+        "message_id": turn.message_id,
+        "parent_message_id": parent,
+        "role": role,
+        "content": content,
+        "files": files,
+        "token_count": count_tokens(content),
         "created_at": now,
-    }  # fmt: skip
+    }
 
 
 def _entry_item(entry: dict[str, Any]) -> HistoryItem:
     return HistoryItem(
-        message_id=entry["message_id"], parent_message_id=entry["parent_message_id"],
-        role=entry["role"], content=entry["content"],
+        message_id=entry["message_id"],
+        parent_message_id=entry["parent_message_id"],
+        role=entry["role"],
+        content=entry["content"],
         files=[dict(f) for f in entry["files"]],  # callers must not edit the cached document
-        token_count=entry["token_count"], created_at=entry["created_at"],
-    )  # fmt: skip
+        token_count=entry["token_count"],
+        created_at=entry["created_at"],
+    )
 
 
 def _node_turn(entries: list[dict[str, Any]], created: bool) -> NodeTurn:

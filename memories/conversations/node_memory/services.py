@@ -91,10 +91,13 @@ def node_memory_append_turn(
     ``node_memory_append_turns`` for the rules. ``parent_message_id`` defaults to the
     newest stored turn; ``None`` starts a new thread."""
     turn = _turn_in(
-        message_id=message_id, parent_message_id=parent_message_id,
-        user_content=user_content, assistant_content=assistant_content,
-        user_files=list(user_files), assistant_files=list(assistant_files),
-    )  # fmt: skip
+        message_id=message_id,
+        parent_message_id=parent_message_id,
+        user_content=user_content,
+        assistant_content=assistant_content,
+        user_files=list(user_files),
+        assistant_files=list(assistant_files),
+    )
     (result,) = node_memory_append_turns(
         flow=flow, session_id=session_id, node_id=node_id, turns=[turn]
     )

@@ -15,11 +15,10 @@ from memories.conversations.history import (
     HistoryError,
     HistoryItem,
 )
-from memories.conversations.models import Flow
+from memories.conversations.models import MESSAGE_ID_MAX, Flow
 
 ROOT = "node_memory"
 VERSION = 1
-MESSAGE_ID_MAX = 200
 _PLAIN_SEGMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _MESSAGE_ID = itemgetter("message_id")
 _PARENT_ID = itemgetter("parent_message_id")
@@ -123,8 +122,10 @@ def _turn_in(
     if not isinstance(parent, Parent) and parent is not None:
         parent = ident("parent_message_id", parent)
     return TurnIn(
-        message_id=ident("message_id", message_id), parent_message_id=parent,
-        user_content=user_content, assistant_content=assistant_content,
+        message_id=ident("message_id", message_id),
+        parent_message_id=parent,
+        user_content=user_content,
+        assistant_content=assistant_content,
         user_files=files("user_files", user_files),
         assistant_files=files("assistant_files", assistant_files),
-    )  # fmt: skip
+    )

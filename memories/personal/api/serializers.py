@@ -71,14 +71,29 @@ class InputMessageSerializer(serializers.Serializer):
 
 
 class MemoryAddSerializer(serializers.Serializer):
-    text = serializers.CharField(required=False, max_length=100_000)
-    messages = InputMessageSerializer(many=True, required=False, allow_empty=False, max_length=200)
+    content = serializers.CharField(
+        required=False, max_length=100_000, help_text="The text to learn from (or store)."
+    )
+    text = serializers.CharField(
+        required=False, max_length=100_000, help_text="Another name for content."
+    )
+    messages = InputMessageSerializer(  # type: ignore[call-arg]  # ListSerializer takes it
+        many=True, required=False, allow_empty=False, max_length=200
+    )
     infer = serializers.BooleanField(default=True)
     metadata = serializers.DictField(required=False, default=dict)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "content" in attrs:
+            if "text" in attrs and attrs["text"] != attrs["content"]:
+                raise serializers.ValidationError(
+                    {"content": "Give content or text (the same field), not both."}
+                )
+            attrs["text"] = attrs.pop("content")
         if bool(attrs.get("text", "").strip()) == bool(attrs.get("messages")):
-            raise serializers.ValidationError({"text": "Give either a non-empty text or messages."})
+            raise serializers.ValidationError(
+                {"content": "Give either a non-empty content or messages."}
+            )
         if not attrs["infer"]:
             texts = (
                 [attrs["text"]]
@@ -91,7 +106,8 @@ class MemoryAddSerializer(serializers.Serializer):
                 if len(text.strip()) > MAX_MEMORY_CHARS:
                     raise serializers.ValidationError(
                         {
-                            "text": f"A memory stored as given is at most {MAX_MEMORY_CHARS} characters."
+                            "content": f"A memory stored as given is at most "
+                            f"{MAX_MEMORY_CHARS} characters."
                         }
                     )
             attrs["texts"] = texts

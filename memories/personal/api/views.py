@@ -97,12 +97,17 @@ class UserMemoriesView(APIView):
                 status=status.HTTP_200_OK,
             )
         end_user = end_user_ensure(owner=request.user, external_id=external_id)
-        stored, duplicates = [], []
+        stored: list[Any] = []
+        duplicates: list[Any] = []
         for text in values["texts"]:
             vector, duplicate = memory_add(
-                end_user=end_user, content=text, reason="added through the API", observed_at=now,
-                dedup_threshold=1.01, metadata=values.get("metadata"),
-            )  # fmt: skip
+                end_user=end_user,
+                content=text,
+                reason="added through the API",
+                observed_at=now,
+                dedup_threshold=1.01,
+                metadata=values.get("metadata"),
+            )
             (duplicates if duplicate else stored).append(vector)
         return Response(
             {
@@ -129,10 +134,15 @@ class UserMemorySearchView(APIView):
             return Response({"results": []})
         embedder = get_embedder()
         hits = memory_search(
-            owner_id=request.user.pk, end_user=end_user, vector=embedder.embed([params["q"]])[0],
-            embedding_model=embedder.model, top_k=params["top_k"], threshold=params.get("threshold"),
-            include_globals=params["include_globals"], half_life_days=params.get("half_life_days"),
-        )  # fmt: skip
+            owner_id=request.user.pk,
+            end_user=end_user,
+            vector=embedder.embed([params["q"]])[0],
+            embedding_model=embedder.model,
+            top_k=params["top_k"],
+            threshold=params.get("threshold"),
+            include_globals=params["include_globals"],
+            half_life_days=params.get("half_life_days"),
+        )
         return Response({"results": MemoryHitSerializer(hits, many=True).data})
 
 

@@ -159,8 +159,10 @@ def test_single_message_endpoint_and_listing(alice_client, flow, memory_base):
 )
 def test_run_bad_input_is_4xx_and_stores_nothing(alice_client, flow, memory_base, body):
     response = alice_client.post(f"/api/v1/flows/{flow.pk}/runs", body, format="json")
-    assert response.status_code == 400
+    unknown_parent = "parent_message_id" in str(body)
+    assert response.status_code == (422 if unknown_parent else 400)
     assert set(response.json()["error"]) == ERR
+    assert response.json()["error"]["code"] == ("unknown_parent" if unknown_parent else "invalid")
     assert not Message.objects.exists()
 
 
@@ -220,10 +222,13 @@ def test_delete_session_messages_endpoint(alice_client, flow, memory_base):
 def test_tenancy_on_every_endpoint(alice, flow, memory_base, bob_client, anon_client):
     record(flow, "s1", "m1")
     job = MemoryBaseJob.objects.create(
-        memory_base=memory_base, session=memory_base.sessions.get(), trigger="manual",
-        last_message_id=Message.objects.get().pk, last_message_created_at=Message.objects.get().created_at,
+        memory_base=memory_base,
+        session=memory_base.sessions.get(),
+        trigger="manual",
+        last_message_id=Message.objects.get().pk,
+        last_message_created_at=Message.objects.get().created_at,
         status="succeeded",
-    )  # fmt: skip
+    )
     mb, f = memory_base.pk, flow.pk
     calls = [
         ("get", f"/api/v1/flows/{f}", None),

@@ -7,7 +7,6 @@ import pytest
 from core.providers.tokens import count_message_tokens, count_tokens
 from ingestion.capture import messages_record
 from memories.conversations.history import (
-    ConversationNotFound,
     HistoryError,
     TokenBufferMemory,
     UnknownMessage,
@@ -15,7 +14,7 @@ from memories.conversations.history import (
     extract_thread,
 )
 from memories.conversations.models import Message
-from memories.conversations.services import MessageIn, flow_create
+from memories.conversations.services import PREVIOUS, MessageIn, flow_create
 
 pytestmark = pytest.mark.django_db
 ERR = {"code", "message", "details"}
@@ -34,7 +33,9 @@ def _say(flow, session_id, role, text, parent=None, files=None) -> Message:
         session_id=session_id,
         run_id="r",
         messages=[
-            MessageIn(role=role, text=text, parent_id=parent and parent.pk, files=files or [])
+            MessageIn(
+                role=role, text=text, parent=parent.pk if parent else PREVIOUS, files=files or []
+            )
         ],
     )
     return message
@@ -153,8 +154,8 @@ def six(flow):
     return [_say(flow, "s1", role, text) for role, text in zip(roles, TEXTS)]
 
 
-@pytest.mark.parametrize("keep", [1, 2, 3, 5, 6])
-def test_truncation_keeps_the_newest_within_the_budget_exactly(flow, six, keep):
+@pytest.mark.parametrize("keep", [2, 4, 6])
+def test_truncation_keeps_the_newest_whole_turns_within_the_budget_exactly(flow, six, keep):
     newest = six[-keep:]
     budget = 3 + sum(_cost(m.role, m.text) for m in newest)
     at_budget = conversation_history(flow=flow, session_id="s1", max_tokens=budget)
@@ -163,22 +164,26 @@ def test_truncation_keeps_the_newest_within_the_budget_exactly(flow, six, keep):
     assert at_budget.truncated == 6 - keep
     assert [i.token_count for i in at_budget.items] == [count_tokens(m.text) for m in newest]
 
+    # One token less drops the oldest kept turn whole (question and answer).
     one_less = conversation_history(flow=flow, session_id="s1", max_tokens=budget - 1)
-    kept = [i.message_id for i in one_less.items]
-    if keep == 1:  # the newest alone is over budget - 1, and is kept anyway
-        assert kept == [newest[0].pk] and one_less.token_count == budget
-    else:
-        assert kept == [m.pk for m in newest[1:]]
-        dropped = _cost(newest[0].role, newest[0].text)
-        assert one_less.token_count == budget - dropped <= budget - 1
-    assert one_less.token_count == count_message_tokens(one_less.as_messages())
+    assert [i.message_id for i in one_less.items] == [m.pk for m in newest[2:]]
+    expected_tokens = count_message_tokens(one_less.as_messages()) if keep > 2 else 0
+    assert one_less.token_count == expected_tokens
+    assert one_less.truncated == 6 - keep + 2
 
 
-def test_the_newest_message_is_kept_even_over_budget(flow, six):
-    history = conversation_history(flow=flow, session_id="s1", max_tokens=1)
-    assert _contents(history) == [TEXTS[-1]]
-    assert history.token_count == 3 + _cost("assistant", TEXTS[-1])
-    assert history.truncated == 5
+@pytest.mark.parametrize("max_tokens", [1, 3 + _cost("user", TEXTS[4]) + 1])
+def test_a_newest_turn_over_the_budget_gives_an_empty_history(flow, six, max_tokens):
+    history = conversation_history(flow=flow, session_id="s1", max_tokens=max_tokens)
+    assert history.items == [] and history.as_messages() == [] and history.as_text() == ""
+    assert (history.token_count, history.thread_length, history.truncated) == (0, 6, 6)
+
+
+def test_an_answer_is_never_kept_without_its_question(flow, six):
+    """max_tokens=22 kept the last answer alone before turns were whole."""
+    history = conversation_history(flow=flow, session_id="s1", max_tokens=22)
+    roles = [i.role for i in history.items]
+    assert roles[:1] != ["assistant"] and len(roles) % 2 == 0
 
 
 def test_truncation_applies_to_the_thread_only(flow, seed_thread):
@@ -221,17 +226,15 @@ def test_contents_are_fetched_in_growing_batches_only_as_far_as_needed(
 
 # --- bad input (service) ------------------------------------------------------------
 def test_service_bad_input(flow, seed_thread):
-    with pytest.raises(ConversationNotFound):
-        conversation_history(flow=flow, session_id="nobody")
-    with pytest.raises(ConversationNotFound):
+    with pytest.raises(UnknownMessage):
         conversation_history(flow=flow, session_id="nobody", current_message_id=1)
     other = _say(flow, "s2", "user", "x")
     with pytest.raises(UnknownMessage):
         conversation_history(flow=flow, session_id="s1", current_message_id=other.pk)
     with pytest.raises(HistoryError, match="max_tokens must be at least 1"):
         conversation_history(flow=flow, session_id="s1", max_tokens=0)
-    with pytest.raises(HistoryError, match="message_limit must be at least 1"):
-        conversation_history(flow=flow, session_id="s1", message_limit=0)
+    with pytest.raises(HistoryError, match="message_limit must be 0"):
+        conversation_history(flow=flow, session_id="s1", message_limit=-1)
 
 
 def test_token_buffer_memory_object(flow, seed_thread):
@@ -322,9 +325,10 @@ def test_api_session_ids_with_slashes(alice_client, flow):
         ({"flow": "not-a-uuid"}, 400, "invalid"),
         ({"max_tokens": 0}, 400, "invalid"),
         ({"max_tokens": -5}, 400, "invalid"),
-        ({"message_limit": 0}, 400, "invalid"),
+        ({"message_limit": -1}, 400, "invalid"),
         ({"format": "xml"}, 400, "invalid"),
-        ({"current_message_id": "abc"}, 400, "invalid"),
+        ({"current_message_id": "x" * 201}, 400, "invalid"),
+        ({"current_message_id": "abc"}, 422, "unknown_message"),
     ],
 )
 def test_api_bad_input(alice_client, flow, seed_thread, params, status, code):
@@ -336,11 +340,12 @@ def test_api_bad_input(alice_client, flow, seed_thread, params, status, code):
     assert response.json()["error"]["code"] == code
 
 
-def test_api_unknown_conversation_is_404(alice_client, flow):
+def test_api_unknown_conversation_is_an_empty_history(alice_client, flow):
     response = alice_client.get(_url("nobody"), {"flow": str(flow.pk)})
-    assert response.status_code == 404
-    assert response.json()["error"]["code"] == "not_found"
-    assert response.json()["error"]["message"] == "no conversation 'nobody' in this flow"
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["messages"], body["items"], body["token_count"]) == ([], [], 0)
+    assert (body["thread_length"], body["truncated"]) == (0, 0)
 
 
 def test_api_current_message_outside_the_conversation_is_422(alice_client, flow, seed_thread):
@@ -349,8 +354,8 @@ def test_api_current_message_outside_the_conversation_is_422(alice_client, flow,
     assert response.status_code == 422
     assert response.json()["error"] == {
         "code": "unknown_message",
-        "message": f"message {elsewhere.pk} is not part of conversation 's1'",
-        "details": {"current_message_id": elsewhere.pk},
+        "message": f"Message {elsewhere.pk} is not part of conversation 's1'.",
+        "details": {"current_message_id": str(elsewhere.pk)},
     }
 
 

@@ -120,24 +120,39 @@ def test_document_format_on_storage(flow, node_storage):
     _turn(flow, "m1", None, "Analyze this image", "A landscape.", user_files=[IMAGE])
     doc = json.loads(_doc_path(node_storage, flow).read_bytes())
     assert set(doc) == {
-        "version", "revision", "owner_id", "flow_id", "session_id", "node_id",
-        "created_at", "updated_at", "messages",
-    }  # fmt: skip
+        "version",
+        "revision",
+        "owner_id",
+        "flow_id",
+        "session_id",
+        "node_id",
+        "created_at",
+        "updated_at",
+        "messages",
+    }
     assert (doc["version"], doc["revision"], doc["owner_id"]) == (1, 1, flow.owner_id)
     assert (doc["flow_id"], doc["session_id"], doc["node_id"]) == (str(flow.pk), "s1", "llm1")
     created = doc["messages"][0]["created_at"]
     assert doc["messages"] == [
         {
-            "message_id": "m1", "parent_message_id": None, "role": "user",
-            "content": "Analyze this image", "files": [IMAGE],
-            "token_count": count_tokens("Analyze this image"), "created_at": created,
+            "message_id": "m1",
+            "parent_message_id": None,
+            "role": "user",
+            "content": "Analyze this image",
+            "files": [IMAGE],
+            "token_count": count_tokens("Analyze this image"),
+            "created_at": created,
         },
         {
-            "message_id": "m1", "parent_message_id": None, "role": "assistant",
-            "content": "A landscape.", "files": [],
-            "token_count": count_tokens("A landscape."), "created_at": created,
+            "message_id": "m1",
+            "parent_message_id": None,
+            "role": "assistant",
+            "content": "A landscape.",
+            "files": [],
+            "token_count": count_tokens("A landscape."),
+            "created_at": created,
         },
-    ]  # fmt: skip
+    ]
     assert created.endswith("Z") and doc["updated_at"] == created
 
 
@@ -169,8 +184,8 @@ TURNS = [
 ]
 
 
-@pytest.mark.parametrize("keep", [1, 2, 3, 4, 6])
-def test_truncation_keeps_the_newest_within_the_budget_exactly(flow, keep):
+@pytest.mark.parametrize("keep", [2, 4, 6])
+def test_truncation_keeps_the_newest_whole_turns_within_the_budget_exactly(flow, keep):
     for i, (question, answer) in enumerate(TURNS):
         _turn(flow, f"m{i}", user=question, assistant=answer)
     flat = [("user" if j % 2 == 0 else "assistant", t) for j, t in enumerate(sum(TURNS, ()))]
@@ -181,12 +196,13 @@ def test_truncation_keeps_the_newest_within_the_budget_exactly(flow, keep):
     assert history.token_count == budget == count_message_tokens(history.as_messages())
     assert [i.token_count for i in history.items] == [count_tokens(t) for _, t in newest]
     assert history.truncated == 6 - keep
+    # One token less drops the oldest kept turn whole; the newest turn alone over the
+    # budget gives an empty history.
     tighter = node_memory_history(flow=flow, session_id="s1", node_id="llm1", max_tokens=budget - 1)
-    if keep == 1:  # the newest alone is over budget - 1, and is kept anyway
-        assert [(i.role, i.content) for i in tighter.items] == newest
-    else:
-        assert [(i.role, i.content) for i in tighter.items] == newest[1:]
-        assert tighter.token_count == budget - _cost(*newest[0]) <= budget - 1
+    assert [(i.role, i.content) for i in tighter.items] == newest[2:]
+    assert tighter.token_count == (
+        budget - _cost(*newest[0]) - _cost(*newest[1]) if keep > 2 else 0
+    )
 
 
 # --- files, isolation ---------------------------------------------------------------
@@ -293,8 +309,11 @@ def test_idle_cleanup_task(alice, flow, node_storage, settings):
     _turn(flow, "m1", node="n2", session_id="busy")
     _turn(other_flow, "m1", node="n1", session_id="old")
     for session, node, days in [
-        ("idle", "n1", 31), ("idle", "n2", 40), ("busy", "n1", 45), ("busy", "n2", 1),
-    ]:  # fmt: skip
+        ("idle", "n1", 31),
+        ("idle", "n2", 40),
+        ("busy", "n1", 45),
+        ("busy", "n2", 1),
+    ]:
         _age(_doc_path(node_storage, flow, session, node), days)
     _age(_doc_path(node_storage, other_flow, "old", "n1"), 31)
 
@@ -405,8 +424,11 @@ def test_buffered_memory_flushes_all_or_nothing(flow, node_storage):
     assert [t.message_id for t in memory.flush()] == ["m1", "m2"]
     assert memory.pending == 0 and memory.flush() == []
     assert _contents(node_memory_history(flow=flow, session_id="s1", node_id="llm1")) == [
-        "A", "A'", "B", "B'",
-    ]  # fmt: skip
+        "A",
+        "A'",
+        "B",
+        "B'",
+    ]
 
     before = _doc_path(node_storage, flow).read_bytes()
     memory.add_messages(message_id="m3", user_content="C", assistant_content="C'")
@@ -487,9 +509,13 @@ def test_api_bad_turns_write_nothing(
 ):
     before = _doc_path(node_storage, flow).read_bytes()
     body = {
-        "flow": str(flow.pk), "message_id": "t9", "parent_message_id": "t1",
-        "user_content": "q", "assistant_content": "a", **change,
-    }  # fmt: skip
+        "flow": str(flow.pk),
+        "message_id": "t9",
+        "parent_message_id": "t1",
+        "user_content": "q",
+        "assistant_content": "a",
+        **change,
+    }
     response = alice_client.post(f"{_base(flow)}/turns", body, format="json")
     assert response.status_code == status
     assert set(response.json()["error"]) == ERR and response.json()["error"]["code"] == code

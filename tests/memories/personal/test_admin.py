@@ -27,8 +27,14 @@ def test_end_user_page_shows_memories_audit_and_counters(admin_client, alice):
 def test_erase_action(admin_client, alice):
     end_user = end_user_ensure(owner=alice, external_id="u1")
     memory_add(end_user=end_user, content="User plays the violin")
-    admin_client.post(
+    asked = admin_client.post(
         "/admin/memories/enduser/", {"action": "erase", "_selected_action": [end_user.pk]}
+    )
+    assert "Erase these end users?" in asked.content.decode()
+    assert EndUser.objects.exists() and Vector.objects.exists()  # only asked so far
+    admin_client.post(
+        "/admin/memories/enduser/",
+        {"action": "erase", "_selected_action": [end_user.pk], "confirmed": "yes"},
     )
     assert not EndUser.objects.exists() and not Vector.objects.exists()
 

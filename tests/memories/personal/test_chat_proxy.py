@@ -143,8 +143,15 @@ def test_cold_start_globals_until_five_personal_memories(live_server, alice, ups
         model="fake-model", messages=[{"role": "user", "content": question}]
     )
     assert [m["type"] for m in cold.model_extra["memories"]] == ["global"]
-    _seed(alice, "newcomer", "User works as a nurse", "User plays the violin", "User prefers dark mode",
-          "User is allergic to peanuts", "User lives in New York")  # fmt: skip
+    _seed(
+        alice,
+        "newcomer",
+        "User works as a nurse",
+        "User plays the violin",
+        "User prefers dark mode",
+        "User is allergic to peanuts",
+        "User lives in New York",
+    )
     warm = client.chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": question}]
     )

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0001_initial'),
+        ('conversations', '0002_caller_message_ids'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -1,0 +1,189 @@
+"""What the service does while its database is unreachable.
+
+Every request that needs the database answers 503 ``database_unavailable`` (the
+project's JSON error shape, OpenAI's under ``/v1/``) with ``Retry-After``, never a
+500. In embedded mode the process that notices starts the server again in a
+background thread (``ensure_embedded_postgres`` under its file lock: of several
+processes noticing at once, one starts it and the others find it running);
+``manage.py serve`` and ``manage.py worker`` also watch the postmaster every second.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, models
+from django.http import HttpRequest, JsonResponse
+
+from core.errors import Unavailable
+
+logger = logging.getLogger("core.db_recovery")
+
+T = TypeVar("T")
+
+CODE = "database_unavailable"
+MESSAGE = "The database is unavailable; retry shortly."
+
+# SQLSTATE classes of a server that is gone or not accepting connections: connection
+# exceptions (08), and shutdown / crash / starting up (57P01-57P03). A query error
+# (a deadlock, a cancelled statement, a constraint) is not an outage.
+_UNAVAILABLE_SQLSTATES = ("08", "57P")
+
+
+class DatabaseUnavailable(Unavailable):
+    """The database cannot be reached: 503 with ``Retry-After``."""
+
+    code = CODE
+
+    def __init__(self, message: str = MESSAGE) -> None:
+        super().__init__(message)
+
+    @property
+    def retry_after(self) -> int:
+        return int(settings.DATABASE_RETRY_AFTER)
+
+
+def is_database_unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the server is unreachable."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DatabaseUnavailable):
+            return True
+        if isinstance(exc, InterfaceError | psycopg.InterfaceError):
+            return True  # "connection already closed"
+        if isinstance(exc, psycopg.OperationalError):
+            sqlstate = exc.sqlstate
+            return sqlstate is None or sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
+        if isinstance(exc, OperationalError) and exc.__cause__ is None:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def as_database_unavailable(exc: BaseException) -> DatabaseUnavailable | None:
+    """``DatabaseUnavailable`` for an outage error (and start the embedded server
+    again); None for anything else."""
+    if not is_database_unavailable(exc):
+        return None
+    request_embedded_restart()
+    return exc if isinstance(exc, DatabaseUnavailable) else DatabaseUnavailable()
+
+
+def unavailable_response(request: HttpRequest, exc: DatabaseUnavailable) -> JsonResponse:
+    """The 503 for code outside DRF (plain Django views, middleware, the 500 handler)."""
+    from core.api.errors import error_body, openai_error_body
+
+    if request.path.startswith("/v1/"):
+        body = openai_error_body(503, exc.code, str(exc))
+    else:
+        body = error_body(exc.code, str(exc))
+    response = JsonResponse(body, status=503)
+    response["Retry-After"] = str(exc.retry_after)
+    return response
+
+
+def response_for_current_exception(request: HttpRequest) -> JsonResponse | None:
+    """Inside Django's 500 handler: the 503 if the request failed on an outage."""
+    exc = sys.exc_info()[1]
+    unavailable = as_database_unavailable(exc) if exc is not None else None
+    return unavailable_response(request, unavailable) if unavailable else None
+
+
+def read_after_commit(read: Callable[[], T], fallback: Callable[[], T]) -> T:
+    """``read()``, the fresh state of a write that already committed; if the database
+    went away in between, ``fallback()`` (built from what the write returned). The
+    write succeeded and must answer so: a client told 503 would send it again."""
+    try:
+        return read()
+    except DatabaseError as exc:
+        if not is_database_unavailable(exc):
+            raise
+        logger.warning("committed, but could not read it back: %s", exc)
+        return fallback()
+
+
+def refresh_after_commit(instance: models.Model) -> None:
+    """Reload ``instance`` after its write committed; if the database went away in
+    between, keep the values in memory (``read_after_commit``)."""
+    read_after_commit(instance.refresh_from_db, lambda: None)
+
+
+# --- embedded server restart -----------------------------------------------------------
+_restart_guard = threading.Lock()
+_restart_thread: threading.Thread | None = None
+
+
+def embedded_server_running() -> bool:
+    from core.embedded_pg import postmaster_running
+
+    return postmaster_running(settings.DATA_DIR / "pgdata")
+
+
+def ensure_embedded_running() -> bool:
+    """Start the embedded server if it is not running (a no-op with ``DATABASE_URL``).
+
+    Returns whether it had to be started. Safe from many processes at once.
+    """
+    if not settings.EMBEDDED_DATABASE or embedded_server_running():
+        return False
+    from core.embedded_pg import ensure_embedded_postgres
+
+    started = time.monotonic()
+    logger.warning("the embedded database is not running; starting it again")
+    ensure_embedded_postgres(settings.DATA_DIR, **settings.EMBEDDED_DB_OPTIONS)
+    logger.warning("embedded database running again (%.1fs)", time.monotonic() - started)
+    return True
+
+
+def _restart_loop(deadline: float) -> None:
+    delay = 0.2
+    while time.monotonic() < deadline:
+        try:
+            ensure_embedded_running()
+            return
+        except Exception:  # noqa: BLE001 - e.g. old backends still hold the shared memory
+            logger.exception("could not start the embedded database yet")
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def request_embedded_restart(timeout: float = 60.0) -> None:
+    """Start the embedded server again in the background (once per process at a time)."""
+    global _restart_thread
+    if not settings.EMBEDDED_DATABASE:
+        return
+    with _restart_guard:
+        if _restart_thread is not None and _restart_thread.is_alive():
+            return
+        _restart_thread = threading.Thread(
+            target=_restart_loop,
+            args=(time.monotonic() + timeout,),
+            name="embedded-db-restart",
+            daemon=True,
+        )
+        _restart_thread.start()
+
+
+def watch_embedded(min_interval: float = 1.0) -> Any:
+    """A periodic callback for the supervisors: restart the server when it is down."""
+    last = [0.0]
+
+    def check() -> None:
+        now = time.monotonic()
+        if now - last[0] < min_interval:
+            return
+        last[0] = now
+        try:
+            ensure_embedded_running()
+        except Exception:  # noqa: BLE001 - tried again next second
+            logger.exception("could not start the embedded database yet")
+
+    return check

@@ -1,0 +1,409 @@
+"""A django-q2 cluster that cannot stay stuck, and the figures that show whether it is.
+
+Why: django-q2's workers share ``multiprocessing`` queues whose locks live in shared
+memory. A worker killed while it holds one (an idle worker waits for a task *holding*
+the queue's read lock) leaves it held for good: every other worker, and the pusher,
+block forever and no task runs again, while the cluster's heartbeat goes on.
+
+What: ``QclusterProgram`` is the supervised command (``manage.py worker --run-cluster``)
+plus a watchdog. The cluster records in a state directory which broker rows its pusher
+claimed (``claim-<id>``, removed on acknowledgement) and which workers are busy
+(``busy-<pid>``). When tasks wait (a ready row of our queue, or one of our claims)
+and for ``WORKER_STALL_SECONDS`` no task finished and no worker was busy, the
+supervisor kills the cluster's whole process group, hands our claimed rows back to
+the broker at once (instead of after ``Q_RETRY``) and starts a new cluster. Every
+process of the cluster dies with its parent (``PR_SET_PDEATHSIG`` set after each
+fork), so a ``kill -9`` anywhere leaves no orphan polling the broker.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from core.supervisor import Program, die_with_parent
+
+logger = logging.getLogger("core.qcluster")
+
+STATE_DIR_ENV = "MEMORY_WORKER_STATE_DIR"
+_BUSY_GRACE = 30.0  # seconds past Q_TIMEOUT before a "busy" worker stops counting as progress
+# Floors under WORKER_STALL_SECONDS: a loaded machine can take this long to start a
+# cluster, or to refresh its heartbeat (django-q2 publishes it every 0.5 s for 3 s).
+STARTUP_SECONDS = 60.0
+HEARTBEAT_SECONDS = 15.0
+
+
+# --- inside the cluster process --------------------------------------------------------
+def _state_dir() -> Path | None:
+    value = os.environ.get(STATE_DIR_ENV)
+    return Path(value) if value else None
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _tracked_broker() -> Any:
+    from django.utils import timezone
+    from django_q.brokers.orm import ORM
+    from django_q.conf import Conf
+
+    class TrackedORM(ORM):
+        """The ORM broker, recording the rows this cluster claimed until they are acked."""
+
+        def dequeue(self) -> list[tuple[int, str]] | None:
+            tasks = self.get_connection().filter(key=self.list_key, lock__lt=timezone.now())[
+                : Conf.BULK
+            ]
+            if not tasks:
+                time.sleep(Conf.POLL)
+                return None
+            claimed = []
+            for task in tasks:
+                lock = self.timeout(task)
+                _record_claim(task.pk, lock)  # before the claim: a kill in between is harmless
+                if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=lock):
+                    claimed.append((task.pk, task.payload))
+                else:
+                    _forget_claim(task.pk)
+            return claimed
+
+        def delete(self, task_id: Any) -> None:
+            super().delete(task_id)
+            _forget_claim(task_id)
+
+    return TrackedORM()
+
+
+def _record_claim(task_id: Any, lock: datetime) -> None:
+    state = _state_dir()
+    if state is not None:
+        _write(state / f"claim-{task_id}", lock.isoformat())
+
+
+def _forget_claim(task_id: Any) -> None:
+    state = _state_dir()
+    if state is not None:
+        (state / f"claim-{task_id}").unlink(missing_ok=True)
+
+
+def _on_task_start(sender: Any = None, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    state = _state_dir()
+    if state is not None:
+        task = task or {}
+        ack_id = task.get("ack_id") or 0
+        _write(state / f"busy-{os.getpid()}", f"{time.time()} {ack_id} {task.get('name', '')}")
+
+
+def _on_task_end(sender: Any = None, **kwargs: Any) -> None:
+    state = _state_dir()
+    if state is not None:
+        (state / f"busy-{os.getpid()}").unlink(missing_ok=True)
+
+
+def run_cluster() -> None:
+    """Run a django-q2 cluster in this process (what ``qcluster`` does), with every
+    process it forks dying with its parent, and the claim/busy records above."""
+    from django_q.cluster import Cluster
+    from django_q.signals import post_execute_in_worker, pre_execute
+
+    parent_of_fork = [os.getpid()]
+
+    def before_fork() -> None:
+        parent_of_fork[0] = os.getpid()
+
+    def after_fork_in_child() -> None:
+        die_with_parent(signal.SIGKILL, parent_of_fork[0])
+
+    os.register_at_fork(before=before_fork, after_in_child=after_fork_in_child)
+    pre_execute.connect(_on_task_start, dispatch_uid="core.qcluster.start")
+    post_execute_in_worker.connect(_on_task_end, dispatch_uid="core.qcluster.end")
+    cluster = Cluster(broker=_tracked_broker())
+    cluster.start()
+    while cluster.sentinel is not None and cluster.sentinel.is_alive():
+        cluster.sentinel.join(1)
+
+
+# --- in the supervisor -----------------------------------------------------------------
+def _claims(state: Path) -> dict[int, datetime]:
+    found = {}
+    for path in state.glob("claim-*"):
+        if path.name.endswith(".tmp"):
+            continue
+        try:
+            found[int(path.name[6:])] = datetime.fromisoformat(path.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def release_claims(state: Path, only: set[int] | None = None) -> int:
+    """Hand the rows a dead cluster (or worker: ``only``) claimed back to the broker now,
+    instead of after ``Q_RETRY``; returns how many.
+
+    Only rows still locked with the value that cluster set: a row acknowledged (gone)
+    or claimed again by another cluster since is left alone. The tasks run again:
+    every task is safe to run twice.
+    """
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    claims = _claims(state)
+    if only is not None:
+        claims = {pk: lock for pk, lock in claims.items() if pk in only}
+    released = 0
+    if claims:
+        rows = OrmQ.objects.filter(pk__in=list(claims)).values_list("pk", "lock")
+        mine = [pk for pk, lock in rows if lock == claims[pk]]
+        if mine:
+            released = OrmQ.objects.filter(pk__in=mine).update(lock=timezone.now())
+    return released
+
+
+def sweep_stale_states(base: Path) -> None:
+    """Release the claims of clusters whose supervisor died (its lock file is free)."""
+    if not base.exists():
+        return
+    for state in base.glob("qcluster-*"):
+        lock = state / "lock"
+        try:
+            with open(lock, "a+") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                count = release_claims(state)
+                if count:
+                    logger.warning("released %d task(s) claimed by a dead cluster", count)
+        except BlockingIOError:
+            continue  # a live supervisor owns it
+        except OSError:
+            pass
+        shutil.rmtree(state, ignore_errors=True)
+
+
+class QclusterProgram(Program):
+    """``manage.py worker --run-cluster`` under a stall watchdog."""
+
+    def __init__(
+        self, *, stall_seconds: float, check_every: float = 1.0, name: str = "worker"
+    ) -> None:
+        from django.conf import settings
+
+        manage = str(settings.BASE_DIR / "manage.py")
+        super().__init__(
+            name,
+            [sys.executable, manage, "worker", "--run-cluster"],
+            stop_timeout=20.0,
+            parent_death_signal=signal.SIGKILL,
+        )
+        self.stall_seconds = stall_seconds
+        self.check_every = check_every
+        self.base = Path(settings.WORKER_STATE_DIR)
+        self.state: Path | None = None
+        self._lock_handle: Any = None
+        self._last_check = 0.0
+        self._progress_at: datetime | None = None
+        self._heartbeat_at: datetime | None = None
+        self._up = False
+
+    def before_start(self) -> dict[str, str]:
+        from django.utils import timezone
+
+        self.base.mkdir(parents=True, exist_ok=True)
+        sweep_stale_states(self.base)
+        self.state = Path(tempfile.mkdtemp(prefix=f"qcluster-{os.getpid()}-", dir=self.base))
+        self._lock_handle = open(self.state / "lock", "a+")  # noqa: SIM115 - held while it runs
+        fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
+        self._progress_at = self._heartbeat_at = timezone.now()
+        self._up = False
+        return {STATE_DIR_ENV: str(self.state)}
+
+    def after_stop(self) -> None:
+        if self.state is None:
+            return
+        try:
+            count = release_claims(self.state)
+            if count:
+                logger.warning("%s: released %d task(s) its cluster had claimed", self.name, count)
+        except Exception:  # noqa: BLE001 - the database may be down: the next sweep does it
+            logger.exception("%s: could not release claimed tasks now", self.name)
+            return  # keep the directory (and drop the lock) for the next sweep
+        finally:
+            if self._lock_handle is not None:
+                self._lock_handle.close()
+                self._lock_handle = None
+        shutil.rmtree(self.state, ignore_errors=True)
+        self.state = None
+
+    def _busy(self) -> list[tuple[int, float, int]]:
+        """(pid, started, broker row) of each worker that started a task and has not
+        finished it."""
+        found = []
+        for path in self.state.glob("busy-*") if self.state else []:
+            try:
+                started, ack_id = path.read_text().split()[:2]
+                found.append((int(path.name[5:]), float(started), int(ack_id)))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def busy_workers(self) -> int:
+        from django.conf import settings
+
+        limit = settings.Q_CLUSTER["timeout"] + _BUSY_GRACE
+        return sum(
+            1
+            for pid, started, _ in self._busy()
+            if psutil_alive(pid) and time.time() - started < limit
+        )
+
+    def release_dead_workers_tasks(self) -> int:
+        """A worker killed mid-task takes its task with it (the sentinel replaces the
+        worker, not the task): hand that task back now rather than after Q_RETRY."""
+        dead = [(pid, ack_id) for pid, _, ack_id in self._busy() if not psutil_alive(pid)]
+        if not dead or self.state is None:
+            return 0
+        count = release_claims(self.state, only={ack_id for _, ack_id in dead})
+        for pid, _ in dead:
+            (self.state / f"busy-{pid}").unlink(missing_ok=True)
+        if count:
+            logger.warning("%s: handed back %d task(s) of killed worker(s)", self.name, count)
+        return count
+
+    def check(self) -> str | None:
+        now = time.monotonic()
+        if now - self._last_check < self.check_every or self.state is None:
+            return None
+        self._last_check = now
+        from django.db import DatabaseError, close_old_connections
+        from django.utils import timezone
+
+        close_old_connections()
+        try:
+            self.release_dead_workers_tasks()
+            figures = queue_figures(own_claims=_claims(self.state))
+            beating = self._beating()
+        except DatabaseError:
+            # The database is down: no cluster can progress (nor publish its heartbeat),
+            # restarting one does not help.
+            self._progress_at = self._heartbeat_at = timezone.now()
+            return None
+        wall = timezone.now()
+        if not self._up:
+            # The clock starts once the cluster runs: under load, starting Django and
+            # forking the workers takes a while, and waiting tasks are not a stall then.
+            if not beating:
+                waited = (wall - (self._heartbeat_at or wall)).total_seconds()
+                limit = max(self.stall_seconds, STARTUP_SECONDS)
+                return f"not running after {waited:.0f}s" if waited > limit else None
+            self._up = True
+            self._progress_at = self._heartbeat_at = wall
+        progress = [self._progress_at or wall]
+        if figures["waiting_since"] is None or self.busy_workers():
+            progress.append(wall)
+        else:
+            progress.append(figures["waiting_since"])
+        if figures["last_finished_at"] is not None:
+            progress.append(figures["last_finished_at"])
+        self._progress_at = max(progress)
+        idle_for = (wall - self._progress_at).total_seconds()
+        publish_watchdog_state(self, figures, idle_for)
+        if beating:
+            self._heartbeat_at = wall
+        silent = (wall - (self._heartbeat_at or wall)).total_seconds()
+        if silent > max(self.stall_seconds, HEARTBEAT_SECONDS):
+            # The sentinel's guard loop itself can block on a lock of a killed worker:
+            # then nothing replaces dead workers and the heartbeat stops.
+            return f"no heartbeat from the cluster for {silent:.0f}s"
+        if idle_for > self.stall_seconds:
+            return (
+                f"{figures['waiting']} task(s) waiting for {figures['oldest_waiting_seconds']:.0f}s, "
+                f"none finished and no worker busy for {idle_for:.0f}s"
+            )
+        return None
+
+    def _beating(self) -> bool:
+        """Whether the cluster's sentinel published its status in the last seconds."""
+        from django_q.status import Stat
+
+        pid = self.proc.pid if self.proc is not None else None
+        return any(stat.pid == pid for stat in Stat.get_all())
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# --- figures (the supervisor and /healthz) ----------------------------------------------
+def queue_figures(own_claims: dict[int, datetime] | None = None) -> dict[str, Any]:
+    """What waits in the ORM broker and when a task last finished.
+
+    A ready row waits since its ``lock`` (set to the enqueue time, or the time it was
+    handed back); a claimed row since its claim (``lock - Q_RETRY``). ``own_claims``
+    (the supervisor's view) counts only this cluster's claims; without it every
+    claimed row counts (the web process cannot tell whose they are).
+    """
+    from django.conf import settings
+    from django.db.models import Max
+    from django.utils import timezone
+    from django_q.conf import Conf
+    from django_q.models import OrmQ, Task
+
+    now = timezone.now()
+    retry = timedelta(seconds=settings.Q_CLUSTER["retry"])
+    rows = list(OrmQ.objects.filter(key=Conf.CLUSTER_NAME).values_list("pk", "lock"))
+    since = []
+    for pk, lock in rows:
+        if lock is None or lock <= now:
+            since.append(lock or now)
+        elif own_claims is None or own_claims.get(pk) == lock:
+            since.append(lock - retry)
+    waiting_since = min(since) if since else None
+    last = Task.objects.aggregate(last=Max("stopped"))["last"]
+    return {
+        "waiting": len(since),
+        "claimed": sum(1 for _, lock in rows if lock is not None and lock > now),
+        "waiting_since": waiting_since,
+        "oldest_waiting_seconds": (now - waiting_since).total_seconds() if waiting_since else 0.0,
+        "last_finished_at": last,
+        "last_finished_seconds_ago": (now - last).total_seconds() if last else None,
+    }
+
+
+WATCHDOG_CACHE_PREFIX = "memory:worker-watchdog:"
+
+
+def publish_watchdog_state(program: QclusterProgram, figures: dict[str, Any], idle: float) -> None:
+    """Share the watchdog's view (busy workers, restarts) with /healthz."""
+    from django.core.cache import cache
+    from django.db import DatabaseError
+
+    state = {
+        "pid": os.getpid(),
+        "busy_workers": program.busy_workers(),
+        "idle_seconds": round(idle, 1),
+        "restarts": program.restarts,
+        "stall_seconds": program.stall_seconds,
+    }
+    try:
+        cache.set(
+            f"{WATCHDOG_CACHE_PREFIX}{os.uname().nodename}:{os.getpid()}",
+            state,
+            timeout=max(10, int(program.check_every * 5)),
+        )
+    except DatabaseError:
+        pass

@@ -1,0 +1,41 @@
+"""YAML in and out for the configuration endpoint (``application/yaml``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import BaseParser
+from rest_framework.renderers import BaseRenderer
+
+
+class YAMLParser(BaseParser):
+    media_type = "application/yaml"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            return yaml.safe_load(stream.read().decode("utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ParseError(f"YAML parse error: {exc}") from exc
+
+
+class TextYAMLParser(YAMLParser):
+    media_type = "text/yaml"
+
+
+class XYAMLParser(YAMLParser):
+    media_type = "application/x-yaml"
+
+
+class YAMLRenderer(BaseRenderer):
+    media_type = "application/yaml"
+    format = "yaml"
+    charset = "utf-8"
+
+    def render(
+        self, data: Any, accepted_media_type: Any = None, renderer_context: Any = None
+    ) -> bytes:
+        if data is None:
+            return b""
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode("utf-8")

@@ -1,0 +1,88 @@
+"""``blackboard``: an append-only log without embeddings, trimmed by count and age."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from memories.stores.backends import sql
+from memories.stores.backends.base import (
+    RetrieveQuery,
+    StoreBackend,
+    StoreHit,
+    WriteIn,
+    WriteResult,
+)
+from memories.stores.backends.simple import IGNORED_PATH_HELP
+from memories.stores.models import MemoryItem
+from memories.stores.registry import StrictConfig
+from memories.stores.text import attachment_overview, turn_summary
+
+_DURATION = re.compile(r"^(\d+)\s*([smhdw]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: Any) -> timedelta | None:
+    """``"90"``/``90`` seconds, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"``; empty: None."""
+    if value in (None, ""):
+        return None
+    match = _DURATION.match(str(value).strip().lower())
+    if match is None or int(match.group(1)) == 0:
+        raise ValueError("a positive duration like 3600, 90s, 15m, 12h, 7d or 2w")
+    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+class BlackboardConfig(StrictConfig):
+    memory_path = serializers.CharField(
+        required=False, allow_blank=True, default="", help_text=IGNORED_PATH_HELP
+    )
+    max_items = serializers.IntegerField(
+        min_value=1,
+        max_value=1_000_000,
+        default=1000,
+        help_text="Oldest entries beyond are dropped",
+    )
+    max_age = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Entries older than this are dropped: 3600, 90s, 15m, 12h, 7d, 2w",
+    )
+
+    def validate_max_age(self, value: str) -> str:
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value.strip()
+
+
+class BlackboardStore(StoreBackend):
+    def _oldest_kept(self) -> datetime | None:
+        age = parse_duration(self.config.get("max_age"))
+        return None if age is None else timezone.now() - age
+
+    def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+        # Entries past max_age are left out even before a write trims them.
+        return sql.newest(self.store.pk, query.top_k, since=self._oldest_kept())
+
+    def update(self, write: WriteIn, prepared: Any) -> WriteResult:
+        if not write.input.text.strip() and not write.output.text.strip():
+            return WriteResult("skipped", reason="nothing to record")
+        item = MemoryItem.objects.create(
+            store=self.store,
+            content_summary=turn_summary(write.input.text, write.output.text, max_chars=500),
+            input_snapshot=write.input.as_dict(),
+            output_snapshot=write.output.as_dict(),
+            metadata={"attachments": attachment_overview(write.input, write.output)}
+            | write.metadata,
+            session_id=write.session_id,
+        )
+        trimmed = sql.trim(
+            self.store.pk, max_items=self.config["max_items"], before=self._oldest_kept()
+        )
+        return WriteResult("added", item_id=item.pk, trimmed=trimmed)

@@ -1,0 +1,61 @@
+"""Reads for memory stores, items and attachments, always scoped by owner."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db.models import Count, QuerySet
+
+from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
+
+
+def memory_store_list(*, owner: User) -> QuerySet[MemoryStore]:
+    """The owner's stores by name, with ``own_items`` (their MemoryItem rows) and the
+    knowledge base of file stores (for its chunk count) in the same query."""
+    return (
+        MemoryStore.objects.filter(owner=owner)
+        .select_related("knowledge_base")
+        .annotate(own_items=Count("items"))
+        .order_by("name", "id")
+    )
+
+
+def memory_store_get(*, owner: User, store_id: uuid.UUID | str) -> MemoryStore:
+    """Raises MemoryStore.DoesNotExist (a 404) for a missing store or another owner's."""
+    return memory_store_list(owner=owner).get(pk=store_id)
+
+
+def memory_stores_by_name(*, owner: User) -> dict[str, MemoryStore]:
+    return {s.name: s for s in MemoryStore.objects.filter(owner=owner)}
+
+
+def memory_item_list(*, store: MemoryStore, session_id: str | None = None) -> QuerySet[MemoryItem]:
+    """Newest first; the embedding is never loaded."""
+    qs = MemoryItem.objects.filter(store=store).defer("embedding")
+    if session_id:
+        qs = qs.filter(session_id=session_id)
+    return qs.order_by("-id")
+
+
+def memory_item_get(*, store: MemoryStore, item_id: int) -> MemoryItem:
+    return MemoryItem.objects.defer("embedding").get(store=store, pk=item_id)
+
+
+def node_attachments(*, flow_id: Any, node_id: str) -> list[MemoryAttachment]:
+    """A node's attachments in their configured order, each with its store."""
+    return list(
+        MemoryAttachment.objects.filter(flow_id=flow_id, node_id=node_id)
+        .select_related("store", "store__knowledge_base")
+        .order_by("position", "id")
+    )
+
+
+def owner_attachments(*, owner: User) -> QuerySet[MemoryAttachment]:
+    """Every attachment of the owner's flows, grouped by flow and node, in order."""
+    return (
+        MemoryAttachment.objects.filter(flow__owner=owner)
+        .select_related("flow", "store")
+        .order_by("flow__name", "flow_id", "node_id", "position", "id")
+    )

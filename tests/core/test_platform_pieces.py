@@ -1,0 +1,77 @@
+"""The one-of-each pieces in core: schedules, id validation, decay, the error family."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_q.models import Schedule
+
+from core.errors import Conflict, NameTaken, ServiceError
+from core.schedules import declared_schedules, register_schedules
+from core.scoring import decay
+from core.validation import validate_end_user_id, validate_node_id, validate_session_id
+
+pytestmark = pytest.mark.django_db
+
+
+def test_schedules_are_registered_once_by_name_and_follow_their_declaration():
+    names = {spec.name for spec in declared_schedules()}
+    assert names == {
+        "index-pending-chunks",
+        "ingest-jobs-sweep",
+        "node-memory-cleanup",
+        "memory-base-jobs-sweep",
+    }
+    Schedule.objects.filter(name="ingest-jobs-sweep").update(func="old.path", minutes=60)
+    register_schedules()
+    register_schedules()  # idempotent
+    rows = Schedule.objects.filter(name__in=names)
+    assert sorted(rows.values_list("name", flat=True)) == sorted(names)
+    sweep = rows.get(name="ingest-jobs-sweep")
+    assert (sweep.func, sweep.minutes, sweep.repeats) == (
+        "knowledge.tasks.ingest_jobs_sweep",
+        5,
+        -1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("validate", "good", "bad", "field", "code"),
+    [
+        (validate_session_id, "chat/42:a@b+c=d", "has space", "session_id", "invalid"),
+        (validate_end_user_id, "alice@example.com", "-dash-first", "user", "invalid_user"),
+        (validate_node_id, "llm.node_1-a", "../etc", "node_id", "invalid"),
+    ],
+)
+def test_one_validator_per_id_kind(validate, good, bad, field, code):
+    assert validate(good) == good
+    with pytest.raises(ServiceError) as info:
+        validate(bad)
+    assert (info.value.status_code, info.value.code, list(info.value.details)) == (
+        400,
+        code,
+        [field],
+    )
+    with pytest.raises(ServiceError):
+        validate("x" * 300)
+
+
+def test_decay_halves_every_half_life():
+    now = timezone.now()
+    assert decay(now, 7, now=now) == 1.0
+    assert decay(now - timedelta(days=7), 7, now=now) == pytest.approx(0.5)
+    assert decay(now + timedelta(days=1), 7, now=now) == 1.0  # never above 1
+
+
+def test_error_family_carries_code_status_and_details():
+    error = NameTaken("taken", details={"name": "x"})
+    assert isinstance(error, Conflict)
+    assert (error.status_code, error.code, error.details, str(error)) == (
+        409,
+        "name_taken",
+        {"name": "x"},
+        "taken",
+    )
+    assert ServiceError("m", code="custom").code == "custom"

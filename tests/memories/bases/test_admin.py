@@ -1,0 +1,192 @@
+"""The memory base admin as an operator uses it: buttons and counters on the change page,
+owners by name, one message per outcome, a confirmation before anything destructive."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.messages import get_messages
+
+from core.models import APIKey
+from knowledge.models import Chunk, KnowledgeBase
+from memories.bases import services
+from memories.bases.models import MemoryBase, MemoryBaseJob
+from memories.personal.models import EndUser
+from tests.conftest import record
+from tests.knowledge.factories import make_kb
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LIST = "/admin/memory_bases/memorybase/"
+
+
+def _change(mb) -> str:
+    return f"{LIST}{mb.pk}/change/"
+
+
+def _messages(response) -> list[tuple[str, str]]:
+    return [(m.level_tag, m.message) for m in get_messages(response.wsgi_request)]
+
+
+def test_change_page_has_buttons_counters_sessions_and_owner_by_name(
+    admin_client, flow, memory_base
+):
+    record(flow, "s1", "a", "b", "c")  # threshold 3: ingested
+    record(flow, "s2", "d")
+    html = admin_client.get(_change(memory_base)).content.decode()
+    assert f'action="{LIST}{memory_base.pk}/sync/"' in html and ">Sync now</button>" in html
+    assert f'href="{LIST}{memory_base.pk}/regenerate/"' in html and ">Regenerate…</a>" in html
+    counters = {
+        label: html.split(f'id="counter-{label}">', 1)[1].split("<", 1)[0]
+        for label in ("sessions", "pending", "processed", "chunks", "status")
+    }
+    assert counters == {
+        "sessions": "2",
+        "pending": "1",
+        "processed": "3",
+        "chunks": "3",
+        "status": "ok",
+    }
+    assert "s1" in html and "s2" in html and "synced" in html and "pending" in html
+    # The owner is a name, not an id in a box to type into.
+    assert ">alice</a>" in html
+    assert 'name="owner"' not in html and 'name="flow"' not in html
+
+
+def test_sync_now_button_reports_one_message_per_outcome(admin_client, flow, memory_base):
+    record(flow, "s1", "a")
+    response = admin_client.post(f"{LIST}{memory_base.pk}/sync/")
+    assert response.status_code == 302 and response["Location"] == _change(memory_base)
+    assert _messages(response) == [
+        ("success", "support-memory: sync started, 1 ingestion job queued.")
+    ]
+    admin_client.get(response["Location"])  # the page shows (and so consumes) the message
+    again = admin_client.post(f"{LIST}{memory_base.pk}/sync/")
+    assert _messages(again) == [
+        ("info", "support-memory: nothing to sync, no session has pending messages.")
+    ]
+    assert admin_client.get(f"{LIST}{memory_base.pk}/sync/").status_code == 405
+
+
+def test_a_refusal_is_one_red_message_and_nothing_else(
+    admin_client, flow, memory_base, monkeypatch
+):
+    monkeypatch.setattr(services, "_dispatch", lambda job: None)
+    record(flow, "s1", "a")
+    services.memory_base_flush(memory_base=memory_base)  # a queued job nobody runs
+    job = MemoryBaseJob.objects.get()
+    response = admin_client.post(
+        LIST, {"action": "regenerate", "_selected_action": [memory_base.pk], "confirmed": "yes"}
+    )
+    assert _messages(response) == [
+        (
+            "error",
+            f"support-memory: not started, session 's1' already has an active ingestion job "
+            f"{job.pk} (queued).",
+        )
+    ]
+    assert MemoryBaseJob.objects.get() == job
+
+
+def test_regenerate_asks_first_on_the_page_and_in_the_list(admin_client, flow, memory_base):
+    record(flow, "s1", "a", "b", "c")
+    before = sorted(Chunk.objects.values_list("source_key", flat=True))
+    page = admin_client.get(f"{LIST}{memory_base.pk}/regenerate/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Regenerate this memory base?" in html and "Yes, regenerate" in html
+    assert "delete all chunks of the memory base&#x27;s knowledge base" in html
+    listed = admin_client.post(LIST, {"action": "regenerate", "_selected_action": [memory_base.pk]})
+    assert listed.status_code == 200 and "Regenerate these memory bases?" in listed.content.decode()
+    assert MemoryBaseJob.objects.count() == 1  # the capture's own job; nothing new yet
+    done = admin_client.post(f"{LIST}{memory_base.pk}/regenerate/", {"confirmed": "yes"})
+    assert done.status_code == 302
+    assert _messages(done) == [("success", "support-memory: regenerating, 1 job queued.")]
+    assert sorted(Chunk.objects.values_list("source_key", flat=True)) == before
+
+
+@pytest.mark.parametrize(
+    "url, action, make, title",
+    [
+        (LIST, "delete_with_knowledge_base", "memory_base", "Delete these memory bases?"),
+        (
+            "/admin/knowledge/knowledgebase/",
+            "delete_with_chunks",
+            "kb",
+            "Delete these knowledge bases?",
+        ),
+        ("/admin/core/apikey/", "revoke_keys", "key", "Revoke these API keys?"),
+        ("/admin/memories/enduser/", "erase", "end_user", "Erase these end users?"),
+    ],
+)
+def test_every_destructive_action_asks_first(
+    admin_client, alice, flow, memory_base, url, action, make, title
+):
+    objects = {
+        "memory_base": lambda: memory_base,
+        "kb": lambda: make_kb(alice, name="notes"),
+        "key": lambda: APIKey.objects.create(owner=alice, name="k", prefix="p", digest="d"),
+        "end_user": lambda: EndUser.objects.create(owner=alice, external_id="u1"),
+    }
+    obj = objects[make]()
+    model = type(obj)
+    before = list(model.objects.values_list("pk", flat=True))
+    asked = admin_client.post(url, {"action": action, "_selected_action": [obj.pk]})
+    assert asked.status_code == 200
+    html = asked.content.decode()
+    assert title in html and 'name="confirmed" value="yes"' in html and str(obj) in html
+    assert list(model.objects.values_list("pk", flat=True)) == before  # nothing happened yet
+    if make == "key":
+        assert APIKey.objects.get(pk=obj.pk).revoked_at is None
+    done = admin_client.post(
+        url, {"action": action, "_selected_action": [obj.pk], "confirmed": "yes"}
+    )
+    assert done.status_code == 302
+    if make == "key":
+        assert APIKey.objects.get(pk=obj.pk).revoked_at is not None
+    else:
+        assert not model.objects.filter(pk=obj.pk).exists()
+
+
+def test_a_memory_bases_knowledge_base_is_not_deleted_from_the_knowledge_admin(
+    admin_client, flow, memory_base
+):
+    kb = memory_base.knowledge_base
+    url = "/admin/knowledge/knowledgebase/"
+    done = admin_client.post(
+        url, {"action": "delete_with_chunks", "_selected_action": [kb.pk], "confirmed": "yes"}
+    )
+    assert _messages(done) == [
+        (
+            "error",
+            "Memory: support-memory is a memory base's own knowledge base and is not deleted "
+            "here: delete the memory base instead (Memory bases), which deletes its knowledge "
+            "base with it.",
+        )
+    ]
+    page = admin_client.get(f"{url}{kb.pk}/change/").content.decode()
+    assert "delete the memory base instead" in page
+    assert f"{url}{kb.pk}/delete/" not in page  # no Delete link
+    assert admin_client.post(f"{url}{kb.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert KnowledgeBase.objects.filter(pk=kb.pk).exists()
+    assert MemoryBase.objects.filter(pk=memory_base.pk).exists()
+
+
+def test_owners_are_usernames_on_every_admin_page(admin_client, alice, flow, memory_base):
+    record(flow, "s1", "a")
+    kb = make_kb(alice, name="notes")
+    pages = [
+        LIST,
+        _change(memory_base),
+        "/admin/knowledge/knowledgebase/",
+        f"/admin/knowledge/knowledgebase/{kb.pk}/change/",
+        "/admin/conversations/flow/",
+        f"/admin/conversations/flow/{flow.pk}/change/",
+        "/admin/conversations/message/",
+        "/admin/core/apikey/add/",
+    ]
+    for page in pages:
+        html = admin_client.get(page).content.decode()
+        assert 'class="vForeignKeyRawIdAdminField"' not in html, page
+    assert (
+        "alice"
+        in admin_client.get(f"/admin/knowledge/knowledgebase/{kb.pk}/change/").content.decode()
+    )
