@@ -387,6 +387,13 @@ MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MOD
 ENGINE_MIN_CONFIDENCE = env_float("ENGINE_MIN_CONFIDENCE", 0.7, minimum=0.0)
 # At most this many facts per scope; beyond it the lowest confidence, then the oldest, go.
 ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
+# Scopes with more facts than this find a new fact's nearest neighbour (the semantic
+# duplicate check) through the HNSW index of its dimension instead of an exact scan of
+# the scope, so adding a fact costs the same however many facts the scope holds.
+ENGINE_EXACT_MAX_FACTS = env_int("ENGINE_EXACT_MAX_FACTS", 2000, minimum=1)
+# A replacement that would bring back a text the same fact replaced within the scope's
+# last N replacements is refused unless its confidence is higher (0 = no guard).
+ENGINE_FLIP_FLOP_WINDOW = env_int("ENGINE_FLIP_FLOP_WINDOW", 20, minimum=0)
 # Search: score = (w * similarity + (1 - w) * keyword) * 0.5 ** (age / half-life).
 ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.7, minimum=0.0)
 ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  # 0 = no decay
