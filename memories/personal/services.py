@@ -19,6 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from core.db import advisory_xact_lock
+from core.erasure import send_scope_erased
 from core.errors import InvalidInput
 from core.providers.embeddings import Embedder, get_embedder
 from core.validation import validate_end_user_id
@@ -316,10 +317,18 @@ def memory_delete(*, end_user: EndUser, vector: Vector, reason: str = "deleted")
 
 
 def end_user_erase(*, end_user: EndUser) -> int:
-    """Erasure: remove every memory link of the user, the vectors nobody else links,
-    the user's audit trail and the user row. Returns the number of memories removed."""
+    """Erasure: remove every memory link of the user (the scope), the vectors nobody
+    else links, the audit trail and the scope row, and what other rooms keep of the
+    scope (``core.erasure.scope_erased``: the engine's pending updates, summaries,
+    journal, MEMORY.md and dream diaries). Returns the number of memories removed."""
     with transaction.atomic():
         _user_lock(end_user)
+        send_scope_erased(
+            sender=EndUser,
+            owner_id=end_user.owner_id,
+            scope_id=end_user.pk,
+            scope=list(end_user.scope),
+        )
         vector_ids = list(
             UserVector.objects.filter(end_user=end_user).values_list("vector_id", flat=True)
         )
