@@ -23,15 +23,29 @@ from typing import Any
 import psycopg
 from django.db import connection
 
+_ONLY_WHEN_ASKED = 2**31 - 1
 
-def fetch(sql: str, params: list[Any]) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """(rows, column names) of ``sql`` run as a prepared statement on ``connection``."""
+
+def fetch(
+    sql: str, params: list[Any], prepare: bool = True
+) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """(rows, column names) of ``sql`` run as a prepared statement on ``connection``.
+
+    ``prepare=False``: bound on the server but planned for these values each time, for a
+    statement whose best plan depends on them (a generic plan could scan the table).
+    """
     started = time.monotonic()
     with connection.wrap_database_errors:
         connection.ensure_connection()
         connection.validate_no_broken_transaction()
-        with psycopg.Cursor(connection.connection) as cur:
-            cur.execute(sql, params, prepare=True)
+        raw = connection.connection
+        if raw.prepare_threshold is None:
+            # Django turns preparing off (None) for connection poolers' sake; then even
+            # prepare=True is ignored. Only statements asking for it are prepared here:
+            # Django's own (client-side) cursors never prepare.
+            raw.prepare_threshold = _ONLY_WHEN_ASKED
+        with psycopg.Cursor(raw) as cur:
+            cur.execute(sql, params, prepare=prepare)
             rows = cur.fetchall()
             names = [c.name for c in cur.description or ()]
     if connection.queries_logged:
