@@ -85,13 +85,58 @@ CROSS JOIN LATERAL (
 JOIN w ON w.lexeme = u.lexeme
 GROUP BY c.id, c.first
 """
+# The same ranking in one statement, for searches that are not pruned (small or filtered
+# scopes): the idf computed in the statement, the tf = 1 terms from arrays.
+_ONE_SQL = """
+WITH tot AS (
+    SELECT coalesce(sum(chunks), 0)::float8 AS n,
+           greatest(coalesce(sum(lexemes)::float8 / nullif(sum(chunks), 0), 1), 1) AS avgdl
+    FROM knowledge_base_text_stats WHERE knowledge_base_id = ANY(%s::uuid[])
+),
+w AS MATERIALIZED (
+    SELECT q.lexeme, ln(1 + (tot.n - sum(s.df) + 0.5) / (sum(s.df) + 0.5)) AS idf
+    FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%s::regconfig, %s))) q
+    CROSS JOIN tot
+    JOIN knowledge_term_stats s
+      ON s.lexeme = q.lexeme AND s.knowledge_base_id = ANY(%s::uuid[])
+    GROUP BY q.lexeme, tot.n
+),
+t AS MATERIALIZED (
+    SELECT array_agg(quote_literal(lexeme)::tsquery ORDER BY idf DESC, lexeme) AS qs,
+           array_agg(idf ORDER BY idf DESC, lexeme) AS idf,
+           string_agg(quote_literal(lexeme), ' | ')::tsquery AS q,
+           (SELECT avgdl FROM tot) AS avgdl
+    FROM w
+),
+c AS MATERIALIZED (
+    SELECT id, search_vector AS tv, length(search_vector)::float8 AS dl
+    FROM knowledge_chunk, t
+    WHERE {scope} AND search_vector @@ t.q
+    ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / t.avgdl)) DESC, id
+    LIMIT %s
+)
+SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / t.avgdl)))
+    AS score
+FROM c CROSS JOIN t
+CROSS JOIN LATERAL (
+    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(c.tv)
+) u
+JOIN w ON w.lexeme = u.lexeme
+GROUP BY c.id
+ORDER BY score DESC, c.id
+LIMIT %s
+"""
+# Query terms in the one statement's first pass, at most (the rarest; the rest still
+# match and are scored exactly).
+ONE_TERMS = 32
 _BASES = "knowledge_base_id = ANY(%s::uuid[])"  # how every search scope begins
 _TERM = "CASE WHEN search_vector @@ %s::tsquery THEN %s::float8 ELSE 0 END"
 
 # Chunks scored exactly, per chunk wanted (the rest are ranked by the tf = 1 score).
 EXACT_FACTOR = 2
-# Bases smaller than this rank every match: cheap there, and one statement fewer.
-PRUNE_MIN_ROWS = 20_000
+# Bases smaller than this rank every match, in one statement: cheap there (at 100k
+# chunks, a 30,000-chunk base was faster unpruned on bench_search_ab.py).
+PRUNE_MIN_ROWS = 100_000
 # Query terms over which candidate sets are built, at most; longer queries rank every
 # chunk matching any term (no pruning).
 PRUNE_MAX_TERMS = 12
@@ -181,14 +226,20 @@ def bm25_ranking(
     scope_params: list[Any],
     limit: int,
     filtered: bool = False,
+    scope_rows: int | None = None,
 ) -> list[tuple[int, float]]:
     """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
 
     ``scope``/``scope_params``: the WHERE clause of the search (bases and filters), as
-    ``search._scope_sql`` builds it; ``filtered``: whether it holds more than the bases.
+    ``search._scope_sql`` builds it; ``filtered``: whether it holds more than the bases;
+    ``scope_rows``: the bases' size, if known (a small or filtered scope is not pruned,
+    and is ranked in one statement).
     """
     if not re.search(r"\w", text):
         return []
+    small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
+    if not settings.SEARCH_BM25_PRUNE or filtered or small:
+        return _one_statement(kb_ids, language, text, scope, scope_params, limit)
     terms, _ = prepared.fetch(_TERMS_SQL, [language, text, kb_ids, kb_ids])
     if not terms:
         return []
@@ -257,6 +308,29 @@ def bm25_ranking(
             found = sorted(found, key=lambda r: (-r[1], r[0]))[:ranked]
     best = sorted(found, key=lambda r: (-r[2], r[0]))[:limit]
     return [(chunk_id, score) for chunk_id, _, score in best]
+
+
+def _one_statement(
+    kb_ids: list[str],
+    language: str,
+    text: str,
+    scope: str,
+    scope_params: list[Any],
+    limit: int,
+) -> list[tuple[int, float]]:
+    # A slot per lexeme the text could give (a hyphenated word gives up to three); empty
+    # slots add 0.
+    slots = min(ONE_TERMS, 2 * len(re.findall(r"\w+", text)))
+    terms = " + ".join(
+        f"CASE WHEN search_vector @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END"
+        for i in range(1, slots + 1)
+    )
+    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    sql = _ONE_SQL.format(scope=scope, terms=terms, k1=repr(k1), b=repr(b))
+    params = [kb_ids, language, text, kb_ids, *scope_params, limit * EXACT_FACTOR, limit]
+    # Planned for its values each time, as the pruned statements are.
+    rows, _ = prepared.fetch(sql, params, prepare=False)
+    return [(row[0], float(row[1])) for row in rows]
 
 
 # The exact score of the rows of ``c`` (columns id, tv, dl) for the lexemes of ``w``.

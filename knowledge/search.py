@@ -139,11 +139,18 @@ def _index_vector(
         f"WHERE index_pending AND {scope} ORDER BY d LIMIT %s) "
         "SELECT id, d, true FROM i UNION ALL SELECT id, d, false FROM p"
     )
+    # The index's settings for this transaction only, in one round trip.
+    local = [("hnsw.ef_search", ef_search_for(dims, limit))]
+    if _iterative_scan_available():
+        local += [
+            ("hnsw.iterative_scan", settings.SEARCH_ITERATIVE_SCAN),
+            ("hnsw.max_scan_tuples", settings.SEARCH_MAX_SCAN_TUPLES),
+        ]
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"SET LOCAL hnsw.ef_search = {ef_search_for(dims, limit)}")
-        if _iterative_scan_available():
-            cur.execute(f"SET LOCAL hnsw.iterative_scan = {settings.SEARCH_ITERATIVE_SCAN}")
-            cur.execute(f"SET LOCAL hnsw.max_scan_tuples = {settings.SEARCH_MAX_SCAN_TUPLES}")
+        cur.execute(
+            "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local),
+            [str(v) for pair in local for v in pair],
+        )
         cur.execute(sql, [vec, *params, limit, vec, *params, limit])
         rows = cur.fetchall()
     from_index = sum(1 for row in rows if row[2])
@@ -233,13 +240,20 @@ def vector_ranking(
 
 
 def keyword_ranking(
-    kb_ids: list[str], language: str, text: str, request: SearchRequest, limit: int
+    kb_ids: list[str],
+    language: str,
+    text: str,
+    request: SearchRequest,
+    limit: int,
+    scope_rows: int | None = None,
 ) -> list[tuple[int, float]]:
-    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme."""
+    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
+
+    ``scope_rows``: the bases' size when known (their chunk counters).
+    """
     scope, params = _scope_sql(kb_ids, request)
-    return bm25_ranking(
-        kb_ids, language, text, scope, params, limit, filtered=not _unfiltered(request)
-    )
+    filtered = not _unfiltered(request)
+    return bm25_ranking(kb_ids, language, text, scope, params, limit, filtered, scope_rows)
 
 
 def _query_vectors(
@@ -289,12 +303,14 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
         return sorted(hits, key=lambda r: (r[1], r[0]))
 
     def keyword_leg() -> list[tuple[int, float]]:
-        by_language: dict[str, list[str]] = defaultdict(list)
+        by_language: dict[str, list[KnowledgeBase]] = defaultdict(list)
         for kb in bases:
-            by_language[kb.language].append(str(kb.pk))
+            by_language[kb.language].append(kb)
         hits: list[tuple[int, float]] = []
-        for language, kb_ids in by_language.items():
-            hits += keyword_ranking(kb_ids, language, request.query or "", request, pool)
+        for language, members in by_language.items():
+            kb_ids = [str(kb.pk) for kb in members]
+            rows = sum(kb.chunk_count for kb in members)
+            hits += keyword_ranking(kb_ids, language, request.query or "", request, pool, rows)
         return sorted(hits, key=lambda r: (-r[1], r[0]))
 
     want_vector = request.mode in ("vector", "hybrid")

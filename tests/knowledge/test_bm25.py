@@ -241,7 +241,10 @@ def test_pruned_ranking_is_the_ranking_of_every_match(alice, settings, monkeypat
                 full = _rank(kb, query, limit, False, settings)
                 statements.clear()
                 got = _rank(kb, query, limit, True, settings)
-                assert got == full, query
+                # (The unpruned ranking is one statement computing idf in SQL: the
+                # scores may differ in their last bits.)
+                assert [c for c, _ in got] == [c for c, _ in full], query
+                assert [s for _, s in got] == pytest.approx([s for _, s in full], rel=1e-12)
                 pruned_queries += any("&" in s for s in statements)
                 second += len(statements) == 2
         assert second if margin < 1 else True
@@ -327,7 +330,7 @@ def test_search_statements_are_prepared_once_per_connection(alice):
     with connection.cursor() as cur:
         cur.execute("SELECT statement FROM pg_prepared_statements")
         statements = [row[0] for row in cur.fetchall()]
-    assert sum("knowledge_term_stats" in s for s in statements) == 1
     assert sum("donor AS MATERIALIZED" in s for s in statements) == 1
-    # The ranking statement is planned for its values each time.
-    assert not any("bound AS MATERIALIZED" in s for s in statements)
+    # The keyword ranking is planned for its values each time (a small base: one
+    # statement), so is the vector one (Django's cursor).
+    assert not any("search_vector @@" in s or "<=>" in s for s in statements)
