@@ -140,7 +140,7 @@ def _index_vector(
         "SELECT id, d, true FROM i UNION ALL SELECT id, d, false FROM p"
     )
     # The index's settings for this transaction only, in one round trip.
-    local = [("hnsw.ef_search", ef_search_for(dims, limit))]
+    local: list[tuple[str, object]] = [("hnsw.ef_search", ef_search_for(dims, limit))]
     if _iterative_scan_available():
         local += [
             ("hnsw.iterative_scan", settings.SEARCH_ITERATIVE_SCAN),
@@ -470,6 +470,7 @@ def _finish_with_context(hits: list[Hit], request: SearchRequest, kb_ids: list[s
     filtered = any(k in request.filters for k in _NEIGHBOUR_FILTERS) or (
         request.since is not None or request.until is not None
     )
+    params: list[Any]
     check, params = "true", []
     if filtered:
         scope, params = _scope_sql(kb_ids, request, alias="k.")
@@ -521,9 +522,10 @@ def _finish(
         hits = sorted(hits, key=order)[: request.top_k]
     else:
         hits = sorted(hits, key=order)[: request.top_k]
-        missing = [h.chunk_id for h in hits if rows is None or h.chunk_id not in rows]
+        rows = rows or {}
+        missing = [h.chunk_id for h in hits if h.chunk_id not in rows]
         if missing:
-            rows = {**(rows or {}), **_details(missing)}
+            rows = {**rows, **_details(missing)}
     out = []
     for hit in hits:
         row = rows.get(hit.chunk_id)
