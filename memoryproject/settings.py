@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "memories.personal",
     "memories.stores",
     "memories.engine",
+    "memories.tools",
     "ingestion",
 ]
 
