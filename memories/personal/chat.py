@@ -53,6 +53,8 @@ class PreparedChat:
     chat_id: str | None = None
     user_name: str = ""
     user_email: str = ""
+    # extra fields reported beside ``memories`` (the server-side memory tools' calls)
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 def message_text(content: Any) -> str:
@@ -200,7 +202,7 @@ def memories_payload(prepared: PreparedChat) -> list[dict[str, Any]]:
     ]
 
 
-def _enqueue_formation(prepared: PreparedChat) -> None:
+def enqueue_formation(prepared: PreparedChat) -> None:
     """Learning is best effort: the answer is delivered whether or not this queues. Only
     a new user turn teaches: a request that sends a tool's result back repeats the user
     message the model already learned from."""
@@ -216,7 +218,7 @@ def _enqueue_formation(prepared: PreparedChat) -> None:
     )
 
 
-def _answer_text(answer: dict[str, Any]) -> str:
+def answer_text(answer: dict[str, Any]) -> str:
     try:
         return message_text(answer["choices"][0]["message"].get("content"))
     except (KeyError, IndexError, TypeError, AttributeError):
@@ -228,7 +230,7 @@ def _user_turn(prepared: PreparedChat) -> bool:
     return bool(messages) and messages[-1].get("role") == "user"
 
 
-def chat_record(prepared: PreparedChat, answer_text: str) -> None:
+def chat_record(prepared: PreparedChat, text: str) -> None:
     """With a chat id (Open WebUI's ``X-OpenWebUI-Chat-Id``): the user's message and the
     answer join the conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, so
     ``/api/v1/conversations/{chat_id}/history`` and the engine's summaries read it. Only
@@ -248,7 +250,7 @@ def chat_record(prepared: PreparedChat, answer_text: str) -> None:
             messages=[
                 MessageIn(role="user", text=prepared.user_text, sender=(sender or "user")[:100],
                           sender_name=name),
-                MessageIn(role="assistant", text=answer_text),
+                MessageIn(role="assistant", text=text),
             ],
         )  # fmt: skip
 
@@ -256,9 +258,9 @@ def chat_record(prepared: PreparedChat, answer_text: str) -> None:
 def chat_complete(prepared: PreparedChat) -> dict[str, Any]:
     """Forward once; the upstream JSON comes back unchanged plus a ``memories`` array."""
     answer = get_llm(feature="The chat proxy").relay(prepared.body)
-    _enqueue_formation(prepared)
-    chat_record(prepared, _answer_text(answer))
-    return {**answer, "memories": memories_payload(prepared)}
+    enqueue_formation(prepared)
+    chat_record(prepared, answer_text(answer))
+    return {**answer, "memories": memories_payload(prepared), **prepared.report}
 
 
 def memories_chunk(prepared: PreparedChat, first: dict[str, Any]) -> dict[str, Any]:
@@ -271,10 +273,11 @@ def memories_chunk(prepared: PreparedChat, first: dict[str, Any]) -> dict[str, A
         "model": first.get("model", ""),
         "choices": [],
         "memories": memories_payload(prepared),
+        **prepared.report,
     }
 
 
-def _delta_text(chunk: dict[str, Any]) -> str:
+def delta_text(chunk: dict[str, Any]) -> str:
     try:
         return str(chunk["choices"][0]["delta"].get("content") or "")
     except (KeyError, IndexError, TypeError, AttributeError):
@@ -291,17 +294,23 @@ def chat_stream(prepared: PreparedChat) -> Iterator[bytes]:
     the stream with an error event. With a user, a last chunk carries ``memories``."""
     stream = get_llm(feature="The chat proxy").relay_stream(prepared.body)
     first = next(stream, None)  # raises ProviderError before anything is sent
+    return relay_events(prepared, first, stream)
+
+
+def relay_events(
+    prepared: PreparedChat, first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]
+) -> Iterator[bytes]:
+    """The SSE answer from an upstream stream whose first chunk has arrived."""
+    if first is None:
+        return iter([b"data: [DONE]\n\n"])
 
     def events() -> Iterator[bytes]:
-        if first is None:
-            yield b"data: [DONE]\n\n"
-            return
-        _enqueue_formation(prepared)
+        enqueue_formation(prepared)
         yield sse(first)
-        parts = [_delta_text(first)]
+        parts = [delta_text(first)]
         try:
-            for chunk in stream:
-                parts.append(_delta_text(chunk))
+            for chunk in rest:
+                parts.append(delta_text(chunk))
                 yield sse(chunk)
         except ProviderError as exc:
             error = {
