@@ -6,7 +6,7 @@ from core.views import healthz
 from memories.personal.api.openai_views import ModelsView
 from memories.personal.metrics import metrics
 from memories.tools.api.proxy import MemoryToolsChatView
-from memories.tools.mcp_http import MCPView
+from memories.tools.mcp_http import MCPSlashView, MCPView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -15,7 +15,7 @@ urlpatterns = [
     path("v1/chat/completions", MemoryToolsChatView.as_view(), name="chat-completions"),
     path("v1/models", ModelsView.as_view(), name="models"),
     path("mcp", MCPView.as_view(), name="mcp"),
-    path("mcp/", MCPView.as_view()),
+    path("mcp/", MCPSlashView.as_view()),
     path("api/v1/", include("memories.personal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

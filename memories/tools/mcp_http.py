@@ -129,3 +129,8 @@ class MCPView(APIView):
             if name.lower() not in ("content-length", "connection"):
                 response[name] = value
         return response
+
+
+@extend_schema(exclude=True)
+class MCPSlashView(MCPView):
+    """``/mcp/`` for clients configured with a trailing slash (the schema lists ``/mcp``)."""
