@@ -8,10 +8,12 @@ learned (the memory, the recorded conversation) and Open WebUI's view of /mcp.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from typing import Any
 
 
@@ -34,9 +36,27 @@ def step(title: str, value: Any) -> None:
     print(value if isinstance(value, str) else json.dumps(value, indent=2)[:2000])
 
 
+def turn(owui: str, token: str, model: str, chat_id: str, text: str, *, parent: str | None,
+         earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One chat turn as the browser sends it: the user message and the answer get ids,
+    so Open WebUI stores them in the chat and forwards X-OpenWebUI-Chat-Id."""
+    user_id, assistant_id = str(uuid.uuid4()), str(uuid.uuid4())
+    answer = call("POST", f"{owui}/api/chat/completions", {
+        "model": model, "chat_id": chat_id, "id": assistant_id, "parent_id": parent,
+        "stream": False,
+        "user_message": {"id": user_id, "parentId": parent, "childrenIds": [], "role": "user",
+                         "content": text, "timestamp": int(time.time()), "models": [model]},
+        "messages": [*(earlier or []), {"role": "user", "content": text}]}, token=token)  # fmt: skip
+    return {**answer, "_assistant_id": assistant_id}
+
+
 def main(owui: str, service: str, key: str) -> int:
-    user = call("POST", f"{owui}/api/v1/auths/signup",
-                {"name": "Alice", "email": "alice@example.com", "password": "demo-password-1"})  # fmt: skip
+    email = os.environ.get("DEMO_EMAIL", "alice@example.com")
+    login = {"email": email, "password": "demo-password-1"}
+    try:
+        user = call("POST", f"{owui}/api/v1/auths/signup", {"name": "Alice", **login})
+    except SystemExit:  # signed up by an earlier run against the same Open WebUI
+        user = call("POST", f"{owui}/api/v1/auths/signin", login)
     token, user_id = user["token"], user["id"]
     step("Open WebUI user (the first one is admin)", {"id": user_id, "name": user["name"]})
     models = call("GET", f"{owui}/api/models", token=token)
@@ -45,12 +65,10 @@ def main(owui: str, service: str, key: str) -> int:
     model = ids[0]
     message = "I drink green tea every morning."
     chat = call("POST", f"{owui}/api/v1/chats/new", {"chat": {
-        "title": "demo", "models": [model],
-        "messages": [{"role": "user", "content": message}]}}, token=token)  # fmt: skip
+        "title": "demo", "models": [model], "messages": [],
+        "history": {"messages": {}, "currentId": None}}}, token=token)  # fmt: skip
     step("chat created", {"chat_id": chat["id"]})
-    answer = call("POST", f"{owui}/api/chat/completions", {
-        "model": model, "chat_id": chat["id"], "stream": False,
-        "messages": [{"role": "user", "content": message}]}, token=token)  # fmt: skip
+    answer = turn(owui, token, model, chat["id"], message, parent=None)
     step("answer through the proxy", answer["choices"][0]["message"]["content"])
 
     memories: list[Any] = []
@@ -70,11 +88,10 @@ def main(owui: str, service: str, key: str) -> int:
     step("the chat recorded as a conversation (X-OpenWebUI-Chat-Id)",
          [(m["role"], m["content"]) for m in history["messages"]])  # fmt: skip
 
-    second = call("POST", f"{owui}/api/chat/completions", {
-        "model": model, "chat_id": chat["id"], "stream": False,
-        "messages": [{"role": "user", "content": message},
-                     {"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
-                     {"role": "user", "content": "What do I drink in the morning?"}]}, token=token)  # fmt: skip
+    second = turn(owui, token, model, chat["id"], "What do I drink in the morning?",
+                  parent=answer["_assistant_id"], earlier=[
+                      {"role": "user", "content": message},
+                      {"role": "assistant", "content": answer["choices"][0]["message"]["content"]}])  # fmt: skip
     step("next answer, with the memory injected", second["choices"][0]["message"]["content"])
 
     verify = call("POST", f"{owui}/api/v1/configs/tool_servers/verify", {

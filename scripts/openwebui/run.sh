@@ -43,6 +43,7 @@ fi
 
 # The memory service: web + worker; memories form as soon as a message arrives.
 export MEMORY_UPDATE_DEBOUNCE_SECONDS=0
+.venv/bin/python manage.py migrate -v 0
 KEY=$(.venv/bin/python manage.py create_api_key owui-demo --create-user --name "open-webui demo" | tail -n 1)
 .venv/bin/python manage.py serve --port "$SERVICE_PORT" > "$WORK/service.log" 2>&1 & pids+=($!)
 wait_for "http://127.0.0.1:$SERVICE_PORT/healthz" 120
