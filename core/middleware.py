@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from core.api.errors import json_error_response, openai_error_body
 
-API_PREFIXES = ("/api/", "/v1/")
+API_PREFIXES = ("/api/", "/v1/", "/mcp")
 
 
 class RequestSizeLimitMiddleware:

@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "memories.personal",
     "memories.stores",
     "memories.engine",
+    "memories.tools",
     "ingestion",
 ]
 
@@ -402,6 +403,20 @@ ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  #
 # Injection: the share of the token budget kept for corrections.
 ENGINE_CORRECTION_SHARE = env_float("ENGINE_CORRECTION_SHARE", 0.25, minimum=0.0)
 CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
+# Open WebUI's forwarded chat id: the chat is recorded as a conversation (session) of the
+# owner's flow CHAT_PROXY_FLOW, for history and summaries.
+MEMORY_CHAT_HEADER = env_str("MEMORY_CHAT_HEADER", "X-OpenWebUI-Chat-Id")
+MEMORY_USER_NAME_HEADER = env_str("MEMORY_USER_NAME_HEADER", "X-OpenWebUI-User-Name")
+MEMORY_USER_EMAIL_HEADER = env_str("MEMORY_USER_EMAIL_HEADER", "X-OpenWebUI-User-Email")
+CHAT_PROXY_FLOW = env_str("CHAT_PROXY_FLOW", "chat-proxy")
+# GET /v1/models when the upstream lists none (or has no such endpoint): these ids
+# (default: LLM_MODEL).
+CHAT_MODELS = env_list("CHAT_MODELS", [])
+# Server-side memory tools in the proxy (opt-in per request with "memory_tools": true, or
+# for every request with a user): the proxy offers manage_memory/search_memory to the
+# model and runs the calls itself, at most CHAT_TOOL_MAX_ROUNDS model calls per request.
+CHAT_MEMORY_TOOLS = env_bool("CHAT_MEMORY_TOOLS", False)
+CHAT_TOOL_MAX_ROUNDS = env_int("CHAT_TOOL_MAX_ROUNDS", 4, minimum=1)
 METRICS_TOKEN = env_str("METRICS_TOKEN")  # when set, /metrics needs "Authorization: Bearer <token>"
 
 # --- Memory engine: background work (debounced updates, journal, Deep Dream) ----------

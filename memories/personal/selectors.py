@@ -45,6 +45,15 @@ def end_user_list(*, owner: User) -> QuerySet[EndUser]:
     return EndUser.objects.filter(owner=owner, external_id__isnull=False).order_by("external_id")
 
 
+def scopes_of_owner(*, owner_id: int, limit: int = 100) -> list[list[str]]:
+    """The owner's scopes, the most recently created first."""
+    return list(
+        EndUser.objects.filter(owner_id=owner_id)
+        .order_by("-created_at", "-id")
+        .values_list("scope", flat=True)[:limit]
+    )
+
+
 def memory_list(*, end_user: EndUser) -> QuerySet[Vector]:
     """The memories linked to this user, newest first (globals are not linked)."""
     return (
