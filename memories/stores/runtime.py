@@ -29,6 +29,7 @@ from memories.stores.backends.base import (
     WriteIn,
     WriteResult,
 )
+from memories.stores.backends.sql import SearchBatch
 from memories.stores.models import STAGES, MemoryAttachment, MemoryStore
 from memories.stores.selectors import node_attachments
 from memories.stores.services import backend_for
@@ -171,7 +172,7 @@ def node_memory_retrieve(
     budget = max_tokens or settings.MEMORY_STORE_PROMPT_MAX_TOKENS
     if attachments is None:
         attachments = attachments_or_404(flow, node_id)
-    vectors = QueryVectors(query)
+    vectors, searches = QueryVectors(query), SearchBatch()
     requests = [
         (
             attachment.store,
@@ -182,6 +183,7 @@ def node_memory_retrieve(
                 similarity_threshold=attachment.similarity_threshold,
                 session_id=session_id,
                 vectors=vectors,
+                searches=searches,
             ),
         )
         for attachment in _reading(attachments, stage)
@@ -189,7 +191,8 @@ def node_memory_retrieve(
     for _, backend, request in requests:
         backend.prepare_retrieve(request)  # the query embedded, outside any transaction
     groups = []
-    # One read transaction for every store's search (fewer round trips than one each).
+    # One read transaction for every store's search; the vector searches of all the
+    # stores go in one round trip (the first store to read runs the batch).
     with transaction.atomic():
         for store, backend, request in requests:
             hits = backend.retrieve(request)[: request.top_k]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from core.providers.embeddings import Embedder
 from memories.stores.embedding import EmbeddingSpec, build_store_embedder
 from memories.stores.models import MemoryStore
 from memories.stores.text import Snapshot
+
+if TYPE_CHECKING:
+    from memories.stores.backends.sql import SearchBatch
 
 WriteAction = Literal["added", "duplicate", "skipped"]
 
@@ -48,6 +51,9 @@ class RetrieveQuery:
     similarity_threshold: float  # -1 disables the cut
     session_id: str
     vectors: QueryVectors
+    # The vector searches of the call's stores, run in one round trip (stores add theirs
+    # in ``prepare_retrieve``); None: each store searches on its own.
+    searches: SearchBatch | None = None
 
 
 @dataclass
