@@ -132,7 +132,9 @@ class StoreBackend(ABC):
 
     def prepare_retrieve(self, query: RetrieveQuery) -> None:
         """Outside any transaction, before ``retrieve``: network work such as embedding
-        the query into ``query.vectors`` (``retrieve`` then finds it there)."""
+        the query into ``query.vectors`` (``retrieve`` then finds it there), and adding
+        the store's vector search to ``query.searches`` (``sql.Nearest``), so that the
+        searches of all the node's stores run in one round trip."""
         return None  # optional hook
 
     @abstractmethod
