@@ -189,10 +189,10 @@ def _run(searches: list[tuple[Nearest, bool]]) -> list[list[StoreHit]]:
         for row in rows:
             out[row[0]].append(_hit(row[1:5], float(row[5])))
 
-    # SET LOCAL needs a transaction: the caller's (a retrieve call opens one for all its
-    # stores; no savepoint is needed, this only reads) or, on a client-binding cursor,
-    # the implicit one of a multi-statement query.
-    with transaction.atomic(savepoint=False), connection.cursor() as cur:
+    # SET LOCAL needs a transaction: the caller's, if it holds one (a retrieve call
+    # does); else, on a client-binding cursor, the implicit transaction of a
+    # multi-statement query; else one of our own (no savepoint: this only reads).
+    with connection.cursor() as cur:
         if isinstance(cur.cursor, psycopg.ClientCursor):
             sql = "; ".join(s for s, _, _ in statements)
             cur.execute(sql, [p for _, params, _ in statements for p in params])
@@ -202,10 +202,11 @@ def _run(searches: list[tuple[Nearest, bool]]) -> list[list[StoreHit]]:
                 if wanted:
                     collect(cur.fetchall())
         else:
-            for sql, params, wanted in statements:
-                cur.execute(sql, params)
-                if wanted:
-                    collect(cur.fetchall())
+            with transaction.atomic(savepoint=False):
+                for sql, params, wanted in statements:
+                    cur.execute(sql, params)
+                    if wanted:
+                        collect(cur.fetchall())
     return out
 
 
