@@ -193,12 +193,12 @@ def node_memory_retrieve(
     for _, backend, request in requests:
         backend.prepare_retrieve(request)  # the query embedded, outside any transaction
     groups = []
-    # One read transaction for every store's search; the vector searches of all the
-    # stores go in one round trip (the first store to read runs the batch).
-    with transaction.atomic():
-        for store, backend, request in requests:
-            hits = backend.retrieve(request)[: request.top_k]
-            groups.append(StoreHits(store=store.name, type=store.type, hits=hits))
+    # The vector searches of all the stores go in one round trip (the first store to
+    # read runs the batch, in the implicit transaction of its multi-statement query):
+    # no transaction of our own, whose BEGIN and COMMIT would be two more.
+    for store, backend, request in requests:
+        hits = backend.retrieve(request)[: request.top_k]
+        groups.append(StoreHits(store=store.name, type=store.type, hits=hits))
     filled = _Budget(budget, groups)
     filled.fill()
     for group, chosen in zip(groups, filled.chosen):

@@ -84,8 +84,9 @@ class WriteResult:
 
 class StoreBackend(ABC):
     """One store's behaviour. ``prepare`` and ``prepare_retrieve`` run outside any
-    transaction (network calls: embeddings); ``retrieve`` runs in a read transaction
-    shared by the node's stores, ``update`` inside the write's transaction with the
+    transaction (network calls: embeddings); ``retrieve`` runs after every store of
+    the node has prepared, in no transaction of the call's own (a type that needs one,
+    for ``SET LOCAL`` say, opens it); ``update`` inside the write's transaction with the
     store's lock held, so a type can rely on it for exact deduplication and trimming.
     Types keep no state between calls: everything lives in the database."""
 
