@@ -266,17 +266,17 @@ def main() -> None:
     # and one store's search both ways, interleaved so that load hits both alike.
     s1 = MemoryStore.objects.get(owner=flow.owner, name="s1")
     searches = [sql.Nearest.of(s1.pk, embedder.embed([q])[0], 15, None, 384) for q in queries[:50]]
-    exact = [{h.id for h in sql._run([(s, False)])[0]} for s in searches]
+    exact = [{h.id for h in sql._run([(s, "exact")])[0]} for s in searches]
     exact_ms: list[float] = []
     for ef in (40, 60, 80, 100, 200):
         settings.MEMORY_STORE_EF_SEARCH = ef
         found, index_ms = 0, []
         for wanted, search in zip(exact, searches):
             started = time.perf_counter()
-            found += len(wanted & {h.id for h in sql._run([(search, True)])[0]})
+            found += len(wanted & {h.id for h in sql._run([(search, "index")])[0]})
             index_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            sql._run([(search, False)])
+            sql._run([(search, "exact")])
             exact_ms.append((time.perf_counter() - started) * 1000)
         recall = found / sum(len(w) for w in exact)
         log(f"one store, HNSW ef_search {ef:3}: recall@15 {recall:.3f}, {percentiles(index_ms)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache, lru_cache
@@ -109,7 +110,13 @@ def _ef(limit: int) -> int:
     return max(settings.MEMORY_STORE_EF_SEARCH, limit * 2)
 
 
-def _branch(n: int, search: Nearest, vec: str, indexed: bool) -> tuple[str, list[Any]]:
+# How a search runs: "exact" (a scan of the store's rows), "index" (the HNSW index
+# walked for this store alone) or "shared" (one walk for every store of the statement
+# with the same dimension and query vector).
+Path = str
+
+
+def _branch(n: int, search: Nearest, vec: str, path: Path) -> tuple[str, list[Any]]:
     """The SELECT of one search in the UNION (``vec``: the CTE column of its vector).
 
     Index path: the HNSW index of the store's dimension, filtered to the store
@@ -118,7 +125,7 @@ def _branch(n: int, search: Nearest, vec: str, indexed: bool) -> tuple[str, list
     distance handed back is the exact one of the stored vectors, which orders the
     result. Exact path: ordering by the uncast column never uses the indexes.
     """
-    if indexed:
+    if path == "index":
         dims, kind = search.dims, _index_type(search.dims or 0)
         sql = (
             f"(SELECT {n} AS k, id, embedding::vector({dims}) <=> (SELECT {vec} FROM q) AS d "
@@ -137,6 +144,34 @@ def _branch(n: int, search: Nearest, vec: str, indexed: bool) -> tuple[str, list
     return sql, [*params, search.limit]
 
 
+SHARED_ROWS = 2  # a shared walk reads this many times the rows its stores want in all
+
+
+def _shared_branch(members: list[tuple[int, Nearest]], vec: str) -> tuple[str, list[Any]]:
+    """One HNSW walk for several stores searched with the same vector.
+
+    A walk does not depend on the filter: each store's own scan would walk the same
+    graph and hand back, in the same order, the rows of its store. So the rows of all
+    the stores, in the walk's order (``pos``), give each store the first ``limit`` rows
+    its own scan would have given, if the walk reached that many of them; a store that
+    got fewer is searched again on its own (``nearest_many``).
+    """
+    dims = members[0][1].dims
+    kind = _index_type(dims or 0)
+    wanted = sum(search.limit for _, search in members)
+    stores = ", ".join(f"(%s::uuid, {n}, {search.limit})" for n, search in members)
+    sql = (
+        "(SELECT m.k, w.id, w.d FROM (SELECT s.id, s.store_id, s.d, row_number() OVER "
+        "(PARTITION BY s.store_id ORDER BY s.pos) AS r FROM (SELECT t.*, row_number() OVER () "
+        f"AS pos FROM (SELECT id, store_id, embedding::vector({dims}) <=> (SELECT {vec} FROM q) "
+        f"AS d FROM {TABLE} WHERE dimensions = {dims} AND store_id = ANY(%s::uuid[]) ORDER BY "
+        f"embedding::{kind}({dims}) <=> (SELECT {vec}::{kind}({dims}) FROM q) LIMIT %s) t) s) w "
+        f"JOIN (VALUES {stores}) m(store_id, k, lim) ON m.store_id = w.store_id WHERE w.r <= m.lim)"
+    )
+    ids = [search.store_id for _, search in members]
+    return sql, [ids, wanted * SHARED_ROWS, *ids]
+
+
 def _settings(ef: int) -> tuple[str, list[Any]]:
     if _iterative_scan():
         return (
@@ -148,17 +183,25 @@ def _settings(ef: int) -> tuple[str, list[Any]]:
     return "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)]
 
 
-def _statement(group: list[tuple[int, Nearest, bool]]) -> tuple[str, list[Any]]:
+def _statement(group: list[tuple[int, Nearest, Path]]) -> tuple[str, list[Any]]:
     """One SELECT for a group of searches: their vectors once each (CTE ``q``), one
-    UNION ALL branch per search, the details of the hits joined once."""
+    UNION ALL branch per search or shared walk, the details of the hits joined once."""
     literals: dict[bytes, tuple[str, str]] = {}  # vector -> (CTE column, literal)
-    for _, search, _indexed in group:
+    for _, search, _path in group:
         if search.vector not in literals:
             literals[search.vector] = (f"v{len(literals)}", search.literal)
     columns = ", ".join(f"%s::vector AS {name}" for name, _ in literals.values())
     branches, params = [], []
-    for n, search, indexed in group:
-        sql, branch_params = _branch(n, search, literals[search.vector][0], indexed)
+    shared: dict[tuple[Any, bytes], list[tuple[int, Nearest]]] = {}
+    for n, search, path in group:
+        if path == "shared":
+            shared.setdefault((search.dims, search.vector), []).append((n, search))
+            continue
+        sql, branch_params = _branch(n, search, literals[search.vector][0], path)
+        branches.append(sql)
+        params += branch_params
+    for (_, vector), members in shared.items():
+        sql, branch_params = _shared_branch(members, literals[vector][0])
         branches.append(sql)
         params += branch_params
     sql = (
@@ -170,14 +213,15 @@ def _statement(group: list[tuple[int, Nearest, bool]]) -> tuple[str, list[Any]]:
     return sql, [*(literal for _, literal in literals.values()), *params]
 
 
-def _run(searches: list[tuple[Nearest, bool]]) -> list[list[StoreHit]]:
+def _run(searches: list[tuple[Nearest, Path]]) -> list[list[StoreHit]]:
     """Every search in one round trip: index searches grouped by the ``hnsw.ef_search``
     they need, each group's settings local to the transaction (``SET LOCAL``), all the
     statements sent as one query string when the cursor binds on the client (Django's
     default); one statement at a time otherwise. Hits of each search nearest first."""
-    groups: dict[int, list[tuple[int, Nearest, bool]]] = {}
-    for n, (search, indexed) in enumerate(searches):
-        groups.setdefault(_ef(search.limit) if indexed else 0, []).append((n, search, indexed))
+    groups: dict[int, list[tuple[int, Nearest, Path]]] = {}
+    for n, (search, path) in enumerate(searches):
+        ef = _ef(search.limit) if path != "exact" else 0
+        groups.setdefault(ef, []).append((n, search, path))
     statements: list[tuple[str, list[Any], bool]] = []  # (sql, params, has rows we want)
     for ef, group in sorted(groups.items()):
         if ef:
@@ -215,24 +259,37 @@ def nearest_many(searches: list[Nearest]) -> list[list[StoreHit]]:
 
     Stores of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` items are scanned exactly; larger
     ones go through the HNSW index of their dimension (approximate: its recall is in
-    BENCHMARKS.md), and an index scan that comes back short is redone exactly.
+    BENCHMARKS.md), one walk for the stores searched with the same vector, and an
+    index scan that comes back short is redone exactly.
     """
     if not searches:
         return []
-    paths = [
+    indexed = [
         s.dims is not None
         and s.dims in INDEXED_DIMENSIONS
         and _index_type(s.dims) is not None
         and not _small(s.store_id)
         for s in searches
     ]
+    # Index searches with the same ef_search, dimension and vector share one walk.
+    walks = Counter((_ef(s.limit), s.dims, s.vector) for s, on in zip(searches, indexed) if on)
+    paths: list[Path] = [
+        "exact" if not on else "shared" if walks[(_ef(s.limit), s.dims, s.vector)] > 1 else "index"
+        for s, on in zip(searches, indexed)
+    ]
     results = _run(list(zip(searches, paths)))
-    short = [n for n, hits in enumerate(results) if paths[n] and len(hits) < searches[n].limit]
-    if short:
-        for n, hits in zip(short, _run([(searches[n], False) for n in short])):
-            results[n] = hits
+    alone = [
+        n
+        for n, hits in enumerate(results)
+        if paths[n] == "shared" and len(hits) < searches[n].limit
+    ]
+    for n, hits in zip(alone, _run([(searches[n], "index") for n in alone]) if alone else []):
+        results[n] = hits
+    short = [n for n, hits in enumerate(results) if indexed[n] and len(hits) < searches[n].limit]
+    for n, hits in zip(short, _run([(searches[n], "exact") for n in short]) if short else []):
+        results[n] = hits
     for n, search in enumerate(searches):
-        if paths[n] and n not in short and search.max_distance is not None:
+        if indexed[n] and n not in short and search.max_distance is not None:
             cut = search.max_distance + 1e-9
             results[n] = [h for h in results[n] if 1.0 - (h.similarity or 0.0) <= cut]
     return results

@@ -149,8 +149,8 @@ def test_distances_are_the_exact_ones_on_the_index_path(stores, flow, settings):
     assert pairs(indexed) == pairs(exact)  # not the halfvec rounding: the stored vectors'
 
 
-def _plan(searches: list[sql.Nearest], indexed: bool) -> str:
-    sql_text, params = sql._statement([(n, s, indexed) for n, s in enumerate(searches)])
+def _plan(searches: list[sql.Nearest], path: str) -> str:
+    sql_text, params = sql._statement([(n, s, path) for n, s in enumerate(searches)])
     with transaction.atomic(), connection.cursor() as cur:
         settings_sql, settings_params = sql._settings(100)
         cur.execute(settings_sql, settings_params)
@@ -169,10 +169,12 @@ def test_the_index_path_walks_the_halfvec_index_and_the_exact_path_does_not(stor
         sql.Nearest.of(stores["b"].pk, vector, 6, 0.85, 384),
         sql.Nearest.of(stores["c"].pk, wide, 12, None, 768),
     ]
-    plan = _plan(searches, indexed=True)
+    plan = _plan(searches, "index")
     assert plan.count("memoryitem_hnsw_half_384") == 2
     assert plan.count("memoryitem_hnsw_half_768") == 1
-    assert "hnsw" not in _plan(searches, indexed=False)
+    shared = _plan(searches[:2], "shared")  # a and b: the same vector, one walk
+    assert shared.count("memoryitem_hnsw_half_384") == 1
+    assert "hnsw" not in _plan(searches, "exact")
 
 
 def _searches(captured: CaptureQueriesContext) -> list[dict[str, Any]]:
@@ -217,6 +219,24 @@ def test_searches_wanting_different_ef_search_go_in_one_query_string(stores, set
     assert _searches(captured)[0]["sql"].count("set_config('hnsw.ef_search'") == 2
     assert both == [sql.nearest_many([small])[0], sql.nearest_many([large])[0]]
     assert [len(h) for h in both] == [6, 60]
+
+
+def test_a_shared_walk_gives_each_store_what_its_own_walk_gives(stores, settings):
+    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10
+    embedder = backend_for(stores["a"]).embedder()
+    for text in ("deploy the database", "museum invoice", "train", "quick plan note"):
+        vector = embedder.embed([text])[0]
+        for limits in ((9, 6), (3, 3), (45, 30)):
+            searches = [
+                sql.Nearest.of(stores[name].pk, vector, limit, None, 384)
+                for name, limit in zip("ab", limits)
+            ]
+            with CaptureQueriesContext(connection) as captured:
+                together = sql.nearest_many(searches)
+            assert "ANY(" in _searches(captured)[0]["sql"]  # one walk for both
+            alone = [sql._run([(s, "index")])[0] for s in searches]
+            assert together == alone, (text, limits)
+            assert [len(h) for h in together] == list(limits)
 
 
 def test_a_server_binding_cursor_runs_one_statement_at_a_time(stores, flow, monkeypatch):
