@@ -239,7 +239,10 @@ def bm25_ranking(
         return []
     small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
     if not settings.SEARCH_BM25_PRUNE or filtered or small:
-        return _one_statement(kb_ids, language, text, scope, scope_params, limit)
+        # A small unfiltered scope's statement is prepared (its own text: a generic plan
+        # made for small bases must not serve large filtered ones).
+        cached = small and not filtered
+        return _one_statement(kb_ids, language, text, scope, scope_params, limit, cached)
     terms, _ = prepared.fetch(_TERMS_SQL, [language, text, kb_ids, kb_ids])
     if not terms:
         return []
@@ -317,6 +320,7 @@ def _one_statement(
     scope: str,
     scope_params: list[Any],
     limit: int,
+    prepare: bool,
 ) -> list[tuple[int, float]]:
     # A slot per lexeme the text could give (a hyphenated word gives up to three); empty
     # slots add 0.
@@ -328,8 +332,9 @@ def _one_statement(
     k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
     sql = _ONE_SQL.format(scope=scope, terms=terms, k1=repr(k1), b=repr(b))
     params = [kb_ids, language, text, kb_ids, *scope_params, limit * EXACT_FACTOR, limit]
-    # Planned for its values each time, as the pruned statements are.
-    rows, _ = prepared.fetch(sql, params, prepare=False)
+    if prepare:
+        sql = "/* small scope */" + sql
+    rows, _ = prepared.fetch(sql, params, prepare=prepare)
     return [(row[0], float(row[1])) for row in rows]
 
 
