@@ -185,6 +185,14 @@ def test_another_owner_sees_nothing_and_a_wrong_key_is_refused(live_server, alic
     assert get.status_code == 405
 
 
+def test_trailing_slash_is_served_too(live_server, alice):
+    async def work(session: ClientSession) -> list[str]:
+        return [t.name for t in (await session.list_tools()).tools]
+
+    names = asyncio.run(_session(live_server.url + "/mcp/", _key(alice), work))
+    assert "manage_memory" in names
+
+
 # --- stdio: manage.py mcp as a real process ------------------------------------------
 def _stdio(*args: str) -> StdioServerParameters:
     env = {
