@@ -302,6 +302,8 @@ SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 # 0.5/0.75/0.9 on LoCoMo conv-26: short turns, BENCHMARKS.md).
 SEARCH_BM25_K1 = env_float("SEARCH_BM25_K1", 1.2, minimum=0.0)
 SEARCH_BM25_B = env_float("SEARCH_BM25_B", 0.3, minimum=0.0)
+# Top-k pruning of the keyword leg (knowledge/bm25.py): same results, fewer chunks read.
+SEARCH_BM25_PRUNE = env_bool("SEARCH_BM25_PRUNE", True)
 # hnsw.ef_search for index scans (at least 2 x the candidates wanted). pgvector's 40
 # left recall@10 at 0.967-0.978 on 100,000 chunks, 100 gives 0.99 (BENCHMARKS.md) ...
 SEARCH_EF_SEARCH = env_int("SEARCH_EF_SEARCH", 100, minimum=10)
@@ -388,6 +390,13 @@ MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MOD
 ENGINE_MIN_CONFIDENCE = env_float("ENGINE_MIN_CONFIDENCE", 0.7, minimum=0.0)
 # At most this many facts per scope; beyond it the lowest confidence, then the oldest, go.
 ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
+# Scopes with more facts than this find a new fact's nearest neighbour (the semantic
+# duplicate check) through the HNSW index of its dimension instead of an exact scan of
+# the scope, so adding a fact costs the same however many facts the scope holds.
+ENGINE_EXACT_MAX_FACTS = env_int("ENGINE_EXACT_MAX_FACTS", 2000, minimum=1)
+# A replacement that would bring back a text the same fact replaced within the scope's
+# last N replacements is refused unless its confidence is higher (0 = no guard).
+ENGINE_FLIP_FLOP_WINDOW = env_int("ENGINE_FLIP_FLOP_WINDOW", 20, minimum=0)
 # Search: score = (w * similarity + (1 - w) * keyword) * 0.5 ** (age / half-life).
 ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.7, minimum=0.0)
 ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  # 0 = no decay

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,11 +11,12 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, User
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
+from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.scoring import decay
 from knowledge.bm25 import bm25_adhoc
 from knowledge.fusion import weighted_scores
@@ -234,6 +236,51 @@ def scope_vector_ranking(
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
+
+
+@functools.cache
+def _iterative_scan() -> bool:
+    return pgvector_supports_iterative_scan(pgvector_version())
+
+
+def scope_is_large(*, scope_id: int, above: int) -> bool:
+    """Whether the scope has more than ``above`` facts: reads at most ``above + 1`` of
+    its links (small index entries, not the covering index's vectors)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM memories_uservector WHERE end_user_id = %s "
+            "LIMIT %s) s",
+            [scope_id, above + 1],
+        )
+        row = cur.fetchone()
+    return bool(row and row[0] > above)
+
+
+def scope_nearest_indexed(
+    *, scope_id: int, vector: Sequence[float], embedding_model: str
+) -> tuple[uuid.UUID, float] | None:
+    """The scope's own fact nearest to ``vector`` through the HNSW index of its
+    dimension, filtered to the scope (pgvector's iterative scan walks on until a fact
+    of the scope is found; approximate, but a near duplicate is near). None when the
+    index finds nothing (the caller then scans exactly). Shared facts are not in a
+    scope's range: the exact path covers them."""
+    dims = len(vector)
+    text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    sql = (
+        f"SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d "
+        f"FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s "
+        "AND embedding_model = %s ORDER BY d LIMIT 1"
+    )
+    with transaction.atomic(savepoint=False), connection.cursor() as cur:
+        if _iterative_scan():
+            cur.execute(
+                "SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
+                "set_config('hnsw.max_scan_tuples', %s, true)",
+                [str(settings.SEARCH_MAX_SCAN_TUPLES)],
+            )
+        cur.execute(sql, [text, scope_id, embedding_model])
+        row = cur.fetchone()
+    return (row[0], 1.0 - float(row[1])) if row else None
 
 
 def scope_keyword_ranking(

@@ -314,3 +314,24 @@ def test_a_bad_chat_id_is_a_400_and_nothing_is_sent(
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "invalid_request_error"
     assert openai_server.requests == []
+
+
+def test_erasing_the_user_erases_their_recorded_chats(
+    live_server, alice, llm_settings, openai_server
+):
+    from memories.conversations.models import Message
+
+    key = _key(alice)
+    for user, chat in (("u1", "chat-of-u1"), ("u2", "chat-of-u2")):
+        openai_server.push(Scripted(body=chat_body("Hello.")))
+        httpx.post(
+            live_server.url + "/v1/chat/completions",
+            json={"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]},
+            headers=_headers(key, **{"X-OpenWebUI-User-Id": user, "X-OpenWebUI-Chat-Id": chat}),
+        ).raise_for_status()
+    assert sorted(set(Message.objects.values_list("session_id", flat=True))) == [
+        "chat-of-u1", "chat-of-u2",
+    ]  # fmt: skip
+    erased = httpx.delete(f"{live_server.url}/api/v1/users/u1/memories", headers=_headers(key))
+    assert erased.status_code == 200
+    assert sorted(set(Message.objects.values_list("session_id", flat=True))) == ["chat-of-u2"]
