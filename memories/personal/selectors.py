@@ -20,6 +20,7 @@ from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.scoring import decay
 from knowledge.bm25 import bm25_adhoc
 from knowledge.fusion import weighted_scores
+from knowledge.models import INDEXED_DIMENSIONS
 from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
 
 
@@ -259,28 +260,60 @@ def scope_is_large(*, scope_id: int, above: int) -> bool:
 def scope_nearest_indexed(
     *, scope_id: int, vector: Sequence[float], embedding_model: str
 ) -> tuple[uuid.UUID, float] | None:
-    """The scope's own fact nearest to ``vector`` through the HNSW index of its
-    dimension, filtered to the scope (pgvector's iterative scan walks on until a fact
-    of the scope is found; approximate, but a near duplicate is near). None when the
-    index finds nothing (the caller then scans exactly). Shared facts are not in a
-    scope's range: the exact path covers them."""
+    """The scope's own fact nearest to ``vector`` through the HNSW index (see
+    ``scope_vector_ranking_indexed``); None when the index finds nothing (the caller
+    then scans exactly). A near duplicate is near: the approximation does not miss it."""
+    ranked = scope_vector_ranking_indexed(
+        scope_id=scope_id, vector=vector, embedding_model=embedding_model, limit=1
+    )
+    return ranked[0] if ranked else None
+
+
+def scope_vector_ranking_indexed(
+    *,
+    scope_id: int,
+    vector: Sequence[float],
+    embedding_model: str,
+    limit: int,
+    filter: FactFilter | None = None,
+) -> list[tuple[uuid.UUID, float]]:
+    """``scope_vector_ranking`` for large scopes: the scope's own facts through the HNSW
+    index of the dimension, filtered to the scope (pgvector's iterative scan, strict
+    order, walks on until ``limit`` facts of the scope are found; approximate), plus its
+    shared facts ranked exactly (few). Fewer than ``limit`` rows only when the scope
+    has fewer facts or the walk hit ``SEARCH_MAX_SCAN_TUPLES``: callers then rank
+    exactly. Empty for a dimension without an index."""
     dims = len(vector)
+    if dims not in INDEXED_DIMENSIONS:
+        return []
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
     text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
     sql = (
-        f"SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d "
-        f"FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s "
-        "AND embedding_model = %s ORDER BY d LIMIT 1"
+        "SELECT id, d FROM ("
+        f" (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d"
+        f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
+        f" AND embedding_model = %s{where} ORDER BY d LIMIT %s)"
+        " UNION ALL"
+        f" (SELECT v.id, v.embedding <=> %s::vector FROM {_SHARED_JOIN}"
+        f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere})"
+        ") ranked ORDER BY d, id LIMIT %s"
     )
+    params = [text, scope_id, embedding_model, *fparams, limit,
+              text, scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
     with transaction.atomic(savepoint=False), connection.cursor() as cur:
+        ef = max(40, limit)  # pgvector's default; the iterative scan walks on as needed
         if _iterative_scan():
             cur.execute(
-                "SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
+                "SELECT set_config('hnsw.ef_search', %s, true), "
+                "set_config('hnsw.iterative_scan', 'strict_order', true), "
                 "set_config('hnsw.max_scan_tuples', %s, true)",
-                [str(settings.SEARCH_MAX_SCAN_TUPLES)],
+                [str(ef), str(settings.SEARCH_MAX_SCAN_TUPLES)],
             )
-        cur.execute(sql, [text, scope_id, embedding_model])
-        row = cur.fetchone()
-    return (row[0], 1.0 - float(row[1])) if row else None
+        else:
+            cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
+        cur.execute(sql, params)
+        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
 
 
 def scope_keyword_ranking(
