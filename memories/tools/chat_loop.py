@@ -120,13 +120,25 @@ def loop_complete(prepared: PreparedChat) -> dict[str, Any]:
             break
         results = run_calls(prepared, ours)
         if len(ours) < len(calls) or number == rounds - 1:
-            message["tool_calls"] = [c for c in calls if not _ours(c)] or None
-            if message["tool_calls"] is None:
-                message.pop("tool_calls")
+            _keep_client_calls(answer, message, calls)
             break
         body = _next_body(body, message, ours, results)
     chat_record(prepared, answer_text(answer))
     return {**answer, "memories": memories_payload(prepared), **prepared.report}
+
+
+def _keep_client_calls(
+    answer: dict[str, Any], message: dict[str, Any], calls: list[dict[str, Any]]
+) -> None:
+    """The turn as the client sees it: its own calls only; none left, the turn stops."""
+    kept = [c for c in calls if not _ours(c)]
+    if kept:
+        message["tool_calls"] = kept
+        return
+    message.pop("tool_calls", None)
+    choice = answer["choices"][0]
+    if choice.get("finish_reason") == "tool_calls":
+        choice["finish_reason"] = "stop"
 
 
 def _message(answer: dict[str, Any]) -> dict[str, Any]:

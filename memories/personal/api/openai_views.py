@@ -47,8 +47,11 @@ class ChatCompletionsView(APIView):
         upstream as sent (``stream_options`` only with ``stream``)."""
         if not isinstance(request.data, dict):
             raise InvalidInput("The body must be a JSON object.")
-        ChatCompletionSerializer(data=request.data).is_valid(raise_exception=True)
+        checked = ChatCompletionSerializer(data=request.data)
+        checked.is_valid(raise_exception=True)
         body = dict(request.data)
+        if "stream" in body:
+            body["stream"] = checked.validated_data["stream"]  # "false" is False
         if not body.get("stream"):
             body.pop("stream_options", None)
         return body

@@ -69,7 +69,7 @@ def test_call_each_tool_errors_and_resources_over_http(live_server, alice, flow,
         "memory": [{"name": "log", "type": "blackboard", "config": {"max_items": 5}}],
         "nodes": [{"id": "worker", "flow": flow.name, "memories": [{"name": "log"}]}],
     }
-    assert httpx.post(
+    assert httpx.post(timeout=30, url=
         live_server.url + "/api/v1/memory-config", json=config,
         headers={"Authorization": f"Bearer {key}"},
     ).status_code == 200  # fmt: skip
@@ -178,11 +178,21 @@ def test_another_owner_sees_nothing_and_a_wrong_key_is_refused(live_server, alic
     while isinstance(raised, BaseExceptionGroup):
         raised = raised.exceptions[0]
     assert isinstance(raised, MCPError), repr(err.value)
-    refused = httpx.post(live_server.url + "/mcp", json={"jsonrpc": "2.0", "id": 1,
+    refused = httpx.post(timeout=30, url=live_server.url + "/mcp", json={"jsonrpc": "2.0", "id": 1,
                          "method": "tools/list"}, headers={"Authorization": "Bearer mem_wrong"})  # fmt: skip
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "not_authenticated"
-    get = httpx.get(live_server.url + "/mcp", headers={"Authorization": f"Bearer {_key(bob)}"})
+    get = httpx.get(
+        timeout=30, url=live_server.url + "/mcp", headers={"Authorization": f"Bearer {_key(bob)}"}
+    )
     assert get.status_code == 405
+
+
+def test_trailing_slash_is_served_too(live_server, alice):
+    async def work(session: ClientSession) -> list[str]:
+        return [t.name for t in (await session.list_tools()).tools]
+
+    names = asyncio.run(_session(live_server.url + "/mcp/", _key(alice), work))
+    assert "manage_memory" in names
 
 
 # --- stdio: manage.py mcp as a real process ------------------------------------------

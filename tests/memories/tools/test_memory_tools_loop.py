@@ -121,6 +121,7 @@ def test_the_loop_is_bounded(live_server, alice, llm_settings, openai_server):
     first, last = _sent(openai_server)  # two model calls, no more
     assert "tools" in first and "tools" not in last  # the last call offers no memory tools
     assert answer.choices[0].message.tool_calls is None  # a stray memory call is not passed on
+    assert answer.choices[0].finish_reason == "stop"
     assert len(answer.model_extra["memory_tool_calls"]) == 2
 
 
@@ -167,7 +168,8 @@ def test_opt_in_needs_an_end_user_and_the_setting_turns_it_on(
 ):
     key = api_key_create(owner=alice)[1]
     refused = httpx.post(
-        live_server.url + "/v1/chat/completions",
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "Hi"}], "memory_tools": True},
         headers={"Authorization": f"Bearer {key}"},
     )
@@ -175,7 +177,8 @@ def test_opt_in_needs_an_end_user_and_the_setting_turns_it_on(
     assert refused.json()["error"]["message"].startswith("memory_tools needs an end user")
     assert _sent(openai_server) == []
     bad = httpx.post(
-        live_server.url + "/v1/chat/completions",
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "Hi"}], "memory_tools": "yes"},
         headers={"Authorization": f"Bearer {key}", **USER},
     )

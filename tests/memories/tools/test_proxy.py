@@ -103,9 +103,9 @@ def test_models_passes_the_upstream_list_through(live_server, alice, llm_setting
     openai_server.models = listed
     client = openai.OpenAI(base_url=live_server.url + "/v1", api_key=_key(alice), max_retries=0)
     assert [m.id for m in client.models.list()] == ["llama3.2", "qwen3"]
-    raw = httpx.get(live_server.url + "/v1/models", headers=_headers(_key(alice)))
+    raw = httpx.get(timeout=30, url=live_server.url + "/v1/models", headers=_headers(_key(alice)))
     assert raw.json() == listed
-    assert httpx.get(live_server.url + "/v1/models").status_code == 401
+    assert httpx.get(timeout=30, url=live_server.url + "/v1/models").status_code == 401
 
 
 def test_models_falls_back_to_the_configured_list(live_server, alice, llm_settings, openai_server):
@@ -131,7 +131,8 @@ def test_tool_call_conversation_passes_through_apart_from_the_block(
             "tool_choice": "auto", "parallel_tool_calls": False, "temperature": 0,
             "seed": 7, "vendor_option": {"x": [1, 2]}}  # fmt: skip
     answer = httpx.post(
-        live_server.url + "/v1/chat/completions",
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
         content=json.dumps(sent),
         headers=_headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice"}),
     )
@@ -156,6 +157,7 @@ def test_streamed_tool_call_deltas_pass_through_byte_for_byte(
     with httpx.stream(
         "POST",
         live_server.url + "/v1/chat/completions",
+        timeout=30,
         content=json.dumps(sent),
         headers=_headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice"}),
     ) as answer:
@@ -175,7 +177,7 @@ def test_anonymous_stream_has_no_memories_event(live_server, alice, llm_settings
     chunks = _tool_call_chunks()
     openai_server.push(Scripted(stream_chunks=chunks))
     sent = {"model": "fake-model", "messages": TOOL_TURN[:2], "tools": TOOLS, "stream": True}
-    answer = httpx.post(
+    answer = httpx.post(timeout=30, url=
         live_server.url + "/v1/chat/completions", content=json.dumps(sent),
         headers=_headers(_key(alice)),
     )  # fmt: skip
@@ -287,7 +289,7 @@ def test_open_webui_chat_id_becomes_a_conversation(live_server, alice, llm_setti
     )  # fmt: skip
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "Tea it is."
     flow = Flow.objects.get(owner=alice, name="chat-proxy")
-    history = httpx.get(
+    history = httpx.get(timeout=30, url=
         f"{live_server.url}/api/v1/conversations/{chat}/history",
         params={"flow": str(flow.pk)}, headers=_headers(key),
     ).json()  # fmt: skip
@@ -307,10 +309,48 @@ def test_a_bad_chat_id_is_a_400_and_nothing_is_sent(
     live_server, alice, llm_settings, openai_server
 ):
     answer = httpx.post(
-        live_server.url + "/v1/chat/completions",
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
         json={"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]},
         headers=_headers(_key(alice), **{"X-OpenWebUI-Chat-Id": "a b"}),
     )
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "invalid_request_error"
     assert openai_server.requests == []
+
+
+def test_erasing_the_user_erases_their_recorded_chats(
+    live_server, alice, llm_settings, openai_server
+):
+    from memories.conversations.models import Message
+
+    key = _key(alice)
+    for user, chat in (("u1", "chat-of-u1"), ("u2", "chat-of-u2")):
+        openai_server.push(Scripted(body=chat_body("Hello.")))
+        httpx.post(
+            timeout=30,
+            url=live_server.url + "/v1/chat/completions",
+            json={"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]},
+            headers=_headers(key, **{"X-OpenWebUI-User-Id": user, "X-OpenWebUI-Chat-Id": chat}),
+        ).raise_for_status()
+    assert sorted(set(Message.objects.values_list("session_id", flat=True))) == [
+        "chat-of-u1", "chat-of-u2",
+    ]  # fmt: skip
+    erased = httpx.delete(
+        timeout=30, url=f"{live_server.url}/api/v1/users/u1/memories", headers=_headers(key)
+    )
+    assert erased.status_code == 200
+    assert sorted(set(Message.objects.values_list("session_id", flat=True))) == ["chat-of-u2"]
+
+
+def test_stream_false_as_a_string_is_not_a_stream(live_server, alice, llm_settings, openai_server):
+    openai_server.push(Scripted(body=chat_body("Plain.")))
+    answer = httpx.post(timeout=30, url=
+        live_server.url + "/v1/chat/completions",
+        json={"model": "fake-model", "stream": "false",
+              "messages": [{"role": "user", "content": "Hi"}]},
+        headers=_headers(_key(alice)),
+    )  # fmt: skip
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json()["choices"][0]["message"]["content"] == "Plain."
+    assert openai_server.requests[0]["json"]["stream"] is False

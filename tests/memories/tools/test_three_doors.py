@@ -71,7 +71,9 @@ def test_the_three_doors_answer_the_same(live_server, alice):
             return {"error": str(exc)}
 
     key = _key(alice)
-    api = httpx.Client(base_url=live_server.url, headers={"Authorization": f"Bearer {key}"})
+    api = httpx.Client(
+        timeout=30, base_url=live_server.url, headers={"Authorization": f"Bearer {key}"}
+    )
 
     def function_calling(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         body = api.post(f"/api/v1/tools/{name}/call", json={"scope": SCOPE,
