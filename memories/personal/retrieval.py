@@ -28,10 +28,7 @@ from memories.personal.selectors import (
     FactFilter,
     FactRow,
     core_fact_rows,
-    scope_is_large,
-    scope_keyword_ranking,
-    scope_vector_ranking,
-    scope_vector_ranking_indexed,
+    scope_fact_candidates,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,6 +55,7 @@ class SearchResult:
     hits: list[FactHit]
     mode: str  # "hybrid" or "keyword" (the embedder failed or there was no vector)
     embedder_error: str | None = None
+    vector_path: str = ""  # "index" (HNSW walk), "exact" (scan of the scope), "" (none)
 
 
 def _pool(limit: int, offset: int) -> int:
@@ -91,24 +89,19 @@ def core_fact_search(
         return SearchResult([], "hybrid")
     pool = _pool(limit, offset)
     vector, model, error = _embed_query(query, embedder, query_vector)
-    vector_hits: list[tuple[uuid.UUID, float]] = []
-    if vector is not None and model is not None:
-        # Past ENGINE_EXACT_MAX_FACTS (and the pool) through the HNSW index; a short
-        # answer from it (a filter few facts pass, the scan cap) is redone exactly.
-        large = max(settings.ENGINE_EXACT_MAX_FACTS, pool)
-        if scope_is_large(scope_id=row.pk, above=large):
-            vector_hits = scope_vector_ranking_indexed(
-                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
-            )
-        if len(vector_hits) < pool:
-            vector_hits = scope_vector_ranking(
-                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
-            )
-    keyword_hits = scope_keyword_ranking(scope_id=row.pk, text=query, limit=pool, filter=filter)
+    # Past ENGINE_EXACT_MAX_FACTS (and the pool) the vector leg walks the HNSW index; a
+    # short walk (a filter few facts pass, the scan cap) is redone exactly: all in SQL.
+    found = scope_fact_candidates(
+        scope_id=row.pk, text=query, vector=vector, embedding_model=model, pool=pool,
+        index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool), filter=filter,
+    )  # fmt: skip
     half_life = settings.ENGINE_HALF_LIFE_DAYS if half_life_days is None else half_life_days
-    hits = _merge(vector_hits, keyword_hits, keyword_only=vector is None, half_life=half_life)
+    hits = _merge(found.rows, keyword_only=vector is None, half_life=half_life)
     return SearchResult(
-        hits[offset : offset + limit], "keyword" if vector is None else "hybrid", error
+        hits[offset : offset + limit],
+        "keyword" if vector is None else "hybrid",
+        error,
+        found.vector_path,
     )
 
 
@@ -125,32 +118,16 @@ def _embed_query(
         return None, None, f"{type(exc).__name__}: {exc}"
 
 
-def _merge(
-    vector_hits: list[tuple[uuid.UUID, float]],
-    keyword_hits: list[tuple[uuid.UUID, float]],
-    *,
-    keyword_only: bool,
-    half_life: float,
-) -> list[FactHit]:
-    similarity = dict(vector_hits)
-    keyword = dict(keyword_hits)
-    best = max(keyword.values(), default=0.0) or 1.0
+def _merge(rows: list[tuple[Any, ...]], *, keyword_only: bool, half_life: float) -> list[FactHit]:
+    """The candidates (``Candidates.rows``) scored: ``ENGINE_VECTOR_WEIGHT`` x similarity
+    + the rest x keyword score over the best one's, times the decay; best first."""
+    best = max((row[10] for row in rows if row[10] is not None), default=0.0) or 1.0
     weight = 0.0 if keyword_only else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
-    rows = Vector.objects.filter(pk__in=set(similarity) | set(keyword)).values_list(
-        "id",
-        "content",
-        "category",
-        "confidence",
-        "source_kind",
-        "source_ref",
-        "observed_at",
-        "created_at",
-        "updated_at",
-    )  # fmt: skip (plain values: up to 2 x the pool of rows, no model instances)
     now = timezone.now()
     hits = []
-    for pk, content, category, confidence, kind, ref, observed, created, updated in rows:
-        sim, kw = similarity.get(pk), keyword.get(pk)
+    for pk, content, category, confidence, kind, ref, observed, created, updated, sim, kw in rows:
+        sim = None if sim is None else float(sim)
+        kw = None if kw is None else float(kw)
         relevance = weight * max(sim or 0.0, 0.0) + (1 - weight) * (kw or 0.0) / best
         if half_life:
             relevance *= decay(observed, half_life, now=now)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, User
 from django.db import connection, transaction
@@ -17,6 +18,7 @@ from django.utils import timezone
 from pgvector.django import CosineDistance
 
 from core.health import pgvector_supports_iterative_scan, pgvector_version
+from core.hnsw import index_type
 from core.scoring import decay
 from knowledge.bm25 import bm25_adhoc
 from knowledge.fusion import weighted_scores
@@ -269,6 +271,45 @@ def scope_nearest_indexed(
     return ranked[0] if ranked else None
 
 
+@functools.cache
+def _index_type(dims: int) -> str | None:
+    """``halfvec`` (migration 0007, pgvector >= 0.7), else ``vector`` (0006), or None."""
+    return index_type("vector_hnsw", dims)
+
+
+def _hnsw_settings(limit: int) -> tuple[str, list[Any]]:
+    """The SELECT that sets an HNSW walk's settings for the rest of the transaction
+    (``ef_search`` at least pgvector's default 40; the iterative scan walks on, in
+    strict order, until the scope's ``limit`` rows are found or the scan cap)."""
+    ef = str(max(40, limit))
+    if _iterative_scan():
+        return (
+            "SELECT set_config('hnsw.ef_search', %s, true), "
+            "set_config('hnsw.iterative_scan', 'strict_order', true), "
+            "set_config('hnsw.max_scan_tuples', %s, true)",
+            [ef, str(settings.SEARCH_MAX_SCAN_TUPLES)],
+        )
+    return "SELECT set_config('hnsw.ef_search', %s, true)", [ef]
+
+
+def _after_settings(settings_sql: str, settings_params: list[Any], sql: str,
+                    params: list[Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+    """Rows of ``sql`` run after ``settings_sql`` (``set_config(..., true)``: local to
+    the transaction) in one round trip: one query string on a client-binding cursor
+    (Django's default; a multi-statement string is one implicit transaction), the
+    caller's transaction if it holds one; else (a server-binding cursor) two
+    statements in a transaction of their own."""
+    with connection.cursor() as cur:
+        if isinstance(cur.cursor, psycopg.ClientCursor):
+            cur.execute(f"{settings_sql}; {sql}", [*settings_params, *params])
+            cur.nextset()
+            return cur.fetchall()
+        with transaction.atomic(savepoint=False):
+            cur.execute(settings_sql, settings_params)
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+
 def scope_vector_ranking_indexed(
     *,
     scope_id: int,
@@ -279,41 +320,34 @@ def scope_vector_ranking_indexed(
 ) -> list[tuple[uuid.UUID, float]]:
     """``scope_vector_ranking`` for large scopes: the scope's own facts through the HNSW
     index of the dimension, filtered to the scope (pgvector's iterative scan, strict
-    order, walks on until ``limit`` facts of the scope are found; approximate), plus its
+    order, walks on until ``limit`` facts of the scope are found; approximate: the index
+    ranks by its type, ``halfvec``, the distance handed back is the exact one), plus its
     shared facts ranked exactly (few). Fewer than ``limit`` rows only when the scope
     has fewer facts or the walk hit ``SEARCH_MAX_SCAN_TUPLES``: callers then rank
     exactly. Empty for a dimension without an index."""
     dims = len(vector)
-    if dims not in INDEXED_DIMENSIONS:
+    kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
+    if kind is None:
         return []
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
     text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
     sql = (
+        "WITH q AS MATERIALIZED (SELECT %s::vector AS qv) "
         "SELECT id, d FROM ("
-        f" (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d"
+        f" (SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d"
         f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
-        f" AND embedding_model = %s{where} ORDER BY d LIMIT %s)"
+        f" AND embedding_model = %s{where}"
+        f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q) LIMIT %s)"
         " UNION ALL"
-        f" (SELECT v.id, v.embedding <=> %s::vector FROM {_SHARED_JOIN}"
+        f" (SELECT v.id, v.embedding <=> (SELECT qv FROM q) FROM {_SHARED_JOIN}"
         f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere})"
         ") ranked ORDER BY d, id LIMIT %s"
     )
     params = [text, scope_id, embedding_model, *fparams, limit,
-              text, scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
-    with transaction.atomic(savepoint=False), connection.cursor() as cur:
-        ef = max(40, limit)  # pgvector's default; the iterative scan walks on as needed
-        if _iterative_scan():
-            cur.execute(
-                "SELECT set_config('hnsw.ef_search', %s, true), "
-                "set_config('hnsw.iterative_scan', 'strict_order', true), "
-                "set_config('hnsw.max_scan_tuples', %s, true)",
-                [str(ef), str(settings.SEARCH_MAX_SCAN_TUPLES)],
-            )
-        else:
-            cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
-        cur.execute(sql, params)
-        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
+              scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
+    rows = _after_settings(*_hnsw_settings(limit), sql, params)
+    return [(row[0], 1.0 - float(row[1])) for row in rows]
 
 
 def scope_keyword_ranking(
@@ -343,6 +377,126 @@ def scope_keyword_ranking(
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+_KEYWORDS = (
+    "coalesce((SELECT string_agg(quote_literal(l), ' | ') "
+    "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')::tsquery"
+)
+_CANDIDATE_COLUMNS = (
+    "v.id, v.content, v.category, v.confidence, v.source_kind, v.source_ref, v.observed_at, "
+    "v.created_at, v.updated_at"
+)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A search's candidate facts: rows of ``_CANDIDATE_COLUMNS`` + (cosine similarity or
+    None, ``ts_rank`` or None), in no particular order; ``vector_path`` says how the
+    vector leg ranked: "index" (HNSW walk), "exact" (a scan of the scope), "" (none)."""
+
+    rows: list[tuple[Any, ...]]
+    vector_path: str
+
+
+def scope_fact_candidates(
+    *,
+    scope_id: int,
+    text: str,
+    vector: Sequence[float] | None,
+    embedding_model: str | None,
+    pool: int,
+    index_above: int,
+    filter: FactFilter | None = None,
+) -> Candidates:
+    """Both legs of a scope's search and the candidates' rows, in one statement.
+
+    Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
+    ``text`` (``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the
+    ``pool`` most similar facts; a scope of more than ``index_above`` facts is walked
+    through the HNSW index of the dimension (``scope_vector_ranking_indexed``), and
+    when that walk comes back short (a filter few facts pass, the scan cap) or the
+    scope is small, the scope is ranked exactly (``scope_vector_ranking``): the branch
+    not needed is gated off by the planner (a one-time filter), so it reads nothing.
+    The walk's settings go in the same query string (local to its implicit
+    transaction): one round trip, no transaction of its own.
+    """
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
+    keyword = (
+        "kw AS MATERIALIZED (SELECT id, r FROM ("
+        " SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_vector, q"
+        f" WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope){where}"
+        " UNION ALL"
+        f" SELECT v.id, ts_rank(v.search_vector, q.words) FROM q, {_SHARED_JOIN}"
+        f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
+        ") ranked ORDER BY r DESC, id LIMIT %s)"
+    )
+    keyword_params = [*fparams, scope_id, *vparams, pool]
+    if vector is None or embedding_model is None:
+        sql = (
+            f"WITH q AS MATERIALIZED (SELECT {_KEYWORDS} AS words, "
+            f"quote_literal(%s)::tsquery AS scope), {keyword} "
+            f"SELECT {_CANDIDATE_COLUMNS}, NULL::float8, kw.r, false "
+            "FROM kw JOIN memories_vector v ON v.id = kw.id"
+        )
+        params = [text, f"~scope:{scope_id}", *keyword_params]
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return Candidates([row[:-1] for row in cur.fetchall()], "")
+    dims = len(vector)
+    kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
+    literal = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    walk, walk_params = "", []
+    if kind is not None:
+        walk = (
+            "big AS MATERIALIZED (SELECT count(*) > %s AS yes FROM (SELECT 1 FROM "
+            "memories_uservector WHERE end_user_id = %s LIMIT %s) s), "
+            "iv AS MATERIALIZED ("
+            f"SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d"
+            f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
+            f" AND embedding_model = %s{where} AND (SELECT yes FROM big)"
+            f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q)"
+            " LIMIT %s), "
+        )
+        walk_params = [index_above, scope_id, index_above + 1, scope_id, embedding_model,
+                       *fparams, pool]  # fmt: skip
+        redo = (
+            "redo AS MATERIALIZED (SELECT NOT (SELECT yes FROM big) OR "
+            "(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < %s AS yes), "
+        )
+        redo_params: list[Any] = [pool]
+        walked = "SELECT id, d FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
+    else:
+        redo, redo_params, walked = "redo AS (SELECT true AS yes), ", [], ""
+    sql = (
+        f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv, {_KEYWORDS} AS words, "
+        "quote_literal(%s)::tsquery AS scope), "
+        f"{walk}"
+        "sv AS MATERIALIZED (SELECT v.id, v.embedding <=> (SELECT qv FROM q) AS d"
+        f" FROM {_SHARED_JOIN} AND v.dimensions = %s AND v.embedding_model = %s{vwhere}), "
+        f"{redo}"
+        "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d"
+        " FROM memories_vector WHERE scope_id = %s AND dimensions = %s"
+        f" AND embedding_model = %s{where} AND (SELECT yes FROM redo) ORDER BY d, id LIMIT %s), "
+        f"vec AS MATERIALIZED (SELECT id, d FROM ({walked}SELECT id, d FROM ev"
+        " UNION ALL SELECT id, d FROM sv) x ORDER BY d, id LIMIT %s), "
+        f"{keyword} "
+        f"SELECT {_CANDIDATE_COLUMNS}, 1.0 - c.d, c.r, (SELECT NOT yes FROM redo) FROM "
+        "(SELECT coalesce(vec.id, kw.id) AS id, vec.d, kw.r FROM vec FULL JOIN kw "
+        "ON kw.id = vec.id) c JOIN memories_vector v ON v.id = c.id"
+    )
+    params = [literal, text, f"~scope:{scope_id}", *walk_params,
+              scope_id, dims, embedding_model, *vparams, *redo_params,
+              scope_id, dims, embedding_model, *fparams, pool, pool, *keyword_params]  # fmt: skip
+    if kind is None:
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+    else:
+        rows = _after_settings(*_hnsw_settings(pool), sql, params)
+    walked_it = bool(rows and rows[0][-1])
+    return Candidates([row[:-1] for row in rows], "index" if walked_it else "exact")
 
 
 def core_fact_count(*, scope: EndUser) -> int:
