@@ -20,6 +20,7 @@ from pgvector.django import CosineDistance
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.hnsw import index_type
 from core.scoring import decay
+from knowledge import prepared
 from knowledge.bm25 import bm25_adhoc
 from knowledge.fusion import weighted_scores
 from knowledge.models import INDEXED_DIMENSIONS
@@ -279,9 +280,10 @@ def _index_type(dims: int) -> str | None:
 
 def _hnsw_settings(limit: int) -> tuple[str, list[Any]]:
     """The SELECT that sets an HNSW walk's settings for the rest of the transaction
-    (``ef_search`` at least pgvector's default 40; the iterative scan walks on, in
-    strict order, until the scope's ``limit`` rows are found or the scan cap)."""
-    ef = str(max(40, limit))
+    (``ef_search`` at least pgvector's default 40, at most its maximum 1000; the
+    iterative scan walks on, in strict order, until the scope's ``limit`` rows are
+    found or the scan cap)."""
+    ef = str(min(1000, max(40, limit)))  # (pgvector's bounds; the iterative scan goes on)
     if _iterative_scan():
         return (
             "SELECT set_config('hnsw.ef_search', %s, true), "
@@ -390,6 +392,16 @@ _CANDIDATE_COLUMNS = (
 
 
 @dataclass(frozen=True)
+class Statement:
+    """A search statement: its SQL, parameters, and the ``set_config`` SELECT (with its
+    parameters) to run before it in the same transaction, if any."""
+
+    sql: str
+    params: list[Any]
+    settings: tuple[str, list[Any]] | None = None
+
+
+@dataclass(frozen=True)
 class Candidates:
     """A search's candidate facts: rows of ``_CANDIDATE_COLUMNS`` + (cosine similarity or
     None, ``ts_rank`` or None), in no particular order; ``vector_path`` says how the
@@ -399,7 +411,7 @@ class Candidates:
     vector_path: str
 
 
-def scope_fact_candidates(
+def candidates_statement(
     *,
     scope_id: int,
     text: str,
@@ -408,7 +420,7 @@ def scope_fact_candidates(
     pool: int,
     index_above: int,
     filter: FactFilter | None = None,
-) -> Candidates:
+) -> Statement:
     """Both legs of a scope's search and the candidates' rows, in one statement.
 
     Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
@@ -418,8 +430,9 @@ def scope_fact_candidates(
     when that walk comes back short (a filter few facts pass, the scan cap) or the
     scope is small, the scope is ranked exactly (``scope_vector_ranking``): the branch
     not needed is gated off by the planner (a one-time filter), so it reads nothing.
-    The walk's settings go in the same query string (local to its implicit
-    transaction): one round trip, no transaction of its own.
+    The walk's settings (``Statement.settings``) run before it in the same query
+    string (``scope_fact_candidates``): one round trip, no transaction of its own.
+    The last column says whether the walk's answer was kept.
     """
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
@@ -440,10 +453,7 @@ def scope_fact_candidates(
             f"SELECT {_CANDIDATE_COLUMNS}, NULL::float8, kw.r, false "
             "FROM kw JOIN memories_vector v ON v.id = kw.id"
         )
-        params = [text, f"~scope:{scope_id}", *keyword_params]
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            return Candidates([row[:-1] for row in cur.fetchall()], "")
+        return Statement(sql, [text, f"~scope:{scope_id}", *keyword_params])
     dims = len(vector)
     kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
     literal = "[" + ",".join(repr(float(x)) for x in vector) + "]"
@@ -489,14 +499,27 @@ def scope_fact_candidates(
     params = [literal, text, f"~scope:{scope_id}", *walk_params,
               scope_id, dims, embedding_model, *vparams, *redo_params,
               scope_id, dims, embedding_model, *fparams, pool, pool, *keyword_params]  # fmt: skip
-    if kind is None:
-        with connection.cursor() as cur:
-            cur.execute(sql, params)
-            rows = cur.fetchall()
-    else:
-        rows = _after_settings(*_hnsw_settings(pool), sql, params)
-    walked_it = bool(rows and rows[0][-1])
-    return Candidates([row[:-1] for row in rows], "index" if walked_it else "exact")
+    return Statement(sql, params, None if kind is None else _hnsw_settings(pool))
+
+
+def scope_fact_candidates(
+    *,
+    scope_id: int,
+    text: str,
+    vector: Sequence[float] | None,
+    embedding_model: str | None,
+    pool: int,
+    index_above: int,
+    filter: FactFilter | None = None,
+) -> Candidates:
+    """The candidates of a scope's search (``candidates_statement``), one round trip."""
+    statement = candidates_statement(
+        scope_id=scope_id, text=text, vector=vector, embedding_model=embedding_model, pool=pool,
+        index_above=index_above, filter=filter,
+    )  # fmt: skip
+    rows, _ = prepared.fetch(statement.sql, statement.params, before=statement.settings)
+    path = "" if vector is None else "index" if rows and rows[0][-1] else "exact"
+    return Candidates([row[:-1] for row in rows], path)
 
 
 def core_fact_count(*, scope: EndUser) -> int:

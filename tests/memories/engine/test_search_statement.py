@@ -161,6 +161,11 @@ def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(a
     everything = core_fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=200,
                                   embedder=embedder)  # fmt: skip
     assert len(everything.hits) == 123  # 120 of its own + 3 shared: every fact matches
+    # A pool past pgvector's largest ef_search (1000): the walk's settings stay valid.
+    settings.ENGINE_EXACT_MAX_FACTS = 2000
+    huge = core_fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=300,
+                            embedder=embedder)  # fmt: skip
+    assert len(huge.hits) == 123
 
 
 def test_keyword_only_when_the_embedder_fails_in_one_statement(alice, settings):
