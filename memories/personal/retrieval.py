@@ -1,9 +1,11 @@
 """Reads of a scope's core facts: hybrid search with decay, and the injection block.
 
-Search ranks the scope's facts exactly by cosine similarity and by keyword (any query
-word, ``ts_rank``), merges them (``ENGINE_VECTOR_WEIGHT`` x similarity + the rest x
-keyword score normalised to the best match) and multiplies by ``core.scoring.decay``
-of the fact's age. When the embedder fails the search is keyword-only, never an error.
+Search ranks the scope's facts by cosine similarity (exactly, or through the HNSW
+index past ``ENGINE_EXACT_MAX_FACTS``) and by keyword (any query word, ``ts_rank``),
+merges them (``ENGINE_VECTOR_WEIGHT`` x similarity + the rest x keyword score
+normalised to the best match) and multiplies by the decay of the fact's age (as
+``core.scoring.decay``), all in one statement (``selectors.candidates_statement``).
+When the embedder fails the search is keyword-only, never an error.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from django.utils import timezone
 
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.tokens import count_tokens
-from core.scoring import decay
 from memories.personal.models import CATEGORIES, EndUser, Vector
 from memories.personal.scopes import Scope, scope_find, scope_parse
 from memories.personal.selectors import (
     FactFilter,
     FactRow,
+    Ranking,
     core_fact_rows,
-    scope_fact_candidates,
+    scope_fact_search,
 )
 
 logger = logging.getLogger(__name__)
@@ -89,16 +91,18 @@ def core_fact_search(
         return SearchResult([], "hybrid")
     pool = _pool(limit, offset)
     vector, model, error = _embed_query(query, embedder, query_vector)
+    half_life = settings.ENGINE_HALF_LIFE_DAYS if half_life_days is None else half_life_days
+    weight = 0.0 if vector is None else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
     # Past ENGINE_EXACT_MAX_FACTS (and the pool) the vector leg walks the HNSW index; a
-    # short walk (a filter few facts pass, the scan cap) is redone exactly: all in SQL.
-    found = scope_fact_candidates(
+    # short walk (a filter few facts pass, the scan cap) is redone exactly: all in SQL,
+    # with the merge and the decay.
+    found = scope_fact_search(
         scope_id=row.pk, text=query, vector=vector, embedding_model=model, pool=pool,
         index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool), filter=filter,
+        ranking=Ranking(weight, half_life, timezone.now(), limit, offset),
     )  # fmt: skip
-    half_life = settings.ENGINE_HALF_LIFE_DAYS if half_life_days is None else half_life_days
-    hits = _merge(found.rows, keyword_only=vector is None, half_life=half_life)
     return SearchResult(
-        hits[offset : offset + limit],
+        [FactHit(*row) for row in found.rows],
         "keyword" if vector is None else "hybrid",
         error,
         found.vector_path,
@@ -116,39 +120,6 @@ def _embed_query(
     except Exception as exc:  # any embedder failure: keyword-only, never an error
         logger.warning("engine search is keyword-only: the embedder failed: %s", exc)
         return None, None, f"{type(exc).__name__}: {exc}"
-
-
-def _merge(rows: list[tuple[Any, ...]], *, keyword_only: bool, half_life: float) -> list[FactHit]:
-    """The candidates (``Candidates.rows``) scored: ``ENGINE_VECTOR_WEIGHT`` x similarity
-    + the rest x keyword score over the best one's, times the decay; best first."""
-    best = max((row[10] for row in rows if row[10] is not None), default=0.0) or 1.0
-    weight = 0.0 if keyword_only else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
-    now = timezone.now()
-    hits = []
-    for pk, content, category, confidence, kind, ref, observed, created, updated, sim, kw in rows:
-        sim = None if sim is None else float(sim)
-        kw = None if kw is None else float(kw)
-        relevance = weight * max(sim or 0.0, 0.0) + (1 - weight) * (kw or 0.0) / best
-        if half_life:
-            relevance *= decay(observed, half_life, now=now)
-        hits.append(
-            FactHit(
-                id=pk,
-                content=content,
-                category=category,
-                confidence=confidence,
-                source_kind=kind,
-                source_ref=ref,
-                observed_at=observed,
-                created_at=created,
-                updated_at=updated,
-                similarity=sim,
-                keyword_score=kw,
-                score=relevance,
-            )  # fmt: skip
-        )
-    hits.sort(key=lambda h: (-h.score, str(h.id)))
-    return hits
 
 
 # --- Injection -----------------------------------------------------------------------

@@ -385,10 +385,26 @@ _KEYWORDS = (
     "coalesce((SELECT string_agg(quote_literal(l), ' | ') "
     "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')::tsquery"
 )
-_CANDIDATE_COLUMNS = (
+_HIT_COLUMNS = (
     "v.id, v.content, v.category, v.confidence, v.source_kind, v.source_ref, v.observed_at, "
     "v.created_at, v.updated_at"
 )
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How candidates are scored and which of them come back: ``weight`` x cosine
+    similarity (negative counts as 0) + (1 - ``weight``) x ``ts_rank`` over the best
+    keyword candidate's, times ``0.5 ** (age in days / half_life)`` (the age from
+    ``observed_at`` to ``now``, never negative; ``half_life`` 0: no decay), best first
+    (ties by id); ``limit`` of them from ``offset``. The score as ``core.scoring.decay``
+    and the merge it replaces computed it, in the same order of float operations."""
+
+    weight: float
+    half_life: float
+    now: datetime
+    limit: int
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -402,13 +418,33 @@ class Statement:
 
 
 @dataclass(frozen=True)
-class Candidates:
-    """A search's candidate facts: rows of ``_CANDIDATE_COLUMNS`` + (cosine similarity or
-    None, ``ts_rank`` or None), in no particular order; ``vector_path`` says how the
-    vector leg ranked: "index" (HNSW walk), "exact" (a scan of the scope), "" (none)."""
+class ScopeHits:
+    """A search's hits: rows of ``_HIT_COLUMNS`` + (cosine similarity or None,
+    ``ts_rank`` or None, score), best first; ``vector_path`` says how the vector leg
+    ranked: "index" (HNSW walk), "exact" (a scan of the scope), "" (no vector leg)."""
 
     rows: list[tuple[Any, ...]]
     vector_path: str
+
+
+def _scored(ranking: Ranking) -> tuple[str, list[Any]]:
+    """The final SELECT over ``c`` (id, similarity, rank, observed_at) and ``kw``."""
+    decay = (
+        " * power(0.5::float8, greatest(0::float8, extract(epoch FROM (%s::timestamptz - c.o))"
+        "::float8 / 86400) / %s::float8)"
+        if ranking.half_life
+        else ""
+    )
+    decay_params = [ranking.now, ranking.half_life] if ranking.half_life else []
+    sql = (
+        "s AS (SELECT c.id, c.sim, c.r, (%s::float8 * greatest(coalesce(c.sim, 0), 0)"
+        " + %s::float8 * coalesce(c.r::float8, 0) / (SELECT coalesce(nullif(max(r), 0), 1)"
+        f"::float8 FROM kw)){decay} AS score FROM c ORDER BY score DESC, id LIMIT %s OFFSET %s) "
+        f"SELECT {_HIT_COLUMNS}, s.sim, s.r, s.score, (SELECT NOT yes FROM redo) "
+        "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.id"
+    )
+    params = [ranking.weight, 1 - ranking.weight, *decay_params, ranking.limit, ranking.offset]
+    return sql, params
 
 
 def candidates_statement(
@@ -419,9 +455,11 @@ def candidates_statement(
     embedding_model: str | None,
     pool: int,
     index_above: int,
+    ranking: Ranking,
     filter: FactFilter | None = None,
 ) -> Statement:
-    """Both legs of a scope's search and the candidates' rows, in one statement.
+    """A scope's whole search in one statement: both legs, the merge, the decay, and
+    the rows of the hits that come back (``Ranking``).
 
     Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
     ``text`` (``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the
@@ -430,30 +468,34 @@ def candidates_statement(
     when that walk comes back short (a filter few facts pass, the scan cap) or the
     scope is small, the scope is ranked exactly (``scope_vector_ranking``): the branch
     not needed is gated off by the planner (a one-time filter), so it reads nothing.
-    The walk's settings (``Statement.settings``) run before it in the same query
-    string (``scope_fact_candidates``): one round trip, no transaction of its own.
-    The last column says whether the walk's answer was kept.
+    Candidates are scored from what the legs read (the covering index holds
+    ``observed_at``), so only the hits returned visit the table for their text.
+    The walk's settings (``Statement.settings``) run before it in the same round trip
+    (``scope_fact_search``). The last column says whether the walk's answer was kept.
     """
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
     keyword = (
-        "kw AS MATERIALIZED (SELECT id, r FROM ("
-        " SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_vector, q"
+        "kw AS MATERIALIZED (SELECT id, r, o FROM ("
+        " SELECT id, ts_rank(search_vector, q.words) AS r, observed_at AS o"
+        " FROM memories_vector, q"
         f" WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope){where}"
         " UNION ALL"
-        f" SELECT v.id, ts_rank(v.search_vector, q.words) FROM q, {_SHARED_JOIN}"
+        f" SELECT v.id, ts_rank(v.search_vector, q.words), v.observed_at FROM q, {_SHARED_JOIN}"
         f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
-        ") ranked ORDER BY r DESC, id LIMIT %s)"
+        ") ranked ORDER BY r DESC, id LIMIT %s), "
     )
     keyword_params = [*fparams, scope_id, *vparams, pool]
+    scored, scored_params = _scored(ranking)
     if vector is None or embedding_model is None:
         sql = (
             f"WITH q AS MATERIALIZED (SELECT {_KEYWORDS} AS words, "
-            f"quote_literal(%s)::tsquery AS scope), {keyword} "
-            f"SELECT {_CANDIDATE_COLUMNS}, NULL::float8, kw.r, false "
-            "FROM kw JOIN memories_vector v ON v.id = kw.id"
+            f"quote_literal(%s)::tsquery AS scope), {keyword}"
+            "redo AS (SELECT true AS yes), "
+            "c AS (SELECT id, NULL::float8 AS sim, r, o FROM kw), "
+            f"{scored}"
         )
-        return Statement(sql, [text, f"~scope:{scope_id}", *keyword_params])
+        return Statement(sql, [text, f"~scope:{scope_id}", *keyword_params, *scored_params])
     dims = len(vector)
     kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
     literal = "[" + ",".join(repr(float(x)) for x in vector) + "]"
@@ -463,7 +505,7 @@ def candidates_statement(
             "big AS MATERIALIZED (SELECT count(*) > %s AS yes FROM (SELECT 1 FROM "
             "memories_uservector WHERE end_user_id = %s LIMIT %s) s), "
             "iv AS MATERIALIZED ("
-            f"SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d"
+            f"SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d, observed_at AS o"
             f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
             f" AND embedding_model = %s{where} AND (SELECT yes FROM big)"
             f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q)"
@@ -476,33 +518,35 @@ def candidates_statement(
             "(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < %s AS yes), "
         )
         redo_params: list[Any] = [pool]
-        walked = "SELECT id, d FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
+        walked = "SELECT id, d, o FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
     else:
         redo, redo_params, walked = "redo AS (SELECT true AS yes), ", [], ""
     sql = (
         f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv, {_KEYWORDS} AS words, "
         "quote_literal(%s)::tsquery AS scope), "
         f"{walk}"
-        "sv AS MATERIALIZED (SELECT v.id, v.embedding <=> (SELECT qv FROM q) AS d"
-        f" FROM {_SHARED_JOIN} AND v.dimensions = %s AND v.embedding_model = %s{vwhere}), "
+        "sv AS MATERIALIZED (SELECT v.id, v.embedding <=> (SELECT qv FROM q) AS d,"
+        f" v.observed_at AS o FROM {_SHARED_JOIN} AND v.dimensions = %s"
+        f" AND v.embedding_model = %s{vwhere}), "
         f"{redo}"
-        "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d"
+        "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d, observed_at AS o"
         " FROM memories_vector WHERE scope_id = %s AND dimensions = %s"
         f" AND embedding_model = %s{where} AND (SELECT yes FROM redo) ORDER BY d, id LIMIT %s), "
-        f"vec AS MATERIALIZED (SELECT id, d FROM ({walked}SELECT id, d FROM ev"
-        " UNION ALL SELECT id, d FROM sv) x ORDER BY d, id LIMIT %s), "
-        f"{keyword} "
-        f"SELECT {_CANDIDATE_COLUMNS}, 1.0 - c.d, c.r, (SELECT NOT yes FROM redo) FROM "
-        "(SELECT coalesce(vec.id, kw.id) AS id, vec.d, kw.r FROM vec FULL JOIN kw "
-        "ON kw.id = vec.id) c JOIN memories_vector v ON v.id = c.id"
+        f"vec AS MATERIALIZED (SELECT id, d, o FROM ({walked}SELECT id, d, o FROM ev"
+        " UNION ALL SELECT id, d, o FROM sv) x ORDER BY d, id LIMIT %s), "
+        f"{keyword}"
+        "c AS (SELECT coalesce(vec.id, kw.id) AS id, 1.0 - vec.d AS sim, kw.r,"
+        " coalesce(vec.o, kw.o) AS o FROM vec FULL JOIN kw ON kw.id = vec.id), "
+        f"{scored}"
     )
     params = [literal, text, f"~scope:{scope_id}", *walk_params,
               scope_id, dims, embedding_model, *vparams, *redo_params,
-              scope_id, dims, embedding_model, *fparams, pool, pool, *keyword_params]  # fmt: skip
+              scope_id, dims, embedding_model, *fparams, pool, pool, *keyword_params,
+              *scored_params]  # fmt: skip
     return Statement(sql, params, None if kind is None else _hnsw_settings(pool))
 
 
-def scope_fact_candidates(
+def scope_fact_search(
     *,
     scope_id: int,
     text: str,
@@ -510,16 +554,19 @@ def scope_fact_candidates(
     embedding_model: str | None,
     pool: int,
     index_above: int,
+    ranking: Ranking,
     filter: FactFilter | None = None,
-) -> Candidates:
-    """The candidates of a scope's search (``candidates_statement``), one round trip."""
+) -> ScopeHits:
+    """A scope's search (``candidates_statement``), one round trip, prepared."""
     statement = candidates_statement(
         scope_id=scope_id, text=text, vector=vector, embedding_model=embedding_model, pool=pool,
-        index_above=index_above, filter=filter,
+        index_above=index_above, ranking=ranking, filter=filter,
     )  # fmt: skip
     rows, _ = prepared.fetch(statement.sql, statement.params, before=statement.settings)
     path = "" if vector is None else "index" if rows and rows[0][-1] else "exact"
-    return Candidates([row[:-1] for row in rows], path)
+    if vector is not None and not rows:  # (no row to carry the flag: ask the scope)
+        path = "index" if scope_is_large(scope_id=scope_id, above=index_above) else "exact"
+    return ScopeHits([row[:-1] for row in rows], path)
 
 
 def core_fact_count(*, scope: EndUser) -> int:
