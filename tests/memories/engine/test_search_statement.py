@@ -206,3 +206,20 @@ def test_search_is_one_round_trip_and_opens_no_transaction(alice, settings, exac
     assert len(result.hits) == 10
     assert len(queries) == 1, [q["sql"][:80] for q in queries.captured_queries]
     assert "BEGIN" not in queries[0]["sql"].upper().split("SELECT")[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_walks_settings_end_with_the_search(alice, settings):
+    """Outside a transaction the settings and the statement form one implicit
+    transaction (pipelined): the connection's settings are as they were after it."""
+    embedder = Seeded()
+    _seed(alice, embedder)
+    settings.ENGINE_EXACT_MAX_FACTS = 10
+    assert connection.get_autocommit()
+    result = core_fact_search(owner=alice, scope=("org", "big"), query="chess", embedder=embedder)
+    assert result.vector_path == "index" and len(result.hits) == 10
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan')"
+        )
+        assert cur.fetchone() == ("40", "off")
