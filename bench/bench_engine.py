@@ -214,6 +214,7 @@ def explain(label: str, scope_id: int, q: np.ndarray, words: str = "w1 w2 w3") -
     statement = selectors.candidates_statement(
         scope_id=scope_id, text=words, vector=q.tolist(), embedding_model=MODEL, pool=pool,
         index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool),
+        walk_share=settings.ENGINE_WALK_MIN_SHARE, exact_cap=settings.ENGINE_EXACT_CAP_FACTS,
         ranking=selectors.Ranking(settings.ENGINE_VECTOR_WEIGHT, settings.ENGINE_HALF_LIFE_DAYS,
                                   datetime.now(UTC), 10),
     )  # fmt: skip

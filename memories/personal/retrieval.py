@@ -93,12 +93,13 @@ def core_fact_search(
     vector, model, error = _embed_query(query, embedder, query_vector)
     half_life = settings.ENGINE_HALF_LIFE_DAYS if half_life_days is None else half_life_days
     weight = 0.0 if vector is None else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
-    # Past ENGINE_EXACT_MAX_FACTS (and the pool) the vector leg walks the HNSW index; a
-    # short walk (a filter few facts pass, the scan cap) is redone exactly: all in SQL,
+    # Past ENGINE_EXACT_MAX_FACTS (and the pool), and past ENGINE_WALK_MIN_SHARE of the
+    # table or ENGINE_EXACT_CAP_FACTS, the vector leg walks the HNSW index; a short walk (a filter few facts pass, the scan cap) is redone exactly: all in SQL,
     # with the merge and the decay.
     found = scope_fact_search(
         scope_id=row.pk, text=query, vector=vector, embedding_model=model, pool=pool,
         index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool), filter=filter,
+        walk_share=settings.ENGINE_WALK_MIN_SHARE, exact_cap=settings.ENGINE_EXACT_CAP_FACTS,
         ranking=Ranking(weight, half_life, timezone.now(), limit, offset),
     )  # fmt: skip
     return SearchResult(

@@ -457,14 +457,20 @@ def candidates_statement(
     index_above: int,
     ranking: Ranking,
     filter: FactFilter | None = None,
+    walk_share: float = 0.0,
+    exact_cap: int = 0,
 ) -> Statement:
     """A scope's whole search in one statement: both legs, the merge, the decay, and
     the rows of the hits that come back (``Ranking``).
 
     Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
     ``text`` (``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the
-    ``pool`` most similar facts; a scope of more than ``index_above`` facts is walked
-    through the HNSW index of the dimension (``scope_vector_ranking_indexed``), and
+    ``pool`` most similar facts; a scope of more than ``index_above`` facts that also
+    holds ``walk_share`` of the table's rows (``pg_class.reltuples``) or more than
+    ``exact_cap`` facts is walked through the HNSW index of the dimension
+    (``scope_vector_ranking_indexed``; a walk filtered to a scope visits about as many
+    graph nodes as the scope is rare in the table, an exact scan reads the scope's
+    covering-index range: the rarer scope is scanned, the larger share walked), and
     when that walk comes back short (a filter few facts pass, the scan cap) or the
     scope is small, the scope is ranked exactly (``scope_vector_ranking``): the branch
     not needed is gated off by the planner (a one-time filter), so it reads nothing.
@@ -502,8 +508,11 @@ def candidates_statement(
     walk, walk_params = "", []
     if kind is not None:
         walk = (
-            "big AS MATERIALIZED (SELECT count(*) > %s AS yes FROM (SELECT 1 FROM "
-            "memories_uservector WHERE end_user_id = %s LIMIT %s) s), "
+            "lim AS MATERIALIZED (SELECT greatest(%s::float8, least(%s::float8, (SELECT "
+            "reltuples FROM pg_class WHERE oid = 'memories_vector'::regclass) * %s::float8))"
+            "::int8 AS n), "
+            "big AS MATERIALIZED (SELECT count(*) > (SELECT n FROM lim) AS yes FROM (SELECT 1 "
+            "FROM memories_uservector WHERE end_user_id = %s LIMIT (SELECT n + 1 FROM lim)) s), "
             "iv AS MATERIALIZED ("
             f"SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d, observed_at AS o"
             f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
@@ -511,8 +520,8 @@ def candidates_statement(
             f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q)"
             " LIMIT %s), "
         )
-        walk_params = [index_above, scope_id, index_above + 1, scope_id, embedding_model,
-                       *fparams, pool]  # fmt: skip
+        walk_params = [index_above, max(exact_cap, index_above), walk_share, scope_id,
+                       scope_id, embedding_model, *fparams, pool]  # fmt: skip
         redo = (
             "redo AS MATERIALIZED (SELECT NOT (SELECT yes FROM big) OR "
             "(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < %s AS yes), "
@@ -556,11 +565,14 @@ def scope_fact_search(
     index_above: int,
     ranking: Ranking,
     filter: FactFilter | None = None,
+    walk_share: float = 0.0,
+    exact_cap: int = 0,
 ) -> ScopeHits:
     """A scope's search (``candidates_statement``), one round trip, prepared."""
     statement = candidates_statement(
         scope_id=scope_id, text=text, vector=vector, embedding_model=embedding_model, pool=pool,
-        index_above=index_above, ranking=ranking, filter=filter,
+        index_above=index_above, ranking=ranking, filter=filter, walk_share=walk_share,
+        exact_cap=exact_cap,
     )  # fmt: skip
     rows, _ = prepared.fetch(statement.sql, statement.params, before=statement.settings)
     path = "" if vector is None else "index" if rows and rows[0][-1] else "exact"

@@ -223,3 +223,27 @@ def test_the_walks_settings_end_with_the_search(alice, settings):
             "SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan')"
         )
         assert cur.fetchone() == ("40", "off")
+
+
+def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, settings):
+    """Past ENGINE_EXACT_MAX_FACTS the walk needs the scope to hold ENGINE_WALK_MIN_SHARE
+    of the table (planner statistics) or more than ENGINE_EXACT_CAP_FACTS facts."""
+    embedder = Seeded()
+    _seed(alice, embedder)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE memories_vector")
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'memories_vector'")
+        rows = cur.fetchone()[0]
+    assert 140 <= rows < 200  # 123 facts of ("org", "big") + 20 of ("org", "other")
+    settings.ENGINE_EXACT_MAX_FACTS = 10
+
+    def path(share, cap=20000):
+        settings.ENGINE_WALK_MIN_SHARE, settings.ENGINE_EXACT_CAP_FACTS = share, cap
+        result = core_fact_search(owner=alice, scope=("org", "big"), query="chess",
+                                  embedder=embedder)  # fmt: skip
+        assert len(result.hits) == 10
+        return result.vector_path
+
+    assert path(0.5) == "index"  # 123 facts are more than half of the table
+    assert path(0.95) == "exact"  # ... but less than 95% of it
+    assert path(0.95, cap=60) == "index"  # more than the cap: walked whatever the share
