@@ -25,6 +25,8 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         parts = header.split()
+        if not parts:  # only whitespace (a lone 0xA0 or 0x85 byte decodes to one)
+            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
         if parts[0].lower() != self.keyword.lower():
             return None
         if len(parts) != 2:

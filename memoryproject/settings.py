@@ -71,6 +71,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "core.middleware.RequestSizeLimitMiddleware",
+    "core.middleware.QueryInputMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -179,6 +180,13 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # The parsers refuse what the database cannot store (NUL, lone surrogates) and JSON
+    # nested deeper than API_MAX_JSON_DEPTH, once for every view (core.api.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "core.api.parsers.JSONParser",
+        "core.api.parsers.FormParser",
+        "core.api.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.PageNumberPagination",
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
@@ -197,6 +205,9 @@ SPECTACULAR_SETTINGS = {
 # Requests larger than this are refused with 413 before they are parsed.
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 10 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# Request JSON nested deeper than this is refused with 400 (json would raise
+# RecursionError near 1,000 levels; nothing the API takes needs more than a few).
+API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 64, minimum=4)
 
 # --- Providers ------------------------------------------------------------------------
 EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL")

@@ -22,5 +22,6 @@ urlpatterns = [
     path("api/v1/", include("ingestion.api.urls")),
 ]
 
+handler400 = "core.api.errors.json_400"
 handler404 = "core.api.errors.json_404"
 handler500 = "core.api.errors.json_500"

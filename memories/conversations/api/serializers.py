@@ -5,6 +5,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from core.api.fields import StrictBooleanField
 from memories.conversations.history import (
     DEFAULT_AI_PREFIX,
     DEFAULT_HUMAN_PREFIX,
@@ -99,7 +100,7 @@ class MessageInSerializer(serializers.Serializer):
         help_text="Your id for the message, unique within the conversation; history "
         "items carry it, and parent_message_id / current_message_id may name it.",
     )
-    is_output = serializers.BooleanField(required=False, allow_null=True, default=None)
+    is_output = StrictBooleanField(required=False, allow_null=True, default=None)
     sender = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     sender_name = serializers.CharField(
         required=False, allow_blank=True, max_length=200, default=""

@@ -37,9 +37,11 @@ class ChatCompletionsView(APIView):
     def post(self, request: Request) -> Response | StreamingHttpResponse:
         if not isinstance(request.data, dict):
             raise InvalidInput("The body must be a JSON object.")
-        ChatCompletionSerializer(data=request.data).is_valid(raise_exception=True)
+        checked = ChatCompletionSerializer(data=request.data)
+        checked.is_valid(raise_exception=True)
         body = dict(request.data)
-        stream = bool(body.pop("stream", False))
+        body.pop("stream", None)
+        stream: bool = checked.validated_data["stream"]
         body.pop("stream_options", None) if not stream else None
         external_id = self._external_id(request, body)
         if not settings.LLM_BASE_URL:

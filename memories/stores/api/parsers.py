@@ -9,15 +9,20 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BaseRenderer
 
+from core.api.parsers import check_parsed, too_deep
+
 
 class YAMLParser(BaseParser):
     media_type = "application/yaml"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         try:
-            return yaml.safe_load(stream.read().decode("utf-8"))
+            data = yaml.safe_load(stream.read().decode("utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ParseError(f"YAML parse error: {exc}") from exc
+        except RecursionError:
+            raise too_deep() from None
+        return check_parsed(data)
 
 
 class TextYAMLParser(YAMLParser):

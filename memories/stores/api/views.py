@@ -7,13 +7,13 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.api.parsers import JSONParser
 from core.validation import validate_node_id
 from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_get
