@@ -11,7 +11,6 @@ from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
 from core.db_recovery import read_after_commit
-from core.validation import SessionIdField
 from knowledge.api.serializers import job_answer
 from knowledge.selectors import ingest_job_get_by_id
 from memories.bases.api.serializers import (
@@ -49,7 +48,6 @@ class FlowSessionMessagesView(APIView):
     @extend_schema(description="Delete a session's messages and purge its memory-base chunks.")
     def delete(self, request: Request, flow_id: Any, session_id: str) -> Response:
         flow = flow_for(request, flow_id)
-        SessionIdField().run_validation(session_id)
         deleted = session_messages_delete(flow=flow, session_id=session_id)
         return Response({"deleted": deleted})
 
