@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.http import HttpRequest
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
@@ -13,6 +14,14 @@ from core.services import api_key_digest
 # Writing last_used_at on every request would turn reads into writes; a coarse
 # resolution is enough to see which keys are alive.
 LAST_USED_RESOLUTION = timedelta(minutes=5)
+
+
+def api_key_from_header(request: HttpRequest) -> APIKey | None:
+    """The live key in ``Authorization: Bearer <key>``, if any (for plain Django views)."""
+    parts = authentication.get_authorization_header(request).decode("latin-1").split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    return api_key_authenticate(digest=api_key_digest(parts[1]))
 
 
 class APIKeyAuthentication(authentication.BaseAuthentication):

@@ -6,6 +6,7 @@ fail at start-up on malformed values.
 
 from __future__ import annotations
 
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -144,7 +145,12 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.db.DatabaseCache",
         "LOCATION": "django_cache",
-    }
+    },
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "api-throttle",
+        "OPTIONS": {"MAX_ENTRIES": 100_000},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -187,6 +193,7 @@ REST_FRAMEWORK = {
         "core.api.parsers.FormParser",
         "core.api.parsers.MultiPartParser",
     ],
+    "DEFAULT_THROTTLE_CLASSES": ["core.api.throttling.APIKeyRateThrottle"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.PageNumberPagination",
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
@@ -208,6 +215,25 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 # Request JSON nested deeper than this is refused with 400 (json would raise
 # RecursionError near 1,000 levels; nothing the API takes needs more than a few).
 API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 64, minimum=4)
+
+# Requests per API key (core.api.throttling): "<n>/<second|minute|hour|day>", empty for
+# no limit. Over it: 429 with Retry-After (OpenAI's shape on the chat proxy).
+API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "6000/minute")
+CHAT_THROTTLE_RATE = env_str("CHAT_THROTTLE_RATE", "600/minute")
+# Where the counts live: "throttle" is a per-process memory cache (no query per request;
+# W web workers allow up to W x the rate); name a shared cache in CACHES for exact limits.
+API_THROTTLE_CACHE = env_str("API_THROTTLE_CACHE", "throttle")
+for _rate in ("API_THROTTLE_RATE", "CHAT_THROTTLE_RATE"):
+    if globals()[_rate] and not re.fullmatch(
+        r"\d+/(second|minute|hour|day|[smhd])", globals()[_rate]
+    ):
+        from memoryproject.env import EnvError
+
+        raise EnvError(f"{_rate} must look like 6000/minute (second, minute, hour or day)")
+# The admin login: after this many wrong passwords for a username (4x from one
+# address) attempts are refused unchecked until this long after the first failure.
+ADMIN_LOGIN_MAX_FAILURES = env_int("ADMIN_LOGIN_MAX_FAILURES", 5, minimum=1)
+ADMIN_LOGIN_LOCKOUT_SECONDS = env_int("ADMIN_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
 
 # --- Providers ------------------------------------------------------------------------
 EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL")
@@ -392,4 +418,6 @@ MEMORY_PROMPT_MAX_TOKENS = env_int("MEMORY_PROMPT_MAX_TOKENS", 600, minimum=50)
 MEMORY_GLOBAL_MIN_PERSONAL = env_int("MEMORY_GLOBAL_MIN_PERSONAL", 5, minimum=0)
 MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MODEL
 CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
-METRICS_TOKEN = env_str("METRICS_TOKEN")  # when set, /metrics needs "Authorization: Bearer <token>"
+# /metrics needs "Authorization: Bearer <METRICS_TOKEN>" (or a staff session); unset, it
+# is closed to all but staff sessions (its counts span every tenant).
+METRICS_TOKEN = env_str("METRICS_TOKEN")

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 class ChatCompletionsView(APIView):
     """OpenAI-compatible ``POST /v1/chat/completions`` with per-user memories."""
 
+    throttle_setting = "CHAT_THROTTLE_RATE"  # core.api.throttling
+
     def get_exception_handler(self):  # type: ignore[no-untyped-def]
         return openai_exception_handler
 
