@@ -197,7 +197,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.PageNumberPagination",
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "core.api.schema.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -208,6 +208,25 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The API speaks JSON and authenticates with API keys (the session login serves the
+    # admin and the browsable API): document those only.
+    "AUTHENTICATION_WHITELIST": ["core.authentication.APIKeyAuthentication"],
+    "PARSER_WHITELIST": ["core.api.parsers.JSONParser"],
+    "ENUM_NAME_OVERRIDES": {
+        "ChatRoleEnum": "memories.personal.api.serializers.CHAT_ROLES",
+        "MessageRoleEnum": "memories.conversations.models.Message.Role",
+    },
+    "COMPONENT_SPLIT_REQUEST": True,
+    "TAGS": [
+        {"name": "Accounts", "description": "Who you are, API keys."},
+        {"name": "Knowledge bases", "description": "Documents, chunks, search."},
+        {"name": "Capture", "description": "Runs and messages of a flow."},
+        {"name": "Conversations", "description": "Flows, conversation and node history."},
+        {"name": "Memory bases", "description": "Memory built from a flow's outputs."},
+        {"name": "Personal memories", "description": "Per end-user memories."},
+        {"name": "Chat proxy (OpenAI-compatible)", "description": "With memories."},
+        {"name": "Memory stores", "description": "Stores and agent-node attachments."},
+    ],
 }
 # Requests larger than this are refused with 413 before they are parsed.
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 10 * 1024 * 1024, minimum=1024)

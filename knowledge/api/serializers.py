@@ -222,6 +222,24 @@ class IngestJobOutputSerializer(JobOutputBase):
         ]
 
 
+class IngestJobAnswerSerializer(IngestJobOutputSerializer):
+    """Schema only: the job, flat, and again under ``job`` (``job_answer``)."""
+
+    job = IngestJobOutputSerializer(help_text="The same job (the shape of earlier versions).")
+
+    class Meta(IngestJobOutputSerializer.Meta):
+        fields = [*IngestJobOutputSerializer.Meta.fields, "job"]
+
+
+class IngestResultSerializer(serializers.Serializer):
+    """Schema only: what a batch ingested in the request did."""
+
+    documents = serializers.IntegerField()
+    chunks_written = serializers.IntegerField()
+    chunks_deleted = serializers.IntegerField()
+    knowledge_base = KnowledgeBaseOutputSerializer()
+
+
 def job_answer(job: IngestJob) -> dict[str, Any]:
     """The job, flat like every job answer, and again under ``job`` (the shape of
     earlier versions, kept for their clients)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField
@@ -54,6 +55,15 @@ class MessageIdField(serializers.CharField):
         super().__init__(max_length=MESSAGE_ID_MAX, **kwargs)
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": MESSAGE_ID_MAX},
+            {"type": "integer", "minimum": 1},
+        ],
+        "nullable": True,
+    }
+)
 class ParentMessageIdField(serializers.Field):
     """A message id of either kind: the caller's ``message_id`` (a string) or the
     server id (an integer). Dify's ``UUID_NIL`` means "no parent: follows the

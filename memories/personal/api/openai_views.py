@@ -5,12 +5,14 @@ from typing import Any
 
 from django.conf import settings
 from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.errors import openai_exception_handler
+from core.api.schema import OpenAIErrorSerializer
 from core.errors import InvalidInput
 from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.validation import validate_end_user_id
@@ -35,7 +37,18 @@ class ChatCompletionsView(APIView):
             return None
         return validate_end_user_id(external_id)
 
-    @extend_schema(request=ChatCompletionSerializer, responses={200: dict})
+    @extend_schema(
+        summary="Chat completion with the end user's memories",
+        request=ChatCompletionSerializer,
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "text/event-stream"): OpenApiTypes.STR,
+            502: OpenAIErrorSerializer,
+            504: OpenAIErrorSerializer,
+        },
+        description="OpenAI's chat completion (the upstream's answer plus a memories "
+        "array), or server-sent events with stream=true. Errors in OpenAI's shape.",
+    )
     def post(self, request: Request) -> Response | StreamingHttpResponse:
         if not isinstance(request.data, dict):
             raise InvalidInput("The body must be a JSON object.")

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField
@@ -12,6 +13,7 @@ from memories.personal.services import MAX_MEMORY_CHARS
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
+@extend_schema_serializer(component_name="ChatCompletionMessage")
 class ChatMessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=CHAT_ROLES)
     content = serializers.JSONField(required=False, allow_null=True)
@@ -129,6 +131,13 @@ class MemorySearchSerializer(serializers.Serializer):
 
 class GlobalMemoryInSerializer(serializers.Serializer):
     content = serializers.CharField(max_length=MAX_MEMORY_CHARS)
+
+
+class MemoryAddResultSerializer(serializers.Serializer):
+    """Schema only: memories stored as given, and those that were already stored."""
+
+    memories = MemoryOutputSerializer(many=True)
+    duplicates = MemoryOutputSerializer(many=True)
 
 
 class HistorySerializer(serializers.ModelSerializer):

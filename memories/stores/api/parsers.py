@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BaseRenderer
+from rest_framework.utils.encoders import JSONEncoder
 
 from core.api.parsers import check_parsed, too_deep
 
@@ -43,4 +45,7 @@ class YAMLRenderer(BaseRenderer):
     ) -> bytes:
         if data is None:
             return b""
-        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode("utf-8")
+        # Plain types first: error answers carry DRF's ErrorDetail (a str subclass
+        # yaml cannot represent), and UUIDs or dates would be tagged Python objects.
+        plain = json.loads(json.dumps(data, cls=JSONEncoder))
+        return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True).encode("utf-8")
