@@ -2,15 +2,17 @@
 
 PostgreSQL's ``text`` and ``jsonb`` cannot hold a NUL character (``\\u0000``), and a lone
 UTF-16 surrogate (``"\\ud800"``, valid JSON) cannot be encoded as UTF-8: either one used
-to reach a query or an upstream call and end in a 500 (or a 502 blaming the LLM).
+to reach a query or an upstream call and end in a 500 (or a 502 blaming the LLM); nor can
+a JSON number too large for a float (``1e999`` parses as infinity; jsonb refuses it).
 Deeply nested JSON made ``json`` or a later serializer raise ``RecursionError``. Every
 parser of the API (JSON, forms, the stores' YAML) hands its result to
-``check_parsed``, which refuses all three with a 400 naming the first offending
+``check_parsed``, which refuses them with a 400 naming the first offending
 field, before a view sees the data.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -58,6 +60,8 @@ def check_parsed(data: Any, *, max_depth: int | None = None) -> Any:
             problem = _text_problem(value)
             if problem:
                 _refuse(path, problem)
+        elif isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
+            _refuse(path, "Numbers must be finite (1e999 is out of range).")
         elif isinstance(value, dict | list):
             if depth >= limit:
                 _refuse(path, f"JSON may be nested at most {limit} levels deep.")

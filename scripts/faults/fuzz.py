@@ -68,6 +68,12 @@ class FuzzReport:
         }
 
 
+def _flat(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, FailureGroup):
+        return [e for inner in exc.exceptions for e in _flat(inner)]
+    return [exc]
+
+
 def _titles(exc: BaseException) -> list[str]:
     if isinstance(exc, FailureGroup):
         return [t for inner in exc.exceptions for t in _titles(inner)]
@@ -160,7 +166,8 @@ def _fuzz_operation(
                 report.failures.setdefault(operation.label, set()).add(title)
                 report.examples.setdefault(
                     f"{operation.label} {title}",
-                    f"{case.as_curl_command(headers)}\n    -> {response.text[:300]}",
+                    f"{' | '.join(str(e).strip() for e in _flat(exc))[:600]}\n"
+                    f"    {case.as_curl_command(headers)}\n    -> {response.text[:300]}",
                 )
 
     run()

@@ -373,3 +373,17 @@ def test_json_booleans_are_booleans(alice_client, kb, path, body):
 def test_query_parameter_booleans_stay_text(alice_client, existing_memory):
     response = alice_client.get("/api/v1/users/u1/memories/search?q=tea&include_globals=false")
     assert response.status_code == 200, response.content
+
+
+@pytest.mark.parametrize(
+    "raw", [b'{"k": 1e999}', b'{"k": -1e999}', b'{"k": [1, 2, 1e400]}'], ids=["inf", "-inf", "list"]
+)
+def test_numbers_too_large_for_a_float_are_400(alice_client, kb, raw):
+    before = row_counts()
+    body = b'{"documents": [{"text": "x", "metadata": ' + raw + b"}]}"
+    response = alice_client.generic(
+        "POST", f"/api/v1/knowledge-bases/{kb.pk}/documents", body, content_type="application/json"
+    )
+    error = assert_error(response, 400)
+    assert "Numbers must be finite" in error["message"]
+    assert row_counts() == before
