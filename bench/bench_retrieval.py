@@ -406,7 +406,9 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
             for speaker in askers:
                 body = {"messages": [{"role": "user", "content": question.text}]}
                 prepared = chat_prepare(owner_id=owner.pk, body=body, external_id=speaker)
-                injected += prepared.memories
+                # The ranked ones (the engine's injection then fills the rest of the
+                # budget with the user's other facts by confidence, issue 12).
+                injected += [h for h in prepared.memories if h.relevant]
             latencies.append((time.perf_counter() - started) * 1000 / len(askers))
             injected_counts.append(len(injected))
             injected_any.append(any(ids_of.get(h.id, set()) & question.evidence for h in injected))

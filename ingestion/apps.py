@@ -11,4 +11,8 @@ class IngestionConfig(AppConfig):
         ScheduleSpec(
             "memory-base-jobs-sweep", "ingestion.tasks.memory_base_jobs_sweep", "I", minutes=5
         ),
+        ScheduleSpec(
+            "engine-updates-sweep", "ingestion.tasks.engine_updates_sweep", "I", minutes=1
+        ),
+        ScheduleSpec("engine-dreams", "ingestion.tasks.engine_dreams_daily", "D"),
     )

@@ -3,11 +3,14 @@ safe to run twice. Their dotted paths are what queues and schedules store."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
-from ingestion import memory_bases
+from ingestion import memory_bases, updates
 from memories.conversations.node_memory import node_memory_delete_idle
-from memories.personal.formation import memory_formation_run
+from memories.engine.dreams import dreams_daily
+from memories.engine.updates import update_record
+from memories.personal.scopes import user_scope
 
 
 def ingest_session(job_id: str) -> str:
@@ -27,11 +30,34 @@ def node_memory_cleanup() -> int:
 
 
 def form_memories(owner_id: int, external_id: str, message: str, message_at: str) -> int:
-    """After a chat answer (queued by the chat proxy): learn facts from the message."""
-    observed = parse_datetime(message_at)
-    if observed is None:  # queued by the chat proxy as isoformat(): never
+    """After a chat answer (queued by the chat proxy): the user's message joins the
+    debounced updates of the scope ``["user", external_id]`` (one extraction per
+    debounce window, however many messages). Returns the pending update's id."""
+    at = parse_datetime(message_at)
+    if at is None:  # queued by the chat proxy as isoformat(): never
         raise ValueError(f"not an ISO 8601 date-time: {message_at!r}")
-    decisions = memory_formation_run(
-        owner_id=owner_id, external_id=external_id, message=message, message_at=observed
+    message = message[: settings.MESSAGE_MAX_CHARS]
+    update = update_record(
+        owner=owner_id,
+        scope=user_scope(external_id),
+        messages=[{"role": "user", "content": message, "at": at.isoformat()}],
+        source="chat",
+        require_llm=False,  # recorded either way; the run waits for an LLM
     )
-    return len(decisions)
+    return update.pk
+
+
+def engine_updates_run(scope_id: int) -> str:
+    """A scope's debounced updates, once due (queued by a flush, its schedule or the sweep)."""
+    return updates.updates_run(scope_id=int(scope_id)).status
+
+
+def engine_updates_sweep() -> int:
+    """Every minute (schedule ``engine-updates-sweep``): run scopes whose updates are due."""
+    return updates.updates_sweep()
+
+
+def engine_dreams_daily() -> int:
+    """Daily (schedule ``engine-dreams``): dream the scopes active since their last dream,
+    of owners who have not turned it off."""
+    return dreams_daily()

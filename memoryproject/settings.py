@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "memories.bases",
     "memories.personal",
     "memories.stores",
+    "memories.engine",
     "ingestion",
 ]
 
@@ -436,7 +437,37 @@ MEMORY_RELATIVE_THRESHOLD = env_float("MEMORY_RELATIVE_THRESHOLD", 0.3, minimum=
 MEMORY_PROMPT_MAX_TOKENS = env_int("MEMORY_PROMPT_MAX_TOKENS", 600, minimum=50)
 MEMORY_GLOBAL_MIN_PERSONAL = env_int("MEMORY_GLOBAL_MIN_PERSONAL", 5, minimum=0)
 MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MODEL
+
+# --- Memory engine: core facts of a scope ---------------------------------------------
+# A fact is stored only at or above this confidence (0-1).
+ENGINE_MIN_CONFIDENCE = env_float("ENGINE_MIN_CONFIDENCE", 0.7, minimum=0.0)
+# At most this many facts per scope; beyond it the lowest confidence, then the oldest, go.
+ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
+# Search: score = (w * similarity + (1 - w) * keyword) * 0.5 ** (age / half-life).
+ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.7, minimum=0.0)
+ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  # 0 = no decay
+# Injection: the share of the token budget kept for corrections.
+ENGINE_CORRECTION_SHARE = env_float("ENGINE_CORRECTION_SHARE", 0.25, minimum=0.0)
 CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
 # /metrics needs "Authorization: Bearer <METRICS_TOKEN>" (or a staff session); unset, it
 # is closed to all but staff sessions (its counts span every tenant).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
+
+# --- Memory engine: background work (debounced updates, journal, Deep Dream) ----------
+# Flushes of one scope within this many seconds coalesce into one extraction (0 = at once).
+MEMORY_UPDATE_DEBOUNCE_SECONDS = env_float("MEMORY_UPDATE_DEBOUNCE_SECONDS", 30.0, minimum=0.0)
+# A scope that keeps flushing is still extracted this long after its oldest pending flush.
+MEMORY_UPDATE_MAX_WAIT_SECONDS = env_float("MEMORY_UPDATE_MAX_WAIT_SECONDS", 300.0, minimum=0.0)
+# Failed extractions (LLM down) are retried by the sweep this many times, then kept as failed.
+MEMORY_UPDATE_MAX_ATTEMPTS = env_int("MEMORY_UPDATE_MAX_ATTEMPTS", 5, minimum=1)
+# Processed (done or failed) flushes are deleted by the sweep after this many days.
+MEMORY_UPDATE_KEEP_DAYS = env_int("MEMORY_UPDATE_KEEP_DAYS", 7, minimum=1)
+# Journal, MEMORY.md and dream diaries go through this storage alias.
+ENGINE_STORAGE = env_str("ENGINE_STORAGE", "default")
+ENGINE_DREAM_LOOKBACK_DAYS = env_int("ENGINE_DREAM_LOOKBACK_DAYS", 3, minimum=1)
+# A dream that would drop more than this share of a scope's facts is refused (nothing changes).
+ENGINE_DREAM_MAX_DROP = env_float("ENGINE_DREAM_MAX_DROP", 0.5, minimum=0.0)
+# The daily dream schedule, for owners who have not turned it off (EngineSettings).
+ENGINE_DREAM_SCHEDULE = env_bool("ENGINE_DREAM_SCHEDULE", True)
+# Context summaries: the default summary budget (tokens).
+ENGINE_SUMMARY_MAX_TOKENS = env_int("ENGINE_SUMMARY_MAX_TOKENS", 256, minimum=16)

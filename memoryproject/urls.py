@@ -19,7 +19,9 @@ urlpatterns = [
     path("api/v1/", include("memories.conversations.api.urls")),
     path("api/v1/", include("memories.bases.api.urls")),
     path("api/v1/", include("memories.stores.api.urls")),
+    path("api/v1/", include("memories.engine.api.urls")),
     path("api/v1/", include("ingestion.api.urls")),
+    path("api/v1/engine/", include("memories.engine.api.background_urls")),
 ]
 
 handler400 = "core.api.errors.json_400"

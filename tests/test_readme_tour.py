@@ -50,7 +50,8 @@ def _scripted_llm(payload: dict) -> Scripted:
     """The proxied chat gets an answer; the background extraction gets the fact."""
     if payload["messages"][-1].get("content") == SAID:
         return Scripted(body=chat_body(ANSWER))
-    return Scripted(body=chat_body(json.dumps({"memories": [FACT]})))
+    fact = {"content": FACT, "category": "preference", "confidence": 0.9}
+    return Scripted(body=chat_body(json.dumps({"newFacts": [fact], "factsToRemove": []})))
 
 
 def test_the_readme_tour_runs_as_written(serve_env):  # noqa: F811
@@ -63,6 +64,8 @@ def test_the_readme_tour_runs_as_written(serve_env):  # noqa: F811
         "LLM_BASE_URL": llm.base_url,
         "LLM_MODEL": "fake-model",
         "LLM_API_KEY": "sk-test",
+        # Facts are learned once a user's messages pause (30 s by default): at once here.
+        "MEMORY_UPDATE_DEBOUNCE_SECONDS": "0",
     }
     proc = _serve(env)
     try:

@@ -97,3 +97,30 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:60]}"
+
+
+class ConversationSummary(models.Model):
+    """The running summary of one conversation (context tier): its text, the ids of the
+    messages folded into it and the last one, so the next call summarises only what
+    is new. ``key`` names the conversation: ``flow:<flow id>:<session id>`` for a
+    stored conversation, ``scope:<scope>:<conversation id>`` for messages a client
+    sends."""
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=800)
+    text = models.TextField(blank=True, default="")
+    summarized_ids = models.JSONField(default=list)
+    last_summarized_id = models.CharField(max_length=255, blank=True, default="")
+    token_count = models.PositiveIntegerField(default=0)
+    # Bumped by every fold: a writer that read an older version lost a race.
+    version = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "key"], name="summary_unique_per_conversation")
+        ]
+
+    def __str__(self) -> str:
+        return f"summary of {self.key}"

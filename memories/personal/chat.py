@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
@@ -24,7 +25,8 @@ from core.providers.llm import get_llm
 from core.providers.tokens import count_tokens
 from core.queue import enqueue_on_commit
 from memories.personal.models import EndUser
-from memories.personal.selectors import MemoryHit, memory_search, personal_count
+from memories.personal.retrieval import format_for_injection
+from memories.personal.selectors import FactRow, MemoryHit, memory_search, personal_count
 from memories.personal.services import end_user_ensure
 
 logger = logging.getLogger(__name__)
@@ -57,20 +59,6 @@ def message_text(content: Any) -> str:
     return ""
 
 
-def memory_block(hits: list[MemoryHit], budget: int) -> tuple[str, list[MemoryHit]]:
-    """The system-prompt block, best memories first, within ``budget`` tokens."""
-    lines, used, kept = [MEMORY_BLOCK_HEADER], count_tokens(MEMORY_BLOCK_HEADER), []
-    for hit in hits:
-        line = f"- {hit.content}"
-        cost = count_tokens(line) + 1
-        if used + cost > budget:
-            break
-        lines.append(line)
-        used += cost
-        kept.append(hit)
-    return ("\n".join(lines) if kept else ""), kept
-
-
 def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
     """Append the block to the first system message, or add one in front."""
     if not block:
@@ -96,28 +84,98 @@ def chat_prepare(*, owner_id: int, body: dict[str, Any], external_id: str | None
     prepared.end_user = end_user_ensure(owner=owner_id, external_id=external_id)
     if not prepared.user_text.strip():
         return prepared
-    embedder = get_embedder()
-    query = embedder.embed([prepared.user_text])[0]
-    cold = personal_count(end_user=prepared.end_user) < settings.MEMORY_GLOBAL_MIN_PERSONAL
-    hits = memory_search(
-        owner_id=owner_id,
-        end_user=prepared.end_user,
-        vector=query,
-        embedding_model=embedder.model,
-        top_k=settings.MEMORY_TOP_K,
-        threshold=settings.MEMORY_SCORE_THRESHOLD,
-        include_globals=cold,
-        query=prepared.user_text if settings.MEMORY_HYBRID else None,
-        relative_threshold=settings.MEMORY_RELATIVE_THRESHOLD or None,
+    block, prepared.memories = memory_block(
+        owner_id=owner_id, end_user=prepared.end_user, query=prepared.user_text
     )
-    block, prepared.memories = memory_block(hits, settings.MEMORY_PROMPT_MAX_TOKENS)
     prepared.body["messages"] = inject(body["messages"], block)
     return prepared
 
 
+def memory_block(*, owner_id: int, end_user: EndUser, query: str) -> tuple[str, list[MemoryHit]]:
+    """The system-prompt block within ``MEMORY_PROMPT_MAX_TOKENS``: the user's core facts
+    as the engine injects them (``format_for_injection``: corrections' share, then the
+    facts relevant to ``query``, then the rest by confidence). Relevant is what the
+    hybrid ranking keeps (``memory_search``: cosine fused with BM25 when
+    ``MEMORY_HYBRID``, ``MEMORY_SCORE_THRESHOLD`` on the similarity,
+    ``MEMORY_RELATIVE_THRESHOLD`` of the best score); for a user with few memories the
+    relevant global memories follow while they fit. An embedder failure leaves the
+    ranking keyword-only, never the answer."""
+    embedder = get_embedder()
+    try:
+        vector: list[float] | None = [float(x) for x in embedder.embed([query])[0]]
+    except Exception:  # the answer does not depend on memories
+        logger.warning("chat proxy: the embedder failed; memories ranked by keyword", exc_info=True)
+        vector = None
+    budget = settings.MEMORY_PROMPT_MAX_TOKENS
+    cold = personal_count(end_user=end_user) < settings.MEMORY_GLOBAL_MIN_PERSONAL
+    found: list[MemoryHit] = []
+    if vector is not None:
+        found = memory_search(
+            owner_id=owner_id,
+            end_user=end_user,
+            vector=vector,
+            embedding_model=embedder.model,
+            top_k=settings.MEMORY_TOP_K,
+            threshold=settings.MEMORY_SCORE_THRESHOLD,
+            include_globals=cold,
+            query=query if settings.MEMORY_HYBRID else None,
+            relative_threshold=settings.MEMORY_RELATIVE_THRESHOLD or None,
+        )
+    personal = [(h.id, h.similarity) for h in found if h.type != "global"]
+    injection = format_for_injection(
+        owner=owner_id,
+        scope=end_user,
+        max_tokens=budget,
+        query=query,
+        header=MEMORY_BLOCK_HEADER,
+        embedder=embedder if vector is not None else _Failed(),
+        ranked=personal if vector is not None else None,
+    )
+    hits = [_hit(f, injection.similarity.get(f.pk)) for f in injection.facts]
+    text, added = _append_globals(injection.text, [h for h in found if h.type == "global"], budget)
+    return text, hits + added
+
+
+class _Failed:
+    """An embedder that already failed for this request: search goes keyword-only."""
+
+    provider, model, dimensions = "failed", "", 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise RuntimeError("the embedder failed for this request")
+
+
+def _hit(fact: FactRow, similarity: float | None) -> MemoryHit:
+    return MemoryHit(
+        id=fact.pk, content=fact.content, type=fact.type, created_at=fact.created_at,
+        observed_at=fact.observed_at, similarity=similarity if similarity is not None else 0.0,
+        score=similarity if similarity is not None else 0.0, relevant=similarity is not None,
+    )  # fmt: skip
+
+
+def _append_globals(
+    text: str, globals_: list[MemoryHit], budget: int
+) -> tuple[str, list[MemoryHit]]:
+    lines = text.splitlines() if text else [MEMORY_BLOCK_HEADER]
+    kept: list[MemoryHit] = []
+    for hit in globals_:
+        candidate = [*lines, f"- [global] {hit.content}"]
+        if count_tokens("\n".join(candidate)) > budget:
+            break
+        lines = candidate
+        kept.append(hit)
+    return ("\n".join(lines) if len(lines) > 1 else ""), kept
+
+
 def memories_payload(prepared: PreparedChat) -> list[dict[str, Any]]:
     return [
-        {"id": str(h.id), "content": h.content, "score": round(h.similarity, 4), "type": h.type}
+        {
+            "id": str(h.id),
+            "content": h.content,
+            "type": h.type,
+            "relevant": h.relevant,
+            "score": round(h.similarity, 4) if h.relevant else None,
+        }  # fmt: skip
         for h in prepared.memories
     ]
 

@@ -3,38 +3,59 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from pgvector.django import VectorField
 
+CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", "correction")
+
 
 class EndUser(models.Model):
-    """An end user of an owner's application, named by the id the client sends.
+    """A memory scope inside an owner's tenant: ``["user", "alice"]``, ``["org", "acme",
+    "agent-alpha"]``...
 
-    Ids are scoped inside the owner's tenant: two owners' "alice" are two rows.
+    An end user of the owner's application is the scope ``["user", <id>]`` and keeps
+    its id in ``external_id`` (the id the client sends; two owners' "alice" are two
+    rows); other scopes have no ``external_id``. The table kept its first name.
     """
 
     id = models.BigAutoField(primary_key=True)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="end_users"
     )
-    external_id = models.CharField(max_length=255)
+    # NULL (not "") for scopes that are not end users: the (owner, external_id)
+    # uniqueness holds for end users only.
+    external_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    scope = ArrayField(models.CharField(max_length=255))
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        verbose_name = "end user"
+        verbose_name = "scope"
         constraints = [
             models.UniqueConstraint(
                 fields=["owner", "external_id"], name="enduser_unique_per_owner"
-            )
+            ),
+            models.UniqueConstraint(fields=["owner", "scope"], name="enduser_scope_unique"),
+            models.CheckConstraint(
+                condition=models.Q(external_id__isnull=True)
+                | models.Q(scope__len=2, scope__0="user"),
+                name="enduser_external_id_is_user_scope",
+            ),
         ]
 
     def __str__(self) -> str:
-        return self.external_id
+        return self.external_id or "/".join(self.scope)
 
 
 class Vector(models.Model):
-    """One memory: a fact and its embedding. Shared by every user linked to it."""
+    """One memory (a core fact): its text, embedding, category and confidence.
+
+    Visible in every scope linked to it (``UserVector``). ``scope`` is set while exactly
+    one scope links it (the usual case), so a scope's facts are read from one index
+    range instead of a join over its links; a shared fact has no ``scope`` and its
+    links are marked ``shared``.
+    """
 
     class Type(models.TextChoices):
         MEMORY = "memory"
@@ -45,6 +66,19 @@ class Vector(models.Model):
     content = models.TextField()
     normalized = models.TextField(help_text="Normalised text, for exact duplicate checks.")
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.MEMORY)
+    # No index of its own: vector_scope_covering (below) leads with it, and a plain
+    # one would be chosen instead and visit the heap for every fact of the scope.
+    scope = models.ForeignKey(
+        EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        db_index=False,
+    )  # fmt: skip
+    category = models.CharField(
+        max_length=16, choices=[(c, c) for c in CATEGORIES], default="context"
+    )
+    confidence = models.FloatField(default=1.0)
+    # Where the fact came from: "message", "journal" (ref = the day), "api", "dream"...
+    source_kind = models.CharField(max_length=16, default="message")
+    source_ref = models.CharField(max_length=255, blank=True, default="")
     embedding = VectorField()
     embedding_model = models.CharField(max_length=200)
     dimensions = models.PositiveSmallIntegerField()
@@ -53,11 +87,36 @@ class Vector(models.Model):
     # created_at is when the background job stored it.
     observed_at = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["owner", "type"], name="vector_owner_type"),
             models.Index(fields=["owner", "normalized"], name="vector_owner_normalized"),
+            # A scope's facts in one index range with what ranking reads, so a search
+            # or a duplicate check is an index-only scan of that range (no heap visit
+            # per fact, whose rows lie scattered among every other scope's).
+            models.Index(
+                fields=["scope"],
+                include=[
+                    "embedding",
+                    "dimensions",
+                    "embedding_model",
+                    "observed_at",
+                    "confidence",
+                    "category",
+                ],
+                name="vector_scope_covering",
+            ),  # fmt: skip
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(confidence__gte=0, confidence__lte=1),
+                name="vector_confidence_0_1",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(category__in=CATEGORIES), name="vector_category_valid"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -70,10 +129,18 @@ class UserVector(models.Model):
     pk = models.CompositePrimaryKey("end_user_id", "vector_id")
     end_user = models.ForeignKey(EndUser, on_delete=models.CASCADE, related_name="links")
     vector = models.ForeignKey(Vector, on_delete=models.CASCADE, related_name="links")
+    # True once the vector is linked to more than one scope (it then has no
+    # ``Vector.scope``): a scope's shared facts are found through these links.
+    shared = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [models.Index(fields=["vector"], name="uservector_vector")]
+        indexes = [
+            models.Index(fields=["vector"], name="uservector_vector"),
+            models.Index(
+                fields=["end_user"], condition=models.Q(shared=True), name="uservector_shared"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.end_user_id} -> {self.vector_id}"
@@ -87,6 +154,7 @@ class MemoryUpdate(models.Model):
         REPLACE = "replace"
         UPDATE = "update"
         DELETE = "delete"
+        EVICT = "evict"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     end_user = models.ForeignKey(EndUser, on_delete=models.CASCADE, related_name="updates")

@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import AbstractBaseUser, User
+from django.db import connection
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
@@ -29,6 +30,7 @@ class MemoryHit:
     observed_at: datetime
     similarity: float
     score: float
+    relevant: bool = True  # retrieved for the query (not only injected by confidence)
 
 
 def end_user_find(*, owner: User, external_id: str) -> EndUser | None:
@@ -36,7 +38,8 @@ def end_user_find(*, owner: User, external_id: str) -> EndUser | None:
 
 
 def end_user_list(*, owner: User) -> QuerySet[EndUser]:
-    return EndUser.objects.filter(owner=owner).order_by("external_id")
+    """The owner's end users (the ``["user", <id>]`` scopes)."""
+    return EndUser.objects.filter(owner=owner, external_id__isnull=False).order_by("external_id")
 
 
 def memory_list(*, end_user: EndUser) -> QuerySet[Vector]:
@@ -89,42 +92,62 @@ def memory_search(
 ) -> list[MemoryHit]:
     """Nearest memories of ``end_user`` (and global ones when asked), best first.
 
-    Exact cosine ranking: a user's memories are few, and a filtered HNSW scan
-    could drop rows. With ``query`` (the text ``vector`` embeds) the ranking is
-    hybrid: BM25 over the same memories, fused with the cosine ranking as knowledge
-    search fuses its legs (``knowledge.fusion.weighted_scores``), and ``score`` is
-    the fused score. ``threshold`` applies to the raw similarity; decay
-    (``score * 0.5 ** (age / half_life)``, age from when the fact was said) reorders
-    what passes it; ``relative_threshold`` then drops hits scoring under that share
-    of the best one's score.
+    The user's facts are read from their scope's range of the covering index
+    (``scope_vector_ranking``: exact cosine, whatever the owner's other users hold),
+    the owner's global memories by an exact scan of their own. With ``query`` (the
+    text ``vector`` embeds) the ranking is hybrid: BM25 over the same memories, fused
+    with the cosine ranking as knowledge search fuses its legs
+    (``knowledge.fusion.weighted_scores``), and ``score`` is the fused score.
+    ``threshold`` applies to the raw similarity; decay (``score * 0.5 ** (age /
+    half_life)``, age from when the fact was said) reorders what passes it;
+    ``relative_threshold`` then drops hits scoring under that share of the best one's.
     """
-    scope: Any = Q(pk__in=[])
-    if end_user is not None:
-        scope |= Exists(UserVector.objects.filter(end_user=end_user, vector=OuterRef("pk")))
-    if include_globals:
-        scope |= Q(type=Vector.Type.GLOBAL)
     pool = top_k if not (half_life_days or query) else max(top_k * 5, 50)
-    base = Vector.objects.filter(
-        owner_id=owner_id, embedding_model=embedding_model, dimensions=len(vector)
-    ).filter(scope)
-    distance = CosineDistance("embedding", list(map(float, vector)))
-    rows = list(
-        base.annotate(distance=distance).order_by("distance", "id").defer("embedding")[:pool]
+    cosine: list[tuple[uuid.UUID, float]] = []
+    if end_user is not None:
+        cosine += scope_vector_ranking(
+            scope_id=end_user.pk, vector=vector, embedding_model=embedding_model, limit=pool
+        )
+    globals_ = Vector.objects.filter(
+        owner_id=owner_id,
+        type=Vector.Type.GLOBAL,
+        embedding_model=embedding_model,
+        dimensions=len(vector),
     )
+    distance = CosineDistance("embedding", list(map(float, vector)))
+    if include_globals:
+        rows = globals_.annotate(distance=distance).order_by("distance", "id")
+        cosine += [(pk, 1.0 - float(d)) for pk, d in rows.values_list("id", "distance")[:pool]]
+    cosine.sort(key=lambda r: (-r[1], str(r[0])))
+    cosine = cosine[:pool]
     fused: dict[uuid.UUID, float] | None = None
     if query:
+        scope: Any = Q(pk__in=[])
+        if end_user is not None:
+            scope |= Q(scope_id=end_user.pk) | Exists(
+                UserVector.objects.filter(end_user=end_user, shared=True, vector=OuterRef("pk"))
+            )
+        if include_globals:
+            scope |= Q(type=Vector.Type.GLOBAL)
+        base = Vector.objects.filter(
+            owner_id=owner_id, embedding_model=embedding_model, dimensions=len(vector)
+        ).filter(scope)
         sql, params = base.annotate(text=F("content")).values("id", "text").query.sql_with_params()
         keyword = bm25_adhoc(sql, list(params), "english", query, pool)
-        seen = {row.pk for row in rows}
+        seen = {pk for pk, _ in cosine}
         missing = [pk for pk, _ in keyword if pk not in seen]
-        rows += list(base.filter(pk__in=missing).annotate(distance=distance).defer("embedding"))
-        cosine = [(row.pk, 1.0 - float(row.distance)) for row in rows]
+        extra = base.filter(pk__in=missing).annotate(distance=distance)
+        cosine += [(pk, 1.0 - float(d)) for pk, d in extra.values_list("id", "distance")]
         fused = weighted_scores(cosine, keyword, settings.SEARCH_VECTOR_WEIGHT)
+    ranked = [(pk, sim) for pk, sim in cosine if threshold is None or sim >= threshold]
+    rows_by_id = {
+        v.pk: v for v in Vector.objects.filter(pk__in=[r[0] for r in ranked]).defer("embedding")
+    }
     now = timezone.now()
     hits = []
-    for row in rows:
-        similarity = 1.0 - float(row.distance)
-        if threshold is not None and similarity < threshold:
+    for pk, similarity in ranked:
+        row = rows_by_id.get(pk)
+        if row is None:
             continue
         score = similarity if fused is None else fused[row.pk]
         if half_life_days:
@@ -144,3 +167,146 @@ def memory_search(
     if relative_threshold and hits:
         hits = [h for h in hits if h.score >= relative_threshold * hits[0].score]
     return hits[:top_k]
+
+
+# --- Core facts of a scope (the engine's core tier) ----------------------------------
+# A scope's facts are the vectors whose ``scope`` is that scope (one range of the
+# covering index ``vector_scope_covering``: ranking never visits the heap) plus the
+# shared ones reached through its ``shared`` links (few). Both legs are exact: a scope
+# holds at most ``ENGINE_MAX_FACTS`` facts, and an exact scan returns every match.
+
+_SHARED_JOIN = (
+    "memories_uservector uv JOIN memories_vector v ON v.id = uv.vector_id "
+    "WHERE uv.end_user_id = %s AND uv.shared AND v.scope_id IS NULL"
+)
+
+
+@dataclass
+class FactFilter:
+    categories: list[str] | None = None
+    min_confidence: float | None = None
+
+    def sql(self, alias: str = "") -> tuple[str, list[Any]]:
+        parts: list[str] = []
+        params: list[Any] = []
+        if self.categories:
+            parts.append(f"{alias}category = ANY(%s)")
+            params.append(list(self.categories))
+        if self.min_confidence is not None:
+            parts.append(f"{alias}confidence >= %s")
+            params.append(self.min_confidence)
+        return "".join(f" AND {p}" for p in parts), params
+
+
+def scope_vector_ranking(
+    *,
+    scope_id: int,
+    vector: Sequence[float],
+    embedding_model: str,
+    limit: int,
+    filter: FactFilter | None = None,
+) -> list[tuple[uuid.UUID, float]]:
+    """[(fact id, cosine similarity)] of the scope's facts, most similar first (exact)."""
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
+    text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    sql = (
+        "WITH q AS (SELECT %s::vector AS v) "
+        "SELECT id, d FROM ("
+        " SELECT id, embedding <=> q.v AS d FROM memories_vector, q"
+        f" WHERE scope_id = %s AND dimensions = %s AND embedding_model = %s{where}"
+        " UNION ALL"
+        f" SELECT v.id, v.embedding <=> q.v FROM q, {_SHARED_JOIN}"
+        f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere}"
+        ") ranked ORDER BY d, id LIMIT %s"
+    )
+    params = [text, scope_id, len(vector), embedding_model, *fparams,
+              scope_id, len(vector), embedding_model, *vparams, limit]  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
+
+
+def scope_keyword_ranking(
+    *, scope_id: int, text: str, limit: int, filter: FactFilter | None = None
+) -> list[tuple[uuid.UUID, float]]:
+    """[(fact id, ts_rank)] of the scope's facts sharing a word with ``text``, best first.
+
+    Any query word matches (an OR of its English lexemes); the GIN lookup intersects
+    them with the scope's own lexeme (``~scope:<id>``, see migration 0003), so it reads
+    the scope's matches only, however many facts other scopes hold.
+    """
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
+    sql = (
+        "WITH q AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
+        "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')"
+        "::tsquery AS words, quote_literal(%s)::tsquery AS scope) "
+        "SELECT id, r FROM ("
+        " SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_vector, q"
+        f" WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope){where}"
+        " UNION ALL"
+        f" SELECT v.id, ts_rank(v.search_vector, q.words) FROM q, {_SHARED_JOIN}"
+        f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
+        ") ranked ORDER BY r DESC, id LIMIT %s"
+    )
+    params = [text, f"~scope:{scope_id}", *fparams, scope_id, *vparams, limit]
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+def core_fact_count(*, scope: EndUser) -> int:
+    """Facts linked to the scope (an index-only count of its links)."""
+    return UserVector.objects.filter(end_user=scope).count()
+
+
+def core_fact_list(*, scope: EndUser, filter: FactFilter | None = None) -> QuerySet[Vector]:
+    """The scope's facts, highest confidence first, then newest."""
+    qs = Vector.objects.filter(owner_id=scope.owner_id, links__end_user=scope).defer("embedding")
+    if filter is not None and filter.categories:
+        qs = qs.filter(category__in=filter.categories)
+    if filter is not None and filter.min_confidence is not None:
+        qs = qs.filter(confidence__gte=filter.min_confidence)
+    return qs.order_by("-confidence", "-updated_at", "id")
+
+
+@dataclass(frozen=True)
+class FactRow:
+    """A fact as plain values (no model instance: injection reads hundreds at once)."""
+
+    id: uuid.UUID
+    content: str
+    category: str
+    confidence: float
+    type: str
+    observed_at: datetime
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def pk(self) -> uuid.UUID:
+        return self.id
+
+
+_ROW_FIELDS = ("id", "content", "category", "confidence", "type", "observed_at", "created_at",
+               "updated_at")  # fmt: skip
+
+
+def core_fact_rows(*, scope: EndUser) -> list[FactRow]:
+    """The scope's facts as ``FactRow``, highest confidence first, then newest."""
+    rows = core_fact_list(scope=scope).values_list(*_ROW_FIELDS)
+    return [FactRow(*row) for row in rows]
+
+
+def core_fact_get(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) -> Vector:
+    """One of the owner's facts (not a global memory); raises Vector.DoesNotExist."""
+    owner_id = int(owner if isinstance(owner, int) else owner.pk)
+    return Vector.objects.defer("embedding").get(
+        owner_id=owner_id, type=Vector.Type.MEMORY, pk=fact_id
+    )
+
+
+def fact_scopes(*, fact: Vector) -> list[EndUser]:
+    """The scopes a fact is linked to."""
+    return list(EndUser.objects.filter(links__vector=fact).order_by("id"))

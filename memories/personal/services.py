@@ -11,7 +11,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
@@ -59,7 +59,9 @@ def end_user_ensure(*, owner: User | Any, external_id: str) -> EndUser:
     """The owner's end user with this id, created on first sight (race-safe)."""
     validate_end_user_id(external_id)
     owner_id = getattr(owner, "pk", owner)
-    end_user, _ = EndUser.objects.get_or_create(owner_id=owner_id, external_id=external_id)
+    end_user, _ = EndUser.objects.get_or_create(
+        owner_id=owner_id, external_id=external_id, defaults={"scope": ["user", external_id]}
+    )
     now = timezone.now()
     # A write (and its commit) on every chat request would dominate the proxy's
     # latency; minutes are resolution enough for "last seen".
@@ -90,26 +92,23 @@ def _embedding_of(content: str, embedder: Embedder | None) -> tuple[list[float],
     return [float(x) for x in embedder.embed([content])[0]], embedder
 
 
+class _HasModel(Protocol):
+    model: str
+
+
 def _new_vector(
-    owner_id: int,
-    content: str,
-    embedding: Sequence[float],
-    embedder: Embedder,
-    observed_at: datetime | None,
-    type_: str = Vector.Type.MEMORY,
-    metadata: dict | None = None,
-) -> Vector:
+    owner_id: int, content: str, embedding: Sequence[float], embedder: _HasModel,
+    observed_at: datetime | None, type_: str = Vector.Type.MEMORY, metadata: dict | None = None,
+    *, scope: EndUser | None, **fields: Any,
+) -> Vector:  # fmt: skip
+    """A new vector; ``scope`` is the one scope it is about to be linked to (None for
+    a global memory)."""
     return Vector.objects.create(
-        owner_id=owner_id,
-        content=content,
-        normalized=normalize_fact(content),
-        type=type_,
-        embedding=list(embedding),
-        embedding_model=embedder.model,
-        dimensions=len(embedding),
-        observed_at=observed_at or timezone.now(),
-        metadata=metadata or {},
-    )
+        owner_id=owner_id, content=content, normalized=normalize_fact(content), type=type_,
+        embedding=list(embedding), embedding_model=embedder.model, dimensions=len(embedding),
+        observed_at=observed_at or timezone.now(), metadata=metadata or {}, scope=scope,
+        **fields,
+    )  # fmt: skip
 
 
 def find_exact_duplicate(*, end_user: EndUser, content: str) -> Vector | None:
@@ -180,8 +179,9 @@ def memory_add(
             if dup is not None:
                 return dup[1], dup[0]
         vector = _new_vector(
-            end_user.owner_id, content, embedding, embedder, observed_at, metadata=metadata
-        )
+            end_user.owner_id, content, embedding, embedder, observed_at, metadata=metadata,
+            scope=end_user,
+        )  # fmt: skip
         UserVector.objects.create(end_user=end_user, vector=vector)
         MemoryUpdate.objects.create(
             end_user=end_user,
@@ -217,7 +217,9 @@ def memory_replace(
         removed, _ = UserVector.objects.filter(end_user=end_user, vector=old).delete()
         if not removed:
             return None
-        vector = _new_vector(end_user.owner_id, content, embedding, embedder, observed_at)
+        vector = _new_vector(
+            end_user.owner_id, content, embedding, embedder, observed_at, scope=end_user
+        )
         UserVector.objects.create(end_user=end_user, vector=vector)
         MemoryUpdate.objects.create(
             end_user=end_user,
@@ -234,41 +236,63 @@ def memory_replace(
 
 
 def memory_update(
-    *, end_user: EndUser, vector: Vector, content: str, reason: str = "edited"
+    *,
+    end_user: EndUser,
+    vector: Vector,
+    content: str | None = None,
+    reason: str = "edited",
+    category: str | None = None,
+    confidence: float | None = None,
 ) -> Vector:
-    """Change a memory's text for this user. A vector shared with other users is not
-    changed under them: this user gets a new vector instead (copy on write)."""
-    content = validate_content(content)
-    embedding, embedder = _embedding_of(content, None)
+    """Change a memory's text, category or confidence for this user (audited). A vector
+    shared with other users is not changed under them: this user gets a new vector
+    instead (copy on write). A new text is re-embedded outside the transaction."""
+    content = validate_content(content) if content is not None else None
+    embedding, embedder = _embedding_of(content, None) if content is not None else (None, None)
+    fields: dict[str, Any] = {}
+    if category is not None:
+        fields["category"] = category
+    if confidence is not None:
+        fields["confidence"] = confidence
     with transaction.atomic():
         _user_lock(end_user)
+        vector = Vector.objects.get(pk=vector.pk)  # as it is now, under the lock
         shared = UserVector.objects.filter(vector=vector).exclude(end_user=end_user).exists()
         old_content = vector.content
+        text = content if content is not None else vector.content
         if shared:
             UserVector.objects.filter(end_user=end_user, vector=vector).delete()
-            new = _new_vector(end_user.owner_id, content, embedding, embedder, timezone.now())
+            keep = {"category": vector.category, "confidence": vector.confidence,
+                    "source_kind": vector.source_kind, "source_ref": vector.source_ref}  # fmt: skip
+            new = _new_vector(
+                end_user.owner_id, text,
+                embedding if embedding is not None else vector.embedding,
+                embedder or _ModelOf(vector), timezone.now(), scope=end_user,
+                **{**keep, **fields},
+            )  # fmt: skip
             UserVector.objects.create(end_user=end_user, vector=new)
         else:
             new = vector
-            Vector.objects.filter(pk=vector.pk).update(
-                content=content,
-                normalized=normalize_fact(content),
-                embedding=embedding,
-                embedding_model=embedder.model,
-                dimensions=len(embedding),
-                observed_at=timezone.now(),
-            )
+            if embedding is not None and embedder is not None:
+                fields.update(
+                    content=text, normalized=normalize_fact(text), embedding=embedding,
+                    embedding_model=embedder.model, dimensions=len(embedding),
+                    observed_at=timezone.now(),
+                )  # fmt: skip
+            Vector.objects.filter(pk=vector.pk).update(**fields, updated_at=timezone.now())
             new.refresh_from_db()
         MemoryUpdate.objects.create(
-            end_user=end_user,
-            old_vector=vector,
-            new_vector=new,
-            old_content=old_content,
-            new_content=content,
-            action=MemoryUpdate.Action.UPDATE,
-            reason=reason,
-        )
+            end_user=end_user, old_vector=vector, new_vector=new, old_content=old_content,
+            new_content=text, action=MemoryUpdate.Action.UPDATE, reason=reason,
+        )  # fmt: skip
     return new
+
+
+class _ModelOf:
+    """The embedder a stored vector came from (its model name), for copying it."""
+
+    def __init__(self, vector: Vector):
+        self.model = vector.embedding_model
 
 
 def _delete_if_orphan(vector: Vector) -> None:
@@ -316,6 +340,9 @@ def memory_link(*, end_user: EndUser, vector: Vector, reason: str = "shared") ->
         _user_lock(end_user)
         _, created = UserVector.objects.get_or_create(end_user=end_user, vector=vector)
         if created:
+            # Linked to two scopes or more now: found through its links, not its scope.
+            Vector.objects.filter(pk=vector.pk).update(scope=None)
+            UserVector.objects.filter(vector=vector).update(shared=True)
             MemoryUpdate.objects.create(
                 end_user=end_user,
                 new_vector=vector,
@@ -330,8 +357,9 @@ def global_memory_create(*, owner: User, content: str) -> Vector:
     content = validate_content(content)
     embedding, embedder = _embedding_of(content, None)
     return _new_vector(
-        owner.pk, content, embedding, embedder, timezone.now(), type_=Vector.Type.GLOBAL
-    )
+        owner.pk, content, embedding, embedder, timezone.now(), type_=Vector.Type.GLOBAL,
+        scope=None,
+    )  # fmt: skip
 
 
 def global_memory_delete(*, vector: Vector) -> None:

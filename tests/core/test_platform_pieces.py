@@ -23,6 +23,8 @@ def test_schedules_are_registered_once_by_name_and_follow_their_declaration():
         "ingest-jobs-sweep",
         "node-memory-cleanup",
         "memory-base-jobs-sweep",
+        "engine-updates-sweep",
+        "engine-dreams",
     }
     Schedule.objects.filter(name="ingest-jobs-sweep").update(func="old.path", minutes=60)
     register_schedules()

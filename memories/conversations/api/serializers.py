@@ -208,6 +208,20 @@ class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):
         help_text=f"Newest messages considered; 0: HISTORY_MESSAGE_LIMIT; at most "
         f"{MESSAGE_LIMIT_MAX} (larger values are clamped).",
     )
+    strategy = serializers.ChoiceField(
+        choices=("truncate", "summarize"),
+        default="truncate",
+        help_text="truncate: the oldest messages are dropped. summarize: they are folded "
+        "into the conversation's running summary (an LLM call when it grows).",
+    )
+    max_tokens_before_summary = serializers.IntegerField(
+        min_value=16, max_value=MAX_TOKENS_CEILING, required=False,
+        help_text="summarize: fold once the history passes this (default max_tokens).",
+    )  # fmt: skip
+    max_summary_tokens = serializers.IntegerField(
+        min_value=1, max_value=MAX_TOKENS_CEILING, default=256,
+        help_text="summarize: the summary's size limit.",
+    )  # fmt: skip
 
 
 class NodeHistoryQuerySerializer(_HistoryQuerySerializer):
@@ -301,6 +315,27 @@ class HistoryOutputSerializer(serializers.Serializer):
 
 class ConversationHistoryOutputSerializer(HistoryOutputSerializer):
     message_limit = serializers.IntegerField(help_text="The message_limit applied.")
+
+
+class RunningSummarySerializer(serializers.Serializer):
+    text = serializers.CharField(source="summary")
+    summarized_message_ids = serializers.ListField(
+        child=serializers.CharField(), source="summarized_ids"
+    )
+    last_summarized_message_id = serializers.CharField(source="last_summarized_id")
+    folded_now = serializers.ListField(child=serializers.CharField(), source="folded")
+    llm_calls = serializers.IntegerField()
+
+
+class SummarizedHistoryOutputSerializer(ConversationHistoryOutputSerializer):
+    """strategy=summarize: ``messages`` start with the running summary (a system
+    message); ``items`` are the messages kept verbatim."""
+
+    strategy = serializers.SerializerMethodField()
+    summary = RunningSummarySerializer()
+
+    def get_strategy(self, history: Any) -> str:
+        return "summarize"
 
 
 class NodeHistoryOutputSerializer(HistoryOutputSerializer):

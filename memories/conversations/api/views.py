@@ -25,6 +25,7 @@ from memories.conversations.api.serializers import (
     NodeHistoryQuerySerializer,
     NodeTurnInSerializer,
     NodeTurnOutputSerializer,
+    SummarizedHistoryOutputSerializer,
 )
 from memories.conversations.history import History, conversation_history
 from memories.conversations.models import Flow
@@ -36,6 +37,7 @@ from memories.conversations.node_memory import (
 )
 from memories.conversations.selectors import flow_get, flow_list
 from memories.conversations.services import flow_create
+from memories.conversations.summaries import conversation_history_summarized
 
 
 def flow_for(request: Request, flow_id: Any) -> Flow:
@@ -95,11 +97,24 @@ class ConversationHistoryView(APIView):
         parameters=[ConversationHistoryQuerySerializer],
         responses={200: ConversationHistoryOutputSerializer, 422: ERROR},
         description="The current thread of a conversation (flow + session), cut to "
-        "max_tokens by whole turns, newest kept; an empty conversation has an empty history.",
+        "max_tokens by whole turns, newest kept; an empty conversation has an empty history; "
+        "with strategy=summarize the older messages are folded into the conversation's "
+        "running summary instead of dropped.",
     )
     def get(self, request: Request, session_id: str) -> Response:
         params = _query(ConversationHistoryQuerySerializer, request)
         flow = flow_for(request, params["flow"])
+        if params["strategy"] == "summarize":
+            summarized = conversation_history_summarized(
+                flow=flow,
+                session_id=session_id,
+                current_message_id=params.get("current_message_id"),
+                max_tokens=params["max_tokens"],
+                message_limit=params["message_limit"],
+                max_tokens_before_summary=params.get("max_tokens_before_summary"),
+                max_summary_tokens=params["max_summary_tokens"],
+            )
+            return _history_response(SummarizedHistoryOutputSerializer, summarized, params)
         history = conversation_history(
             flow=flow,
             session_id=session_id,

@@ -124,7 +124,9 @@ def test_every_destructive_action_asks_first(
         "memory_base": lambda: memory_base,
         "kb": lambda: make_kb(alice, name="notes"),
         "key": lambda: APIKey.objects.create(owner=alice, name="k", prefix="p", digest="d"),
-        "end_user": lambda: EndUser.objects.create(owner=alice, external_id="u1"),
+        "end_user": lambda: EndUser.objects.create(
+            owner=alice, external_id="u1", scope=["user", "u1"]
+        ),
     }
     obj = objects[make]()
     model = type(obj)

@@ -83,6 +83,14 @@ def scripted_llm(
                         )
                     )
             return Scripted(body=chat_body('{"memories": []}'))
+        if "You maintain the long-term memory" in content:  # the engine's debounced updates
+            facts = [
+                {"content": f, "category": "context", "confidence": 0.9}
+                for message, listed in extractions.items()
+                if f"user: {message}" in content
+                for f in listed
+            ]
+            return Scripted(body=chat_body(json.dumps({"newFacts": facts, "factsToRemove": []})))
         if "Compare the New Fact" in content:
             for fact, decision in conflicts.items():
                 if f"New: {fact}\n" in content:

@@ -21,6 +21,7 @@ QUESTION = "Which JavaScript runtime should I use for my server?"
 
 @pytest.fixture
 def upstream(llm_settings, openai_server, fixture_embedder):
+    llm_settings.MEMORY_UPDATE_DEBOUNCE_SECONDS = 0  # the formation asserted right after
     openai_server.chat_fn = scripted_llm({}, answer="Use Node.js, since you already know it.")
     return openai_server
 
@@ -49,6 +50,7 @@ def _chat_requests(upstream):
         for r in upstream.requests
         if "expert memory archivist" not in str(r["json"])
         and "Compare the New Fact" not in str(r["json"])
+        and "You maintain the long-term memory" not in str(r["json"])
     ]
 
 
@@ -64,15 +66,22 @@ def test_non_streaming_injects_memories_and_returns_upstream_answer(live_server,
     assert completion.choices[0].message.content == "Use Node.js, since you already know it."
     assert completion.model == "fake-model" and completion.usage.total_tokens == 15
     memories = completion.model_extra["memories"]
-    assert [(m["id"], m["content"]) for m in memories] == [(str(node.pk), "User uses Node.js")]
+    # Issue 12: the block is the engine's injection: the facts relevant to the message
+    # first (scored), then the rest by confidence while the budget lasts (unscored).
+    assert [(m["id"], m["content"], m["relevant"]) for m in memories] == [
+        (str(node.pk), "User uses Node.js", True),
+        (str(_peanuts.pk), "User is allergic to peanuts", False),
+    ]
     assert memories[0]["score"] == pytest.approx(0.441, abs=0.002)
+    assert memories[1]["score"] is None
     (sent,) = _chat_requests(upstream)
     system = sent["json"]["messages"][0]
     assert system["role"] == "system" and system["content"].startswith(
         "Be brief.\n\nLong-term memories about the user"
     )
-    assert "- User uses Node.js" in system["content"]
-    assert "peanuts" not in system["content"]  # below the score threshold
+    assert system["content"].endswith(
+        "\n- [context | 1.00] User uses Node.js\n- [context | 1.00] User is allergic to peanuts"
+    )
     assert "ignore the rest" in system["content"]
     assert sent["json"]["messages"][1] == {"role": "user", "content": QUESTION}
 
@@ -146,7 +155,32 @@ def test_cold_start_globals_until_five_personal_memories(live_server, alice, ups
     warm = client.chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": question}]
     )
-    assert warm.model_extra["memories"] == []
+    # no global any more; the user's own facts (none relevant) fill the block (issue 12)
+    assert [(m["type"], m["relevant"]) for m in warm.model_extra["memories"]] == [
+        ("memory", False)
+    ] * 5
+
+
+def test_memory_block_keeps_the_token_budget(live_server, alice, upstream, settings):
+    from core.providers.tokens import count_tokens
+    from memories.personal.chat import MEMORY_BLOCK_HEADER
+
+    facts = ["User uses Node.js", "User works as a nurse", "User plays the violin",
+             "User prefers dark mode", "User is allergic to peanuts", "User lives in New York"]  # fmt: skip
+    _seed(alice, "u1", *facts)
+    settings.MEMORY_PROMPT_MAX_TOKENS = count_tokens(
+        MEMORY_BLOCK_HEADER + "\n- [context | 1.00] User uses Node.js\n"
+        "- [context | 1.00] User works as a nurse"
+    )
+    completion = _client(live_server, alice, "u1").chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": QUESTION}]
+    )
+    memories = completion.model_extra["memories"]
+    assert len(memories) == 2 and memories[0]["content"] == "User uses Node.js"
+    (sent,) = _chat_requests(upstream)
+    block = sent["json"]["messages"][0]["content"]
+    assert count_tokens(block) <= settings.MEMORY_PROMPT_MAX_TOKENS
+    assert block.startswith(MEMORY_BLOCK_HEADER) and block.count("\n- [") == 2
 
 
 def test_isolation_between_users_and_owners(live_server, alice, bob, upstream):

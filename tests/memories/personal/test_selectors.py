@@ -54,8 +54,12 @@ def test_the_chat_proxy_injects_it_at_the_defaults(alice, user_with_facts, setti
     for question in ("Where do I live?", "Which city do I live in?"):
         body = {"messages": [{"role": "user", "content": question}]}
         prepared = chat_prepare(owner_id=alice.pk, body=body, external_id="u1")
-        assert [m.content for m in prepared.memories] == [FACTS[0]]
+        # The relevant fact first (issue 15's ranking), then the rest by confidence as
+        # the engine injects them (issue 12), only the first marked relevant.
+        assert [m.content for m in prepared.memories if m.relevant] == [FACTS[0]]
+        assert prepared.memories[0].content == FACTS[0]
         assert FACTS[0] in prepared.body["messages"][0]["content"]
     settings.MEMORY_SCORE_THRESHOLD, settings.MEMORY_HYBRID = 0.3, False  # the old behaviour
     body = {"messages": [{"role": "user", "content": "Where do I live?"}]}
-    assert chat_prepare(owner_id=alice.pk, body=body, external_id="u1").memories == []
+    old = chat_prepare(owner_id=alice.pk, body=body, external_id="u1").memories
+    assert [m for m in old if m.relevant] == []

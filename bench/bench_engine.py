@@ -1,0 +1,304 @@
+"""Memory engine benchmark: core-fact search, injection and adds (service-side, no HTTP).
+
+Run from the repository root, against a private database (reused between runs):
+
+    EMBEDDED_DB_NAME=bench_engine .venv/bin/python bench/bench_engine.py [--fresh] \\
+        [--scopes 10000 --per-scope 100] [--queries 200] [--skip-large]
+
+Data (one owner): scope ``["bench", "big"]`` with 10,000 facts, ``["bench", "inj"]``
+with 500, then (unless ``--skip-large``) 10,000 scopes ``["s", "<i>"]`` of 100 facts
+(1M facts), rows of all scopes interleaved in the table as a busy service writes them.
+Vectors: random unit vectors, 384 dimensions, loaded with binary COPY; texts: 8 words
+drawn from a 5,000-word vocabulary. Queries are random unit vectors (the query
+embedding is excluded from every timing) with 3 vocabulary words as text.
+
+Reported (p50/p99 over ``--queries`` calls, after 10 warm-up calls):
+
+* search: ``core_fact_search`` hybrid, limit 10, decay on, in the 10k scope and in
+  100-fact scopes; rows returned (must be min(10, matching));
+* "before": the personal-memory search as it was (exact cosine over every fact of
+  the owner, filtered by an EXISTS on the user's links), same scopes, fewer calls;
+* injection: ``format_for_injection`` over the 500-fact scope, 600 tokens, without
+  and with a query;
+* add: ``core_fact_add`` of one new fact (embedding precomputed) into a 100-fact and
+  the 10,000-fact scope (dedup checks included), then removed again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+from pgvector.psycopg import register_vector  # noqa: E402
+from psycopg.types.json import Jsonb  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryproject.settings")
+os.environ.setdefault("EMBEDDED_DB_NAME", "bench_engine")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from memories.personal.facts import FactIn, core_fact_add, core_fact_delete  # noqa: E402
+from memories.personal.models import EndUser  # noqa: E402
+from memories.personal.retrieval import core_fact_search, format_for_injection  # noqa: E402
+from memories.personal.scopes import scope_ensure  # noqa: E402
+
+DIMS = 384
+MODEL = settings.EMBEDDING_MODEL
+VOCAB = [f"w{i}" for i in range(5000)]
+rng = np.random.default_rng(7)
+prng = random.Random(7)
+
+
+def unit(n: int) -> np.ndarray:
+    m = rng.standard_normal((n, DIMS)).astype(np.float32)
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+class FixedEmbedder:
+    provider, model, dimensions = "bench", MODEL, DIMS
+
+    def __init__(self) -> None:
+        self.next: np.ndarray | None = None
+
+    def embed(self, texts: Any) -> np.ndarray:
+        return unit(len(texts))
+
+
+def text() -> str:
+    return " ".join(prng.choice(VOCAB) for _ in range(8))
+
+
+def load(owner_id: int, scopes: list[tuple[int, int]]) -> None:
+    """COPY facts for [(scope row id, count)], rows of all scopes interleaved."""
+    order = np.concatenate([np.full(n, sid, dtype=np.int64) for sid, n in scopes])
+    rng.shuffle(order)
+    total, t0 = len(order), time.perf_counter()
+    now = datetime.now(UTC)
+    batch = 50_000
+    with connection.cursor() as cur:
+        pg = cur.connection
+        register_vector(pg)
+        for start in range(0, total, batch):
+            part = order[start : start + batch]
+            vecs = unit(len(part))
+            ids = [uuid.uuid4() for _ in part]
+            with pg.cursor().copy(
+                "COPY memories_vector (id, owner_id, content, normalized, type, embedding, "
+                "embedding_model, dimensions, metadata, observed_at, created_at, updated_at, "
+                "scope_id, category, confidence, source_kind, source_ref) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(
+                    ["uuid", "integer", "text", "text", "varchar", "vector", "varchar", "smallint",
+                     "jsonb", "timestamptz", "timestamptz", "timestamptz", "bigint", "varchar",
+                     "double precision", "varchar", "varchar"]
+                )  # fmt: skip
+                for vid, sid, vec in zip(ids, part, vecs, strict=True):
+                    content = text()
+                    at = now - timedelta(days=prng.uniform(0, 120))
+                    copy.write_row(
+                        (vid, owner_id, content, content, "memory", vec, MODEL, DIMS, Jsonb({}),
+                         at, at, at, int(sid),
+                         prng.choice(["preference", "knowledge", "context", "goal"]),
+                         round(prng.uniform(0.7, 1.0), 3), "import", "")
+                    )  # fmt: skip
+            with pg.cursor().copy(
+                "COPY memories_uservector (end_user_id, vector_id, shared, created_at) FROM STDIN"
+            ) as copy:
+                for vid, sid in zip(ids, part, strict=True):
+                    copy.write_row((int(sid), vid, False, now))
+            pg.commit()
+            done = start + len(part)
+            print(
+                f"  loaded {done:,}/{total:,} facts ({time.perf_counter() - t0:.0f} s)", flush=True
+            )
+
+
+def fix_times() -> None:
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE memories_vector")
+        cur.execute("VACUUM ANALYZE memories_uservector")
+
+
+def timed(fn: Callable[[], Any], calls: int, warmup: int = 10) -> tuple[float, float, Any]:
+    for _ in range(warmup):
+        fn()
+    samples, last = [], None
+    for _ in range(calls):
+        t = time.perf_counter()
+        last = fn()
+        samples.append((time.perf_counter() - t) * 1000)
+    samples.sort()
+    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+    return statistics.median(samples), p99, last
+
+
+OLD_SEARCH = (
+    "SELECT id, embedding <=> %s::vector AS d FROM memories_vector v "
+    "WHERE owner_id = %s AND embedding_model = %s AND dimensions = %s AND EXISTS ("
+    "SELECT 1 FROM memories_uservector uv WHERE uv.end_user_id = %s AND uv.vector_id = v.id) "
+    "ORDER BY d, id LIMIT 10"
+)
+
+
+def old_search(owner_id: int, scope_id: int, q: np.ndarray) -> list[Any]:
+    with connection.cursor() as cur:
+        cur.execute(
+            OLD_SEARCH, ["[" + ",".join(map(str, q)) + "]", owner_id, MODEL, DIMS, scope_id]
+        )
+        return cur.fetchall()
+
+
+def report(label: str, p50: float, p99: float, extra: str = "") -> None:
+    print(f"{label:<62} p50 {p50:8.2f} ms   p99 {p99:8.2f} ms  {extra}", flush=True)
+
+
+def bench_search(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+    queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
+    counts = []
+
+    def one() -> Any:
+        q, words = prng.choice(queries)
+        row = prng.choice(rows)
+        result = core_fact_search(
+            owner=owner, scope=row, query=words, limit=10, query_vector=q, embedder=FixedEmbedder()
+        )
+        counts.append(len(result.hits))
+        return result
+
+    p50, p99, _ = timed(one, calls)
+    report(
+        f"search hybrid, {label}",
+        p50,
+        p99,
+        f"rows min {min(counts)} median {statistics.median(counts)}",
+    )
+
+
+def bench_old(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+    p50, p99, last = timed(lambda: old_search(owner.pk, prng.choice(rows).pk, unit(1)[0]), calls, 2)
+    report(f"before (owner-wide exact scan), {label}", p50, p99, f"rows {len(last)}")
+
+
+def bench_injection(owner: Any, row: EndUser, calls: int) -> None:
+    p50, p99, last = timed(
+        lambda: format_for_injection(owner=owner, scope=row, max_tokens=600), calls
+    )
+    report(
+        "injection, 500 facts, 600 tokens",
+        p50,
+        p99,
+        f"{len(last.facts)} facts, {last.tokens} tokens",
+    )
+    q = unit(1)[0]
+    p50, p99, last = timed(
+        lambda: format_for_injection(
+            owner=owner, scope=row, max_tokens=600, query="w1 w2 w3", query_vector=q,
+            embedder=FixedEmbedder(),
+        ),
+        calls,
+    )  # fmt: skip
+    report("injection with a query, 500 facts, 600 tokens", p50, p99, f"{len(last.facts)} facts")
+
+
+def bench_add(owner: Any, row: EndUser, calls: int, label: str) -> None:
+    added: list[str] = []
+    embedder = FixedEmbedder()
+
+    def one() -> Any:
+        [d] = core_fact_add(
+            owner=owner, scope=row, facts=[FactIn(text(), confidence=0.9)], max_facts=10**7,
+            embedder=embedder,
+        )  # fmt: skip
+        added.append(d.fact_id or "")
+        return d
+
+    p50, p99, _ = timed(one, calls, warmup=5)
+    report(f"add one fact, {label}", p50, p99)
+    for fact_id in added:
+        if fact_id:
+            core_fact_delete(owner=owner, fact_id=fact_id, reason="bench cleanup")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--scopes", type=int, default=10_000)
+    parser.add_argument("--per-scope", type=int, default=100)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--skip-large", action="store_true")
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    user_model = get_user_model()
+    if args.fresh:
+        user_model.objects.filter(username="bench-engine").delete()
+    owner, created = user_model.objects.get_or_create(username="bench-engine")
+    big = scope_ensure(owner=owner, scope=("bench", "big"))
+    inj = scope_ensure(owner=owner, scope=("bench", "inj"))
+    if created or not big.links.exists():
+        print("loading the 10k scope and the 500-fact scope", flush=True)
+        load(owner.pk, [(big.pk, 10_000), (inj.pk, 500)])
+        fix_times()
+    print(f"\nphase A: owner holds {owner_facts(owner.pk):,} facts", flush=True)
+    bench_search(owner, [big], args.queries, "10k facts in one scope")
+    bench_old(owner, [big], 20, "10k facts in one scope")
+    bench_injection(owner, inj, args.queries)
+    bench_add(owner, inj, 50, "scope of 500 facts")
+    bench_add(owner, big, 50, "scope of 10,000 facts")
+    if args.skip_large:
+        return
+    smalls = list(EndUser.objects.filter(owner=owner, scope__0="s").order_by("id"))
+    if len(smalls) < args.scopes:
+        print(f"creating {args.scopes:,} scopes", flush=True)
+        have = {tuple(r.scope) for r in smalls}
+        EndUser.objects.bulk_create(
+            [EndUser(owner=owner, scope=["s", str(i)]) for i in range(args.scopes)
+             if ("s", str(i)) not in have]
+        )  # fmt: skip
+        smalls = list(EndUser.objects.filter(owner=owner, scope__0="s").order_by("id"))
+    empty = [r for r in smalls if not r.links.exists()]
+    if empty:
+        print(
+            f"loading {len(empty) * args.per_scope:,} facts into {len(empty):,} scopes", flush=True
+        )
+        for i in range(0, len(empty), 1000):
+            load(owner.pk, [(r.pk, args.per_scope) for r in empty[i : i + 1000]])
+        fix_times()
+    print(f"\nphase B: owner holds {owner_facts(owner.pk):,} facts", flush=True)
+    bench_search(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
+    bench_search(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, owner holds 1M")
+    bench_old(owner, [big], 5, "10k-fact scope, owner holds 1M")
+    bench_old(owner, smalls, 5, f"{args.per_scope}-fact scopes, owner holds 1M")
+    bench_add(owner, smalls[0], 50, f"scope of {args.per_scope} facts, owner holds 1M")
+    bench_add(owner, big, 50, "scope of 10,000 facts, owner holds 1M")
+
+
+def owner_facts(owner_id: int) -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM memories_vector WHERE owner_id = %s", [owner_id])
+        return int(cur.fetchone()[0])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Debounced updates, the processing side: one LLM extraction for every pending flush of
+a scope, then the facts written and the flushes marked done in one transaction.
+
+A run holds the scope's run lock for its whole length, so two runs of one scope never
+overlap (a second one leaves at once; the sweep comes back). The LLM call happens with
+no transaction open. The journal entries are written before the commit: a crash after
+them leaves the flushes pending, and the next run finds each entry already there (same
+hash) and does not append it twice. A crash anywhere before the commit leaves the
+flushes pending and no fact written; after it, nothing is pending. So a killed worker
+loses nothing and a re-run does nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from core.providers.embeddings import Embedder, get_embedder
+from core.providers.errors import ProviderError
+from core.providers.llm import ChatLLM
+from memories.engine import files
+from memories.engine.llm import PrecomputedEmbedder, json_calls
+from memories.engine.locks import scope_run_lock
+from memories.engine.models import PendingUpdate
+from memories.engine.updates import FEATURE, due_scopes, pending_of, schedule_run
+from memories.personal.facts import (
+    FactDecision,
+    FactIn,
+    FactNotFound,
+    core_fact_add,
+    core_fact_delete,
+)
+from memories.personal.models import CATEGORIES, EndUser
+from memories.personal.selectors import core_fact_list
+from memories.personal.services import MAX_MEMORY_CHARS, counter_add
+
+logger = logging.getLogger("memories.decisions")
+
+BATCH_MAX_UPDATES = 200  # flushes folded into one extraction; the rest go to the next run
+FACTS_IN_PROMPT = 100
+MAX_NEW_FACTS = 20
+
+EXTRACTION_PROMPT = """You maintain the long-term memory of one scope ({scope}). Read the conversation below and decide what should be remembered for future conversations.
+
+Current facts (id | category | confidence | content):
+{facts}
+
+Conversation, oldest first:
+{conversation}
+
+Instructions:
+1. Extract durable facts about the user or the work: preferences, knowledge, context, behavior, goals, and corrections of earlier facts. Ignore small talk and one-off requests.
+2. Each fact is one concise standalone sentence (e.g. "User prefers TypeScript").
+3. category is one of: preference, knowledge, context, behavior, goal, correction.
+4. confidence is from 0 to 1: 0.9 or more for explicit statements, 0.7-0.9 for strong implications, less for guesses.
+5. A fact that contradicts or refines a current fact names that fact's id in "replaces". Do not repeat a current fact.
+6. Ids of current facts the conversation shows are no longer true go in "factsToRemove".
+
+Answer with the JSON object only:
+{{"newFacts": [{{"content": "...", "category": "preference", "confidence": 0.9, "replaces": null}}], "factsToRemove": []}}"""
+
+
+@dataclass
+class UpdateRun:
+    """What one run did (for the task's result, the logs and the tests)."""
+
+    scope_id: int
+    status: str  # done | not_due | busy | empty | failed | gave_up
+    updates: list[int] = field(default_factory=list)
+    batch_id: str | None = None
+    llm_calls: int = 0
+    decisions: list[FactDecision] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    journal_entries: int = 0
+    error: str = ""
+
+
+def _conversation(rows: list[PendingUpdate]) -> str:
+    lines = []
+    for row in rows:
+        for message in row.messages:
+            lines.append(f"{message['role']}: {message['content']}")
+    return "\n".join(lines)
+
+
+def _fact_lines(scope: EndUser) -> tuple[str, set[str]]:
+    facts = list(core_fact_list(scope=scope)[:FACTS_IN_PROMPT])
+    lines = [f"{f.pk} | {f.category} | {f.confidence:.2f} | {f.content}" for f in facts]
+    return ("\n".join(lines) or "(none yet)"), {str(f.pk) for f in facts}
+
+
+def _confidence(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return min(1.0, max(0.0, number))
+
+
+def parse_extraction(
+    parsed: dict[str, Any] | None, known: set[str]
+) -> tuple[list[FactIn], list[str]]:
+    """The facts and removals of an extraction answer, keeping only what is well formed:
+    a fact needs text and a confidence; an unknown category becomes "context"; a
+    ``replaces`` or removal naming no current fact is dropped."""
+    raw = (parsed or {}).get("newFacts") or []
+    facts: list[FactIn] = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, dict):
+            continue
+        content = str(item.get("content") or "").strip()[:MAX_MEMORY_CHARS]
+        confidence = _confidence(item.get("confidence"))
+        if not content or confidence is None:
+            continue
+        category = item.get("category") if item.get("category") in CATEGORIES else "context"
+        replaces = str(item.get("replaces") or "")
+        facts.append(FactIn(content=content, category=str(category), confidence=confidence,
+                            source_kind="message", replaces=replaces if replaces in known else None))  # fmt: skip
+    removals = (parsed or {}).get("factsToRemove") or []
+    removed = [str(r) for r in removals if str(r) in known] if isinstance(removals, list) else []
+    return facts[:MAX_NEW_FACTS], removed
+
+
+def updates_run(
+    *,
+    scope_id: int,
+    now: datetime | None = None,
+    force: bool = False,
+    llm: ChatLLM | None = None,
+    embedder: Embedder | None = None,
+) -> UpdateRun:
+    """Extract and store what the scope's pending flushes say, once they are due.
+
+    Not due yet (a newer flush pushed the window back; ``force`` ignores it), another
+    run of the scope in progress, or nothing pending: nothing happens. A provider
+    failure keeps the flushes pending, retried later with a growing delay, and after
+    ``MEMORY_UPDATE_MAX_ATTEMPTS`` marks them failed (kept, with the error).
+    """
+    now = now or timezone.now()
+    with scope_run_lock(scope_id) as taken:
+        if not taken:
+            return UpdateRun(scope_id, "busy")
+        rows = list(pending_of(scope_id).select_related("scope").order_by("id")[:BATCH_MAX_UPDATES])
+        if not rows:
+            return UpdateRun(scope_id, "empty")
+        if not force and rows[-1].due_at > now:
+            return UpdateRun(scope_id, "not_due", [r.pk for r in rows])
+        return _run(rows, now, llm, embedder)
+
+
+def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
+         embedder: Embedder | None) -> UpdateRun:  # fmt: skip
+    scope = rows[0].scope
+    result = UpdateRun(scope.pk, "done", [r.pk for r in rows], batch_id=str(uuid.uuid4()))
+    try:
+        calls = json_calls(llm, feature=FEATURE)
+        listing, known = _fact_lines(scope)
+        prompt = EXTRACTION_PROMPT.format(
+            scope="/".join(scope.scope), facts=listing, conversation=_conversation(rows)
+        )
+        try:
+            parsed = calls.json([{"role": "system", "content": prompt}], what="engine_extraction")
+        finally:
+            result.llm_calls = calls.count
+            counter_add("memory_llm_calls_total", calls.count)
+            counter_add("memory_llm_tokens_total", calls.tokens)
+        facts, removed = parse_extraction(parsed, known)
+        pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in facts])
+    except ProviderError as exc:  # not configured, down, timed out: retried later
+        return _failed(rows, result, exc, now)
+    for row in rows:  # before the commit; a re-run finds them (same hash)
+        at = parse_datetime(row.messages[-1].get("at") or "") or row.created_at
+        result.journal_entries += files.journal_append(
+            owner_id=scope.owner_id, scope=scope.scope, messages=row.messages, at=at,
+            source=row.source,
+        )  # fmt: skip
+    reason = f"debounced update {result.batch_id} ({len(rows)} flushes)"
+    with transaction.atomic():
+        ids = [r.pk for r in rows]
+        still = list(
+            pending_of(scope.pk).select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
+        )
+        if len(still) != len(ids):  # cannot happen under the run lock; never write twice
+            return UpdateRun(scope.pk, "empty")
+        result.decisions = core_fact_add(
+            owner=scope.owner_id, scope=scope, facts=facts, reason=reason, embedder=pre
+        ) if facts else []  # fmt: skip
+        for fact_id in removed:
+            try:
+                core_fact_delete(owner=scope.owner_id, fact_id=fact_id, reason=reason)
+                result.removed.append(fact_id)
+            except FactNotFound:  # gone meanwhile
+                pass
+        PendingUpdate.objects.filter(pk__in=ids).update(
+            status=PendingUpdate.Status.DONE, batch_id=result.batch_id, processed_at=now,
+            attempts=F("attempts") + 1, error="",
+        )  # fmt: skip
+    counter_add("engine_update_runs_total")
+    counter_add("engine_updates_processed_total", len(rows))
+    _log(scope, result)
+    return result
+
+
+def _failed(
+    rows: list[PendingUpdate], result: UpdateRun, exc: Exception, now: datetime
+) -> UpdateRun:
+    """Keep the flushes for a later run (the sweep), backing off; give up after the
+    attempts, keeping the rows (and what they said) as failed."""
+    attempts = max(r.attempts for r in rows) + 1
+    ids = [r.pk for r in rows]
+    result.error = str(exc)
+    if attempts >= settings.MEMORY_UPDATE_MAX_ATTEMPTS:
+        PendingUpdate.objects.filter(pk__in=ids).update(
+            status=PendingUpdate.Status.FAILED, attempts=attempts, error=str(exc)[:2000],
+            processed_at=now,
+        )  # fmt: skip
+        result.status = "gave_up"
+    else:
+        retry_at = now + timedelta(seconds=min(3600, 60 * 2 ** (attempts - 1)))
+        PendingUpdate.objects.filter(pk__in=ids).update(
+            attempts=attempts, error=str(exc)[:2000], due_at=retry_at
+        )
+        schedule_run(rows[0].scope_id, retry_at)
+        result.status = "failed"
+    logger.warning(json.dumps({"event": "engine_update_failed", "scope_id": result.scope_id,
+                               "attempts": attempts, "error": result.error}))  # fmt: skip
+    return result
+
+
+def _log(scope: EndUser, result: UpdateRun) -> None:
+    logger.info(json.dumps({
+        "event": "engine_update", "scope": scope.scope, "owner_id": scope.owner_id,
+        "batch_id": result.batch_id, "updates": result.updates, "llm_calls": result.llm_calls,
+        "decisions": [{"action": d.action, "content": d.content, "fact_id": d.fact_id}
+                      for d in result.decisions],
+        "removed": result.removed,
+    }, ensure_ascii=False))  # fmt: skip
+
+
+def updates_sweep(*, now: datetime | None = None) -> int:
+    """Queue a run for every scope whose pending flushes are due (a run lost with a
+    killed worker, a schedule lost, a retry after a failure); forget processed flushes
+    older than ``MEMORY_UPDATE_KEEP_DAYS`` (their journal entries stay). Returns the
+    runs queued."""
+    from core.queue import enqueue
+
+    now = now or timezone.now()
+    PendingUpdate.objects.exclude(status=PendingUpdate.Status.PENDING).filter(
+        processed_at__lt=now - timedelta(days=settings.MEMORY_UPDATE_KEEP_DAYS)
+    ).delete()
+    scopes = due_scopes(now=now)
+    for scope_id in scopes:
+        enqueue(
+            "ingestion.tasks.engine_updates_run", scope_id, task_name=f"engine-updates-{scope_id}"
+        )
+    return len(scopes)

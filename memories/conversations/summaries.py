@@ -1,0 +1,298 @@
+"""Context summaries (the engine's short-term tier): keep the newest messages within a
+token budget and fold the older ones into a running summary with the chat LLM.
+
+LangMem's ``summarize_messages`` pattern, with its known bugs beaten:
+
+- the latest human message, and everything after it, is never folded away (#77,
+  #111), even when it alone exceeds the budget;
+- the running summary is extended, not replaced: the second and later folds send the
+  stored summary with an "extend this summary" prompt (#118), and the summary, the
+  ids of the messages folded into it and the last one are stored per conversation
+  (``ConversationSummary``), so a call only summarises what is new.
+
+Token counts are those of the conversation history (``history.message_cost``). The
+running summary enters the answer as one system message in front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from core.errors import InvalidInput
+from core.providers.llm import ChatLLM, get_llm
+from core.providers.tokens import count_tokens, truncate_to_tokens
+from core.validation import validate_session_id
+from memories.conversations.history import (
+    PRIMING_TOKENS,
+    History,
+    HistoryItem,
+    _candidates,
+    _link_parent,
+    _thread_items,
+    _without_pending,
+    effective_message_limit,
+    extract_thread,
+    message_cost,
+)
+from memories.conversations.models import ConversationSummary, Flow
+
+FEATURE = "Context summaries"
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+MAX_FOLD_ATTEMPTS = 3
+
+FIRST_PROMPT = """Create a summary of the conversation below. Keep the facts, decisions, names, numbers and open questions a reader needs to continue it; leave out greetings and filler. Answer with the summary only.
+
+{conversation}"""
+
+EXTEND_PROMPT = """This is the summary of the conversation so far:
+{summary}
+
+Extend this summary by taking into account the new messages of the conversation below. Keep what still matters from the summary; answer with the whole new summary only.
+
+{conversation}"""
+
+
+class SummaryInputError(InvalidInput):
+    code = "invalid"
+
+
+@dataclass(frozen=True)
+class SummaryMessage:
+    id: str
+    role: str
+    content: str
+
+    @property
+    def cost(self) -> int:
+        return message_cost(self.role, count_tokens(self.content))
+
+
+@dataclass
+class SummaryResult:
+    """What the model should see: the running summary (as a system message) and the
+    messages kept verbatim; with the stored state and what this call did."""
+
+    summary: str
+    summarized_ids: list[str]
+    last_summarized_id: str
+    kept: list[SummaryMessage]
+    folded: list[str] = field(default_factory=list)  # ids folded by this call
+    llm_calls: int = 0
+
+    def as_messages(self) -> list[dict[str, str]]:
+        head = (
+            [{"role": "system", "content": SUMMARY_PREFIX + self.summary}] if self.summary else []
+        )
+        return head + [{"role": m.role, "content": m.content} for m in self.kept]
+
+    @property
+    def token_count(self) -> int:
+        return PRIMING_TOKENS + sum(
+            message_cost(m["role"], count_tokens(m["content"])) for m in self.as_messages()
+        )
+
+
+def validate_budget(
+    max_tokens: Any, max_tokens_before_summary: Any, max_summary_tokens: Any
+) -> tuple[int, int, int]:
+    def whole(name: str, value: Any, low: int) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise SummaryInputError(f"{name} must be a whole number of at least {low}",
+                                    details={name: value})  # fmt: skip
+        return value
+
+    limit = whole("max_tokens", max_tokens, 16)
+    trigger = whole(
+        "max_tokens_before_summary",
+        limit if max_tokens_before_summary is None else max_tokens_before_summary,
+        limit,
+    )
+    summary = whole("max_summary_tokens", max_summary_tokens, 1)
+    if summary >= limit:
+        raise SummaryInputError("max_summary_tokens must be less than max_tokens",
+                                details={"max_summary_tokens": summary, "max_tokens": limit})  # fmt: skip
+    return limit, trigger, summary
+
+
+def _unsummarised(
+    state: ConversationSummary | None, messages: list[SummaryMessage]
+) -> list[SummaryMessage]:
+    """The messages after the last summarised one (or, when a client dropped it from
+    its list, every message not folded yet)."""
+    if state is None or not state.last_summarized_id:
+        return messages
+    ids = [m.id for m in messages]
+    if state.last_summarized_id in ids:
+        return messages[ids.index(state.last_summarized_id) + 1 :]
+    done = set(state.summarized_ids)
+    return [m for m in messages if m.id not in done]
+
+
+def _split(fresh: list[SummaryMessage], budget: int) -> int:
+    """Index of the first message kept: the newest that fit ``budget``, and always the
+    latest human message with everything after it; a tool answer keeps its call."""
+    humans = [i for i, m in enumerate(fresh) if m.role == "user"]
+    protected = humans[-1] if humans else len(fresh) - 1
+    start, used = len(fresh), 0
+    for i in range(len(fresh) - 1, -1, -1):
+        if i < protected and used + fresh[i].cost > budget:
+            break
+        used += fresh[i].cost
+        start = i
+    while 0 < start < len(fresh) and fresh[start].role == "tool":
+        start -= 1
+    return start
+
+
+def _transcript(messages: list[SummaryMessage]) -> str:
+    return "\n".join(f"{m.role}: {m.content}" for m in messages)
+
+
+def summary_fold(
+    *,
+    owner: AbstractBaseUser | int,
+    key: str,
+    messages: list[SummaryMessage],
+    max_tokens: Any,
+    max_tokens_before_summary: Any = None,
+    max_summary_tokens: Any = 256,
+    llm: ChatLLM | None = None,
+) -> SummaryResult:
+    """Keep the conversation within ``max_tokens``, folding older messages into its
+    running summary when it passes ``max_tokens_before_summary`` (default
+    ``max_tokens``); see the module docstring for what is kept and how it folds.
+
+    One LLM call at most (none while within budget), made with no transaction open;
+    the stored summary advances only if nobody advanced it meanwhile (else the call
+    starts again from the new state, so nothing is folded twice). Bad budgets raise
+    ``InvalidInput``; a needed fold without an LLM raises ``ProviderNotConfigured``
+    (503); a provider error stores nothing.
+    """
+    limit, trigger, summary_budget = validate_budget(max_tokens, max_tokens_before_summary,
+                                                     max_summary_tokens)  # fmt: skip
+    owner_id = int(owner if isinstance(owner, int) else owner.pk)
+    for _ in range(MAX_FOLD_ATTEMPTS):
+        state = ConversationSummary.objects.filter(owner_id=owner_id, key=key).first()
+        fresh = _unsummarised(state, messages)
+        result = SummaryResult(
+            summary=state.text if state else "",
+            summarized_ids=list(state.summarized_ids) if state else [],
+            last_summarized_id=state.last_summarized_id if state else "",
+            kept=fresh,
+        )
+        if result.token_count <= trigger:
+            return result
+        head = message_cost("system", count_tokens(SUMMARY_PREFIX))
+        start = _split(fresh, limit - summary_budget - head - PRIMING_TOKENS)
+        if start == 0:  # only the protected tail is left: nothing can be folded
+            return result
+        to_fold, result.kept = fresh[:start], fresh[start:]
+        text = _summarise(llm, result.summary, to_fold, summary_budget)
+        result.llm_calls = 1
+        if _store(owner_id, key, state, text, to_fold):
+            result.summary = text
+            result.folded = [m.id for m in to_fold]
+            result.summarized_ids += result.folded
+            result.last_summarized_id = to_fold[-1].id
+            return result
+    raise SummaryInputError("this conversation's summary keeps changing; try again")
+
+
+def _summarise(
+    llm: ChatLLM | None, summary: str, to_fold: list[SummaryMessage], budget: int
+) -> str:
+    conversation = _transcript(to_fold)
+    prompt = (EXTEND_PROMPT.format(summary=summary, conversation=conversation) if summary
+              else FIRST_PROMPT.format(conversation=conversation))  # fmt: skip
+    answer = (llm or get_llm(feature=FEATURE)).complete(
+        [{"role": "user", "content": prompt}], max_tokens=budget, temperature=0
+    )
+    # The budget holds even for a model that ignores max_tokens.
+    return truncate_to_tokens(answer.content.strip(), budget)
+
+
+def _store(owner_id: int, key: str, state: ConversationSummary | None, text: str,
+           folded: list[SummaryMessage]) -> bool:  # fmt: skip
+    """Advance the stored summary if it is still ``state`` (a conditional update)."""
+    ids = [m.id for m in folded]
+    values = {"text": text, "last_summarized_id": ids[-1], "token_count": count_tokens(text)}
+    if state is None:
+        try:
+            with transaction.atomic():
+                ConversationSummary.objects.create(owner_id=owner_id, key=key, summarized_ids=ids,
+                                                   version=1, **values)  # fmt: skip
+            return True
+        except IntegrityError:  # another call stored the first summary meanwhile
+            return False
+    return bool(
+        ConversationSummary.objects.filter(pk=state.pk, version=state.version).update(
+            summarized_ids=[*state.summarized_ids, *ids], version=state.version + 1, **values
+        )
+    )
+
+
+# --- stored conversations -----------------------------------------------------------
+def conversation_key(flow: Flow, session_id: str) -> str:
+    return f"flow:{flow.pk}:{session_id}"
+
+
+def conversation_thread(
+    *, flow: Flow, session_id: str, current_message_id: int | str | None, message_limit: int
+) -> list[HistoryItem]:
+    """The thread of the current message, oldest first, every message (no budget cut),
+    pending answers left out with their questions (as ``conversation_history``)."""
+    links = _candidates(flow, session_id, current_message_id, message_limit)
+    thread = _without_pending(
+        extract_thread(links, key=itemgetter(0), parent=_link_parent, null_parent="linear")
+    )
+    return list(reversed(list(_thread_items(thread, 1 << 30))))
+
+
+@dataclass(frozen=True)
+class SummarizedHistory(History):
+    """A conversation history whose older messages are folded into ``summary``."""
+
+    summary: SummaryResult | None = None
+
+    def as_messages(self) -> list[dict[str, Any]]:
+        head: list[dict[str, Any]] = []
+        if self.summary is not None and self.summary.summary:
+            head = [{"role": "system", "content": SUMMARY_PREFIX + self.summary.summary}]
+        return head + super().as_messages()
+
+
+def conversation_history_summarized(
+    *,
+    flow: Flow,
+    session_id: str,
+    current_message_id: int | str | None = None,
+    max_tokens: int,
+    message_limit: int | None,
+    max_tokens_before_summary: int | None = None,
+    max_summary_tokens: int = 256,
+    llm: ChatLLM | None = None,
+) -> SummarizedHistory:
+    """The conversation's thread with its older messages folded into the conversation's
+    running summary (``summary_fold``; the same summary ``POST /api/v1/engine/summaries``
+    keeps for this conversation). ``flow`` must come from an owner-scoped lookup."""
+    validate_session_id(session_id)
+    limit = effective_message_limit(message_limit)
+    items = conversation_thread(flow=flow, session_id=session_id,
+                                current_message_id=current_message_id, message_limit=limit)  # fmt: skip
+    # Summaries remember server ids (a caller's message_id is optional).
+    result = summary_fold(
+        owner=flow.owner_id, key=conversation_key(flow, session_id),
+        messages=[SummaryMessage(str(i.id), i.role, i.text_content()) for i in items],
+        max_tokens=max_tokens, max_tokens_before_summary=max_tokens_before_summary,
+        max_summary_tokens=max_summary_tokens, llm=llm,
+    )  # fmt: skip
+    kept = {m.id for m in result.kept}
+    return SummarizedHistory(
+        items=[i for i in items if str(i.id) in kept], token_count=result.token_count,
+        max_tokens=max_tokens, thread_length=len(items), message_limit=limit, summary=result,
+    )  # fmt: skip

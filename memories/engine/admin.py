@@ -1,0 +1,158 @@
+"""Admin for the engine's background tiers: the pending updates, the dreams (undo is an
+action), each scope's journal (shown and downloadable) and dream-now action, and the
+per-owner switches. Actions call the same services as the API."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from core.errors import ServiceError
+from memories.engine import files
+from memories.engine.api.background import markdown_download
+from memories.engine.dreams import dream_run, dream_undo
+from memories.engine.models import Dream, EngineSettings, PendingUpdate, ScopeJournal
+
+
+@admin.register(PendingUpdate)
+class PendingUpdateAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "scope",
+        "owner",
+        "status",
+        "source",
+        "due_at",
+        "attempts",
+        "processed_at",
+    ]
+    list_filter = ["status", "source"]
+    list_select_related = ["scope", "owner"]
+    search_fields = ["scope__external_id", "owner__username", "batch_id"]
+    raw_id_fields = ["scope", "owner"]
+    readonly_fields = [f.name for f in PendingUpdate._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(Dream)
+class DreamAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "scope",
+        "owner",
+        "status",
+        "trigger",
+        "change_count",
+        "llm_calls",
+    ]
+    list_filter = ["status", "trigger"]
+    list_select_related = ["scope", "owner"]
+    search_fields = ["scope__external_id", "owner__username"]
+    raw_id_fields = ["scope", "owner"]
+    readonly_fields = [f.name for f in Dream._meta.fields]
+    actions = ["undo"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="changes")
+    def change_count(self, dream: Dream) -> int:
+        return len(dream.changes)
+
+    @admin.action(description="Undo the selected dreams (facts and MEMORY.md restored)")
+    def undo(self, request: HttpRequest, queryset: QuerySet[Dream]) -> None:
+        for dream in queryset.order_by("-created_at"):  # latest first: each is then the latest
+            try:
+                dream_undo(owner=dream.owner_id, dream_id=dream.pk)
+                self.message_user(request, f"Undid dream {dream.pk}.")
+            except ServiceError as exc:
+                self.message_user(request, f"Dream {dream.pk}: {exc}", level=messages.ERROR)
+
+
+@admin.register(ScopeJournal)
+class ScopeJournalAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "owner", "created_at"]
+    list_select_related = ["owner"]
+    search_fields = ["external_id", "owner__username"]
+    list_filter = ["owner"]
+    fields = ("owner", "scope", "journal", "memory_md")
+    readonly_fields = fields
+    actions = ["dream_now"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view(self.journal_view)
+        return [path("<int:pk>/journal/<str:day>/", view, name="memory_engine_journal_day"),
+                *super().get_urls()]  # fmt: skip
+
+    def journal_view(self, request: HttpRequest, pk: int, day: str) -> HttpResponse:
+        """One journal day as Markdown: shown in the browser, or ``?download=1``."""
+        scope = self.get_object(request, str(pk))
+        if scope is None or not self.has_view_permission(request, scope):
+            return HttpResponse(status=404)
+        try:
+            text = files.journal_read(
+                owner_id=scope.owner_id, scope=scope.scope, day=files.parse_day(day)
+            )
+        except ServiceError:
+            return HttpResponse(status=404)
+        if request.GET.get("download"):
+            return markdown_download(text, f"journal-{'-'.join(scope.scope)}-{day}.md")
+        return HttpResponse(text, content_type="text/plain; charset=utf-8")
+
+    @admin.display(description="journal days")
+    def journal(self, scope: ScopeJournal) -> str:
+        days: list[date] = files.journal_days(owner_id=scope.owner_id, scope=scope.scope)
+        if not days:
+            return "no journal yet"
+
+        def link(day: date, download: bool) -> str:
+            url = reverse("admin:memory_engine_journal_day", args=[scope.pk, day.isoformat()])
+            return url + ("?download=1" if download else "")
+
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join("", '<li>{} · <a href="{}">show</a> · <a href="{}">download</a></li>',
+                             ((d.isoformat(), link(d, False), link(d, True)) for d in days)),
+        )  # fmt: skip
+
+    @admin.display(description="MEMORY.md")
+    def memory_md(self, scope: ScopeJournal) -> str:
+        text = files.read_text(files.memory_md_path(scope.owner_id, scope.scope))
+        return (
+            format_html("<pre>{}</pre>", text) if text else "not written yet (no dream or update)"
+        )
+
+    @admin.action(description="Dream now (consolidate the selected scopes)")
+    def dream_now(self, request: HttpRequest, queryset: QuerySet[ScopeJournal]) -> None:
+        for scope in queryset:
+            try:
+                outcome = dream_run(owner=scope.owner_id, scope=scope, trigger=Dream.Trigger.ADMIN)
+            except ServiceError as exc:
+                self.message_user(request, f"{scope}: {exc}", level=messages.ERROR)
+                continue
+            done = (
+                "unchanged, skipped" if outcome.skipped else f"{len(outcome.dream.changes)} changes"
+            )
+            self.message_user(request, f"{scope}: dream {outcome.dream.pk} ({done}).")
+
+
+@admin.register(EngineSettings)
+class EngineSettingsAdmin(admin.ModelAdmin):
+    list_display = ["owner", "dream_schedule", "updated_at"]
+    list_select_related = ["owner"]
+    list_editable = ["dream_schedule"]
+    raw_id_fields = ["owner"]

@@ -1,0 +1,275 @@
+"""The engine's background tiers over REST: debounced flushes, the journal, Deep Dream
+(with undo and the per-owner schedule switch) and context summaries.
+
+Thin views: input serializer -> service -> output serializer. Errors are the services'
+(``core.errors`` family), mapped once by the API's exception handler.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.pagination import paginated_response
+from memories.conversations.selectors import flow_get
+from memories.conversations.summaries import (
+    SummaryMessage,
+    conversation_key,
+    conversation_thread,
+    summary_fold,
+)
+from memories.engine import files
+from memories.engine.api.serializers import ScopedSerializer
+from memories.engine.api.views import _engine, _query_scope, _validated
+from memories.engine.dreams import (
+    ScopeNotFound,
+    dream_get,
+    dream_list,
+    dream_schedule_enabled,
+    dream_undo,
+    engine_settings_update,
+)
+from memories.engine.models import Dream, PendingUpdate
+from memories.engine.updates import pending_of, update_list
+from memories.personal.models import EndUser
+from memories.personal.scopes import Scope, scope_find
+
+
+# --- input --------------------------------------------------------------------------
+def _owner(request: Request) -> int:
+    return int(cast(Any, request.user).pk)
+
+
+def scope_row(request: Request) -> EndUser:
+    """The caller's scope named by the query string (``?scope=user&scope=alice`` or a
+    JSON list, templates filled from the other parameters); 404 if it has none."""
+    engine = _engine(request, dict(request.query_params.items()))
+    scope = _query_scope(request, engine, required=True)
+    row = scope_find(owner=_owner(request), scope=cast(Scope, scope))
+    if row is None:
+        raise ScopeNotFound("no such scope")
+    return row
+
+
+class FlushInSerializer(ScopedSerializer):
+    messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
+
+
+class DreamInSerializer(ScopedSerializer):
+    lookback_days = serializers.IntegerField(min_value=1, max_value=90, required=False)
+
+
+class SettingsInSerializer(serializers.Serializer):
+    dream_schedule = serializers.BooleanField()
+
+
+class SummaryMessageSerializer(serializers.Serializer):
+    id = serializers.CharField(max_length=255, required=False)
+    role = serializers.ChoiceField(choices=("user", "assistant", "system", "tool"))
+    content = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=100_000)
+
+
+class ConversationRefSerializer(serializers.Serializer):
+    flow = serializers.UUIDField()
+    session_id = serializers.CharField(max_length=255)
+    message_limit = serializers.IntegerField(min_value=1, max_value=10_000, default=500)
+
+
+class SummaryInSerializer(ScopedSerializer):
+    conversation = ConversationRefSerializer(required=False)
+    conversation_id = serializers.CharField(max_length=255, required=False)
+    messages = SummaryMessageSerializer(many=True, required=False)
+    max_tokens = serializers.IntegerField(min_value=16, max_value=1_000_000)
+    max_tokens_before_summary = serializers.IntegerField(min_value=16, required=False)
+    max_summary_tokens = serializers.IntegerField(min_value=1, default=256)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("conversation" in attrs) == ("messages" in attrs):
+            raise serializers.ValidationError(
+                {"conversation": "send either a stored conversation or messages (one of them)"}
+            )
+        if "messages" in attrs and not attrs.get("conversation_id"):
+            raise serializers.ValidationError(
+                {
+                    "conversation_id": "messages need a conversation_id: the running summary is kept per conversation"
+                }
+            )
+        return attrs
+
+
+# --- output -------------------------------------------------------------------------
+class PendingUpdateOutputSerializer(serializers.ModelSerializer):
+    scope = serializers.SerializerMethodField()
+
+    class Meta:
+        model = PendingUpdate
+        fields = ["id", "scope", "status", "source", "due_at", "attempts", "error", "batch_id",
+                  "created_at", "processed_at"]  # fmt: skip
+
+    def get_scope(self, update: PendingUpdate) -> list[str]:
+        return list(update.scope.scope)
+
+
+class DreamOutputSerializer(serializers.ModelSerializer):
+    scope = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Dream
+        fields = ["id", "scope", "status", "trigger", "lookback_days", "journal_days", "input_hash",
+                  "changes", "diary", "memory_md_before", "memory_md_after", "llm_calls",
+                  "created_at", "undone_at"]  # fmt: skip
+
+    def get_scope(self, dream: Dream) -> list[str]:
+        return list(dream.scope.scope)
+
+
+class DreamListSerializer(DreamOutputSerializer):
+    class Meta(DreamOutputSerializer.Meta):
+        fields = ["id", "scope", "status", "trigger", "lookback_days", "journal_days", "llm_calls",
+                  "created_at", "undone_at"]  # fmt: skip
+
+
+# --- views --------------------------------------------------------------------------
+class FlushView(APIView):
+    @extend_schema(request=FlushInSerializer, responses={202: PendingUpdateOutputSerializer})
+    def post(self, request: Request) -> Response:
+        """Record messages of a scope for its next (debounced) extraction; answers at once."""
+        data = _validated(FlushInSerializer, request.data)
+        update = _engine(request, data["scope_values"]).flush(
+            data["scope"], data["messages"], source="api"
+        )
+        body = dict(PendingUpdateOutputSerializer(update).data)
+        body["pending_in_scope"] = pending_of(update.scope_id).count()
+        return Response(body, status=status.HTTP_202_ACCEPTED)
+
+
+class UpdatesView(APIView):
+    @extend_schema(responses=PendingUpdateOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        """The scope's flushes, newest first: pending, done (with their batch) or failed."""
+        row = scope_row(request)
+        qs = update_list(owner=_owner(request), scope=row).select_related("scope")
+        return paginated_response(self, request, qs, PendingUpdateOutputSerializer)
+
+
+class JournalView(APIView):
+    def get(self, request: Request) -> Response | HttpResponse:
+        """``?scope=...&date=YYYY-MM-DD``: that day's journal (``download=1``: the Markdown
+        file); without a date: the days the scope has a journal for."""
+        row = scope_row(request)
+        if "date" not in request.query_params:
+            days = files.journal_days(owner_id=row.owner_id, scope=row.scope)
+            return Response({"scope": row.scope, "days": [d.isoformat() for d in days]})
+        day = files.parse_day(request.query_params["date"])
+        text = files.journal_read(owner_id=row.owner_id, scope=row.scope, day=day)
+        if request.query_params.get("download") in ("1", "true"):
+            return markdown_download(text, f"journal-{'-'.join(row.scope)}-{day.isoformat()}.md")
+        return Response({"scope": row.scope, "date": day.isoformat(), "markdown": text})
+
+
+def markdown_download(text: str, filename: str) -> HttpResponse:
+    response = HttpResponse(text, content_type="text/markdown; charset=utf-8")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in filename)
+    response["Content-Disposition"] = f'attachment; filename="{safe}"'
+    return response
+
+
+class DreamView(APIView):
+    @extend_schema(request=DreamInSerializer, responses={201: DreamOutputSerializer})
+    def post(self, request: Request) -> Response:
+        """Dream the scope now: 201 with the dream, or 200 with the last one and
+        ``skipped`` when its inputs have not changed (no LLM call)."""
+        data = _validated(DreamInSerializer, request.data)
+        engine = _engine(request, data["scope_values"])
+        outcome = engine.dream(data["scope"], data.get("lookback_days"))
+        body = dict(DreamOutputSerializer(outcome.dream).data)
+        body["skipped"] = outcome.skipped
+        return Response(
+            body, status=status.HTTP_200_OK if outcome.skipped else status.HTTP_201_CREATED
+        )
+
+
+class DreamListView(APIView):
+    @extend_schema(responses=DreamListSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        row = scope_row(request)
+        qs = dream_list(owner=_owner(request), scope=row).select_related("scope")
+        return paginated_response(self, request, qs, DreamListSerializer)
+
+
+class DreamDetailView(APIView):
+    @extend_schema(responses=DreamOutputSerializer)
+    def get(self, request: Request, dream_id: str) -> Response:
+        return Response(
+            DreamOutputSerializer(dream_get(owner=_owner(request), dream_id=dream_id)).data
+        )
+
+
+class DreamUndoView(APIView):
+    @extend_schema(request=None, responses=DreamOutputSerializer)
+    def post(self, request: Request, dream_id: str) -> Response:
+        """Restore the facts and MEMORY.md as they were before the dream."""
+        dream = dream_undo(owner=_owner(request), dream_id=dream_id)
+        return Response(DreamOutputSerializer(dream).data)
+
+
+class EngineSettingsView(APIView):
+    def get(self, request: Request) -> Response:
+        return Response({"dream_schedule": dream_schedule_enabled(owner=_owner(request))})
+
+    @extend_schema(request=SettingsInSerializer)
+    def patch(self, request: Request) -> Response:
+        """``{"dream_schedule": false}`` turns the owner's daily dream off."""
+        data = SettingsInSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = engine_settings_update(owner=_owner(request), **data.validated_data)
+        return Response({"dream_schedule": row.dream_schedule})
+
+
+class SummariesView(APIView):
+    @extend_schema(request=SummaryInSerializer)
+    def post(self, request: Request) -> Response:
+        """Keep a conversation within ``max_tokens``: the newest messages verbatim, the
+        older ones folded into its running summary (stored per conversation)."""
+        values = _validated(SummaryInSerializer, request.data)
+        values["scope"] = _engine(request, values["scope_values"]).scope(values["scope"])
+        key, messages = _summary_input(request, values)
+        result = summary_fold(
+            owner=_owner(request), key=key, messages=messages, max_tokens=values["max_tokens"],
+            max_tokens_before_summary=values.get("max_tokens_before_summary"),
+            max_summary_tokens=values["max_summary_tokens"],
+        )  # fmt: skip
+        return Response({
+            "scope": list(values["scope"]),
+            "messages": result.as_messages(),
+            "token_count": result.token_count,
+            "running_summary": {
+                "text": result.summary,
+                "summarized_message_ids": result.summarized_ids,
+                "last_summarized_message_id": result.last_summarized_id,
+            },
+            "folded_now": result.folded,
+            "llm_calls": result.llm_calls,
+        })  # fmt: skip
+
+
+def _summary_input(request: Request, values: dict[str, Any]) -> tuple[str, list[SummaryMessage]]:
+    if "conversation" in values:
+        ref = values["conversation"]
+        flow = flow_get(owner=cast(Any, request.user), flow_id=ref["flow"])
+        items = conversation_thread(flow=flow, session_id=ref["session_id"],
+                                    current_message_id=None, message_limit=ref["message_limit"])  # fmt: skip
+        return conversation_key(flow, ref["session_id"]), [
+            SummaryMessage(str(i.message_id), i.role, i.content) for i in items
+        ]
+    scope = json.dumps(list(values["scope"]), separators=(",", ":"))
+    messages = [SummaryMessage(str(m.get("id") or i), m["role"], m["content"])
+                for i, m in enumerate(values["messages"])]  # fmt: skip
+    return f"scope:{scope}:{values['conversation_id']}", messages

@@ -1,0 +1,10 @@
+from django.urls import path
+
+from memories.engine.api import views
+
+urlpatterns = [
+    path("engine/facts", views.FactsView.as_view(), name="engine-facts"),
+    path("engine/facts/<uuid:fact_id>", views.FactDetailView.as_view(), name="engine-fact"),
+    path("engine/search", views.SearchView.as_view(), name="engine-search"),
+    path("engine/injection", views.InjectionView.as_view(), name="engine-injection"),
+]

@@ -1,0 +1,161 @@
+"""The engine over REST: ``/api/v1/engine/...``. Thin views over ``MemoryEngine``."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, cast
+
+from django.contrib.auth.models import AbstractBaseUser
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.pagination import paginated_response
+from core.errors import InvalidInput
+from memories.engine.api.serializers import (
+    DecisionSerializer,
+    FactCreateSerializer,
+    FactOutputSerializer,
+    FactUpdateSerializer,
+    HitSerializer,
+    InjectionSerializer,
+    SearchSerializer,
+    user_header_value,
+)
+from memories.engine.facade import MemoryEngine
+from memories.personal.facts import core_fact_resolve
+from memories.personal.models import Vector
+from memories.personal.retrieval import injection_payload
+from memories.personal.scopes import Scope, scope_find
+from memories.personal.selectors import FactFilter, core_fact_get, core_fact_list
+
+
+def _owner(request: Request) -> AbstractBaseUser:
+    return cast(AbstractBaseUser, request.user)  # authenticated: the API's default permission
+
+
+def _engine(request: Request, values: dict[str, Any] | None = None) -> MemoryEngine:
+    filled = dict(values or {})
+    header = user_header_value(request)
+    if header and not filled.get("user_id"):
+        filled["user_id"] = header
+    return MemoryEngine(owner=_owner(request), values=filled)
+
+
+def _query_scope(request: Request, engine: MemoryEngine, *, required: bool) -> Scope | None:
+    """``?scope=user&scope=alice`` or ``?scope=["user","alice"]``."""
+    raw = request.query_params.getlist("scope")
+    if not raw:
+        if required:
+            raise InvalidInput("scope is required", details={"scope": "required"})
+        return None
+    if len(raw) == 1 and raw[0].startswith("["):
+        try:
+            raw = json.loads(raw[0])
+        except ValueError:
+            raise InvalidInput("scope is not a JSON list", details={"scope": "invalid"}) from None
+    return engine.scope(raw)
+
+
+def _validated(serializer_class: type, data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class FactsView(APIView):
+    @extend_schema(responses=FactOutputSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        engine = _engine(request, dict(request.query_params.items()))
+        scope = _query_scope(request, engine, required=True)
+        row = scope_find(owner=_owner(request), scope=scope) if scope else None
+        categories = request.query_params.getlist("category") or None
+        qs = (
+            core_fact_list(scope=row, filter=FactFilter(categories=categories))
+            if row is not None
+            else Vector.objects.none()
+        )
+        return paginated_response(self, request, qs, FactOutputSerializer)
+
+    @extend_schema(request=FactCreateSerializer, responses={201: FactOutputSerializer})
+    def post(self, request: Request) -> Response:
+        data = _validated(FactCreateSerializer, request.data)
+        engine = _engine(request, data["scope_values"])
+        result = engine.manage(
+            data["scope"], data["content"], category=data["category"],
+            confidence=data["confidence"], reason=data["reason"],
+            source_kind=data["source_kind"], source_ref=data["source_ref"],
+        )  # fmt: skip
+        fact = (
+            core_fact_get(owner=_owner(request), fact_id=result.fact_id) if result.fact_id else None
+        )
+        body = {
+            "decision": DecisionSerializer(result.decision).data,
+            "fact": FactOutputSerializer(fact).data if fact is not None else None,
+        }
+        created = result.action in ("add", "replace")
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class FactDetailView(APIView):
+    def _scope(self, request: Request) -> Scope | None:
+        engine = _engine(request, dict(request.query_params.items()))
+        return _query_scope(request, engine, required=False)
+
+    @extend_schema(responses=FactOutputSerializer)
+    def get(self, request: Request, fact_id: uuid.UUID) -> Response:
+        fact, row = core_fact_resolve(
+            owner=_owner(request), fact_id=fact_id, scope=self._scope(request)
+        )
+        return Response({**FactOutputSerializer(fact).data, "scope": row.scope})
+
+    @extend_schema(request=FactUpdateSerializer, responses=FactOutputSerializer)
+    def patch(self, request: Request, fact_id: uuid.UUID) -> Response:
+        scope = self._scope(request)
+        data = _validated(FactUpdateSerializer, request.data)
+        _, row = core_fact_resolve(owner=_owner(request), fact_id=fact_id, scope=scope)
+        result = _engine(request).manage(
+            row.scope, data.get("content"), action="update", id=fact_id,
+            category=data.get("category"), confidence=data.get("confidence"),
+            reason=data["reason"],
+        )  # fmt: skip
+        return Response({**FactOutputSerializer(result.fact).data, "scope": row.scope})
+
+    def delete(self, request: Request, fact_id: uuid.UUID) -> Response:
+        _, row = core_fact_resolve(
+            owner=_owner(request), fact_id=fact_id, scope=self._scope(request)
+        )
+        _engine(request).manage(row.scope, action="delete", id=fact_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SearchView(APIView):
+    @extend_schema(request=SearchSerializer, responses=HitSerializer(many=True))
+    def post(self, request: Request) -> Response:
+        data = _validated(SearchSerializer, request.data)
+        engine = _engine(request, data["scope_values"])
+        result = engine.search(
+            data["scope"], data["query"], limit=data["limit"], offset=data["offset"],
+            filter=data.get("filter"), half_life_days=data.get("half_life_days"),
+        )  # fmt: skip
+        return Response(
+            {
+                "scope": list(engine.scope(data["scope"])),
+                "mode": result.mode,
+                "results": HitSerializer(result.hits, many=True).data,
+            }
+        )
+
+
+class InjectionView(APIView):
+    @extend_schema(request=InjectionSerializer)
+    def post(self, request: Request) -> Response:
+        data = _validated(InjectionSerializer, request.data)
+        engine = _engine(request, data["scope_values"])
+        block = engine.format_for_injection(
+            data["scope"], data["max_tokens"], query=data.get("query") or None
+        )
+        return Response({"scope": list(engine.scope(data["scope"])), **injection_payload(block)})

@@ -1,0 +1,481 @@
+"""Deep Dream: consolidate a scope's core facts with what its journal says, reversibly.
+
+A dream reads the scope's ``MEMORY.md`` (its facts rendered as Markdown, fresh from
+the database) and the last ``lookback_days`` journal days, asks the LLM to merge,
+refine, drop what is redundant and let the newer win, and applies the answer through
+the core-fact services (each change audited with the dream as its reason). It then
+rewrites ``MEMORY.md`` and writes the dream diary ``dreams/.../YYYY-MM-DD.md``.
+
+Beating CowAgent's dream (#2931): every dream keeps in the database the facts and the
+``MEMORY.md`` it started from and each change it made, and ``dream_undo`` puts them
+back; the daily schedule can be switched off per owner (``EngineSettings``); a dream
+that would drop more than ``ENGINE_DREAM_MAX_DROP`` of the facts is refused before it
+changes anything; unchanged inputs (same hash) skip the LLM call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from core.errors import Conflict, InvalidInput, NotFound, Unprocessable
+from core.providers.embeddings import Embedder, get_embedder
+from core.providers.errors import ProviderBadResponse
+from core.providers.llm import ChatLLM
+from memories.engine import files
+from memories.engine.llm import PrecomputedEmbedder, json_calls
+from memories.engine.locks import ScopeBusy, scope_run_lock
+from memories.engine.models import Dream, EngineSettings, PendingUpdate
+from memories.personal.facts import (
+    FactIn,
+    FactNotFound,
+    core_fact_add,
+    core_fact_delete,
+    core_fact_update,
+    core_facts_snapshot,
+)
+from memories.personal.models import CATEGORIES, EndUser
+from memories.personal.restore import core_fact_restore
+from memories.personal.scopes import Scope, owner_pk, scope_find, scope_parse
+from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_fact
+
+logger = logging.getLogger("memories.decisions")
+FEATURE = "Deep Dream (POST /api/v1/engine/dream)"
+MAX_LOOKBACK_DAYS = 90
+
+DREAM_PROMPT = """You consolidate the long-term memory of one scope ({scope}): a "deep dream".
+
+MEMORY.md, the current facts (each line ends with its id):
+{memory_md}
+
+Journal of the last {days} days, oldest first:
+{journal}
+
+Rewrite the list of facts:
+1. Merge duplicates and near-duplicates into one fact.
+2. Refine vague facts with what the journal says.
+3. Drop what is redundant or no longer true.
+4. When two facts (or a fact and the journal) disagree, the newer wins.
+5. Keep every fact that is still useful. Keep its id when you keep or refine it; a merged fact keeps the id of one of the facts it merges. A fact learned from the journal has "id": null.
+6. category is one of: preference, knowledge, context, behavior, goal, correction; confidence is from 0 to 1.
+
+Answer with the JSON object only:
+{{"facts": [{{"id": "<id or null>", "content": "...", "category": "preference", "confidence": 0.9}}], "diary": "a short Markdown account of what you changed and why"}}"""
+
+
+class DreamNotFound(NotFound):
+    code = "dream_not_found"
+
+
+class ScopeNotFound(NotFound):
+    code = "scope_not_found"
+
+
+class DreamTooLossy(Unprocessable):
+    code = "dream_too_lossy"
+
+
+class DreamNotUndoable(Conflict):
+    code = "dream_not_undoable"
+
+
+@dataclass
+class DreamOutcome:
+    dream: Dream
+    skipped: bool = False  # same inputs as the last dream: no LLM call, nothing changed
+
+
+# --- MEMORY.md ----------------------------------------------------------------------
+def render_memory_md(scope: EndUser, facts: list[dict[str, Any]]) -> str:
+    """The scope's facts as Markdown, by category, highest confidence first. No clock
+    in it: the same facts render the same text (and hash)."""
+    lines = [f"# MEMORY · {'/'.join(scope.scope)}", "", f"{len(facts)} facts.", ""]
+    for category in CATEGORIES:
+        group = [f for f in facts if f["category"] == category]
+        if not group:
+            continue
+        lines += [f"## {category}", ""]
+        lines += [f"- [{f['confidence']:.2f}] {f['content']} (id: {f['id']})" for f in group]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def memory_md_write(scope: EndUser) -> str:
+    """Rewrite the scope's ``MEMORY.md`` from its facts; returns the text."""
+    text = render_memory_md(scope, core_facts_snapshot(scope=scope))
+    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), text)
+    return text
+
+
+# --- reading ------------------------------------------------------------------------
+def _journal(scope: EndUser, today: date, lookback: int) -> tuple[list[str], str]:
+    days, parts = [], []
+    for back in range(lookback - 1, -1, -1):
+        day = today - timedelta(days=back)
+        text = files.read_text(files.journal_path(scope.owner_id, scope.scope, day))
+        if text is not None:
+            days.append(day.isoformat())
+            parts.append(text)
+    return days, "\n".join(parts)
+
+
+def _hash(memory_md: str, journal: str, lookback: int) -> str:
+    return hashlib.sha256(f"{lookback}\0{memory_md}\0{journal}".encode()).hexdigest()
+
+
+def _lookback(value: Any) -> int:
+    lookback = settings.ENGINE_DREAM_LOOKBACK_DAYS if value is None else value
+    if (
+        not isinstance(lookback, int)
+        or isinstance(lookback, bool)
+        or not 1 <= lookback <= MAX_LOOKBACK_DAYS
+    ):
+        raise InvalidInput(f"lookback_days must be a whole number from 1 to {MAX_LOOKBACK_DAYS}",
+                           details={"lookback_days": value})  # fmt: skip
+    return lookback
+
+
+def _scope_row(owner: AbstractBaseUser | int, scope: Scope | EndUser) -> EndUser:
+    if isinstance(scope, EndUser):
+        return scope
+    row = scope_find(owner=owner, scope=scope_parse(list(scope)))
+    if row is None:
+        raise ScopeNotFound("no such scope")
+    return row
+
+
+def latest_dream(scope: EndUser) -> Dream | None:
+    return (
+        Dream.objects.filter(scope=scope, status=Dream.Status.APPLIED)
+        .order_by("-created_at")
+        .first()
+    )
+
+
+@dataclass
+class DreamInputs:
+    """What a dream of the scope would read now."""
+
+    facts: list[dict[str, Any]]
+    memory_md: str
+    days: list[str]
+    journal: str
+    input_hash: str
+    unchanged_since: Dream | None  # the last dream, when these inputs are the same as its
+
+
+def dream_inputs(scope: EndUser, *, lookback: int, today: date) -> DreamInputs:
+    facts = core_facts_snapshot(scope=scope)
+    memory_md = render_memory_md(scope, facts)
+    days, journal = _journal(scope, today, lookback)
+    input_hash = _hash(memory_md, journal, lookback)
+    last = latest_dream(scope)
+    same = last is not None and input_hash in (last.input_hash, last.result_hash)
+    return DreamInputs(facts, memory_md, days, journal, input_hash, last if same else None)
+
+
+def dream_preview(
+    *,
+    owner: AbstractBaseUser | int,
+    scope: Scope | EndUser,
+    lookback_days: int | None = None,
+    today: date | None = None,
+) -> DreamInputs:
+    """What ``dream_run`` would read (and whether it would skip), changing nothing."""
+    return dream_inputs(_scope_row(owner, scope), lookback=_lookback(lookback_days),
+                        today=today or timezone.now().date())  # fmt: skip
+
+
+# --- the plan -----------------------------------------------------------------------
+def _plan(
+    before: list[dict[str, Any]], parsed: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], str]:
+    """What the answer changes: [{action, ...}] with ``update`` (category or confidence),
+    ``replace`` (new text), ``add`` and ``delete``; and the diary text."""
+    raw = (parsed or {}).get("facts")
+    if not isinstance(raw, list):
+        raise ProviderBadResponse("the dream answer has no list of facts")
+    by_id = {f["id"]: f for f in before}
+    by_text = {normalize_fact(f["content"]): f for f in before}
+    kept: set[str] = set()
+    plan: list[dict[str, Any]] = []
+    for item in raw:
+        if not isinstance(item, dict) or not str(item.get("content") or "").strip():
+            continue
+        content = str(item["content"]).strip()[:MAX_MEMORY_CHARS]
+        category = item.get("category") if item.get("category") in CATEGORIES else None
+        try:
+            confidence = min(1.0, max(0.0, float(item["confidence"])))
+        except (KeyError, TypeError, ValueError):
+            confidence = None
+        # a fact given back without its id but with its text is that fact, kept
+        old = by_id.get(str(item.get("id") or "")) or by_text.get(normalize_fact(content))
+        if old is None or old["id"] in kept:  # new (or a second use of one id): an addition
+            plan.append({"action": "add", "content": content, "category": category or "context",
+                         "confidence": 1.0 if confidence is None else confidence})  # fmt: skip
+            continue
+        kept.add(old["id"])
+        after = {"category": category or old["category"],
+                 "confidence": old["confidence"] if confidence is None else confidence}  # fmt: skip
+        if content != old["content"]:
+            plan.append({"action": "replace", "fact_id": old["id"], "before": old,
+                         "content": content, **after})  # fmt: skip
+        elif after != {"category": old["category"], "confidence": old["confidence"]}:
+            plan.append({"action": "update", "fact_id": old["id"], "before": old, "after": after})
+    plan += [
+        {"action": "delete", "fact_id": f["id"], "before": f} for f in before if f["id"] not in kept
+    ]
+    diary = (parsed or {}).get("diary")
+    return plan, diary.strip() if isinstance(diary, str) else ""
+
+
+def _check_loss(before: list[dict[str, Any]], plan: list[dict[str, Any]]) -> None:
+    dropped = sum(1 for change in plan if change["action"] == "delete")
+    limit = settings.ENGINE_DREAM_MAX_DROP
+    if before and dropped > limit * len(before):
+        raise DreamTooLossy(
+            f"the dream would drop {dropped} of {len(before)} facts (more than "
+            f"ENGINE_DREAM_MAX_DROP={limit}); nothing was changed",
+            details={"dropped": dropped, "facts": len(before), "max_drop": limit},
+        )
+
+
+def _apply(
+    scope: EndUser, dream: Dream, plan: list[dict[str, Any]], embedder: Embedder
+) -> list[dict[str, Any]]:
+    reason = f"dream {dream.pk}"
+    by_id = {f["id"]: f for f in dream.facts_before}
+    applied: list[dict[str, Any]] = []
+    for change in plan:
+        action = change["action"]
+        if action == "update":
+            core_fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
+                             reason=reason, **change["after"])  # fmt: skip
+            applied.append(change)
+        elif action == "delete":
+            core_fact_delete(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
+                             reason=reason)  # fmt: skip
+            applied.append(change)
+        else:
+            fact = FactIn(content=change["content"], category=change["category"],
+                          confidence=change["confidence"], source_kind="dream",
+                          source_ref=str(dream.pk), replaces=change.get("fact_id"))  # fmt: skip
+            [decision] = core_fact_add(owner=scope.owner_id, scope=scope, facts=[fact], reason=reason,
+                                       embedder=embedder, min_confidence=0.0)  # fmt: skip
+            applied.append({**change, "result": decision.action, "new_id": decision.fact_id})
+            # max_facts trimmed the scope: those facts come back on undo too
+            applied += [{"action": "delete", "fact_id": gone, "before": by_id[gone], "evicted": True}
+                        for gone in decision.evicted_ids if gone in by_id]  # fmt: skip
+    return applied
+
+
+def dream_run(
+    *,
+    owner: AbstractBaseUser | int,
+    scope: Scope | EndUser,
+    lookback_days: int | None = None,
+    trigger: str = Dream.Trigger.API,
+    today: date | None = None,
+    llm: ChatLLM | None = None,
+    embedder: Embedder | None = None,
+) -> DreamOutcome:
+    """Dream one scope now (see the module docstring); returns the dream, or the last
+    one with ``skipped`` when the inputs are unchanged (no LLM call).
+
+    Raises ``ProviderNotConfigured`` (503, names ``LLM_BASE_URL``) without an LLM,
+    ``ScopeNotFound`` for a scope the owner does not have, ``ScopeBusy`` (409) while an
+    update or another dream of the scope runs, ``DreamTooLossy`` (422) and provider
+    errors; in each case nothing changes.
+    """
+    lookback = _lookback(lookback_days)
+    calls = json_calls(llm, feature=FEATURE)
+    row = _scope_row(owner, scope)
+    today = today or timezone.now().date()
+    with scope_run_lock(row.pk) as taken:
+        if not taken:
+            raise ScopeBusy("this scope's memory is being updated; try again shortly")
+        inputs = dream_inputs(row, lookback=lookback, today=today)
+        before, memory_md, days, journal, input_hash = (
+            inputs.facts,
+            inputs.memory_md,
+            inputs.days,
+            inputs.journal,
+            inputs.input_hash,
+        )
+        if inputs.unchanged_since is not None:
+            return DreamOutcome(inputs.unchanged_since, skipped=True)
+        prompt = DREAM_PROMPT.format(scope="/".join(row.scope), memory_md=memory_md,
+                                     days=lookback, journal=journal or "(no entries)")  # fmt: skip
+        try:
+            parsed = calls.json([{"role": "system", "content": prompt}], what="dream")
+        finally:
+            counter_add("memory_llm_calls_total", calls.count)
+        plan, diary = _plan(before, parsed)
+        _check_loss(before, plan)
+        pre = PrecomputedEmbedder(embedder or get_embedder(),
+                                  [c["content"] for c in plan if "content" in c])  # fmt: skip
+        with transaction.atomic():
+            dream = Dream.objects.create(
+                owner_id=row.owner_id, scope=row, trigger=trigger, lookback_days=lookback,
+                journal_days=days, input_hash=input_hash, facts_before=before,
+                memory_md_before=memory_md, llm_calls=calls.count,
+            )  # fmt: skip
+            dream.changes = _apply(row, dream, plan, pre)
+            dream.memory_md_after = render_memory_md(row, core_facts_snapshot(scope=row))
+            dream.result_hash = _hash(dream.memory_md_after, journal, lookback)
+            dream.diary = _diary(row, dream, diary)
+            dream.save(update_fields=["changes", "memory_md_after", "result_hash", "diary"])
+        _write_files(row, dream, today)
+    counter_add("engine_dreams_total")
+    logger.info(json.dumps({"event": "engine_dream", "dream_id": str(dream.pk), "scope": row.scope,
+                            "changes": [c["action"] for c in dream.changes]}))  # fmt: skip
+    return DreamOutcome(dream)
+
+
+def _diary(scope: EndUser, dream: Dream, account: str) -> str:
+    counts: dict[str, int] = {}
+    for change in dream.changes:
+        counts[change["action"]] = counts.get(change["action"], 0) + 1
+    summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "no change"
+    at = dream.created_at.strftime("%H:%M:%S")
+    return (f"## Dream {dream.pk} · {at} UTC\n\n"
+            f"Read {len(dream.facts_before)} facts and {len(dream.journal_days)} journal days; "
+            f"{summary}.\n\n{account or '(no account given)'}\n")  # fmt: skip
+
+
+def _write_files(scope: EndUser, dream: Dream, today: date) -> None:
+    """After the commit: ``MEMORY.md`` replaced, the diary entry appended (the day's
+    diary names each dream once, so a re-write adds nothing)."""
+    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), dream.memory_md_after)
+    name = files.diary_path(scope.owner_id, scope.scope, today)
+    current = (
+        files.read_text(name)
+        or f"# Dream diary · {'/'.join(scope.scope)} · {today.isoformat()}\n\n"
+    )
+    if f"## Dream {dream.pk}" not in current:
+        files.write_text(name, current + dream.diary + "\n")
+
+
+# --- undo ---------------------------------------------------------------------------
+def dream_get(*, owner: AbstractBaseUser | int, dream_id: Any) -> Dream:
+    try:
+        return Dream.objects.select_related("scope").get(owner_id=owner_pk(owner), pk=dream_id)
+    except (Dream.DoesNotExist, ValidationError, ValueError, TypeError):  # malformed ids too
+        raise DreamNotFound("no such dream") from None
+
+
+def dream_list(*, owner: AbstractBaseUser | int, scope: EndUser) -> Any:
+    return Dream.objects.filter(owner_id=owner_pk(owner), scope=scope).order_by("-created_at")
+
+
+def dream_undo(
+    *, owner: AbstractBaseUser | int, dream_id: Any, embedder: Embedder | None = None
+) -> Dream:
+    """Put the scope's facts and ``MEMORY.md`` back as they were before the dream.
+
+    Only the scope's latest applied dream can be undone (undo the later ones first):
+    its own changes are reverted (facts it dropped or rewrote come back with their
+    ids and values, facts it added go), so facts learned after it stay. Raises
+    ``DreamNotFound`` (404, another owner's too), ``DreamNotUndoable`` (409) or
+    ``ScopeBusy`` (409); nothing changes then.
+    """
+    dream = dream_get(owner=owner, dream_id=dream_id)
+    scope = dream.scope
+    with scope_run_lock(scope.pk) as taken:
+        if not taken:
+            raise ScopeBusy("this scope's memory is being updated; try again shortly")
+        dream.refresh_from_db()
+        latest = latest_dream(scope)
+        if dream.status != Dream.Status.APPLIED or latest is None or latest.pk != dream.pk:
+            raise DreamNotUndoable(
+                "only the scope's latest dream that is not undone can be undone",
+                details={
+                    "status": dream.status,
+                    "latest_dream": str(latest.pk) if latest else None,
+                },
+            )
+        back = [c["before"] for c in dream.changes if c["action"] in ("replace", "delete")]
+        embedder = embedder or get_embedder()
+        vectors: Any = embedder.embed([f["content"] for f in back]) if back else []
+        embedding_of = {f["id"]: [float(x) for x in v] for f, v in zip(back, vectors, strict=True)}
+        reason = f"undo of dream {dream.pk}"
+        with transaction.atomic():
+            for change in reversed(dream.changes):
+                _revert(scope, change, embedding_of, embedder, reason)
+            dream.status, dream.undone_at = Dream.Status.UNDONE, timezone.now()
+            dream.save(update_fields=["status", "undone_at"])
+        memory_md_write(scope)
+    counter_add("engine_dream_undos_total")
+    return dream
+
+
+def _revert(scope: EndUser, change: dict[str, Any], embedding_of: dict[str, list[float]],
+            embedder: Embedder, reason: str) -> None:  # fmt: skip
+    action = change["action"]
+    if action in ("add", "replace") and change.get("result") in ("add", "replace", "evicted"):
+        try:
+            core_fact_delete(owner=scope.owner_id, fact_id=change["new_id"], scope=tuple(scope.scope),
+                             reason=reason)  # fmt: skip
+        except FactNotFound:  # deleted since
+            pass
+    if action in ("replace", "delete"):
+        before = change["before"]
+        core_fact_restore(scope=scope, fact=before, embedding=embedding_of[before["id"]],
+                          embedder=embedder, reason=reason)  # fmt: skip
+    elif action == "update":
+        before = change["before"]
+        try:
+            core_fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
+                             category=before["category"], confidence=before["confidence"],
+                             reason=reason)  # fmt: skip
+        except FactNotFound:
+            pass
+
+
+# --- the schedule -------------------------------------------------------------------
+def dream_schedule_enabled(*, owner: AbstractBaseUser | int) -> bool:
+    row = EngineSettings.objects.filter(owner_id=owner_pk(owner)).first()
+    return settings.ENGINE_DREAM_SCHEDULE if row is None else row.dream_schedule
+
+
+def engine_settings_update(
+    *, owner: AbstractBaseUser | int, dream_schedule: bool
+) -> EngineSettings:
+    """Turn the owner's daily dream on or off."""
+    row, _ = EngineSettings.objects.update_or_create(
+        owner_id=owner_pk(owner), defaults={"dream_schedule": dream_schedule}
+    )
+    return row
+
+
+def dreams_daily(*, now: datetime | None = None) -> int:
+    """Dream every scope with updates in the last day whose owner has the schedule on.
+    A scope that fails is logged and skipped; returns the dreams run (skips excluded)."""
+    now = now or timezone.now()
+    active = (
+        PendingUpdate.objects.filter(status=PendingUpdate.Status.DONE, processed_at__gte=now - timedelta(days=1))
+        .values_list("owner_id", "scope_id").distinct()
+    )  # fmt: skip
+    switches = dict(EngineSettings.objects.values_list("owner_id", "dream_schedule"))
+    ran = 0
+    for owner_id, scope_id in active:
+        if not switches.get(owner_id, settings.ENGINE_DREAM_SCHEDULE):
+            continue
+        try:
+            outcome = dream_run(owner=owner_id, scope=EndUser.objects.get(pk=scope_id),
+                                trigger=Dream.Trigger.SCHEDULE, today=now.date())  # fmt: skip
+        except Exception:
+            logger.exception("scheduled dream of scope %s failed", scope_id)
+            continue
+        ran += not outcome.skipped
+    return ran

@@ -1,0 +1,177 @@
+"""``MemoryEngine``: the engine's in-process API, one instance per owner (tenant).
+
+    engine = MemoryEngine(owner=request.user)
+    engine.manage(["user", "alice"], "User prefers dark mode", category="preference")
+    engine.search(["user", "alice"], "which theme?", limit=5)
+    engine.format_for_injection(["user", "alice"], max_tokens=600, query="which theme?")
+
+Scopes may be templates (``["memories", "{user_id}"]``) filled from ``values``; a
+missing value is ``ScopeValueMissing`` (400). The core tier is the personal-memory
+store generalised to scopes (``memories.personal.facts`` / ``retrieval``): a fact
+managed here for ``["user", "alice"]`` is one of alice's personal memories.
+
+``flush`` (debounced updates, daily journal) and ``dream`` (consolidation) are the
+background half of the engine (``memories.engine.updates`` and ``.dreams``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from core.errors import InvalidInput
+from memories.engine.dreams import DreamOutcome, dream_run
+from memories.engine.models import PendingUpdate
+from memories.engine.updates import update_record
+from memories.personal.facts import (
+    FactDecision,
+    FactIn,
+    core_fact_add,
+    core_fact_delete,
+    core_fact_update,
+)
+from memories.personal.models import Vector
+from memories.personal.retrieval import (
+    Injection,
+    SearchResult,
+    core_fact_search,
+    format_for_injection,
+)
+from memories.personal.scopes import Scope, scope_fill
+from memories.personal.selectors import FactFilter
+
+ACTIONS = ("create", "update", "delete")
+
+
+@dataclass
+class ManageResult:
+    action: str  # what happened: add, replace, duplicate, below_threshold, evicted, update, delete
+    fact_id: str | None
+    decision: FactDecision | None = None
+    fact: Vector | None = None
+
+
+def fact_filter(value: Mapping[str, Any] | None) -> FactFilter | None:
+    """``{"category": "goal" | [...], "min_confidence": 0.8}`` -> FactFilter."""
+    if not value:
+        return None
+    unknown = set(value) - {"category", "min_confidence"}
+    if unknown:
+        raise InvalidInput(
+            "filter takes category and min_confidence",
+            details={"filter": f"unknown keys: {', '.join(sorted(unknown))}"},
+        )
+    category = value.get("category")
+    categories = [category] if isinstance(category, str) else category
+    return FactFilter(categories=categories, min_confidence=value.get("min_confidence"))
+
+
+class MemoryEngine:
+    def __init__(self, *, owner: AbstractBaseUser | int, values: Mapping[str, Any] | None = None):
+        self.owner = owner
+        self.values = dict(values or {})
+
+    def scope(self, scope: Sequence[Any]) -> Scope:
+        """The scope with its template placeholders filled from ``values``."""
+        return scope_fill(list(scope), self.values)
+
+    def manage(
+        self,
+        scope: Sequence[Any],
+        content: str | None = None,
+        action: str = "create",
+        id: uuid.UUID | str | None = None,
+        *,
+        category: str | None = None,
+        confidence: float | None = None,
+        reason: str = "",
+        source_kind: str = "api",
+        source_ref: str = "",
+    ) -> ManageResult:
+        """Create, update or delete one core fact of ``scope`` (audited with ``reason``).
+
+        create: ``content`` (+ category, default ``context``; confidence, default 1.0),
+        deduplicated and thresholded like every fact; update: ``id`` and any of content,
+        category, confidence; delete: ``id``. Another owner's or scope's id is a 404.
+        """
+        target = self.scope(scope)
+        if action == "create":
+            if not content:
+                raise InvalidInput("content is required to create a fact",
+                                   details={"content": "required"})  # fmt: skip
+            [decision] = core_fact_add(
+                owner=self.owner, scope=target, reason=reason or "created through the engine",
+                facts=[FactIn(content, category=category or "context",
+                              confidence=1.0 if confidence is None else confidence,
+                              source_kind=source_kind, source_ref=source_ref)],
+            )  # fmt: skip
+            return ManageResult(decision.action, decision.fact_id, decision)
+        if action not in ACTIONS:
+            raise InvalidInput(f"action must be one of {', '.join(ACTIONS)}",
+                               details={"action": action})  # fmt: skip
+        if id is None:
+            raise InvalidInput(f"id is required to {action} a fact", details={"id": "required"})
+        if action == "update":
+            fact = core_fact_update(
+                owner=self.owner, fact_id=id, scope=target, content=content, category=category,
+                confidence=confidence, reason=reason or "edited",
+            )  # fmt: skip
+            return ManageResult("update", str(fact.pk), fact=fact)
+        core_fact_delete(owner=self.owner, fact_id=id, scope=target, reason=reason or "deleted")
+        return ManageResult("delete", str(id))
+
+    def add_facts(
+        self, scope: Sequence[Any], facts: Sequence[FactIn], *, reason: str, **options: Any
+    ) -> list[FactDecision]:
+        """A batch of facts (extraction, consolidation): ``core_fact_add``."""
+        return core_fact_add(
+            owner=self.owner, scope=self.scope(scope), facts=facts, reason=reason, **options
+        )
+
+    def search(
+        self,
+        scope: Sequence[Any],
+        query: str,
+        limit: int = 10,
+        offset: int = 0,
+        filter: Mapping[str, Any] | None = None,
+        *,
+        half_life_days: float | None = None,
+    ) -> SearchResult:
+        """Hybrid keyword + vector search of the scope's facts with decay."""
+        return core_fact_search(
+            owner=self.owner, scope=self.scope(scope), query=query, limit=limit, offset=offset,
+            filter=fact_filter(filter), half_life_days=half_life_days,
+        )  # fmt: skip
+
+    def format_for_injection(
+        self, scope: Sequence[Any], max_tokens: int, query: str | None = None
+    ) -> Injection:
+        """The scope's facts as a prompt block within ``max_tokens``."""
+        return format_for_injection(
+            owner=self.owner, scope=self.scope(scope), max_tokens=max_tokens, query=query
+        )
+
+    # --- The background half (issue 12, second part) ----------------------------------
+
+    def flush(
+        self, scope: Sequence[Any], messages: Sequence[Mapping[str, Any]], *, source: str = "engine"
+    ) -> PendingUpdate:
+        """Queue a debounced update of ``scope`` from ``messages`` (returns at once): one
+        extraction per ``MEMORY_UPDATE_DEBOUNCE_SECONDS`` window, and a journal entry."""
+        return update_record(
+            owner=self.owner, scope=self.scope(scope), messages=list(messages), source=source
+        )
+
+    def dream(
+        self, scope: Sequence[Any], lookback_days: int | None = None, **options: Any
+    ) -> DreamOutcome:
+        """Consolidate the scope's core facts with its recent journal (reversible:
+        ``memories.engine.dreams.dream_undo``)."""
+        return dream_run(
+            owner=self.owner, scope=self.scope(scope), lookback_days=lookback_days, **options
+        )

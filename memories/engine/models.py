@@ -1,0 +1,138 @@
+"""The engine's background state: debounced updates waiting for their extraction,
+dreams (with the snapshot that undoes them) and the per-owner switches.
+
+Facts themselves are the personal-memory store's (``memories.personal``); these
+tables point at its scopes (``EndUser``).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from memories.personal.models import EndUser
+
+
+class PendingUpdate(models.Model):
+    """One flush: messages of a scope waiting for the scope's next extraction.
+
+    Rows of one scope are coalesced into one LLM call once the newest is
+    ``MEMORY_UPDATE_DEBOUNCE_SECONDS`` old (``due_at``). A run marks its rows done
+    (``batch_id``, ``processed_at``) in the transaction that writes their facts, so a
+    crash leaves them pending and the next run does them once.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        FAILED = "failed"
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    scope = models.ForeignKey(
+        "memories.EndUser", on_delete=models.CASCADE, related_name="pending_updates"
+    )
+    messages = models.JSONField(help_text='[{"role", "content", "at"?}]')
+    source = models.CharField(max_length=16, default="api")  # api | chat | engine
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    due_at = models.DateTimeField()
+    attempts = models.PositiveSmallIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+    batch_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    processed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # what the runs and the sweep read: a scope's pending rows, the due scopes
+            models.Index(
+                fields=["scope", "id"],
+                condition=models.Q(status="pending"),
+                name="pendingupdate_scope_pending",
+            ),
+            models.Index(
+                fields=["due_at"],
+                condition=models.Q(status="pending"),
+                name="pendingupdate_due",
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status="pending", processed_at__isnull=True)
+                | (~models.Q(status="pending") & models.Q(processed_at__isnull=False)),
+                name="pendingupdate_processed_when_not_pending",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"update {self.pk} ({self.status})"
+
+
+class Dream(models.Model):
+    """One Deep Dream of a scope: what it read (hash), what it changed, and the
+    snapshot (facts and ``MEMORY.md`` before it) that ``dream_undo`` restores."""
+
+    class Status(models.TextChoices):
+        APPLIED = "applied"
+        UNDONE = "undone"
+
+    class Trigger(models.TextChoices):
+        API = "api"
+        SCHEDULE = "schedule"
+        ADMIN = "admin"
+        COMMAND = "command"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    scope = models.ForeignKey("memories.EndUser", on_delete=models.CASCADE, related_name="dreams")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.APPLIED)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.API)
+    lookback_days = models.PositiveSmallIntegerField()
+    journal_days = models.JSONField(default=list, help_text="the journal days read")
+    input_hash = models.CharField(max_length=64)
+    # The inputs as the dream left them (its MEMORY.md, the same journal): a dream
+    # asked again of them skips the LLM too.
+    result_hash = models.CharField(max_length=64, blank=True, default="")
+    facts_before = models.JSONField(default=list)
+    memory_md_before = models.TextField(blank=True, default="")
+    memory_md_after = models.TextField(blank=True, default="")
+    diary = models.TextField(blank=True, default="")
+    changes = models.JSONField(default=list, help_text="[{action, fact_id, ...}] as applied")
+    llm_calls = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    undone_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["scope", "-created_at"], name="dream_scope_time")]
+
+    def __str__(self) -> str:
+        return f"dream {self.pk} of {self.scope_id} ({self.status})"
+
+
+class EngineSettings(models.Model):
+    """Per-owner switches of the engine's background work."""
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    # The daily Deep Dream of the owner's scopes; off: only explicit dreams run.
+    dream_schedule = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "engine settings"
+        verbose_name_plural = "engine settings"
+
+    def __str__(self) -> str:
+        return f"engine settings of {self.owner_id}"
+
+
+class ScopeJournal(EndUser):
+    """Admin handle for a scope's journal, MEMORY.md and dreams (no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "scope journal"

@@ -1,0 +1,141 @@
+"""Debounced updates, the recording side: a flush is a row in Postgres, not an item in
+a process's memory (DeerFlow's queue loses its pending updates with the process).
+
+``update_record`` stores the flush and arranges for the scope's extraction: at once
+(``MEMORY_UPDATE_DEBOUNCE_SECONDS`` = 0, queued after the commit), or through a
+django-q2 one-off schedule named after the scope, pushed back by every flush
+(trailing edge) but never past ``MEMORY_UPDATE_MAX_WAIT_SECONDS`` after the
+scope's oldest pending flush. The schedule is written in the flush's transaction.
+The run itself is ``ingestion.updates`` (queued by task path); the minute sweep
+``ingestion.tasks.engine_updates_sweep`` picks up any scope whose run was lost.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Max, Min, QuerySet
+from django.utils import timezone
+
+from core.errors import InvalidInput
+from core.providers.llm import get_llm
+from core.queue import enqueue_on_commit
+from memories.engine.models import PendingUpdate
+from memories.personal.models import EndUser
+from memories.personal.scopes import Scope, owner_pk, scope_ensure
+
+RUN_TASK = "ingestion.tasks.engine_updates_run"
+ROLES = ("user", "assistant", "system", "tool")
+FEATURE = "Memory updates (POST /api/v1/engine/flush)"
+
+
+def schedule_name(scope_id: int) -> str:
+    return f"engine-updates:{scope_id}"
+
+
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """``[{"role", "content", "at"?}]``: 1 to ``RUN_MAX_MESSAGES`` messages with text."""
+    if not isinstance(messages, list) or not 1 <= len(messages) <= settings.RUN_MAX_MESSAGES:
+        raise InvalidInput(
+            f"messages must be a list of 1 to {settings.RUN_MAX_MESSAGES} messages",
+            details={"messages": 'a list such as [{"role": "user", "content": "..."}]'},
+        )
+    out = []
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if role not in ROLES:
+            raise InvalidInput(f"messages[{i}].role must be one of {', '.join(ROLES)}",
+                               details={"messages": {i: {"role": role}}})  # fmt: skip
+        if not isinstance(content, str) or not content.strip():
+            raise InvalidInput(f"messages[{i}].content must be a non-empty string",
+                               details={"messages": {i: {"content": "blank or not text"}}})  # fmt: skip
+        if len(content) > settings.MESSAGE_MAX_CHARS:
+            raise InvalidInput(
+                f"messages[{i}].content is longer than {settings.MESSAGE_MAX_CHARS} characters",
+                details={"messages": {i: {"content": "too long"}}},
+            )
+        item: dict[str, Any] = {"role": role, "content": content}
+        if isinstance(message.get("at"), str):
+            item["at"] = message["at"]
+        out.append(item)
+    return out
+
+
+def update_record(
+    *,
+    owner: AbstractBaseUser | int,
+    scope: Scope | EndUser,
+    messages: Any,
+    source: str = "api",
+    now: datetime | None = None,
+    require_llm: bool = True,
+) -> PendingUpdate:
+    """Store one flush of ``scope`` and arrange its (debounced) extraction; returns at once.
+
+    Invalid messages raise ``InvalidInput``; without an LLM (``require_llm``) it raises
+    ``ProviderNotConfigured`` (503, naming ``LLM_BASE_URL``); either way nothing is
+    written. The row, and the schedule that will run it, commit together.
+    """
+    checked = validate_messages(messages)
+    if require_llm:
+        get_llm(feature=FEATURE)
+    now = now or timezone.now()
+    debounce = settings.MEMORY_UPDATE_DEBOUNCE_SECONDS
+    with transaction.atomic():
+        row = scope if isinstance(scope, EndUser) else scope_ensure(owner=owner, scope=scope)
+        oldest = pending_of(row.pk).aggregate(first=Min("created_at"))["first"] or now
+        due = min(
+            now + timedelta(seconds=debounce),
+            max(now, oldest + timedelta(seconds=settings.MEMORY_UPDATE_MAX_WAIT_SECONDS)),
+        )
+        update = PendingUpdate.objects.create(
+            owner_id=row.owner_id,
+            scope=row,
+            messages=checked,
+            source=source,
+            due_at=due,
+            created_at=now,
+        )
+        if debounce <= 0:
+            enqueue_on_commit(RUN_TASK, row.pk, task_name=f"engine-updates-{row.pk}")
+        else:
+            schedule_run(row.pk, due)
+    return update
+
+
+def schedule_run(scope_id: int, at: datetime) -> None:
+    """(Re)schedule the scope's run at ``at``: one django-q2 ONCE schedule per scope,
+    deleted by django-q2 after it fires."""
+    from django_q.models import Schedule
+
+    Schedule.objects.update_or_create(
+        name=schedule_name(scope_id),
+        defaults={"func": RUN_TASK, "args": str(int(scope_id)), "schedule_type": Schedule.ONCE,
+                  "next_run": at, "repeats": -1},
+    )  # fmt: skip
+
+
+def pending_of(scope_id: int) -> QuerySet[PendingUpdate]:
+    return PendingUpdate.objects.filter(scope_id=scope_id, status=PendingUpdate.Status.PENDING)
+
+
+def due_scopes(*, now: datetime | None = None) -> list[int]:
+    """Scopes whose newest pending flush is due: what the sweep runs."""
+    now = now or timezone.now()
+    rows = (
+        PendingUpdate.objects.filter(status=PendingUpdate.Status.PENDING)
+        .values("scope_id")
+        .annotate(due=Max("due_at"))
+        .filter(due__lte=now)
+        .order_by("due")
+    )
+    return [r["scope_id"] for r in rows]
+
+
+def update_list(*, owner: AbstractBaseUser | int, scope: EndUser) -> QuerySet[PendingUpdate]:
+    return PendingUpdate.objects.filter(owner_id=owner_pk(owner), scope=scope).order_by("-id")

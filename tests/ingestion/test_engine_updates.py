@@ -1,0 +1,250 @@
+"""Debounced updates: flushes of a scope within the window make one extraction; the
+flushes live in Postgres; a run is all-or-nothing and safe to repeat."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from django_q.models import Schedule
+
+from core.db import advisory_session_lock
+from ingestion.tasks import engine_updates_sweep, form_memories
+from ingestion.updates import updates_run, updates_sweep
+from memories.engine import files
+from memories.engine.models import PendingUpdate
+from memories.engine.updates import schedule_name, update_record
+from memories.personal.models import MemoryUpdate, Vector
+from memories.personal.scopes import scope_find
+from memories.personal.selectors import core_fact_list
+from tests.fakes.openai_server import Scripted
+from tests.memories.engine.scripted import EngineLLM, fact
+
+pytestmark = pytest.mark.django_db
+SCOPE = ("user", "alice")
+TEA = "I drink green tea every morning"
+RUST = "I am learning Rust this year"
+DARK = "Please use dark mode, always"
+
+
+@pytest.fixture
+def engine_llm(llm_settings, openai_server, engine_storage, settings):
+    settings.MEMORY_UPDATE_DEBOUNCE_SECONDS = 30
+    script = EngineLLM({
+        TEA: [fact("User drinks green tea every morning", "behavior", 0.95)],
+        RUST: [fact("User is learning Rust", "goal", 0.9), fact("User may like Go", "preference", 0.4)],
+        DARK: [fact("User prefers dark mode", "preference", 0.98)],
+    })  # fmt: skip
+    openai_server.chat_fn = script
+    return script
+
+
+def _facts(owner):
+    row = scope_find(owner=owner, scope=SCOPE)
+    return sorted(
+        (v.content, v.category, v.confidence, v.source_kind) for v in core_fact_list(scope=row)
+    )
+
+
+def test_three_flushes_in_the_window_cost_one_extraction(alice, engine_llm):
+    t0 = timezone.now()
+    updates = [
+        update_record(
+            owner=alice,
+            scope=SCOPE,
+            messages=[{"role": "user", "content": text}],
+            now=t0 + timedelta(seconds=i * 10),
+        )  # fmt: skip
+        for i, text in enumerate([TEA, RUST, DARK])
+    ]
+    assert engine_llm.calls["extraction"] == 0  # nothing ran at flush time
+    # trailing edge: the window closes 30 s after the newest flush
+    assert [u.due_at for u in updates] == [t0 + timedelta(seconds=30 + 10 * i) for i in range(3)]
+    schedule = Schedule.objects.get(name=schedule_name(updates[0].scope_id))
+    assert (schedule.func, schedule.args, schedule.next_run) == (
+        "ingestion.tasks.engine_updates_run", str(updates[0].scope_id), t0 + timedelta(seconds=50),
+    )  # fmt: skip
+
+    early = updates_run(scope_id=updates[0].scope_id, now=t0 + timedelta(seconds=45))
+    assert (early.status, engine_llm.calls["extraction"]) == ("not_due", 0)
+
+    run = updates_run(scope_id=updates[0].scope_id, now=t0 + timedelta(seconds=50))
+    assert (run.status, run.llm_calls, engine_llm.calls["extraction"]) == ("done", 1, 1)
+    prompt = engine_llm.prompts["extraction"][0]
+    assert f"user: {TEA}\nuser: {RUST}\nuser: {DARK}" in prompt
+    assert _facts(alice) == [
+        ("User drinks green tea every morning", "behavior", 0.95, "message"),
+        ("User is learning Rust", "goal", 0.9, "message"),
+        ("User prefers dark mode", "preference", 0.98, "message"),
+    ]  # the 0.4 guess is below the 0.7 threshold
+    assert [d.action for d in run.decisions] == ["add", "add", "below_threshold", "add"]
+    rows = PendingUpdate.objects.order_by("id")
+    assert {(r.status, str(r.batch_id), r.attempts) for r in rows} == {("done", run.batch_id, 1)}
+    reasons = set(MemoryUpdate.objects.values_list("reason", flat=True))
+    assert reasons == {f"debounced update {run.batch_id} (3 flushes)"}
+
+    # a second run (a duplicate delivery) finds nothing to do and calls nothing
+    again = updates_run(scope_id=updates[0].scope_id, now=t0 + timedelta(minutes=5), force=True)
+    assert (again.status, engine_llm.calls["extraction"]) == ("empty", 1)
+    assert Vector.objects.count() == 3
+
+
+def test_the_journal_gets_one_entry_per_flush_and_never_twice(alice, engine_llm, settings):
+    t0 = timezone.now().replace(hour=9, minute=0, second=0, microsecond=0)
+    for text in (TEA, RUST):
+        update_record(owner=alice, scope=SCOPE, messages=[
+            {"role": "user", "content": text}, {"role": "assistant", "content": "Noted."},
+        ], now=t0)  # fmt: skip
+    update_record(
+        owner=alice,
+        scope=SCOPE,
+        messages=[{"role": "user", "content": TEA}, {"role": "assistant", "content": "Noted."}],
+        now=t0,
+    )  # fmt: skip  (a retry)
+    scope_id = PendingUpdate.objects.first().scope_id
+    run = updates_run(scope_id=scope_id, force=True)
+    assert run.journal_entries == 2  # the retried flush has the same hash
+    row = scope_find(owner=alice, scope=SCOPE)
+    day = PendingUpdate.objects.first().created_at.date()
+    text = files.journal_read(owner_id=alice.pk, scope=row.scope, day=day)
+    assert text.startswith(f"# Journal · user/alice · {day.isoformat()}\n\n## ")
+    assert text.count("<!-- entry ") == 2
+    assert f"- **user**: {TEA}\n- **assistant**: Noted.\n" in text
+    assert f"- **user**: {RUST}\n" in text
+    # appending the same entry again (a re-run after a crash) changes nothing
+    at = PendingUpdate.objects.first().created_at
+    assert not files.journal_append(owner_id=alice.pk, scope=row.scope, at=at, source="api",
+                                    messages=[{"role": "user", "content": TEA},
+                                              {"role": "assistant", "content": "Noted."}])  # fmt: skip
+    assert files.journal_read(owner_id=alice.pk, scope=row.scope, day=day) == text
+
+
+def test_debounce_zero_runs_at_once(
+    alice, engine_llm, settings, django_capture_on_commit_callbacks
+):
+    settings.MEMORY_UPDATE_DEBOUNCE_SECONDS = 0
+    with django_capture_on_commit_callbacks(execute=True):  # queued once the flush commits
+        update = update_record(
+            owner=alice, scope=SCOPE, messages=[{"role": "user", "content": TEA}]
+        )
+    update.refresh_from_db()
+    assert update.status == "done" and engine_llm.calls["extraction"] == 1
+    assert not Schedule.objects.filter(name__startswith="engine-updates:").exists()
+    assert [f[0] for f in _facts(alice)] == ["User drinks green tea every morning"]
+
+
+def test_a_scope_that_keeps_flushing_is_extracted_within_the_max_wait(alice, engine_llm, settings):
+    settings.MEMORY_UPDATE_MAX_WAIT_SECONDS = 60
+    t0 = timezone.now()
+    dues = [
+        update_record(
+            owner=alice,
+            scope=SCOPE,
+            messages=[{"role": "user", "content": f"m{i}"}],
+            now=t0 + timedelta(seconds=20 * i),
+        ).due_at  # fmt: skip
+        for i in range(5)
+    ]
+    assert dues == [t0 + timedelta(seconds=s) for s in (30, 50, 60, 60, 80)]
+    # the 5th flush came after the cap (60 s after the oldest), so it is due at once + 30 s
+
+
+def test_chat_proxy_messages_in_a_row_make_one_extraction(alice, engine_llm):
+    """What the chat proxy queues per answer (``form_memories``) joins the queue."""
+    for text in (TEA, RUST, DARK):
+        form_memories(alice.pk, "alice", text, timezone.now().isoformat())
+    assert PendingUpdate.objects.filter(status="pending", source="chat").count() == 3
+    assert engine_llm.calls["extraction"] == 0
+    [scope_id] = set(PendingUpdate.objects.values_list("scope_id", flat=True))
+    updates_run(scope_id=scope_id, force=True)
+    assert engine_llm.calls["extraction"] == 1 and len(_facts(alice)) == 3
+
+
+def test_sweep_runs_due_scopes_only(alice, bob, engine_llm):
+    past = timezone.now() - timedelta(minutes=5)
+    update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": TEA}], now=past)
+    update_record(owner=bob, scope=SCOPE, messages=[{"role": "user", "content": RUST}])  # not due
+    assert engine_updates_sweep() == 1  # queued and (sync in tests) run
+    assert engine_llm.calls["extraction"] == 1
+    assert list(PendingUpdate.objects.order_by("id").values_list("owner__username", "status")) == [
+        ("alice", "done"), ("bob", "pending"),
+    ]  # fmt: skip
+    assert _facts(alice)[0][0] == "User drinks green tea every morning"
+    assert (
+        scope_find(owner=bob, scope=SCOPE) is not None
+        and Vector.objects.filter(owner=bob).count() == 0
+    )
+    # a week later the processed flush is forgotten; the pending one is not
+    updates_sweep(now=timezone.now() + timedelta(days=7, minutes=1))
+    assert list(PendingUpdate.objects.values_list("owner__username", "status")) == [
+        ("bob", "pending")
+    ]
+
+
+def test_llm_failure_keeps_the_flushes_and_backs_off_then_gives_up(
+    alice, engine_llm, openai_server, settings
+):
+    settings.MEMORY_UPDATE_MAX_ATTEMPTS = 2
+    openai_server.chat_fn = lambda payload: Scripted(
+        status=500, body={"error": {"message": "down"}}
+    )
+    update = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": TEA}])
+    now = timezone.now()
+    first = updates_run(scope_id=update.scope_id, now=now, force=True)
+    update.refresh_from_db()
+    assert first.status == "failed" and (update.status, update.attempts) == ("pending", 1)
+    assert update.due_at == now + timedelta(seconds=60) and "down" in update.error
+    assert Vector.objects.count() == 0 and MemoryUpdate.objects.count() == 0
+    second = updates_run(scope_id=update.scope_id, now=now + timedelta(seconds=61))
+    update.refresh_from_db()
+    assert second.status == "gave_up" and (update.status, update.attempts) == ("failed", 2)
+    assert update.messages == [{"role": "user", "content": TEA}]  # kept, with what it said
+
+
+def test_malformed_json_is_repaired_by_one_retry(alice, engine_llm, openai_server):
+    answers = iter([Scripted(body={"choices": [{"message": {"content": "Sure! Here are facts"}}]})])
+
+    def respond(payload):
+        return next(answers, None) or engine_llm(payload)
+
+    openai_server.chat_fn = respond
+    update = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": DARK}])
+    run = updates_run(scope_id=update.scope_id, force=True)
+    assert run.llm_calls == 2 and [f[0] for f in _facts(alice)] == ["User prefers dark mode"]
+
+
+def test_two_runs_of_one_scope_never_overlap(alice, engine_llm):
+    update = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": TEA}])
+    held, release = threading.Event(), threading.Event()
+
+    def other_worker():
+        with advisory_session_lock(f"engine-scope:{update.scope_id}") as taken:
+            assert taken
+            held.set()
+            release.wait(10)
+        connection.close()
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    try:
+        held.wait(10)
+        busy = updates_run(scope_id=update.scope_id, force=True)
+    finally:
+        release.set()
+        thread.join()
+    assert busy.status == "busy" and engine_llm.calls["extraction"] == 0
+    update.refresh_from_db()
+    assert update.status == "pending"
+    assert updates_run(scope_id=update.scope_id, force=True).status == "done"
+
+
+def test_invalid_flush_writes_nothing(alice, engine_llm):
+    from core.errors import InvalidInput
+
+    for bad in ([], [{"role": "robot", "content": "x"}], [{"role": "user", "content": " "}], "hi"):
+        with pytest.raises(InvalidInput):
+            update_record(owner=alice, scope=SCOPE, messages=bad)
+    assert PendingUpdate.objects.count() == 0 and scope_find(owner=alice, scope=SCOPE) is None

@@ -1,0 +1,164 @@
+"""Context summaries: the running summary grows incrementally, the latest human message
+is never folded away, the stored state advances once, and the history endpoint offers
+strategy=summarize next to truncation."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import InvalidInput
+from core.providers.errors import ProviderNotConfigured
+from memories.conversations.models import ConversationSummary
+from memories.conversations.summaries import SummaryMessage, summary_fold
+from tests.conftest import record
+from tests.memories.engine.scripted import EngineLLM
+
+pytestmark = pytest.mark.django_db
+
+
+def turns(n: int, start: int = 0) -> list[SummaryMessage]:
+    out = []
+    for i in range(start, start + n):
+        role = "user" if i % 2 == 0 else "assistant"
+        out.append(SummaryMessage(f"m{i}", role, f"message number {i} " + "word " * 20))
+    return out
+
+
+@pytest.fixture
+def summarizer(llm_settings, openai_server):
+    script = EngineLLM()
+    openai_server.chat_fn = script
+    return script
+
+
+def test_within_budget_nothing_is_summarised(alice, summarizer):
+    result = summary_fold(owner=alice, key="k", messages=turns(2), max_tokens=1000)
+    assert (result.llm_calls, result.summary, [m.id for m in result.kept]) == (0, "", ["m0", "m1"])
+    assert summarizer.calls["summary"] == 0 and not ConversationSummary.objects.exists()
+
+
+def test_running_summary_grows_incrementally(alice, summarizer):
+    first = summary_fold(owner=alice, key="k", messages=turns(10), max_tokens=150,
+                         max_summary_tokens=40)  # fmt: skip
+    assert first.llm_calls == 1 and first.folded == [f"m{i}" for i in range(len(first.folded))]
+    assert first.token_count <= 150 or first.kept[0].role == "user"
+    prompt = summarizer.prompts["summary"][0]
+    assert prompt.startswith("Create a summary of the conversation below.")
+    assert all(f"message number {i} " in prompt for i in range(len(first.folded)))
+    assert f"message number {len(first.folded)} " not in prompt  # kept ones are not sent
+    stored = ConversationSummary.objects.get()
+    assert (stored.text, stored.summarized_ids, stored.last_summarized_id) == (
+        first.summary, first.folded, first.folded[-1],
+    )  # fmt: skip
+
+    # the same call again: nothing new to fold, no LLM call
+    same = summary_fold(
+        owner=alice, key="k", messages=turns(10), max_tokens=150, max_summary_tokens=40
+    )
+    assert (
+        same.llm_calls == 0 and same.summary == first.summary and summarizer.calls["summary"] == 1
+    )
+
+    # more messages: only the new ones are summarised, into the extended summary (LangMem #118)
+    second = summary_fold(
+        owner=alice, key="k", messages=turns(16), max_tokens=150, max_summary_tokens=40
+    )
+    assert second.llm_calls == 1
+    extend = summarizer.prompts["summary"][1]
+    assert extend.startswith(
+        f"This is the summary of the conversation so far:\n{first.summary}\n\nExtend this summary"
+    )
+    assert all(
+        f"message number {i} " not in extend.split("Extend this summary")[1]
+        for i in range(len(first.folded))
+    )
+    assert second.summarized_ids == first.folded + second.folded
+    assert second.folded[0] == f"m{len(first.folded)}"  # continues where the first stopped
+    assert second.as_messages()[0] == {
+        "role": "system",
+        "content": "Summary of the earlier conversation:\n" + second.summary,
+    }
+
+
+def test_the_latest_human_message_is_never_summarised_away(alice, summarizer):
+    """LangMem #77/#111: a long tail of assistant/tool output after the user's question."""
+    messages = [*turns(4), SummaryMessage("q", "user", "What did I ask about the deployment?")]
+    messages += [SummaryMessage(f"a{i}", "assistant", "long answer " * 60) for i in range(3)]
+    result = summary_fold(
+        owner=alice, key="k", messages=messages, max_tokens=100, max_summary_tokens=30
+    )
+    kept = [m.id for m in result.kept]
+    assert kept == ["q", "a0", "a1", "a2"]  # over budget, but the question stays verbatim
+    assert "q" not in result.summarized_ids and result.folded == ["m0", "m1", "m2", "m3"]
+    # even alone and too big for the budget, it is kept
+    huge = [SummaryMessage("big", "user", "please read this " * 200)]
+    alone = summary_fold(owner=alice, key="k2", messages=huge, max_tokens=50, max_summary_tokens=10)
+    assert [m.id for m in alone.kept] == ["big"] and alone.llm_calls == 0
+
+
+def test_a_lost_race_does_not_fold_twice(alice, summarizer, monkeypatch):
+    from memories.conversations import summaries
+
+    real = summaries._summarise
+    calls = []
+
+    def racing(llm, summary, to_fold, budget):
+        text = real(llm, summary, to_fold, budget)
+        if not calls:  # another call stores its fold while this one waits for the LLM
+            calls.append(1)
+            ConversationSummary.objects.create(owner=alice, key="k", text="theirs", version=1,
+                                               summarized_ids=[m.id for m in to_fold],
+                                               last_summarized_id=to_fold[-1].id)  # fmt: skip
+        return text
+
+    monkeypatch.setattr(summaries, "_summarise", racing)
+    result = summary_fold(
+        owner=alice, key="k", messages=turns(10), max_tokens=150, max_summary_tokens=40
+    )
+    assert result.summary == "theirs" and result.llm_calls == 0
+    assert ConversationSummary.objects.get().summarized_ids == result.summarized_ids
+
+
+def test_bad_budgets_and_no_llm(alice, settings):
+    for kwargs in ({"max_tokens": 0}, {"max_tokens": 100, "max_summary_tokens": 100},
+                   {"max_tokens": 100, "max_tokens_before_summary": 50}, {"max_tokens": "x"}):  # fmt: skip
+        with pytest.raises(InvalidInput):
+            summary_fold(owner=alice, key="k", messages=turns(2), **kwargs)
+    settings.LLM_BASE_URL = ""
+    assert summary_fold(owner=alice, key="k", messages=turns(2), max_tokens=1000).llm_calls == 0
+    with pytest.raises(ProviderNotConfigured) as err:
+        summary_fold(
+            owner=alice, key="k", messages=turns(20), max_tokens=100, max_summary_tokens=20
+        )
+    assert err.value.status_code == 503 and "LLM_BASE_URL" in str(err.value)
+    assert not ConversationSummary.objects.exists()
+
+
+def test_history_endpoint_strategy_summarize(alice, alice_client, bob_client, flow, summarizer):
+    for i in range(6):
+        record(flow, "s1", f"question {i} " + "word " * 30, run_id=f"r{i}", role="user")
+        record(flow, "s1", f"answer {i} " + "word " * 30, run_id=f"r{i}")
+    url = f"/api/v1/conversations/s1/history?flow={flow.pk}&max_tokens=200"
+    truncated = alice_client.get(url).json()
+    assert "summary" not in truncated and truncated["truncated"] > 0
+
+    body = alice_client.get(url + "&strategy=summarize&max_summary_tokens=60").json()
+    assert body["strategy"] == "summarize" and summarizer.calls["summary"] == 1
+    summary = body["summary"]
+    assert summary["text"].startswith("SUMMARY[user: question 0")
+    assert body["messages"][0] == {
+        "role": "system",
+        "content": "Summary of the earlier conversation:\n" + summary["text"],
+    }
+    assert [m["content"] for m in body["messages"][1:]] == [i["content"] for i in body["items"]]
+    assert body["items"][-1]["content"].startswith("answer 5")
+    assert (
+        len(summary["summarized_message_ids"]) + len(body["items"]) == body["thread_length"] == 12
+    )
+    assert summary["last_summarized_message_id"] == summary["summarized_message_ids"][-1]
+
+    again = alice_client.get(url + "&strategy=summarize&max_summary_tokens=60").json()
+    assert again["summary"]["text"] == summary["text"] and summarizer.calls["summary"] == 1
+    assert bob_client.get(url + "&strategy=summarize").status_code == 404
+    bad = alice_client.get(url + "&strategy=compress")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid"

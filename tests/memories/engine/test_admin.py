@@ -1,0 +1,67 @@
+"""Admin: a scope's journal shown and downloaded, dream now, undo, per-owner switch."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from ingestion.updates import updates_run
+from memories.engine.models import Dream
+from memories.engine.updates import update_record
+from memories.personal.facts import FactIn, core_fact_add
+from memories.personal.models import Vector
+from tests.memories.engine.scripted import EngineLLM, fact
+
+pytestmark = pytest.mark.django_db
+SCOPE = ("user", "alice")
+
+
+def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_settings, openai_server,
+                                                   engine_storage):  # fmt: skip
+    openai_server.chat_fn = EngineLLM(
+        {"I like tea": [fact("User likes tea")]},
+        dream=lambda prompt: {"facts": [], "diary": "cleared"},
+    )
+    llm_settings.ENGINE_DREAM_MAX_DROP = 1.0
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User uses vim", "behavior", 0.9)])
+    update = update_record(
+        owner=alice, scope=SCOPE, messages=[{"role": "user", "content": "I like tea"}]
+    )
+    updates_run(scope_id=update.scope_id, force=True)
+    scope_id = update.scope_id
+    today = timezone.now().date().isoformat()
+
+    page = admin_client.get(
+        f"/admin/memory_engine/scopejournal/{scope_id}/change/"
+    ).content.decode()
+    assert today in page and "download" in page and "User likes tea" not in page  # no MEMORY.md yet
+    day = admin_client.get(f"/admin/memory_engine/scopejournal/{scope_id}/journal/{today}/")
+    assert day.status_code == 200 and "- **user**: I like tea" in day.content.decode()
+    download = admin_client.get(
+        f"/admin/memory_engine/scopejournal/{scope_id}/journal/{today}/?download=1"
+    )
+    assert download["Content-Disposition"].startswith('attachment; filename="journal-user-alice-')
+    assert (
+        admin_client.get(
+            f"/admin/memory_engine/scopejournal/{scope_id}/journal/2001-01-01/"
+        ).status_code
+        == 404
+    )
+
+    admin_client.post("/admin/memory_engine/scopejournal/",
+                      {"action": "dream_now", "_selected_action": [scope_id]})  # fmt: skip
+    dream = Dream.objects.get()
+    assert dream.trigger == "admin" and Vector.objects.filter(owner=alice).count() == 0
+    assert "MEMORY · user/alice" in admin_client.get(
+        f"/admin/memory_engine/scopejournal/{scope_id}/change/").content.decode()  # fmt: skip
+    assert admin_client.get(f"/admin/memory_engine/dream/{dream.pk}/change/").status_code == 200
+
+    admin_client.post(
+        "/admin/memory_engine/dream/", {"action": "undo", "_selected_action": [dream.pk]}
+    )
+    dream.refresh_from_db()
+    assert dream.status == "undone"
+    assert sorted(Vector.objects.filter(owner=alice).values_list("content", flat=True)) == [
+        "User likes tea", "User uses vim"]  # fmt: skip
+    assert admin_client.get("/admin/memory_engine/pendingupdate/").status_code == 200
+    assert admin_client.get("/admin/memory_engine/enginesettings/").status_code == 200

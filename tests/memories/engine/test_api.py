@@ -1,0 +1,154 @@
+"""The engine's REST surface: facts CRUD, search, injection; scoping and errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from memories.personal.models import MemoryUpdate, Vector
+
+pytestmark = pytest.mark.django_db
+
+VIOLIN = "I drink green tea every morning and I play the violin"
+
+
+def _create(client, scope, content, **extra):
+    return client.post(
+        "/api/v1/engine/facts", {"scope": scope, "content": content, **extra}, format="json"
+    )
+
+
+def test_create_list_get_patch_delete(alice_client, fixture_embedder):
+    r = _create(alice_client, ["org", "acme", "agent-alpha"], "User plays the violin",
+                category="behavior", confidence=0.9)  # fmt: skip
+    assert r.status_code == 201, r.content
+    fact = r.json()["fact"]
+    assert (fact["content"], fact["category"], fact["confidence"]) == (
+        "User plays the violin", "behavior", 0.9,
+    )  # fmt: skip
+    assert fact["source"] == {"kind": "api", "ref": ""}
+    assert r.json()["decision"]["action"] == "add"
+    listed = alice_client.get("/api/v1/engine/facts?scope=org&scope=acme&scope=agent-alpha")
+    assert [f["id"] for f in listed.json()["results"]] == [fact["id"]]
+    listed = alice_client.get('/api/v1/engine/facts?scope=["org","acme","agent-alpha"]')
+    assert listed.json()["count"] == 1
+    got = alice_client.get(f"/api/v1/engine/facts/{fact['id']}").json()
+    assert (
+        got["scope"] == ["org", "acme", "agent-alpha"] and got["content"] == "User plays the violin"
+    )
+    r = alice_client.patch(
+        f"/api/v1/engine/facts/{fact['id']}", {"confidence": 0.75}, format="json"
+    )
+    assert r.status_code == 200 and r.json()["confidence"] == 0.75
+    assert alice_client.delete(f"/api/v1/engine/facts/{fact['id']}").status_code == 204
+    assert alice_client.get(f"/api/v1/engine/facts/{fact['id']}").status_code == 404
+    assert list(MemoryUpdate.objects.order_by("created_at").values_list("action", flat=True)) == [
+        "add", "update", "delete",
+    ]  # fmt: skip
+
+
+def test_user_scope_fact_is_a_personal_memory(alice_client, fixture_embedder):
+    r = _create(alice_client, ["user", "alice"], "User prefers dark mode", category="preference")
+    assert r.status_code == 201
+    listed = alice_client.get("/api/v1/users/alice/memories").json()["results"]
+    assert [m["content"] for m in listed] == ["User prefers dark mode"]
+
+
+def test_another_owner_gets_404_and_nothing_changes(
+    alice_client, bob_client, anon_client, fixture_embedder
+):
+    fact = _create(alice_client, ["user", "alice"], "User prefers dark mode").json()["fact"]
+    url = f"/api/v1/engine/facts/{fact['id']}"
+    assert bob_client.get(url).status_code == 404
+    r = bob_client.patch(url, {"confidence": 0.1}, format="json")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "fact_not_found"
+    assert bob_client.delete(url).status_code == 404
+    assert anon_client.get(url).status_code == 401
+    assert bob_client.get("/api/v1/engine/facts?scope=user&scope=alice").json()["count"] == 0
+    r = bob_client.post(
+        "/api/v1/engine/search", {"scope": ["user", "alice"], "query": VIOLIN}, format="json"
+    )
+    assert r.json()["results"] == []
+    v = Vector.objects.get(pk=fact["id"])
+    assert (v.confidence, v.content) == (1.0, "User prefers dark mode")
+    assert MemoryUpdate.objects.count() == 1
+
+
+def test_templates_fill_from_values_and_header_missing_is_400(alice_client, fixture_embedder):
+    r = _create(alice_client, ["memories", "{user_id}"], "User plays the violin")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "scope_value_missing"
+    assert r.json()["error"]["details"]["missing"] == ["user_id"]
+    assert Vector.objects.count() == 0
+    r = _create(alice_client, ["memories", "{user_id}"], "User plays the violin",
+                scope_values={"user_id": "u9"})  # fmt: skip
+    assert r.status_code == 201
+    r = alice_client.post(
+        "/api/v1/engine/facts", {"scope": ["memories", "{user_id}"], "content": "User uses Bun"},
+        format="json", HTTP_X_OPENWEBUI_USER_ID="u9",
+    )  # fmt: skip
+    assert r.status_code == 201
+    listed = alice_client.get("/api/v1/engine/facts?scope=memories&scope=u9").json()["results"]
+    assert sorted(f["content"] for f in listed) == ["User plays the violin", "User uses Bun"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"scope": "user", "content": "x"},
+        {"scope": [], "content": "x"},
+        {"scope": ["user", "a b"], "content": "x"},
+        {"scope": ["user", "u1"], "content": ""},
+        {"scope": ["user", "u1"], "content": "x", "category": "opinion"},
+        {"scope": ["user", "u1"], "content": "x", "confidence": 2},
+    ],
+)
+def test_invalid_create_is_400_and_writes_nothing(alice_client, fixture_embedder, body):
+    r = alice_client.post("/api/v1/engine/facts", body, format="json")
+    assert r.status_code == 400 and r.json()["error"]["code"] in ("invalid",)
+    assert Vector.objects.count() == 0
+
+
+def test_duplicate_and_below_threshold_answer_200(alice_client, fixture_embedder):
+    _create(alice_client, ["user", "u1"], "User has a dog named Rex")
+    r = _create(alice_client, ["user", "u1"], "User owns a dog called Rex")
+    assert r.status_code == 200 and r.json()["decision"]["action"] == "duplicate"
+    r = _create(alice_client, ["user", "u1"], "User uses Bun", confidence=0.5)
+    assert r.status_code == 200 and r.json()["decision"]["action"] == "below_threshold"
+    assert r.json()["fact"] is None and Vector.objects.count() == 1
+
+
+def test_search_and_injection(alice_client, fixture_embedder):
+    _create(
+        alice_client, ["user", "u1"], "User plays the violin", category="behavior", confidence=0.9
+    )
+    _create(
+        alice_client,
+        ["user", "u1"],
+        "User prefers dark mode",
+        category="preference",
+        confidence=0.95,
+    )
+    r = alice_client.post(
+        "/api/v1/engine/search",
+        {"scope": ["user", "u1"], "query": VIOLIN, "limit": 1},
+        format="json",
+    )
+    assert r.status_code == 200 and r.json()["mode"] == "hybrid"
+    assert [h["content"] for h in r.json()["results"]] == ["User plays the violin"]
+    r = alice_client.post(
+        "/api/v1/engine/search",
+        {"scope": ["user", "u1"], "query": VIOLIN, "filter": {"category": "preference"}},
+        format="json",
+    )
+    assert [h["content"] for h in r.json()["results"]] == ["User prefers dark mode"]
+    r = alice_client.post("/api/v1/engine/injection", {"scope": ["user", "u1"], "max_tokens": 200},
+                          format="json")  # fmt: skip
+    assert r.status_code == 200
+    assert r.json()["text"] == (
+        "- [preference | 0.95] User prefers dark mode\n- [behavior | 0.90] User plays the violin"
+    )
+    assert r.json()["tokens"] > 0 and len(r.json()["facts"]) == 2
+    r = alice_client.post("/api/v1/engine/injection", {"scope": ["user", "u1"], "max_tokens": 200,
+                          "query": VIOLIN}, format="json")  # fmt: skip
+    assert r.json()["text"].splitlines()[0] == "- [behavior | 0.90] User plays the violin"
+    r = alice_client.post("/api/v1/engine/injection", {"scope": ["user", "u1"]}, format="json")
+    assert r.status_code == 400

@@ -1,0 +1,220 @@
+"""/api/v1/engine/ background endpoints: flush (202), updates, journal, dream, undo,
+settings, summaries; owners isolated, invalid input 400 with nothing written, no LLM 503."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from ingestion.updates import updates_run
+from memories.engine.facade import MemoryEngine
+from memories.engine.models import Dream, PendingUpdate
+from memories.personal.models import Vector
+from tests.memories.engine.scripted import EngineLLM, fact
+
+pytestmark = pytest.mark.django_db
+SCOPE = ["org", "acme", "agent-1"]
+SAID = "I prefer short answers"
+
+
+@pytest.fixture
+def engine_llm(llm_settings, openai_server, engine_storage):
+    script = EngineLLM(
+        {SAID: [fact("User prefers short answers", "preference", 0.9)]},
+        dream=lambda prompt: {"facts": [], "diary": "nothing to keep"},
+    )
+    openai_server.chat_fn = script
+    return script
+
+
+def _flush(client, scope=SCOPE, messages=None):
+    return client.post("/api/v1/engine/flush", {
+        "scope": scope, "messages": messages or [{"role": "user", "content": SAID}],
+    }, format="json")  # fmt: skip
+
+
+def _process(owner):
+    for scope_id in set(
+        PendingUpdate.objects.filter(owner=owner).values_list("scope_id", flat=True)
+    ):
+        updates_run(scope_id=scope_id, force=True)
+
+
+def test_flush_answers_202_at_once_and_coalesces(alice, alice_client, engine_llm):
+    first = _flush(alice_client)
+    second = _flush(alice_client, messages=[{"role": "user", "content": "and in English"}])
+    assert first.status_code == second.status_code == 202
+    body = second.json()
+    assert (body["scope"], body["status"], body["source"], body["pending_in_scope"]) == (
+        SCOPE, "pending", "api", 2,
+    )  # fmt: skip
+    assert engine_llm.calls["extraction"] == 0
+    _process(alice)
+    assert engine_llm.calls["extraction"] == 1
+    updates = alice_client.get("/api/v1/engine/updates", {"scope": SCOPE}).json()["results"]
+    assert [u["status"] for u in updates] == ["done", "done"]
+    assert updates[0]["batch_id"] == updates[1]["batch_id"]
+    facts = alice_client.get("/api/v1/engine/facts", {"scope": SCOPE}).json()["results"]
+    assert [(f["content"], f["category"], f["confidence"]) for f in facts] == [
+        ("User prefers short answers", "preference", 0.9)
+    ]
+
+
+def test_flush_validates_and_writes_nothing(alice_client, engine_llm):
+    bad = [
+        {"scope": SCOPE, "messages": []},
+        {"scope": SCOPE, "messages": [{"role": "robot", "content": "x"}]},
+        {"scope": SCOPE, "messages": [{"role": "user", "content": ""}]},
+        {"scope": [], "messages": [{"role": "user", "content": "x"}]},
+        {"scope": ["user", "../etc"], "messages": [{"role": "user", "content": "x"}]},
+        {"scope": ["memories", "{user_id}"], "messages": [{"role": "user", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "x"}]},
+    ]
+    for payload in bad:
+        response = alice_client.post("/api/v1/engine/flush", payload, format="json")
+        assert response.status_code == 400, payload
+        assert set(response.json()["error"]) == {"code", "message", "details"}
+    assert PendingUpdate.objects.count() == 0
+
+
+def test_scope_templates_fill_from_values(alice, alice_client, engine_llm):
+    response = alice_client.post("/api/v1/engine/flush", {
+        "scope": ["memories", "{user_id}"], "scope_values": {"user_id": "u-9"},
+        "messages": [{"role": "user", "content": SAID}]}, format="json")  # fmt: skip
+    assert response.status_code == 202 and response.json()["scope"] == ["memories", "u-9"]
+
+
+def test_without_an_llm_flush_and_dream_are_503_and_the_rest_works(
+    alice,
+    alice_client,
+    settings,
+    engine_storage,
+):
+    settings.LLM_BASE_URL = ""
+    for url, payload in (("/api/v1/engine/flush", {"scope": SCOPE, "messages": [{"role": "user", "content": SAID}]}),
+                         ("/api/v1/engine/dream", {"scope": SCOPE})):  # fmt: skip
+        response = alice_client.post(url, payload, format="json")
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "not_configured" and "LLM_BASE_URL" in error["message"]
+    assert PendingUpdate.objects.count() == 0 and Dream.objects.count() == 0
+    created = alice_client.post("/api/v1/engine/facts", {"scope": SCOPE, "content": "User likes tea"},
+                                format="json")  # fmt: skip
+    assert created.status_code == 201
+    assert alice_client.get("/api/v1/engine/settings").json() == {"dream_schedule": True}
+    summary = alice_client.post("/api/v1/engine/summaries", {
+        "scope": SCOPE, "conversation_id": "c1", "max_tokens": 500,
+        "messages": [{"role": "user", "content": "hello"}]}, format="json")  # fmt: skip
+    assert summary.status_code == 200 and summary.json()["llm_calls"] == 0
+
+
+def test_journal_show_download_and_owner_isolation(alice, alice_client, bob_client, engine_llm):
+    _flush(alice_client)
+    _process(alice)
+    today = timezone.now().date().isoformat()
+    days = alice_client.get("/api/v1/engine/journal", {"scope": SCOPE}).json()
+    assert days == {"scope": SCOPE, "days": [today]}
+    shown = alice_client.get("/api/v1/engine/journal", {"scope": SCOPE, "date": today}).json()
+    assert shown["markdown"].startswith(f"# Journal · org/acme/agent-1 · {today}\n\n## ")
+    assert f"- **user**: {SAID}\n" in shown["markdown"]
+    download = alice_client.get(
+        "/api/v1/engine/journal", {"scope": SCOPE, "date": today, "download": "1"}
+    )
+    assert (
+        download.status_code == 200 and download["Content-Type"] == "text/markdown; charset=utf-8"
+    )
+    assert (
+        download["Content-Disposition"]
+        == f'attachment; filename="journal-org-acme-agent-1-{today}.md"'
+    )
+    assert download.content.decode() == shown["markdown"]
+    as_json = alice_client.get(
+        "/api/v1/engine/journal", {"scope": '["org","acme","agent-1"]', "date": today}
+    )
+    assert as_json.json()["markdown"] == shown["markdown"]
+
+    missing = alice_client.get("/api/v1/engine/journal", {"scope": SCOPE, "date": "2001-01-01"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "journal_not_found"
+    bad = alice_client.get("/api/v1/engine/journal", {"scope": SCOPE, "date": "yesterday"})
+    assert bad.status_code == 400
+    other = bob_client.get("/api/v1/engine/journal", {"scope": SCOPE, "date": today})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "scope_not_found"
+
+
+def test_dream_undo_and_settings_over_rest(alice, alice_client, bob_client, engine_llm):
+    engine = MemoryEngine(owner=alice)
+    engine.manage(SCOPE, "User likes tea", category="preference")
+    engine.manage(SCOPE, "User likes coffee", category="preference")
+    engine_llm.dream = lambda prompt: {"facts": [], "diary": "dropped everything"}
+    refused = alice_client.post("/api/v1/engine/dream", {"scope": SCOPE}, format="json")
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "dream_too_lossy"
+
+    engine_llm.dream = lambda prompt: {
+        "facts": [
+            {
+                "id": None,
+                "content": "User likes hot drinks",
+                "category": "preference",
+                "confidence": 0.9,
+            }
+        ]
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("django.conf.settings.ENGINE_DREAM_MAX_DROP", 1.0)
+        dreamed = alice_client.post(
+            "/api/v1/engine/dream", {"scope": SCOPE, "lookback_days": 2}, format="json"
+        )
+    assert dreamed.status_code == 201
+    body = dreamed.json()
+    assert body["skipped"] is False and body["lookback_days"] == 2
+    assert sorted(c["action"] for c in body["changes"]) == ["add", "delete", "delete"]
+    assert "- [0.90] User likes hot drinks" in body["memory_md_after"]
+    assert Vector.objects.filter(owner=alice).count() == 1
+
+    dream_id = body["id"]
+    assert bob_client.post(f"/api/v1/engine/dreams/{dream_id}/undo").status_code == 404
+    assert bob_client.get(f"/api/v1/engine/dreams/{dream_id}").status_code == 404
+    assert Vector.objects.filter(owner=alice).count() == 1
+    listed = alice_client.get("/api/v1/engine/dreams", {"scope": SCOPE}).json()["results"]
+    assert [d["id"] for d in listed] == [dream_id]
+    undone = alice_client.post(f"/api/v1/engine/dreams/{dream_id}/undo")
+    assert undone.status_code == 200 and undone.json()["status"] == "undone"
+    assert sorted(Vector.objects.filter(owner=alice).values_list("content", flat=True)) == [
+        "User likes coffee", "User likes tea"]  # fmt: skip
+    again = alice_client.post(f"/api/v1/engine/dreams/{dream_id}/undo")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "dream_not_undoable"
+
+    off = alice_client.patch("/api/v1/engine/settings", {"dream_schedule": False}, format="json")
+    assert off.json() == {"dream_schedule": False}
+    assert bob_client.get("/api/v1/engine/settings").json() == {"dream_schedule": True}
+    assert alice_client.patch("/api/v1/engine/settings", {"dream_schedule": "maybe"},
+                              format="json").status_code == 400  # fmt: skip
+    assert alice_client.get("/api/v1/engine/settings").json() == {"dream_schedule": False}
+    unknown = alice_client.post(
+        "/api/v1/engine/dream", {"scope": ["user", "nobody"]}, format="json"
+    )
+    assert unknown.status_code == 404
+
+
+def test_summaries_endpoint_keeps_a_running_summary(alice, alice_client, bob_client, engine_llm):
+    messages = [{"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"turn {i} " + "word " * 25} for i in range(8)]  # fmt: skip
+    payload = {"scope": SCOPE, "conversation_id": "c1", "messages": messages, "max_tokens": 120,
+               "max_summary_tokens": 30}  # fmt: skip
+    first = alice_client.post("/api/v1/engine/summaries", payload, format="json").json()
+    assert first["llm_calls"] == 1 and first["folded_now"][0] == "m0"
+    running = first["running_summary"]
+    assert running["summarized_message_ids"] == first["folded_now"]
+    assert first["messages"][0]["role"] == "system"
+    assert first["messages"][-1]["content"].startswith("turn 7")
+    # bob's conversation "c1" is another conversation
+    bob = bob_client.post("/api/v1/engine/summaries", payload, format="json").json()
+    assert bob["running_summary"]["summarized_message_ids"] == first["folded_now"]
+    assert engine_llm.calls["summary"] == 2
+    invalid = alice_client.post(
+        "/api/v1/engine/summaries", {**payload, "conversation_id": ""}, format="json"
+    )
+    assert invalid.status_code == 400
+    both = alice_client.post("/api/v1/engine/summaries", {**payload, "conversation": {
+        "flow": "00000000-0000-0000-0000-000000000000", "session_id": "s"}}, format="json")  # fmt: skip
+    assert both.status_code == 400

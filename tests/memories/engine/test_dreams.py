@@ -1,0 +1,230 @@
+"""Deep Dream: consolidation applied through the core-fact services, audited, written to
+MEMORY.md and the diary, skipped when nothing changed, refused when too lossy, undone."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from core.errors import ServiceError
+from ingestion.updates import updates_run
+from memories.engine import files
+from memories.engine.dreams import (
+    DreamTooLossy,
+    dream_run,
+    dream_undo,
+    dreams_daily,
+    engine_settings_update,
+)
+from memories.engine.models import Dream
+from memories.engine.updates import update_record
+from memories.personal.facts import FactIn, core_fact_add, core_facts_snapshot
+from memories.personal.models import MemoryUpdate
+from memories.personal.scopes import scope_find
+from tests.memories.engine.scripted import EngineLLM
+
+pytestmark = pytest.mark.django_db
+SCOPE = ("user", "alice")
+KEYS = ("id", "content", "category", "confidence", "source_kind", "source_ref", "observed_at")
+
+
+def _state(owner):
+    row = scope_find(owner=owner, scope=SCOPE)
+    return sorted(tuple(f[k] for k in KEYS) for f in core_facts_snapshot(scope=row))
+
+
+def _ids(prompt: str) -> dict[str, str]:
+    """content -> id, from the MEMORY.md lines of a dream prompt."""
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^- \[[0-9.]+\] (.*) \(id: ([0-9a-f-]+)\)$", prompt, re.M)
+    }
+
+
+def consolidate(prompt: str) -> dict:
+    ids = _ids(prompt)
+    return {
+        "facts": [
+            {"id": ids["User likes green tea"], "content": "User drinks green tea every morning",
+             "category": "behavior", "confidence": 0.95},  # refined, merged with "likes tea"
+            {"id": ids["User lives in Paris"], "content": "User lives in Berlin",
+             "category": "context", "confidence": 0.9},  # the journal is newer: it wins
+            {"id": ids["User uses vim"], "content": "User uses vim", "category": "behavior",
+             "confidence": 0.95},  # more confident
+            {"id": None, "content": "User works remotely", "category": "context",
+             "confidence": 0.8},  # learned from the journal
+        ],
+        "diary": "Merged the two tea facts; Alice moved to Berlin.",
+    }  # fmt: skip
+
+
+def keep_all(prompt: str) -> dict:
+    return {"facts": [{"id": i, "content": c} for c, i in _ids(prompt).items()]}
+
+
+@pytest.fixture
+def dreaming(alice, llm_settings, openai_server, engine_storage):
+    script = EngineLLM({"I moved to Berlin and I work remotely now": []}, dream=consolidate)
+    openai_server.chat_fn = script
+    core_fact_add(owner=alice, scope=SCOPE, reason="seed", facts=[
+        FactIn("User likes tea", "preference", 0.8), FactIn("User likes green tea", "preference", 0.9),
+        FactIn("User lives in Paris", "context", 0.9), FactIn("User uses vim", "behavior", 0.8),
+    ])  # fmt: skip
+    update = update_record(owner=alice, scope=SCOPE, messages=[
+        {"role": "user", "content": "I moved to Berlin and I work remotely now"}])  # fmt: skip
+    updates_run(scope_id=update.scope_id, force=True)  # the journal entry
+    return script
+
+
+def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dreaming):
+    before = _state(alice)
+    outcome = dream_run(owner=alice, scope=SCOPE, lookback_days=2)
+    dream = outcome.dream
+    assert not outcome.skipped and dreaming.calls["dream"] == 1
+    prompt = dreaming.prompts["dream"][0]
+    assert "- [0.90] User lives in Paris (id: " in prompt
+    assert "- **user**: I moved to Berlin and I work remotely now" in prompt  # the journal
+    after = sorted((f["content"], f["category"], f["confidence"], f["source_kind"])
+                   for f in core_facts_snapshot(scope=dream.scope))  # fmt: skip
+    assert after == [
+        ("User drinks green tea every morning", "behavior", 0.95, "dream"),
+        ("User lives in Berlin", "context", 0.9, "dream"),
+        ("User uses vim", "behavior", 0.95, "api"),
+        ("User works remotely", "context", 0.8, "dream"),
+    ]
+    assert sorted(c["action"] for c in dream.changes) == [
+        "add",
+        "delete",
+        "replace",
+        "replace",
+        "update",
+    ]
+    audit = MemoryUpdate.objects.filter(reason=f"dream {dream.pk}")
+    assert sorted(audit.values_list("action", flat=True)) == [
+        "add",
+        "delete",
+        "replace",
+        "replace",
+        "update",
+    ]
+    assert dream.facts_before == [f for f in dream.facts_before] and len(dream.facts_before) == 4
+    assert sorted(tuple(f[k] for k in KEYS) for f in dream.facts_before) == before
+
+    md = files.read_text(files.memory_md_path(alice.pk, list(SCOPE)))
+    assert md == dream.memory_md_after
+    assert md.startswith("# MEMORY · user/alice\n\n4 facts.\n\n## context\n\n")
+    assert "- [0.90] User lives in Berlin (id: " in md and "Paris" not in md
+    diary = files.read_text(files.diary_path(alice.pk, list(SCOPE), timezone.now().date()))
+    assert f"## Dream {dream.pk}" in diary
+    assert "Read 4 facts and 1 journal days; 1 add, 1 delete, 2 replace, 1 update." in diary
+    assert "Merged the two tea facts; Alice moved to Berlin." in diary
+
+
+def test_unchanged_inputs_skip_the_llm(alice, dreaming):
+    first = dream_run(owner=alice, scope=SCOPE).dream
+    again = dream_run(owner=alice, scope=SCOPE)  # its own result, same journal
+    assert again.skipped and again.dream.pk == first.pk and dreaming.calls["dream"] == 1
+    assert Dream.objects.count() == 1
+
+
+def test_undo_restores_the_facts_and_memory_md(alice, dreaming):
+    before = _state(alice)
+    dream = dream_run(owner=alice, scope=SCOPE).dream
+    assert _state(alice) != before
+    undone = dream_undo(owner=alice, dream_id=dream.pk)
+    assert undone.status == "undone" and undone.undone_at is not None
+    assert _state(alice) == before  # same ids, texts, categories, confidences, sources, times
+    md = files.read_text(files.memory_md_path(alice.pk, list(SCOPE)))
+    assert md == dream.memory_md_before
+    assert set(MemoryUpdate.objects.filter(reason=f"undo of dream {dream.pk}").values_list(
+        "action", flat=True)) <= {"add", "delete", "update"}  # fmt: skip
+    with pytest.raises(ServiceError) as twice:
+        dream_undo(owner=alice, dream_id=dream.pk)
+    assert (twice.value.status_code, twice.value.code) == (409, "dream_not_undoable")
+    assert _state(alice) == before
+
+
+def test_undo_keeps_what_was_learned_after_the_dream(alice, dreaming):
+    before = _state(alice)
+    dream = dream_run(owner=alice, scope=SCOPE).dream
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    dream_undo(owner=alice, dream_id=dream.pk)
+    now = _state(alice)
+    assert [f for f in now if f[1] != "User has a cat"] == before
+    assert any(f[1] == "User has a cat" for f in now)
+
+
+def test_only_the_latest_dream_can_be_undone_and_not_by_another_owner(alice, bob, dreaming):
+    first = dream_run(owner=alice, scope=SCOPE).dream
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    dreaming.dream = keep_all
+    second = dream_run(owner=alice, scope=SCOPE).dream
+    with pytest.raises(ServiceError) as older:
+        dream_undo(owner=alice, dream_id=first.pk)
+    assert older.value.code == "dream_not_undoable"
+    assert older.value.details["latest_dream"] == str(second.pk)
+    state = _state(alice)
+    for bad in (bob,):
+        with pytest.raises(ServiceError) as other:
+            dream_undo(owner=bad, dream_id=second.pk)
+        assert other.value.status_code == 404
+    with pytest.raises(ServiceError) as malformed:
+        dream_undo(owner=alice, dream_id="not-a-uuid")
+    assert malformed.value.status_code == 404
+    assert _state(alice) == state
+    dream_undo(owner=alice, dream_id=second.pk)
+    dream_undo(owner=alice, dream_id=first.pk)  # now the latest applied one
+
+
+def test_a_dream_dropping_too_much_is_refused_and_changes_nothing(alice, dreaming):
+    dreaming.dream = lambda prompt: {"facts": [], "diary": "Forgot everything."}
+    before = _state(alice)
+    with pytest.raises(DreamTooLossy) as refused:
+        dream_run(owner=alice, scope=SCOPE)
+    assert refused.value.status_code == 422
+    assert refused.value.details == {"dropped": 4, "facts": 4, "max_drop": 0.5}
+    assert _state(alice) == before and Dream.objects.count() == 0
+    assert files.read_text(files.memory_md_path(alice.pk, list(SCOPE))) is None
+
+
+def test_malformed_dream_answers_change_nothing(alice, dreaming):
+    dreaming.dream = lambda prompt: "I cannot do that"
+    before = _state(alice)
+    with pytest.raises(ServiceError) as bad:
+        dream_run(owner=alice, scope=SCOPE)
+    assert bad.value.status_code == 502 and dreaming.calls["dream"] == 2  # asked again once
+    assert _state(alice) == before and Dream.objects.count() == 0
+
+
+def test_daily_schedule_dreams_active_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming):
+    assert dreams_daily() == 1
+    assert Dream.objects.get().trigger == "schedule"
+    assert dreams_daily() == 0  # unchanged: skipped
+    dreaming.dream = keep_all
+    engine_settings_update(owner=alice, dream_schedule=False)
+    update = update_record(
+        owner=alice, scope=SCOPE, messages=[{"role": "user", "content": "hi again"}]
+    )
+    updates_run(scope_id=update.scope_id, force=True)
+    assert dreams_daily() == 0 and Dream.objects.count() == 1 and dreaming.calls["dream"] == 1
+    engine_settings_update(owner=alice, dream_schedule=True)
+    assert dreams_daily() == 1
+    assert dreams_daily(now=timezone.now() + timedelta(days=2)) == 0  # nothing new in a day
+
+
+def test_dream_command_dry_run_then_dream_then_undo(alice, dreaming, capsys):
+    before = _state(alice)
+    call_command("dream", "alice", "user", "alice", "--dry-run")
+    out = capsys.readouterr().out
+    assert "4 facts, journal days: " in out and "would call the LLM once" in out
+    assert dreaming.calls["dream"] == 0 and Dream.objects.count() == 0
+    call_command("dream", "alice", "user", "alice")
+    dream = Dream.objects.get()
+    assert dream.trigger == "command"
+    assert f"Undo: manage.py dream alice --undo {dream.pk}" in capsys.readouterr().out
+    call_command("dream", "alice", "--undo", str(dream.pk))
+    assert _state(alice) == before

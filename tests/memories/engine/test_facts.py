@@ -1,0 +1,211 @@
+"""Core facts: scopes, dedup, replacement, threshold, eviction, all audited."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from core.errors import InvalidInput
+from memories.personal.facts import (
+    FactIn,
+    FactNotFound,
+    core_fact_add,
+    core_fact_delete,
+    core_fact_update,
+)
+from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
+from memories.personal.scopes import ScopeValueMissing, scope_fill, scope_find
+from memories.personal.selectors import core_fact_list, memory_list
+from memories.personal.services import end_user_ensure, memory_link
+
+pytestmark = pytest.mark.django_db
+
+
+def _facts(owner, scope):
+    row = scope_find(owner=owner, scope=scope)
+    return [] if row is None else sorted(v.content for v in core_fact_list(scope=row))
+
+
+def test_scope_templates_fill_and_a_missing_value_is_400():
+    assert scope_fill(["memories", "{user_id}"], {"user_id": "u-1"}) == ("memories", "u-1")
+    assert scope_fill(["org", "{org}", "agent-{agent}"], {"org": "acme", "agent": "a"}) == (
+        "org", "acme", "agent-a",
+    )  # fmt: skip
+    with pytest.raises(ScopeValueMissing) as err:
+        scope_fill(["memories", "{user_id}"], {})
+    assert err.value.status_code == 400
+    assert err.value.details["missing"] == ["user_id"]
+    with pytest.raises(ScopeValueMissing):
+        scope_fill(["memories", "{user_id}"], {"user_id": ""})
+    for bad in ([], "user", ["user", ""], ["user", "a b"], ["x"] * 9, ["user", 3]):
+        with pytest.raises(InvalidInput):
+            scope_fill(bad, {})
+
+
+def test_user_scope_is_the_end_user_of_personal_memories(alice, fixture_embedder):
+    [decision] = core_fact_add(
+        owner=alice, scope=("user", "alice"), facts=[FactIn("User plays the violin")]
+    )
+    assert decision.action == "add"
+    end_user = end_user_ensure(owner=alice, external_id="alice")
+    assert [v.content for v in memory_list(end_user=end_user)] == ["User plays the violin"]
+    assert EndUser.objects.get(pk=end_user.pk).scope == ["user", "alice"]
+    # and the other way round: a personal memory is a fact of the user scope
+    assert _facts(alice, ("user", "alice")) == ["User plays the violin"]
+
+
+def test_scopes_isolate_inside_and_across_owners(alice, bob, fixture_embedder):
+    core_fact_add(owner=alice, scope=("org", "acme", "a1"), facts=[FactIn("User uses Bun")])
+    core_fact_add(owner=alice, scope=("org", "acme", "a2"), facts=[FactIn("User uses Node.js")])
+    core_fact_add(owner=bob, scope=("org", "acme", "a1"), facts=[FactIn("User prefers dark mode")])
+    assert _facts(alice, ("org", "acme", "a1")) == ["User uses Bun"]
+    assert _facts(alice, ("org", "acme", "a2")) == ["User uses Node.js"]
+    assert _facts(bob, ("org", "acme", "a1")) == ["User prefers dark mode"]
+    bun = Vector.objects.get(content="User uses Bun")
+    with pytest.raises(FactNotFound):
+        core_fact_delete(owner=bob, fact_id=bun.pk)
+    with pytest.raises(FactNotFound):
+        core_fact_update(owner=bob, fact_id=bun.pk, confidence=0.1)
+    with pytest.raises(FactNotFound):  # alice's fact, but not in that scope
+        core_fact_delete(owner=alice, fact_id=bun.pk, scope=("org", "acme", "a2"))
+    bun.refresh_from_db()
+    assert bun.confidence == 1.0 and _facts(alice, ("org", "acme", "a1")) == ["User uses Bun"]
+
+
+def test_exact_and_semantic_duplicates_write_nothing(alice, fixture_embedder):
+    scope = ("user", "u1")
+    core_fact_add(owner=alice, scope=scope, facts=[FactIn("User has a dog named Rex")])
+    before = (Vector.objects.count(), MemoryUpdate.objects.count())
+    decisions = core_fact_add(
+        owner=alice,
+        scope=scope,
+        facts=[FactIn("  user has a dog named rex. "), FactIn("User owns a dog called Rex")],
+    )
+    assert [(d.action, d.match) for d in decisions] == [
+        ("duplicate", "exact"), ("duplicate", "semantic"),
+    ]  # fmt: skip
+    assert decisions[1].similarity == pytest.approx(0.9039, abs=1e-3)
+    assert (Vector.objects.count(), MemoryUpdate.objects.count()) == before
+    # the exact duplicate was caught before embedding
+    assert fixture_embedder.calls.count("  user has a dog named rex. ") == 0
+
+
+def test_duplicates_inside_one_batch(alice, fixture_embedder):
+    decisions = core_fact_add(
+        owner=alice, scope=("user", "u1"),
+        facts=[FactIn("User has a dog named Rex"), FactIn("User owns a dog called Rex")],
+    )  # fmt: skip
+    assert [d.action for d in decisions] == ["add", "duplicate"]
+    assert _facts(alice, ("user", "u1")) == ["User has a dog named Rex"]
+
+
+def test_contradiction_replacement_is_audited(alice, fixture_embedder):
+    scope = ("user", "u1")
+    [old] = core_fact_add(owner=alice, scope=scope, facts=[FactIn("User lives in New York")])
+    [new] = core_fact_add(
+        owner=alice, scope=scope, reason="user moved",
+        facts=[FactIn("User moved to Los Angeles", replaces=old.fact_id, category="context")],
+    )  # fmt: skip
+    assert (new.action, new.target_id) == ("replace", old.fact_id)
+    assert _facts(alice, scope) == ["User moved to Los Angeles"]
+    assert not Vector.objects.filter(pk=old.fact_id).exists()  # nobody else linked it
+    audit = MemoryUpdate.objects.get(action="replace")
+    assert (str(audit.old_vector_id), str(audit.new_vector_id), audit.reason) == (
+        old.fact_id, new.fact_id, "user moved",
+    )  # fmt: skip
+    assert (audit.old_content, audit.new_content) == (
+        "User lives in New York", "User moved to Los Angeles",
+    )  # fmt: skip
+
+
+def test_confidence_threshold(alice, fixture_embedder, settings):
+    decisions = core_fact_add(
+        owner=alice, scope=("user", "u1"),
+        facts=[FactIn("User uses Bun", confidence=0.69), FactIn("User uses Node.js", confidence=0.7)],
+    )  # fmt: skip
+    assert [d.action for d in decisions] == ["below_threshold", "add"]
+    assert _facts(alice, ("user", "u1")) == ["User uses Node.js"]
+    assert "User uses Bun" not in fixture_embedder.calls  # not even embedded
+    settings.ENGINE_MIN_CONFIDENCE = 0.2
+    [d] = core_fact_add(
+        owner=alice, scope=("user", "u1"), facts=[FactIn("User uses Bun", confidence=0.3)]
+    )
+    assert d.action == "add"
+
+
+def test_invalid_input_writes_nothing(alice, fixture_embedder):
+    for bad in (
+        FactIn("User uses Bun", category="opinion"),
+        FactIn("User uses Bun", confidence=1.5),
+        FactIn("   "),
+        FactIn("User uses Bun", source_kind="rumour"),
+    ):
+        with pytest.raises(InvalidInput):
+            core_fact_add(
+                owner=alice, scope=("user", "u1"), facts=[FactIn("User plays the violin"), bad]
+            )
+    assert Vector.objects.count() == 0 and EndUser.objects.count() == 0
+
+
+def test_max_facts_evicts_lowest_confidence_then_oldest_audited(alice, fixture_embedder):
+    scope = ("user", "u1")
+    old = timezone.now() - timedelta(days=3)
+    core_fact_add(
+        owner=alice, scope=scope, max_facts=3,
+        facts=[
+            FactIn("User uses Bun", confidence=0.8, observed_at=old),
+            FactIn("User prefers dark mode", confidence=0.8),
+            FactIn("User plays the violin", confidence=0.95),
+        ],
+    )  # fmt: skip
+    decisions = core_fact_add(
+        owner=alice, scope=scope, max_facts=3, reason="extraction",
+        facts=[FactIn("User works as a nurse", confidence=0.9), FactIn("User is allergic to peanuts", confidence=0.75)],
+    )  # fmt: skip
+    # 5 facts for 3 places: the 0.75 one (just added) and the oldest 0.8 one go
+    assert [d.action for d in decisions] == ["add", "evicted"]
+    assert _facts(alice, scope) == [
+        "User plays the violin", "User prefers dark mode", "User works as a nurse",
+    ]  # fmt: skip
+    evictions = MemoryUpdate.objects.filter(action="evict").order_by("old_content")
+    assert [(e.old_content, e.reason) for e in evictions] == [
+        ("User is allergic to peanuts", "max_facts 3 reached (extraction)"),
+        ("User uses Bun", "max_facts 3 reached (extraction)"),
+    ]
+    assert sorted(decisions[-1].evicted_ids) == sorted(str(e.old_vector_id) for e in evictions)
+
+
+def test_update_and_delete_are_audited(alice, fixture_embedder):
+    [d] = core_fact_add(owner=alice, scope=("org", "acme"), facts=[FactIn("User uses Bun")])
+    fact = core_fact_update(owner=alice, fact_id=d.fact_id, confidence=0.8, category="preference")
+    assert (fact.confidence, fact.category, fact.content) == (0.8, "preference", "User uses Bun")
+    fact = core_fact_update(owner=alice, fact_id=d.fact_id, content="User uses Node.js")
+    assert fact.content == "User uses Node.js" and fact.normalized == "user uses node.js"
+    core_fact_delete(owner=alice, fact_id=d.fact_id, reason="user asked")
+    assert _facts(alice, ("org", "acme")) == []
+    assert list(MemoryUpdate.objects.order_by("created_at").values_list("action", flat=True)) == [
+        "add", "update", "update", "delete",
+    ]  # fmt: skip
+
+
+def test_shared_fact_is_found_from_both_scopes_and_copied_on_write(alice, fixture_embedder):
+    [d] = core_fact_add(owner=alice, scope=("user", "u1"), facts=[FactIn("User uses Bun")])
+    u2 = end_user_ensure(owner=alice, external_id="u2")
+    bun = Vector.objects.get(pk=d.fact_id)
+    memory_link(end_user=u2, vector=bun)
+    bun.refresh_from_db()
+    assert bun.scope_id is None and set(UserVector.objects.values_list("shared", flat=True)) == {
+        True
+    }
+    assert _facts(alice, ("user", "u2")) == ["User uses Bun"]
+    # an exact duplicate in u2 is found through the shared link
+    [dup] = core_fact_add(owner=alice, scope=("user", "u2"), facts=[FactIn("user uses bun")])
+    assert (dup.action, dup.fact_id) == ("duplicate", d.fact_id)
+    with pytest.raises(InvalidInput) as err:  # which scope? say it
+        core_fact_update(owner=alice, fact_id=d.fact_id, confidence=0.8)
+    assert err.value.code == "scope_required"
+    new = core_fact_update(owner=alice, fact_id=d.fact_id, scope=("user", "u2"), confidence=0.8)
+    assert str(new.pk) != d.fact_id and new.scope_id == u2.pk
+    assert Vector.objects.get(pk=d.fact_id).confidence == 1.0
