@@ -216,6 +216,11 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ChatRoleEnum": "memories.personal.api.serializers.CHAT_ROLES",
         "MessageRoleEnum": "memories.conversations.models.Message.Role",
+        "JobStatusEnum": "core.jobs.Job.Status",
+        "UpdateStatusEnum": "memories.engine.models.PendingUpdate.Status",
+        "DreamStatusEnum": "memories.engine.models.Dream.Status",
+        "DreamTriggerEnum": "memories.engine.models.Dream.Trigger",
+        "SyncTriggerEnum": "memories.bases.models.MemoryBaseJob.Trigger",
     },
     "COMPONENT_SPLIT_REQUEST": True,
     "TAGS": [
@@ -227,6 +232,7 @@ SPECTACULAR_SETTINGS = {
         {"name": "Personal memories", "description": "Per end-user memories."},
         {"name": "Chat proxy (OpenAI-compatible)", "description": "With memories."},
         {"name": "Memory stores", "description": "Stores and agent-node attachments."},
+        {"name": "Memory engine", "description": "Facts per scope, search, dreams, summaries."},
     ],
 }
 # Requests larger than this are refused with 413 before they are parsed.

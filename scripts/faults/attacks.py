@@ -88,6 +88,12 @@ def _objects(inst: Instance) -> dict[str, Any]:
     store = inst.post(
         "/api/v1/memory-stores", {"name": f"atk-{tag}", "type": "simple", "config": {}}
     ).body
+    fact = (
+        inst.post(
+            "/api/v1/engine/facts", {"scope": ["user", "u1"], "content": f"prefers tea {tag}"}
+        ).body.get("fact")
+        or {}
+    )
     key = inst.get("/api/v1/api-keys").body["results"][0]["id"]
     return {
         "flow": flow,
@@ -99,6 +105,7 @@ def _objects(inst: Instance) -> dict[str, Any]:
         "global_memory": global_memory.get("id", str(uuid.uuid4())),
         "store": store.get("id", str(uuid.uuid4())),
         "key": key,
+        "fact": fact.get("id", str(uuid.uuid4())),
     }
 
 
@@ -119,6 +126,8 @@ def _hostile_requests(ids: dict[str, Any]) -> list[tuple[str, str, str, bytes | 
         ("search", "POST", "/api/v1/search", "search"),
         ("kb-create", "POST", "/api/v1/knowledge-bases", "kb"),
         ("flow-create", "POST", "/api/v1/flows", "flow"),
+        ("engine-fact", "POST", "/api/v1/engine/facts", "fact"),
+        ("engine-search", "POST", "/api/v1/engine/search", "engine-search"),
         ("node-turn", "POST", "/api/v1/conversations/s1/nodes/n1/turns", "turn"),
         ("chat", "POST", "/v1/chat/completions", "chat"),
         ("mb-flush", "POST", f"/api/v1/memory-bases/{mb}/flush", "flush"),
@@ -134,6 +143,8 @@ def _hostile_requests(ids: dict[str, Any]) -> list[tuple[str, str, str, bytes | 
             "search": {"query": text, "filters": {"session_id": text}},
             "kb": {"name": text},
             "flow": {"name": text},
+            "fact": {"scope": ["user", "u1"], "content": text},
+            "engine-search": {"scope": ["user", "u1"], "query": text},
             "turn": {
                 "flow": flow,
                 "message_id": "h1",
@@ -464,6 +475,9 @@ def _sweep(ids: dict[str, Any]) -> list[tuple[str, str, Any]]:
         ("GET", f"/api/v1/flows/{f}/nodes/n1/memory", None),
         ("POST", f"/api/v1/flows/{f}/nodes/n1/memory/retrieve", {"stage": STAGE, "query": "tea"}),
         ("POST", f"/api/v1/flows/{f}/nodes/n1/memory/write", {"input": "a", "output": "b"}),
+        ("GET", f"/api/v1/engine/facts/{ids['fact']}", None),
+        ("PATCH", f"/api/v1/engine/facts/{ids['fact']}", {"content": "taken over"}),
+        ("DELETE", f"/api/v1/engine/facts/{ids['fact']}", None),
         ("GET", f"/api/v1/api-keys/{key}", None),
         ("DELETE", f"/api/v1/api-keys/{key}", None),
     ]

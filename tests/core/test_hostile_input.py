@@ -105,6 +105,9 @@ def _cases(flow_id: str, kb_id: str, bad: str) -> list[tuple[str, str, object]]:
         ),
         ("POST", "/api/v1/search", {"query": bad}),
         ("POST", "/api/v1/flows", {"name": bad}),
+        ("POST", "/api/v1/engine/facts", {"scope": ["user", "u1"], "content": bad}),
+        ("POST", "/api/v1/engine/search", {"scope": ["user", bad], "query": "tea"}),
+        ("POST", "/api/v1/engine/flush", {"scope": ["user", "u1"], "messages": [{"c": bad}]}),
         ("PATCH", f"/api/v1/knowledge-bases/{kb_id}", {"description": bad}),
     ]
 
@@ -360,11 +363,13 @@ def test_chat_stream_must_be_a_boolean(alice_client, llm_settings, openai_server
         ),
         ("/api/v1/search", {"query": "x", "include_memory_bases": "true"}),
         ("/api/v1/users/u1/memories", {"content": "likes tea", "infer": "false"}),
+        ("/api/v1/engine/settings", {"dream_schedule": "false"}),
     ],
 )
 def test_json_booleans_are_booleans(alice_client, kb, path, body):
     before = row_counts()
-    response = alice_client.post(path.format(kb=kb.pk), body, format="json")
+    method = alice_client.patch if path.endswith("settings") else alice_client.post
+    response = method(path.format(kb=kb.pk), body, format="json")
     error = assert_error(response, 400)
     assert "Must be a boolean" in error["message"]
     assert row_counts() == before
