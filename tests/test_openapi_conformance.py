@@ -71,6 +71,10 @@ def test_every_operation_conforms_to_the_schema(wsgi_calls, alice, memory_base, 
     failures = {op: sorted(titles) for op, titles in sorted(report.failures.items())}
     assert failures == {}, "\n".join(f"{k}\n  {v}" for k, v in report.examples.items())
     assert report.server_errors == 0
+    # The key stays valid throughout (the pass on existing objects revokes another one):
+    # most answers come from the views, not from authentication.
+    assert report.statuses[401] < report.requests / 5, report.figures()
+    assert report.statuses[200] + report.statuses[201] > 100, report.figures()
     assert report.operations >= 48
 
 

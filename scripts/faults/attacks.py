@@ -42,15 +42,16 @@ def table_digest(inst: Instance) -> dict[str, str]:
     return out
 
 
-def settled_digest(inst: Instance, *, quiet: float = 1.5, bound: float = 60.0) -> dict[str, str]:
-    """``table_digest`` once background work (indexing, Memory Base jobs the setup
-    queued) has stopped changing it."""
+def settled_digest(inst: Instance, *, quiet: float = 1.5, bound: float = 300.0) -> dict[str, str]:
+    """``table_digest`` once background work (indexing, Memory Base jobs, document
+    batches earlier sections queued) is done: the broker empty and the digest still."""
     deadline = time.monotonic() + bound
     digest = table_digest(inst)
     while time.monotonic() < deadline:
         time.sleep(quiet)
         again = table_digest(inst)
-        if again == digest:
+        (waiting,) = inst.query("SELECT count(*) FROM django_q_ormq")[0]
+        if again == digest and waiting == 0:
             return digest
         digest = again
     return digest
@@ -94,7 +95,8 @@ def _objects(inst: Instance) -> dict[str, Any]:
         ).body.get("fact")
         or {}
     )
-    key = inst.get("/api/v1/api-keys").body["results"][0]["id"]
+    # A key of its own for the sweeps to aim at (schemathesis DELETEs what it is given).
+    key = inst.post("/api/v1/api-keys", {"name": f"target-{tag}"}).body["id"]
     return {
         "flow": flow,
         "kb": kb,

@@ -176,8 +176,10 @@ class MemoryConfigView(APIView):
         responses={
             (200, "application/json"): OpenApiTypes.OBJECT,
             (200, "application/yaml"): OpenApiTypes.OBJECT,
+            404: ERROR,
         },
-        description="Export: `?format=yaml` (or Accept: application/yaml) for YAML.",
+        description="Export: `?format=yaml` (or Accept: application/yaml) for YAML "
+        "(another format: 404).",
     )
     def get(self, request: Request) -> Response:
         formats = request.query_params.getlist("format")
