@@ -42,6 +42,20 @@ def table_digest(inst: Instance) -> dict[str, str]:
     return out
 
 
+def _work_waiting(inst: Instance) -> int:
+    """Tasks in the broker and jobs not finished (a knowledge base's runner works through
+    its queued batches inside one task). Without a worker (serve --no-worker) nothing
+    runs, so nothing is waited for."""
+    if not inst.workers():
+        return 0
+    (row,) = inst.query(
+        "SELECT (SELECT count(*) FROM django_q_ormq)"
+        " + (SELECT count(*) FROM knowledge_ingestjob WHERE status IN ('queued', 'running'))"
+        " + (SELECT count(*) FROM ingestion_ingestionjob WHERE status IN ('queued', 'running'))"
+    )
+    return int(row[0])
+
+
 def settled_digest(inst: Instance, *, quiet: float = 1.5, bound: float = 300.0) -> dict[str, str]:
     """``table_digest`` once background work (indexing, Memory Base jobs, document
     batches earlier sections queued) is done: the broker empty and the digest still."""
@@ -50,9 +64,7 @@ def settled_digest(inst: Instance, *, quiet: float = 1.5, bound: float = 300.0) 
     while time.monotonic() < deadline:
         time.sleep(quiet)
         again = table_digest(inst)
-        # Queued tasks wait for a worker; without one (serve --no-worker) they never run.
-        (waiting,) = inst.query("SELECT count(*) FROM django_q_ormq")[0] if inst.workers() else (0,)
-        if again == digest and waiting == 0:
+        if again == digest and not _work_waiting(inst):
             return digest
         digest = again
     return digest
