@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -57,7 +58,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
 
 from memories.personal.facts import FactIn, core_fact_add, core_fact_delete  # noqa: E402
 from memories.personal.models import EndUser  # noqa: E402
@@ -170,6 +171,43 @@ def old_search(owner_id: int, scope_id: int, q: np.ndarray) -> list[Any]:
         return cur.fetchall()
 
 
+LITERAL = re.compile(r"'\[[^]]*\]'")
+
+
+def explain(label: str, scope_id: int, q: np.ndarray) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of the search's vector leg and of the duplicate check's
+    nearest-fact lookup for one scope: what each reads."""
+    from memories.personal import selectors
+
+    text = "[" + ",".join(repr(float(x)) for x in q) + "]"
+    vector_leg = (
+        "SELECT id, embedding <=> %s::vector AS d FROM memories_vector WHERE scope_id = %s "
+        "AND dimensions = %s AND embedding_model = %s ORDER BY d, id LIMIT 50"
+    )
+    nearest = (
+        f"SELECT id, embedding::vector({DIMS}) <=> %s::vector({DIMS}) AS d FROM memories_vector "
+        f"WHERE dimensions = {DIMS} AND scope_id = %s AND embedding_model = %s ORDER BY d LIMIT 1"
+    )
+    large = selectors.scope_is_large(scope_id=scope_id, above=settings.ENGINE_EXACT_MAX_FACTS)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
+        cur.execute("SELECT set_config('hnsw.ef_search', '50', true)")
+        for name, sql, params in (
+            ("search vector leg (large scope: HNSW, limit 50)" if large else
+             "search vector leg (exact)",
+             nearest.replace("LIMIT 1", "LIMIT 50") if large else vector_leg,
+             [text, scope_id, MODEL] if large else [text, scope_id, DIMS, MODEL]),
+            ("duplicate check (large scope: HNSW)" if large else "duplicate check (exact)",
+             nearest if large else vector_leg.replace("LIMIT 50", "LIMIT 1"),
+             [text, scope_id, MODEL] if large else [text, scope_id, DIMS, MODEL]),
+        ):  # fmt: skip
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params)
+            plan = [row[0] for row in cur.fetchall()]
+            print(f"  EXPLAIN {name}, {label}:")
+            for line in plan:
+                print("    " + LITERAL.sub("'[...]'", line))
+
+
 def report(label: str, p50: float, p99: float, extra: str = "") -> None:
     print(f"{label:<62} p50 {p50:8.2f} ms   p99 {p99:8.2f} ms  {extra}", flush=True)
 
@@ -231,7 +269,8 @@ def bench_add(owner: Any, row: EndUser, calls: int, label: str) -> None:
             owner=owner, scope=row, facts=[FactIn(text(), confidence=0.9)], max_facts=10**7,
             embedder=embedder,
         )  # fmt: skip
-        added.append(d.fact_id or "")
+        if d.action == "add":  # (a duplicate names an existing fact: not ours to delete)
+            added.append(d.fact_id or "")
         return d
 
     p50, p99, _ = timed(one, calls, warmup=5)
@@ -239,6 +278,25 @@ def bench_add(owner: Any, row: EndUser, calls: int, label: str) -> None:
     for fact_id in added:
         if fact_id:
             core_fact_delete(owner=owner, fact_id=fact_id, reason="bench cleanup")
+
+
+def bench_nearest(row: EndUser, calls: int, label: str) -> None:
+    """The duplicate check alone (the scope's nearest fact), as ``core_fact_add`` runs
+    it, and the exact scan of the scope for comparison."""
+    from memories.personal import facts, selectors
+
+    queries = [unit(1)[0] for _ in range(64)]
+    p50, p99, _ = timed(
+        lambda: facts._nearest_in_scope(row, prng.choice(queries).tolist(), MODEL), calls
+    )
+    report(f"duplicate check (nearest fact), {label}", p50, p99)
+    p50, p99, _ = timed(
+        lambda: selectors.scope_vector_ranking(
+            scope_id=row.pk, vector=prng.choice(queries).tolist(), embedding_model=MODEL, limit=1
+        ),
+        calls,
+    )
+    report(f"  the same by an exact scan of the scope, {label}", p50, p99)
 
 
 def main() -> None:
@@ -261,9 +319,13 @@ def main() -> None:
         load(owner.pk, [(big.pk, 10_000), (inj.pk, 500)])
         fix_times()
     print(f"\nphase A: owner holds {owner_facts(owner.pk):,} facts", flush=True)
+    explain("10k facts in one scope", big.pk, unit(1)[0])
     bench_search(owner, [big], args.queries, "10k facts in one scope")
+    bench_search(owner, [inj], args.queries, "500 facts in one scope")
     bench_old(owner, [big], 20, "10k facts in one scope")
     bench_injection(owner, inj, args.queries)
+    bench_nearest(inj, args.queries, "scope of 500 facts")
+    bench_nearest(big, args.queries, "scope of 10,000 facts")
     bench_add(owner, inj, 50, "scope of 500 facts")
     bench_add(owner, big, 50, "scope of 10,000 facts")
     if args.skip_large:
@@ -286,6 +348,8 @@ def main() -> None:
             load(owner.pk, [(r.pk, args.per_scope) for r in empty[i : i + 1000]])
         fix_times()
     print(f"\nphase B: owner holds {owner_facts(owner.pk):,} facts", flush=True)
+    explain("10k-fact scope, owner holds 1M", big.pk, unit(1)[0])
+    explain(f"{args.per_scope}-fact scope, owner holds 1M", smalls[0].pk, unit(1)[0])
     bench_search(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
     bench_search(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, owner holds 1M")
     bench_old(owner, [big], 5, "10k-fact scope, owner holds 1M")

@@ -23,8 +23,10 @@ budget, for each node; the query embedding (hashing, one 384-d vector) is timed
 apart and subtracted in the "excl. embedding" column. Then ``--writes`` sequential
 ``node_memory_write`` calls to ``three-simple`` (each: three summaries embedded, one
 transaction, the stores' locks, dedup check, insert with its HNSW entry, trim to
-max_items = --items). Also: recall@15 of the HNSW path against the exact scan for
-store s1 at ef_search 40/100/200, and both paths' latency for one store.
+max_items = --items). Also: ``three-simple`` with the node's three searches in one
+query string against one statement per store, interleaved; recall@15 of the HNSW path
+against the exact scan for store s1 at ef_search 40-200, and both paths' latency for
+one store.
 """
 
 from __future__ import annotations
@@ -60,11 +62,13 @@ from core.providers.embeddings import get_embedder
 from knowledge.services import knowledge_index_pending
 from memories.conversations.models import Flow
 from memories.conversations.services import flow_create
+from memories.stores import runtime
 from memories.stores.backends import sql
+from memories.stores.backends.sql import SearchBatch
 from memories.stores.config import memory_config_apply
 from memories.stores.models import MemoryItem, MemoryStore
 from memories.stores.runtime import node_memory_retrieve, node_memory_write
-from memories.stores.services import memory_store_load
+from memories.stores.services import memory_store_delete, memory_store_load
 from memories.stores.text import summary_hash, turn_summary
 
 WORDS = (
@@ -201,7 +205,9 @@ def main() -> None:
     settings.MEMORY_STORE_FILE_ROOTS = [str(docs_dir)]
     flow = Flow.objects.filter(owner__username=OWNER, name="bench").first()
     if args.fresh and flow is not None:
-        get_user_model().objects.filter(username=OWNER).delete()  # cascades, KBs too
+        for store in MemoryStore.objects.filter(owner=flow.owner):
+            memory_store_delete(store=store)  # a file store's knowledge base with it
+        get_user_model().objects.filter(username=OWNER).delete()
         flow = None
     if flow is None:
         for old in docs_dir.glob("*.md"):
@@ -221,6 +227,7 @@ def main() -> None:
         position["i"] += 1
         return queries[position["i"] % len(queries)]
 
+    default_ef = settings.MEMORY_STORE_EF_SEARCH
     embedder = get_embedder()
     embed = timed(lambda: embedder.embed([next_query()]), args.calls)
     log(f"query embedding (hashing, 384 d):       {percentiles(embed)}")
@@ -236,25 +243,52 @@ def main() -> None:
         log(f"retrieve {node:13} (3 attachments):  {percentiles(samples)}")
         log(f"  excl. embedding:                      {percentiles(excl)}")
 
+    # One round trip for the node's three searches against one statement per store
+    # (the same searches, each store alone: RetrieveQuery without a SearchBatch),
+    # interleaved call by call so that load hits both alike.
+    batched_ms: list[float] = []
+    alone_ms: list[float] = []
+    for i in range(args.calls + 10):
+        for batch in (True, False) if i % 2 else (False, True):
+            query = next_query()
+            runtime.SearchBatch = SearchBatch if batch else (lambda: None)  # type: ignore[assignment]
+            started = time.perf_counter()
+            node_memory_retrieve(flow=flow, node_id="three-simple", stage="gen", query=query)
+            if i >= 10:
+                (batched_ms if batch else alone_ms).append((time.perf_counter() - started) * 1000)
+    runtime.SearchBatch = SearchBatch  # type: ignore[misc]
+    log(f"three-simple, one query string:         {percentiles(batched_ms)}")
+    log(f"three-simple, one statement per store:  {percentiles(alone_ms)}")
+    ratio = statistics.median(batched_ms) / statistics.median(alone_ms)
+    log(f"  ratio of p50s: {ratio:.2f}")
+
     # Recall of the index path against the exact scan (the 15 candidates of store s1),
     # and one store's search both ways, interleaved so that load hits both alike.
     s1 = MemoryStore.objects.get(owner=flow.owner, name="s1")
-    literals = [sql.vector_literal(embedder.embed([q])[0]) for q in queries[:50]]
-    exact = [{h.id for h in sql._exact(s1.pk, v, 15, None)} for v in literals]
+    searches = [sql.Nearest.of(s1.pk, embedder.embed([q])[0], 15, None, 384) for q in queries[:50]]
+    exact = [{h.id for h in sql._run([(s, "exact")])[0]} for s in searches]
     exact_ms: list[float] = []
-    for ef in (40, 100, 200):
+    for ef in (40, 60, 80, 100, 200):
         settings.MEMORY_STORE_EF_SEARCH = ef
         found, index_ms = 0, []
-        for wanted, literal in zip(exact, literals):
+        for wanted, search in zip(exact, searches):
             started = time.perf_counter()
-            found += len(wanted & {h.id for h in sql._indexed(s1.pk, literal, 384, 15)})
+            found += len(wanted & {h.id for h in sql._run([(search, "index")])[0]})
             index_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            sql._exact(s1.pk, literal, 15, None)
+            sql._run([(search, "exact")])
             exact_ms.append((time.perf_counter() - started) * 1000)
         recall = found / sum(len(w) for w in exact)
         log(f"one store, HNSW ef_search {ef:3}: recall@15 {recall:.3f}, {percentiles(index_ms)}")
+    settings.MEMORY_STORE_EF_SEARCH = default_ef
     log(f"one store, exact scan of {counts['s1']} items:  {percentiles(exact_ms)}")
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) / 8192 FROM "
+            "pg_index WHERE indrelid = 'memory_stores_memoryitem'::regclass AND "
+            "indexrelid::regclass::text LIKE 'memoryitem_hnsw%%384'"
+        )
+        log(f"HNSW index of 384 dimensions (pages of 8 kB): {cur.fetchall()}")
 
     started = time.perf_counter()
     for n in range(args.writes):

@@ -1,9 +1,9 @@
-"""BM25 ranking of chunks in plain PostgreSQL.
+"""BM25 ranking of chunks in plain PostgreSQL, with top-k pruning.
 
 The lexemes come from ``search_vector`` (the base's text-search configuration: its
 stemming and stop words), the statistics from ``knowledge_term_stats`` and
 ``knowledge_base_text_stats``, which triggers keep exact in every chunk write's
-transaction (migration 0008). A chunk's score is the sum, over the query's lexemes it
+transaction (migration 0009). A chunk's score is the sum, over the query's lexemes it
 holds, of
 
     idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
@@ -14,36 +14,91 @@ the chunk and dl its length in distinct lexemes (``length(search_vector)``; avgd
 mean over the bases). Unlike ``ts_rank``, a word that is rare in the base (a name, "LGBTQ")
 weighs more than one every chunk has.
 
-Only the chunks ranked best by the tf = 1 bound (EXACT_FACTOR x the chunks wanted) are
-scored with their term frequencies: short chunks (messages, turns) rarely repeat a word,
-and the bound costs about what ``ts_rank`` did per matching row.
+Two passes: the matching chunks are ranked by the score with every tf taken as 1 (one
+index lookup per query term and row, about what ``ts_rank`` costs; short chunks rarely
+repeat a word), and only the best EXACT_FACTOR x ``limit`` of them are scored with their
+term frequencies.
+
+Pruning (MaxScore over the GIN index). Ranking every match is what costs at a million
+chunks: a query of common words matches tens of thousands of chunks, each read from the
+table. But with tf 1 a term adds at most ``ub(t) = idf(t) * (k1 + 1) / (1 + k1 * (1 - b))``
+to a chunk (dl >= 0), so a chunk whose first-pass score reaches theta holds a set of
+query terms whose bounds add up to theta. Given theta, the statement reads only the
+chunks matching the OR of those minimal sets, ``(a & b) | (a & c) | d``, which the GIN
+index answers from its posting lists. If the chunks wanted all reach theta, they are the
+ones the unpruned ranking would pick: any chunk left out ranks below theta. Theta is
+guessed from the terms' document frequencies (the first-pass score above which about
+PRUNE_MARGIN x the chunks wanted are expected, terms taken as independent); when the
+guess was too high, a second statement takes the last first-pass score found as theta
+and reads what the first one did not. Either way the result is what ranking every match
+gives (``SEARCH_BM25_PRUNE=false`` does that).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 
-# One statement: the query's lexemes with their idf (from the statistics), the matching
-# chunks ranked by a bound, every matched term counted once (tf = 1: one tsvector lookup
-# per query term and row, about what ts_rank costs), then the exact score, with each
-# term's frequency, for the best of them only.
+from knowledge import prepared
+
+# The query's lexemes held by chunks of the searched bases, each with its document
+# frequency there, the bases' size and mean length, and the table's size (planner
+# statistics).
+_TERMS_SQL = """
+SELECT q.lexeme, sum(s.df)::float8, tot.n, tot.avgdl,
+       (SELECT reltuples FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)::float8
+FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%s::regconfig, %s))) q
+CROSS JOIN (
+    SELECT coalesce(sum(chunks), 0)::float8 AS n,
+           greatest(coalesce(sum(lexemes)::float8 / nullif(sum(chunks), 0), 1), 1) AS avgdl
+    FROM knowledge_base_text_stats WHERE knowledge_base_id = ANY(%s::uuid[])
+) tot
+JOIN knowledge_term_stats s ON s.lexeme = q.lexeme AND s.knowledge_base_id = ANY(%s::uuid[])
+GROUP BY q.lexeme, tot.n, tot.avgdl
+ORDER BY q.lexeme
+"""
+
+# The chunks in scope matching the candidate query (and not the one an earlier statement
+# read), ranked by the tf = 1 score; the best of them scored exactly. Per row: the
+# first-pass score, the exact one (NULL past the best ``exact`` rows).
 _RANK_SQL = """
+WITH w AS (SELECT * FROM unnest(%s::text[], %s::float8[]) AS w(lexeme, idf)),
+bound AS MATERIALIZED (
+    SELECT id, search_vector AS tv, length(search_vector)::float8 AS dl,
+           ({terms}) * ({k1} + 1)
+               / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / %s::float8)) AS first
+    FROM knowledge_chunk
+    WHERE {scope} AND search_vector @@ %s::tsquery{seen}
+    ORDER BY first DESC, id
+    LIMIT %s
+)
+SELECT c.id, c.first,
+       sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / %s::float8)))
+FROM bound c
+CROSS JOIN LATERAL (
+    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(c.tv)
+) u
+JOIN w ON w.lexeme = u.lexeme
+GROUP BY c.id, c.first
+"""
+# The same ranking in one statement, for searches that are not pruned (small or filtered
+# scopes): the idf computed in the statement, the tf = 1 terms from arrays.
+_ONE_SQL = """
 WITH tot AS (
     SELECT coalesce(sum(chunks), 0)::float8 AS n,
            greatest(coalesce(sum(lexemes)::float8 / nullif(sum(chunks), 0), 1), 1) AS avgdl
     FROM knowledge_base_text_stats WHERE knowledge_base_id = ANY(%s::uuid[])
 ),
 w AS MATERIALIZED (
-    SELECT q.lexeme,
-           ln(1 + (tot.n - coalesce(sum(s.df), 0) + 0.5) / (coalesce(sum(s.df), 0) + 0.5)) AS idf
+    SELECT q.lexeme, ln(1 + (tot.n - sum(s.df) + 0.5) / (sum(s.df) + 0.5)) AS idf
     FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%s::regconfig, %s))) q
     CROSS JOIN tot
-    LEFT JOIN knowledge_term_stats s
-           ON s.lexeme = q.lexeme AND s.knowledge_base_id = ANY(%s::uuid[])
+    JOIN knowledge_term_stats s
+      ON s.lexeme = q.lexeme AND s.knowledge_base_id = ANY(%s::uuid[])
     GROUP BY q.lexeme, tot.n
 ),
 t AS MATERIALIZED (
@@ -53,14 +108,235 @@ t AS MATERIALIZED (
            (SELECT avgdl FROM tot) AS avgdl
     FROM w
 ),
-bound AS MATERIALIZED (
+c AS MATERIALIZED (
     SELECT id, search_vector AS tv, length(search_vector)::float8 AS dl
     FROM knowledge_chunk, t
     WHERE {scope} AND search_vector @@ t.q
     ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / t.avgdl)) DESC, id
     LIMIT %s
 )
-{scored}"""
+SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / t.avgdl)))
+    AS score
+FROM c CROSS JOIN t
+CROSS JOIN LATERAL (
+    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(c.tv)
+) u
+JOIN w ON w.lexeme = u.lexeme
+GROUP BY c.id
+ORDER BY score DESC, c.id
+LIMIT %s
+"""
+# Query terms in the one statement's first pass, at most (the rarest; the rest still
+# match and are scored exactly).
+ONE_TERMS = 32
+_BASES = "knowledge_base_id = ANY(%s::uuid[])"  # how every search scope begins
+_TERM = "CASE WHEN search_vector @@ %s::tsquery THEN %s::float8 ELSE 0 END"
+
+# Chunks scored exactly, per chunk wanted (the rest are ranked by the tf = 1 score).
+EXACT_FACTOR = 2
+# Bases smaller than this rank every match, in one statement: cheap there (at 100k
+# chunks, a 30,000-chunk base was faster unpruned on bench_search_ab.py).
+PRUNE_MIN_ROWS = 100_000
+# Query terms over which candidate sets are built, at most; longer queries rank every
+# chunk matching any term (no pruning).
+PRUNE_MAX_TERMS = 12
+# Terms (the rarest) over which theta is guessed: 2 ** GUESS_TERMS combinations.
+GUESS_TERMS = 8
+# Candidate sets in one tsquery, at most; past that, MaxScore's coarser query (every
+# term whose bound is needed) is used.
+PRUNE_MAX_SETS = 64
+# Chunks expected at or above theta, per chunk ranked (the guess is made on typical
+# scores, while the statement admits every chunk whose bounds reach theta).
+PRUNE_MARGIN = 1.0
+# Reading one base's entries of the knowledge_base_id index into a bitmap costs about
+# 1/BASE_INDEX_RATIO of reading a matching row from the table (measured at 1M chunks:
+# 39 ms for a 300,000-chunk base, 2.4 ms for 975 rows).
+BASE_INDEX_RATIO = 19.0
+
+
+def _literal(lexeme: str) -> str:
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _minimal_sets(bounds: list[float], theta: float) -> list[list[int]] | None:
+    """Minimal index sets whose bounds add up to ``theta`` (``bounds`` sorted descending),
+    or None when there are more than PRUNE_MAX_SETS."""
+    out: list[list[int]] = []
+    suffix = [0.0] * (len(bounds) + 1)
+    for i in range(len(bounds) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + bounds[i]
+
+    def extend(start: int, total: float, chosen: list[int]) -> bool:
+        for j in range(start, len(bounds)):
+            if total + suffix[j] < theta:
+                return True  # the remaining terms together cannot complete a set
+            if total + bounds[j] >= theta:
+                out.append([*chosen, j])
+                if len(out) > PRUNE_MAX_SETS:
+                    return False
+            elif not extend(j + 1, total + bounds[j], [*chosen, j]):
+                return False
+        return True
+
+    return out if extend(0, 0.0, []) else None
+
+
+def candidate_query(lexemes: list[str], bounds: list[float], theta: float) -> str:
+    """A tsquery matching every chunk whose terms' bounds add up to ``theta`` (any term
+    for theta 0)."""
+    order = sorted(range(len(lexemes)), key=lambda i: (-bounds[i], lexemes[i]))
+    sets = _minimal_sets([bounds[i] for i in order], theta) if theta > 0 else None
+    if sets is None:
+        # Any term but the weakest ones whose bounds together stay under theta
+        # (MaxScore's essential terms; all of them for theta 0).
+        weak, total = 0, 0.0
+        while weak < len(order) and total + bounds[order[-1 - weak]] < theta:
+            total += bounds[order[-1 - weak]]
+            weak += 1
+        return " | ".join(_literal(lexemes[i]) for i in order[: len(order) - weak])
+    return " | ".join("(" + " & ".join(_literal(lexemes[order[j]]) for j in s) + ")" for s in sets)
+
+
+def _theta_guess(idf: list[float], p: list[float], n: float, want: float) -> float:
+    """The typical first-pass score (idf sums: tf 1 at the average length) above which
+    ``want`` chunks are expected, terms taken as independent; 0 if fewer match at all."""
+    levels: list[tuple[float, float]] = []
+    for mask in range(1, 1 << len(idf)):
+        score, share = 0.0, 1.0
+        for i in range(len(idf)):
+            if mask >> i & 1:
+                score += idf[i]
+                share *= p[i]
+            else:
+                share *= 1 - p[i]
+        levels.append((score, share * n))
+    expected = 0.0
+    for score, count in sorted(levels, reverse=True):
+        expected += count
+        if expected >= want:
+            return score
+    return 0.0
+
+
+def bm25_ranking(
+    kb_ids: list[str],
+    language: str,
+    text: str,
+    scope: str,
+    scope_params: list[Any],
+    limit: int,
+    filtered: bool = False,
+    scope_rows: int | None = None,
+) -> list[tuple[int, float]]:
+    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
+
+    ``scope``/``scope_params``: the WHERE clause of the search (bases and filters), as
+    ``search._scope_sql`` builds it; ``filtered``: whether it holds more than the bases;
+    ``scope_rows``: the bases' size, if known (a small or filtered scope is not pruned,
+    and is ranked in one statement).
+    """
+    if not re.search(r"\w", text):
+        return []
+    small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
+    if not settings.SEARCH_BM25_PRUNE or filtered or small:
+        # A small unfiltered scope's statement is prepared (its own text: a generic plan
+        # made for small bases must not serve large filtered ones).
+        cached = small and not filtered
+        return _one_statement(kb_ids, language, text, scope, scope_params, limit, cached)
+    terms, _ = prepared.fetch(_TERMS_SQL, [language, text, kb_ids, kb_ids])
+    if not terms:
+        return []
+    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    n, avgdl, table = float(terms[0][2]), float(terms[0][3]), max(float(terms[0][4]), 1.0)
+    lexemes = [t[0] for t in terms]
+    idf = [math.log(1 + (n - t[1] + 0.5) / (t[1] + 0.5)) for t in terms]
+    bounds = [w * (k1 + 1) / (1 + k1 * max(1 - b, 0.0)) for w in idf]
+    ranked = limit * EXACT_FACTOR
+    theta = 0.0
+    if (
+        settings.SEARCH_BM25_PRUNE
+        and not filtered
+        and n >= PRUNE_MIN_ROWS
+        and len(terms) <= PRUNE_MAX_TERMS
+    ):
+        # (A filtered scope holds fewer matches than the bases' statistics predict: the
+        # guess would be too high. Every match of a filtered search is ranked.)
+        rarest = sorted(range(len(terms)), key=lambda i: -idf[i])[:GUESS_TERMS]
+        theta = _theta_guess(
+            [idf[i] for i in rarest],
+            [min(terms[i][1] / n, 1.0) for i in rarest],
+            n,
+            PRUNE_MARGIN * ranked,
+        )
+    sql = _RANK_SQL.replace("{terms}", " + ".join([_TERM] * len(terms)))
+    term_params = [v for pair in zip([_literal(x) for x in lexemes], idf) for v in pair]
+    df = {lexeme: t[1] for lexeme, t in zip(lexemes, terms)}
+    share = min(n / table, 1.0)
+
+    def rank(query: str, seen: str | None) -> list[tuple[int, float, float]]:
+        # The planner ANDs the GIN matches with the bases' rows from the knowledge_base_id
+        # index, which costs as much as the bases are large (39 ms for 300,000 chunks).
+        # Where the bases are a large share of the table, checking the base on each
+        # matching row costs less: the matches outside the bases (if spread like those
+        # inside) are read and dropped instead. The condition is then written so that no
+        # index serves it.
+        matches = sum(v for lexeme, v in df.items() if _literal(lexeme) in query)
+        where = scope
+        if share >= 1.0 or matches * (1 - share) / share * BASE_INDEX_RATIO < n:
+            assert scope.startswith(_BASES), scope
+            where = "(" + _BASES + ") IS TRUE" + scope[len(_BASES) :]
+        text_sql = sql.format(
+            k1=repr(k1),
+            b=repr(b),
+            scope=where,
+            seen="" if seen is None else " AND NOT search_vector @@ %s::tsquery",
+        )
+        params = [lexemes, idf, *term_params, avgdl, *scope_params, query]
+        params += [] if seen is None else [seen]
+        # Planned for its values each time: a generic plan cannot know how many chunks
+        # the query matches, and may scan the table.
+        rows, _ = prepared.fetch(text_sql, [*params, ranked, avgdl], prepare=False)
+        return [(row[0], float(row[1]), float(row[2])) for row in rows]
+
+    query = candidate_query(lexemes, bounds, theta)
+    found = rank(query, None)
+    found.sort(key=lambda r: (-r[1], r[0]))
+    if theta > 0 and not (len(found) >= ranked and found[-1][1] >= theta):
+        # The guess was too high: the last first-pass score found (or 0) is a safe
+        # theta; rank what it admits that the first statement did not read.
+        theta = found[-1][1] if len(found) >= ranked else 0.0
+        again = candidate_query(lexemes, bounds, theta)
+        if again != query:  # (the same sets: nothing left unread)
+            found += rank(again, query)
+            found = sorted(found, key=lambda r: (-r[1], r[0]))[:ranked]
+    best = sorted(found, key=lambda r: (-r[2], r[0]))[:limit]
+    return [(chunk_id, score) for chunk_id, _, score in best]
+
+
+def _one_statement(
+    kb_ids: list[str],
+    language: str,
+    text: str,
+    scope: str,
+    scope_params: list[Any],
+    limit: int,
+    prepare: bool,
+) -> list[tuple[int, float]]:
+    # A slot per lexeme the text could give (a hyphenated word gives up to three); empty
+    # slots add 0.
+    slots = min(ONE_TERMS, 2 * len(re.findall(r"\w+", text)))
+    terms = " + ".join(
+        f"CASE WHEN search_vector @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END"
+        for i in range(1, slots + 1)
+    )
+    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    sql = _ONE_SQL.format(scope=scope, terms=terms, k1=repr(k1), b=repr(b))
+    params = [kb_ids, language, text, kb_ids, *scope_params, limit * EXACT_FACTOR, limit]
+    if prepare:
+        sql = "/* small scope */" + sql
+    rows, _ = prepared.fetch(sql, params, prepare=prepare)
+    return [(row[0], float(row[1])) for row in rows]
+
 
 # The exact score of the rows of ``c`` (columns id, tv, dl) for the lexemes of ``w``.
 _SCORED = """
@@ -75,44 +351,6 @@ GROUP BY c.id
 ORDER BY score DESC, c.id
 LIMIT %s
 """
-
-# Chunks scored exactly, per chunk wanted (the rest are ranked by the tf = 1 bound).
-EXACT_FACTOR = 2
-# Query terms in the bound, at most (rarest first; the rest still match and are scored).
-BOUND_TERMS = 32
-
-
-def bm25_ranking(
-    kb_ids: list[str],
-    language: str,
-    text: str,
-    scope: str,
-    scope_params: list[Any],
-    limit: int,
-) -> list[tuple[int, float]]:
-    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
-
-    ``scope``/``scope_params``: the WHERE clause of the search (bases and filters), as
-    ``search._scope_sql`` builds it.
-    """
-    # Lexemes are unknown until the statement runs: the bound has a slot for as many as
-    # the text could give (a hyphenated word gives up to three), empty slots add 0.
-    slots = min(BOUND_TERMS, 2 * len(re.findall(r"\w+", text)))
-    if not slots:
-        return []
-    bound_terms = " + ".join(
-        f"CASE WHEN search_vector @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END"
-        for i in range(1, slots + 1)
-    )
-    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
-    scored = _SCORED.format(source="bound c, t", k1=repr(k1), b=repr(b), avgdl="t.avgdl")
-    sql = _RANK_SQL.format(scope=scope, terms=bound_terms, k1=repr(k1), b=repr(b), scored=scored)
-    with connection.cursor() as cur:
-        cur.execute(
-            sql, [kb_ids, language, text, kb_ids, *scope_params, limit * EXACT_FACTOR, limit]
-        )
-        return [(row[0], float(row[1])) for row in cur.fetchall()]
-
 
 _ADHOC_SQL = """
 WITH docs AS MATERIALIZED (

@@ -61,6 +61,9 @@ def with_context(
     """Each candidate and neighbour: its own score + sum over distances d of
     ``weight`` ** d x the best score among the chunks d steps away.
 
+    Searches compute this in SQL, in the statement that reads the top k
+    (``search._CONTEXT_SQL``); this is its definition, which the tests hold it to.
+
     ``around``: for the candidates that pass their score on (the best ones), the
     chunks before and after them, nearest first; what a chunk earns is read off these. ``allowed``: the
     neighbours that may become hits (inside the search's scope).

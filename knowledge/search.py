@@ -33,7 +33,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.scoring import decay
-from knowledge import fusion
+from knowledge import fusion, prepared
 from knowledge.bm25 import bm25_ranking
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
 from knowledge.selectors import kb_embedder
@@ -139,11 +139,18 @@ def _index_vector(
         f"WHERE index_pending AND {scope} ORDER BY d LIMIT %s) "
         "SELECT id, d, true FROM i UNION ALL SELECT id, d, false FROM p"
     )
+    # The index's settings for this transaction only, in one round trip.
+    local: list[tuple[str, object]] = [("hnsw.ef_search", ef_search_for(dims, limit))]
+    if _iterative_scan_available():
+        local += [
+            ("hnsw.iterative_scan", settings.SEARCH_ITERATIVE_SCAN),
+            ("hnsw.max_scan_tuples", settings.SEARCH_MAX_SCAN_TUPLES),
+        ]
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"SET LOCAL hnsw.ef_search = {ef_search_for(dims, limit)}")
-        if _iterative_scan_available():
-            cur.execute(f"SET LOCAL hnsw.iterative_scan = {settings.SEARCH_ITERATIVE_SCAN}")
-            cur.execute(f"SET LOCAL hnsw.max_scan_tuples = {settings.SEARCH_MAX_SCAN_TUPLES}")
+        cur.execute(
+            "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local),
+            [str(v) for pair in local for v in pair],
+        )
         cur.execute(sql, [vec, *params, limit, vec, *params, limit])
         rows = cur.fetchall()
     from_index = sum(1 for row in rows if row[2])
@@ -233,11 +240,20 @@ def vector_ranking(
 
 
 def keyword_ranking(
-    kb_ids: list[str], language: str, text: str, request: SearchRequest, limit: int
+    kb_ids: list[str],
+    language: str,
+    text: str,
+    request: SearchRequest,
+    limit: int,
+    scope_rows: int | None = None,
 ) -> list[tuple[int, float]]:
-    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme."""
+    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
+
+    ``scope_rows``: the bases' size when known (their chunk counters).
+    """
     scope, params = _scope_sql(kb_ids, request)
-    return bm25_ranking(kb_ids, language, text, scope, params, limit)
+    filtered = not _unfiltered(request)
+    return bm25_ranking(kb_ids, language, text, scope, params, limit, filtered, scope_rows)
 
 
 def _query_vectors(
@@ -287,12 +303,14 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
         return sorted(hits, key=lambda r: (r[1], r[0]))
 
     def keyword_leg() -> list[tuple[int, float]]:
-        by_language: dict[str, list[str]] = defaultdict(list)
+        by_language: dict[str, list[KnowledgeBase]] = defaultdict(list)
         for kb in bases:
-            by_language[kb.language].append(str(kb.pk))
+            by_language[kb.language].append(kb)
         hits: list[tuple[int, float]] = []
-        for language, kb_ids in by_language.items():
-            hits += keyword_ranking(kb_ids, language, request.query or "", request, pool)
+        for language, members in by_language.items():
+            kb_ids = [str(kb.pk) for kb in members]
+            rows = sum(kb.chunk_count for kb in members)
+            hits += keyword_ranking(kb_ids, language, request.query or "", request, pool, rows)
         return sorted(hits, key=lambda r: (-r[1], r[0]))
 
     want_vector = request.mode in ("vector", "hybrid")
@@ -303,10 +321,9 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
         vector_hits = vector_leg() if want_vector else []
         keyword_hits = keyword_leg() if want_keyword else []
     hits = _fuse(vector_hits, keyword_hits, request)
-    rows = None
     if request.mode == "hybrid" and settings.SEARCH_CONTEXT_WEIGHT > 0 and hits:
-        hits, rows = _with_context(hits, request, [str(kb.pk) for kb in bases])
-    return _finish(hits, request, rows)
+        return _finish_with_context(hits, request, [str(kb.pk) for kb in bases])
+    return _finish(hits, request)
 
 
 _legs_executor: ThreadPoolExecutor | None = None
@@ -395,12 +412,21 @@ _DETAIL_COLUMNS = (
     "source_timestamp, metadata, created_at"
 )
 _DETAIL_SQL = f"SELECT {_DETAIL_COLUMNS} FROM knowledge_chunk WHERE id = ANY(%s)"
-# The donors' neighbours (up to the window on each side, in base, session and source
-# order) and the details of donors and neighbours, in one statement: every chunk that
-# can end up in the top k is among them (``knowledge.fusion``).
+# Context and the final choice in one statement (``knowledge.fusion.with_context``, in
+# SQL): the fused candidates come in as arrays; the best of them (the donors) read their
+# neighbours, ids only, from the chunk_kb_session_order index; each candidate or neighbour
+# gets its score plus weight ** d x the best donor score d steps away; a neighbour that is
+# not a candidate must be in the search's scope ({neighbour_in_scope}); and only the best
+# ``limit`` of them (all for NULL) are read in full. So a hybrid search with context
+# costs the statements the old one did: its two legs, then one read of the top k.
 _CONTEXT_SQL = f"""
-WITH nb AS MATERIALIZED (
-    SELECT c.id,
+WITH cand AS (
+    SELECT * FROM unnest(%s::bigint[], %s::float8[], %s::int[], %s::int[])
+        AS t(id, score, vrank, krank)
+),
+donor AS MATERIALIZED (SELECT id, score FROM cand ORDER BY score DESC, id LIMIT %s),
+nb AS MATERIALIZED (
+    SELECT d.score,
         ARRAY(SELECT p.id FROM knowledge_chunk p
                WHERE p.knowledge_base_id = c.knowledge_base_id AND p.session_id = c.session_id
                  AND (p.source_timestamp, p.id) < (c.source_timestamp, c.id)
@@ -409,43 +435,70 @@ WITH nb AS MATERIALIZED (
                WHERE n.knowledge_base_id = c.knowledge_base_id AND n.session_id = c.session_id
                  AND (n.source_timestamp, n.id) > (c.source_timestamp, c.id)
                ORDER BY n.source_timestamp, n.id LIMIT %s) AS after
-    FROM knowledge_chunk c WHERE c.id = ANY(%s)
+    FROM donor d JOIN knowledge_chunk c ON c.id = d.id
 ),
-ids AS (SELECT id FROM nb UNION SELECT unnest(before || after) FROM nb)
-SELECT {", ".join("k." + c for c in _DETAIL_COLUMNS.split(", "))}, nb.before, nb.after,
-       {{scope}} AS in_scope
-FROM knowledge_chunk k JOIN ids ON ids.id = k.id LEFT JOIN nb ON nb.id = k.id
+best AS (
+    SELECT u.id, u.dist, max(nb.score) AS score
+    FROM nb CROSS JOIN LATERAL (
+        SELECT * FROM unnest(nb.before) WITH ORDINALITY AS b(id, dist)
+        UNION ALL
+        SELECT * FROM unnest(nb.after) WITH ORDINALITY AS a(id, dist)
+    ) u
+    GROUP BY u.id, u.dist
+),
+bonus AS (SELECT id, sum(power(%s::float8, dist) * score) AS bonus FROM best GROUP BY id),
+ranked AS (
+    SELECT coalesce(c.id, x.id) AS id, coalesce(c.score, 0) + coalesce(x.bonus, 0) AS score,
+           c.vrank, c.krank, c.id IS NOT NULL AS candidate
+    FROM cand c FULL JOIN bonus x ON x.id = c.id
+),
+top AS (
+    SELECT r.id, r.score FROM ranked r
+    WHERE r.candidate OR {{neighbour_in_scope}}
+    ORDER BY r.score DESC, coalesce(r.vrank, 1000000000), coalesce(r.krank, 1000000000), r.id
+    LIMIT %s
+)
+SELECT {", ".join("k." + col for col in _DETAIL_COLUMNS.split(", "))}, top.score AS context_score
+FROM top JOIN knowledge_chunk k ON k.id = top.id
 """
+# Filters a neighbour need not share with its donor (it shares base and session).
+_NEIGHBOUR_FILTERS = tuple(key for key in FILTER_KEYS if key != "session_id")
 
 
-def _with_context(
-    hits: list[Hit], request: SearchRequest, kb_ids: list[str]
-) -> tuple[list[Hit], dict[int, dict[str, Any]]]:
-    """Add the neighbours' context to the fused scores (``knowledge.fusion.with_context``).
-
-    Returns the hits (neighbours that may become hits added) and the details of every
-    chunk that can reach the top k, so ``_finish`` needs no other query.
-    """
-    donors = sorted(hits, key=lambda h: (-h.score, h.chunk_id))
-    donors = donors[: fusion.CONTEXT_DONORS * request.top_k]
-    scope, params = _scope_sql(kb_ids, request, alias="k.")
+def _finish_with_context(hits: list[Hit], request: SearchRequest, kb_ids: list[str]) -> list[Hit]:
+    """The top_k hits once the neighbours' context is added (``_CONTEXT_SQL``)."""
+    filtered = any(k in request.filters for k in _NEIGHBOUR_FILTERS) or (
+        request.since is not None or request.until is not None
+    )
+    params: list[Any]
+    check, params = "true", []
+    if filtered:
+        scope, params = _scope_sql(kb_ids, request, alias="k.")
+        check = f"EXISTS (SELECT 1 FROM knowledge_chunk k WHERE k.id = r.id AND {scope})"
     window = settings.SEARCH_CONTEXT_WINDOW
-    with connection.cursor() as cur:
-        cur.execute(
-            _CONTEXT_SQL.format(scope=scope),
-            [window, window, [h.chunk_id for h in donors], *params],
+    rows = _detail_rows(
+        *prepared.fetch(
+            _CONTEXT_SQL.format(neighbour_in_scope=check),
+            [
+                [h.chunk_id for h in hits],
+                [h.score for h in hits],
+                [h.vector_rank for h in hits],
+                [h.keyword_rank for h in hits],
+                fusion.CONTEXT_DONORS * request.top_k,
+                window,
+                window,
+                float(settings.SEARCH_CONTEXT_WEIGHT),
+                *params,
+                # Decay reorders by age: every candidate is needed then.
+                None if request.half_life_days else request.top_k,
+            ],
         )
-        rows = _detail_rows(cur)
-    around = {cid: (row.pop("before"), row.pop("after")) for cid, row in rows.items()}
-    around = {cid: sides for cid, sides in around.items() if sides[0] is not None}
-    allowed = {cid for cid, row in rows.items() if row.pop("in_scope")}
-    scores = {h.chunk_id: h.score for h in hits}
-    new = fusion.with_context(scores, around, settings.SEARCH_CONTEXT_WEIGHT, allowed)
+    )
     by_id = {h.chunk_id: h for h in hits}
-    for chunk_id, score in new.items():
+    for chunk_id, row in rows.items():
         hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
-        hit.score = score
-    return list(by_id.values()), {cid: row for cid, row in rows.items() if cid in allowed}
+        hit.score = float(row.pop("context_score"))
+    return _finish([by_id[cid] for cid in rows], request, rows)
 
 
 def _finish(
@@ -461,15 +514,18 @@ def _finish(
 
     if request.half_life_days:
         # Decay reorders by age: every candidate's timestamp is needed first.
-        rows = _details([h.chunk_id for h in hits])
+        if rows is None:
+            rows = _details([h.chunk_id for h in hits])
         created = {cid: row["timestamp"] or row["created_at"] for cid, row in rows.items()}
         hits = [h for h in hits if h.chunk_id in rows]
         _decay(hits, created, request.half_life_days)
         hits = sorted(hits, key=order)[: request.top_k]
     else:
         hits = sorted(hits, key=order)[: request.top_k]
-        if rows is None or any(h.chunk_id not in rows for h in hits):
-            rows = _details([h.chunk_id for h in hits])
+        rows = rows or {}
+        missing = [h.chunk_id for h in hits if h.chunk_id not in rows]
+        if missing:
+            rows = {**rows, **_details(missing)}
     out = []
     for hit in hits:
         row = rows.get(hit.chunk_id)
@@ -486,15 +542,12 @@ def _finish(
 
 
 def _details(ids: list[int]) -> dict[int, dict[str, Any]]:
-    with connection.cursor() as cur:
-        cur.execute(_DETAIL_SQL, [ids])
-        return _detail_rows(cur)
+    return _detail_rows(*prepared.fetch(_DETAIL_SQL, [ids]))
 
 
-def _detail_rows(cur: Any) -> dict[int, dict[str, Any]]:
-    names = [c.name for c in cur.description]
+def _detail_rows(rows: list[tuple[Any, ...]], names: list[str]) -> dict[int, dict[str, Any]]:
     out = {}
-    for values in cur.fetchall():
+    for values in rows:
         row = dict(zip(names, values))
         row["timestamp"] = row.pop("source_timestamp")
         if isinstance(row["metadata"], str):  # Django's connection loads jsonb as text

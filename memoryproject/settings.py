@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "memories.personal",
     "memories.stores",
     "memories.engine",
+    "memories.tools",
     "ingestion",
 ]
 
@@ -363,6 +364,8 @@ SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
 # 0.5/0.75/0.9 on LoCoMo conv-26: short turns, BENCHMARKS.md).
 SEARCH_BM25_K1 = env_float("SEARCH_BM25_K1", 1.2, minimum=0.0)
 SEARCH_BM25_B = env_float("SEARCH_BM25_B", 0.3, minimum=0.0)
+# Top-k pruning of the keyword leg (knowledge/bm25.py): same results, fewer chunks read.
+SEARCH_BM25_PRUNE = env_bool("SEARCH_BM25_PRUNE", True)
 # hnsw.ef_search for index scans (at least 2 x the candidates wanted). pgvector's 40
 # left recall@10 at 0.967-0.978 on 100,000 chunks, 100 gives 0.99 (BENCHMARKS.md) ...
 SEARCH_EF_SEARCH = env_int("SEARCH_EF_SEARCH", 100, minimum=10)
@@ -449,12 +452,33 @@ MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MOD
 ENGINE_MIN_CONFIDENCE = env_float("ENGINE_MIN_CONFIDENCE", 0.7, minimum=0.0)
 # At most this many facts per scope; beyond it the lowest confidence, then the oldest, go.
 ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
+# Scopes with more facts than this find a new fact's nearest neighbour (the semantic
+# duplicate check) through the HNSW index of its dimension instead of an exact scan of
+# the scope, so adding a fact costs the same however many facts the scope holds.
+ENGINE_EXACT_MAX_FACTS = env_int("ENGINE_EXACT_MAX_FACTS", 2000, minimum=1)
+# A replacement that would bring back a text the same fact replaced within the scope's
+# last N replacements is refused unless its confidence is higher (0 = no guard).
+ENGINE_FLIP_FLOP_WINDOW = env_int("ENGINE_FLIP_FLOP_WINDOW", 20, minimum=0)
 # Search: score = (w * similarity + (1 - w) * keyword) * 0.5 ** (age / half-life).
 ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.7, minimum=0.0)
 ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  # 0 = no decay
 # Injection: the share of the token budget kept for corrections.
 ENGINE_CORRECTION_SHARE = env_float("ENGINE_CORRECTION_SHARE", 0.25, minimum=0.0)
 CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
+# Open WebUI's forwarded chat id: the chat is recorded as a conversation (session) of the
+# owner's flow CHAT_PROXY_FLOW, for history and summaries.
+MEMORY_CHAT_HEADER = env_str("MEMORY_CHAT_HEADER", "X-OpenWebUI-Chat-Id")
+MEMORY_USER_NAME_HEADER = env_str("MEMORY_USER_NAME_HEADER", "X-OpenWebUI-User-Name")
+MEMORY_USER_EMAIL_HEADER = env_str("MEMORY_USER_EMAIL_HEADER", "X-OpenWebUI-User-Email")
+CHAT_PROXY_FLOW = env_str("CHAT_PROXY_FLOW", "chat-proxy")
+# GET /v1/models when the upstream lists none (or has no such endpoint): these ids
+# (default: LLM_MODEL).
+CHAT_MODELS = env_list("CHAT_MODELS", [])
+# Server-side memory tools in the proxy (opt-in per request with "memory_tools": true, or
+# for every request with a user): the proxy offers manage_memory/search_memory to the
+# model and runs the calls itself, at most CHAT_TOOL_MAX_ROUNDS model calls per request.
+CHAT_MEMORY_TOOLS = env_bool("CHAT_MEMORY_TOOLS", False)
+CHAT_TOOL_MAX_ROUNDS = env_int("CHAT_TOOL_MAX_ROUNDS", 4, minimum=1)
 # /metrics needs "Authorization: Bearer <METRICS_TOKEN>" (or a staff session); unset, it
 # is closed to all but staff sessions (its counts span every tenant).
 METRICS_TOKEN = env_str("METRICS_TOKEN")

@@ -3,14 +3,19 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.views import healthz
-from memories.personal.api.openai_views import ChatCompletionsView
+from memories.personal.api.openai_views import ModelsView
 from memories.personal.metrics import metrics
+from memories.tools.api.proxy import MemoryToolsChatView
+from memories.tools.mcp_http import MCPSlashView, MCPView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
-    path("v1/chat/completions", ChatCompletionsView.as_view(), name="chat-completions"),
+    path("v1/chat/completions", MemoryToolsChatView.as_view(), name="chat-completions"),
+    path("v1/models", ModelsView.as_view(), name="models"),
+    path("mcp", MCPView.as_view(), name="mcp"),
+    path("mcp/", MCPSlashView.as_view()),
     path("api/v1/", include("memories.personal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
@@ -20,6 +25,7 @@ urlpatterns = [
     path("api/v1/", include("memories.bases.api.urls")),
     path("api/v1/", include("memories.stores.api.urls")),
     path("api/v1/", include("memories.engine.api.urls")),
+    path("api/v1/", include("memories.tools.api.urls")),
     path("api/v1/", include("ingestion.api.urls")),
     path("api/v1/engine/", include("memories.engine.api.background_urls")),
 ]

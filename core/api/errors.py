@@ -128,7 +128,7 @@ def json_error_response(
     )
 
 
-API_PREFIXES = ("/api/", "/v1/")
+API_PREFIXES = ("/api/", "/v1/", "/mcp")  # /mcp: the MCP server's HTTP door
 
 
 def api_error_response(

@@ -81,6 +81,47 @@ class ChatLLM:
         except openai.OpenAIError as exc:
             raise translate_error(exc) from exc
 
+    # --- the chat proxy: bodies relayed as JSON, not rebuilt through the typed client ---
+    def relay(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``/chat/completions`` as it is (every field the client sent,
+        ``tools``, ``tool_choice`` and vendor fields included) and return the upstream
+        JSON as it came (parsed, nothing dropped or defaulted)."""
+        answer = call_with_retries(
+            lambda: self.client.post("/chat/completions", cast_to=object, body=body),
+            max_retries=self.max_retries,
+            backoff=self.backoff,
+        )
+        if not isinstance(answer, dict):
+            raise ProviderBadResponse("the chat completion is not a JSON object")
+        return answer
+
+    def relay_stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The same, streamed: each SSE event's JSON as it came. Retries happen only
+        before the first chunk arrives."""
+        stream = call_with_retries(
+            lambda: self.client.post(
+                "/chat/completions",
+                cast_to=object,
+                body={**body, "stream": True},
+                stream=True,
+                stream_cls=openai.Stream[object],
+            ),
+            max_retries=self.max_retries,
+            backoff=self.backoff,
+        )
+        try:
+            for chunk in stream:
+                if isinstance(chunk, dict):
+                    yield chunk
+        except openai.OpenAIError as exc:
+            raise translate_error(exc) from exc
+
+    def models(self) -> Any:
+        """The upstream's ``GET /models`` JSON (one try: callers have a fallback)."""
+        return call_with_retries(
+            lambda: self.client.get("/models", cast_to=object), max_retries=0, backoff=0
+        )
+
 
 def llm_configured() -> bool:
     return bool(settings.LLM_BASE_URL)

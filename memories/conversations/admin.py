@@ -5,7 +5,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from memories.conversations.models import Flow, Message
+from memories.conversations.models import ConversationSummary, Flow, Message
+from memories.conversations.summaries import summary_key_parts
 
 
 @admin.register(Flow)
@@ -44,3 +45,49 @@ class MessageAdmin(admin.ModelAdmin):
     @admin.display(description="text")
     def excerpt(self, message: Message) -> str:
         return message.text[:100] + ("…" if len(message.text) > 100 else "")
+
+
+SUMMARY_FIELDS: tuple[str, ...] = (
+    "owner",
+    "where",
+    "conversation",
+    "text",
+    "messages_summarized",
+    "last_summarized_id",
+    "summarized_ids",
+    "token_count",
+    "updated_at",
+)
+
+
+@admin.register(ConversationSummary)
+class ConversationSummaryAdmin(admin.ModelAdmin):
+    """Running conversation summaries (the context tier), readable; deleting one makes
+    the next call of its conversation summarise again from the start."""
+
+    list_display = ["where", "conversation", "owner", "messages_summarized",
+                    "last_summarized_id", "token_count", "updated_at"]  # fmt: skip
+    list_filter = ["owner"]
+    list_select_related = ["owner"]
+    search_fields = ["key", "text", "owner__username"]
+    ordering = ["owner", "key"]
+    fields = SUMMARY_FIELDS
+    readonly_fields = SUMMARY_FIELDS
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="scope or flow")
+    def where(self, summary: ConversationSummary) -> str:
+        return summary_key_parts(summary.key)[0]
+
+    @admin.display(description="conversation")
+    def conversation(self, summary: ConversationSummary) -> str:
+        return summary_key_parts(summary.key)[1]
+
+    @admin.display(description="messages summarised")
+    def messages_summarized(self, summary: ConversationSummary) -> int:
+        return len(summary.summarized_ids)

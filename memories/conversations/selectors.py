@@ -24,6 +24,19 @@ def flow_get(*, owner: User, flow_id: uuid.UUID | str) -> Flow:
     return Flow.objects.get(owner=owner, pk=flow_id)
 
 
+def flow_find(*, owner_id: int, name: str) -> Flow | None:
+    return Flow.objects.filter(owner_id=owner_id, name=name).first()
+
+
+def session_ids_with_sender(*, flow: Flow, sender: str, role: str = "user") -> list[str]:
+    """The sessions of ``flow`` with a ``role`` message sent by ``sender``."""
+    return list(
+        Message.objects.filter(flow=flow, role=role, sender=sender)
+        .values_list("session_id", flat=True)
+        .distinct()
+    )
+
+
 def message_list(
     *,
     owner: User,

@@ -66,6 +66,18 @@ def flow_create(*, owner: User, name: str) -> Flow:
         raise NameTaken(f"a flow named {name!r} already exists") from exc
 
 
+def flow_ensure(*, owner_id: int, name: str) -> Flow:
+    """The owner's flow named ``name``, created on first use (race-safe)."""
+    found = Flow.objects.filter(owner_id=owner_id, name=name).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            return Flow.objects.create(owner_id=owner_id, name=name)
+    except IntegrityError:  # created meanwhile by another request
+        return Flow.objects.get(owner_id=owner_id, name=name)
+
+
 def _session_lock(flow: Flow, session_id: str) -> None:
     """Serialise captures of one (flow, session) until the transaction ends.
 
@@ -185,6 +197,12 @@ def messages_store(
         if in_batch:
             Message.objects.bulk_update(in_batch, ["parent"])
         return stored
+
+
+def sessions_delete_rows(*, flow: Flow, session_ids: Sequence[str]) -> int:
+    """Delete every message of these sessions of ``flow`` (the chat proxy's erasure)."""
+    deleted, _ = Message.objects.filter(flow=flow, session_id__in=list(session_ids)).delete()
+    return deleted
 
 
 def session_messages_delete_rows(*, flow: Flow, session_id: str) -> int:

@@ -16,6 +16,7 @@ running summary enters the answer as one system message in front.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -234,6 +235,40 @@ def _store(owner_id: int, key: str, state: ConversationSummary | None, text: str
             summarized_ids=[*state.summarized_ids, *ids], version=state.version + 1, **values
         )
     )
+
+
+def scope_conversation_key(scope: list[str], conversation_id: str) -> str:
+    """The summary key of messages a client sends for a conversation of a scope."""
+    return f"{scope_key_prefix(scope)}{conversation_id}"
+
+
+def scope_key_prefix(scope: list[str]) -> str:
+    # The JSON array ends with "]": ["org","acme"]'s prefix is no prefix of a longer scope's.
+    return f"scope:{json.dumps(list(scope), separators=(',', ':'))}:"
+
+
+def summary_key_parts(key: str) -> tuple[str, str]:
+    """(where, conversation) of a summary key, for people: ``("flow 12", "session-1")``
+    or ``("scope org/acme", "c1")``."""
+    if key.startswith("scope:["):
+        head, _, conversation = key[len("scope:") :].partition("]:")
+        try:
+            scope = json.loads(head + "]")
+        except ValueError:
+            return key, ""
+        return "scope " + "/".join(str(s) for s in scope), conversation
+    if key.startswith("flow:"):
+        flow_id, _, session = key[len("flow:") :].partition(":")
+        return f"flow {flow_id}", session
+    return key, ""
+
+
+def scope_summaries_delete(*, owner_id: int, scope: list[str]) -> int:
+    """Delete the running summaries of every conversation of the scope (erasure)."""
+    deleted, _ = ConversationSummary.objects.filter(
+        owner_id=owner_id, key__startswith=scope_key_prefix(scope)
+    ).delete()
+    return deleted
 
 
 # --- stored conversations -----------------------------------------------------------

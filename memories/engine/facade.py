@@ -24,7 +24,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 
 from core.errors import InvalidInput
-from memories.engine.dreams import DreamOutcome, dream_run
+from memories.engine.dreams import DreamOutcome, ScopeNotFound, dream_run
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
 from memories.personal.facts import (
@@ -41,8 +41,9 @@ from memories.personal.retrieval import (
     core_fact_search,
     format_for_injection,
 )
-from memories.personal.scopes import Scope, scope_fill
+from memories.personal.scopes import Scope, scope_fill, scope_find
 from memories.personal.selectors import FactFilter
+from memories.personal.services import end_user_erase
 
 ACTIONS = ("create", "update", "delete")
 
@@ -155,6 +156,16 @@ class MemoryEngine:
         return format_for_injection(
             owner=self.owner, scope=self.scope(scope), max_tokens=max_tokens, query=query
         )
+
+    def erase(self, scope: Sequence[Any]) -> int:
+        """Erase the scope: its facts, their audit trail, the scope itself, and what the
+        engine keeps of it (pending updates, dreams, conversation summaries, journal,
+        ``MEMORY.md``, diaries; ``memories.engine.erasure``). Returns the facts removed;
+        an unknown scope is a 404 (``ScopeNotFound``) and changes nothing."""
+        row = scope_find(owner=self.owner, scope=self.scope(scope))
+        if row is None:
+            raise ScopeNotFound("no such scope")
+        return end_user_erase(end_user=row)
 
     # --- The background half (issue 12, second part) ----------------------------------
 

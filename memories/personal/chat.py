@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from core.providers.embeddings import get_embedder
@@ -24,6 +26,7 @@ from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
 from core.providers.tokens import count_tokens
 from core.queue import enqueue_on_commit
+from memories.conversations.services import MessageIn, flow_ensure, messages_store
 from memories.personal.models import EndUser
 from memories.personal.retrieval import format_for_injection
 from memories.personal.selectors import FactRow, MemoryHit, memory_search, personal_count
@@ -41,10 +44,17 @@ MEMORY_BLOCK_HEADER = (
 @dataclass
 class PreparedChat:
     body: dict[str, Any]
+    owner_id: int = 0
     memories: list[MemoryHit] = field(default_factory=list)
     end_user: EndUser | None = None
     user_text: str = ""
     received_at: datetime = field(default_factory=timezone.now)
+    # Open WebUI's forwarded headers: the chat becomes a conversation (history, summaries)
+    chat_id: str | None = None
+    user_name: str = ""
+    user_email: str = ""
+    # extra fields reported beside ``memories`` (the server-side memory tools' calls)
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 def message_text(content: Any) -> str:
@@ -73,9 +83,21 @@ def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": block}, *out]
 
 
-def chat_prepare(*, owner_id: int, body: dict[str, Any], external_id: str | None) -> PreparedChat:
-    """Resolve the end user, retrieve their memories and build the upstream request."""
-    prepared = PreparedChat(body=dict(body))
+def chat_prepare(
+    *,
+    owner_id: int,
+    body: dict[str, Any],
+    external_id: str | None,
+    chat_id: str | None = None,
+    user_name: str = "",
+    user_email: str = "",
+) -> PreparedChat:
+    """Resolve the end user, retrieve their memories and build the upstream request:
+    ``body`` as the client sent it, the memory block added to the system prompt."""
+    prepared = PreparedChat(
+        body=dict(body), owner_id=owner_id, chat_id=chat_id, user_name=user_name,
+        user_email=user_email,
+    )  # fmt: skip
     prepared.body.setdefault("model", settings.LLM_MODEL)
     users = [m for m in body["messages"] if m.get("role") == "user"]
     prepared.user_text = message_text(users[-1].get("content")) if users else ""
@@ -180,9 +202,11 @@ def memories_payload(prepared: PreparedChat) -> list[dict[str, Any]]:
     ]
 
 
-def _enqueue_formation(prepared: PreparedChat) -> None:
-    """Learning is best effort: the answer is delivered whether or not this queues."""
-    if prepared.end_user is None or not prepared.user_text.strip():
+def enqueue_formation(prepared: PreparedChat) -> None:
+    """Learning is best effort: the answer is delivered whether or not this queues. Only
+    a new user turn teaches: a request that sends a tool's result back repeats the user
+    message the model already learned from."""
+    if prepared.end_user is None or not prepared.user_text.strip() or not _user_turn(prepared):
         return
     enqueue_on_commit(
         "ingestion.tasks.form_memories",
@@ -194,33 +218,109 @@ def _enqueue_formation(prepared: PreparedChat) -> None:
     )
 
 
+def answer_text(answer: dict[str, Any]) -> str:
+    try:
+        return message_text(answer["choices"][0]["message"].get("content"))
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""
+
+
+def _user_turn(prepared: PreparedChat) -> bool:
+    messages = prepared.body.get("messages") or []
+    return bool(messages) and messages[-1].get("role") == "user"
+
+
+def chat_record(prepared: PreparedChat, text: str) -> None:
+    """With a chat id (Open WebUI's ``X-OpenWebUI-Chat-Id``): the user's message and the
+    answer join the conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, so
+    ``/api/v1/conversations/{chat_id}/history`` and the engine's summaries read it. Only
+    a turn that ends with a user message is recorded (a tool result sent back is the
+    same turn going on), once its answer has arrived."""
+    if not prepared.chat_id or not _user_turn(prepared):
+        return
+    sender = prepared.end_user.external_id if prepared.end_user is not None else ""
+    name = prepared.user_name
+    if prepared.user_email:
+        name = f"{name} <{prepared.user_email}>".strip()
+    name = name[:200]
+    with transaction.atomic():
+        flow = flow_ensure(owner_id=prepared.owner_id, name=settings.CHAT_PROXY_FLOW)
+        messages_store(
+            flow=flow, session_id=prepared.chat_id, run_id=f"chat-{uuid.uuid4().hex}",
+            messages=[
+                MessageIn(role="user", text=prepared.user_text, sender=(sender or "user")[:100],
+                          sender_name=name),
+                MessageIn(role="assistant", text=text),
+            ],
+        )  # fmt: skip
+
+
 def chat_complete(prepared: PreparedChat) -> dict[str, Any]:
     """Forward once; the upstream JSON comes back unchanged plus a ``memories`` array."""
-    answer = get_llm(feature="The chat proxy").create(**prepared.body)
-    _enqueue_formation(prepared)
-    return {**answer, "memories": memories_payload(prepared)}
+    answer = get_llm(feature="The chat proxy").relay(prepared.body)
+    enqueue_formation(prepared)
+    chat_record(prepared, answer_text(answer))
+    return {**answer, "memories": memories_payload(prepared), **prepared.report}
+
+
+def memories_chunk(prepared: PreparedChat, first: dict[str, Any]) -> dict[str, Any]:
+    """The last event of a stream with a user: an ordinary chunk with no choices (as
+    OpenAI's usage chunk), carrying the injected ``memories``; clients ignore it safely."""
+    return {
+        "id": first.get("id", ""),
+        "object": "chat.completion.chunk",
+        "created": first.get("created", 0),
+        "model": first.get("model", ""),
+        "choices": [],
+        "memories": memories_payload(prepared),
+        **prepared.report,
+    }
+
+
+def delta_text(chunk: dict[str, Any]) -> str:
+    try:
+        return str(chunk["choices"][0]["delta"].get("content") or "")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
 
 
 def chat_stream(prepared: PreparedChat) -> Iterator[bytes]:
-    """Server-sent events relayed from upstream. Errors before the first chunk raise
-    (the caller answers with a JSON error); later ones end the stream with an error event."""
-    stream = get_llm(feature="The chat proxy").stream(**prepared.body)
+    """Server-sent events relayed from upstream, each chunk's JSON as it came. Errors
+    before the first chunk raise (the caller answers with a JSON error); later ones end
+    the stream with an error event. With a user, a last chunk carries ``memories``."""
+    stream = get_llm(feature="The chat proxy").relay_stream(prepared.body)
     first = next(stream, None)  # raises ProviderError before anything is sent
+    return relay_events(prepared, first, stream)
+
+
+def relay_events(
+    prepared: PreparedChat, first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]
+) -> Iterator[bytes]:
+    """The SSE answer from an upstream stream whose first chunk has arrived."""
+    if first is None:
+        return iter([b"data: [DONE]\n\n"])
 
     def events() -> Iterator[bytes]:
-        if first is None:
-            yield b"data: [DONE]\n\n"
-            return
-        _enqueue_formation(prepared)
-        yield f"data: {json.dumps(first)}\n\n".encode()
+        enqueue_formation(prepared)
+        yield sse(first)
+        parts = [delta_text(first)]
         try:
-            for chunk in stream:
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
+            for chunk in rest:
+                parts.append(delta_text(chunk))
+                yield sse(chunk)
         except ProviderError as exc:
             error = {
                 "error": {"message": str(exc), "type": "upstream_error", "code": exc.status_code}
             }
-            yield f"data: {json.dumps(error)}\n\n".encode()
+            yield sse(error)
+        else:
+            chat_record(prepared, "".join(parts))
+        if prepared.end_user is not None:
+            yield sse(memories_chunk(prepared, first))
         yield b"data: [DONE]\n\n"
 
     return events()

@@ -27,12 +27,15 @@ from django.db import transaction
 
 from core.errors import InvalidInput, NotFound
 from core.providers.embeddings import Embedder, get_embedder
+from knowledge.models import INDEXED_DIMENSIONS
 from memories.personal.models import CATEGORIES, EndUser, MemoryUpdate, UserVector, Vector
 from memories.personal.scopes import Scope, scope_ensure, scope_find, scope_parse
 from memories.personal.selectors import (
     core_fact_count,
     core_fact_get,
     fact_scopes,
+    scope_is_large,
+    scope_nearest_indexed,
     scope_vector_ranking,
 )
 from memories.personal.services import (
@@ -77,7 +80,10 @@ class FactDecision:
 
     ``action``: ``add``, ``replace`` (``target_id`` unlinked), ``duplicate`` (``fact_id``
     is the existing fact; ``match`` is "exact" or "semantic"), ``below_threshold``
-    (nothing written), ``evicted`` (added, then trimmed at once by ``max_facts``).
+    (nothing written), ``evicted`` (added, then trimmed at once by ``max_facts``),
+    ``flip_flop`` (a replacement that would bring back a text the same fact replaced
+    within the last ``ENGINE_FLIP_FLOP_WINDOW`` replacements of the scope, without a
+    higher confidence: nothing written, ``fact_id`` is the fact kept).
     ``evicted_ids`` on the last decision of a batch lists every fact trimmed.
     """
 
@@ -123,6 +129,15 @@ def _exact_in_scope(scope: EndUser, normalized: str) -> Vector | None:
 def _nearest_in_scope(
     scope: EndUser, embedding: Sequence[float], model: str
 ) -> tuple[uuid.UUID, float] | None:
+    """The scope's fact nearest to ``embedding``: an exact scan of the scope's index
+    range up to ``ENGINE_EXACT_MAX_FACTS`` facts, the HNSW index of the dimension
+    beyond (so the check costs the same however large the scope grows)."""
+    if len(embedding) in INDEXED_DIMENSIONS and scope_is_large(
+        scope_id=scope.pk, above=settings.ENGINE_EXACT_MAX_FACTS
+    ):
+        found = scope_nearest_indexed(scope_id=scope.pk, vector=embedding, embedding_model=model)
+        if found is not None:
+            return found
     ranked = scope_vector_ranking(
         scope_id=scope.pk, vector=embedding, embedding_model=model, limit=1
     )
@@ -130,7 +145,10 @@ def _nearest_in_scope(
 
 
 def _evict(scope: EndUser, max_facts: int, reason: str) -> list[str]:
-    """Trim the scope to ``max_facts``: lowest confidence first, then oldest (audited)."""
+    """Trim the scope to ``max_facts``: lowest confidence first, then oldest (audited).
+    Counts the scope's links only when it holds more than ``max_facts``."""
+    if not scope_is_large(scope_id=scope.pk, above=max_facts):
+        return []
     excess = core_fact_count(scope=scope) - max_facts
     if excess <= 0:
         return []
@@ -232,6 +250,16 @@ def _add_one(
         )
         if old is None:
             reason = f"{reason}; the fact to replace is gone, kept as new".lstrip("; ")
+    if old is not None and (undone := _flip_flop(scope, old, fact)) is not None:
+        return FactDecision(
+            fact.content,
+            "flip_flop",
+            f"would restore the text replaced by {undone.created_at:%Y-%m-%d %H:%M} "
+            f"({undone.reason or 'no reason'}) without a higher confidence "
+            f"({fact.confidence} <= {old.confidence}): kept the newer fact",
+            fact_id=str(old.pk),
+            target_id=str(old.pk),
+        )
     if old is None:
         found = _exact_in_scope(scope, normalize_fact(fact.content))
         if found is not None:  # re-checked under the lock
@@ -262,6 +290,28 @@ def _add_one(
     return FactDecision(fact.content, "add", reason, fact_id=str(vector.pk))
 
 
+def _flip_flop(scope: EndUser, old: Vector, fact: FactIn) -> MemoryUpdate | None:
+    """The flip-flop guard of replacements (A -> B -> A from noisy extraction).
+
+    Replacing ``old`` (B) with ``fact`` (A) is refused when one of the scope's last
+    ``ENGINE_FLIP_FLOP_WINDOW`` replacements (an extraction or a dream each makes a
+    few) made B out of the same text A, unless A now comes with a strictly higher
+    confidence than B has: the newer fact is kept, and a user who really changed their
+    mind back says it with conviction (a stated correction scores higher than the
+    noise). Returns that earlier replacement when the guard holds."""
+    window = settings.ENGINE_FLIP_FLOP_WINDOW
+    if window <= 0 or fact.confidence > old.confidence:
+        return None
+    wanted = normalize_fact(fact.content)
+    recent = MemoryUpdate.objects.filter(
+        end_user=scope, action=MemoryUpdate.Action.REPLACE
+    ).order_by("-created_at", "-id")[:window]
+    for update in recent:
+        if update.new_vector_id == old.pk and normalize_fact(update.old_content) == wanted:
+            return update
+    return None
+
+
 def _mark_evicted(decisions: list[FactDecision | None], evicted: list[str]) -> None:
     if not evicted:
         return
@@ -284,6 +334,7 @@ def _count(decisions: list[FactDecision]) -> None:
     counter_add("memory_additions_total", by_action.get("add", 0))
     counter_add("memory_replacements_total", by_action.get("replace", 0))
     counter_add("memory_dedup_total", by_action.get("duplicate", 0))
+    counter_add("memory_flipflop_total", by_action.get("flip_flop", 0))
 
 
 def core_fact_resolve(

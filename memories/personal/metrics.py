@@ -16,7 +16,7 @@ COUNTERS = {
     "memory_additions_total": "Memories added (formation and API).",
     "memory_replacements_total": "Memories replaced after a contradiction or refinement.",
     "memory_dedup_total": "Extracted facts ignored as exact or semantic duplicates.",
-    "memory_flipflop_total": "Replacements refused because the stored memory was not older.",
+    "memory_flipflop_total": "Replacements refused: the stored memory was not older, or (engine) it would undo a recent replacement without a higher confidence.",
     "memory_formation_runs_total": "Formation runs.",
     "memory_llm_calls_total": "LLM calls made by formation.",
     "memory_llm_tokens_total": "LLM tokens used by formation.",

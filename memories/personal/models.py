@@ -93,12 +93,14 @@ class Vector(models.Model):
         indexes = [
             models.Index(fields=["owner", "type"], name="vector_owner_type"),
             models.Index(fields=["owner", "normalized"], name="vector_owner_normalized"),
-            # A scope's facts in one index range with what ranking reads, so a search
-            # or a duplicate check is an index-only scan of that range (no heap visit
-            # per fact, whose rows lie scattered among every other scope's).
+            # A scope's facts in one index range with what ranking reads (``id``
+            # included), so a search or a duplicate check is an index-only scan of that
+            # range (no heap visit per fact, whose rows lie scattered among every other
+            # scope's). Large scopes' duplicate checks use the HNSW indexes (0006).
             models.Index(
                 fields=["scope"],
                 include=[
+                    "id",
                     "embedding",
                     "dimensions",
                     "embedding_model",

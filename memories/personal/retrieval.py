@@ -28,8 +28,10 @@ from memories.personal.selectors import (
     FactFilter,
     FactRow,
     core_fact_rows,
+    scope_is_large,
     scope_keyword_ranking,
     scope_vector_ranking,
+    scope_vector_ranking_indexed,
 )
 
 logger = logging.getLogger(__name__)
@@ -89,13 +91,19 @@ def core_fact_search(
         return SearchResult([], "hybrid")
     pool = _pool(limit, offset)
     vector, model, error = _embed_query(query, embedder, query_vector)
-    vector_hits = (
-        scope_vector_ranking(
-            scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
-        )
-        if vector is not None and model is not None
-        else []
-    )
+    vector_hits: list[tuple[uuid.UUID, float]] = []
+    if vector is not None and model is not None:
+        # Past ENGINE_EXACT_MAX_FACTS (and the pool) through the HNSW index; a short
+        # answer from it (a filter few facts pass, the scan cap) is redone exactly.
+        large = max(settings.ENGINE_EXACT_MAX_FACTS, pool)
+        if scope_is_large(scope_id=row.pk, above=large):
+            vector_hits = scope_vector_ranking_indexed(
+                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
+            )
+        if len(vector_hits) < pool:
+            vector_hits = scope_vector_ranking(
+                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
+            )
     keyword_hits = scope_keyword_ranking(scope_id=row.pk, text=query, limit=pool, filter=filter)
     half_life = settings.ENGINE_HALF_LIFE_DAYS if half_life_days is None else half_life_days
     hits = _merge(vector_hits, keyword_hits, keyword_only=vector is None, half_life=half_life)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,14 +11,16 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, User
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
 
+from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.scoring import decay
 from knowledge.bm25 import bm25_adhoc
 from knowledge.fusion import weighted_scores
+from knowledge.models import INDEXED_DIMENSIONS
 from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
 
 
@@ -40,6 +43,15 @@ def end_user_find(*, owner: User, external_id: str) -> EndUser | None:
 def end_user_list(*, owner: User) -> QuerySet[EndUser]:
     """The owner's end users (the ``["user", <id>]`` scopes)."""
     return EndUser.objects.filter(owner=owner, external_id__isnull=False).order_by("external_id")
+
+
+def scopes_of_owner(*, owner_id: int, limit: int = 100) -> list[list[str]]:
+    """The owner's scopes, the most recently created first."""
+    return list(
+        EndUser.objects.filter(owner_id=owner_id)
+        .order_by("-created_at", "-id")
+        .values_list("scope", flat=True)[:limit]
+    )
 
 
 def memory_list(*, end_user: EndUser) -> QuerySet[Vector]:
@@ -223,6 +235,83 @@ def scope_vector_ranking(
     params = [text, scope_id, len(vector), embedding_model, *fparams,
               scope_id, len(vector), embedding_model, *vparams, limit]  # fmt: skip
     with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
+
+
+@functools.cache
+def _iterative_scan() -> bool:
+    return pgvector_supports_iterative_scan(pgvector_version())
+
+
+def scope_is_large(*, scope_id: int, above: int) -> bool:
+    """Whether the scope has more than ``above`` facts: reads at most ``above + 1`` of
+    its links (small index entries, not the covering index's vectors)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM memories_uservector WHERE end_user_id = %s "
+            "LIMIT %s) s",
+            [scope_id, above + 1],
+        )
+        row = cur.fetchone()
+    return bool(row and row[0] > above)
+
+
+def scope_nearest_indexed(
+    *, scope_id: int, vector: Sequence[float], embedding_model: str
+) -> tuple[uuid.UUID, float] | None:
+    """The scope's own fact nearest to ``vector`` through the HNSW index (see
+    ``scope_vector_ranking_indexed``); None when the index finds nothing (the caller
+    then scans exactly). A near duplicate is near: the approximation does not miss it."""
+    ranked = scope_vector_ranking_indexed(
+        scope_id=scope_id, vector=vector, embedding_model=embedding_model, limit=1
+    )
+    return ranked[0] if ranked else None
+
+
+def scope_vector_ranking_indexed(
+    *,
+    scope_id: int,
+    vector: Sequence[float],
+    embedding_model: str,
+    limit: int,
+    filter: FactFilter | None = None,
+) -> list[tuple[uuid.UUID, float]]:
+    """``scope_vector_ranking`` for large scopes: the scope's own facts through the HNSW
+    index of the dimension, filtered to the scope (pgvector's iterative scan, strict
+    order, walks on until ``limit`` facts of the scope are found; approximate), plus its
+    shared facts ranked exactly (few). Fewer than ``limit`` rows only when the scope
+    has fewer facts or the walk hit ``SEARCH_MAX_SCAN_TUPLES``: callers then rank
+    exactly. Empty for a dimension without an index."""
+    dims = len(vector)
+    if dims not in INDEXED_DIMENSIONS:
+        return []
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
+    text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    sql = (
+        "SELECT id, d FROM ("
+        f" (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d"
+        f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
+        f" AND embedding_model = %s{where} ORDER BY d LIMIT %s)"
+        " UNION ALL"
+        f" (SELECT v.id, v.embedding <=> %s::vector FROM {_SHARED_JOIN}"
+        f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere})"
+        ") ranked ORDER BY d, id LIMIT %s"
+    )
+    params = [text, scope_id, embedding_model, *fparams, limit,
+              text, scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
+    with transaction.atomic(savepoint=False), connection.cursor() as cur:
+        ef = max(40, limit)  # pgvector's default; the iterative scan walks on as needed
+        if _iterative_scan():
+            cur.execute(
+                "SELECT set_config('hnsw.ef_search', %s, true), "
+                "set_config('hnsw.iterative_scan', 'strict_order', true), "
+                "set_config('hnsw.max_scan_tuples', %s, true)",
+                [str(ef), str(settings.SEARCH_MAX_SCAN_TUPLES)],
+            )
+        else:
+            cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
         cur.execute(sql, params)
         return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
 

@@ -13,15 +13,19 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from core.db import advisory_xact_lock
+from core.erasure import send_scope_erased
 from core.errors import InvalidInput
 from core.providers.embeddings import Embedder, get_embedder
 from core.validation import validate_end_user_id
+from memories.conversations.selectors import flow_find, session_ids_with_sender
+from memories.conversations.services import sessions_delete_rows
 from memories.personal.models import (
     EndUser,
     MemoryUpdate,
@@ -316,10 +320,20 @@ def memory_delete(*, end_user: EndUser, vector: Vector, reason: str = "deleted")
 
 
 def end_user_erase(*, end_user: EndUser) -> int:
-    """Erasure: remove every memory link of the user, the vectors nobody else links,
-    the user's audit trail and the user row. Returns the number of memories removed."""
+    """Erasure: remove every memory link of the user (the scope), the vectors nobody
+    else links, the audit trail and the scope row, and what other rooms keep of the
+    scope (``core.erasure.scope_erased``: the engine's pending updates, summaries,
+    journal, MEMORY.md and dream diaries), and the chats the chat proxy recorded for
+    the user (``CHAT_PROXY_FLOW``). Returns the number of memories removed."""
     with transaction.atomic():
         _user_lock(end_user)
+        send_scope_erased(
+            sender=EndUser,
+            owner_id=end_user.owner_id,
+            scope_id=end_user.pk,
+            scope=list(end_user.scope),
+        )
+        _chats_erase(end_user)
         vector_ids = list(
             UserVector.objects.filter(end_user=end_user).values_list("vector_id", flat=True)
         )
@@ -330,6 +344,15 @@ def end_user_erase(*, end_user: EndUser) -> int:
         MemoryUpdate.objects.filter(end_user=end_user).delete()
         end_user.delete()
     return len(vector_ids)
+
+
+def _chats_erase(end_user: EndUser) -> None:
+    flow = flow_find(owner_id=end_user.owner_id, name=settings.CHAT_PROXY_FLOW)
+    if flow is None or not end_user.external_id:
+        return
+    chats = session_ids_with_sender(flow=flow, sender=end_user.external_id[:100])
+    if chats:
+        sessions_delete_rows(flow=flow, session_ids=chats)
 
 
 def memory_link(*, end_user: EndUser, vector: Vector, reason: str = "shared") -> None:

@@ -29,6 +29,7 @@ from memories.stores.backends.base import (
     WriteIn,
     WriteResult,
 )
+from memories.stores.backends.sql import SearchBatch
 from memories.stores.models import STAGES, MemoryAttachment, MemoryStore
 from memories.stores.selectors import node_attachments
 from memories.stores.services import backend_for
@@ -72,11 +73,12 @@ class _Budget:
     max_tokens: int
     groups: list[StoreHits]
     chosen: list[list[str]] = field(default_factory=list)
+    prompt: str = ""  # the block, rendered by fill()
+    token_count: int = 0
 
     def fill(self) -> None:
         self.chosen = [[] for _ in self.groups]
-        lines = [_line(i, h.content) for g in self.groups for i, h in enumerate(g.hits, 1)]
-        if not lines:
+        if not any(g.hits for g in self.groups):
             return
         used = count_tokens(HEADER) + count_tokens(FOOTER) + 4
         open_ = [bool(g.hits) for g in self.groups]
@@ -95,7 +97,11 @@ class _Budget:
                 used += cost
                 self.chosen[index].append(group.hits[rank].content)
         # The sum of the parts is an estimate: the rendered text decides.
-        while self.chosen and any(self.chosen) and self.tokens() > self.max_tokens:
+        while True:
+            self.prompt = self.render()
+            self.token_count = count_tokens(self.prompt) if self.prompt else 0
+            if self.token_count <= self.max_tokens:
+                break
             longest = max(range(len(self.chosen)), key=lambda i: len(self.chosen[i]))
             self.chosen[longest].pop()
 
@@ -109,9 +115,6 @@ class _Budget:
                 out += [_line(i, c) for i, c in enumerate(contents, 1)]
         out.append(f"\n{FOOTER}")
         return "\n".join(out)
-
-    def tokens(self) -> int:
-        return count_tokens(self.render())
 
 
 _SPACE = re.compile(r"\s+")
@@ -171,7 +174,7 @@ def node_memory_retrieve(
     budget = max_tokens or settings.MEMORY_STORE_PROMPT_MAX_TOKENS
     if attachments is None:
         attachments = attachments_or_404(flow, node_id)
-    vectors = QueryVectors(query)
+    vectors, searches = QueryVectors(query), SearchBatch()
     requests = [
         (
             attachment.store,
@@ -182,6 +185,7 @@ def node_memory_retrieve(
                 similarity_threshold=attachment.similarity_threshold,
                 session_id=session_id,
                 vectors=vectors,
+                searches=searches,
             ),
         )
         for attachment in _reading(attachments, stage)
@@ -189,21 +193,21 @@ def node_memory_retrieve(
     for _, backend, request in requests:
         backend.prepare_retrieve(request)  # the query embedded, outside any transaction
     groups = []
-    # One read transaction for every store's search (fewer round trips than one each).
-    with transaction.atomic():
-        for store, backend, request in requests:
-            hits = backend.retrieve(request)[: request.top_k]
-            groups.append(StoreHits(store=store.name, type=store.type, hits=hits))
+    # The vector searches of all the stores go in one round trip (the first store to
+    # read runs the batch, in the implicit transaction of its multi-statement query):
+    # no transaction of our own, whose BEGIN and COMMIT would be two more.
+    for store, backend, request in requests:
+        hits = backend.retrieve(request)[: request.top_k]
+        groups.append(StoreHits(store=store.name, type=store.type, hits=hits))
     filled = _Budget(budget, groups)
     filled.fill()
     for group, chosen in zip(groups, filled.chosen):
         group.in_prompt = len(chosen)
-    prompt = filled.render()
     return Retrieval(
         stage=stage,
         stores=groups,
-        prompt=prompt,
-        token_count=count_tokens(prompt) if prompt else 0,
+        prompt=filled.prompt,
+        token_count=filled.token_count,
         max_tokens=budget,
         truncated=sum(g.in_prompt for g in groups) < sum(len(g.hits) for g in groups),
     )

@@ -148,17 +148,22 @@ def words(text: str) -> list[str]:
 
 
 def _lcs(a: list[str], b: list[str]) -> int:
-    """Longest common subsequence of two word lists (O(len(a) * len(b)), one row)."""
+    """Longest common subsequence of two word lists, bit-parallel (Allison and Dix,
+    1986): a bit per word of the longer list, one step of integer arithmetic per word of
+    the shorter, where the dynamic-programming row took one Python step per pair."""
     if len(a) < len(b):
         a, b = b, a
-    row = [0] * (len(b) + 1)
-    for x in a:
-        previous = 0
-        for j, y in enumerate(b, start=1):
-            current = row[j]
-            row[j] = previous + 1 if x == y else max(row[j], row[j - 1])
-            previous = current
-    return row[-1]
+    if not b:
+        return 0
+    positions: dict[str, int] = {}
+    for i, word in enumerate(a):
+        positions[word] = positions.get(word, 0) | (1 << i)
+    full = (1 << len(a)) - 1
+    row = full  # zero bits: where the common subsequence has grown
+    for word in b:
+        match = row & positions.get(word, 0)
+        row = ((row + match) | (row - match)) & full
+    return len(a) - row.bit_count()
 
 
 def lexical_score(query_words: list[str], text_words: list[str]) -> float:

@@ -86,6 +86,7 @@ class FakeOpenAIServer:
         self.default_chat: Scripted | None = None
         self.embed_fn = None  # callable(list[str]) -> list[list[float]] for embeddings
         self.chat_fn = None  # callable(request json) -> Scripted, when the queue is empty
+        self.models: dict[str, Any] | None = None  # GET /models answers it (None: 404)
         self._lock = threading.Lock()
         server = self
 
@@ -97,6 +98,21 @@ class FakeOpenAIServer:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                with server._lock:
+                    server.requests.append(
+                        {
+                            "path": self.path,
+                            "method": "GET",
+                            "json": None,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                        }
+                    )
+                if self.path.endswith("/models") and server.models is not None:
+                    self._answer(Scripted(body=server.models))
+                else:
+                    self._answer(Scripted(status=404, body={"error": {"message": "not found"}}))
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
@@ -110,6 +126,7 @@ class FakeOpenAIServer:
                         {
                             "path": self.path,
                             "json": payload,
+                            "raw": raw,
                             "headers": {k.lower(): v for k, v in self.headers.items()},
                         }
                     )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from django.db import connection
 
-from knowledge.search import SearchRequest, search_chunks
+from knowledge import bm25, fusion, prepared, search
+from knowledge.bm25 import candidate_query
+from knowledge.search import SearchRequest, keyword_ranking, search_chunks
 from knowledge.services import ingest as ingest_service
 from knowledge.services import (
     knowledge_base_delete,
@@ -167,3 +170,168 @@ def test_a_neighbour_outside_the_filters_is_not_returned(alice, settings):
     assert [h.metadata["source_key"] for h in search_chunks(bases=[kb], request=request)] == [
         "t1#0"
     ]
+
+
+# --- pruning (knowledge/bm25.py) and context in SQL --------------------------------------
+_WORDS = [f"w{i:03d}x" for i in range(120)]  # no stemming changes these
+
+
+def _zipf_corpus(kb, n: int, seed: int, repeat: bool) -> None:
+    """``n`` chunks of 4-12 words with Zipfian frequencies (no word twice unless ``repeat``),
+    over 6 sessions in order."""
+    rng = random.Random(seed)
+    weights = [1 / (rank + 1) for rank in range(len(_WORDS))]
+    docs = []
+    for i in range(n):
+        words = rng.choices(_WORDS, weights, k=rng.randint(4, 12))
+        if not repeat:
+            words = list(dict.fromkeys(words))
+        docs.append(
+            (
+                f"d{i:04d}",
+                " ".join(words),
+                {
+                    "session_id": f"s{i % 6}",
+                    "timestamp": f"2025-01-01T00:{i // 60:02d}:{i % 60:02d}Z",
+                },
+            )
+        )
+    ingest(kb, *docs)
+
+
+def _queries(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    weights = [1 / (rank + 1) for rank in range(len(_WORDS))]
+    return [" ".join(rng.choices(_WORDS, weights, k=rng.randint(2, 5))) for _ in range(count)]
+
+
+def _rank(kb, query: str, limit: int, prune: bool, settings) -> list[tuple[int, float]]:
+    settings.SEARCH_BM25_PRUNE = prune
+    return keyword_ranking([str(kb.pk)], "english", query, SearchRequest(query=query), limit)
+
+
+def test_candidate_query_holds_the_minimal_term_sets_that_reach_theta():
+    lexemes, bounds = ["a", "b", "c", "d"], [5.0, 3.0, 2.0, 1.0]
+    assert candidate_query(lexemes, bounds, 4.5) == "('a') | ('b' & 'c')"
+    assert candidate_query(lexemes, bounds, 0.0) == "'a' | 'b' | 'c' | 'd'"
+    assert candidate_query(lexemes, bounds, 6.5) == "('a' & 'b') | ('a' & 'c')"
+    assert candidate_query(["it's", "a\\b"], [2.0, 1.0], 0) == "'it''s' | 'a\\\\b'"
+
+
+def test_pruned_ranking_is_the_ranking_of_every_match(alice, settings, monkeypatch):
+    """Pruned (one statement or two) and unpruned keyword legs return the same ids and
+    scores; the pruned one reads fewer chunks."""
+    monkeypatch.setattr(bm25, "PRUNE_MIN_ROWS", 0)
+    kb = make_kb(alice)
+    _zipf_corpus(kb, 600, seed=3, repeat=True)
+    statements, pruned_queries = [], 0
+    original = prepared.fetch
+
+    def recording(sql, params, prepare=True):
+        if "bound AS MATERIALIZED" in sql:
+            statements.append(" ".join(p for p in params if isinstance(p, str)))
+        return original(sql, params, prepare)
+
+    monkeypatch.setattr(bm25.prepared, "fetch", recording)
+    for margin in (2.0, 0.05):  # 0.05: the guess is too high, a second statement follows
+        monkeypatch.setattr(bm25, "PRUNE_MARGIN", margin)
+        second = 0
+        for query in _queries(seed=margin == 2.0, count=40):
+            for limit in (3, 10):
+                full = _rank(kb, query, limit, False, settings)
+                statements.clear()
+                got = _rank(kb, query, limit, True, settings)
+                # (The unpruned ranking is one statement computing idf in SQL: the
+                # scores may differ in their last bits.)
+                assert [c for c, _ in got] == [c for c, _ in full], query
+                assert [s for _, s in got] == pytest.approx([s for _, s in full], rel=1e-12)
+                pruned_queries += any("&" in s for s in statements)
+                second += len(statements) == 2
+        assert second if margin < 1 else True
+    assert pruned_queries > 20
+
+
+def test_pruned_ranking_is_exact_bm25_when_no_chunk_repeats_a_word(alice, settings, monkeypatch):
+    monkeypatch.setattr(bm25, "PRUNE_MIN_ROWS", 0)
+    kb = make_kb(alice)
+    _zipf_corpus(kb, 400, seed=5, repeat=False)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, tsvector_to_array(search_vector) FROM knowledge_chunk "
+            "WHERE knowledge_base_id = %s",
+            [kb.pk],
+        )
+        chunks = {cid: set(lexemes) for cid, lexemes in cur.fetchall()}
+    n, avgdl = len(chunks), sum(map(len, chunks.values())) / len(chunks)
+    df = {w: sum(w in c for c in chunks.values()) for w in _WORDS}
+    k1, b = 1.2, 0.3
+
+    def exact(query: str, limit: int) -> list[tuple[int, float]]:
+        terms = set(query.split())
+        scores = {
+            cid: sum(
+                math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                * (k1 + 1)
+                / (1 + k1 * (1 - b + b * len(lexemes) / avgdl))
+                for t in terms & lexemes
+            )
+            for cid, lexemes in chunks.items()
+            if terms & lexemes
+        }
+        return sorted(scores.items(), key=lambda r: (-r[1], r[0]))[:limit]
+
+    for query in _queries(seed=11, count=30):
+        want = exact(query, 10)
+        got = _rank(kb, query, 10, True, settings)
+        assert [cid for cid, _ in got] == [cid for cid, _ in want], query
+        assert [s for _, s in got] == pytest.approx([s for _, s in want])
+
+
+def test_context_in_sql_is_fusion_with_context(alice, settings):
+    """The statement that adds context and picks the top k gives what
+    knowledge.fusion.with_context gives on the same two legs."""
+    settings.SEARCH_CONTEXT_WEIGHT, settings.SEARCH_CONTEXT_WINDOW = 0.5, 2
+    kb = make_kb(alice)
+    _zipf_corpus(kb, 300, seed=7, repeat=True)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, session_id FROM knowledge_chunk WHERE knowledge_base_id = %s "
+            "ORDER BY session_id, source_timestamp, id",
+            [kb.pk],
+        )
+        rows = cur.fetchall()
+    around = {}
+    for cid, session in rows:
+        same = [r[0] for r in rows if r[1] == session]
+        at = same.index(cid)
+        around[cid] = (same[max(0, at - 2) : at][::-1], same[at + 1 : at + 3])
+    for query in _queries(seed=13, count=15):
+        for top_k in (1, 5, 10):
+            request = SearchRequest(query=query, top_k=top_k)
+            [(members, vector)] = search._query_vectors([kb], request).values()
+            vec = search.vector_ranking([str(kb.pk)], kb.embedding_dimensions, vector, request, 50)
+            key = search.keyword_ranking([str(kb.pk)], "english", query, request, 50)
+            hits = search._fuse(vec, key, request)
+            scores = {h.chunk_id: h.score for h in hits}
+            donors = sorted(scores, key=lambda c: (-scores[c], c))[:top_k]
+            new = fusion.with_context(scores, {d: around[d] for d in donors}, 0.5, set(around))
+            ranks = {h.chunk_id: (h.vector_rank or 10**9, h.keyword_rank or 10**9) for h in hits}
+            want = sorted(new, key=lambda c: (-new[c], *ranks.get(c, (10**9, 10**9)), c))
+            got = search_chunks(bases=[kb], request=request)
+            assert [h.chunk_id for h in got] == want[:top_k]
+            assert [h.score for h in got] == pytest.approx([new[c] for c in want[:top_k]])
+
+
+def test_search_statements_are_prepared_once_per_connection(alice):
+    kb = make_kb(alice)
+    ingest(kb, ("a", "harbour cranes"), ("b", "harbour ships"))
+    for _ in range(3):
+        search_chunks(bases=[kb], request=SearchRequest(query="harbour cranes", top_k=2))
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        statements = [row[0] for row in cur.fetchall()]
+    assert sum("donor AS MATERIALIZED" in s for s in statements) == 1
+    # A small base's keyword ranking (one statement) is prepared under its own text; the
+    # vector ranking is not (Django's cursor).
+    assert sum(s.startswith("/* small scope */") for s in statements) == 1
+    assert not any("<=>" in s for s in statements)

@@ -7,7 +7,6 @@ Thin views: input serializer -> service -> output serializer. Errors are the ser
 
 from __future__ import annotations
 
-import json
 from typing import Any, cast
 
 from django.http import HttpResponse
@@ -21,11 +20,13 @@ from rest_framework.views import APIView
 from core.api.fields import StrictBooleanField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
+from memories.conversations.history import effective_message_limit
 from memories.conversations.selectors import flow_get
 from memories.conversations.summaries import (
     SummaryMessage,
     conversation_key,
     conversation_thread,
+    scope_conversation_key,
     summary_fold,
 )
 from memories.engine import files
@@ -308,12 +309,16 @@ def _summary_input(request: Request, values: dict[str, Any]) -> tuple[str, list[
     if "conversation" in values:
         ref = values["conversation"]
         flow = flow_get(owner=cast(Any, request.user), flow_id=ref["flow"])
-        items = conversation_thread(flow=flow, session_id=ref["session_id"],
-                                    current_message_id=None, message_limit=ref["message_limit"])  # fmt: skip
+        items = conversation_thread(
+            flow=flow,
+            session_id=ref["session_id"],
+            current_message_id=None,
+            message_limit=effective_message_limit(ref["message_limit"]),
+        )
+        # Server ids, as the history's strategy=summarize remembers them (same summary).
         return conversation_key(flow, ref["session_id"]), [
-            SummaryMessage(str(i.message_id), i.role, i.content) for i in items
+            SummaryMessage(str(i.id), i.role, i.text_content()) for i in items
         ]
-    scope = json.dumps(list(values["scope"]), separators=(",", ":"))
     messages = [SummaryMessage(str(m.get("id") or i), m["role"], m["content"])
                 for i, m in enumerate(values["messages"])]  # fmt: skip
-    return f"scope:{scope}:{values['conversation_id']}", messages
+    return scope_conversation_key(list(values["scope"]), values["conversation_id"]), messages

@@ -7,4 +7,5 @@ urlpatterns = [
     path("engine/facts/<uuid:fact_id>", views.FactDetailView.as_view(), name="engine-fact"),
     path("engine/search", views.SearchView.as_view(), name="engine-search"),
     path("engine/injection", views.InjectionView.as_view(), name="engine-injection"),
+    path("engine/erase", views.EraseView.as_view(), name="engine-erase"),
 ]

@@ -24,6 +24,7 @@ from memories.engine.api.serializers import (
     FactUpdateSerializer,
     HitSerializer,
     InjectionSerializer,
+    ScopedSerializer,
     SearchSerializer,
     user_header_value,
 )
@@ -223,3 +224,14 @@ class InjectionView(APIView):
             data["scope"], data["max_tokens"], query=data.get("query") or None
         )
         return Response({"scope": list(engine.scope(data["scope"])), **injection_payload(block)})
+
+
+class EraseView(APIView):
+    @extend_schema(request=ScopedSerializer)
+    def post(self, request: Request) -> Response:
+        """Erase a scope and everything of it (facts, audit, pending updates, dreams,
+        summaries, journal, MEMORY.md, diaries)."""
+        data = _validated(ScopedSerializer, request.data)
+        engine = _engine(request, data["scope_values"])
+        removed = engine.erase(data["scope"])
+        return Response({"scope": list(engine.scope(data["scope"])), "facts_removed": removed})

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
@@ -15,11 +16,16 @@ from core.api.errors import openai_exception_handler
 from core.api.schema import OpenAIErrorSerializer
 from core.errors import InvalidInput
 from core.providers.errors import ProviderError, ProviderNotConfigured
-from core.validation import validate_end_user_id
-from memories.personal.api.serializers import ChatCompletionSerializer
+from core.providers.llm import get_llm
+from core.validation import validate_end_user_id, validate_session_id
+from memories.personal.api.serializers import ChatCompletionSerializer, ModelListSerializer
 from memories.personal.chat import PreparedChat, chat_complete, chat_prepare, chat_stream
 
 logger = logging.getLogger(__name__)
+
+
+def _header(request: Request, name: str) -> str:
+    return str(request.headers.get(name) or "").strip()
 
 
 class ChatCompletionsView(APIView):
@@ -31,11 +37,28 @@ class ChatCompletionsView(APIView):
         return openai_exception_handler
 
     def _external_id(self, request: Request, body: dict[str, Any]) -> str | None:
-        header = "HTTP_" + settings.MEMORY_USER_HEADER.upper().replace("-", "_")
-        external_id = request.META.get(header) or body.get("user") or None
+        external_id = _header(request, settings.MEMORY_USER_HEADER) or body.get("user") or None
         if external_id is None:
             return None
         return validate_end_user_id(external_id)
+
+    def _chat_id(self, request: Request) -> str | None:
+        chat_id = _header(request, settings.MEMORY_CHAT_HEADER)
+        return validate_session_id(chat_id) if chat_id else None
+
+    def _body(self, request: Request) -> dict[str, Any]:
+        """The client's body, validated where the proxy relies on it; every field goes
+        upstream as sent (``stream_options`` only with ``stream``)."""
+        if not isinstance(request.data, dict):
+            raise InvalidInput("The body must be a JSON object.")
+        checked = ChatCompletionSerializer(data=request.data)
+        checked.is_valid(raise_exception=True)
+        body = dict(request.data)
+        if "stream" in body:
+            body["stream"] = checked.validated_data["stream"]  # "false" is False
+        if not body.get("stream"):
+            body.pop("stream_options", None)
+        return body
 
     @extend_schema(
         summary="Chat completion with the end user's memories",
@@ -50,34 +73,69 @@ class ChatCompletionsView(APIView):
         "array), or server-sent events with stream=true. Errors in OpenAI's shape.",
     )
     def post(self, request: Request) -> Response | StreamingHttpResponse:
-        if not isinstance(request.data, dict):
-            raise InvalidInput("The body must be a JSON object.")
-        checked = ChatCompletionSerializer(data=request.data)
-        checked.is_valid(raise_exception=True)
-        body = dict(request.data)
-        body.pop("stream", None)
-        stream: bool = checked.validated_data["stream"]
-        body.pop("stream_options", None) if not stream else None
+        body = self._body(request)
+        prepared = self.prepare(request, body)
+        return self.answer(prepared)
+
+    def prepare(self, request: Request, body: dict[str, Any]) -> PreparedChat:
         external_id = self._external_id(request, body)
+        chat_id = self._chat_id(request)
         if not settings.LLM_BASE_URL:
             raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")
-        prepared = self._prepare(request, body, external_id)
-        if stream:
-            response = StreamingHttpResponse(
-                chat_stream(prepared), content_type="text/event-stream"
-            )
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"
-            return response
-        return Response(chat_complete(prepared))
-
-    def _prepare(
-        self, request: Request, body: dict[str, Any], external_id: str | None
-    ) -> PreparedChat:
+        common = {
+            "owner_id": request.user.pk,
+            "body": body,
+            "chat_id": chat_id,
+            "user_name": _header(request, settings.MEMORY_USER_NAME_HEADER),
+            "user_email": _header(request, settings.MEMORY_USER_EMAIL_HEADER),
+        }
         try:
-            return chat_prepare(owner_id=request.user.pk, body=body, external_id=external_id)
+            return chat_prepare(external_id=external_id, **common)
         except ProviderError:
             # Retrieval needs the embedder; without it the answer still goes through.
             logger.exception("memory retrieval failed; answering without memories")
-            prepared = chat_prepare(owner_id=request.user.pk, body=body, external_id=None)
-            return prepared
+            return chat_prepare(external_id=None, **common)
+
+    def answer(self, prepared: PreparedChat) -> Response | StreamingHttpResponse:
+        if prepared.body.get("stream"):
+            return event_stream(chat_stream(prepared))
+        return Response(chat_complete(prepared))
+
+
+def event_stream(events: Any) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+class ModelsView(APIView):
+    """OpenAI-compatible ``GET /v1/models``: the upstream's list as it came; when the
+    upstream lists none (or has no such endpoint), ``CHAT_MODELS`` (default LLM_MODEL)."""
+
+    def get_exception_handler(self):  # type: ignore[no-untyped-def]
+        return openai_exception_handler
+
+    @extend_schema(responses=ModelListSerializer)
+    def get(self, request: Request) -> Response:
+        if not settings.LLM_BASE_URL:
+            raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")
+        try:
+            listed = get_llm(feature="The chat proxy").models()
+        except ProviderError as exc:  # no such endpoint, or down: clients still list ours
+            logger.warning("the upstream lists no models (%s); answering CHAT_MODELS", exc)
+            listed = None
+        if isinstance(listed, dict) and isinstance(listed.get("data"), list) and listed["data"]:
+            return Response(listed)
+        ids = settings.CHAT_MODELS or [settings.LLM_MODEL]
+        created = int(time.time())
+        return Response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": i, "object": "model", "created": created, "owned_by": "memory-service"}
+                    for i in ids
+                    if i
+                ],
+            }
+        )

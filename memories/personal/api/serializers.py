@@ -52,6 +52,18 @@ class ChatCompletionSerializer(serializers.Serializer):
         return value
 
 
+class ModelEntrySerializer(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField()
+    created = serializers.IntegerField(required=False)
+    owned_by = serializers.CharField(required=False)
+
+
+class ModelListSerializer(serializers.Serializer):
+    object = serializers.CharField()
+    data = ModelEntrySerializer(many=True)  # type: ignore[assignment]  # the field is named data
+
+
 class MemoryOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = Vector

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from core.providers.embeddings import Embedder
 from memories.stores.embedding import EmbeddingSpec, build_store_embedder
 from memories.stores.models import MemoryStore
 from memories.stores.text import Snapshot
+
+if TYPE_CHECKING:
+    from memories.stores.backends.sql import SearchBatch
 
 WriteAction = Literal["added", "duplicate", "skipped"]
 
@@ -48,6 +51,9 @@ class RetrieveQuery:
     similarity_threshold: float  # -1 disables the cut
     session_id: str
     vectors: QueryVectors
+    # The vector searches of the call's stores, run in one round trip (stores add theirs
+    # in ``prepare_retrieve``); None: each store searches on its own.
+    searches: SearchBatch | None = None
 
 
 @dataclass
@@ -78,8 +84,9 @@ class WriteResult:
 
 class StoreBackend(ABC):
     """One store's behaviour. ``prepare`` and ``prepare_retrieve`` run outside any
-    transaction (network calls: embeddings); ``retrieve`` runs in a read transaction
-    shared by the node's stores, ``update`` inside the write's transaction with the
+    transaction (network calls: embeddings); ``retrieve`` runs after every store of
+    the node has prepared, in no transaction of the call's own (a type that needs one,
+    for ``SET LOCAL`` say, opens it); ``update`` inside the write's transaction with the
     store's lock held, so a type can rely on it for exact deduplication and trimming.
     Types keep no state between calls: everything lives in the database."""
 
@@ -126,7 +133,9 @@ class StoreBackend(ABC):
 
     def prepare_retrieve(self, query: RetrieveQuery) -> None:
         """Outside any transaction, before ``retrieve``: network work such as embedding
-        the query into ``query.vectors`` (``retrieve`` then finds it there)."""
+        the query into ``query.vectors`` (``retrieve`` then finds it there), and adding
+        the store's vector search to ``query.searches`` (``sql.Nearest``), so that the
+        searches of all the node's stores run in one round trip."""
         return None  # optional hook
 
     @abstractmethod

@@ -74,18 +74,27 @@ class SimpleStore(StoreBackend):
             return text, None
         return text, query.vectors.for_embedder(embedder, text)
 
+    def _search(self, query: RetrieveQuery, vector: np.ndarray) -> sql.Nearest:
+        cut = None if query.similarity_threshold <= -1 else 1.0 - query.similarity_threshold
+        return sql.Nearest.of(
+            self.store.pk, vector, query.top_k * 3, cut, self.store.embedding_dimensions
+        )
+
     def prepare_retrieve(self, query: RetrieveQuery) -> None:
-        self._query_vector(query)
+        _, vector = self._query_vector(query)
+        if vector is not None and query.searches is not None:
+            query.searches.add(self._search(query, vector))
 
     def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
         text, vector = self._query_vector(query)
         if vector is None:
             # No embedder (or nothing to compare): the newest items, as the seed degrades.
             return sql.newest(self.store.pk, query.top_k)
-        cut = None if query.similarity_threshold <= -1 else 1.0 - query.similarity_threshold
-        candidates = sql.nearest(
-            self.store.pk, vector, query.top_k * 3, cut, dims=self.store.embedding_dimensions
-        )
+        search = self._search(query, vector)
+        if query.searches is not None:
+            candidates = query.searches.result(search)
+        else:
+            candidates = sql.nearest_many([search])[0]
         weight = self.config["rerank_weight"]
         query_words = words(text)
         for hit in candidates:

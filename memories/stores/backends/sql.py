@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -66,69 +69,261 @@ def _small(store_id: Any) -> bool:
     return small
 
 
-_DETAILS = (
-    "SELECT i.id, i.content_summary, i.metadata, i.created_at, c.d FROM c "
-    f"JOIN {TABLE} i ON i.id = c.id ORDER BY c.d, c.id"
-)
+@dataclass(frozen=True)
+class Nearest:
+    """One store's vector search: the ``limit`` items nearest ``vector`` (float64
+    bytes, so that searches compare and hash) by cosine, at most ``max_distance`` away
+    (None: no cut); ``dims`` is the store's dimension."""
+
+    store_id: str
+    vector: bytes
+    limit: int
+    max_distance: float | None
+    dims: int | None
+
+    @classmethod
+    def of(
+        cls, store_id: Any, vector: Any, limit: int, max_distance: float | None, dims: int | None
+    ) -> Nearest:
+        data = np.asarray(vector, dtype=np.float64).tobytes()
+        return cls(str(store_id), data, limit, max_distance, dims)
+
+    @property
+    def literal(self) -> str:
+        return vector_literal(np.frombuffer(self.vector, dtype=np.float64))
 
 
-def _exact(store_id: Any, vec: str, limit: int, max_distance: float | None) -> list[StoreHit]:
-    cut = " AND embedding <=> %s::vector <= %s" if max_distance is not None else ""
-    params: list[Any] = [vec, store_id]
-    if max_distance is not None:
-        params += [vec, max_distance]
-    # Ordering by the uncast column never uses the per-dimension indexes: an exact scan.
-    sql = (
-        f"WITH c AS MATERIALIZED (SELECT id, embedding <=> %s::vector AS d FROM {TABLE} "
-        f"WHERE store_id = %s AND embedding IS NOT NULL{cut} ORDER BY d, id LIMIT %s) {_DETAILS}"
-    )
+@cache
+def _index_type(dims: int) -> str | None:
+    """The type the HNSW index of ``dims`` is built on: ``halfvec`` (migration 0003, on
+    pgvector >= 0.7), else ``vector`` (0002's index, kept on older pgvector)."""
     with connection.cursor() as cur:
-        cur.execute(sql, [*params, limit])
-        return [_hit(row, float(row[4])) for row in cur.fetchall()]
+        cur.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+            [f"memoryitem_hnsw_half_{dims}", f"memoryitem_hnsw_{dims}"],
+        )
+        half, full = cur.fetchone()
+    return "halfvec" if half else "vector" if full else None
 
 
-def _indexed(store_id: Any, vec: str, dims: int, limit: int) -> list[StoreHit]:
-    """The HNSW index of this dimension, filtered to the store (pgvector's iterative
-    scan keeps walking the graph until ``limit`` rows of the store are found)."""
-    sql = (
-        f"WITH c AS MATERIALIZED (SELECT id, embedding::vector({dims}) <=> "
-        f"%s::vector({dims}) AS d FROM {TABLE} WHERE dimensions = {dims} AND store_id = %s "
-        f"ORDER BY d LIMIT %s) {_DETAILS}"
+def _ef(limit: int) -> int:
+    return max(settings.MEMORY_STORE_EF_SEARCH, limit * 2)
+
+
+# How a search runs: "exact" (a scan of the store's rows), "index" (the HNSW index
+# walked for this store alone) or "shared" (one walk for every store of the statement
+# with the same dimension and query vector).
+Path = str
+
+
+def _branch(n: int, search: Nearest, vec: str, path: Path) -> tuple[str, list[Any]]:
+    """The SELECT of one search in the UNION (``vec``: the CTE column of its vector).
+
+    Index path: the HNSW index of the store's dimension, filtered to the store
+    (pgvector's iterative scan keeps walking the graph until ``limit`` rows of the
+    store are found); it ranks by the index's type (``halfvec``: 16-bit floats), and the
+    distance handed back is the exact one of the stored vectors, which orders the
+    result. Exact path: ordering by the uncast column never uses the indexes.
+    """
+    if path == "index":
+        dims, kind = search.dims, _index_type(search.dims or 0)
+        sql = (
+            f"(SELECT {n} AS k, id, embedding::vector({dims}) <=> (SELECT {vec} FROM q) AS d "
+            f"FROM {TABLE} WHERE dimensions = {dims} AND store_id = %s ORDER BY "
+            f"embedding::{kind}({dims}) <=> (SELECT {vec}::{kind}({dims}) FROM q) LIMIT %s)"
+        )
+        return sql, [search.store_id, search.limit]
+    cut = (
+        f" AND embedding <=> (SELECT {vec} FROM q) <= %s" if search.max_distance is not None else ""
     )
-    # SET LOCAL needs a transaction; inside the caller's (a retrieve call opens one for
-    # all its stores) no savepoint is needed: this only reads.
-    with transaction.atomic(savepoint=False), connection.cursor() as cur:
-        ef = max(settings.MEMORY_STORE_EF_SEARCH, limit * 2)
-        if _iterative_scan():
-            cur.execute(
-                "SELECT set_config('hnsw.ef_search', %s, true), "
-                "set_config('hnsw.iterative_scan', 'strict_order', true), "
-                "set_config('hnsw.max_scan_tuples', %s, true)",
-                [str(ef), str(settings.SEARCH_MAX_SCAN_TUPLES)],
-            )
+    sql = (
+        f"(SELECT {n} AS k, id, embedding <=> (SELECT {vec} FROM q) AS d FROM {TABLE} "
+        f"WHERE store_id = %s AND embedding IS NOT NULL{cut} ORDER BY d, id LIMIT %s)"
+    )
+    params = [search.store_id] + ([search.max_distance] if search.max_distance is not None else [])
+    return sql, [*params, search.limit]
+
+
+SHARED_ROWS = 2  # a shared walk reads this many times the rows its stores want in all
+
+
+def _shared_branch(members: list[tuple[int, Nearest]], vec: str) -> tuple[str, list[Any]]:
+    """One HNSW walk for several stores searched with the same vector.
+
+    A walk does not depend on the filter: each store's own scan would walk the same
+    graph and hand back, in the same order, the rows of its store. So the rows of all
+    the stores, in the walk's order (``pos``), give each store the first ``limit`` rows
+    its own scan would have given, if the walk reached that many of them; a store that
+    got fewer is searched again on its own (``nearest_many``).
+    """
+    dims = members[0][1].dims
+    kind = _index_type(dims or 0)
+    wanted = sum(search.limit for _, search in members)
+    stores = ", ".join(f"(%s::uuid, {n}, {search.limit})" for n, search in members)
+    sql = (
+        "(SELECT m.k, w.id, w.d FROM (SELECT s.id, s.store_id, s.d, row_number() OVER "
+        "(PARTITION BY s.store_id ORDER BY s.pos) AS r FROM (SELECT t.*, row_number() OVER () "
+        f"AS pos FROM (SELECT id, store_id, embedding::vector({dims}) <=> (SELECT {vec} FROM q) "
+        f"AS d FROM {TABLE} WHERE dimensions = {dims} AND store_id = ANY(%s::uuid[]) ORDER BY "
+        f"embedding::{kind}({dims}) <=> (SELECT {vec}::{kind}({dims}) FROM q) LIMIT %s) t) s) w "
+        f"JOIN (VALUES {stores}) m(store_id, k, lim) ON m.store_id = w.store_id WHERE w.r <= m.lim)"
+    )
+    ids = [search.store_id for _, search in members]
+    return sql, [ids, wanted * SHARED_ROWS, *ids]
+
+
+def _settings(ef: int) -> tuple[str, list[Any]]:
+    if _iterative_scan():
+        return (
+            "SELECT set_config('hnsw.ef_search', %s, true), "
+            "set_config('hnsw.iterative_scan', 'strict_order', true), "
+            "set_config('hnsw.max_scan_tuples', %s, true)",
+            [str(ef), str(settings.SEARCH_MAX_SCAN_TUPLES)],
+        )
+    return "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)]
+
+
+def _statement(group: list[tuple[int, Nearest, Path]]) -> tuple[str, list[Any]]:
+    """One SELECT for a group of searches: their vectors once each (CTE ``q``), one
+    UNION ALL branch per search or shared walk, the details of the hits joined once."""
+    literals: dict[bytes, tuple[str, str]] = {}  # vector -> (CTE column, literal)
+    for _, search, _path in group:
+        if search.vector not in literals:
+            literals[search.vector] = (f"v{len(literals)}", search.literal)
+    columns = ", ".join(f"%s::vector AS {name}" for name, _ in literals.values())
+    branches, params = [], []
+    shared: dict[tuple[Any, bytes], list[tuple[int, Nearest]]] = {}
+    for n, search, path in group:
+        if path == "shared":
+            shared.setdefault((search.dims, search.vector), []).append((n, search))
+            continue
+        sql, branch_params = _branch(n, search, literals[search.vector][0], path)
+        branches.append(sql)
+        params += branch_params
+    for (_, vector), members in shared.items():
+        sql, branch_params = _shared_branch(members, literals[vector][0])
+        branches.append(sql)
+        params += branch_params
+    sql = (
+        f"WITH q AS MATERIALIZED (SELECT {columns}), "
+        f"c AS MATERIALIZED ({' UNION ALL '.join(branches)}) "
+        "SELECT c.k, i.id, i.content_summary, i.metadata, i.created_at, c.d FROM c "
+        f"JOIN {TABLE} i ON i.id = c.id ORDER BY c.k, c.d, c.id"
+    )
+    return sql, [*(literal for _, literal in literals.values()), *params]
+
+
+def _run(searches: list[tuple[Nearest, Path]]) -> list[list[StoreHit]]:
+    """Every search in one round trip: index searches grouped by the ``hnsw.ef_search``
+    they need, each group's settings local to the transaction (``SET LOCAL``), all the
+    statements sent as one query string when the cursor binds on the client (Django's
+    default); one statement at a time otherwise. Hits of each search nearest first."""
+    groups: dict[int, list[tuple[int, Nearest, Path]]] = {}
+    for n, (search, path) in enumerate(searches):
+        ef = _ef(search.limit) if path != "exact" else 0
+        groups.setdefault(ef, []).append((n, search, path))
+    statements: list[tuple[str, list[Any], bool]] = []  # (sql, params, has rows we want)
+    for ef, group in sorted(groups.items()):
+        if ef:
+            statements.append((*_settings(ef), False))
+        statements.append((*_statement(group), True))
+    out: list[list[StoreHit]] = [[] for _ in searches]
+
+    def collect(rows: list[tuple[Any, ...]]) -> None:
+        for row in rows:
+            out[row[0]].append(_hit(row[1:5], float(row[5])))
+
+    # SET LOCAL needs a transaction: the caller's, if it holds one (a retrieve call
+    # does); else, on a client-binding cursor, the implicit transaction of a
+    # multi-statement query; else one of our own (no savepoint: this only reads).
+    with connection.cursor() as cur:
+        if isinstance(cur.cursor, psycopg.ClientCursor):
+            sql = "; ".join(s for s, _, _ in statements)
+            cur.execute(sql, [p for _, params, _ in statements for p in params])
+            for index, (_, _, wanted) in enumerate(statements):
+                if index:
+                    cur.nextset()
+                if wanted:
+                    collect(cur.fetchall())
         else:
-            cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
-        cur.execute(sql, [vec, store_id, limit])
-        return [_hit(row, float(row[4])) for row in cur.fetchall()]
+            with transaction.atomic(savepoint=False):
+                for sql, params, wanted in statements:
+                    cur.execute(sql, params)
+                    if wanted:
+                        collect(cur.fetchall())
+    return out
+
+
+def nearest_many(searches: list[Nearest]) -> list[list[StoreHit]]:
+    """Each search's hits, nearest first, all searches in one round trip.
+
+    Stores of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` items are scanned exactly; larger
+    ones go through the HNSW index of their dimension (approximate: its recall is in
+    BENCHMARKS.md), one walk for the stores searched with the same vector, and an
+    index scan that comes back short is redone exactly.
+    """
+    if not searches:
+        return []
+    indexed = [
+        s.dims is not None
+        and s.dims in INDEXED_DIMENSIONS
+        and _index_type(s.dims) is not None
+        and not _small(s.store_id)
+        for s in searches
+    ]
+    # Index searches with the same ef_search, dimension and vector share one walk.
+    walks = Counter((_ef(s.limit), s.dims, s.vector) for s, on in zip(searches, indexed) if on)
+    paths: list[Path] = [
+        "exact" if not on else "shared" if walks[(_ef(s.limit), s.dims, s.vector)] > 1 else "index"
+        for s, on in zip(searches, indexed)
+    ]
+    results = _run(list(zip(searches, paths)))
+    alone = [
+        n
+        for n, hits in enumerate(results)
+        if paths[n] == "shared" and len(hits) < searches[n].limit
+    ]
+    for n, hits in zip(alone, _run([(searches[n], "index") for n in alone]) if alone else []):
+        results[n] = hits
+    short = [n for n, hits in enumerate(results) if indexed[n] and len(hits) < searches[n].limit]
+    for n, hits in zip(short, _run([(searches[n], "exact") for n in short]) if short else []):
+        results[n] = hits
+    for n, search in enumerate(searches):
+        if indexed[n] and n not in short and search.max_distance is not None:
+            cut = search.max_distance + 1e-9
+            results[n] = [h for h in results[n] if 1.0 - (h.similarity or 0.0) <= cut]
+    return results
 
 
 def nearest(
     store_id: Any, vector: Any, limit: int, max_distance: float | None, *, dims: int | None
 ) -> list[StoreHit]:
-    """The ``limit`` items nearest by cosine, at most ``max_distance`` away.
+    """The ``limit`` items nearest by cosine, at most ``max_distance`` away (one search
+    of ``nearest_many``)."""
+    return nearest_many([Nearest.of(store_id, vector, limit, max_distance, dims)])[0]
 
-    Stores of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` items are scanned exactly; larger
-    ones go through the HNSW index of their dimension (approximate: its recall is in
-    BENCHMARKS.md), and an index scan that comes back short is redone exactly.
-    """
-    vec = vector_literal(vector)
-    if dims in INDEXED_DIMENSIONS and not _small(store_id):
-        hits = _indexed(store_id, vec, dims, limit)
-        if len(hits) >= limit:
-            if max_distance is not None:
-                hits = [h for h in hits if 1.0 - (h.similarity or 0.0) <= max_distance + 1e-9]
-            return hits
-    return _exact(store_id, vec, limit, max_distance)
+
+class SearchBatch:
+    """The vector searches of one retrieve call, run together in one round trip.
+
+    Stores add theirs while they prepare (outside any transaction); the first store
+    that asks for its result, inside the retrieve call's transaction, runs them all.
+    A search nobody added beforehand runs then, on its own."""
+
+    def __init__(self) -> None:
+        self._pending: list[Nearest] = []
+        self._done: dict[Nearest, list[StoreHit]] = {}
+
+    def add(self, search: Nearest) -> None:
+        if search not in self._done and search not in self._pending:
+            self._pending.append(search)
+
+    def result(self, search: Nearest) -> list[StoreHit]:
+        if search not in self._done:
+            self.add(search)
+            pending, self._pending = self._pending, []
+            self._done.update(zip(pending, nearest_many(pending)))
+        return self._done.pop(search)
 
 
 def newest(store_id: Any, limit: int, since: datetime | None = None) -> list[StoreHit]:

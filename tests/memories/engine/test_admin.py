@@ -65,3 +65,43 @@ def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_sett
         "User likes tea", "User uses vim"]  # fmt: skip
     assert admin_client.get("/admin/memory_engine/pendingupdate/").status_code == 200
     assert admin_client.get("/admin/memory_engine/enginesettings/").status_code == 200
+
+
+def test_running_summaries_listed_read_and_deleted_from_the_admin(
+    admin_client, alice, alice_client, llm_settings, openai_server
+):
+    from memories.conversations.models import ConversationSummary
+
+    script = EngineLLM()
+    openai_server.chat_fn = script
+    messages = [{"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"turn {i} " + "word " * 25} for i in range(8)]  # fmt: skip
+    payload = {"scope": ["org", "acme"], "conversation_id": "c1", "messages": messages,
+               "max_tokens": 120, "max_summary_tokens": 30}  # fmt: skip
+    first = alice_client.post("/api/v1/engine/summaries", payload, format="json").json()
+    folded = first["folded_now"]
+    assert first["llm_calls"] == 1 and folded
+    summary = ConversationSummary.objects.get()
+
+    listed = admin_client.get("/admin/conversations/conversationsummary/").content.decode()
+    for shown in ("scope org/acme", "c1", "alice", folded[-1], f">{len(folded)}<"):
+        assert shown in listed, shown
+    page = admin_client.get(
+        f"/admin/conversations/conversationsummary/{summary.pk}/change/"
+    ).content.decode()
+    assert first["running_summary"]["text"] in page and folded[-1] in page
+    # Delete asks first, then deletes; the next call summarises again from the start.
+    asked = admin_client.post(
+        "/admin/conversations/conversationsummary/",
+        {"action": "delete_selected", "_selected_action": [summary.pk]},
+    )
+    assert "Are you sure" in asked.content.decode() and ConversationSummary.objects.exists()
+    admin_client.post(
+        "/admin/conversations/conversationsummary/",
+        {"action": "delete_selected", "_selected_action": [summary.pk], "post": "yes"},
+    )
+    assert not ConversationSummary.objects.exists()
+    again = alice_client.post("/api/v1/engine/summaries", payload, format="json").json()
+    assert again["llm_calls"] == 1 and again["folded_now"] == folded
+    assert script.calls["summary"] == 2
+    assert ConversationSummary.objects.get().summarized_ids == folded

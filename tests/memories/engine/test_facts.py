@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.errors import InvalidInput
@@ -209,3 +211,91 @@ def test_shared_fact_is_found_from_both_scopes_and_copied_on_write(alice, fixtur
     new = core_fact_update(owner=alice, fact_id=d.fact_id, scope=("user", "u2"), confidence=0.8)
     assert str(new.pk) != d.fact_id and new.scope_id == u2.pk
     assert Vector.objects.get(pk=d.fact_id).confidence == 1.0
+
+
+def test_a_large_scope_finds_semantic_duplicates_through_the_hnsw_index(
+    alice, fixture_embedder, settings
+):
+    """Beyond ENGINE_EXACT_MAX_FACTS the duplicate check walks the HNSW index of the
+    dimension, filtered to the scope (adds stay flat as the scope grows): same answer."""
+    settings.ENGINE_EXACT_MAX_FACTS = 2
+    scope = ("user", "u1")
+    facts = ["User has a dog named Rex", "User plays the violin", "User works as a nurse"]
+    core_fact_add(owner=alice, scope=scope, facts=[FactIn(f) for f in facts])
+    # Another scope's nearer copy is not this scope's duplicate.
+    core_fact_add(owner=alice, scope=("user", "u2"), facts=[FactIn("User owns a dog called Rex")])
+    before = (Vector.objects.count(), MemoryUpdate.objects.count())
+    with CaptureQueriesContext(connection) as queries:
+        [decision] = core_fact_add(
+            owner=alice, scope=scope, facts=[FactIn("User owns a dog called Rex")]
+        )
+    assert (decision.action, decision.match) == ("duplicate", "semantic")
+    assert decision.similarity == pytest.approx(0.9039, abs=1e-3)
+    assert (Vector.objects.count(), MemoryUpdate.objects.count()) == before
+    nearest = [q["sql"] for q in queries.captured_queries if "::vector(384)" in q["sql"]]
+    assert len(nearest) == 1  # (which plan it gets at scale: BENCHMARKS.md)
+    # A new fact of the large scope is added as usual.
+    [added] = core_fact_add(owner=alice, scope=scope, facts=[FactIn("User prefers dark mode")])
+    assert added.action == "add"
+
+
+def test_flip_flop_replacements_keep_the_newer_fact_unless_more_confident(alice, fixture_embedder):
+    """A -> B -> A from noisy extraction: the replacement back to A is refused (the
+    newer B stays) unless A comes with a higher confidence than B has."""
+    scope = ("user", "u1")
+    [a] = core_fact_add(owner=alice, scope=scope, facts=[FactIn("User uses Bun", confidence=0.8)])
+    [b] = core_fact_add(
+        owner=alice, scope=scope,
+        facts=[FactIn("User uses Node.js", confidence=0.8, replaces=a.fact_id)],
+    )  # fmt: skip
+    assert b.action == "replace"
+    before = (
+        list(Vector.objects.values_list("id", "content")),
+        MemoryUpdate.objects.count(),
+    )
+    # Back to A at the same confidence: refused, nothing written.
+    [back] = core_fact_add(
+        owner=alice, scope=scope,
+        facts=[FactIn("User uses Bun", confidence=0.8, replaces=b.fact_id)],
+    )  # fmt: skip
+    assert (back.action, back.fact_id) == ("flip_flop", b.fact_id)
+    assert "kept the newer fact" in back.reason
+    assert (
+        list(Vector.objects.values_list("id", "content")),
+        MemoryUpdate.objects.count(),
+    ) == before
+    assert _facts(alice, scope) == ["User uses Node.js"]
+    # Stated with more conviction than B has: applied.
+    [again] = core_fact_add(
+        owner=alice, scope=scope,
+        facts=[FactIn("User uses Bun", confidence=0.95, replaces=b.fact_id)],
+    )  # fmt: skip
+    assert again.action == "replace" and _facts(alice, scope) == ["User uses Bun"]
+    # A replacement to a text never replaced here is not a flip-flop.
+    [other] = core_fact_add(
+        owner=alice, scope=scope,
+        facts=[FactIn("User likes TypeScript", confidence=0.8, replaces=again.fact_id)],
+    )  # fmt: skip
+    assert other.action == "replace"
+
+
+def test_flip_flop_guard_looks_back_a_window_of_replacements(alice, fixture_embedder, settings):
+    settings.ENGINE_FLIP_FLOP_WINDOW = 1
+    scope = ("user", "u1")
+    [a] = core_fact_add(owner=alice, scope=scope, facts=[FactIn("User uses Bun", confidence=0.8)])
+    [b] = core_fact_add(
+        owner=alice, scope=scope,
+        facts=[FactIn("User uses Node.js", confidence=0.8, replaces=a.fact_id)],
+    )  # fmt: skip
+    # Another replacement of the scope since: B -> A is outside the window of 1.
+    [x] = core_fact_add(owner=alice, scope=scope, facts=[FactIn("User likes JavaScript")])
+    core_fact_add(
+        owner=alice, scope=scope,
+        facts=[FactIn("User likes TypeScript", replaces=x.fact_id)],
+    )  # fmt: skip
+    [back] = core_fact_add(
+        owner=alice, scope=scope,
+        facts=[FactIn("User uses Bun", confidence=0.8, replaces=b.fact_id)],
+    )  # fmt: skip
+    assert back.action == "replace"
+    assert _facts(alice, scope) == ["User likes TypeScript", "User uses Bun"]

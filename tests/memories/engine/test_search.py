@@ -184,3 +184,48 @@ def test_facade_manage_search_inject(alice, bob, fixture_embedder):
         MemoryEngine(owner=bob).manage(["memories", "u7"], action="delete", id=created.fact_id)
     engine.manage(["memories", "{user_id}"], action="delete", id=created.fact_id)
     assert engine.search(["memories", "u7"], VIOLIN).hits == []
+
+
+class _SeededEmbedder:
+    """Deterministic random unit vectors (384-d) for any text: many facts, no model."""
+
+    provider, model, dimensions = "seeded", "seeded-384", 384
+
+    def embed(self, texts):
+        import hashlib
+
+        import numpy as np
+
+        out = []
+        for text in texts:
+            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+            v = np.random.default_rng(seed).standard_normal(384)
+            out.append(v / np.linalg.norm(v))
+        return np.asarray(out, dtype=np.float32)
+
+
+def test_large_scopes_search_through_the_hnsw_index_with_the_same_answer(alice, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    embedder = _SeededEmbedder()
+    facts = [FactIn(f"fact number {i} about topic {i % 7}", confidence=0.9) for i in range(80)]
+    core_fact_add(owner=alice, scope=("org", "big"), facts=facts, embedder=embedder)
+    core_fact_add(owner=alice, scope=("org", "other"), facts=facts[:20], embedder=embedder)
+    query = embedder.embed(["what about topic 3"])[0]
+
+    def search():
+        with CaptureQueriesContext(connection) as queries:
+            result = core_fact_search(
+                owner=alice, scope=("org", "big"), query="what about topic 3", limit=10,
+                embedder=embedder, query_vector=query, half_life_days=0,
+            )  # fmt: skip
+        indexed = any("::vector(384)" in q["sql"] for q in queries.captured_queries)
+        return [(h.id, round(h.score, 6)) for h in result.hits], indexed
+
+    settings.ENGINE_EXACT_MAX_FACTS = 10  # 80 facts: past it and past the pool of 50
+    through_index, indexed = search()
+    assert indexed and len(through_index) == 10
+    settings.ENGINE_EXACT_MAX_FACTS = 2000
+    exact, indexed = search()
+    assert not indexed and through_index == exact

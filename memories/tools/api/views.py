@@ -1,0 +1,43 @@
+"""Door 2, OpenAI function calling: ``GET /api/v1/tools`` lists the tools as OpenAI
+``tools`` entries, ``POST /api/v1/tools/{name}/call`` runs one for the caller."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from memories.tools.api.serializers import (
+    ToolCallOutputSerializer,
+    ToolCallSerializer,
+    ToolListSerializer,
+)
+from memories.tools.registry import ToolContext, openai_tools, tool_call, tool_get
+from memories.tools.scoping import request_values
+
+
+class ToolListView(APIView):
+    @extend_schema(responses=ToolListSerializer)
+    def get(self, request: Request) -> Response:
+        return Response({"tools": openai_tools()})
+
+
+class ToolCallView(APIView):
+    @extend_schema(request=ToolCallSerializer, responses=ToolCallOutputSerializer)
+    def post(self, request: Request, name: str) -> Response:
+        tool = tool_get(name)
+        data = ToolCallSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        scope = data.validated_data.get("scope")
+        values = request_values(request, data.validated_data["scope_values"])
+        result = tool_call(
+            owner=request.user, name=name, arguments=data.validated_data["arguments"],
+            scope=scope, values=values,
+        )  # fmt: skip
+        filled = (
+            list(ToolContext(owner=request.user, scope=scope, values=values).filled_scope())
+            if tool.scoped and scope
+            else None
+        )
+        return Response({"name": name, "scope": filled, "result": result})

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class MemoryToolsConfig(AppConfig):
+    name = "memories.tools"
+    label = "memory_tools"
+    verbose_name = "Memory tools"

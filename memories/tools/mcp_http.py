@@ -1,0 +1,136 @@
+"""``/mcp``: the MCP server over streamable HTTP inside the Django WSGI app.
+
+The SDK's Starlette app runs on one asyncio loop in a daemon thread per process, behind
+a2wsgi. Three traps, found by running it (see the commit and README):
+
+- a2wsgi runs no ASGI lifespan, and the SDK's session manager refuses requests without
+  its task group: the lifespan is entered once, on that loop, when the bridge starts;
+- the server is stateless and answers JSON, so no request ever holds a thread open for
+  a server-sent event stream (GET and DELETE answer 405 before reaching the SDK);
+- the SDK's DNS-rebinding guard only accepts a 127.0.0.1/localhost Host: it is off, and
+  Django's ALLOWED_HOSTS checks the Host as for every other endpoint.
+
+The view authenticates the Bearer key like every API view, then hands the untouched WSGI
+environ (body unread) to a2wsgi; the owner travels in the environ to a contextvar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from typing import Any, cast
+
+import anyio
+import anyio.to_thread
+from a2wsgi import ASGIMiddleware
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from mcp.server.transport_security import TransportSecuritySettings
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from memories.tools.mcp_server import build_server, current_owner, current_values
+
+ENVIRON_OWNER = "memory.mcp_owner_id"
+ENVIRON_VALUES = "memory.mcp_values"
+# Sync tools run in anyio worker threads, each with its own database connection: as many
+# as gunicorn's threads, not anyio's default 40.
+TOOL_THREADS = 4
+
+
+class OwnerFromEnviron:
+    """ASGI wrapper: the owner Django authenticated, as a contextvar for the tools (the
+    stateless SDK starts each request's server task from this task, so it is inherited,
+    and anyio copies it into the worker thread)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        environ = scope.get("wsgi_environ", {})
+        owner = environ.get(ENVIRON_OWNER)
+        if owner is None:  # only reachable by going around the view
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        owner_token = current_owner.set(owner)
+        values_token = current_values.set(environ.get(ENVIRON_VALUES) or {})
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            current_owner.reset(owner_token)
+            current_values.reset(values_token)
+
+
+class _Bridge:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wsgi: ASGIMiddleware | None = None
+
+    def wsgi(self) -> ASGIMiddleware:
+        with self._lock:  # built on first use: after gunicorn forked its workers
+            if self._wsgi is None:
+                self._wsgi = self._start()
+            return self._wsgi
+
+    def _start(self) -> ASGIMiddleware:
+        app = build_server().streamable_http_app(
+            streamable_http_path="/mcp",
+            stateless_http=True,
+            json_response=True,
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="mcp-loop", daemon=True).start()
+        started = threading.Event()
+
+        async def keep_running() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = TOOL_THREADS
+            async with app.router.lifespan_context(app):  # the session manager's task group
+                started.set()
+                await anyio.sleep_forever()
+
+        loop.call_soon_threadsafe(lambda: loop.create_task(keep_running()))
+        if not started.wait(10):
+            raise RuntimeError("the MCP session manager did not start")
+        return ASGIMiddleware(cast(Any, OwnerFromEnviron(app)), loop=loop)
+
+
+bridge = _Bridge()
+
+
+class MCPView(APIView):
+    """``POST /mcp``: MCP over streamable HTTP (stateless, JSON answers), for the owner
+    of the Bearer key. Another method is a 405; a missing or wrong key a 401."""
+
+    @extend_schema(
+        request={"application/json": {"type": "object", "description": "a JSON-RPC message"}},
+        responses={200: OpenApiResponse(description="the JSON-RPC answer")},
+    )
+    def post(self, request: Request) -> StreamingHttpResponse:
+        environ = request._request.META  # the WSGI environ; the body is unread: a2wsgi reads it
+        environ[ENVIRON_OWNER] = request.user.pk
+        user_id = request.headers.get(settings.MEMORY_USER_HEADER)
+        environ[ENVIRON_VALUES] = {"user_id": user_id} if user_id else {}
+        environ["PATH_INFO"] = "/mcp"
+        started: dict[str, Any] = {}
+
+        def start_response(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> None:
+            started["status"], started["headers"] = int(status.split()[0]), headers
+
+        body = iter(cast(Any, bridge.wsgi())(environ, start_response))
+        first = next(body, b"")  # a2wsgi calls start_response with the first body chunk
+        response = StreamingHttpResponse(itertools.chain([first], body), status=started["status"])
+        for name, value in started["headers"]:
+            if name.lower() not in ("content-length", "connection"):
+                response[name] = value
+        return response
+
+
+@extend_schema(exclude=True)
+class MCPSlashView(MCPView):
+    """``/mcp/`` for clients configured with a trailing slash (the schema lists ``/mcp``)."""

@@ -1,0 +1,249 @@
+"""Door 3: the MCP server, driven by the official SDK's own client, over streamable
+HTTP at /mcp (a live server) and over stdio (``manage.py mcp`` as a real process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings
+from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from core.services import api_key_create
+from memories.engine import files
+from memories.personal.models import Vector
+from memories.tools.callables import memory_tools
+from memories.tools.mcp_server import scope_uri
+from memories.tools.registry import openai_tools
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[3]
+SCOPE = ["user", "alice"]
+
+
+async def _session(url: str, key: str, work: Any) -> Any:
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await work(session)
+
+
+def _run(live_server, key: str, work: Any) -> Any:
+    return asyncio.run(_session(live_server.url + "/mcp", key, work))
+
+
+def _key(owner) -> str:
+    return api_key_create(owner=owner)[1]
+
+
+def test_tools_listed_with_the_same_schemas_plus_scope(live_server, alice):
+    async def work(session: ClientSession) -> Any:
+        return (await session.list_tools()).tools
+
+    listed = {t.name: t for t in _run(live_server, _key(alice), work)}
+    for entry in openai_tools():
+        function = entry["function"]
+        tool = listed[function["name"]]
+        assert tool.description == function["description"]
+        schema = dict(tool.input_schema)
+        if function["name"] in ("manage_memory", "search_memory"):
+            assert schema["properties"].pop("scope")["type"] == "array"
+        assert schema == function["parameters"]
+    assert listed["search_memory"].annotations.read_only_hint is True
+    assert listed["manage_memory"].annotations.read_only_hint is False
+
+
+def test_call_each_tool_errors_and_resources_over_http(live_server, alice, flow, engine_storage):
+    key = _key(alice)
+    config = {
+        "memory": [{"name": "log", "type": "blackboard", "config": {"max_items": 5}}],
+        "nodes": [{"id": "worker", "flow": flow.name, "memories": [{"name": "log"}]}],
+    }
+    assert httpx.post(timeout=30, url=
+        live_server.url + "/api/v1/memory-config", json=config,
+        headers={"Authorization": f"Bearer {key}"},
+    ).status_code == 200  # fmt: skip
+    day = datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
+    files.journal_append(owner_id=alice.pk, scope=SCOPE,
+                         messages=[{"role": "user", "content": "I moved to Lisbon"}], at=day,
+                         source="chat")  # fmt: skip
+
+    async def work(session: ClientSession) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        created = await session.call_tool(
+            "manage_memory", {"scope": SCOPE, "content": "User lives in Lisbon"}
+        )
+        out["created"] = (created.is_error, created.structured_content, created.content[0].text)
+        found = await session.call_tool("search_memory", {"scope": SCOPE, "query": "Lisbon"})
+        out["found"] = found.structured_content
+        fact_id = found.structured_content["results"][0]["id"]
+        out["updated"] = (await session.call_tool("manage_memory", {
+            "scope": SCOPE, "action": "update", "id": fact_id, "content": "User lives in Porto",
+        })).structured_content  # fmt: skip
+        write = await session.call_tool("write_node_memory", {
+            "flow": str(flow.pk), "node_id": "worker", "input": "step 1", "output": "done 1",
+        })  # fmt: skip
+        out["write"] = write.structured_content
+        out["retrieve"] = (await session.call_tool("retrieve_node_memory", {
+            "flow": str(flow.pk), "node_id": "worker", "query": "", "stage": "gen",
+        })).structured_content  # fmt: skip
+        missing = await session.call_tool(
+            "manage_memory", {"scope": SCOPE, "action": "update", "content": "x"}
+        )
+        out["missing_id"] = (missing.is_error, missing.content[0].text)
+        bad = await session.call_tool("search_memory", {"scope": SCOPE, "query": "x", "limit": 0})
+        out["bad"] = (bad.is_error, bad.content[0].text)
+        unknown = await session.call_tool("no_such_tool", {})
+        out["unknown"] = (unknown.is_error, unknown.content[0].text)
+        out["resources"] = [str(r.uri) for r in (await session.list_resources()).resources]
+        out["memory_md"] = (await session.read_resource(scope_uri(SCOPE))).contents[0].text
+        out["journal"] = (
+            (await session.read_resource(scope_uri(SCOPE, day.date()))).contents[0].text
+        )
+        with pytest.raises(MCPError) as err:
+            await session.read_resource("memory://scope/user,alice/OTHER.md")
+        out["bad_uri"] = (err.value.error.code, err.value.error.message)
+        out["deleted"] = (await session.call_tool("manage_memory", {
+            "scope": SCOPE, "action": "delete", "id": fact_id,
+        })).structured_content  # fmt: skip
+        return out
+
+    out = _run(live_server, key, work)
+    fact_id = out["updated"]["id"]
+    is_error, created, text = out["created"]
+    assert not is_error and created["action"] == "created" and json.loads(text) == created
+    assert [h["content"] for h in out["found"]["results"]] == ["User lives in Lisbon"]
+    assert out["updated"] == {"action": "updated", "id": fact_id, "content": "User lives in Porto",
+                              "message": f"Updated memory {fact_id}."}  # fmt: skip
+    assert [r["action"] for r in out["write"]["results"]] == ["added"]
+    assert [h["content"] for h in out["retrieve"]["stores"][0]["hits"]] == [
+        "Input: step 1 Output: done 1"
+    ]
+    assert out["missing_id"] == (True, "id is required to update a memory; call search_memory "
+                                 "to find the id of the memory you mean")  # fmt: skip
+    assert out["bad"] == (True, "invalid arguments: limit: 0 is less than the minimum of 1")
+    assert out["unknown"][0] is True and out["unknown"][1].startswith(
+        "there is no tool named 'no_such_tool'"
+    )
+    assert out["resources"] == [scope_uri(SCOPE)]
+    assert out["memory_md"] == (
+        f"# MEMORY · user/alice\n\n1 facts.\n\n## context\n\n"
+        f"- [1.00] User lives in Porto (id: {fact_id})\n"
+    )
+    assert "- **user**: I moved to Lisbon" in out["journal"]
+    assert out["bad_uri"] == (-32602, "Unknown resource: memory://scope/user,alice/OTHER.md")
+    assert out["deleted"]["action"] == "deleted"
+    assert Vector.objects.filter(links__end_user__owner=alice).count() == 0
+
+
+def test_another_owner_sees_nothing_and_a_wrong_key_is_refused(live_server, alice, bob):
+    manage, _ = memory_tools(owner=alice, scope=SCOPE)
+    fact_id = manage("User plays the violin")["id"]
+
+    async def work(session: ClientSession) -> dict[str, Any]:
+        found = await session.call_tool("search_memory", {"scope": SCOPE, "query": "violin"})
+        delete = await session.call_tool(
+            "manage_memory", {"scope": SCOPE, "action": "delete", "id": fact_id}
+        )
+        with pytest.raises(MCPError) as err:
+            await session.read_resource(scope_uri(SCOPE))
+        return {
+            "found": found.structured_content["results"],
+            "delete": (delete.is_error, delete.content[0].text),
+            "resources": (await session.list_resources()).resources,
+            "read": err.value.error.code,
+        }
+
+    out = _run(live_server, _key(bob), work)
+    assert out["found"] == [] and out["resources"] == [] and out["read"] == -32602
+    assert out["delete"] == (
+        True,
+        f"no memory with id {fact_id} in scope ['user', 'alice']; call search_memory to find "
+        "the id of the memory you mean",
+    )
+    assert Vector.objects.filter(pk=fact_id).exists()
+    with pytest.raises(BaseException) as err:  # an ExceptionGroup from the client's task group
+        _run(live_server, "mem_wrong", work)
+    raised = err.value
+    while isinstance(raised, BaseExceptionGroup):
+        raised = raised.exceptions[0]
+    assert isinstance(raised, MCPError), repr(err.value)
+    refused = httpx.post(timeout=30, url=live_server.url + "/mcp", json={"jsonrpc": "2.0", "id": 1,
+                         "method": "tools/list"}, headers={"Authorization": "Bearer mem_wrong"})  # fmt: skip
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "not_authenticated"
+    get = httpx.get(
+        timeout=30, url=live_server.url + "/mcp", headers={"Authorization": f"Bearer {_key(bob)}"}
+    )
+    assert get.status_code == 405
+
+
+def test_trailing_slash_is_served_too(live_server, alice):
+    async def work(session: ClientSession) -> list[str]:
+        return [t.name for t in (await session.list_tools()).tools]
+
+    names = asyncio.run(_session(live_server.url + "/mcp/", _key(alice), work))
+    assert "manage_memory" in names
+
+
+# --- stdio: manage.py mcp as a real process ------------------------------------------
+def _stdio(*args: str) -> StdioServerParameters:
+    env = {
+        "PATH": os.environ["PATH"],
+        "DJANGO_SETTINGS_MODULE": "memoryproject.settings_test",
+        "EMBEDDED_DB_NAME": settings.DATABASES["default"]["NAME"],
+        **{k: v for k, v in os.environ.items() if k.startswith(("MEMORY_DATA", "DATABASE_URL"))},
+    }
+    return StdioServerParameters(
+        command=sys.executable, args=["manage.py", "mcp", *args], cwd=str(ROOT), env=env
+    )
+
+
+@pytest.mark.slow
+def test_stdio_server_for_one_owner_and_scope(alice, bob):
+    manage, _ = memory_tools(owner=alice, scope=SCOPE)
+    fact_id = manage("User plays the violin")["id"]
+    memory_tools(owner=bob, scope=SCOPE)[0]("User plays the drums")
+
+    async def work() -> dict[str, Any]:
+        async with stdio_client(_stdio("--owner", "alice", "--scope", "user", "alice")) as (r, w):
+            async with ClientSession(r, w) as session:
+                await session.initialize()
+                names = [t.name for t in (await session.list_tools()).tools]
+                found = await session.call_tool("search_memory", {"query": "plays"})
+                other = await session.call_tool(
+                    "search_memory", {"scope": ["user", "carol"], "query": "plays"}
+                )
+                text = (await session.read_resource(scope_uri(SCOPE))).contents[0].text
+                return {"names": names, "found": found.structured_content,
+                        "other": (other.is_error, other.content[0].text), "md": text}  # fmt: skip
+
+    out = asyncio.run(work())
+    assert sorted(out["names"]) == ["manage_memory", "retrieve_node_memory", "search_memory",
+                                    "write_node_memory"]  # fmt: skip
+    assert [h["id"] for h in out["found"]["results"]] == [fact_id]  # not bob's drums
+    assert out["other"] == (True, "scope ['user', 'carol'] is not open to this server; it "
+                            "serves ['user', 'alice'] (leave scope out)")  # fmt: skip
+    assert f"User plays the violin (id: {fact_id})" in out["md"]
+
+
+@pytest.mark.slow
+def test_stdio_unknown_owner_exits_with_a_message():
+    import subprocess
+
+    params = _stdio("--owner", "nobody")
+    done = subprocess.run(
+        [params.command, *params.args], cwd=params.cwd, env=params.env, input="",
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "no user 'nobody'" in done.stderr and done.stdout == ""

@@ -1,0 +1,199 @@
+"""Opt-in server-side memory tools in the chat proxy: the proxy offers manage_memory and
+search_memory, runs the model's calls itself in a bounded loop, then answers (streamed
+or not); driven by the official openai client against the scripted upstream."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from core.services import api_key_create
+from memories.personal.models import Vector
+from memories.personal.scopes import scope_find
+from memories.personal.selectors import core_fact_list
+from tests.fakes.openai_server import Scripted, chat_body
+
+pytestmark = pytest.mark.django_db(transaction=True)
+USER = {"X-OpenWebUI-User-Id": "alice"}
+CLIENT_TOOL = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "The time.", "parameters": {"type": "object",
+                                                                               "properties": {}}},
+}  # fmt: skip
+
+
+def _calls(*calls: tuple[str, dict]) -> Scripted:
+    body = chat_body("")
+    body["choices"][0]["message"] = {
+        "role": "assistant", "content": None,
+        "tool_calls": [
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps(arguments)}}
+            for i, (name, arguments) in enumerate(calls)
+        ],
+    }  # fmt: skip
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    return Scripted(body=body)
+
+
+def _streamed_call(name: str, arguments: dict) -> Scripted:
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    text = json.dumps(arguments)
+    deltas = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"index": 0, "id": "call_s", "type": "function",
+             "function": {"name": name, "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": text[:5]}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": text[5:]}}]},
+    ]  # fmt: skip
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return Scripted(stream_chunks=chunks)
+
+
+def _streamed_text(*pieces: str) -> Scripted:
+    base = {"id": "c2", "object": "chat.completion.chunk", "created": 2, "model": "m"}
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+        for p in pieces
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return Scripted(stream_chunks=chunks)
+
+
+def _client(live_server, owner) -> openai.OpenAI:
+    key = api_key_create(owner=owner)[1]
+    return openai.OpenAI(
+        base_url=live_server.url + "/v1", api_key=key, default_headers=USER, max_retries=0
+    )
+
+
+def _facts(owner) -> list[str]:
+    row = scope_find(owner=owner, scope=("user", "alice"))
+    return [] if row is None else sorted(v.content for v in core_fact_list(scope=row))
+
+
+def _sent(server) -> list[dict]:
+    return [r["json"] for r in server.requests if r["path"].endswith("/chat/completions")]
+
+
+def test_the_proxy_runs_memory_tools_then_answers(live_server, alice, llm_settings, openai_server):
+    openai_server.push(
+        _calls(("manage_memory", {"content": "User likes jazz"})),
+        _calls(("search_memory", {"query": "music"})),
+        Scripted(body=chat_body("Noted: you like jazz.")),
+    )
+    answer = _client(live_server, alice).chat.completions.create(
+        model="fake-model", tools=[CLIENT_TOOL], extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Remember that I like jazz."}],
+    )  # fmt: skip
+    assert answer.choices[0].message.content == "Noted: you like jazz."
+    ran = answer.model_extra["memory_tool_calls"]
+    assert [(r["name"], r["arguments"]) for r in ran] == [
+        ("manage_memory", {"content": "User likes jazz"}), ("search_memory", {"query": "music"}),
+    ]  # fmt: skip
+    fact_id = ran[0]["result"]["id"]
+    assert [h["id"] for h in ran[1]["result"]["results"]] == [fact_id]
+    assert _facts(alice) == ["User likes jazz"]
+    first, second, third = _sent(openai_server)
+    assert [t["function"]["name"] for t in first["tools"]] == [
+        "get_time", "manage_memory", "search_memory",
+    ]  # fmt: skip
+    assert all("memory_tools" not in body for body in (first, second, third))
+    assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == "manage_memory"
+    assert second["messages"][-1]["role"] == "tool"
+    assert json.loads(second["messages"][-1]["content"])["id"] == fact_id
+    assert len(third["messages"]) == len(first["messages"]) + 4
+
+
+def test_the_loop_is_bounded(live_server, alice, llm_settings, openai_server):
+    llm_settings.CHAT_TOOL_MAX_ROUNDS = 2
+    openai_server.chat_fn = lambda payload: _calls(("search_memory", {"query": "again"}))
+    answer = _client(live_server, alice).chat.completions.create(
+        model="fake-model", extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Loop forever"}],
+    )  # fmt: skip
+    first, last = _sent(openai_server)  # two model calls, no more
+    assert "tools" in first and "tools" not in last  # the last call offers no memory tools
+    assert answer.choices[0].message.tool_calls is None  # a stray memory call is not passed on
+    assert answer.choices[0].finish_reason == "stop"
+    assert len(answer.model_extra["memory_tool_calls"]) == 2
+
+
+def test_a_failed_tool_call_goes_back_to_the_model(live_server, alice, llm_settings, openai_server):
+    openai_server.push(
+        _calls(("manage_memory", {"action": "delete"})),
+        Scripted(body=chat_body("Sorry, I could not.")),
+    )
+    answer = _client(live_server, alice).chat.completions.create(
+        model="fake-model", extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Forget it"}],
+    )  # fmt: skip
+    error = "id is required to delete a memory; call search_memory to find the id of the memory you mean"
+    assert answer.model_extra["memory_tool_calls"][0]["error"] == error
+    assert json.loads(_sent(openai_server)[1]["messages"][-1]["content"]) == {"error": error}
+    assert Vector.objects.count() == 0
+
+
+def test_streamed_answer_after_memory_tools(live_server, alice, llm_settings, openai_server):
+    openai_server.push(
+        _streamed_call("manage_memory", {"content": "User lives in Porto"}),
+        _streamed_text("Got ", "it."),
+    )
+    stream = _client(live_server, alice).chat.completions.create(
+        model="fake-model", stream=True, extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "I live in Porto now."}],
+    )  # fmt: skip
+    text, extra = "", None
+    for chunk in stream:
+        if chunk.choices:
+            assert not chunk.choices[0].delta.tool_calls  # the memory call never reaches the client
+            text += chunk.choices[0].delta.content or ""
+        else:
+            extra = chunk.model_extra
+    assert text == "Got it."
+    assert [r["name"] for r in extra["memory_tool_calls"]] == ["manage_memory"]
+    assert "memories" in extra
+    assert _facts(alice) == ["User lives in Porto"]
+    assert len(_sent(openai_server)) == 2
+
+
+def test_opt_in_needs_an_end_user_and_the_setting_turns_it_on(
+    live_server, alice, llm_settings, openai_server
+):
+    key = api_key_create(owner=alice)[1]
+    refused = httpx.post(
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "memory_tools": True},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"].startswith("memory_tools needs an end user")
+    assert _sent(openai_server) == []
+    bad = httpx.post(
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "memory_tools": "yes"},
+        headers={"Authorization": f"Bearer {key}", **USER},
+    )
+    assert bad.status_code == 400 and _sent(openai_server) == []
+    llm_settings.CHAT_MEMORY_TOOLS = True
+    openai_server.push(Scripted(body=chat_body("Hello.")))
+    _client(live_server, alice).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert [t["function"]["name"] for t in _sent(openai_server)[0]["tools"]] == [
+        "manage_memory", "search_memory",
+    ]  # fmt: skip
+    openai_server.push(Scripted(body=chat_body("Hello.")))
+    _client(live_server, alice).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "Hi"}],
+        extra_body={"memory_tools": False},
+    )  # fmt: skip
+    assert "tools" not in _sent(openai_server)[1]

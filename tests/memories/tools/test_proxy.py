@@ -1,0 +1,356 @@
+"""The chat proxy as OpenAI-compatible clients use it: /v1/models, tool calls passed
+through both ways (what the fake upstream receives and what the client receives are
+compared), Open WebUI's headers, memories reported in streams; driven by the official
+``openai`` package (sync, async, streaming) and LangChain's ChatOpenAI."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+import httpx
+import openai
+import pytest
+
+from core.services import api_key_create
+from memories.personal.chat import MEMORY_BLOCK_HEADER
+from memories.tools.callables import memory_tools
+from tests.fakes.openai_server import Scripted, chat_body
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
+}
+# A conversation in the middle of a tool call: the assistant asked, the tool answered.
+TOOL_TURN = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is the weather in Lisbon?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear", "c": 21}'},
+]
+
+
+def _key(owner) -> str:
+    return api_key_create(owner=owner)[1]
+
+
+def _headers(key: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", "Content-Type": "application/json", **extra}
+
+
+def _tool_call_answer() -> dict:
+    body = chat_body("")
+    body["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    body["system_fingerprint"] = "fp_vendor"  # a field the proxy knows nothing about
+    return body
+
+
+def _tool_call_chunks() -> list[dict]:
+    base = {"id": "chatcmpl-t", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    deltas = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '"Lisbon"}'}}]},
+    ]  # fmt: skip
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return chunks
+
+
+def _without_block(sent: dict) -> dict:
+    """What the upstream received, with the injected memory block taken out again."""
+    sent = copy.deepcopy(sent)
+    system = sent["messages"][0]
+    head, sep, _block = system["content"].partition("\n\n" + MEMORY_BLOCK_HEADER)
+    assert sep, "the memory block is in the system message"
+    system["content"] = head
+    return sent
+
+
+def _same(a: dict, b: dict) -> bool:
+    return json.dumps(a) == json.dumps(b)  # equal values in the same key order
+
+
+# --- /v1/models ---------------------------------------------------------------------
+def test_models_passes_the_upstream_list_through(live_server, alice, llm_settings, openai_server):
+    listed = {"object": "list", "data": [
+        {"id": "llama3.2", "object": "model", "created": 1, "owned_by": "ollama"},
+        {"id": "qwen3", "object": "model", "created": 2, "owned_by": "ollama", "extra": 1},
+    ]}  # fmt: skip
+    openai_server.models = listed
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key=_key(alice), max_retries=0)
+    assert [m.id for m in client.models.list()] == ["llama3.2", "qwen3"]
+    raw = httpx.get(timeout=30, url=live_server.url + "/v1/models", headers=_headers(_key(alice)))
+    assert raw.json() == listed
+    assert httpx.get(timeout=30, url=live_server.url + "/v1/models").status_code == 401
+
+
+def test_models_falls_back_to_the_configured_list(live_server, alice, llm_settings, openai_server):
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key=_key(alice), max_retries=0)
+    assert [m.id for m in client.models.list()] == ["fake-model"]  # upstream 404: LLM_MODEL
+    llm_settings.CHAT_MODELS = ["a", "b"]
+    openai_server.models = {"object": "list", "data": []}
+    assert [m.id for m in client.models.list()] == ["a", "b"]
+
+
+# --- tool calls pass through --------------------------------------------------------
+def _seed(owner, user_id="alice"):
+    manage, _ = memory_tools(owner=owner, scope=["user", user_id])
+    manage("User lives in Lisbon")
+
+
+def test_tool_call_conversation_passes_through_apart_from_the_block(
+    live_server, alice, llm_settings, openai_server
+):
+    _seed(alice)
+    openai_server.push(Scripted(body=_tool_call_answer()))
+    sent = {"model": "fake-model", "messages": TOOL_TURN, "tools": TOOLS,
+            "tool_choice": "auto", "parallel_tool_calls": False, "temperature": 0,
+            "seed": 7, "vendor_option": {"x": [1, 2]}}  # fmt: skip
+    answer = httpx.post(
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
+        content=json.dumps(sent),
+        headers=_headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice"}),
+    )
+    assert answer.status_code == 200
+    (upstream,) = [r for r in openai_server.requests if r["path"].endswith("/chat/completions")]
+    assert _same(_without_block(upstream["json"]), sent)
+    received = answer.json()
+    memories = received.pop("memories")
+    assert [m["content"] for m in memories] == ["User lives in Lisbon"]
+    assert _same(received, _tool_call_answer())
+
+
+def test_streamed_tool_call_deltas_pass_through_byte_for_byte(
+    live_server, alice, llm_settings, openai_server
+):
+    _seed(alice)
+    chunks = _tool_call_chunks()
+    openai_server.push(Scripted(stream_chunks=chunks))
+    sent = {"model": "fake-model", "messages": TOOL_TURN[:2], "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream(
+        "POST",
+        live_server.url + "/v1/chat/completions",
+        timeout=30,
+        content=json.dumps(sent),
+        headers=_headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice"}),
+    ) as answer:
+        body = b"".join(answer.iter_bytes())
+    (upstream,) = [r for r in openai_server.requests if r["path"].endswith("/chat/completions")]
+    assert _same(_without_block(upstream["json"]), sent)
+    events = body.split(b"\n\n")
+    expected = [f"data: {json.dumps(c)}".encode() for c in chunks]  # as the upstream wrote them
+    assert events[: len(chunks)] == expected
+    last = json.loads(events[len(chunks)].removeprefix(b"data: "))
+    assert last["choices"] == [] and last["id"] == "chatcmpl-t"
+    assert [m["content"] for m in last["memories"]] == ["User lives in Lisbon"]
+    assert events[len(chunks) + 1 :] == [b"data: [DONE]", b""]
+
+
+def test_anonymous_stream_has_no_memories_event(live_server, alice, llm_settings, openai_server):
+    chunks = _tool_call_chunks()
+    openai_server.push(Scripted(stream_chunks=chunks))
+    sent = {"model": "fake-model", "messages": TOOL_TURN[:2], "tools": TOOLS, "stream": True}
+    answer = httpx.post(timeout=30, url=
+        live_server.url + "/v1/chat/completions", content=json.dumps(sent),
+        headers=_headers(_key(alice)),
+    )  # fmt: skip
+    expected = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks)
+    assert answer.content == expected + b"data: [DONE]\n\n"
+    assert _same(openai_server.requests[0]["json"], sent)
+
+
+def test_openai_client_sync_async_and_streaming_with_tools(
+    live_server, alice, llm_settings, openai_server
+):
+    _seed(alice)
+    key = _key(alice)
+    headers = {"X-OpenWebUI-User-Id": "alice"}
+    url = live_server.url + "/v1"
+    openai_server.push(Scripted(body=_tool_call_answer()))
+    sync = openai.OpenAI(base_url=url, api_key=key, default_headers=headers, max_retries=0)
+    done = sync.chat.completions.create(model="fake-model", messages=TOOL_TURN[:2], tools=TOOLS)
+    call = done.choices[0].message.tool_calls[0]
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "call_1", "get_weather", {"city": "Lisbon"},
+    )  # fmt: skip
+    assert [m["content"] for m in done.model_extra["memories"]] == ["User lives in Lisbon"]
+
+    openai_server.push(Scripted(stream_chunks=_tool_call_chunks()))
+    stream = sync.chat.completions.create(
+        model="fake-model", messages=TOOL_TURN[:2], tools=TOOLS, stream=True
+    )
+    arguments, memories = "", None
+    for chunk in stream:
+        if chunk.choices:
+            for delta in chunk.choices[0].delta.tool_calls or []:
+                arguments += delta.function.arguments or ""
+        else:
+            memories = chunk.model_extra["memories"]
+    assert json.loads(arguments) == {"city": "Lisbon"}
+    assert [m["content"] for m in memories] == ["User lives in Lisbon"]
+
+    openai_server.push(Scripted(body=chat_body("It is clear and 21 C.")))
+
+    async def follow_up() -> str:
+        client = openai.AsyncOpenAI(
+            base_url=url, api_key=key, default_headers=headers, max_retries=0
+        )
+        answer = await client.chat.completions.create(
+            model="fake-model", messages=TOOL_TURN, tools=TOOLS
+        )
+        await client.close()
+        return answer.choices[0].message.content
+
+    assert asyncio.run(follow_up()) == "It is clear and 21 C."
+    last = [r for r in openai_server.requests if r["path"].endswith("/chat/completions")][-1]
+    assert last["json"]["messages"][2:] == TOOL_TURN[2:]  # tool_calls and tool result intact
+
+
+def test_langchain_chat_openai_bind_tools(live_server, alice, llm_settings, openai_server):
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    openai_server.push(Scripted(body=_tool_call_answer()), Scripted(body=chat_body("Sunny.")))
+    model = ChatOpenAI(
+        model="fake-model", base_url=live_server.url + "/v1", api_key=_key(alice),
+        default_headers={"X-OpenWebUI-User-Id": "alice"}, max_retries=0,
+    ).bind_tools(TOOLS)  # fmt: skip
+    first = model.invoke("What is the weather in Lisbon?")
+    assert isinstance(first, AIMessage)
+    assert first.tool_calls == [
+        {"name": "get_weather", "args": {"city": "Lisbon"}, "id": "call_1", "type": "tool_call"}
+    ]
+    second = model.invoke(
+        ["What is the weather in Lisbon?", first,
+         ToolMessage(content='{"sky": "clear"}', tool_call_id="call_1")]
+    )  # fmt: skip
+    assert second.content == "Sunny."
+    sent = [r["json"] for r in openai_server.requests if r["path"].endswith("/chat/completions")]
+    assert sent[0]["tools"] == TOOLS
+    assert sent[1]["messages"][-2]["tool_calls"][0]["id"] == "call_1"
+    assert sent[1]["messages"][-1] == {
+        "role": "tool", "content": '{"sky": "clear"}', "tool_call_id": "call_1",
+    }  # fmt: skip
+
+
+# --- Open WebUI's headers -----------------------------------------------------------
+def test_open_webui_chat_id_becomes_a_conversation(live_server, alice, llm_settings, openai_server):
+    from memories.conversations.models import Flow
+
+    openai_server.push(
+        Scripted(body=chat_body("Hello Alice.")),
+        Scripted(stream_chunks=[
+            {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+            for p in ("Tea ", "it is.")
+        ]),
+    )  # fmt: skip
+    chat = "5f2b8a53-1e1f-4bd4-a1c1-5f7d0e9c2a11"
+    headers = {
+        "X-OpenWebUI-User-Id": "0c9d8f9e-user", "X-OpenWebUI-User-Name": "Alice",
+        "X-OpenWebUI-User-Email": "alice@example.com", "X-OpenWebUI-Chat-Id": chat,
+    }  # fmt: skip
+    key = _key(alice)
+    client = openai.OpenAI(
+        base_url=live_server.url + "/v1", api_key=key, default_headers=headers, max_retries=0
+    )
+    client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "Hi"}])
+    stream = client.chat.completions.create(
+        model="fake-model", stream=True,
+        messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello Alice."},
+                  {"role": "user", "content": "Tea or coffee?"}],
+    )  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "Tea it is."
+    flow = Flow.objects.get(owner=alice, name="chat-proxy")
+    history = httpx.get(timeout=30, url=
+        f"{live_server.url}/api/v1/conversations/{chat}/history",
+        params={"flow": str(flow.pk)}, headers=_headers(key),
+    ).json()  # fmt: skip
+    assert [(m["role"], m["content"]) for m in history["messages"]] == [
+        ("user", "Hi"), ("assistant", "Hello Alice."),
+        ("user", "Tea or coffee?"), ("assistant", "Tea it is."),
+    ]  # fmt: skip
+    from memories.conversations.models import Message
+
+    user_message = Message.objects.filter(role="user").first()
+    assert (user_message.sender, user_message.sender_name) == (
+        "0c9d8f9e-user", "Alice <alice@example.com>",
+    )  # fmt: skip
+
+
+def test_a_bad_chat_id_is_a_400_and_nothing_is_sent(
+    live_server, alice, llm_settings, openai_server
+):
+    answer = httpx.post(
+        timeout=30,
+        url=live_server.url + "/v1/chat/completions",
+        json={"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]},
+        headers=_headers(_key(alice), **{"X-OpenWebUI-Chat-Id": "a b"}),
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert openai_server.requests == []
+
+
+def test_erasing_the_user_erases_their_recorded_chats(
+    live_server, alice, llm_settings, openai_server
+):
+    from memories.conversations.models import Message
+
+    key = _key(alice)
+    for user, chat in (("u1", "chat-of-u1"), ("u2", "chat-of-u2")):
+        openai_server.push(Scripted(body=chat_body("Hello.")))
+        httpx.post(
+            timeout=30,
+            url=live_server.url + "/v1/chat/completions",
+            json={"model": "fake-model", "messages": [{"role": "user", "content": "Hi"}]},
+            headers=_headers(key, **{"X-OpenWebUI-User-Id": user, "X-OpenWebUI-Chat-Id": chat}),
+        ).raise_for_status()
+    assert sorted(set(Message.objects.values_list("session_id", flat=True))) == [
+        "chat-of-u1", "chat-of-u2",
+    ]  # fmt: skip
+    erased = httpx.delete(
+        timeout=30, url=f"{live_server.url}/api/v1/users/u1/memories", headers=_headers(key)
+    )
+    assert erased.status_code == 200
+    assert sorted(set(Message.objects.values_list("session_id", flat=True))) == ["chat-of-u2"]
+
+
+def test_stream_false_as_a_string_is_not_a_stream(live_server, alice, llm_settings, openai_server):
+    openai_server.push(Scripted(body=chat_body("Plain.")))
+    answer = httpx.post(timeout=30, url=
+        live_server.url + "/v1/chat/completions",
+        json={"model": "fake-model", "stream": "false",
+              "messages": [{"role": "user", "content": "Hi"}]},
+        headers=_headers(_key(alice)),
+    )  # fmt: skip
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json()["choices"][0]["message"]["content"] == "Plain."
+    assert openai_server.requests[0]["json"]["stream"] is False
