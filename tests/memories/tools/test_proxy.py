@@ -343,7 +343,9 @@ def test_erasing_the_user_erases_their_recorded_chats(
     assert sorted(set(Message.objects.values_list("session_id", flat=True))) == ["chat-of-u2"]
 
 
-def test_stream_false_as_a_string_is_refused_as_openai_does(live_server, alice, llm_settings, openai_server):
+def test_stream_false_as_a_string_is_refused_as_openai_does(
+    live_server, alice, llm_settings, openai_server
+):
     # OpenAI answers 400 "expected a boolean, but got a string"; so does the proxy, before any upstream call.
     answer = httpx.post(timeout=30, url=
         live_server.url + "/v1/chat/completions",
