@@ -11,5 +11,5 @@ RUN useradd --create-home app && mkdir -p /app/.data && chown -R app /app/.data
 USER app
 EXPOSE 8000
 CMD ["gunicorn", "memoryproject.wsgi:application", "--bind", "0.0.0.0:8000", \
-     "--workers", "3", "--worker-class", "gthread", "--threads", "4", "--timeout", "120", \
-     "--keep-alive", "75"]
+     "--workers", "3", "--threads", "4", "--timeout", "120", "--keep-alive", "75", \
+     "--worker-class", "core.gunicorn_worker.JSONErrorThreadWorker"]

@@ -6,6 +6,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from core.admin_confirm import confirm_first
+from core.login_throttle import ThrottledAdminLoginForm
 from core.models import APIKey
 from core.services import api_key_create, api_key_revoke
 
@@ -62,3 +63,7 @@ class APIKeyAdmin(admin.ModelAdmin):
         for api_key in queryset:
             api_key_revoke(api_key=api_key)
         self.message_user(request, f"Revoked {queryset.count()} key(s).")
+
+
+# Repeated wrong passwords are refused unchecked for a while (core.login_throttle).
+admin.site.login_form = ThrottledAdminLoginForm

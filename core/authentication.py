@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.http import HttpRequest
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
@@ -15,6 +16,14 @@ from core.services import api_key_digest
 LAST_USED_RESOLUTION = timedelta(minutes=5)
 
 
+def api_key_from_header(request: HttpRequest) -> APIKey | None:
+    """The live key in ``Authorization: Bearer <key>``, if any (for plain Django views)."""
+    parts = authentication.get_authorization_header(request).decode("latin-1").split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    return api_key_authenticate(digest=api_key_digest(parts[1]))
+
+
 class APIKeyAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer <key>``, as OpenAI-compatible clients send it."""
 
@@ -25,6 +34,8 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         parts = header.split()
+        if not parts:  # only whitespace (a lone 0xA0 or 0x85 byte decodes to one)
+            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
         if parts[0].lower() != self.keyword.lower():
             return None
         if len(parts) != 2:

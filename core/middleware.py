@@ -3,11 +3,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import TooManyFieldsSent
+from django.http import HttpRequest, HttpResponse
 
-from core.api.errors import json_error_response, openai_error_body
-
-API_PREFIXES = ("/api/", "/v1/", "/mcp")
+from core.api.errors import API_PREFIXES, api_error_response, json_400, validation_message
+from core.api.parsers import UnstorableInput, check_parsed
 
 
 class RequestSizeLimitMiddleware:
@@ -21,15 +21,34 @@ class RequestSizeLimitMiddleware:
             try:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:
-                return json_error_response(400, "Invalid Content-Length header.")
+                return api_error_response(request, 400, "Invalid Content-Length header.")
             if length > settings.MAX_REQUEST_BYTES:
                 message = (
                     f"Request body of {length} bytes exceeds the limit of "
                     f"{settings.MAX_REQUEST_BYTES} bytes."
                 )
                 details = {"limit": settings.MAX_REQUEST_BYTES, "size": length}
-                if request.path.startswith("/v1/"):
-                    body = openai_error_body(413, "payload_too_large", message, details)
-                    return JsonResponse(body, status=413)
-                return json_error_response(413, message, details)
+                return api_error_response(request, 413, message, details)
+        return self.get_response(request)
+
+
+class QueryInputMiddleware:
+    """The URL's path and query parameters get the checks request bodies get
+    (``core.api.parsers.check_parsed``: no NUL, no lone surrogate), and too many query
+    parameters answer JSON: once here for every API view."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.startswith(API_PREFIXES):
+            try:
+                check_parsed({"path": request.path})
+                check_parsed(request.GET)
+            except TooManyFieldsSent as exc:
+                return json_400(request, exc)
+            except UnstorableInput as exc:
+                return api_error_response(
+                    request, 400, validation_message(exc.detail), exc.detail, code="invalid"
+                )
         return self.get_response(request)

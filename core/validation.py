@@ -93,7 +93,27 @@ class _IdConverter:
 
 
 class SessionIdConverter(_IdConverter):
-    """A session id, slashes included: routes that follow it come first."""
+    """A session id, slashes included (``a/b`` or ``a%2Fb`` in a URL): every route that
+    takes a session id uses it, so an id ``/runs`` accepted can be read and deleted."""
 
     kind = SESSION_ID
     regex = SESSION_ID.regex
+
+
+class EndUserIdConverter(_IdConverter):
+    """An end-user id, slashes included (the chat proxy accepts them in its header).
+    Anything matches here: the views validate the id, so a malformed one is a 400
+    ``invalid_user`` naming the rule (each route ends in its own fixed suffix)."""
+
+    kind = END_USER_ID
+    regex = ".+"
+
+
+def register_converters() -> None:
+    """``<session:...>`` and ``<end_user:...>`` in URL patterns (idempotent)."""
+    from django.urls import register_converter
+    from django.urls.converters import get_converters
+
+    for name, converter in (("session", SessionIdConverter), ("end_user", EndUserIdConverter)):
+        if name not in get_converters():
+            register_converter(converter, name)

@@ -6,6 +6,7 @@ fail at start-up on malformed values.
 
 from __future__ import annotations
 
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -73,6 +74,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "core.middleware.RequestSizeLimitMiddleware",
+    "core.middleware.QueryInputMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -145,7 +147,12 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.db.DatabaseCache",
         "LOCATION": "django_cache",
-    }
+    },
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "api-throttle",
+        "OPTIONS": {"MAX_ENTRIES": 100_000},
+    },
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -181,10 +188,18 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # The parsers refuse what the database cannot store (NUL, lone surrogates) and JSON
+    # nested deeper than API_MAX_JSON_DEPTH, once for every view (core.api.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "core.api.parsers.JSONParser",
+        "core.api.parsers.FormParser",
+        "core.api.parsers.MultiPartParser",
+    ],
+    "DEFAULT_THROTTLE_CLASSES": ["core.api.throttling.APIKeyRateThrottle"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.PageNumberPagination",
     "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "core.api.schema.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -195,10 +210,57 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The API speaks JSON and authenticates with API keys (the session login serves the
+    # admin and the browsable API): document those only.
+    "AUTHENTICATION_WHITELIST": ["core.authentication.APIKeyAuthentication"],
+    "PARSER_WHITELIST": ["core.api.parsers.JSONParser"],
+    "ENUM_NAME_OVERRIDES": {
+        "ChatRoleEnum": "memories.personal.api.serializers.CHAT_ROLES",
+        "MessageRoleEnum": "memories.conversations.models.Message.Role",
+        "JobStatusEnum": "core.jobs.Job.Status",
+        "UpdateStatusEnum": "memories.engine.models.PendingUpdate.Status",
+        "DreamStatusEnum": "memories.engine.models.Dream.Status",
+        "DreamTriggerEnum": "memories.engine.models.Dream.Trigger",
+        "SyncTriggerEnum": "memories.bases.models.MemoryBaseJob.Trigger",
+    },
+    "COMPONENT_SPLIT_REQUEST": True,
+    "TAGS": [
+        {"name": "Accounts", "description": "Who you are, API keys."},
+        {"name": "Knowledge bases", "description": "Documents, chunks, search."},
+        {"name": "Capture", "description": "Runs and messages of a flow."},
+        {"name": "Conversations", "description": "Flows, conversation and node history."},
+        {"name": "Memory bases", "description": "Memory built from a flow's outputs."},
+        {"name": "Personal memories", "description": "Per end-user memories."},
+        {"name": "Chat proxy (OpenAI-compatible)", "description": "With memories."},
+        {"name": "Memory stores", "description": "Stores and agent-node attachments."},
+        {"name": "Memory engine", "description": "Facts per scope, search, dreams, summaries."},
+    ],
 }
 # Requests larger than this are refused with 413 before they are parsed.
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 10 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# Request JSON nested deeper than this is refused with 400 (json would raise
+# RecursionError near 1,000 levels; nothing the API takes needs more than a few).
+API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 64, minimum=4)
+
+# Requests per API key (core.api.throttling): "<n>/<second|minute|hour|day>", empty for
+# no limit. Over it: 429 with Retry-After (OpenAI's shape on the chat proxy).
+API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "6000/minute")
+CHAT_THROTTLE_RATE = env_str("CHAT_THROTTLE_RATE", "600/minute")
+# Where the counts live: "throttle" is a per-process memory cache (no query per request;
+# W web workers allow up to W x the rate); name a shared cache in CACHES for exact limits.
+API_THROTTLE_CACHE = env_str("API_THROTTLE_CACHE", "throttle")
+for _rate in ("API_THROTTLE_RATE", "CHAT_THROTTLE_RATE"):
+    if globals()[_rate] and not re.fullmatch(
+        r"\d+/(second|minute|hour|day|[smhd])", globals()[_rate]
+    ):
+        from memoryproject.env import EnvError
+
+        raise EnvError(f"{_rate} must look like 6000/minute (second, minute, hour or day)")
+# The admin login: after this many wrong passwords for a username (4x from one
+# address) attempts are refused unchecked until this long after the first failure.
+ADMIN_LOGIN_MAX_FAILURES = env_int("ADMIN_LOGIN_MAX_FAILURES", 5, minimum=1)
+ADMIN_LOGIN_LOCKOUT_SECONDS = env_int("ADMIN_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
 
 # --- Providers ------------------------------------------------------------------------
 EMBEDDING_BASE_URL = env_str("EMBEDDING_BASE_URL")
@@ -423,7 +485,9 @@ CHAT_MODELS = env_list("CHAT_MODELS", [])
 # model and runs the calls itself, at most CHAT_TOOL_MAX_ROUNDS model calls per request.
 CHAT_MEMORY_TOOLS = env_bool("CHAT_MEMORY_TOOLS", False)
 CHAT_TOOL_MAX_ROUNDS = env_int("CHAT_TOOL_MAX_ROUNDS", 4, minimum=1)
-METRICS_TOKEN = env_str("METRICS_TOKEN")  # when set, /metrics needs "Authorization: Bearer <token>"
+# /metrics needs "Authorization: Bearer <METRICS_TOKEN>" (or a staff session); unset, it
+# is closed to all but staff sessions (its counts span every tenant).
+METRICS_TOKEN = env_str("METRICS_TOKEN")
 
 # --- Memory engine: background work (debounced updates, journal, Deep Dream) ----------
 # Flushes of one scope within this many seconds coalesce into one extraction (0 = at once).

@@ -30,5 +30,6 @@ urlpatterns = [
     path("api/v1/engine/", include("memories.engine.api.background_urls")),
 ]
 
+handler400 = "core.api.errors.json_400"
 handler404 = "core.api.errors.json_404"
 handler500 = "core.api.errors.json_500"

@@ -7,10 +7,10 @@ Starts ``manage.py serve`` on a free loopback port with its own ``MEMORY_DATA_DI
 (a fresh embedded PostgreSQL in a temporary directory: never the developer's or the
 test run's database), runs each section of ``scripts/faults/sections.py`` in order
 (worker kills during Memory Base ingestion, a kill -9 of the worker's main process,
-the database killed and stopped under load, SIGTERM to serve) and prints the figures.
+the database killed and stopped under load, hostile input, schemathesis, a cross-tenant
+sweep, SIGTERM to serve) and prints the figures.
 The watchdog runs with ``WORKER_STALL_SECONDS=10`` (default 60) to keep the run to a
-few minutes. Sections to come (hostile input, schemathesis, cross-tenant) register in
-``SECTIONS``.
+few minutes.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import json
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,7 +72,11 @@ def main() -> int:
                 figures = function(inst, **params)
             except Exception as exc:  # noqa: BLE001 - report and go on with the others
                 failed = True
-                figures = {"error": f"{type(exc).__name__}: {exc}"}
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                figures = {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "at": f"{where.filename}:{where.lineno} {where.line}",
+                }
             took = time.monotonic() - section_started
             print(f"\n## {name} ({took:.0f}s){' ' + json.dumps(params) if params else ''}")
             for key, value in figures.items():

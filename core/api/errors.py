@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.conf import settings
+from django.core.exceptions import (
+    ObjectDoesNotExist,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
@@ -113,15 +120,56 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
-def json_error_response(status_code: int, message: str, details: Any = None) -> JsonResponse:
+def json_error_response(
+    status_code: int, message: str, details: Any = None, *, code: str | None = None
+) -> JsonResponse:
     return JsonResponse(
-        error_body(_CODES.get(status_code, "error"), message, details), status=status_code
+        error_body(code or _CODES.get(status_code, "error"), message, details), status=status_code
     )
 
 
+API_PREFIXES = ("/api/", "/v1/", "/mcp")  # /mcp: the MCP server's HTTP door
+
+
+def api_error_response(
+    request: HttpRequest,
+    status_code: int,
+    message: str,
+    details: Any = None,
+    *,
+    code: str | None = None,
+) -> JsonResponse:
+    """An error outside DRF's views (middleware, Django's handlers) in the shape of the
+    path: OpenAI's under ``/v1/``, the project's elsewhere."""
+    code = code or _CODES.get(status_code, "error")
+    if request.path.startswith("/v1/"):
+        body = openai_error_body(status_code, code, message, details)
+        return JsonResponse(body, status=status_code)
+    return json_error_response(status_code, message, details, code=code)
+
+
+def json_400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """Django's own 400s (too many fields or query parameters, a body over
+    DATA_UPLOAD_MAX_MEMORY_SIZE, a bad Host header) in JSON for API paths."""
+    if not request.path.startswith(API_PREFIXES):
+        return defaults.bad_request(request, exception or SuspiciousOperation())
+    if isinstance(exception, RequestDataTooBig):
+        return api_error_response(request, 413, "The request body is too large.")
+    if isinstance(exception, TooManyFieldsSent | TooManyFilesSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return api_error_response(
+            request,
+            400,
+            f"Too many fields or query parameters (at most {limit}).",
+            {"limit": limit},
+            code="too_many_fields",
+        )
+    return api_error_response(request, 400, "Bad request.")
+
+
 def json_404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if request.path.startswith(("/api/", "/v1/")):
-        return json_error_response(404, "Not found.")
+    if request.path.startswith(API_PREFIXES):
+        return api_error_response(request, 404, "Not found.")
     return defaults.page_not_found(request, exception or Http404())
 
 
@@ -129,8 +177,8 @@ def json_500(request: HttpRequest) -> HttpResponse:
     unavailable = response_for_current_exception(request)
     if unavailable is not None:  # every path: the admin cannot render without it either
         return unavailable
-    if request.path.startswith(("/api/", "/v1/")):
-        return json_error_response(500, "Internal server error.")
+    if request.path.startswith(API_PREFIXES):
+        return api_error_response(request, 500, "Internal server error.", code="server_error")
     return defaults.server_error(request)
 
 

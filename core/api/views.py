@@ -8,6 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
+from core.api.schema import paginated
 from core.api.serializers import (
     APIKeyCreatedSerializer,
     APIKeyCreateInputSerializer,
@@ -20,19 +21,23 @@ from core.services import api_key_create, api_key_revoke
 
 
 class MeView(APIView):
-    @extend_schema(responses=MeSerializer)
+    @extend_schema(summary="Who the key belongs to", responses=MeSerializer)
     def get(self, request: Request) -> Response:
         return Response(MeSerializer(request.user).data)
 
 
 class APIKeyListView(APIView):
-    @extend_schema(responses=APIKeyOutputSerializer(many=True))
+    @extend_schema(summary="List your API keys", responses=paginated(APIKeyOutputSerializer))
     def get(self, request: Request) -> Response:
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(api_key_list(owner=request.user), request, view=self)
         return paginator.get_paginated_response(APIKeyOutputSerializer(page, many=True).data)
 
-    @extend_schema(request=APIKeyCreateInputSerializer, responses={201: APIKeyCreatedSerializer})
+    @extend_schema(
+        summary="Create an API key (shown once)",
+        request=APIKeyCreateInputSerializer,
+        responses={201: APIKeyCreatedSerializer},
+    )
     def post(self, request: Request) -> Response:
         data = APIKeyCreateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -48,11 +53,15 @@ class APIKeyDetailView(APIView):
         except APIKey.DoesNotExist:
             raise Http404 from None
 
-    @extend_schema(responses=APIKeyOutputSerializer)
+    @extend_schema(summary="Get an API key", responses=APIKeyOutputSerializer)
     def get(self, request: Request, key_id: int) -> Response:
         return Response(APIKeyOutputSerializer(self._get(request, key_id)).data)
 
-    @extend_schema(responses=APIKeyOutputSerializer, description="Revoke the key.")
+    @extend_schema(
+        summary="Revoke an API key",
+        responses={200: APIKeyOutputSerializer},
+        description="Revoke the key; the answer is the revoked key (revoked_at set).",
+    )
     def delete(self, request: Request, key_id: int) -> Response:
         api_key = api_key_revoke(api_key=self._get(request, key_id))
         return Response(APIKeyOutputSerializer(api_key).data)

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.api.schema import ERROR, paginated, wrapped
 from ingestion.api.serializers import (
     MessageQuerySerializer,
     RunInSerializer,
@@ -40,7 +41,11 @@ def _message_in(data: dict[str, Any]) -> MessageIn:
 
 
 class FlowRunView(APIView):
-    @extend_schema(request=RunInSerializer, responses={201: MessageOutputSerializer(many=True)})
+    @extend_schema(
+        summary="Record a run's messages",
+        request=RunInSerializer,
+        responses={201: wrapped("messages", MessageOutputSerializer), 409: ERROR, 422: ERROR},
+    )
     def post(self, request: Request, flow_id: Any) -> Response:
         flow = flow_for(request, flow_id)
         data = RunInSerializer(data=request.data)
@@ -59,7 +64,9 @@ class FlowRunView(APIView):
 
 class MessageListView(APIView):
     @extend_schema(
-        responses=MessageOutputSerializer(many=True), parameters=[MessageQuerySerializer]
+        summary="List messages",
+        responses=paginated(MessageOutputSerializer),
+        parameters=[MessageQuerySerializer],
     )
     def get(self, request: Request) -> Response:
         query = MessageQuerySerializer(data=request.query_params)
@@ -80,7 +87,11 @@ class MessageListView(APIView):
             qs = qs.none()
         return paginated_response(self, request, qs, MessageOutputSerializer)
 
-    @extend_schema(request=SingleMessageInSerializer, responses={201: MessageOutputSerializer})
+    @extend_schema(
+        summary="Record one message",
+        request=SingleMessageInSerializer,
+        responses={201: MessageOutputSerializer, 409: ERROR, 422: ERROR},
+    )
     def post(self, request: Request) -> Response:
         data = SingleMessageInSerializer(data=request.data)
         data.is_valid(raise_exception=True)

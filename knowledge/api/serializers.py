@@ -6,6 +6,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from core.api.fields import QueryVectorField, StrictBooleanField
 from core.api.serializers import JOB_FIELDS, JobOutputBase
 from knowledge.models import FTS_LANGUAGES, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
@@ -121,7 +122,7 @@ class IngestSerializer(serializers.Serializer):
     documents = DocumentSerializer(many=True, allow_empty=False)
     # Unset: batches over INGEST_SYNC_MAX_CHARS characters are ingested in the
     # background (202 with a job); true/false forces one way.
-    background = serializers.BooleanField(required=False, allow_null=True, default=None)
+    background = StrictBooleanField(required=False, allow_null=True, default=None)
 
     def validate_documents(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(value) > settings.INGEST_MAX_DOCUMENTS:
@@ -136,9 +137,7 @@ class IngestSerializer(serializers.Serializer):
 
 class SearchSerializer(serializers.Serializer):
     query = serializers.CharField(required=False, trim_whitespace=True, max_length=10000)
-    vector = serializers.ListField(
-        child=serializers.FloatField(), required=False, min_length=1, max_length=16000
-    )
+    vector = QueryVectorField(required=False, min_length=1, max_length=16000)
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
     mode = serializers.ChoiceField(choices=MODES, default="hybrid")
     similarity_threshold = serializers.FloatField(
@@ -178,7 +177,7 @@ class MultiSearchSerializer(SearchSerializer):
     knowledge_base_ids = serializers.ListField(
         child=serializers.UUIDField(), required=False, max_length=100
     )
-    include_memory_bases = serializers.BooleanField(default=False)
+    include_memory_bases = StrictBooleanField(default=False)
 
 
 class HitSerializer(serializers.Serializer):
@@ -221,6 +220,24 @@ class IngestJobOutputSerializer(JobOutputBase):
             "chunks_written",
             "chunks_deleted",
         ]
+
+
+class IngestJobAnswerSerializer(IngestJobOutputSerializer):
+    """Schema only: the job, flat, and again under ``job`` (``job_answer``)."""
+
+    job = IngestJobOutputSerializer(help_text="The same job (the shape of earlier versions).")
+
+    class Meta(IngestJobOutputSerializer.Meta):
+        fields = [*IngestJobOutputSerializer.Meta.fields, "job"]
+
+
+class IngestResultSerializer(serializers.Serializer):
+    """Schema only: what a batch ingested in the request did."""
+
+    documents = serializers.IntegerField()
+    chunks_written = serializers.IntegerField()
+    chunks_deleted = serializers.IntegerField()
+    knowledge_base = KnowledgeBaseOutputSerializer()
 
 
 def job_answer(job: IngestJob) -> dict[str, Any]:

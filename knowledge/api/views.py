@@ -10,10 +10,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
+from core.api.schema import ERROR, paginated, wrapped
 from knowledge.api.serializers import (
     ChunkOutputSerializer,
     HitSerializer,
-    IngestJobOutputSerializer,
+    IngestJobAnswerSerializer,
+    IngestResultSerializer,
     IngestSerializer,
     KnowledgeBaseCreateSerializer,
     KnowledgeBaseOutputSerializer,
@@ -66,7 +68,9 @@ def _run_search(bases: list[KnowledgeBase], data: dict[str, Any]) -> Response:
 
 
 class KnowledgeBaseListView(APIView):
-    @extend_schema(responses=KnowledgeBaseOutputSerializer(many=True))
+    @extend_schema(
+        summary="List knowledge bases", responses=paginated(KnowledgeBaseOutputSerializer)
+    )
     def get(self, request: Request) -> Response:
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(
@@ -75,7 +79,9 @@ class KnowledgeBaseListView(APIView):
         return paginator.get_paginated_response(KnowledgeBaseOutputSerializer(page, many=True).data)
 
     @extend_schema(
-        request=KnowledgeBaseCreateSerializer, responses={201: KnowledgeBaseOutputSerializer}
+        summary="Create a knowledge base",
+        request=KnowledgeBaseCreateSerializer,
+        responses={201: KnowledgeBaseOutputSerializer, 409: ERROR},
     )
     def post(self, request: Request) -> Response:
         data = KnowledgeBaseCreateSerializer(data=request.data)
@@ -85,11 +91,15 @@ class KnowledgeBaseListView(APIView):
 
 
 class KnowledgeBaseDetailView(APIView):
-    @extend_schema(responses=KnowledgeBaseOutputSerializer)
+    @extend_schema(summary="Get a knowledge base", responses=KnowledgeBaseOutputSerializer)
     def get(self, request: Request, kb_id: Any) -> Response:
         return Response(KnowledgeBaseOutputSerializer(_get_kb(request, kb_id)).data)
 
-    @extend_schema(request=KnowledgeBaseUpdateSerializer, responses=KnowledgeBaseOutputSerializer)
+    @extend_schema(
+        summary="Rename or describe a knowledge base",
+        request=KnowledgeBaseUpdateSerializer,
+        responses={200: KnowledgeBaseOutputSerializer, 409: ERROR},
+    )
     def patch(self, request: Request, kb_id: Any) -> Response:
         kb = _get_kb(request, kb_id)
         data = KnowledgeBaseUpdateSerializer(data=request.data, context={"knowledge_base": kb})
@@ -97,13 +107,25 @@ class KnowledgeBaseDetailView(APIView):
         kb = knowledge_base_update(knowledge_base=kb, **data.validated_data)
         return Response(KnowledgeBaseOutputSerializer(kb).data)
 
+    @extend_schema(
+        summary="Delete a knowledge base and its chunks",
+        responses={204: None, 409: ERROR},
+        description="409 in_use for the knowledge base of a memory base or a memory store: "
+        "delete that instead.",
+    )
     def delete(self, request: Request, kb_id: Any) -> Response:
         knowledge_base_delete(knowledge_base=_get_kb(request, kb_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class KnowledgeBaseDocumentsView(APIView):
-    @extend_schema(request=IngestSerializer)
+    @extend_schema(
+        summary="Add or replace documents",
+        request=IngestSerializer,
+        responses={201: IngestResultSerializer, 202: IngestJobAnswerSerializer, 409: ERROR},
+        description="201 with the counts when ingested in the request; 202 with a job "
+        "(Location: where to poll it) when queued.",
+    )
     def post(self, request: Request, kb_id: Any) -> Response:
         kb = _get_kb(request, kb_id)
         data = IngestSerializer(data=request.data)
@@ -139,14 +161,16 @@ class KnowledgeBaseDocumentsView(APIView):
 
 
 class KnowledgeBaseJobView(APIView):
-    @extend_schema(responses=IngestJobOutputSerializer)
+    @extend_schema(summary="Get an ingestion job", responses=IngestJobAnswerSerializer)
     def get(self, request: Request, kb_id: Any, job_id: Any) -> Response:
         job = ingest_job_get(owner=request.user, kb_id=kb_id, job_id=job_id)
         return Response(job_answer(job))
 
 
 class KnowledgeBaseChunksView(APIView):
-    @extend_schema(responses=ChunkOutputSerializer(many=True))
+    @extend_schema(
+        summary="List a knowledge base's chunks", responses=paginated(ChunkOutputSerializer)
+    )
     def get(self, request: Request, kb_id: Any) -> Response:
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(
@@ -156,7 +180,11 @@ class KnowledgeBaseChunksView(APIView):
 
 
 class KnowledgeBaseSearchView(APIView):
-    @extend_schema(request=SearchSerializer, responses=HitSerializer(many=True))
+    @extend_schema(
+        summary="Search one knowledge base",
+        request=SearchSerializer,
+        responses={200: wrapped("results", HitSerializer)},
+    )
     def post(self, request: Request, kb_id: Any) -> Response:
         kb = _get_kb(request, kb_id)
         data = SearchSerializer(data=request.data)
@@ -165,7 +193,11 @@ class KnowledgeBaseSearchView(APIView):
 
 
 class SearchView(APIView):
-    @extend_schema(request=MultiSearchSerializer, responses=HitSerializer(many=True))
+    @extend_schema(
+        summary="Search several knowledge bases",
+        request=MultiSearchSerializer,
+        responses={200: wrapped("results", HitSerializer)},
+    )
     def post(self, request: Request) -> Response:
         data = MultiSearchSerializer(data=request.data)
         data.is_valid(raise_exception=True)

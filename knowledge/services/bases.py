@@ -35,6 +35,15 @@ def knowledge_base_create(
     default_size, default_overlap = (
         FILE_CHUNKING if source_kind == KnowledgeBase.SourceKind.FILES else MESSAGE_CHUNKING
     )
+    size = chunk_size or default_size
+    overlap = default_overlap if chunk_overlap is None else chunk_overlap
+    if overlap >= size:  # the database's check constraint, said as a 400
+        given = "" if chunk_overlap is not None else f" (the default, {default_overlap})"
+        raise KnowledgeError(
+            f"chunk_overlap{given} must be below chunk_size ({size}): give a smaller "
+            "chunk_overlap.",
+            details={"chunk_overlap": f"Must be below chunk_size ({size})."},
+        )
     config = embedding or EmbeddingConfig.from_settings()
     try:
         with transaction.atomic():
@@ -48,8 +57,8 @@ def knowledge_base_create(
                 is_memory_base=is_memory_base,
                 source_kind=source_kind,
                 language=language,
-                chunk_size=chunk_size or default_size,
-                chunk_overlap=default_overlap if chunk_overlap is None else chunk_overlap,
+                chunk_size=size,
+                chunk_overlap=overlap,
             )
     except IntegrityError as exc:
         if "kb_unique_name_per_owner" in str(exc):

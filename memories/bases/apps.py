@@ -5,3 +5,9 @@ class MemoryBasesConfig(AppConfig):
     name = "memories.bases"
     label = "memory_bases"
     verbose_name = "Memory bases"
+
+    def ready(self) -> None:
+        from core.erasure import scope_erased
+        from memories.bases.erasure import scope_erase_memory_base_chats
+
+        scope_erased.connect(scope_erase_memory_base_chats, dispatch_uid="bases-scope-erasure")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
+
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
+from core.api.errors import json_error_response
 from knowledge.services import knowledge_pending_count
 from memories.personal.models import EndUser, MetricCounter, UserVector, Vector
 
@@ -47,9 +50,23 @@ def render_metrics() -> str:
     return "\n".join(lines) + "\n"
 
 
+def metrics_allowed(request: HttpRequest) -> bool:
+    """``Authorization: Bearer <METRICS_TOKEN>`` (compared in constant time) or a staff
+    session. Without METRICS_TOKEN only staff sessions get in: the counts span tenants."""
+    token = settings.METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").encode("latin-1", "replace")
+        if hmac.compare_digest(given, f"Bearer {token}".encode()):
+            return True
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_staff)
+
+
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    if settings.METRICS_TOKEN:
-        if request.headers.get("Authorization", "") != f"Bearer {settings.METRICS_TOKEN}":
-            return HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+    if not metrics_allowed(request):
+        hint = "" if settings.METRICS_TOKEN else " (METRICS_TOKEN is not set: /metrics is closed)"
+        response = json_error_response(401, f"Send Authorization: Bearer <METRICS_TOKEN>{hint}.")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     return HttpResponse(render_metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -24,6 +24,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from rest_framework import serializers
 
+from core.api.fields import StrictBooleanField
 from core.db import advisory_xact_lock
 from core.errors import ServiceError
 from core.validation import NODE_ID
@@ -55,8 +56,8 @@ class AttachmentConfig(StrictConfig):
     )
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=3)
     similarity_threshold = serializers.FloatField(min_value=-1.0, max_value=1.0, default=-1.0)
-    read = serializers.BooleanField(default=True)
-    write = serializers.BooleanField(default=True)
+    read = StrictBooleanField(default=True)
+    write = StrictBooleanField(default=True)
 
     def validate_retrieve_stage(self, value: list[str]) -> list[str]:
         return list(dict.fromkeys(value))

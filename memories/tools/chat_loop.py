@@ -191,7 +191,9 @@ def _delta(chunk: dict[str, Any]) -> dict[str, Any]:
 
 
 def _without_ours(chunks: Iterator[dict[str, Any]], ours: set[int]) -> Iterator[dict[str, Any]]:
-    """The chunks with the memory tools' call deltas taken out (by their index)."""
+    """The chunks with the memory tools' call deltas taken out (by their index); a turn
+    left with no call for the client finishes with ``stop``, as a JSON answer does."""
+    kept_any = False
     for chunk in chunks:
         delta = _delta(chunk)
         pieces = delta.get("tool_calls")
@@ -199,13 +201,42 @@ def _without_ours(chunks: Iterator[dict[str, Any]], ours: set[int]) -> Iterator[
             name = lambda p: (p.get("function") or {}).get("name")  # noqa: E731
             ours |= {int(p.get("index", 0)) for p in pieces if name(p) in MEMORY_TOOLS}
             kept = [p for p in pieces if int(p.get("index", 0)) not in ours]
+            kept_any = kept_any or bool(kept)
             if not kept and not delta.get("content") and not delta.get("role"):
                 continue
             chunk = json.loads(json.dumps(chunk))  # a copy: the delta changes
             _delta(chunk)["tool_calls"] = kept or None
             if not kept:
                 _delta(chunk).pop("tool_calls")
+        if ours and not kept_any and _finish(chunk) == "tool_calls":
+            chunk = json.loads(json.dumps(chunk))
+            chunk["choices"][0]["finish_reason"] = "stop"
         yield chunk
+
+
+def _finish(chunk: dict[str, Any]) -> Any:
+    try:
+        return chunk["choices"][0].get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def _read_on(current: _Round, stream: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for chunk in stream:
+        current.add(chunk)
+        yield chunk
+
+
+def _then_run_ours(
+    prepared: PreparedChat, current: _Round, chunks: Iterator[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """The answering round relayed; once it has ended, the memory calls the model made
+    beside its answer or its client calls run (as in a JSON answer), so that the final
+    chunk reports them."""
+    yield from chunks
+    ours = current.ours()
+    if ours:
+        run_calls(prepared, ours)
 
 
 def loop_stream(prepared: PreparedChat) -> Iterator[bytes]:
@@ -226,7 +257,9 @@ def loop_stream(prepared: PreparedChat) -> Iterator[bytes]:
         ours = current.ours()
         if current.answering() or not ours or last:
             indexes = {i for i, c in current.calls.items() if _ours(c)}
-            chunks = _without_ours(chain(current.chunks, stream), indexes)
+            read = list(current.chunks)
+            chunks = _without_ours(chain(read, _read_on(current, stream)), indexes)
+            chunks = _then_run_ours(prepared, current, chunks)
             first = next(chunks, None)
             return relay_events(prepared, first, chunks)
         results = run_calls(prepared, ours)

@@ -26,6 +26,7 @@ import anyio.to_thread
 from a2wsgi import ASGIMiddleware
 from django.conf import settings
 from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework.request import Request
@@ -107,7 +108,20 @@ class MCPView(APIView):
 
     @extend_schema(
         request={"application/json": {"type": "object", "description": "a JSON-RPC message"}},
-        responses={200: OpenApiResponse(description="the JSON-RPC answer")},
+        responses={
+            200: OpenApiResponse(description="the JSON-RPC answer"),
+            202: OpenApiResponse(description="a notification or response, accepted"),
+            (400, "application/json"): OpenApiResponse(
+                response=OpenApiTypes.OBJECT,
+                description="not a valid JSON-RPC message: a JSON-RPC error object "
+                "(``error.code`` an integer such as -32602), or the API's error shape "
+                "for input refused before MCP reads it",
+            ),
+            406: OpenApiResponse(
+                response=OpenApiTypes.OBJECT,
+                description="the Accept header does not take application/json (JSON-RPC error)",
+            ),
+        },
     )
     def post(self, request: Request) -> StreamingHttpResponse:
         environ = request._request.META  # the WSGI environ; the body is unread: a2wsgi reads it

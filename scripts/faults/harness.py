@@ -8,6 +8,7 @@ worker cluster) on a free port, an embedded PostgreSQL in a private ``MEMORY_DAT
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -240,6 +241,48 @@ class Instance:
         except ValueError:
             parsed = raw.decode(errors="replace")[:200]
         return Reply(status, hdrs, parsed, time.monotonic() - started)
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        *,
+        key: str | None = None,
+        timeout: float = 30,
+    ) -> Reply:
+        """A request exactly as given (bytes, any header, any path): http.client, so
+        nothing is quoted or checked on the way out. ``key`` (default the suite's own;
+        "" for none) goes in ``Authorization`` unless ``headers`` has one."""
+        sent = dict(headers or {})
+        if key is None:
+            key = self.ensure_key()
+        if key and "Authorization" not in sent:
+            sent["Authorization"] = f"Bearer {key}"
+        started = time.monotonic()
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            connection.putrequest(method, path, skip_accept_encoding=True)
+            for name, value in sent.items():
+                connection.putheader(name, value.encode("latin-1"))
+            if data is not None:
+                connection.putheader("Content-Length", str(len(data)))
+            connection.endheaders(data)
+            response = connection.getresponse()
+            raw, status, hdrs = response.read(), response.status, dict(response.headers)
+        finally:
+            connection.close()
+        try:
+            parsed: Any = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode(errors="replace")[:200]
+        return Reply(status, hdrs, parsed, time.monotonic() - started)
+
+    def key_for(self, username: str) -> str:
+        """A new API key of ``username`` (created if need be)."""
+        out = self.manage("create_api_key", username, "--create-user")
+        return out.strip().splitlines()[-1]
 
     def get(self, path: str, **kwargs: Any) -> Reply:
         return self.request("GET", path, **kwargs)

@@ -3,8 +3,8 @@
 A section is a function ``(instance, **params) -> dict`` registered in ``SECTIONS``
 with its default parameters; ``scripts/fault_suite.py`` runs them in order on one
 instance and prints the figures, the slow tests run them with smaller parameters and
-assert on the figures. New sections (hostile input, schemathesis, cross-tenant) add a
-function and a line in ``SECTIONS``.
+assert on the figures. The attacker's sections (hostile input, schemathesis, the
+cross-tenant sweep) live in ``scripts/faults/attacks.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from scripts.faults.attacks import cross_tenant, hostile_input, schemathesis_run
 from scripts.faults.harness import Instance, Reply, alive, title
 
 
@@ -377,5 +378,8 @@ SECTIONS: dict[str, tuple[Callable[..., dict[str, Any]], dict[str, Any]]] = {
     "worker_main_kill": (worker_main_kill, {}),
     "database_kill": (database_kill, {"how": "kill"}),
     "database_stop": (database_kill, {"how": "stop"}),
+    "hostile_input": (hostile_input, {}),
+    "schemathesis": (schemathesis_run, {"examples": 10}),
+    "cross_tenant": (cross_tenant, {}),
     "serve_sigterm": (serve_sigterm, {}),  # last: it stops the instance
 }

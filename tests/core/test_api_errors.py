@@ -74,3 +74,21 @@ def test_admin_html_404_stays_html(admin_client):
     response = admin_client.get("/not-an-api-path")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize(
+    "query", ["page_size=0", "page_size=abc", "page_size=501", "page=0", "page=abc", "page=-1"]
+)
+def test_malformed_pagination_is_400(alice_client, query):
+    response = alice_client.get(f"/api/v1/api-keys?{query}")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert error["message"].endswith(
+        "Must be a whole number from 1" + (" up to 500." if "size" in query else ".")
+    )
+
+
+def test_a_page_past_the_last_is_404(alice_client):
+    assert alice_client.get("/api/v1/api-keys?page=99").status_code == 404
+    assert alice_client.get("/api/v1/api-keys?page=1&page_size=500").status_code == 200

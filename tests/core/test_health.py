@@ -7,8 +7,8 @@ from core.health import pgvector_supports_iterative_scan
 pytestmark = pytest.mark.django_db
 
 
-def test_healthz_reports_database_and_pgvector(client):
-    response = client.get("/healthz")
+def test_healthz_reports_database_and_pgvector(alice_client):
+    response = alice_client.get("/healthz")  # the full report needs a key
     assert response.status_code == 200
     body = response.json()
     assert body["database"]["status"] == "ok"

@@ -97,7 +97,7 @@ def test_serve_runs_web_and_worker_and_stops_cleanly(serve_env):
     try:
         health = _wait_healthy(base, proc)
         assert health["status"] == "ok"
-        assert health["pgvector"]["version"] == "0.8.2"
+        assert health["pgvector"] == {"status": "ok"}  # strangers get the statuses only
         assert _get(base + "/admin/login/")[0] == 200
         status, docs = _get(base + "/api/docs/")
         assert status == 200

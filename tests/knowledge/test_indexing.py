@@ -180,7 +180,8 @@ def test_the_periodic_sweep_is_registered():
     )
 
 
-def test_metrics_report_the_indexer_backlog(alice, client):
+def test_metrics_report_the_indexer_backlog(alice, admin_client):
+    client = admin_client  # a staff session may read /metrics
     kb = make_kb(alice)
     ingest(kb, *_docs(3))
     assert "\nknowledge_chunks_index_pending 3\n" in client.get("/metrics").content.decode()

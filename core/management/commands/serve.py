@@ -56,7 +56,7 @@ class Command(BaseCommand):
             "--workers",
             str(options["web_workers"]),
             "--worker-class",
-            "gthread",
+            "core.gunicorn_worker.JSONErrorThreadWorker",
             "--threads",
             "4",
             "--timeout",

@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.api.fields import StrictBooleanField
 from core.api.serializers import JOB_FIELDS, JobOutputBase
 from core.validation import SessionIdField
 from memories.bases.models import MemoryBase, MemoryBaseJob
@@ -14,9 +15,9 @@ class MemoryBaseCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
     flow = serializers.UUIDField()
     threshold = serializers.IntegerField(min_value=1, max_value=100000, default=10)
-    auto_capture = serializers.BooleanField(default=True)
+    auto_capture = StrictBooleanField(default=True)
     kb_name = serializers.CharField(max_length=200, required=False)
-    preprocess = serializers.BooleanField(default=False)
+    preprocess = StrictBooleanField(default=False)
     preprocess_model = serializers.CharField(
         max_length=200, required=False, allow_blank=True, default=""
     )
@@ -36,8 +37,8 @@ class MemoryBaseCreateSerializer(serializers.Serializer):
 class MemoryBaseUpdateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
     threshold = serializers.IntegerField(min_value=1, max_value=100000, required=False)
-    auto_capture = serializers.BooleanField(required=False)
-    preprocess = serializers.BooleanField(required=False)
+    auto_capture = StrictBooleanField(required=False)
+    preprocess = StrictBooleanField(required=False)
     preprocess_model = serializers.CharField(max_length=200, required=False, allow_blank=True)
     preprocess_instructions = serializers.CharField(
         required=False, allow_blank=True, max_length=10000

@@ -1,6 +1,9 @@
 from django.urls import path
 
+from core.validation import register_converters
 from memories.bases.api import views
+
+register_converters()
 
 
 def _memory_base_routes(prefix: str, suffix: str = "") -> list:
@@ -37,7 +40,7 @@ def _memory_base_routes(prefix: str, suffix: str = "") -> list:
 
 urlpatterns = [
     path(
-        "flows/<uuid:flow_id>/sessions/<str:session_id>/messages",
+        "flows/<uuid:flow_id>/sessions/<session:session_id>/messages",
         views.FlowSessionMessagesView.as_view(),
         name="flow-session-messages",
     ),

@@ -3,16 +3,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.api.schema import ERROR, DeletedSerializer, paginated, wrapped
 from core.db_recovery import read_after_commit
-from core.validation import SessionIdField
-from knowledge.api.serializers import job_answer
+from knowledge.api.serializers import IngestJobAnswerSerializer, job_answer
 from knowledge.selectors import ingest_job_get_by_id
 from memories.bases.api.serializers import (
     FlushInSerializer,
@@ -46,22 +46,29 @@ def _memory_base(request: Request, mb_id: Any) -> MemoryBase:
 
 
 class FlowSessionMessagesView(APIView):
-    @extend_schema(description="Delete a session's messages and purge its memory-base chunks.")
+    @extend_schema(
+        summary="Delete a session's messages",
+        description="Delete a session's messages and purge its memory-base chunks.",
+        responses={200: DeletedSerializer, 409: ERROR},
+    )
     def delete(self, request: Request, flow_id: Any, session_id: str) -> Response:
         flow = flow_for(request, flow_id)
-        SessionIdField().run_validation(session_id)
         deleted = session_messages_delete(flow=flow, session_id=session_id)
         return Response({"deleted": deleted})
 
 
 class MemoryBaseListView(APIView):
-    @extend_schema(responses=MemoryBaseOutputSerializer(many=True))
+    @extend_schema(summary="List memory bases", responses=paginated(MemoryBaseOutputSerializer))
     def get(self, request: Request) -> Response:
         return paginated_response(
             self, request, memory_base_list(owner=request.user), MemoryBaseOutputSerializer
         )
 
-    @extend_schema(request=MemoryBaseCreateSerializer, responses={201: MemoryBaseOutputSerializer})
+    @extend_schema(
+        summary="Create a memory base",
+        request=MemoryBaseCreateSerializer,
+        responses={201: MemoryBaseOutputSerializer, 409: ERROR},
+    )
     def post(self, request: Request) -> Response:
         data = MemoryBaseCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -76,11 +83,15 @@ class MemoryBaseListView(APIView):
 
 
 class MemoryBaseDetailView(APIView):
-    @extend_schema(responses=MemoryBaseOutputSerializer)
+    @extend_schema(summary="Get a memory base", responses=MemoryBaseOutputSerializer)
     def get(self, request: Request, mb_id: Any) -> Response:
         return Response(MemoryBaseOutputSerializer(_memory_base(request, mb_id)).data)
 
-    @extend_schema(request=MemoryBaseUpdateSerializer, responses=MemoryBaseOutputSerializer)
+    @extend_schema(
+        summary="Update a memory base",
+        request=MemoryBaseUpdateSerializer,
+        responses={200: MemoryBaseOutputSerializer, 409: ERROR},
+    )
     def patch(self, request: Request, mb_id: Any) -> Response:
         mb = _memory_base(request, mb_id)
         data = MemoryBaseUpdateSerializer(data=request.data)
@@ -90,13 +101,18 @@ class MemoryBaseDetailView(APIView):
         out = read_after_commit(lambda: _memory_base(request, mb_id), lambda: mb)
         return Response(MemoryBaseOutputSerializer(out).data)
 
+    @extend_schema(
+        summary="Delete a memory base (its knowledge base too)", responses={204: None, 409: ERROR}
+    )
     def delete(self, request: Request, mb_id: Any) -> Response:
         memory_base_delete(memory_base=_memory_base(request, mb_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class MemoryBaseSessionsView(APIView):
-    @extend_schema(responses=SessionOutputSerializer(many=True))
+    @extend_schema(
+        summary="List a memory base's sessions", responses=paginated(SessionOutputSerializer)
+    )
     def get(self, request: Request, mb_id: Any) -> Response:
         mb = _memory_base(request, mb_id)
         return paginated_response(
@@ -110,7 +126,10 @@ class MemoryBaseJobsView(APIView):
 
     service: Callable[..., list[MemoryBaseJob]] = staticmethod(memory_base_flush)
 
-    @extend_schema(request=FlushInSerializer, responses={202: JobOutputSerializer(many=True)})
+    @extend_schema(
+        request=FlushInSerializer,
+        responses={202: wrapped("jobs", JobOutputSerializer), 409: ERROR},
+    )
     def post(self, request: Request, mb_id: Any) -> Response:
         mb = _memory_base(request, mb_id)
         data = FlushInSerializer(data=request.data)
@@ -119,10 +138,12 @@ class MemoryBaseJobsView(APIView):
         return Response({"jobs": _jobs_out(jobs)}, status=status.HTTP_202_ACCEPTED)
 
 
+@extend_schema_view(post=extend_schema(summary="Ingest a memory base's pending outputs now"))
 class MemoryBaseFlushView(MemoryBaseJobsView):
     service = staticmethod(memory_base_flush)
 
 
+@extend_schema_view(post=extend_schema(summary="Clear and rebuild a memory base"))
 class MemoryBaseRegenerateView(MemoryBaseJobsView):
     service = staticmethod(memory_base_regenerate)
 
@@ -142,7 +163,14 @@ def _jobs_out(jobs: list[MemoryBaseJob]) -> Any:
 class JobDetailView(APIView):
     """Any job of the caller: a Memory Base sync or a knowledge-base batch."""
 
-    @extend_schema(responses=JobOutputSerializer)
+    @extend_schema(
+        summary="Get a job (any kind)",
+        responses=PolymorphicProxySerializer(
+            component_name="AnyJob",
+            serializers=[JobOutputSerializer, IngestJobAnswerSerializer],
+            resource_type_field_name=None,
+        ),
+    )
     def get(self, request: Request, job_id: Any) -> Response:
         try:
             job = job_get(owner=request.user, job_id=job_id)

@@ -3,8 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.api.fields import StrictBooleanField
 from memories.conversations.history import (
     DEFAULT_AI_PREFIX,
     DEFAULT_HUMAN_PREFIX,
@@ -53,6 +55,15 @@ class MessageIdField(serializers.CharField):
         super().__init__(max_length=MESSAGE_ID_MAX, **kwargs)
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": MESSAGE_ID_MAX},
+            {"type": "integer", "minimum": 1},
+        ],
+        "nullable": True,
+    }
+)
 class ParentMessageIdField(serializers.Field):
     """A message id of either kind: the caller's ``message_id`` (a string) or the
     server id (an integer). Dify's ``UUID_NIL`` means "no parent: follows the
@@ -99,7 +110,7 @@ class MessageInSerializer(serializers.Serializer):
         help_text="Your id for the message, unique within the conversation; history "
         "items carry it, and parent_message_id / current_message_id may name it.",
     )
-    is_output = serializers.BooleanField(required=False, allow_null=True, default=None)
+    is_output = StrictBooleanField(required=False, allow_null=True, default=None)
     sender = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
     sender_name = serializers.CharField(
         required=False, allow_blank=True, max_length=200, default=""

@@ -1,10 +1,10 @@
-from django.urls import path, register_converter
+from django.urls import path
 
-from core.validation import SessionIdConverter
+from core.validation import register_converters
 from memories.conversations.api import views
 
 # Node routes come first, so ``a/nodes/n/history`` is node ``n`` of session ``a``.
-register_converter(SessionIdConverter, "session")
+register_converters()
 
 urlpatterns = [
     path("flows", views.FlowListView.as_view(), name="flow-list"),

@@ -13,6 +13,7 @@ from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.api.schema import ERROR, paginated
 from memories.conversations.api.serializers import (
     ConversationHistoryOutputSerializer,
     ConversationHistoryQuerySerializer,
@@ -44,13 +45,17 @@ def flow_for(request: Request, flow_id: Any) -> Flow:
 
 
 class FlowListView(APIView):
-    @extend_schema(responses=FlowOutputSerializer(many=True))
+    @extend_schema(summary="List flows", responses=paginated(FlowOutputSerializer))
     def get(self, request: Request) -> Response:
         return paginated_response(
             self, request, flow_list(owner=request.user), FlowOutputSerializer
         )
 
-    @extend_schema(request=FlowInSerializer, responses={201: FlowOutputSerializer})
+    @extend_schema(
+        summary="Create a flow",
+        request=FlowInSerializer,
+        responses={201: FlowOutputSerializer, 409: ERROR},
+    )
     def post(self, request: Request) -> Response:
         data = FlowInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -59,7 +64,7 @@ class FlowListView(APIView):
 
 
 class FlowDetailView(APIView):
-    @extend_schema(responses=FlowOutputSerializer)
+    @extend_schema(summary="Get a flow", responses=FlowOutputSerializer)
     def get(self, request: Request, flow_id: Any) -> Response:
         return Response(FlowOutputSerializer(flow_for(request, flow_id)).data)
 
@@ -88,8 +93,9 @@ class ConversationHistoryView(APIView):
     content_negotiation_class = HistoryFormatNegotiation
 
     @extend_schema(
+        summary="A conversation's history",
         parameters=[ConversationHistoryQuerySerializer],
-        responses=ConversationHistoryOutputSerializer,
+        responses={200: ConversationHistoryOutputSerializer, 422: ERROR},
         description="The current thread of a conversation (flow + session), cut to "
         "max_tokens by whole turns, newest kept; an empty conversation has an empty history; "
         "with strategy=summarize the older messages are folded into the conversation's "
@@ -120,7 +126,17 @@ class ConversationHistoryView(APIView):
 
 
 class NodeTurnsView(APIView):
-    @extend_schema(request=NodeTurnInSerializer, responses={201: NodeTurnOutputSerializer})
+    @extend_schema(
+        summary="Append a turn to a node's memory",
+        request=NodeTurnInSerializer,
+        responses={
+            201: NodeTurnOutputSerializer,
+            200: NodeTurnOutputSerializer,
+            409: ERROR,
+            422: ERROR,
+        },
+        description="201 for a new turn, 200 when the same turn was stored already.",
+    )
     def post(self, request: Request, session_id: str, node_id: str) -> Response:
         data = NodeTurnInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -142,7 +158,11 @@ class NodeTurnsView(APIView):
 class NodeHistoryView(APIView):
     content_negotiation_class = HistoryFormatNegotiation
 
-    @extend_schema(parameters=[NodeHistoryQuerySerializer], responses=NodeHistoryOutputSerializer)
+    @extend_schema(
+        summary="A node's history",
+        parameters=[NodeHistoryQuerySerializer],
+        responses={200: NodeHistoryOutputSerializer, 422: ERROR},
+    )
     def get(self, request: Request, session_id: str, node_id: str) -> Response:
         params = _query(NodeHistoryQuerySerializer, request)
         flow = flow_for(request, params["flow"])
@@ -157,7 +177,9 @@ class NodeHistoryView(APIView):
 
 
 class NodeMemoryView(APIView):
-    @extend_schema(parameters=[FlowQuerySerializer], responses={204: None})
+    @extend_schema(
+        summary="Clear a node's memory", parameters=[FlowQuerySerializer], responses={204: None}
+    )
     def delete(self, request: Request, session_id: str, node_id: str) -> Response:
         flow = flow_for(request, _query(FlowQuerySerializer, request)["flow"])
         node_memory_clear(flow=flow, session_id=session_id, node_id=node_id)

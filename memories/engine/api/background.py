@@ -10,13 +10,16 @@ from __future__ import annotations
 from typing import Any, cast
 
 from django.http import HttpResponse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.fields import StrictBooleanField
 from core.api.pagination import paginated_response
+from core.api.schema import ERROR, paginated
 from memories.conversations.history import effective_message_limit
 from memories.conversations.selectors import flow_get
 from memories.conversations.summaries import (
@@ -28,7 +31,7 @@ from memories.conversations.summaries import (
 )
 from memories.engine import files
 from memories.engine.api.serializers import ScopedSerializer
-from memories.engine.api.views import _engine, _query_scope, _validated
+from memories.engine.api.views import SCOPE_PARAMETER, _engine, _query_scope, _validated
 from memories.engine.dreams import (
     ScopeNotFound,
     dream_get,
@@ -59,6 +62,7 @@ def scope_row(request: Request) -> EndUser:
     return row
 
 
+@extend_schema_serializer(component_name="EngineFlushIn")
 class FlushInSerializer(ScopedSerializer):
     messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
 
@@ -68,7 +72,7 @@ class DreamInSerializer(ScopedSerializer):
 
 
 class SettingsInSerializer(serializers.Serializer):
-    dream_schedule = serializers.BooleanField()
+    dream_schedule = StrictBooleanField()
 
 
 class SummaryMessageSerializer(serializers.Serializer):
@@ -139,7 +143,11 @@ class DreamListSerializer(DreamOutputSerializer):
 
 # --- views --------------------------------------------------------------------------
 class FlushView(APIView):
-    @extend_schema(request=FlushInSerializer, responses={202: PendingUpdateOutputSerializer})
+    @extend_schema(
+        summary="Record messages for the scope's next extraction",
+        request=FlushInSerializer,
+        responses={202: PendingUpdateOutputSerializer},
+    )
     def post(self, request: Request) -> Response:
         """Record messages of a scope for its next (debounced) extraction; answers at once."""
         data = _validated(FlushInSerializer, request.data)
@@ -152,7 +160,11 @@ class FlushView(APIView):
 
 
 class UpdatesView(APIView):
-    @extend_schema(responses=PendingUpdateOutputSerializer(many=True))
+    @extend_schema(
+        summary="A scope's flushes",
+        parameters=[SCOPE_PARAMETER],
+        responses={200: paginated(PendingUpdateOutputSerializer), 404: ERROR},
+    )
     def get(self, request: Request) -> Response:
         """The scope's flushes, newest first: pending, done (with their batch) or failed."""
         row = scope_row(request)
@@ -161,6 +173,19 @@ class UpdatesView(APIView):
 
 
 class JournalView(APIView):
+    @extend_schema(
+        summary="A scope's journal (a day, or the days there are)",
+        parameters=[
+            SCOPE_PARAMETER,
+            OpenApiParameter("date", OpenApiTypes.DATE, description="YYYY-MM-DD"),
+            OpenApiParameter("download", str, enum=["1", "true"], description="The .md file"),
+        ],
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "text/markdown"): OpenApiTypes.STR,
+            404: ERROR,
+        },
+    )
     def get(self, request: Request) -> Response | HttpResponse:
         """``?scope=...&date=YYYY-MM-DD``: that day's journal (``download=1``: the Markdown
         file); without a date: the days the scope has a journal for."""
@@ -183,7 +208,11 @@ def markdown_download(text: str, filename: str) -> HttpResponse:
 
 
 class DreamView(APIView):
-    @extend_schema(request=DreamInSerializer, responses={201: DreamOutputSerializer})
+    @extend_schema(
+        summary="Dream the scope now",
+        request=DreamInSerializer,
+        responses={201: DreamOutputSerializer, 200: DreamOutputSerializer, 409: ERROR},
+    )
     def post(self, request: Request) -> Response:
         """Dream the scope now: 201 with the dream, or 200 with the last one and
         ``skipped`` when its inputs have not changed (no LLM call)."""
@@ -198,7 +227,11 @@ class DreamView(APIView):
 
 
 class DreamListView(APIView):
-    @extend_schema(responses=DreamListSerializer(many=True))
+    @extend_schema(
+        summary="A scope's dreams",
+        parameters=[SCOPE_PARAMETER],
+        responses={200: paginated(DreamListSerializer), 404: ERROR},
+    )
     def get(self, request: Request) -> Response:
         row = scope_row(request)
         qs = dream_list(owner=_owner(request), scope=row).select_related("scope")
@@ -206,7 +239,7 @@ class DreamListView(APIView):
 
 
 class DreamDetailView(APIView):
-    @extend_schema(responses=DreamOutputSerializer)
+    @extend_schema(summary="Get a dream", responses=DreamOutputSerializer)
     def get(self, request: Request, dream_id: str) -> Response:
         return Response(
             DreamOutputSerializer(dream_get(owner=_owner(request), dream_id=dream_id)).data
@@ -214,7 +247,9 @@ class DreamDetailView(APIView):
 
 
 class DreamUndoView(APIView):
-    @extend_schema(request=None, responses=DreamOutputSerializer)
+    @extend_schema(
+        summary="Undo a dream", request=None, responses={200: DreamOutputSerializer, 409: ERROR}
+    )
     def post(self, request: Request, dream_id: str) -> Response:
         """Restore the facts and MEMORY.md as they were before the dream."""
         dream = dream_undo(owner=_owner(request), dream_id=dream_id)
@@ -222,10 +257,15 @@ class DreamUndoView(APIView):
 
 
 class EngineSettingsView(APIView):
+    @extend_schema(summary="The engine settings of the owner", responses=SettingsInSerializer)
     def get(self, request: Request) -> Response:
         return Response({"dream_schedule": dream_schedule_enabled(owner=_owner(request))})
 
-    @extend_schema(request=SettingsInSerializer)
+    @extend_schema(
+        summary="Change the engine settings",
+        request=SettingsInSerializer,
+        responses=SettingsInSerializer,
+    )
     def patch(self, request: Request) -> Response:
         """``{"dream_schedule": false}`` turns the owner's daily dream off."""
         data = SettingsInSerializer(data=request.data)
@@ -235,7 +275,11 @@ class EngineSettingsView(APIView):
 
 
 class SummariesView(APIView):
-    @extend_schema(request=SummaryInSerializer)
+    @extend_schema(
+        summary="Keep a conversation within a token budget",
+        request=SummaryInSerializer,
+        responses={200: OpenApiTypes.OBJECT, 422: ERROR},
+    )
     def post(self, request: Request) -> Response:
         """Keep a conversation within ``max_tokens``: the newest messages verbatim, the
         older ones folded into its running summary (stored per conversation)."""

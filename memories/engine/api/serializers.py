@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from memories.personal.facts import SOURCE_KINDS
@@ -55,6 +56,7 @@ class FactFilterSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+@extend_schema_serializer(component_name="EngineSearch")
 class SearchSerializer(ScopedSerializer):
     query = serializers.CharField(max_length=10_000)
     limit = serializers.IntegerField(min_value=1, max_value=100, default=10)
@@ -95,6 +97,7 @@ class DecisionSerializer(serializers.Serializer):
     evicted_ids = serializers.ListField(child=serializers.CharField())
 
 
+@extend_schema_serializer(component_name="EngineHit")
 class HitSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     content = serializers.CharField()

@@ -7,13 +7,15 @@ import uuid
 from typing import Any, cast
 
 from django.contrib.auth.models import AbstractBaseUser
-from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.api.schema import ERROR, paginated
 from core.errors import InvalidInput
 from memories.engine.api.serializers import (
     DecisionSerializer,
@@ -32,6 +34,42 @@ from memories.personal.models import Vector
 from memories.personal.retrieval import injection_payload
 from memories.personal.scopes import Scope, scope_find
 from memories.personal.selectors import FactFilter, core_fact_get, core_fact_list
+
+SCOPE_PARAMETER = OpenApiParameter(
+    "scope",
+    str,
+    required=True,
+    many=True,
+    description='The scope: repeated (?scope=user&scope=alice) or a JSON list (?scope=["user","alice"]).',
+)
+SCOPE_OPTIONAL = OpenApiParameter(
+    "scope", str, many=True, description="The fact's scope, to check it (optional)."
+)
+CATEGORY_PARAMETER = OpenApiParameter("category", str, many=True, description="Only these.")
+
+
+class FactDecisionSerializer(serializers.Serializer):
+    """Schema only: what the engine decided, and the fact it stored (if any)."""
+
+    decision = serializers.DictField()
+    fact = FactOutputSerializer(allow_null=True)
+
+
+class ScopedFactSerializer(FactOutputSerializer):
+    """Schema only: a fact with the scope it belongs to."""
+
+    scope = serializers.ListField(child=serializers.CharField())
+
+    class Meta(FactOutputSerializer.Meta):
+        fields = [*FactOutputSerializer.Meta.fields, "scope"]
+
+
+class EngineSearchOutputSerializer(serializers.Serializer):
+    """Schema only: the scope searched, how (mode) and the hits."""
+
+    scope = serializers.ListField(child=serializers.CharField())
+    mode = serializers.CharField()
+    results = HitSerializer(many=True)
 
 
 def _owner(request: Request) -> AbstractBaseUser:
@@ -68,7 +106,11 @@ def _validated(serializer_class: type, data: Any) -> dict[str, Any]:
 
 
 class FactsView(APIView):
-    @extend_schema(responses=FactOutputSerializer(many=True))
+    @extend_schema(
+        summary="List a scope's facts",
+        parameters=[SCOPE_PARAMETER, CATEGORY_PARAMETER],
+        responses=paginated(FactOutputSerializer),
+    )
     def get(self, request: Request) -> Response:
         engine = _engine(request, dict(request.query_params.items()))
         scope = _query_scope(request, engine, required=True)
@@ -81,7 +123,13 @@ class FactsView(APIView):
         )
         return paginated_response(self, request, qs, FactOutputSerializer)
 
-    @extend_schema(request=FactCreateSerializer, responses={201: FactOutputSerializer})
+    @extend_schema(
+        summary="Add a fact (the engine decides: add, replace or ignore)",
+        request=FactCreateSerializer,
+        responses={201: FactDecisionSerializer, 200: FactDecisionSerializer, 409: ERROR},
+        description="201 when a fact was added or replaced, 200 when it was ignored "
+        "(a duplicate or below ENGINE_MIN_CONFIDENCE): the decision says which.",
+    )
     def post(self, request: Request) -> Response:
         data = _validated(FactCreateSerializer, request.data)
         engine = _engine(request, data["scope_values"])
@@ -106,14 +154,21 @@ class FactDetailView(APIView):
         engine = _engine(request, dict(request.query_params.items()))
         return _query_scope(request, engine, required=False)
 
-    @extend_schema(responses=FactOutputSerializer)
+    @extend_schema(
+        summary="Get a fact", parameters=[SCOPE_OPTIONAL], responses=ScopedFactSerializer
+    )
     def get(self, request: Request, fact_id: uuid.UUID) -> Response:
         fact, row = core_fact_resolve(
             owner=_owner(request), fact_id=fact_id, scope=self._scope(request)
         )
         return Response({**FactOutputSerializer(fact).data, "scope": row.scope})
 
-    @extend_schema(request=FactUpdateSerializer, responses=FactOutputSerializer)
+    @extend_schema(
+        summary="Change a fact",
+        parameters=[SCOPE_OPTIONAL],
+        request=FactUpdateSerializer,
+        responses={200: ScopedFactSerializer, 409: ERROR},
+    )
     def patch(self, request: Request, fact_id: uuid.UUID) -> Response:
         scope = self._scope(request)
         data = _validated(FactUpdateSerializer, request.data)
@@ -125,6 +180,7 @@ class FactDetailView(APIView):
         )  # fmt: skip
         return Response({**FactOutputSerializer(result.fact).data, "scope": row.scope})
 
+    @extend_schema(summary="Delete a fact", parameters=[SCOPE_OPTIONAL], responses={204: None})
     def delete(self, request: Request, fact_id: uuid.UUID) -> Response:
         _, row = core_fact_resolve(
             owner=_owner(request), fact_id=fact_id, scope=self._scope(request)
@@ -134,7 +190,11 @@ class FactDetailView(APIView):
 
 
 class SearchView(APIView):
-    @extend_schema(request=SearchSerializer, responses=HitSerializer(many=True))
+    @extend_schema(
+        summary="Search a scope's facts",
+        request=SearchSerializer,
+        responses={200: EngineSearchOutputSerializer},
+    )
     def post(self, request: Request) -> Response:
         data = _validated(SearchSerializer, request.data)
         engine = _engine(request, data["scope_values"])
@@ -152,7 +212,11 @@ class SearchView(APIView):
 
 
 class InjectionView(APIView):
-    @extend_schema(request=InjectionSerializer)
+    @extend_schema(
+        summary="The memory block to inject for a scope",
+        request=InjectionSerializer,
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def post(self, request: Request) -> Response:
         data = _validated(InjectionSerializer, request.data)
         engine = _engine(request, data["scope_values"])

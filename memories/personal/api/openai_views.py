@@ -6,12 +6,14 @@ from typing import Any
 
 from django.conf import settings
 from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.errors import openai_exception_handler
+from core.api.schema import OpenAIErrorSerializer
 from core.errors import InvalidInput
 from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
@@ -28,6 +30,8 @@ def _header(request: Request, name: str) -> str:
 
 class ChatCompletionsView(APIView):
     """OpenAI-compatible ``POST /v1/chat/completions`` with per-user memories."""
+
+    throttle_setting = "CHAT_THROTTLE_RATE"  # core.api.throttling
 
     def get_exception_handler(self):  # type: ignore[no-untyped-def]
         return openai_exception_handler
@@ -56,7 +60,18 @@ class ChatCompletionsView(APIView):
             body.pop("stream_options", None)
         return body
 
-    @extend_schema(request=ChatCompletionSerializer, responses={200: dict})
+    @extend_schema(
+        summary="Chat completion with the end user's memories",
+        request=ChatCompletionSerializer,
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "text/event-stream"): OpenApiTypes.STR,
+            502: OpenAIErrorSerializer,
+            504: OpenAIErrorSerializer,
+        },
+        description="OpenAI's chat completion (the upstream's answer plus a memories "
+        "array), or server-sent events with stream=true. Errors in OpenAI's shape.",
+    )
     def post(self, request: Request) -> Response | StreamingHttpResponse:
         body = self._body(request)
         prepared = self.prepare(request, body)

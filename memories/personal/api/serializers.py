@@ -3,14 +3,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
+from core.api.fields import StrictBooleanField
 from memories.personal.models import MemoryUpdate, Vector
 from memories.personal.services import MAX_MEMORY_CHARS
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
+@extend_schema_serializer(component_name="ChatCompletionMessage")
 class ChatMessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=CHAT_ROLES)
     content = serializers.JSONField(required=False, allow_null=True)
@@ -35,7 +38,7 @@ class ChatCompletionSerializer(serializers.Serializer):
 
     model = serializers.CharField(max_length=200, required=False)
     messages = ChatMessageSerializer(many=True, allow_empty=False)
-    stream = serializers.BooleanField(required=False, default=False)
+    stream = StrictBooleanField(required=False, default=False)
     user = serializers.CharField(max_length=255, required=False, allow_blank=True)
 
     def validate_model(self, value: str) -> str:
@@ -92,7 +95,7 @@ class MemoryAddSerializer(serializers.Serializer):
     messages = InputMessageSerializer(  # type: ignore[call-arg]  # ListSerializer takes it
         many=True, required=False, allow_empty=False, max_length=200
     )
-    infer = serializers.BooleanField(default=True)
+    infer = StrictBooleanField(default=True)
     metadata = serializers.DictField(required=False, default=dict)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -135,11 +138,18 @@ class MemorySearchSerializer(serializers.Serializer):
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
     threshold = serializers.FloatField(min_value=-1, max_value=1, required=False)
     half_life_days = serializers.FloatField(min_value=0.001, required=False)
-    include_globals = serializers.BooleanField(required=False, default=False)
+    include_globals = StrictBooleanField(required=False, default=False)
 
 
 class GlobalMemoryInSerializer(serializers.Serializer):
     content = serializers.CharField(max_length=MAX_MEMORY_CHARS)
+
+
+class MemoryAddResultSerializer(serializers.Serializer):
+    """Schema only: memories stored as given, and those that were already stored."""
+
+    memories = MemoryOutputSerializer(many=True)
+    duplicates = MemoryOutputSerializer(many=True)
 
 
 class HistorySerializer(serializers.ModelSerializer):

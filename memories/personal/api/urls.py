@@ -1,21 +1,26 @@
 from django.urls import path
 
+from core.validation import register_converters
 from memories.personal.api import views
 
+register_converters()
+
 urlpatterns = [
-    path("users/<str:user_id>/memories", views.UserMemoriesView.as_view(), name="user-memories"),
     path(
-        "users/<str:user_id>/memories/search",
+        "users/<end_user:user_id>/memories", views.UserMemoriesView.as_view(), name="user-memories"
+    ),
+    path(
+        "users/<end_user:user_id>/memories/search",
         views.UserMemorySearchView.as_view(),
         name="user-memory-search",
     ),
     path(
-        "users/<str:user_id>/memories/<uuid:memory_id>",
+        "users/<end_user:user_id>/memories/<uuid:memory_id>",
         views.UserMemoryDetailView.as_view(),
         name="user-memory-detail",
     ),
     path(
-        "users/<str:user_id>/memories/<uuid:memory_id>/history",
+        "users/<end_user:user_id>/memories/<uuid:memory_id>/history",
         views.UserMemoryHistoryView.as_view(),
         name="user-memory-history",
     ),

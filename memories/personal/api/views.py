@@ -4,19 +4,21 @@ from typing import Any
 
 from django.http import Http404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
+from core.api.schema import DeletedSerializer, paginated, wrapped
 from core.providers.embeddings import get_embedder
 from core.validation import validate_end_user_id
 from memories.personal.api.serializers import (
     DecisionSerializer,
     GlobalMemoryInSerializer,
     HistorySerializer,
+    MemoryAddResultSerializer,
     MemoryAddSerializer,
     MemoryHitSerializer,
     MemoryOutputSerializer,
@@ -61,7 +63,9 @@ def _memory(request: Request, user_id: str, memory_id: Any) -> tuple[EndUser, Ve
 
 
 class UserMemoriesView(APIView):
-    @extend_schema(responses=MemoryOutputSerializer(many=True))
+    @extend_schema(
+        summary="List an end user's memories", responses=paginated(MemoryOutputSerializer)
+    )
     def get(self, request: Request, user_id: str) -> Response:
         end_user = end_user_find(owner=request.user, external_id=_user_id(user_id))
         qs = memory_list(end_user=end_user) if end_user else Vector.objects.none()
@@ -69,7 +73,20 @@ class UserMemoriesView(APIView):
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response(MemoryOutputSerializer(page, many=True).data)
 
-    @extend_schema(request=MemoryAddSerializer)
+    @extend_schema(
+        summary="Add memories (extracted by the LLM, or stored as given)",
+        request=MemoryAddSerializer,
+        responses={
+            201: MemoryAddResultSerializer,
+            200: PolymorphicProxySerializer(
+                component_name="MemoryAddOutcome",
+                serializers=[MemoryAddResultSerializer, wrapped("decisions", DecisionSerializer)],
+                resource_type_field_name=None,
+            ),
+        },
+        description="infer=false: 201 with the stored memories (200 when all were "
+        "duplicates). infer=true: 200 with the LLM's decisions.",
+    )
     def post(self, request: Request, user_id: str) -> Response:
         external_id = _user_id(user_id)
         data = MemoryAddSerializer(data=request.data)
@@ -117,13 +134,22 @@ class UserMemoriesView(APIView):
             status=status.HTTP_201_CREATED if stored else status.HTTP_200_OK,
         )
 
+    @extend_schema(
+        summary="Forget an end user",
+        operation_id="api_v1_users_forget",
+        responses={200: DeletedSerializer},
+    )
     def delete(self, request: Request, user_id: str) -> Response:
         removed = end_user_erase(end_user=_existing_user(request, user_id))
         return Response({"deleted": removed})
 
 
 class UserMemorySearchView(APIView):
-    @extend_schema(parameters=[MemorySearchSerializer], responses=MemoryHitSerializer(many=True))
+    @extend_schema(
+        summary="Search an end user's memories",
+        parameters=[MemorySearchSerializer],
+        responses=wrapped("results", MemoryHitSerializer),
+    )
     def get(self, request: Request, user_id: str) -> Response:
         external_id = _user_id(user_id)
         query = MemorySearchSerializer(data=request.query_params)
@@ -147,11 +173,15 @@ class UserMemorySearchView(APIView):
 
 
 class UserMemoryDetailView(APIView):
-    @extend_schema(responses=MemoryOutputSerializer)
+    @extend_schema(summary="Get a memory", responses=MemoryOutputSerializer)
     def get(self, request: Request, user_id: str, memory_id: Any) -> Response:
         return Response(MemoryOutputSerializer(_memory(request, user_id, memory_id)[1]).data)
 
-    @extend_schema(request=MemoryUpdateSerializer, responses=MemoryOutputSerializer)
+    @extend_schema(
+        summary="Change a memory's content",
+        request=MemoryUpdateSerializer,
+        responses=MemoryOutputSerializer,
+    )
     def patch(self, request: Request, user_id: str, memory_id: Any) -> Response:
         end_user, vector = _memory(request, user_id, memory_id)
         data = MemoryUpdateSerializer(data=request.data)
@@ -161,6 +191,7 @@ class UserMemoryDetailView(APIView):
         )
         return Response(MemoryOutputSerializer(new).data)
 
+    @extend_schema(summary="Delete a memory", responses={204: None})
     def delete(self, request: Request, user_id: str, memory_id: Any) -> Response:
         end_user, vector = _memory(request, user_id, memory_id)
         memory_delete(end_user=end_user, vector=vector)
@@ -168,7 +199,7 @@ class UserMemoryDetailView(APIView):
 
 
 class UserMemoryHistoryView(APIView):
-    @extend_schema(responses=HistorySerializer(many=True))
+    @extend_schema(summary="A memory's history", responses=wrapped("results", HistorySerializer))
     def get(self, request: Request, user_id: str, memory_id: Any) -> Response:
         end_user = _existing_user(request, user_id)
         rows = list(memory_history(end_user=end_user, vector_id=memory_id))
@@ -178,7 +209,7 @@ class UserMemoryHistoryView(APIView):
 
 
 class GlobalMemoriesView(APIView):
-    @extend_schema(responses=MemoryOutputSerializer(many=True))
+    @extend_schema(summary="List global memories", responses=paginated(MemoryOutputSerializer))
     def get(self, request: Request) -> Response:
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(
@@ -186,7 +217,11 @@ class GlobalMemoriesView(APIView):
         )
         return paginator.get_paginated_response(MemoryOutputSerializer(page, many=True).data)
 
-    @extend_schema(request=GlobalMemoryInSerializer, responses={201: MemoryOutputSerializer})
+    @extend_schema(
+        summary="Add a global memory",
+        request=GlobalMemoryInSerializer,
+        responses={201: MemoryOutputSerializer},
+    )
     def post(self, request: Request) -> Response:
         data = GlobalMemoryInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -195,6 +230,7 @@ class GlobalMemoriesView(APIView):
 
 
 class GlobalMemoryDetailView(APIView):
+    @extend_schema(summary="Delete a global memory", responses={204: None})
     def delete(self, request: Request, memory_id: Any) -> Response:
         vector = global_memory_list(owner=request.user).filter(pk=memory_id).first()
         if vector is None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BaseRenderer
+from rest_framework.utils.encoders import JSONEncoder
+
+from core.api.parsers import check_parsed, too_deep
 
 
 class YAMLParser(BaseParser):
@@ -15,9 +19,12 @@ class YAMLParser(BaseParser):
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         try:
-            return yaml.safe_load(stream.read().decode("utf-8"))
+            data = yaml.safe_load(stream.read().decode("utf-8"))
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ParseError(f"YAML parse error: {exc}") from exc
+        except RecursionError:
+            raise too_deep() from None
+        return check_parsed(data)
 
 
 class TextYAMLParser(YAMLParser):
@@ -38,4 +45,7 @@ class YAMLRenderer(BaseRenderer):
     ) -> bytes:
         if data is None:
             return b""
-        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode("utf-8")
+        # Plain types first: error answers carry DRF's ErrorDetail (a str subclass
+        # yaml cannot represent), and UUIDs or dates would be tagged Python objects.
+        plain = json.loads(json.dumps(data, cls=JSONEncoder))
+        return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True).encode("utf-8")

@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.api.fields import StrictBooleanField
 from core.validation import SessionIdField
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.registry import store_type
@@ -145,4 +146,4 @@ class WriteOutputSerializer(serializers.Serializer):
 
 
 class ConfigQuerySerializer(serializers.Serializer):
-    dry_run = serializers.BooleanField(required=False, default=False)
+    dry_run = StrictBooleanField(required=False, default=False)

@@ -7,13 +7,15 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.api.parsers import JSONParser
+from core.api.schema import ERROR, paginated, wrapped
+from core.errors import InvalidInput
 from core.validation import validate_node_id
 from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_get
@@ -60,7 +62,8 @@ def _flow(request: Request, flow_id: Any) -> Flow:
 
 class StoreTypesView(APIView):
     @extend_schema(
-        responses=OpenApiTypes.OBJECT,
+        summary="List store types",
+        responses={200: OpenApiTypes.OBJECT},
         description="Registered store types with their summaries and config fields.",
     )
     def get(self, request: Request) -> Response:
@@ -81,13 +84,17 @@ class StoreTypesView(APIView):
 
 
 class StoreListView(APIView):
-    @extend_schema(responses=StoreOutputSerializer(many=True))
+    @extend_schema(summary="List memory stores", responses=paginated(StoreOutputSerializer))
     def get(self, request: Request) -> Response:
         return paginated_response(
             self, request, memory_store_list(owner=request.user), StoreOutputSerializer
         )
 
-    @extend_schema(request=StoreCreateSerializer, responses={201: StoreOutputSerializer})
+    @extend_schema(
+        summary="Create a memory store",
+        request=StoreCreateSerializer,
+        responses={201: StoreOutputSerializer, 409: ERROR},
+    )
     def post(self, request: Request) -> Response:
         data = StoreCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -98,11 +105,15 @@ class StoreListView(APIView):
 
 
 class StoreDetailView(APIView):
-    @extend_schema(responses=StoreOutputSerializer)
+    @extend_schema(summary="Get a memory store", responses=StoreOutputSerializer)
     def get(self, request: Request, store_id: Any) -> Response:
         return Response(StoreOutputSerializer(_store(request, store_id)).data)
 
-    @extend_schema(request=StoreUpdateSerializer, responses=StoreOutputSerializer)
+    @extend_schema(
+        summary="Update a memory store",
+        request=StoreUpdateSerializer,
+        responses={200: StoreOutputSerializer, 409: ERROR},
+    )
     def patch(self, request: Request, store_id: Any) -> Response:
         store = _store(request, store_id)
         data = StoreUpdateSerializer(data=request.data)
@@ -111,7 +122,7 @@ class StoreDetailView(APIView):
         load = memory_store_load(store=store)
         return Response({**StoreOutputSerializer(_store(request, store_id)).data, "load": load})
 
-    @extend_schema(responses={204: None})
+    @extend_schema(summary="Delete a memory store", responses={204: None})
     def delete(self, request: Request, store_id: Any) -> Response:
         memory_store_delete(store=_store(request, store_id))
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -119,8 +130,9 @@ class StoreDetailView(APIView):
 
 class StoreLoadView(APIView):
     @extend_schema(
+        summary="Re-index a file store",
         request=None,
-        responses=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT, 409: ERROR},
         description="Re-index a file store's changed files now.",
     )
     def post(self, request: Request, store_id: Any) -> Response:
@@ -128,7 +140,11 @@ class StoreLoadView(APIView):
 
 
 class StoreItemsView(APIView):
-    @extend_schema(parameters=[ItemQuerySerializer], responses=ItemOutputSerializer(many=True))
+    @extend_schema(
+        summary="List a store's items",
+        parameters=[ItemQuerySerializer],
+        responses=paginated(ItemOutputSerializer),
+    )
     def get(self, request: Request, store_id: Any) -> Response:
         store = _store(request, store_id)
         query = ItemQuerySerializer(data=request.query_params)
@@ -138,12 +154,12 @@ class StoreItemsView(APIView):
 
 
 class StoreItemDetailView(APIView):
-    @extend_schema(responses=ItemOutputSerializer)
+    @extend_schema(summary="Get a store item", responses=ItemOutputSerializer)
     def get(self, request: Request, store_id: Any, item_id: int) -> Response:
         item = memory_item_get(store=_store(request, store_id), item_id=item_id)
         return Response(ItemOutputSerializer(item).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(summary="Delete a store item", responses={204: None, 409: ERROR})
     def delete(self, request: Request, store_id: Any, item_id: int) -> Response:
         memory_item_delete(store=_store(request, store_id), item_id=item_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -156,16 +172,33 @@ class MemoryConfigView(APIView):
     renderer_classes = [JSONRenderer, YAMLRenderer]
 
     @extend_schema(
-        responses=OpenApiTypes.OBJECT,
-        description="Export: `?format=yaml` (or Accept: application/yaml) for YAML.",
+        summary="Export stores and attachments",
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "application/yaml"): OpenApiTypes.OBJECT,
+            404: ERROR,
+        },
+        description="Export: `?format=yaml` (or Accept: application/yaml) for YAML "
+        "(another format: 404).",
     )
     def get(self, request: Request) -> Response:
+        formats = request.query_params.getlist("format")
+        if formats and (len(formats) > 1 or formats[0] not in ("json", "yaml")):
+            raise InvalidInput("format must be json or yaml.", details={"format": formats})
+        unknown = sorted(set(request.query_params) - {"format"})
+        if unknown:  # the export takes one parameter: a typo should not go unnoticed
+            raise InvalidInput(f"Unknown query parameter(s): {', '.join(unknown)[:200]}.")
         return Response(memory_config_export(owner=request.user))
 
     @extend_schema(
         parameters=[ConfigQuerySerializer],
+        summary="Apply a stores and attachments document",
         request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.OBJECT},
-        responses=OpenApiTypes.OBJECT,
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "application/yaml"): OpenApiTypes.OBJECT,
+            409: ERROR,
+        },
     )
     def post(self, request: Request) -> Response:
         query = ConfigQuerySerializer(data=request.query_params)
@@ -177,14 +210,21 @@ class MemoryConfigView(APIView):
 
 
 class NodeMemoryView(APIView):
-    @extend_schema(responses=AttachmentOutputSerializer(many=True))
+    @extend_schema(
+        summary="A node's attached stores",
+        responses=wrapped("attachments", AttachmentOutputSerializer),
+    )
     def get(self, request: Request, flow_id: Any, node_id: str) -> Response:
         attachments = attachments_or_404(_flow(request, flow_id), validate_node_id(node_id))
         return Response({"attachments": AttachmentOutputSerializer(attachments, many=True).data})
 
 
 class NodeMemoryRetrieveView(APIView):
-    @extend_schema(request=RetrieveInSerializer, responses=RetrieveOutputSerializer)
+    @extend_schema(
+        summary="Retrieve from a node's stores",
+        request=RetrieveInSerializer,
+        responses={200: RetrieveOutputSerializer, 409: ERROR},
+    )
     def post(self, request: Request, flow_id: Any, node_id: str) -> Response:
         flow = _flow(request, flow_id)
         data = RetrieveInSerializer(data=request.data)
@@ -194,7 +234,11 @@ class NodeMemoryRetrieveView(APIView):
 
 
 class NodeMemoryWriteView(APIView):
-    @extend_schema(request=WriteInSerializer, responses=WriteOutputSerializer(many=True))
+    @extend_schema(
+        summary="Write to a node's stores",
+        request=WriteInSerializer,
+        responses={200: wrapped("results", WriteOutputSerializer), 409: ERROR},
+    )
     def post(self, request: Request, flow_id: Any, node_id: str) -> Response:
         flow = _flow(request, flow_id)
         data = WriteInSerializer(data=request.data)

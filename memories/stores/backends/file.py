@@ -16,6 +16,7 @@ import numpy as np
 from django.conf import settings
 from rest_framework import serializers
 
+from core.api.fields import StrictBooleanField
 from core.db import advisory_session_lock
 from core.providers.embeddings import EmbeddingConfig
 from knowledge.files import KEY_PREFIX, knowledge_base_index_files
@@ -57,7 +58,7 @@ class FileSource(StrictConfig):
         default=list,
         help_text='Suffixes to keep, e.g. [".md", ".mdx"]; empty: every file',
     )
-    recursive = serializers.BooleanField(default=True)
+    recursive = StrictBooleanField(default=True)
     encoding = serializers.CharField(max_length=40, default="utf-8")
 
     def validate_path(self, value: str) -> str:

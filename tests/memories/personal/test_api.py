@@ -213,11 +213,10 @@ def test_metrics_in_prometheus_format(client, alice, settings):
     end_user = end_user_ensure(owner=alice, external_id="u1")
     memory_add(end_user=end_user, content="User uses Bun")
     counter_add("memory_dedup_total", 3)
-    body = client.get("/metrics").content.decode()
+    settings.METRICS_TOKEN = "secret"
+    body = client.get("/metrics", HTTP_AUTHORIZATION="Bearer secret").content.decode()
     assert "# TYPE memory_total_count gauge\nmemory_total_count 1\n" in body
     assert "memory_additions_total 1\n" in body
     assert "memory_dedup_total 3\n" in body
     assert "memory_replacements_total 0\n" in body
-    settings.METRICS_TOKEN = "secret"
     assert client.get("/metrics").status_code == 401
-    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer secret").status_code == 200

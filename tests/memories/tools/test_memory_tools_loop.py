@@ -197,3 +197,66 @@ def test_opt_in_needs_an_end_user_and_the_setting_turns_it_on(
         extra_body={"memory_tools": False},
     )  # fmt: skip
     assert "tools" not in _sent(openai_server)[1]
+
+
+def _streamed_calls(*calls: tuple[str, dict]) -> Scripted:
+    base = {"id": "c3", "object": "chat.completion.chunk", "created": 3, "model": "m"}
+    chunks = [
+        {**base, "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+            {"index": i, "id": f"call_{i}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps(arguments)}}]}}]}
+        for i, (name, arguments) in enumerate(calls)
+    ]  # fmt: skip
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    return Scripted(stream_chunks=chunks)
+
+
+def _read(stream) -> tuple[list, list, dict]:
+    calls, finishes, extra = [], [], None
+    for chunk in stream:
+        if not chunk.choices:
+            extra = chunk.model_extra
+            continue
+        calls += [c.function.name for c in chunk.choices[0].delta.tool_calls or [] if c.function]
+        finishes += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason else []
+    return calls, finishes, extra
+
+
+def test_streamed_stray_memory_call_in_the_last_round_stops(
+    live_server, alice, llm_settings, openai_server
+):
+    llm_settings.CHAT_TOOL_MAX_ROUNDS = 2
+    openai_server.push(
+        _streamed_calls(("search_memory", {"query": "first"})),
+        _streamed_calls(("search_memory", {"query": "stray"})),  # not offered, called anyway
+    )
+    stream = _client(live_server, alice).chat.completions.create(
+        model="fake-model", stream=True, extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Loop forever"}],
+    )  # fmt: skip
+    calls, finishes, extra = _read(stream)
+    assert (calls, finishes) == ([], ["stop"])  # no call for the client: the turn stops
+    assert [r["arguments"] for r in extra["memory_tool_calls"]] == [
+        {"query": "first"},
+        {"query": "stray"},
+    ]  # fmt: skip  (the same as a JSON answer reports)
+    assert "tools" not in _sent(openai_server)[1]
+
+
+def test_streamed_client_call_beside_a_memory_call_runs_both(
+    live_server, alice, llm_settings, openai_server
+):
+    openai_server.push(
+        _streamed_calls(("manage_memory", {"content": "User likes tea"}), ("get_time", {}))
+    )
+    stream = _client(live_server, alice).chat.completions.create(
+        model="fake-model", stream=True, tools=[CLIENT_TOOL], extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Remember I like tea; what time is it?"}],
+    )  # fmt: skip
+    calls, finishes, extra = _read(stream)
+    assert (calls, finishes) == (["get_time"], ["tool_calls"])  # the client's call, unchanged
+    assert [(r["name"], r["result"]["action"]) for r in extra["memory_tool_calls"]] == [
+        ("manage_memory", "created")
+    ]
+    assert _facts(alice) == ["User likes tea"]
+    assert len(_sent(openai_server)) == 1

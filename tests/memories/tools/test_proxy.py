@@ -343,14 +343,18 @@ def test_erasing_the_user_erases_their_recorded_chats(
     assert sorted(set(Message.objects.values_list("session_id", flat=True))) == ["chat-of-u2"]
 
 
-def test_stream_false_as_a_string_is_not_a_stream(live_server, alice, llm_settings, openai_server):
-    openai_server.push(Scripted(body=chat_body("Plain.")))
+def test_stream_false_as_a_string_is_refused_as_openai_does(
+    live_server, alice, llm_settings, openai_server
+):
+    # OpenAI answers 400 "expected a boolean, but got a string"; so does the proxy, before any upstream call.
     answer = httpx.post(timeout=30, url=
         live_server.url + "/v1/chat/completions",
         json={"model": "fake-model", "stream": "false",
               "messages": [{"role": "user", "content": "Hi"}]},
         headers=_headers(_key(alice)),
     )  # fmt: skip
+    assert answer.status_code == 400
     assert answer.headers["content-type"] == "application/json"
-    assert answer.json()["choices"][0]["message"]["content"] == "Plain."
-    assert openai_server.requests[0]["json"]["stream"] is False
+    error = answer.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "stream")
+    assert openai_server.requests == []

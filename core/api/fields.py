@@ -1,0 +1,51 @@
+"""Fields every API serializer shares: strict booleans and query vectors."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.http import QueryDict
+from rest_framework import serializers
+
+# The largest magnitude a pgvector (float4) component holds.
+FLOAT4_MAX = 3.4028234663852886e38
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON boolean is ``true`` or ``false``: the string ``"false"`` is refused (DRF's
+    BooleanField reads it as False, and code that looked at the raw body saw a truthy
+    string). Query parameters are text, so there ``true``/``false``/``1``/``0`` stay."""
+
+    default_error_messages = {"invalid": "Must be a boolean (true or false)."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if isinstance(data, bool):
+            return data
+        root = self.root
+        if isinstance(getattr(root, "initial_data", None), QueryDict):
+            return super().to_internal_value(data)
+        self.fail("invalid", input=data)
+        raise AssertionError  # fail() raises
+
+
+class QueryVectorField(serializers.ListField):
+    """A query embedding for cosine search: finite floats a float4 column can hold, not
+    all zero (a zero vector has no direction: cosine distances came back NaN). It is
+    scaled to unit length, which leaves cosine distances unchanged and keeps pgvector's
+    float4 sums of squares from overflowing (``[3e38, 3e38]``) or underflowing to 0."""
+
+    child = serializers.FloatField()
+    default_error_messages = {
+        "not_finite": "Vector components must be finite numbers of magnitude at most 3.4e38.",
+        "zero": "The vector is all zeros: it has no direction to search by.",
+    }
+
+    def to_internal_value(self, data: Any) -> list[float]:
+        values = super().to_internal_value(data)
+        if any(not math.isfinite(x) or abs(x) > FLOAT4_MAX for x in values):
+            self.fail("not_finite")
+        norm = math.sqrt(math.fsum(x * x for x in values))
+        if norm == 0.0:
+            self.fail("zero")
+        return [x / norm for x in values]

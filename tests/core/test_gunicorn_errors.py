@@ -1,0 +1,97 @@
+"""What gunicorn answers itself (before Django sees the request) is JSON too: a real
+gunicorn with the worker class `manage.py serve` and the Dockerfile use."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.core.test_serve import ROOT, serve_env  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def _raw(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.fixture
+def gunicorn(serve_env):  # noqa: F811
+    port = int(serve_env["PORT"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "memoryproject.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--worker-class",
+            "core.gunicorn_worker.JSONErrorThreadWorker",
+        ],
+        cwd=ROOT,
+        env=serve_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None
+            time.sleep(0.2)
+    yield port
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (
+            b"GET /api/v1/flows?q=" + b"x" * 5000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            414,
+            "uri_too_long",
+        ),
+        (
+            b"GET /api/v1/flows HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"y" * 9000 + b"\r\n\r\n",
+            431,
+            "headers_too_large",
+        ),
+        (b"NOT A REQUEST LINE\r\n\r\n", 400, "bad_request"),
+    ],
+)
+def test_gunicorn_refusals_are_json(gunicorn, request_bytes, status, code):
+    got, headers, body = _raw(gunicorn, request_bytes)
+    assert got == status
+    assert headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["code"] == code
+    assert error["type"] == "invalid_request_error"
+    assert set(error) == {"code", "message", "details", "type", "param"}
+
+
+def test_django_answers_through_the_same_worker(gunicorn):
+    got, headers, body = _raw(
+        gunicorn, b"GET /api/v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    assert got == 404
+    assert json.loads(body)["error"]["code"] == "not_found"
