@@ -3,11 +3,15 @@
 Run from the repository root, against a private database (reused between runs):
 
     EMBEDDED_DB_NAME=bench_engine .venv/bin/python bench/bench_engine.py [--fresh] \\
-        [--scopes 10000 --per-scope 100] [--queries 200] [--skip-large]
+        [--scopes 10000 --per-scope 100] [--queries 200] [--skip-large | --large] \\
+        [--search-only] [--maintenance-work-mem 3GB]
 
 Data (one owner): scope ``["bench", "big"]`` with 10,000 facts, ``["bench", "inj"]``
 with 500, then (unless ``--skip-large``) 10,000 scopes ``["s", "<i>"]`` of 100 facts
-(1M facts), rows of all scopes interleaved in the table as a busy service writes them.
+(1M facts), rows of all scopes interleaved in the table as a busy service writes them;
+the 1M are loaded with the HNSW indexes dropped, which are then built again (one
+``CREATE INDEX`` each, ``maintenance_work_mem`` from ``--maintenance-work-mem``, one
+parallel worker). ``--large``: the 1M phase only (phase A's figures skipped).
 Vectors: random unit vectors, 384 dimensions, loaded with binary COPY; texts: 8 words
 drawn from a 5,000-word vocabulary. Queries are random unit vectors (the query
 embedding is excluded from every timing) with 3 vocabulary words as text.
@@ -136,6 +140,33 @@ def load(owner_id: int, scopes: list[tuple[int, int]]) -> None:
             )
 
 
+def without_hnsw(maintenance_work_mem: str) -> Callable[[], None]:
+    """Drop the fact table's HNSW indexes (a COPY of 1M rows would pay an insert into
+    each graph per row); returns the function that builds them again."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_vector' "
+            "AND indexdef LIKE '%USING hnsw%'"
+        )
+        indexes = cur.fetchall()
+        for name, _ in indexes:
+            cur.execute(f"DROP INDEX {name}")
+
+    def build() -> None:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT set_config('maintenance_work_mem', %s, false)", [maintenance_work_mem]
+            )
+            cur.execute("SET max_parallel_maintenance_workers = 1")
+            for name, definition in indexes:
+                t0 = time.perf_counter()
+                cur.execute(definition)
+                print(f"  built {name} in {time.perf_counter() - t0:.0f} s", flush=True)
+            cur.execute("RESET maintenance_work_mem")
+
+    return build
+
+
 def fix_times() -> None:
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE memories_vector")
@@ -174,33 +205,33 @@ def old_search(owner_id: int, scope_id: int, q: np.ndarray) -> list[Any]:
 LITERAL = re.compile(r"'\[[^]]*\]'")
 
 
-def explain(label: str, scope_id: int, q: np.ndarray) -> None:
-    """EXPLAIN (ANALYZE, BUFFERS) of the search's vector leg and of the duplicate check's
-    nearest-fact lookup for one scope: what each reads."""
+def explain(label: str, scope_id: int, q: np.ndarray, words: str = "w1 w2 w3") -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of the search's one statement and of the duplicate
+    check's nearest-fact lookup for one scope: what each reads."""
     from memories.personal import selectors
 
+    pool = max(50, 5 * 10)
+    statement = selectors.candidates_statement(
+        scope_id=scope_id, text=words, vector=q.tolist(), embedding_model=MODEL, pool=pool,
+        index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool),
+        walk_share=settings.ENGINE_WALK_MIN_SHARE, exact_cap=settings.ENGINE_EXACT_CAP_FACTS,
+        ranking=selectors.Ranking(settings.ENGINE_VECTOR_WEIGHT, settings.ENGINE_HALF_LIFE_DAYS,
+                                  datetime.now(UTC), 10),
+    )  # fmt: skip
+    kind = selectors._index_type(DIMS)
     text = "[" + ",".join(repr(float(x)) for x in q) + "]"
-    vector_leg = (
-        "SELECT id, embedding <=> %s::vector AS d FROM memories_vector WHERE scope_id = %s "
-        "AND dimensions = %s AND embedding_model = %s ORDER BY d, id LIMIT 50"
-    )
     nearest = (
         f"SELECT id, embedding::vector({DIMS}) <=> %s::vector({DIMS}) AS d FROM memories_vector "
-        f"WHERE dimensions = {DIMS} AND scope_id = %s AND embedding_model = %s ORDER BY d LIMIT 1"
+        f"WHERE dimensions = {DIMS} AND scope_id = %s AND embedding_model = %s "
+        f"ORDER BY embedding::{kind}({DIMS}) <=> %s::{kind}({DIMS}) LIMIT 1"
     )
-    large = selectors.scope_is_large(scope_id=scope_id, above=settings.ENGINE_EXACT_MAX_FACTS)
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
-        cur.execute("SELECT set_config('hnsw.ef_search', '50', true)")
+        if statement.settings:
+            cur.execute(*statement.settings)
         for name, sql, params in (
-            ("search vector leg (large scope: HNSW, limit 50)" if large else
-             "search vector leg (exact)",
-             nearest.replace("LIMIT 1", "LIMIT 50") if large else vector_leg,
-             [text, scope_id, MODEL] if large else [text, scope_id, DIMS, MODEL]),
-            ("duplicate check (large scope: HNSW)" if large else "duplicate check (exact)",
-             nearest if large else vector_leg.replace("LIMIT 50", "LIMIT 1"),
-             [text, scope_id, MODEL] if large else [text, scope_id, DIMS, MODEL]),
-        ):  # fmt: skip
+            ("search, the one statement", statement.sql, statement.params),
+            ("duplicate check (HNSW walk)", nearest, [text, scope_id, MODEL, text]),
+        ):
             cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params)
             plan = [row[0] for row in cur.fetchall()]
             print(f"  EXPLAIN {name}, {label}:")
@@ -232,6 +263,46 @@ def bench_search(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
         p99,
         f"rows min {min(counts)} median {statistics.median(counts)}",
     )
+
+
+def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+    """The one statement against the search it replaced (three statements and the merge
+    in Python, ``reference_search`` in the tests, on the same indexes), call by call
+    alternated with the same query: medians and the median of the paired ratios."""
+    from tests.memories.engine.test_search_statement import reference_search
+
+    class Given:
+        model = MODEL
+
+        def __init__(self, q: np.ndarray) -> None:
+            self.q = q
+
+        def embed(self, texts: Any) -> list[np.ndarray]:
+            return [self.q]
+
+    queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
+    new, old = [], []
+    for i in range(calls + 10):
+        q, words = prng.choice(queries)
+        row = prng.choice(rows)
+        pair = []
+        for fn in (
+            lambda row=row, words=words, q=q: core_fact_search(
+                owner=owner, scope=row, query=words, limit=10, query_vector=q,
+                embedder=FixedEmbedder()),
+            lambda row=row, words=words, q=q: reference_search(
+                owner, list(row.scope), words, embedder=Given(q), limit=10,
+                half_life=settings.ENGINE_HALF_LIFE_DAYS),
+        ):  # fmt: skip
+            t = time.perf_counter()
+            fn()
+            pair.append((time.perf_counter() - t) * 1000)
+        if i >= 10:
+            new.append(pair[0])
+            old.append(pair[1])
+    ratio = statistics.median(a / b for a, b in zip(new, old, strict=True))
+    print(f"paired, {label}: one statement p50 {statistics.median(new):.2f} ms, three statements "
+          f"p50 {statistics.median(old):.2f} ms, paired ratio {ratio:.2f}", flush=True)  # fmt: skip
 
 
 def bench_old(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
@@ -306,6 +377,17 @@ def main() -> None:
     parser.add_argument("--per-scope", type=int, default=100)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--large", action="store_true", help="the 1M phase only")
+    parser.add_argument(
+        "--paired", action="store_true", help="also the one statement against three, alternated"
+    )
+    parser.add_argument("--maintenance-work-mem", default="3GB")
+    parser.add_argument(
+        "--search-only", action="store_true", help="searches only (no injection, adds, before)"
+    )
+    parser.add_argument(
+        "--pool", type=int, default=0, help="also time the 10k scope with this vector pool"
+    )
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     user_model = get_user_model()
@@ -318,18 +400,32 @@ def main() -> None:
         print("loading the 10k scope and the 500-fact scope", flush=True)
         load(owner.pk, [(big.pk, 10_000), (inj.pk, 500)])
         fix_times()
+    if not args.large:
+        phase_a(args, owner, big, inj)
+    if args.skip_large:
+        return
+    phase_b(args, owner, big)
+
+
+def phase_a(args: argparse.Namespace, owner: Any, big: EndUser, inj: EndUser) -> None:
     print(f"\nphase A: owner holds {owner_facts(owner.pk):,} facts", flush=True)
     explain("10k facts in one scope", big.pk, unit(1)[0])
     bench_search(owner, [big], args.queries, "10k facts in one scope")
     bench_search(owner, [inj], args.queries, "500 facts in one scope")
+    if args.paired:
+        bench_paired(owner, [big], args.queries, "10k facts in one scope")
+        bench_paired(owner, [inj], args.queries, "500 facts in one scope")
+    if args.search_only:
+        return
     bench_old(owner, [big], 20, "10k facts in one scope")
     bench_injection(owner, inj, args.queries)
     bench_nearest(inj, args.queries, "scope of 500 facts")
     bench_nearest(big, args.queries, "scope of 10,000 facts")
     bench_add(owner, inj, 50, "scope of 500 facts")
     bench_add(owner, big, 50, "scope of 10,000 facts")
-    if args.skip_large:
-        return
+
+
+def phase_b(args: argparse.Namespace, owner: Any, big: EndUser) -> None:
     smalls = list(EndUser.objects.filter(owner=owner, scope__0="s").order_by("id"))
     if len(smalls) < args.scopes:
         print(f"creating {args.scopes:,} scopes", flush=True)
@@ -344,14 +440,21 @@ def main() -> None:
         print(
             f"loading {len(empty) * args.per_scope:,} facts into {len(empty):,} scopes", flush=True
         )
+        build = without_hnsw(args.maintenance_work_mem)
         for i in range(0, len(empty), 1000):
             load(owner.pk, [(r.pk, args.per_scope) for r in empty[i : i + 1000]])
+        build()
         fix_times()
     print(f"\nphase B: owner holds {owner_facts(owner.pk):,} facts", flush=True)
     explain("10k-fact scope, owner holds 1M", big.pk, unit(1)[0])
     explain(f"{args.per_scope}-fact scope, owner holds 1M", smalls[0].pk, unit(1)[0])
     bench_search(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
     bench_search(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, owner holds 1M")
+    if args.paired:
+        bench_paired(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
+        bench_paired(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, owner holds 1M")
+    if args.search_only:
+        return
     bench_old(owner, [big], 5, "10k-fact scope, owner holds 1M")
     bench_old(owner, smalls, 5, f"{args.per_scope}-fact scopes, owner holds 1M")
     bench_add(owner, smalls[0], 50, f"scope of {args.per_scope} facts, owner holds 1M")

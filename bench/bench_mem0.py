@@ -5,7 +5,7 @@ Runs in mem0's own virtualenv (mem0ai and its dependencies are not this project'
 against the embedded server of this worktree, after ``bench/bench_engine.py`` loaded
 its data (database ``bench_engine``)::
 
-    /work/scratch-mem0/venv/bin/python bench/bench_mem0.py [--queries 100] [--fresh]
+    /work/scratch-mem0/venv/bin/python bench/bench_mem0.py [--queries 100] [--fresh] [--large]
 
 It copies the engine bench's owner's facts of the scopes ``["bench", "big"]`` (10,000)
 and ``["bench", "inj"]`` (500) (text and vector, as stored) into a mem0 pgvector
@@ -16,6 +16,13 @@ vector leg and its keyword leg) and ``Memory.add(text, user_id=..., infer=False)
 LLM) with an embedder that answers from the given vectors, so the query embedding costs
 nothing on either side. No network: the LLM is configured with a dummy key and never
 called.
+
+``--large``: every fact of the engine bench's owner (the two scopes above and its
+10,000 scopes of 100, 1,010,500 facts: run ``bench_engine.py --large`` first) goes into
+database ``mem0bench_1m``, one mem0 ``user_id`` per scope, by COPY with mem0's indexes
+dropped and then built again with its own definitions (``maintenance_work_mem``
+``--maintenance-work-mem``); timed: search in the 10,000-fact user and in random
+100-fact users, add into one of each.
 """
 
 from __future__ import annotations
@@ -74,19 +81,22 @@ def scope_facts(scope: list[str]) -> list[tuple[str, str]]:
         ).fetchall()
 
 
+DB = "mem0bench"
+
+
 def memory(fresh: bool):
     from mem0 import Memory
 
     with psycopg.connect(f"{BASE} dbname=postgres", autocommit=True) as conn:
         if fresh:
-            conn.execute("DROP DATABASE IF EXISTS mem0bench WITH (FORCE)")
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = 'mem0bench'").fetchone():
-            conn.execute("CREATE DATABASE mem0bench")
+            conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone():
+            conn.execute(f"CREATE DATABASE {DB}")
     config = {
         "vector_store": {
             "provider": "pgvector",
             "config": {
-                "connection_string": f"{BASE} dbname=mem0bench",
+                "connection_string": f"{BASE} dbname={DB}",
                 "collection_name": COLLECTION,
                 "embedding_model_dims": 384,
                 "hnsw": True,
@@ -109,7 +119,7 @@ def load(m, user_id: str, facts: list[tuple[str, str]]) -> None:
     from mem0.utils.lemmatization import lemmatize_for_bm25
 
     m.vector_store._ensure_collection()  # (mem0 creates its table on first use)
-    with psycopg.connect(f"{BASE} dbname=mem0bench") as conn:
+    with psycopg.connect(f"{BASE} dbname={DB}") as conn:
         exists = conn.execute(
             f"SELECT count(*) FROM {COLLECTION} WHERE payload->>'user_id' = %s", [user_id]
         ).fetchone()
@@ -129,7 +139,7 @@ def load(m, user_id: str, facts: list[tuple[str, str]]) -> None:
             ids=[str(uuid.uuid4()) for _ in part],
         )
         print(f"  {user_id}: {start + len(part):,}/{len(facts):,}", flush=True)
-    with psycopg.connect(f"{BASE} dbname=mem0bench", autocommit=True) as conn:
+    with psycopg.connect(f"{BASE} dbname={DB}", autocommit=True) as conn:
         conn.execute(f"VACUUM ANALYZE {COLLECTION}")
 
 
@@ -149,11 +159,89 @@ def timed(fn, calls: int, warmup: int = 10) -> tuple[float, float, object]:
     )
 
 
+def load_large(m, maintenance_work_mem: str) -> None:
+    """Every fact of the engine bench's owner, one mem0 user per scope (``big``, ``inj``,
+    ``s<i>``), by COPY without mem0's indexes, which are then built again as mem0
+    defines them. Skipped when the collection already holds that many rows."""
+    m.vector_store._ensure_collection()
+    src = psycopg.connect(f"{BASE} dbname=bench_engine")
+    dst = psycopg.connect(f"{BASE} dbname={DB}", autocommit=True)
+    total = src.execute(
+        "SELECT count(*) FROM memories_vector v JOIN auth_user u ON u.id = v.owner_id "
+        "WHERE u.username = 'bench-engine'"
+    ).fetchone()[0]
+    have = dst.execute(f"SELECT count(*) FROM {COLLECTION}").fetchone()[0]
+    if have >= total:
+        return
+    indexes = dst.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s AND indexname <> %s",
+        [COLLECTION, f"{COLLECTION}_pkey"],
+    ).fetchall()
+    t0 = time.perf_counter()
+    dst.execute(f"TRUNCATE {COLLECTION}")
+    for name, _ in indexes:
+        dst.execute(f"DROP INDEX {name}")
+    now = datetime.now(UTC).isoformat()
+    names = {("bench", "big"): "big", ("bench", "inj"): "inj"}
+    with (
+        src.cursor(name="facts") as cur,
+        dst.cursor().copy(f"COPY {COLLECTION} (id, vector, payload) FROM STDIN") as copy,
+    ):
+        cur.itersize = 20_000
+        cur.execute(
+            "SELECT v.id, v.embedding::text, v.content, s.scope FROM memories_vector v "
+            "JOIN memories_enduser s ON s.id = v.scope_id "
+            "JOIN auth_user u ON u.id = v.owner_id WHERE u.username = 'bench-engine'"
+        )
+        for n, (vid, vec, text, scope) in enumerate(cur, 1):
+            user_id = names.get(tuple(scope)) or f"s{scope[1]}"
+            payload = {
+                "data": text,
+                "hash": hashlib.md5(text.encode()).hexdigest(),
+                "user_id": user_id,
+                "created_at": now,
+                "updated_at": now,
+                "text_lemmatized": text,
+            }  # fmt: skip (mem0 without spaCy: the text)
+            copy.write_row((vid, vec, json.dumps(payload)))
+            if n % 200_000 == 0:
+                print(f"  copied {n:,}/{total:,} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"  copied {total:,} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    dst.execute(f"SET maintenance_work_mem = '{maintenance_work_mem}'")
+    dst.execute("SET max_parallel_maintenance_workers = 1")
+    for name, definition in indexes:
+        t1 = time.perf_counter()
+        dst.execute(definition)
+        print(f"  built {name} in {time.perf_counter() - t1:.0f} s", flush=True)
+    dst.execute(f"VACUUM ANALYZE {COLLECTION}")
+    src.close()
+    dst.close()
+
+
+def main_large(args) -> None:
+    global DB
+    DB = "mem0bench_1m"
+    m = memory(args.fresh)
+    load_large(m, args.maintenance_work_mem)
+    queries = [(unit(), " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
+    smalls = [f"s{i}" for i in range(args.scopes)]
+    bench_search(m, ["big"], "10,000 facts (owner holds 1M)", queries, args.queries)
+    bench_search(m, smalls, "100 facts (owner holds 1M)", queries, args.queries)
+    bench_add(m, "s0", "100 facts (1M)")
+    bench_add(m, "big", "10,000 facts (1M)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--large", action="store_true")
+    parser.add_argument("--scopes", type=int, default=10_000)
+    parser.add_argument("--maintenance-work-mem", default="3GB")
     args = parser.parse_args()
+    if args.large:
+        main_large(args)
+        return
     m = memory(args.fresh)
     big, inj = scope_facts(["bench", "big"]), scope_facts(["bench", "inj"])
     print(f"facts from bench_engine: big {len(big):,}, inj {len(inj):,}", flush=True)
@@ -161,18 +249,18 @@ def main() -> None:
     load(m, "inj", inj)
     queries = [(unit(), " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
     for user_id, label in (("big", "10,000 facts"), ("inj", "500 facts")):
-        bench_search(m, user_id, label, queries, args.queries)
+        bench_search(m, [user_id], label, queries, args.queries)
     for user_id, label in (("inj", "500 facts"), ("big", "10,000 facts")):
         bench_add(m, user_id, label)
 
 
-def bench_search(m, user_id: str, label: str, queries: list, calls: int) -> None:
+def bench_search(m, user_ids: list[str], label: str, queries: list, calls: int) -> None:
     counts = []
 
     def search() -> object:
         vector, words = prng.choice(queries)
         m.embedding_model.next = vector
-        found = m.search(words, filters={"user_id": user_id}, top_k=10)
+        found = m.search(words, filters={"user_id": prng.choice(user_ids)}, top_k=10)
         counts.append(len(found["results"]))
         return found
 

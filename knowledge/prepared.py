@@ -27,12 +27,19 @@ _ONLY_WHEN_ASKED = 2**31 - 1
 
 
 def fetch(
-    sql: str, params: list[Any], prepare: bool = True
+    sql: str,
+    params: list[Any],
+    prepare: bool = True,
+    before: tuple[str, list[Any]] | None = None,
 ) -> tuple[list[tuple[Any, ...]], list[str]]:
     """(rows, column names) of ``sql`` run as a prepared statement on ``connection``.
 
     ``prepare=False``: bound on the server but planned for these values each time, for a
     statement whose best plan depends on them (a generic plan could scan the table).
+    ``before``: a statement (``set_config(..., true)``, prepared too) run first in the
+    same transaction and the same round trip (pipeline mode: both are sent, then one
+    Sync; outside a transaction the two form one implicit transaction, so settings
+    local to it end with it).
     """
     started = time.monotonic()
     with connection.wrap_database_errors:
@@ -44,12 +51,23 @@ def fetch(
             # prepare=True is ignored. Only statements asking for it are prepared here:
             # Django's own (client-side) cursors never prepare.
             raw.prepare_threshold = _ONLY_WHEN_ASKED
-        with psycopg.Cursor(raw) as cur:
-            cur.execute(sql, params, prepare=prepare)
-            rows = cur.fetchall()
-            names = [c.name for c in cur.description or ()]
+        if before is None:
+            with psycopg.Cursor(raw) as cur:
+                cur.execute(sql, params, prepare=prepare)
+                rows = cur.fetchall()
+                names = [c.name for c in cur.description or ()]
+        else:
+            with psycopg.Cursor(raw) as first, psycopg.Cursor(raw) as cur:
+                with raw.pipeline():
+                    first.execute(*before, prepare=True)
+                    cur.execute(sql, params, prepare=prepare)
+                rows = cur.fetchall()
+                names = [c.name for c in cur.description or ()]
     if connection.queries_logged:
         connection.queries_log.append(
-            {"sql": f"{sql} -- {params!r}", "time": f"{time.monotonic() - started:.3f}"}
+            {
+                "sql": f"{before[0] + '; ' if before else ''}{sql} -- {params!r}",
+                "time": f"{time.monotonic() - started:.3f}",
+            }  # fmt: skip
         )
     return rows, names

@@ -456,6 +456,12 @@ ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
 # duplicate check) through the HNSW index of its dimension instead of an exact scan of
 # the scope, so adding a fact costs the same however many facts the scope holds.
 ENGINE_EXACT_MAX_FACTS = env_int("ENGINE_EXACT_MAX_FACTS", 2000, minimum=1)
+# Search: a scope past ENGINE_EXACT_MAX_FACTS walks the HNSW index only if it also holds
+# this share of the fact table (a walk filtered to a rare scope visits many nodes of
+# other scopes: 10,000 facts among 1M are ranked faster exactly) or more facts than
+# ENGINE_EXACT_CAP_FACTS (an exact scan grows with the scope).
+ENGINE_WALK_MIN_SHARE = env_float("ENGINE_WALK_MIN_SHARE", 0.05, minimum=0.0)
+ENGINE_EXACT_CAP_FACTS = env_int("ENGINE_EXACT_CAP_FACTS", 20000, minimum=1)
 # A replacement that would bring back a text the same fact replaced within the scope's
 # last N replacements is refused unless its confidence is higher (0 = no guard).
 ENGINE_FLIP_FLOP_WINDOW = env_int("ENGINE_FLIP_FLOP_WINDOW", 20, minimum=0)

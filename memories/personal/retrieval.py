@@ -1,9 +1,11 @@
 """Reads of a scope's core facts: hybrid search with decay, and the injection block.
 
-Search ranks the scope's facts exactly by cosine similarity and by keyword (any query
-word, ``ts_rank``), merges them (``ENGINE_VECTOR_WEIGHT`` x similarity + the rest x
-keyword score normalised to the best match) and multiplies by ``core.scoring.decay``
-of the fact's age. When the embedder fails the search is keyword-only, never an error.
+Search ranks the scope's facts by cosine similarity (exactly, or through the HNSW
+index past ``ENGINE_EXACT_MAX_FACTS``) and by keyword (any query word, ``ts_rank``),
+merges them (``ENGINE_VECTOR_WEIGHT`` x similarity + the rest x keyword score
+normalised to the best match) and multiplies by the decay of the fact's age (as
+``core.scoring.decay``), all in one statement (``selectors.candidates_statement``).
+When the embedder fails the search is keyword-only, never an error.
 """
 
 from __future__ import annotations
@@ -21,17 +23,14 @@ from django.utils import timezone
 
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.tokens import count_tokens
-from core.scoring import decay
 from memories.personal.models import CATEGORIES, EndUser, Vector
 from memories.personal.scopes import Scope, scope_find, scope_parse
 from memories.personal.selectors import (
     FactFilter,
     FactRow,
+    Ranking,
     core_fact_rows,
-    scope_is_large,
-    scope_keyword_ranking,
-    scope_vector_ranking,
-    scope_vector_ranking_indexed,
+    scope_fact_search,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,6 +57,7 @@ class SearchResult:
     hits: list[FactHit]
     mode: str  # "hybrid" or "keyword" (the embedder failed or there was no vector)
     embedder_error: str | None = None
+    vector_path: str = ""  # "index" (HNSW walk), "exact" (scan of the scope), "" (none)
 
 
 def _pool(limit: int, offset: int) -> int:
@@ -91,24 +91,22 @@ def core_fact_search(
         return SearchResult([], "hybrid")
     pool = _pool(limit, offset)
     vector, model, error = _embed_query(query, embedder, query_vector)
-    vector_hits: list[tuple[uuid.UUID, float]] = []
-    if vector is not None and model is not None:
-        # Past ENGINE_EXACT_MAX_FACTS (and the pool) through the HNSW index; a short
-        # answer from it (a filter few facts pass, the scan cap) is redone exactly.
-        large = max(settings.ENGINE_EXACT_MAX_FACTS, pool)
-        if scope_is_large(scope_id=row.pk, above=large):
-            vector_hits = scope_vector_ranking_indexed(
-                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
-            )
-        if len(vector_hits) < pool:
-            vector_hits = scope_vector_ranking(
-                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
-            )
-    keyword_hits = scope_keyword_ranking(scope_id=row.pk, text=query, limit=pool, filter=filter)
     half_life = settings.ENGINE_HALF_LIFE_DAYS if half_life_days is None else half_life_days
-    hits = _merge(vector_hits, keyword_hits, keyword_only=vector is None, half_life=half_life)
+    weight = 0.0 if vector is None else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
+    # Past ENGINE_EXACT_MAX_FACTS (and the pool), and past ENGINE_WALK_MIN_SHARE of the
+    # table or ENGINE_EXACT_CAP_FACTS, the vector leg walks the HNSW index; a short walk (a filter few facts pass, the scan cap) is redone exactly: all in SQL,
+    # with the merge and the decay.
+    found = scope_fact_search(
+        scope_id=row.pk, text=query, vector=vector, embedding_model=model, pool=pool,
+        index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool), filter=filter,
+        walk_share=settings.ENGINE_WALK_MIN_SHARE, exact_cap=settings.ENGINE_EXACT_CAP_FACTS,
+        ranking=Ranking(weight, half_life, timezone.now(), limit, offset),
+    )  # fmt: skip
     return SearchResult(
-        hits[offset : offset + limit], "keyword" if vector is None else "hybrid", error
+        [FactHit(*row) for row in found.rows],
+        "keyword" if vector is None else "hybrid",
+        error,
+        found.vector_path,
     )
 
 
@@ -123,55 +121,6 @@ def _embed_query(
     except Exception as exc:  # any embedder failure: keyword-only, never an error
         logger.warning("engine search is keyword-only: the embedder failed: %s", exc)
         return None, None, f"{type(exc).__name__}: {exc}"
-
-
-def _merge(
-    vector_hits: list[tuple[uuid.UUID, float]],
-    keyword_hits: list[tuple[uuid.UUID, float]],
-    *,
-    keyword_only: bool,
-    half_life: float,
-) -> list[FactHit]:
-    similarity = dict(vector_hits)
-    keyword = dict(keyword_hits)
-    best = max(keyword.values(), default=0.0) or 1.0
-    weight = 0.0 if keyword_only else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
-    rows = Vector.objects.filter(pk__in=set(similarity) | set(keyword)).values_list(
-        "id",
-        "content",
-        "category",
-        "confidence",
-        "source_kind",
-        "source_ref",
-        "observed_at",
-        "created_at",
-        "updated_at",
-    )  # fmt: skip (plain values: up to 2 x the pool of rows, no model instances)
-    now = timezone.now()
-    hits = []
-    for pk, content, category, confidence, kind, ref, observed, created, updated in rows:
-        sim, kw = similarity.get(pk), keyword.get(pk)
-        relevance = weight * max(sim or 0.0, 0.0) + (1 - weight) * (kw or 0.0) / best
-        if half_life:
-            relevance *= decay(observed, half_life, now=now)
-        hits.append(
-            FactHit(
-                id=pk,
-                content=content,
-                category=category,
-                confidence=confidence,
-                source_kind=kind,
-                source_ref=ref,
-                observed_at=observed,
-                created_at=created,
-                updated_at=updated,
-                similarity=sim,
-                keyword_score=kw,
-                score=relevance,
-            )  # fmt: skip
-        )
-    hits.sort(key=lambda h: (-h.score, str(h.id)))
-    return hits
 
 
 # --- Injection -----------------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, User
 from django.db import connection, transaction
@@ -17,7 +18,9 @@ from django.utils import timezone
 from pgvector.django import CosineDistance
 
 from core.health import pgvector_supports_iterative_scan, pgvector_version
+from core.hnsw import index_type
 from core.scoring import decay
+from knowledge import prepared
 from knowledge.bm25 import bm25_adhoc
 from knowledge.fusion import weighted_scores
 from knowledge.models import INDEXED_DIMENSIONS
@@ -269,6 +272,46 @@ def scope_nearest_indexed(
     return ranked[0] if ranked else None
 
 
+@functools.cache
+def _index_type(dims: int) -> str | None:
+    """``halfvec`` (migration 0007, pgvector >= 0.7), else ``vector`` (0006), or None."""
+    return index_type("vector_hnsw", dims)
+
+
+def _hnsw_settings(limit: int) -> tuple[str, list[Any]]:
+    """The SELECT that sets an HNSW walk's settings for the rest of the transaction
+    (``ef_search`` at least pgvector's default 40, at most its maximum 1000; the
+    iterative scan walks on, in strict order, until the scope's ``limit`` rows are
+    found or the scan cap)."""
+    ef = str(min(1000, max(40, limit)))  # (pgvector's bounds; the iterative scan goes on)
+    if _iterative_scan():
+        return (
+            "SELECT set_config('hnsw.ef_search', %s, true), "
+            "set_config('hnsw.iterative_scan', 'strict_order', true), "
+            "set_config('hnsw.max_scan_tuples', %s, true)",
+            [ef, str(settings.SEARCH_MAX_SCAN_TUPLES)],
+        )
+    return "SELECT set_config('hnsw.ef_search', %s, true)", [ef]
+
+
+def _after_settings(settings_sql: str, settings_params: list[Any], sql: str,
+                    params: list[Any]) -> list[tuple[Any, ...]]:  # fmt: skip
+    """Rows of ``sql`` run after ``settings_sql`` (``set_config(..., true)``: local to
+    the transaction) in one round trip: one query string on a client-binding cursor
+    (Django's default; a multi-statement string is one implicit transaction), the
+    caller's transaction if it holds one; else (a server-binding cursor) two
+    statements in a transaction of their own."""
+    with connection.cursor() as cur:
+        if isinstance(cur.cursor, psycopg.ClientCursor):
+            cur.execute(f"{settings_sql}; {sql}", [*settings_params, *params])
+            cur.nextset()
+            return cur.fetchall()
+        with transaction.atomic(savepoint=False):
+            cur.execute(settings_sql, settings_params)
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+
 def scope_vector_ranking_indexed(
     *,
     scope_id: int,
@@ -279,41 +322,34 @@ def scope_vector_ranking_indexed(
 ) -> list[tuple[uuid.UUID, float]]:
     """``scope_vector_ranking`` for large scopes: the scope's own facts through the HNSW
     index of the dimension, filtered to the scope (pgvector's iterative scan, strict
-    order, walks on until ``limit`` facts of the scope are found; approximate), plus its
+    order, walks on until ``limit`` facts of the scope are found; approximate: the index
+    ranks by its type, ``halfvec``, the distance handed back is the exact one), plus its
     shared facts ranked exactly (few). Fewer than ``limit`` rows only when the scope
     has fewer facts or the walk hit ``SEARCH_MAX_SCAN_TUPLES``: callers then rank
     exactly. Empty for a dimension without an index."""
     dims = len(vector)
-    if dims not in INDEXED_DIMENSIONS:
+    kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
+    if kind is None:
         return []
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
     text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
     sql = (
+        "WITH q AS MATERIALIZED (SELECT %s::vector AS qv) "
         "SELECT id, d FROM ("
-        f" (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) AS d"
+        f" (SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d"
         f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
-        f" AND embedding_model = %s{where} ORDER BY d LIMIT %s)"
+        f" AND embedding_model = %s{where}"
+        f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q) LIMIT %s)"
         " UNION ALL"
-        f" (SELECT v.id, v.embedding <=> %s::vector FROM {_SHARED_JOIN}"
+        f" (SELECT v.id, v.embedding <=> (SELECT qv FROM q) FROM {_SHARED_JOIN}"
         f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere})"
         ") ranked ORDER BY d, id LIMIT %s"
     )
     params = [text, scope_id, embedding_model, *fparams, limit,
-              text, scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
-    with transaction.atomic(savepoint=False), connection.cursor() as cur:
-        ef = max(40, limit)  # pgvector's default; the iterative scan walks on as needed
-        if _iterative_scan():
-            cur.execute(
-                "SELECT set_config('hnsw.ef_search', %s, true), "
-                "set_config('hnsw.iterative_scan', 'strict_order', true), "
-                "set_config('hnsw.max_scan_tuples', %s, true)",
-                [str(ef), str(settings.SEARCH_MAX_SCAN_TUPLES)],
-            )
-        else:
-            cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
-        cur.execute(sql, params)
-        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
+              scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
+    rows = _after_settings(*_hnsw_settings(limit), sql, params)
+    return [(row[0], 1.0 - float(row[1])) for row in rows]
 
 
 def scope_keyword_ranking(
@@ -343,6 +379,206 @@ def scope_keyword_ranking(
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+_KEYWORDS = (
+    "coalesce((SELECT string_agg(quote_literal(l), ' | ') "
+    "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')::tsquery"
+)
+_HIT_COLUMNS = (
+    "v.id, v.content, v.category, v.confidence, v.source_kind, v.source_ref, v.observed_at, "
+    "v.created_at, v.updated_at"
+)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How candidates are scored and which of them come back: ``weight`` x cosine
+    similarity (negative counts as 0) + (1 - ``weight``) x ``ts_rank`` over the best
+    keyword candidate's, times ``0.5 ** (age in days / half_life)`` (the age from
+    ``observed_at`` to ``now``, never negative; ``half_life`` 0: no decay), best first
+    (ties by id); ``limit`` of them from ``offset``. The score as ``core.scoring.decay``
+    and the merge it replaces computed it, in the same order of float operations."""
+
+    weight: float
+    half_life: float
+    now: datetime
+    limit: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A search statement: its SQL, parameters, and the ``set_config`` SELECT (with its
+    parameters) to run before it in the same transaction, if any."""
+
+    sql: str
+    params: list[Any]
+    settings: tuple[str, list[Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ScopeHits:
+    """A search's hits: rows of ``_HIT_COLUMNS`` + (cosine similarity or None,
+    ``ts_rank`` or None, score), best first; ``vector_path`` says how the vector leg
+    ranked: "index" (HNSW walk), "exact" (a scan of the scope), "" (no vector leg)."""
+
+    rows: list[tuple[Any, ...]]
+    vector_path: str
+
+
+def _scored(ranking: Ranking) -> tuple[str, list[Any]]:
+    """The final SELECT over ``c`` (id, similarity, rank, observed_at) and ``kw``."""
+    decay = (
+        " * power(0.5::float8, greatest(0::float8, extract(epoch FROM (%s::timestamptz - c.o))"
+        "::float8 / 86400) / %s::float8)"
+        if ranking.half_life
+        else ""
+    )
+    decay_params = [ranking.now, ranking.half_life] if ranking.half_life else []
+    sql = (
+        "s AS (SELECT c.id, c.sim, c.r, (%s::float8 * greatest(coalesce(c.sim, 0), 0)"
+        " + %s::float8 * coalesce(c.r::float8, 0) / (SELECT coalesce(nullif(max(r), 0), 1)"
+        f"::float8 FROM kw)){decay} AS score FROM c ORDER BY score DESC, id LIMIT %s OFFSET %s) "
+        f"SELECT {_HIT_COLUMNS}, s.sim, s.r, s.score, (SELECT NOT yes FROM redo) "
+        "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.id"
+    )
+    params = [ranking.weight, 1 - ranking.weight, *decay_params, ranking.limit, ranking.offset]
+    return sql, params
+
+
+def candidates_statement(
+    *,
+    scope_id: int,
+    text: str,
+    vector: Sequence[float] | None,
+    embedding_model: str | None,
+    pool: int,
+    index_above: int,
+    ranking: Ranking,
+    filter: FactFilter | None = None,
+    walk_share: float = 0.0,
+    exact_cap: int = 0,
+) -> Statement:
+    """A scope's whole search in one statement: both legs, the merge, the decay, and
+    the rows of the hits that come back (``Ranking``).
+
+    Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
+    ``text`` (``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the
+    ``pool`` most similar facts; a scope of more than ``index_above`` facts that also
+    holds ``walk_share`` of the table's rows (``pg_class.reltuples``) or more than
+    ``exact_cap`` facts is walked through the HNSW index of the dimension
+    (``scope_vector_ranking_indexed``; a walk filtered to a scope visits about as many
+    graph nodes as the scope is rare in the table, an exact scan reads the scope's
+    covering-index range: the rarer scope is scanned, the larger share walked), and
+    when that walk comes back short (a filter few facts pass, the scan cap) or the
+    scope is small, the scope is ranked exactly (``scope_vector_ranking``): the branch
+    not needed is gated off by the planner (a one-time filter), so it reads nothing.
+    Candidates are scored from what the legs read (the covering index holds
+    ``observed_at``), so only the hits returned visit the table for their text.
+    The walk's settings (``Statement.settings``) run before it in the same round trip
+    (``scope_fact_search``). The last column says whether the walk's answer was kept.
+    """
+    where, fparams = (filter or FactFilter()).sql()
+    vwhere, vparams = (filter or FactFilter()).sql("v.")
+    keyword = (
+        "kw AS MATERIALIZED (SELECT id, r, o FROM ("
+        " SELECT id, ts_rank(search_vector, q.words) AS r, observed_at AS o"
+        " FROM memories_vector, q"
+        f" WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope){where}"
+        " UNION ALL"
+        f" SELECT v.id, ts_rank(v.search_vector, q.words), v.observed_at FROM q, {_SHARED_JOIN}"
+        f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
+        ") ranked ORDER BY r DESC, id LIMIT %s), "
+    )
+    keyword_params = [*fparams, scope_id, *vparams, pool]
+    scored, scored_params = _scored(ranking)
+    if vector is None or embedding_model is None:
+        sql = (
+            f"WITH q AS MATERIALIZED (SELECT {_KEYWORDS} AS words, "
+            f"quote_literal(%s)::tsquery AS scope), {keyword}"
+            "redo AS (SELECT true AS yes), "
+            "c AS (SELECT id, NULL::float8 AS sim, r, o FROM kw), "
+            f"{scored}"
+        )
+        return Statement(sql, [text, f"~scope:{scope_id}", *keyword_params, *scored_params])
+    dims = len(vector)
+    kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
+    literal = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    walk, walk_params = "", []
+    if kind is not None:
+        walk = (
+            "lim AS MATERIALIZED (SELECT greatest(%s::float8, least(%s::float8, (SELECT "
+            "reltuples FROM pg_class WHERE oid = 'memories_vector'::regclass) * %s::float8))"
+            "::int8 AS n), "
+            "big AS MATERIALIZED (SELECT count(*) > (SELECT n FROM lim) AS yes FROM (SELECT 1 "
+            "FROM memories_uservector WHERE end_user_id = %s LIMIT (SELECT n + 1 FROM lim)) s), "
+            "iv AS MATERIALIZED ("
+            f"SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d, observed_at AS o"
+            f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
+            f" AND embedding_model = %s{where} AND (SELECT yes FROM big)"
+            f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q)"
+            " LIMIT %s), "
+        )
+        walk_params = [index_above, max(exact_cap, index_above), walk_share, scope_id,
+                       scope_id, embedding_model, *fparams, pool]  # fmt: skip
+        redo = (
+            "redo AS MATERIALIZED (SELECT NOT (SELECT yes FROM big) OR "
+            "(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < %s AS yes), "
+        )
+        redo_params: list[Any] = [pool]
+        walked = "SELECT id, d, o FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
+    else:
+        redo, redo_params, walked = "redo AS (SELECT true AS yes), ", [], ""
+    sql = (
+        f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv, {_KEYWORDS} AS words, "
+        "quote_literal(%s)::tsquery AS scope), "
+        f"{walk}"
+        "sv AS MATERIALIZED (SELECT v.id, v.embedding <=> (SELECT qv FROM q) AS d,"
+        f" v.observed_at AS o FROM {_SHARED_JOIN} AND v.dimensions = %s"
+        f" AND v.embedding_model = %s{vwhere}), "
+        f"{redo}"
+        "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d, observed_at AS o"
+        " FROM memories_vector WHERE scope_id = %s AND dimensions = %s"
+        f" AND embedding_model = %s{where} AND (SELECT yes FROM redo) ORDER BY d, id LIMIT %s), "
+        f"vec AS MATERIALIZED (SELECT id, d, o FROM ({walked}SELECT id, d, o FROM ev"
+        " UNION ALL SELECT id, d, o FROM sv) x ORDER BY d, id LIMIT %s), "
+        f"{keyword}"
+        "c AS (SELECT coalesce(vec.id, kw.id) AS id, 1.0 - vec.d AS sim, kw.r,"
+        " coalesce(vec.o, kw.o) AS o FROM vec FULL JOIN kw ON kw.id = vec.id), "
+        f"{scored}"
+    )
+    params = [literal, text, f"~scope:{scope_id}", *walk_params,
+              scope_id, dims, embedding_model, *vparams, *redo_params,
+              scope_id, dims, embedding_model, *fparams, pool, pool, *keyword_params,
+              *scored_params]  # fmt: skip
+    return Statement(sql, params, None if kind is None else _hnsw_settings(pool))
+
+
+def scope_fact_search(
+    *,
+    scope_id: int,
+    text: str,
+    vector: Sequence[float] | None,
+    embedding_model: str | None,
+    pool: int,
+    index_above: int,
+    ranking: Ranking,
+    filter: FactFilter | None = None,
+    walk_share: float = 0.0,
+    exact_cap: int = 0,
+) -> ScopeHits:
+    """A scope's search (``candidates_statement``), one round trip, prepared."""
+    statement = candidates_statement(
+        scope_id=scope_id, text=text, vector=vector, embedding_model=embedding_model, pool=pool,
+        index_above=index_above, ranking=ranking, filter=filter, walk_share=walk_share,
+        exact_cap=exact_cap,
+    )  # fmt: skip
+    rows, _ = prepared.fetch(statement.sql, statement.params, before=statement.settings)
+    path = "" if vector is None else "index" if rows and rows[0][-1] else "exact"
+    if vector is not None and not rows:  # (no row to carry the flag: ask the scope)
+        path = "index" if scope_is_large(scope_id=scope_id, above=index_above) else "exact"
+    return ScopeHits([row[:-1] for row in rows], path)
 
 
 def core_fact_count(*, scope: EndUser) -> int:

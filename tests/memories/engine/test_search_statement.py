@@ -1,0 +1,249 @@
+"""The engine search as one statement: the same ranking as the search it replaced
+(three statements and a merge in Python), min(limit, matching) on a large scope, the
+keyword-only fallback, one round trip."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from core.scoring import decay
+from memories.personal.facts import FactIn, core_fact_add
+from memories.personal.models import Vector
+from memories.personal.retrieval import _pool, core_fact_search
+from memories.personal.scopes import scope_find
+from memories.personal.selectors import (
+    FactFilter,
+    scope_is_large,
+    scope_keyword_ranking,
+    scope_vector_ranking,
+    scope_vector_ranking_indexed,
+)
+from memories.personal.services import memory_link
+from tests.memories.engine.test_search import _SeededEmbedder as Seeded
+
+pytestmark = pytest.mark.django_db
+
+TOPICS = ["coffee", "hiking", "python", "piano", "garden", "chess", "sailing"]
+
+
+class Broken:
+    model = "broken"
+
+    def embed(self, texts):
+        raise RuntimeError("embedding service down")
+
+
+def reference_search(owner, scope, query, *, embedder, limit, offset=0, filter=None, half_life):
+    """The search as it was before the one statement (main at 5ffec20): vector leg,
+    keyword leg and the candidates' rows as three statements, merged in Python."""
+    row = scope_find(owner=owner, scope=scope)
+    pool = _pool(limit, offset)
+    try:
+        vector, model = [float(x) for x in embedder.embed([query])[0]], embedder.model
+    except Exception:
+        vector, model = None, None
+    vector_hits: list[tuple[uuid.UUID, float]] = []
+    if vector is not None:
+        large = max(django_settings.ENGINE_EXACT_MAX_FACTS, pool)
+        if scope_is_large(scope_id=row.pk, above=large):
+            vector_hits = scope_vector_ranking_indexed(
+                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
+            )
+        if len(vector_hits) < pool:
+            vector_hits = scope_vector_ranking(
+                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
+            )
+    keyword_hits = scope_keyword_ranking(scope_id=row.pk, text=query, limit=pool, filter=filter)
+    similarity, keyword = dict(vector_hits), dict(keyword_hits)
+    best = max(keyword.values(), default=0.0) or 1.0
+    weight = 0.0 if vector is None else min(1.0, django_settings.ENGINE_VECTOR_WEIGHT)
+    now = timezone.now()
+    scored = []
+    for pk, observed in Vector.objects.filter(pk__in=set(similarity) | set(keyword)).values_list(
+        "id", "observed_at"
+    ):
+        sim, kw = similarity.get(pk), keyword.get(pk)
+        relevance = weight * max(sim or 0.0, 0.0) + (1 - weight) * (kw or 0.0) / best
+        if half_life:
+            relevance *= decay(observed, half_life, now=now)
+        scored.append((pk, relevance, sim, kw))
+    scored.sort(key=lambda h: (-h[1], str(h[0])))
+    return scored[offset : offset + limit]
+
+
+def _seed(owner, embedder):
+    """120 facts in ("org", "big") over four months, words shared between them; 20 in
+    ("org", "other"); 3 of the latter shared with ("org", "big") (linked: no scope)."""
+    now = timezone.now()
+    facts = [
+        FactIn(
+            f"fact {i} about {TOPICS[i % 7]} and {TOPICS[(i * 3) % 7]} number{i % 11}",
+            category=["preference", "knowledge", "goal"][i % 3],
+            confidence=0.7 + (i % 4) * 0.1,
+            observed_at=now - timedelta(days=(i * 37) % 120),
+        )
+        for i in range(120)
+    ]
+    core_fact_add(owner=owner, scope=("org", "big"), facts=facts, embedder=embedder,
+                  max_facts=1000)  # fmt: skip
+    others = [FactIn(f"other {i} likes {TOPICS[i % 7]}", confidence=0.9) for i in range(20)]
+    decisions = core_fact_add(owner=owner, scope=("org", "other"), facts=others, embedder=embedder)
+    big = scope_find(owner=owner, scope=("org", "big"))
+    for decision in decisions[:3]:
+        memory_link(end_user=big, vector=Vector.objects.get(pk=decision.fact_id))
+
+
+QUERIES = ["coffee and chess", "what about sailing number3", "piano", "nothing matches zzz"]
+
+
+@pytest.mark.parametrize("exact_max", [2000, 10])
+def test_one_statement_ranks_as_the_three_statements_did(alice, settings, exact_max):
+    embedder = Seeded()
+    _seed(alice, embedder)
+    settings.ENGINE_EXACT_MAX_FACTS = exact_max  # 10: past it, the HNSW walk
+    cases = [
+        dict(limit=10, half_life=30.0),
+        dict(limit=5, offset=3, half_life=0.0),
+        dict(limit=10, half_life=30.0, filter=FactFilter(categories=["goal", "knowledge"])),
+        dict(limit=10, half_life=7.0, filter=FactFilter(min_confidence=0.85)),
+        dict(limit=30, half_life=30.0),
+    ]
+    compared = 0
+    for query in QUERIES:
+        for case in cases:
+            case = dict(case)
+            half_life = case.pop("half_life")
+            expected = reference_search(alice, ("org", "big"), query, embedder=embedder,
+                                        half_life=half_life, **case)  # fmt: skip
+            result = core_fact_search(
+                owner=alice, scope=("org", "big"), query=query, embedder=embedder,
+                half_life_days=half_life, **case,
+            )  # fmt: skip
+            # (scores to 1e-6: the decay's "now" is a few ms later in the second call)
+            got = [(h.id, h.similarity, h.keyword_score) for h in result.hits]
+            assert got == [(pk, sim, kw) for pk, _, sim, kw in expected], (query, case)
+            scores = [s for _, s, _, _ in expected]
+            assert [h.score for h in result.hits] == pytest.approx(scores, abs=1e-6)
+            if exact_max == 2000 or _pool(case["limit"], case.get("offset", 0)) >= 123:
+                assert result.vector_path == "exact"  # small, or the pool is the whole scope
+            elif "filter" not in case:
+                assert result.vector_path == "index"
+            compared += 1
+    assert compared == len(QUERIES) * len(cases)
+
+
+def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(alice, settings):
+    """A filter only 4 facts of the scope pass: the walk (strict order, scan cap) may
+    come back short; the search then ranks the scope exactly and still returns all 4."""
+    embedder = Seeded()
+    _seed(alice, embedder)
+    settings.ENGINE_EXACT_MAX_FACTS = 10
+    settings.SEARCH_MAX_SCAN_TUPLES = 1000  # the lowest cap: walks stop early
+    rare = FactFilter(min_confidence=0.95, categories=["goal"])  # i % 3 == 2 and i % 4 == 3
+    matching = Vector.objects.filter(scope__scope=["org", "big"], category="goal",
+                                     confidence__gte=0.95).count()  # fmt: skip
+    assert 0 < matching < 20
+    for limit in (5, 50):
+        result = core_fact_search(
+            owner=alice, scope=("org", "big"), query="sailing", limit=limit, filter=rare,
+            embedder=embedder,
+        )  # fmt: skip
+        assert len(result.hits) == min(limit, matching)
+        assert result.vector_path == "exact"  # the walk came back short: redone exactly
+        assert all(h.category == "goal" and h.confidence >= 0.95 for h in result.hits)
+    everything = core_fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=200,
+                                  embedder=embedder)  # fmt: skip
+    assert len(everything.hits) == 123  # 120 of its own + 3 shared: every fact matches
+    # A pool past pgvector's largest ef_search (1000): the walk's settings stay valid.
+    settings.ENGINE_EXACT_MAX_FACTS = 2000
+    huge = core_fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=300,
+                            embedder=embedder)  # fmt: skip
+    assert len(huge.hits) == 123
+
+
+def test_keyword_only_when_the_embedder_fails_in_one_statement(alice, settings):
+    _seed(alice, Seeded())
+    settings.ENGINE_EXACT_MAX_FACTS = 10
+    with CaptureQueriesContext(connection) as queries:
+        result = core_fact_search(
+            owner=alice, scope=("org", "big"), query="sailing chess", limit=200, embedder=Broken()
+        )
+    assert result.mode == "keyword" and "embedding service down" in result.embedder_error
+    assert result.vector_path == ""
+    assert {h.content for h in result.hits} == set(
+        Vector.objects.filter(scope__scope=["org", "big"])
+        .filter(content__regex=r"\m(sailing|chess)\M")
+        .values_list("content", flat=True)
+    )
+    assert all(h.similarity is None and h.keyword_score for h in result.hits)
+    expected = reference_search(alice, ("org", "big"), "sailing chess", embedder=Broken(),
+                                limit=200, half_life=30.0)  # fmt: skip
+    assert [h.id for h in result.hits] == [pk for pk, _, _, _ in expected]
+    scores = [s for _, s, _, _ in expected]
+    assert [h.score for h in result.hits] == pytest.approx(scores, abs=1e-6)
+    assert len(queries) == 2  # the scope's row, then the one statement
+
+
+@pytest.mark.parametrize("exact_max", [2000, 10])
+def test_search_is_one_round_trip_and_opens_no_transaction(alice, settings, exact_max):
+    embedder = Seeded()
+    _seed(alice, embedder)
+    settings.ENGINE_EXACT_MAX_FACTS = exact_max
+    row = scope_find(owner=alice, scope=("org", "big"))
+    vector = embedder.embed(["piano"])[0]
+    core_fact_search(owner=alice, scope=row, query="piano", embedder=embedder, query_vector=vector)
+    with CaptureQueriesContext(connection) as queries:
+        result = core_fact_search(
+            owner=alice, scope=row, query="piano", embedder=embedder, query_vector=vector
+        )
+    assert len(result.hits) == 10
+    assert len(queries) == 1, [q["sql"][:80] for q in queries.captured_queries]
+    assert "BEGIN" not in queries[0]["sql"].upper().split("SELECT")[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_walks_settings_end_with_the_search(alice, settings):
+    """Outside a transaction the settings and the statement form one implicit
+    transaction (pipelined): the connection's settings are as they were after it."""
+    embedder = Seeded()
+    _seed(alice, embedder)
+    settings.ENGINE_EXACT_MAX_FACTS = 10
+    assert connection.get_autocommit()
+    result = core_fact_search(owner=alice, scope=("org", "big"), query="chess", embedder=embedder)
+    assert result.vector_path == "index" and len(result.hits) == 10
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan')"
+        )
+        assert cur.fetchone() == ("40", "off")
+
+
+def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, settings):
+    """Past ENGINE_EXACT_MAX_FACTS the walk needs the scope to hold ENGINE_WALK_MIN_SHARE
+    of the table (planner statistics) or more than ENGINE_EXACT_CAP_FACTS facts."""
+    embedder = Seeded()
+    _seed(alice, embedder)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE memories_vector")
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'memories_vector'")
+        rows = cur.fetchone()[0]
+    assert 140 <= rows < 200  # 123 facts of ("org", "big") + 20 of ("org", "other")
+    settings.ENGINE_EXACT_MAX_FACTS = 10
+
+    def path(share, cap=20000):
+        settings.ENGINE_WALK_MIN_SHARE, settings.ENGINE_EXACT_CAP_FACTS = share, cap
+        result = core_fact_search(owner=alice, scope=("org", "big"), query="chess",
+                                  embedder=embedder)  # fmt: skip
+        assert len(result.hits) == 10
+        return result.vector_path
+
+    assert path(0.5) == "index"  # 123 facts are more than half of the table
+    assert path(0.95) == "exact"  # ... but less than 95% of it
+    assert path(0.95, cap=60) == "index"  # more than the cap: walked whatever the share
