@@ -27,12 +27,20 @@ _ONLY_WHEN_ASKED = 2**31 - 1
 
 
 def fetch(
-    sql: str, params: list[Any], prepare: bool = True
+    sql: str,
+    params: list[Any],
+    prepare: bool = True,
+    local: list[tuple[str, object]] | None = None,
 ) -> tuple[list[tuple[Any, ...]], list[str]]:
     """(rows, column names) of ``sql`` run as a prepared statement on ``connection``.
 
     ``prepare=False``: bound on the server but planned for these values each time, for a
     statement whose best plan depends on them (a generic plan could scan the table).
+
+    ``local``: settings for the statement only (``set_config(name, value, true)``), sent
+    with it in one pipeline: outside a transaction both run in one implicit transaction,
+    which ends with the statement and takes the settings with it. Inside the caller's
+    transaction they would outlast the statement: there the caller must accept that.
     """
     started = time.monotonic()
     with connection.wrap_database_errors:
@@ -44,10 +52,18 @@ def fetch(
             # prepare=True is ignored. Only statements asking for it are prepared here:
             # Django's own (client-side) cursors never prepare.
             raw.prepare_threshold = _ONLY_WHEN_ASKED
-        with psycopg.Cursor(raw) as cur:
-            cur.execute(sql, params, prepare=prepare)
-            rows = cur.fetchall()
-            names = [c.name for c in cur.description or ()]
+        if local:
+            setting_sql = "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local)
+            with raw.pipeline(), psycopg.Cursor(raw) as first, psycopg.Cursor(raw) as cur:
+                first.execute(setting_sql, [str(v) for pair in local for v in pair])
+                cur.execute(sql, params, prepare=prepare)
+                rows = cur.fetchall()
+                names = [c.name for c in cur.description or ()]
+        else:
+            with psycopg.Cursor(raw) as cur:
+                cur.execute(sql, params, prepare=prepare)
+                rows = cur.fetchall()
+                names = [c.name for c in cur.description or ()]
     if connection.queries_logged:
         connection.queries_log.append(
             {"sql": f"{sql} -- {params!r}", "time": f"{time.monotonic() - started:.3f}"}
