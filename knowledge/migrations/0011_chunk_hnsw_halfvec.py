@@ -17,9 +17,8 @@ from knowledge.models import INDEXED_DIMENSIONS
 def _supports_halfvec(schema_editor) -> bool:
     with schema_editor.connection.cursor() as cur:
         cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-        row = cur.fetchone()
-    parts = [int(p) for p in (row[0] if row else "0").split(".")[:2] if p.isdigit()]
-    return tuple(parts) >= (0, 7)
+        version = (cur.fetchone() or ("0",))[0]
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) >= (0, 7)
 
 
 def halfvec_index_sql(dim: int) -> str:
