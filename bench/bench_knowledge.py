@@ -760,7 +760,7 @@ def server_facts() -> dict[str, str]:
             facts[name] = cur.fetchone()[0]
         cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         facts["pgvector"] = cur.fetchone()[0]
-        cur.execute("SELECT pg_size_pretty(pg_relation_size('chunk_hnsw_384'))")
+        cur.execute("SELECT pg_size_pretty(pg_relation_size('chunk_hnsw_half_384'))")
         facts["hnsw_384_size"] = cur.fetchone()[0]
         cur.execute("SELECT pg_size_pretty(pg_total_relation_size('knowledge_chunk'))")
         facts["chunk_table_total"] = cur.fetchone()[0]
@@ -768,10 +768,12 @@ def server_facts() -> dict[str, str]:
 
 
 def hnsw_index_sql() -> tuple[str, str]:
-    """(create, drop) SQL of the 384-dimension HNSW index, as migration 0004 has them."""
-    migration = importlib.import_module("knowledge.migrations.0004_deferred_hnsw_inline_vectors")
-    operation = migration._hnsw(DIMS)[0]
-    return operation.sql, operation.reverse_sql
+    """(create, drop) SQL of the 384-dimension HNSW index, as migration 0011 has them."""
+    migration = importlib.import_module("knowledge.migrations.0011_chunk_hnsw_halfvec")
+    return (
+        migration.halfvec_index_sql(DIMS),
+        f"DROP INDEX CONCURRENTLY IF EXISTS chunk_hnsw_half_{DIMS}",
+    )
 
 
 def run_indexer() -> tuple[int, float]:

@@ -105,6 +105,7 @@ t AS MATERIALIZED (
     SELECT array_agg(quote_literal(lexeme)::tsquery ORDER BY idf DESC, lexeme) AS qs,
            array_agg(idf ORDER BY idf DESC, lexeme) AS idf,
            string_agg(quote_literal(lexeme), ' | ')::tsquery AS q,
+           array_agg(lexeme) AS lexemes,
            (SELECT avgdl FROM tot) AS avgdl
     FROM w
 ),
@@ -119,13 +120,18 @@ SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.d
     AS score
 FROM c CROSS JOIN t
 CROSS JOIN LATERAL (
-    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(c.tv)
+    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf
+    FROM unnest({query_terms})
 ) u
 JOIN w ON w.lexeme = u.lexeme
 GROUP BY c.id
 ORDER BY score DESC, c.id
 LIMIT %s
 """
+# The query's lexemes among a chunk's, with their positions (``search_vector`` holds weight
+# D only: the query's lexemes are marked A and kept). Unnesting the whole tsvector and
+# joining it to the query terms cost 0.6 ms for 100 chunks of 18 lexemes.
+_QUERY_TERMS = "ts_filter(setweight(c.tv, 'A', t.lexemes), '{a}')"
 # Query terms in the one statement's first pass, at most (the rarest; the rest still
 # match and are scored exactly).
 ONE_TERMS = 32
@@ -237,10 +243,10 @@ def bm25_ranking(
     """
     if not re.search(r"\w", text):
         return []
-    small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
-    if not settings.SEARCH_BM25_PRUNE or filtered or small:
+    if unpruned(filtered, scope_rows):
         # A small unfiltered scope's statement is prepared (its own text: a generic plan
         # made for small bases must not serve large filtered ones).
+        small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
         cached = small and not filtered
         return _one_statement(kb_ids, language, text, scope, scope_params, limit, cached)
     terms, _ = prepared.fetch(_TERMS_SQL, [language, text, kb_ids, kb_ids])
@@ -313,6 +319,32 @@ def bm25_ranking(
     return [(chunk_id, score) for chunk_id, _, score in best]
 
 
+def one_statement_sql(
+    language: str, text: str, scope: str, scope_params: list[Any], kb_ids: list[str], limit: int
+) -> tuple[str, list[Any]]:
+    """The unpruned ranking as one statement (``_ONE_SQL``) and its parameters: rows
+    (chunk id, BM25 score), best first, ``limit`` of them at most."""
+    # A slot per lexeme the text could give (a hyphenated word gives up to three); empty
+    # slots add 0.
+    slots = min(ONE_TERMS, 2 * len(re.findall(r"\w+", text)))
+    terms = " + ".join(
+        f"CASE WHEN search_vector @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END"
+        for i in range(1, slots + 1)
+    )
+    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    sql = _ONE_SQL.format(
+        scope=scope, terms=terms, k1=repr(k1), b=repr(b), query_terms=_QUERY_TERMS
+    )
+    return sql, [kb_ids, language, text, kb_ids, *scope_params, limit * EXACT_FACTOR, limit]
+
+
+def unpruned(filtered: bool, scope_rows: int | None) -> bool:
+    """Whether a search ranks every match in one statement (``one_statement_sql``): small
+    or filtered scopes, or pruning off."""
+    small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
+    return not settings.SEARCH_BM25_PRUNE or filtered or small
+
+
 def _one_statement(
     kb_ids: list[str],
     language: str,
@@ -322,16 +354,7 @@ def _one_statement(
     limit: int,
     prepare: bool,
 ) -> list[tuple[int, float]]:
-    # A slot per lexeme the text could give (a hyphenated word gives up to three); empty
-    # slots add 0.
-    slots = min(ONE_TERMS, 2 * len(re.findall(r"\w+", text)))
-    terms = " + ".join(
-        f"CASE WHEN search_vector @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END"
-        for i in range(1, slots + 1)
-    )
-    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
-    sql = _ONE_SQL.format(scope=scope, terms=terms, k1=repr(k1), b=repr(b))
-    params = [kb_ids, language, text, kb_ids, *scope_params, limit * EXACT_FACTOR, limit]
+    sql, params = one_statement_sql(language, text, scope, scope_params, kb_ids, limit)
     if prepare:
         sql = "/* small scope */" + sql
     rows, _ = prepared.fetch(sql, params, prepare=prepare)

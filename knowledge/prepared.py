@@ -31,6 +31,7 @@ def fetch(
     params: list[Any],
     prepare: bool = True,
     before: tuple[str, list[Any]] | None = None,
+    local: list[tuple[str, object]] | None = None,
 ) -> tuple[list[tuple[Any, ...]], list[str]]:
     """(rows, column names) of ``sql`` run as a prepared statement on ``connection``.
 
@@ -40,8 +41,13 @@ def fetch(
     same transaction and the same round trip (pipeline mode: both are sent, then one
     Sync; outside a transaction the two form one implicit transaction, so settings
     local to it end with it).
+
+    ``local``: settings for the statement only (``set_config(name, value, true)``), sent
+    the same way as ``before`` (and so, inside the caller's transaction, they would
+    outlast the statement: there the caller must accept that).
     """
     started = time.monotonic()
+    logged = f"{before[0]}; {sql}" if before else sql  # ``local`` settings are not logged
     with connection.wrap_database_errors:
         connection.ensure_connection()
         connection.validate_no_broken_transaction()
@@ -51,6 +57,9 @@ def fetch(
             # prepare=True is ignored. Only statements asking for it are prepared here:
             # Django's own (client-side) cursors never prepare.
             raw.prepare_threshold = _ONLY_WHEN_ASKED
+        if local:
+            setting_sql = "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local)
+            before = (setting_sql, [str(v) for pair in local for v in pair])
         if before is None:
             with psycopg.Cursor(raw) as cur:
                 cur.execute(sql, params, prepare=prepare)
@@ -66,7 +75,7 @@ def fetch(
     if connection.queries_logged:
         connection.queries_log.append(
             {
-                "sql": f"{before[0] + '; ' if before else ''}{sql} -- {params!r}",
+                "sql": f"{logged} -- {params!r}",
                 "time": f"{time.monotonic() - started:.3f}",
             }  # fmt: skip
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections import defaultdict
@@ -22,10 +23,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, TypeVar
 
 import numpy as np
+import psycopg
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
@@ -33,7 +35,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.scoring import decay
-from knowledge import fusion, prepared
+from knowledge import bm25, fusion, prepared
 from knowledge.bm25 import bm25_ranking
 from knowledge.models import INDEXED_DIMENSIONS, KnowledgeBase
 from knowledge.selectors import kb_embedder
@@ -123,39 +125,78 @@ def _exact_vector(
         return [(row[0], float(row[1])) for row in cur.fetchall()]
 
 
+@cache
+def _index_type(dims: int) -> str:
+    """The type the HNSW index of ``dims`` is built on: ``halfvec`` (migration 0011, on
+    pgvector >= 0.7), else ``vector`` (0004's index, kept on older pgvector)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", [f"chunk_hnsw_half_{dims}"])
+        return "halfvec" if cur.fetchone()[0] else "vector"
+
+
+def _index_name(dims: int) -> str:
+    return f"chunk_hnsw_half_{dims}" if _index_type(dims) == "halfvec" else f"chunk_hnsw_{dims}"
+
+
 def _index_vector(
     scope: str, params: list[Any], vec: str, dims: int, limit: int
 ) -> tuple[list[tuple[int, float]], int]:
     """HNSW ranking of the indexed rows merged with an exact ranking of the pending ones.
 
-    Returns ([(chunk id, distance)] nearest first, rows the index scan returned).
+    Returns ([(chunk id, distance)] nearest first, rows the index scan returned). The
+    index ranks by its type (``halfvec``: 16-bit floats); the distance handed back, which
+    orders the result, is the exact one of the stored vectors.
     """
+    kind = _index_type(dims)
     sql = (
-        f"WITH i AS MATERIALIZED (SELECT id, embedding::vector({dims}) <=> %s::vector({dims}) "
-        f"AS d FROM knowledge_chunk WHERE dimensions = {dims} AND NOT index_pending AND {scope} "
-        "ORDER BY d LIMIT %s), "
+        f"WITH i AS MATERIALIZED (SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
+        f"WHERE dimensions = {dims} AND NOT index_pending AND {scope} "
+        f"ORDER BY embedding::{kind}({dims}) <=> %s::{kind}({dims}) LIMIT %s), "
         # Rows the background indexer has not reached yet (chunk_kb_index_pending).
         "p AS MATERIALIZED (SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
         f"WHERE index_pending AND {scope} ORDER BY d LIMIT %s) "
         "SELECT id, d, true FROM i UNION ALL SELECT id, d, false FROM p"
     )
-    # The index's settings for this transaction only, in one round trip.
+    rows, _ = _with_local_settings(
+        _index_settings(dims, limit), sql, [vec, *params, vec, limit, vec, *params, limit]
+    )
+    from_index = sum(1 for row in rows if row[2])
+    ranked = sorted(((row[0], float(row[1])) for row in rows), key=lambda r: (r[1], r[0]))
+    return ranked[:limit], from_index
+
+
+def _index_settings(dims: int, limit: int) -> list[tuple[str, object]]:
+    """The settings of an HNSW scan wanting ``limit`` rows."""
     local: list[tuple[str, object]] = [("hnsw.ef_search", ef_search_for(dims, limit))]
     if _iterative_scan_available():
         local += [
             ("hnsw.iterative_scan", settings.SEARCH_ITERATIVE_SCAN),
             ("hnsw.max_scan_tuples", settings.SEARCH_MAX_SCAN_TUPLES),
         ]
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(
-            "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local),
-            [str(v) for pair in local for v in pair],
-        )
-        cur.execute(sql, [vec, *params, limit, vec, *params, limit])
-        rows = cur.fetchall()
-    from_index = sum(1 for row in rows if row[2])
-    ranked = sorted(((row[0], float(row[1])) for row in rows), key=lambda r: (r[1], r[0]))
-    return ranked[:limit], from_index
+    return local
+
+
+def _with_local_settings(
+    local: list[tuple[str, object]], sql: str, params: list[Any]
+) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """(rows, column names) of ``sql`` run with ``local`` settings for its transaction only
+    (``SET LOCAL``), in one round trip: the settings and the statement are sent as one
+    query string, which runs in one transaction (an implicit one, or the caller's).
+    BEGIN and COMMIT of a transaction of our own were two more round trips, each a wait
+    for the server to be scheduled on a loaded machine. One statement at a time, in a
+    transaction, where the cursor binds on the server."""
+    setting_sql = "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local)
+    setting_params = [str(v) for pair in local for v in pair]
+    with connection.cursor() as cur:
+        if isinstance(cur.cursor, psycopg.ClientCursor):
+            cur.execute(setting_sql + "; " + sql, [*setting_params, *params])
+            cur.nextset()
+        else:
+            with transaction.atomic():
+                cur.execute(setting_sql, setting_params)
+                cur.execute(sql, params)
+        names = [c.name for c in cur.description or ()]
+        return cur.fetchall(), names
 
 
 EF_SCALE_ROWS = 100_000  # SEARCH_EF_SEARCH is the value for an index of this size
@@ -169,7 +210,7 @@ def _index_rows(dims: int) -> float:
     if cached is not None and now - cached[1] < 300:
         return cached[0]
     with connection.cursor() as cur:
-        cur.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [f"chunk_hnsw_{dims}"])
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [_index_name(dims)])
         row = cur.fetchone()
     rows = max(float(row[0]), 0.0) if row else 0.0
     _index_rows_cache[dims] = (rows, now)
@@ -291,6 +332,9 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
         raise SearchError("keyword search needs a text query")
     if not bases:
         return []
+    one = _one_statement_sql(bases, request)
+    if one is not None:
+        return _hybrid_in_one_statement(one, request)
     top_k = request.top_k
     pool = top_k if request.mode != "hybrid" else max(top_k * 3, settings.SEARCH_CANDIDATES)
 
@@ -388,8 +432,8 @@ def _fuse(
 
     for rank, (chunk_id, distance) in enumerate(vector_hits, start=1):
         hit(chunk_id).vector_rank, hit(chunk_id).vector_score = rank, 1.0 - distance
-    for rank, (chunk_id, bm25) in enumerate(keyword_hits, start=1):
-        hit(chunk_id).keyword_rank, hit(chunk_id).keyword_score = rank, bm25
+    for rank, (chunk_id, keyword_score) in enumerate(keyword_hits, start=1):
+        hit(chunk_id).keyword_rank, hit(chunk_id).keyword_score = rank, keyword_score
     if request.mode != "hybrid":
         for h in by_id.values():
             h.score = (h.vector_score if request.mode == "vector" else h.keyword_score) or 0.0
@@ -419,11 +463,10 @@ _DETAIL_SQL = f"SELECT {_DETAIL_COLUMNS} FROM knowledge_chunk WHERE id = ANY(%s)
 # not a candidate must be in the search's scope ({neighbour_in_scope}); and only the best
 # ``limit`` of them (all for NULL) are read in full. So a hybrid search with context
 # costs the statements the old one did: its two legs, then one read of the top k.
+# ``{cand}``: the candidates' CTEs, ending in ``cand (id, score, vrank, krank, vscore,
+# kscore)``: the fused score, each leg's rank and score (NULL outside it).
 _CONTEXT_SQL = f"""
-WITH cand AS (
-    SELECT * FROM unnest(%s::bigint[], %s::float8[], %s::int[], %s::int[])
-        AS t(id, score, vrank, krank)
-),
+WITH {{cand}},
 donor AS MATERIALIZED (SELECT id, score FROM cand ORDER BY score DESC, id LIMIT %s),
 nb AS MATERIALIZED (
     SELECT d.score,
@@ -449,36 +492,48 @@ best AS (
 bonus AS (SELECT id, sum(power(%s::float8, dist) * score) AS bonus FROM best GROUP BY id),
 ranked AS (
     SELECT coalesce(c.id, x.id) AS id, coalesce(c.score, 0) + coalesce(x.bonus, 0) AS score,
-           c.vrank, c.krank, c.id IS NOT NULL AS candidate
+           c.vrank, c.krank, c.vscore, c.kscore, c.id IS NOT NULL AS candidate
     FROM cand c FULL JOIN bonus x ON x.id = c.id
 ),
 top AS (
-    SELECT r.id, r.score FROM ranked r
+    SELECT r.id, r.score, r.vrank, r.krank, r.vscore, r.kscore FROM ranked r
     WHERE r.candidate OR {{neighbour_in_scope}}
     ORDER BY r.score DESC, coalesce(r.vrank, 1000000000), coalesce(r.krank, 1000000000), r.id
     LIMIT %s
 )
-SELECT {", ".join("k." + col for col in _DETAIL_COLUMNS.split(", "))}, top.score AS context_score
+SELECT {", ".join("k." + col for col in _DETAIL_COLUMNS.split(", "))}, top.score AS context_score,
+       top.vrank, top.krank, top.vscore, top.kscore
 FROM top JOIN knowledge_chunk k ON k.id = top.id
 """
+# The candidates of a search whose legs ran apart, fused in Python (``_fuse``).
+_GIVEN_CANDIDATES = """cand AS (
+    SELECT t.*, NULL::float8 AS vscore, NULL::float8 AS kscore
+    FROM unnest(%s::bigint[], %s::float8[], %s::int[], %s::int[]) AS t(id, score, vrank, krank)
+)"""
+_LEG_COLUMNS = ("vrank", "krank", "vscore", "kscore")
 # Filters a neighbour need not share with its donor (it shares base and session).
 _NEIGHBOUR_FILTERS = tuple(key for key in FILTER_KEYS if key != "session_id")
 
 
-def _finish_with_context(hits: list[Hit], request: SearchRequest, kb_ids: list[str]) -> list[Hit]:
-    """The top_k hits once the neighbours' context is added (``_CONTEXT_SQL``)."""
+def _neighbour_check(request: SearchRequest, kb_ids: list[str]) -> tuple[str, list[Any]]:
+    """The condition a neighbour that is not a candidate must meet to be a hit (row ``r``):
+    the search's filters other than its session, which it shares with its donor."""
     filtered = any(k in request.filters for k in _NEIGHBOUR_FILTERS) or (
         request.since is not None or request.until is not None
     )
-    params: list[Any]
-    check, params = "true", []
-    if filtered:
-        scope, params = _scope_sql(kb_ids, request, alias="k.")
-        check = f"EXISTS (SELECT 1 FROM knowledge_chunk k WHERE k.id = r.id AND {scope})"
+    if not filtered:
+        return "true", []
+    scope, params = _scope_sql(kb_ids, request, alias="k.")
+    return f"EXISTS (SELECT 1 FROM knowledge_chunk k WHERE k.id = r.id AND {scope})", params
+
+
+def _finish_with_context(hits: list[Hit], request: SearchRequest, kb_ids: list[str]) -> list[Hit]:
+    """The top_k hits once the neighbours' context is added (``_CONTEXT_SQL``)."""
+    check, params = _neighbour_check(request, kb_ids)
     window = settings.SEARCH_CONTEXT_WINDOW
     rows = _detail_rows(
         *prepared.fetch(
-            _CONTEXT_SQL.format(neighbour_in_scope=check),
+            _CONTEXT_SQL.format(cand=_GIVEN_CANDIDATES, neighbour_in_scope=check),
             [
                 [h.chunk_id for h in hits],
                 [h.score for h in hits],
@@ -498,7 +553,183 @@ def _finish_with_context(hits: list[Hit], request: SearchRequest, kb_ids: list[s
     for chunk_id, row in rows.items():
         hit = by_id.setdefault(chunk_id, Hit(chunk_id=chunk_id, knowledge_base_id="", score=0.0))
         hit.score = float(row.pop("context_score"))
+        for name in _LEG_COLUMNS:
+            row.pop(name)
     return _finish([by_id[cid] for cid in rows], request, rows)
+
+
+# A hybrid search in one statement (``_one_statement_sql``): the query vector once (CTE
+# ``qv``), the vector leg, the keyword leg (``bm25.one_statement_sql`` as a subquery),
+# weighted fusion (``fusion.weighted_scores`` in SQL), then context and the top k's
+# details (``_CONTEXT_SQL``). The vector leg, as ``vector_ranking`` runs it:
+# - ``e``: an exact scan; after an index scan, only if it came back short;
+_EXACT_LEG = """e AS MATERIALIZED (
+    SELECT id, embedding <=> (SELECT q FROM qv) AS d FROM knowledge_chunk
+    WHERE {scope}{gate} ORDER BY d, id LIMIT %s
+)"""
+# - ``i``: the HNSW index (ranking by its type, handing back the exact distance), ``p``: the
+#   rows the background indexer has not reached; ``{gate}`` skips both for a small scope;
+_INDEX_LEG = """i AS MATERIALIZED (
+    SELECT id, embedding <=> (SELECT q FROM qv) AS d FROM knowledge_chunk
+    WHERE dimensions = {dims} AND NOT index_pending AND {scope}{gate}
+    ORDER BY embedding::{kind}({dims}) <=> (SELECT q::{kind}({dims}) FROM qv) LIMIT %s
+),
+p AS MATERIALIZED (
+    SELECT id, embedding <=> (SELECT q FROM qv) AS d FROM knowledge_chunk
+    WHERE index_pending AND {scope}{gate} ORDER BY d LIMIT %s
+)"""
+# - ``sm``: for a filtered scope, whether it is small enough to scan (``_scope_is_small``);
+_SMALL_SCOPE = """sm AS MATERIALIZED (
+    SELECT count(*) <= %s AS yes FROM (SELECT 1 FROM knowledge_chunk WHERE {scope} LIMIT %s) s
+)"""
+# - ``v``: what the vector leg returns (the index's rows if it returned enough, else the
+#   exact scan's), cut at the similarity threshold.
+_INDEX_OR_EXACT = """v AS (
+    SELECT id, d FROM (SELECT id, d FROM i UNION ALL SELECT id, d FROM p) x
+    WHERE (SELECT count(*) FROM i) >= %s
+    UNION ALL SELECT id, d FROM e
+    ORDER BY d, id LIMIT %s
+)"""
+_FUSED = """vr AS (
+    SELECT id, 1.0::float8 - d AS s, (row_number() OVER (ORDER BY d, id))::int AS rank
+    FROM v{cut}
+),
+kr AS (SELECT id, score AS s, (row_number() OVER (ORDER BY score DESC, id))::int AS rank FROM k),
+cand AS (
+    SELECT coalesce(vr.id, kr.id) AS id,
+           %s::float8 * CASE WHEN vr.id IS NULL THEN 0 WHEN vx.hi > vx.lo
+                             THEN (vr.s - vx.lo) / (vx.hi - vx.lo) ELSE 1 END
+           + %s::float8 * CASE WHEN kr.id IS NULL THEN 0 WHEN kx.hi > kx.lo
+                               THEN (kr.s - kx.lo) / (kx.hi - kx.lo) ELSE 1 END AS score,
+           vr.rank AS vrank, kr.rank AS krank, vr.s AS vscore, kr.s AS kscore
+    FROM vr FULL JOIN kr ON kr.id = vr.id
+    CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx
+    CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx
+)"""
+
+
+@dataclass(frozen=True)
+class OneStatement:
+    """A hybrid search as one statement: its SQL and parameters, the HNSW settings it
+    needs (none for an exact scan) and whether it may be prepared."""
+
+    sql: str
+    params: list[Any]
+    local: list[tuple[str, object]]
+    prepare: bool
+
+
+def _one_statement_sql(bases: list[KnowledgeBase], request: SearchRequest) -> OneStatement | None:
+    """The search as one statement, or None when it takes the legs apart: other fusion
+    than the default, decay, context off, several embedders or languages, a keyword leg
+    that is pruned (``bm25.unpruned``) or a query without words."""
+    if (
+        request.mode != "hybrid"
+        or not settings.SEARCH_ONE_STATEMENT
+        or settings.SEARCH_FUSION != "weighted"
+        or request.rrf_k is not None
+        or request.half_life_days
+        or settings.SEARCH_CONTEXT_WEIGHT <= 0
+        or not re.search(r"\w", request.query or "")
+    ):
+        return None
+    embedders = {
+        (kb.embedding_provider, kb.embedding_model, kb.embedding_dimensions) for kb in bases
+    }
+    if len(embedders) != 1 or len({kb.language for kb in bases}) != 1:
+        return None
+    unfiltered = _unfiltered(request)
+    rows = sum(kb.chunk_count for kb in bases)
+    if not bm25.unpruned(not unfiltered, rows):
+        return None
+    [(members, vector)] = _query_vectors(bases, request).values()
+    dims = members[0].embedding_dimensions
+    kb_ids = [str(kb.pk) for kb in bases]
+    top_k = request.top_k
+    pool = max(top_k * 3, settings.SEARCH_CANDIDATES)
+    scope, scope_params = _scope_sql(kb_ids, request)
+    params: list[Any] = ["[" + ",".join(repr(float(x)) for x in vector) + "]"]
+    ctes = ["qv AS (SELECT %s::vector AS q)"]
+    local: list[tuple[str, object]] = []
+    small = unfiltered and rows <= settings.SEARCH_EXACT_MAX_ROWS
+    if dims not in INDEXED_DIMENSIONS or small:
+        ctes.append(_EXACT_LEG.format(scope=scope, gate="").replace("e AS", "v AS", 1))
+        params += [*scope_params, pool]
+    else:
+        gate = ""
+        if not unfiltered:
+            ctes.append(_SMALL_SCOPE.format(scope=scope))
+            limit = settings.SEARCH_EXACT_MAX_ROWS
+            params += [limit, *scope_params, limit + 1]
+            gate = " AND NOT (SELECT yes FROM sm)"
+        ctes.append(_INDEX_LEG.format(dims=dims, kind=_index_type(dims), scope=scope, gate=gate))
+        params += [*scope_params, pool, *scope_params, pool]
+        ctes.append(_EXACT_LEG.format(scope=scope, gate=" AND (SELECT count(*) FROM i) < %s"))
+        params += [*scope_params, pool, pool]
+        ctes.append(_INDEX_OR_EXACT)
+        params += [pool, pool]
+        # No parallel plan for the exact scan: its workers would start even when the index
+        # scan came back full and the scan is skipped (7 ms on a 31,000-chunk scope).
+        local = [*_index_settings(dims, pool), ("max_parallel_workers_per_gather", 0)]
+    keyword_sql, keyword_params = bm25.one_statement_sql(
+        bases[0].language, request.query or "", scope, scope_params, kb_ids, pool
+    )
+    ctes.append(f"k AS MATERIALIZED ({keyword_sql})")
+    params += keyword_params
+    cut = ""
+    if request.similarity_threshold is not None:
+        cut = " WHERE d <= %s"
+        params.append(1.0 - request.similarity_threshold)
+    ctes.append(_FUSED.format(cut=cut))
+    weight = float(settings.SEARCH_VECTOR_WEIGHT)
+    params += [weight, 1.0 - weight]
+    check, check_params = _neighbour_check(request, kb_ids)
+    sql = _CONTEXT_SQL.format(cand=",\n".join(ctes), neighbour_in_scope=check)
+    window = settings.SEARCH_CONTEXT_WINDOW
+    params += [
+        fusion.CONTEXT_DONORS * top_k,
+        window,
+        window,
+        float(settings.SEARCH_CONTEXT_WEIGHT),
+        *check_params,
+        top_k,
+    ]
+    # Prepared, with a generic plan (planning this statement cost more than running it on
+    # a small base), except for a filtered scope, whose best plan depends on its values.
+    # Inside a transaction the setting would outlast the statement: planned as usual there.
+    prepare = unfiltered
+    if prepare and not connection.in_atomic_block:
+        local = [*local, ("plan_cache_mode", "force_generic_plan")]
+    if prepare:
+        sql = ("/* hybrid, small scope */" if small else "/* hybrid, index */") + sql
+    return OneStatement(sql, params, local, prepare)
+
+
+def _hybrid_in_one_statement(statement: OneStatement, request: SearchRequest) -> list[Hit]:
+    """Run ``statement`` in one round trip: prepared if it may be, else with its HNSW
+    settings local to its transaction, sent in the same query string."""
+    if statement.prepare or not statement.local:
+        rows, names = prepared.fetch(
+            statement.sql, statement.params, prepare=statement.prepare, local=statement.local
+        )
+    else:
+        rows, names = _with_local_settings(statement.local, statement.sql, statement.params)
+    details = _detail_rows(rows, names)
+    hits = []
+    for chunk_id, row in details.items():
+        vrank, krank, vscore, kscore = (row.pop(name) for name in _LEG_COLUMNS)
+        hits.append(
+            Hit(
+                chunk_id=chunk_id,
+                knowledge_base_id="",
+                score=float(row.pop("context_score")),
+                vector_score=None if vscore is None else float(vscore),
+                vector_rank=vrank,
+                keyword_score=None if kscore is None else float(kscore),
+                keyword_rank=krank,
+            )
+        )
+    return _finish(hits, request, details)
 
 
 def _finish(

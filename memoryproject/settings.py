@@ -378,6 +378,10 @@ SEARCH_ITERATIVE_SCAN = env_choice(
 # (outside transactions only: inside one, both must see its uncommitted writes).
 SEARCH_PARALLEL_LEGS = env_bool("SEARCH_PARALLEL_LEGS", True)
 SEARCH_PARALLEL_WORKERS = env_int("SEARCH_PARALLEL_WORKERS", 4, minimum=1)
+# A hybrid search with the default fusion and context, one embedder and one language, and
+# an unpruned keyword leg (scopes under 100,000 chunks, or filtered) runs as one statement
+# in one round trip, same ranking (knowledge/search.py); false: its legs run apart.
+SEARCH_ONE_STATEMENT = env_bool("SEARCH_ONE_STATEMENT", True)
 # New chunks wait for the background indexer (knowledge.tasks.index_pending_chunks)
 # instead of paying for HNSW insertion in the write; searches rank them exactly
 # meanwhile. False = insert into the HNSW index inside the ingestion transaction.

@@ -7,6 +7,7 @@ import random
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from knowledge import bm25, fusion, prepared, search
 from knowledge.bm25 import candidate_query
@@ -322,16 +323,33 @@ def test_context_in_sql_is_fusion_with_context(alice, settings):
             assert [h.score for h in got] == pytest.approx([new[c] for c in want[:top_k]])
 
 
-def test_search_statements_are_prepared_once_per_connection(alice):
+def _prepared_statements() -> list[str]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cur.fetchall()]
+
+
+def test_search_statements_are_prepared_once_per_connection(alice, settings):
+    """With the legs apart (SEARCH_ONE_STATEMENT off)."""
+    settings.SEARCH_ONE_STATEMENT = False
     kb = make_kb(alice)
     ingest(kb, ("a", "harbour cranes"), ("b", "harbour ships"))
     for _ in range(3):
         search_chunks(bases=[kb], request=SearchRequest(query="harbour cranes", top_k=2))
-    with connection.cursor() as cur:
-        cur.execute("SELECT statement FROM pg_prepared_statements")
-        statements = [row[0] for row in cur.fetchall()]
+    statements = _prepared_statements()
     assert sum("donor AS MATERIALIZED" in s for s in statements) == 1
     # A small base's keyword ranking (one statement) is prepared under its own text; the
     # vector ranking is not (Django's cursor).
     assert sum(s.startswith("/* small scope */") for s in statements) == 1
     assert not any("<=>" in s for s in statements)
+
+
+def test_a_small_base_is_searched_by_one_prepared_statement(alice):
+    kb = make_kb(alice)
+    ingest(kb, ("a", "harbour cranes"), ("b", "harbour ships"))
+    with CaptureQueriesContext(connection) as ctx:
+        for _ in range(3):
+            search_chunks(bases=[kb], request=SearchRequest(query="harbour cranes", top_k=2))
+    assert len(ctx.captured_queries) == 3  # one statement per search
+    statements = _prepared_statements()
+    assert [s.split("*/")[0] for s in statements] == ["/* hybrid, small scope "]

@@ -22,6 +22,7 @@ def _docs():
 
 def _run(kb, settings, parallel: bool):
     settings.SEARCH_PARALLEL_LEGS = parallel
+    settings.SEARCH_ONE_STATEMENT = False  # the legs apart (else one statement, one connection)
     threads: set[str] = set()
     original = search.keyword_ranking
 
@@ -111,7 +112,7 @@ def test_ef_search_grows_with_the_index(settings, monkeypatch, rows, limit, scal
 def test_index_rows_reads_the_planner_statistics(alice):
     search._index_rows_cache.clear()
     with connection.cursor() as cur:
-        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'chunk_hnsw_384'")
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'chunk_hnsw_half_384'")
         (stats,) = cur.fetchone()
     assert search._index_rows(384) == max(stats, 0.0)
     assert search._index_rows(999) == 0.0  # no such index
