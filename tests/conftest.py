@@ -9,6 +9,7 @@ from core.services import api_key_create
 from ingestion.capture import messages_record
 from memories.bases.services import memory_base_create
 from memories.conversations.services import MessageIn, flow_create
+from tests.browser import browser  # noqa: F401  (the admin's end-to-end tests' fixture)
 from tests.factories import UserFactory
 from tests.fakes.openai_server import FakeOpenAIServer
 

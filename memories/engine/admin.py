@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from core.admin_confirm import confirm_first
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.api.background import markdown_download
@@ -68,6 +69,15 @@ class DreamAdmin(admin.ModelAdmin):
         return len(dream.changes)
 
     @admin.action(description="Undo the selected dreams (facts and MEMORY.md restored)")
+    @confirm_first(
+        title="Undo these dreams?",
+        consequences=[
+            "put back the facts each dream dropped or rewrote, and remove the ones it added,",
+            "restore the scope's MEMORY.md as it was before the dream.",
+            "Facts learned after a dream stay. Only a scope's latest dream can be undone.",
+        ],
+        button="Yes, undo",
+    )
     def undo(self, request: HttpRequest, queryset: QuerySet[Dream]) -> None:
         for dream in queryset.order_by("-created_at"):  # latest first: each is then the latest
             try:
@@ -79,7 +89,7 @@ class DreamAdmin(admin.ModelAdmin):
 
 @admin.register(ScopeJournal)
 class ScopeJournalAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "owner", "created_at"]
+    list_display = ["__str__", "scope_path", "owner", "created_at"]
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
     list_filter = ["owner"]
@@ -92,6 +102,13 @@ class ScopeJournalAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a view of the scope's files; the actions call the services
+
+    @admin.display(description="scope", ordering="scope")
+    def scope_path(self, scope: ScopeJournal) -> str:
+        return "/".join(scope.scope)
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view(self.journal_view)
@@ -123,17 +140,18 @@ class ScopeJournalAdmin(admin.ModelAdmin):
             url = reverse("admin:memory_engine_journal_day", args=[scope.pk, day.isoformat()])
             return url + ("?download=1" if download else "")
 
-        return format_html(
-            "<ul>{}</ul>",
-            format_html_join("", '<li>{} · <a href="{}">show</a> · <a href="{}">download</a></li>',
-                             ((d.isoformat(), link(d, False), link(d, True)) for d in days)),
+        return format_html_join(
+            "", '<div class="journal-day">{} · <a href="{}">show</a> · <a href="{}">download</a></div>',
+            ((d.isoformat(), link(d, False), link(d, True)) for d in days),
         )  # fmt: skip
 
     @admin.display(description="MEMORY.md")
     def memory_md(self, scope: ScopeJournal) -> str:
         text = files.read_text(files.memory_md_path(scope.owner_id, scope.scope))
         return (
-            format_html("<pre>{}</pre>", text) if text else "not written yet (no dream or update)"
+            format_html("<pre>{}</pre>", text)
+            if text
+            else "not written yet: the scope's first dream writes it"
         )
 
     @admin.action(description="Dream now (consolidate the selected scopes)")

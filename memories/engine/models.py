@@ -109,7 +109,9 @@ class Dream(models.Model):
         indexes = [models.Index(fields=["scope", "-created_at"], name="dream_scope_time")]
 
     def __str__(self) -> str:
-        return f"dream {self.pk} of {self.scope_id} ({self.status})"
+        # As the admin names it (its list and the undo confirmation): scope, day, status.
+        day = self.created_at.date().isoformat() if self.created_at else "(not saved)"
+        return f"dream of {'/'.join(self.scope.scope)} on {day} ({self.status})"
 
 
 class EngineSettings(models.Model):

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from core.admin_confirm import confirm_first
 from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.services import backend_for, memory_store_delete
 
@@ -29,6 +30,9 @@ class AttachmentInline(admin.TabularInline):
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # attachments come from the declarative config (validated there)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[MemoryAttachment]:
+        return super().get_queryset(request).select_related("store", "flow")
 
 
 @admin.register(MemoryStore)
@@ -74,12 +78,21 @@ class MemoryStoreAdmin(admin.ModelAdmin):
         memory_store_delete(store=obj)
 
     @admin.action(description="Delete selected stores with their items and attachments")
+    @confirm_first(
+        title="Delete these memory stores?",
+        consequences=[
+            "delete the stores and every item they hold (this cannot be undone),",
+            "detach them from every agent node they are attached to.",
+            "A file store's files on disk are kept.",
+        ],
+        button="Yes, delete",
+    )
     def delete_with_items(self, request: HttpRequest, queryset: QuerySet[MemoryStore]) -> None:
-        count = 0
-        for store in queryset:
+        names = []
+        for store in list(queryset):
             memory_store_delete(store=store)
-            count += 1
-        self.message_user(request, f"Deleted {count} memory store(s).")
+            names.append(store.name)
+        self.message_user(request, f"Deleted {', '.join(names)} with their items and attachments.")
 
 
 @admin.register(MemoryItem)

@@ -138,4 +138,5 @@ class MemoryAttachment(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.node_id} -> {self.store_id}"
+        # As the admin's attachment rows title it: the node and the store by name.
+        return f"node {self.node_id} -> store {self.store.name}"

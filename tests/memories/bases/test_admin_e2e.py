@@ -8,120 +8,14 @@ missing; only where that is impossible does this test skip, saying why.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from knowledge.models import Chunk
+from tests.browser import click_and_wait, fits_the_window, login, messages, row_cells, shot
 from tests.conftest import record
-from tests.factories import UserFactory
 from tests.knowledge.factories import ingest, make_kb
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
-
-
-@pytest.fixture
-def browser():
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not chromium or not driver:
-        pytest.skip(
-            "Debian chromium/chromium-driver are not installed and could not be (scripts/ensure-chromium.sh)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    profile = tempfile.mkdtemp(prefix="chromium-e2e-")
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-quic",
-        "--window-size=1440,1000",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(flag)
-    drv = webdriver.Chrome(service=Service(executable_path=driver), options=options)
-    drv.set_page_load_timeout(30)
-    yield drv
-    drv.quit()
-    shutil.rmtree(profile, ignore_errors=True)
-
-
-def _row_cells(browser, name: str) -> dict[str, str]:
-    from selenium.webdriver.common.by import By
-
-    for row in browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr"):
-        if name in row.text:
-            return {
-                cell.get_attribute("class").split()[0].removeprefix("field-"): cell.text
-                for cell in row.find_elements(By.CSS_SELECTOR, "td, th")
-                if cell.get_attribute("class")
-            }
-    raise AssertionError(f"no row for {name}")
-
-
-def _messages(browser) -> str:
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-
-    try:  # as rendered, but the admin's stylesheet capitalises the first letter
-        return "\n".join(
-            ul.text for ul in browser.find_elements(By.CSS_SELECTOR, "ul.messagelist")
-        ).lower()
-    except StaleElementReferenceException:  # the page changed under us: ask again
-        return ""
-
-
-def _shot(browser, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    browser.save_screenshot(str(ARTIFACTS / f"{name}.png"))
-
-
-def _fits_the_window(browser, *selectors: str) -> bool:
-    """No horizontal scroll (of the page or of the result table's own scroller), and
-    every element named is inside the window."""
-    return browser.execute_script(
-        """
-        const width = window.innerWidth;
-        if (document.documentElement.scrollWidth > width) return false;
-        for (const box of document.querySelectorAll(".results")) {
-            if (box.scrollWidth > box.clientWidth) return false;
-        }
-        return arguments[0].every(sel => [...document.querySelectorAll(sel)].every(
-            el => el.getBoundingClientRect().right <= width));
-        """,
-        list(selectors),
-    )
-
-
-def _login(browser, live_server) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    UserFactory(username="operator", is_staff=True, is_superuser=True, password="operator-pw")
-    browser.get(live_server.url + "/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys("operator-pw")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    WebDriverWait(browser, 30).until(lambda b: "/admin/login/" not in b.current_url)
-
-
-def _click_and_wait(browser, selector: str, text: str) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    browser.find_element(By.CSS_SELECTOR, selector).click()
-    WebDriverWait(browser, 60).until(lambda b: text in _messages(b))
 
 
 def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memory_base):
@@ -130,11 +24,11 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
 
     record(flow, "s1", "first answer", "second answer", "third answer")
     record(flow, "s2", "another", "and another", "and a third")
-    _login(browser, live_server)
+    login(browser, live_server)
 
     listing = live_server.url + "/admin/memory_bases/memorybase/"
     browser.get(listing)
-    cells = _row_cells(browser, "support-memory")
+    cells = row_cells(browser, "support-memory")
     assert (cells["sessions_count"], cells["processed"], cells["chunks"], cells["pending"]) == (
         "2",
         "6",
@@ -144,16 +38,16 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
     assert (cells["owner"], cells["status"]) == ("alice", "ok")
     # At 1440 px the whole row, Last sync and Status included, is on screen.
     assert browser.execute_script("return window.innerWidth") == 1440
-    assert _fits_the_window(browser, "td.field-last_sync", "td.field-status")
-    _shot(browser, "admin-memory-base-list")
+    assert fits_the_window(browser, "td.field-last_sync", "td.field-status")
+    shot(browser, "admin-memory-base-list")
 
     Chunk.objects.all().delete()  # someone wiped the vectors behind our back
     browser.get(listing)
-    assert "mismatch detected in support-memory" in _messages(browser)
-    assert "Mismatch" in _row_cells(browser, "support-memory")["status"]
-    assert _row_cells(browser, "support-memory")["chunks"] == "0"
-    assert _fits_the_window(browser, "td.field-last_sync", "td.field-status")
-    _shot(browser, "admin-memory-base-mismatch")
+    assert "mismatch detected in support-memory" in messages(browser)
+    assert "Mismatch" in row_cells(browser, "support-memory")["status"]
+    assert row_cells(browser, "support-memory")["chunks"] == "0"
+    assert fits_the_window(browser, "td.field-last_sync", "td.field-status")
+    shot(browser, "admin-memory-base-mismatch")
 
     # The change page: counters, buttons, the sessions; Regenerate asks first.
     browser.find_element(By.LINK_TEXT, "support-memory").click()
@@ -171,27 +65,27 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
     }
     assert browser.find_element(By.ID, "sync-now").is_displayed()
     assert "alice" in browser.find_element(By.CSS_SELECTOR, "div.field-owner").text
-    assert _fits_the_window(browser, "#regenerate", "#sync-now")
-    _shot(browser, "admin-memory-base-change")
+    assert fits_the_window(browser, "#regenerate", "#sync-now")
+    shot(browser, "admin-memory-base-change")
     sessions = browser.find_element(By.CSS_SELECTOR, ".inline-group")
     browser.execute_script("arguments[0].scrollIntoView()", sessions)
     assert "s1" in sessions.text and "s2" in sessions.text and "synced" in sessions.text
-    _shot(browser, "admin-memory-base-change-sessions")
+    shot(browser, "admin-memory-base-change-sessions")
     browser.execute_script("window.scrollTo(0, 0)")
 
     browser.find_element(By.ID, "regenerate").click()
     WebDriverWait(browser, 30).until(lambda b: "Regenerate this memory base?" in b.page_source)
-    _shot(browser, "admin-memory-base-regenerate-confirm")
-    _click_and_wait(browser, "input.confirm-yes", "regenerating")
-    shown = _messages(browser)
+    shot(browser, "admin-memory-base-regenerate-confirm")
+    click_and_wait(browser, "input.confirm-yes", "regenerating")
+    shown = messages(browser)
     assert "support-memory: regenerating, 2 jobs queued." in shown
     assert "job(s)" not in shown and "already has an active" not in shown
     assert browser.find_element(By.ID, "counter-chunks").text == "6"
     assert Chunk.objects.count() == 6
-    _shot(browser, "admin-memory-base-regenerated")
+    shot(browser, "admin-memory-base-regenerated")
 
-    _click_and_wait(browser, "#sync-now", "nothing to sync")
-    assert "support-memory: nothing to sync, no session has pending messages." in _messages(browser)
+    click_and_wait(browser, "#sync-now", "nothing to sync")
+    assert "support-memory: nothing to sync, no session has pending messages." in messages(browser)
 
     # A list action that deletes asks first, naming what goes.
     browser.get(listing)
@@ -199,17 +93,17 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
     Select(browser.find_element(By.NAME, "action")).select_by_value("delete_with_knowledge_base")
     browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
     WebDriverWait(browser, 30).until(lambda b: "Delete these memory bases?" in b.page_source)
-    _shot(browser, "admin-memory-base-delete-confirm")
+    shot(browser, "admin-memory-base-delete-confirm")
     browser.find_element(By.LINK_TEXT, "No, take me back").click()
     WebDriverWait(browser, 30).until(lambda b: b.current_url.endswith("/memorybase/"))
-    assert _row_cells(browser, "support-memory")["chunks"] == "6"
+    assert row_cells(browser, "support-memory")["chunks"] == "6"
 
     # The memory base's own knowledge base: no delete, and a note saying where to go.
     kb = memory_base.knowledge_base
     browser.get(f"{live_server.url}/admin/knowledge/knowledgebase/{kb.pk}/change/")
-    assert "delete the memory base instead" in _messages(browser)
+    assert "delete the memory base instead" in messages(browser)
     assert not browser.find_elements(By.CSS_SELECTOR, "a.deletelink")
-    _shot(browser, "admin-knowledge-base-of-memory-base")
+    shot(browser, "admin-knowledge-base-of-memory-base")
 
 
 def test_chunk_browser_is_readable_at_1440(browser, live_server, alice):
@@ -218,7 +112,7 @@ def test_chunk_browser_is_readable_at_1440(browser, live_server, alice):
     kb = make_kb(alice, name="handbook")
     sentence = "The support team answers tickets on weekdays and escalates outages at once. "
     ingest(kb, *[(f"doc-{i:03d}", f"Section {i}. " + sentence * 6) for i in range(100)])
-    _login(browser, live_server)
+    login(browser, live_server)
     browser.get(f"{live_server.url}/admin/knowledge/chunk/?knowledge_base__id__exact={kb.pk}")
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 100
@@ -227,8 +121,8 @@ def test_chunk_browser_is_readable_at_1440(browser, live_server, alice):
     assert text_cell.size["height"] <= 60  # two lines at most, the rest on the chunk's page
     height = browser.execute_script("return document.documentElement.scrollHeight")
     assert height < 7000  # 100 rows made a 17,312 px page
-    assert _fits_the_window(browser, "td.field-excerpt")
-    _shot(browser, "admin-chunk-browser")
+    assert fits_the_window(browser, "td.field-excerpt")
+    shot(browser, "admin-chunk-browser")
     text_cell.find_element(By.XPATH, "..").find_element(By.CSS_SELECTOR, "th a").click()
     assert sentence * 6 in browser.find_element(By.CSS_SELECTOR, "div.field-text").text + " "
-    _shot(browser, "admin-chunk-detail")
+    shot(browser, "admin-chunk-detail")

@@ -56,9 +56,12 @@ def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_sett
         f"/admin/memory_engine/scopejournal/{scope_id}/change/").content.decode()  # fmt: skip
     assert admin_client.get(f"/admin/memory_engine/dream/{dream.pk}/change/").status_code == 200
 
-    admin_client.post(
-        "/admin/memory_engine/dream/", {"action": "undo", "_selected_action": [dream.pk]}
-    )
+    chosen = {"action": "undo", "_selected_action": [dream.pk]}
+    asked = admin_client.post("/admin/memory_engine/dream/", chosen)
+    assert "Undo these dreams?" in asked.content.decode()
+    dream.refresh_from_db()
+    assert dream.status == "applied"  # only asked
+    admin_client.post("/admin/memory_engine/dream/", {**chosen, "confirmed": "yes"})
     dream.refresh_from_db()
     assert dream.status == "undone"
     assert sorted(Vector.objects.filter(owner=alice).values_list("content", flat=True)) == [

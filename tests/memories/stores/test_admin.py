@@ -51,9 +51,12 @@ def test_admin_deletes_an_item_and_a_store_with_its_items(admin_client, stores):
     )
     assert response.status_code == 302
     assert not MemoryItem.objects.filter(pk=item.pk).exists()
+    chosen = {"action": "delete_with_items", "_selected_action": [str(stores["notes"].pk)]}
+    asked = admin_client.post("/admin/memory_stores/memorystore/", chosen)
+    assert asked.status_code == 200 and "Delete these memory stores?" in asked.content.decode()
+    assert MemoryStore.objects.filter(name="notes").exists()  # only asked
     response = admin_client.post(
-        "/admin/memory_stores/memorystore/",
-        {"action": "delete_with_items", "_selected_action": [str(stores["notes"].pk)]},
+        "/admin/memory_stores/memorystore/", {**chosen, "confirmed": "yes"}
     )
     assert response.status_code == 302
     assert not MemoryStore.objects.filter(name="notes").exists()
