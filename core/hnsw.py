@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connection
 
 
-def _supports_halfvec(schema_editor: Any) -> bool:
+def supports_halfvec(schema_editor: Any) -> bool:
     with schema_editor.connection.cursor() as cur:
         cur.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         row = cur.fetchone()
@@ -35,7 +35,7 @@ def halfvec_swap(
             schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {other}_{dim}")
 
     def forward(apps: Any, schema_editor: Any) -> None:
-        if _supports_halfvec(schema_editor):
+        if supports_halfvec(schema_editor):
             build(schema_editor, "halfvec", f"{prefix}_half", ef_construction, prefix)
 
     def backward(apps: Any, schema_editor: Any) -> None:

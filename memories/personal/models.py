@@ -66,8 +66,7 @@ class Vector(models.Model):
     content = models.TextField()
     normalized = models.TextField(help_text="Normalised text, for exact duplicate checks.")
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.MEMORY)
-    # No index of its own: vector_scope_covering (below) leads with it, and a plain
-    # one would be chosen instead and visit the heap for every fact of the scope.
+    # Indexed by vector_scope (below).
     scope = models.ForeignKey(
         EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
         db_index=False,
@@ -93,23 +92,10 @@ class Vector(models.Model):
         indexes = [
             models.Index(fields=["owner", "type"], name="vector_owner_type"),
             models.Index(fields=["owner", "normalized"], name="vector_owner_normalized"),
-            # A scope's facts in one index range with what ranking reads (``id``
-            # included), so a search or a duplicate check is an index-only scan of that
-            # range (no heap visit per fact, whose rows lie scattered among every other
-            # scope's). Large scopes' duplicate checks use the HNSW indexes (0006).
-            models.Index(
-                fields=["scope"],
-                include=[
-                    "id",
-                    "embedding",
-                    "dimensions",
-                    "embedding_model",
-                    "observed_at",
-                    "confidence",
-                    "category",
-                ],
-                name="vector_scope_covering",
-            ),  # fmt: skip
+            # A scope's facts (its foreign key, Django's cascade). What ranking reads
+            # is the scope's range of ``memories_vector_half`` (migration 0008: the
+            # columns ranking needs and a 16-bit copy of the vector, kept by triggers).
+            models.Index(fields=["scope"], name="vector_scope"),
         ]
         constraints = [
             models.CheckConstraint(

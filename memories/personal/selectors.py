@@ -107,7 +107,7 @@ def memory_search(
 ) -> list[MemoryHit]:
     """Nearest memories of ``end_user`` (and global ones when asked), best first.
 
-    The user's facts are read from their scope's range of the covering index
+    The user's facts are read from their scope's range of its 16-bit copies
     (``scope_vector_ranking``: exact cosine, whatever the owner's other users hold),
     the owner's global memories by an exact scan of their own. With ``query`` (the
     text ``vector`` embeds) the ranking is hybrid: BM25 over the same memories, fused
@@ -185,15 +185,88 @@ def memory_search(
 
 
 # --- Core facts of a scope (the engine's core tier) ----------------------------------
-# A scope's facts are the vectors whose ``scope`` is that scope (one range of the
-# covering index ``vector_scope_covering``: ranking never visits the heap) plus the
-# shared ones reached through its ``shared`` links (few). Both legs are exact: a scope
-# holds at most ``ENGINE_MAX_FACTS`` facts, and an exact scan returns every match.
+# A scope's facts are the vectors whose ``scope`` is that scope plus the shared ones
+# reached through its ``shared`` links (few). The scope's own facts are ranked from its
+# range of ``memories_vector_half`` (migration 0008: the columns ranking reads and a
+# 16-bit copy of the vector, one index range: no heap visit per fact, whose rows lie
+# scattered among every other scope's), the candidates re-ranked from their 32-bit
+# vectors (``_exact_ctes``). Both legs are exact.
 
 _SHARED_JOIN = (
     "memories_uservector uv JOIN memories_vector v ON v.id = uv.vector_id "
     "WHERE uv.end_user_id = %s AND uv.shared AND v.scope_id IS NULL"
 )
+
+# Vectors of at most this many dimensions have a 16-bit copy (migration 0008's
+# trigger: 2 kB of halfvec, within a btree tuple's 2,704 bytes).
+HALF_MAX_DIMENSIONS = 1024
+# Twice the most the 16-bit copies' ranking distance can differ from the cosine
+# distance of the 32-bit vectors. The copies are unit vectors rounded to 11
+# significant bits, each within r = 2^-11 + 2^-25 sqrt(n) of the exact unit vector, so
+# their inner product is within 2r + r^2 (< 0.00098 up to 1,024 dimensions) of the
+# cosine; float32 sums add at most n x 2^-24 per sum (< 0.00025 for both distances):
+# 0.0013 < 0.002.
+HALF_MARGIN = 0.004
+
+
+@functools.cache
+def _half_table() -> bool:
+    """Whether ``memories_vector_half`` exists (not on pgvector < 0.7: migration 0008)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass('memories_vector_half') IS NOT NULL")
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
+def _exact_ctes(
+    *, scope_id: int, dims: int, embedding_model: str, where: str, fparams: list[Any],
+    pool: int, gate: str = "true",
+) -> tuple[str, list[Any]]:  # fmt: skip
+    """CTEs ending in ``ev`` (id, d, o): the ``pool`` facts of the scope itself nearest
+    to ``q.qv`` by the cosine distance of their stored vectors, ordered by (d, id), as
+    an exact scan ranks them; ``o`` is ``observed_at``. ``gate``: an uncorrelated
+    condition (a one-time filter: false reads nothing).
+
+    With a 16-bit copy (``HALF_MAX_DIMENSIONS``): ``hv`` ranks the scope's range of
+    ``memories_vector_half`` by ``hd``, minus the inner product of the copies (unit
+    vectors: the cosine distance less 1), and keeps the best ``n``; every fact whose exact
+    distance can make the ``pool`` best has ``hd`` within ``HALF_MARGIN`` of the
+    ``pool``-th best ``hd`` (the ``pool`` best by ``hd`` are each within half the margin
+    of their own exact distance); those (``band``) are re-ranked from their 32-bit
+    vectors, a few more rows than ``pool``. When the band runs past the ``n`` kept
+    (distances closer than the margin, as near duplicates are), the range is read
+    again for the whole band. Without a copy: an exact scan
+    of the scope's facts in the table."""
+    if not (dims <= HALF_MAX_DIMENSIONS and _half_table()):
+        sql = (
+            "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d,"
+            " observed_at AS o FROM memories_vector WHERE scope_id = %s"
+            f" AND dimensions = {dims} AND embedding_model = %s{where} AND {gate}"
+            " ORDER BY d, id LIMIT %s), "
+        )
+        return sql, [scope_id, embedding_model, *fparams, pool]
+    n = 2 * pool + 100
+    half = "half <#> (SELECT l2_normalize(qv)::halfvec FROM q)"  # (-(inner product))
+    rows = (
+        f"FROM memories_vector_half WHERE scope_id = %s AND dimensions = {dims}"
+        f" AND embedding_model = %s{where} AND {gate}"
+    )
+    sql = (
+        f"hv AS MATERIALIZED (SELECT id, {half} AS hd, observed_at AS o {rows}"
+        f" ORDER BY hd LIMIT {n}), "
+        f"cut AS MATERIALIZED (SELECT t, (SELECT count(*) FROM hv) = {n}"
+        " AND (SELECT max(hd) FROM hv) <= t AS more FROM (SELECT coalesce((SELECT hd"
+        f" FROM hv ORDER BY hd OFFSET {pool - 1} LIMIT 1) + %s, 'NaN') AS t) x), "
+        "band AS (SELECT id, o FROM hv WHERE hd <= (SELECT t FROM cut)"
+        " AND NOT (SELECT more FROM cut) UNION ALL"
+        f" SELECT id, observed_at {rows} AND (SELECT more FROM cut)"
+        f" AND {half} <= (SELECT t FROM cut)), "
+        "ev AS MATERIALIZED (SELECT b.id, v.embedding <=> (SELECT qv FROM q) AS d, b.o"
+        " FROM band b JOIN memories_vector v ON v.id = b.id ORDER BY d, b.id LIMIT %s), "
+    )
+    params = [scope_id, embedding_model, *fparams, HALF_MARGIN,
+              scope_id, embedding_model, *fparams, pool]  # fmt: skip
+    return sql, params
 
 
 @dataclass
@@ -225,18 +298,20 @@ def scope_vector_ranking(
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
     text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    exact, exact_params = _exact_ctes(
+        scope_id=scope_id, dims=len(vector), embedding_model=embedding_model, where=where,
+        fparams=fparams, pool=limit,
+    )  # fmt: skip
     sql = (
-        "WITH q AS (SELECT %s::vector AS v) "
+        f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv), {exact[:-2]} "
         "SELECT id, d FROM ("
-        " SELECT id, embedding <=> q.v AS d FROM memories_vector, q"
-        f" WHERE scope_id = %s AND dimensions = %s AND embedding_model = %s{where}"
+        " SELECT id, d FROM ev"
         " UNION ALL"
-        f" SELECT v.id, v.embedding <=> q.v FROM q, {_SHARED_JOIN}"
+        f" SELECT v.id, v.embedding <=> (SELECT qv FROM q) FROM {_SHARED_JOIN}"
         f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere}"
         ") ranked ORDER BY d, id LIMIT %s"
     )
-    params = [text, scope_id, len(vector), embedding_model, *fparams,
-              scope_id, len(vector), embedding_model, *vparams, limit]  # fmt: skip
+    params = [text, *exact_params, scope_id, len(vector), embedding_model, *vparams, limit]
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
@@ -249,7 +324,7 @@ def _iterative_scan() -> bool:
 
 def scope_is_large(*, scope_id: int, above: int) -> bool:
     """Whether the scope has more than ``above`` facts: reads at most ``above + 1`` of
-    its links (small index entries, not the covering index's vectors)."""
+    its links (small index entries, not the vectors)."""
     with connection.cursor() as cur:
         cur.execute(
             "SELECT count(*) FROM (SELECT 1 FROM memories_uservector WHERE end_user_id = %s "
@@ -466,16 +541,17 @@ def candidates_statement(
     Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
     ``text`` (``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the
     ``pool`` most similar facts; a scope of more than ``index_above`` facts that also
-    holds ``walk_share`` of the table's rows (``pg_class.reltuples``) or more than
-    ``exact_cap`` facts is walked through the HNSW index of the dimension
-    (``scope_vector_ranking_indexed``; a walk filtered to a scope visits about as many
-    graph nodes as the scope is rare in the table, an exact scan reads the scope's
-    covering-index range: the rarer scope is scanned, the larger share walked), and
-    when that walk comes back short (a filter few facts pass, the scan cap) or the
-    scope is small, the scope is ranked exactly (``scope_vector_ranking``): the branch
-    not needed is gated off by the planner (a one-time filter), so it reads nothing.
-    Candidates are scored from what the legs read (the covering index holds
-    ``observed_at``), so only the hits returned visit the table for their text.
+    holds ``walk_share`` of the table's rows
+    (``pg_class.reltuples``) or more than ``exact_cap`` facts is walked through the
+    HNSW index of the dimension (``scope_vector_ranking_indexed``; a walk filtered to a
+    scope visits about as many graph nodes as the scope is rare in the table, an exact
+    ranking reads the scope's range of its 16-bit copies: the rarer scope is scanned,
+    the larger share walked), and when that walk comes back short (a filter few facts
+    pass, the scan cap) or the scope is small, the scope is ranked exactly
+    (``_exact_ctes``, as ``scope_vector_ranking``): the branch not needed is gated off
+    by the planner (a one-time filter), so it reads nothing. Candidates are scored from
+    what the legs read (the copies hold ``observed_at``), so only the hits returned and
+    the exact ranking's few candidates visit the table.
     The walk's settings (``Statement.settings``) run before it in the same round trip
     (``scope_fact_search``). The last column says whether the walk's answer was kept.
     """
@@ -530,6 +606,10 @@ def candidates_statement(
         walked = "SELECT id, d, o FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
     else:
         redo, redo_params, walked = "redo AS (SELECT true AS yes), ", [], ""
+    exact, exact_params = _exact_ctes(
+        scope_id=scope_id, dims=dims, embedding_model=embedding_model, where=where,
+        fparams=fparams, pool=pool, gate="(SELECT yes FROM redo)",
+    )  # fmt: skip
     sql = (
         f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv, {_KEYWORDS} AS words, "
         "quote_literal(%s)::tsquery AS scope), "
@@ -538,9 +618,7 @@ def candidates_statement(
         f" v.observed_at AS o FROM {_SHARED_JOIN} AND v.dimensions = %s"
         f" AND v.embedding_model = %s{vwhere}), "
         f"{redo}"
-        "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d, observed_at AS o"
-        " FROM memories_vector WHERE scope_id = %s AND dimensions = %s"
-        f" AND embedding_model = %s{where} AND (SELECT yes FROM redo) ORDER BY d, id LIMIT %s), "
+        f"{exact}"
         f"vec AS MATERIALIZED (SELECT id, d, o FROM ({walked}SELECT id, d, o FROM ev"
         " UNION ALL SELECT id, d, o FROM sv) x ORDER BY d, id LIMIT %s), "
         f"{keyword}"
@@ -550,8 +628,7 @@ def candidates_statement(
     )
     params = [literal, text, f"~scope:{scope_id}", *walk_params,
               scope_id, dims, embedding_model, *vparams, *redo_params,
-              scope_id, dims, embedding_model, *fparams, pool, pool, *keyword_params,
-              *scored_params]  # fmt: skip
+              *exact_params, pool, *keyword_params, *scored_params]  # fmt: skip
     return Statement(sql, params, None if kind is None else _hnsw_settings(pool))
 
 

@@ -22,7 +22,6 @@ from memories.personal.selectors import (
     FactFilter,
     scope_is_large,
     scope_keyword_ranking,
-    scope_vector_ranking,
     scope_vector_ranking_indexed,
 )
 from memories.personal.services import memory_link
@@ -40,9 +39,41 @@ class Broken:
         raise RuntimeError("embedding service down")
 
 
-def reference_search(owner, scope, query, *, embedder, limit, offset=0, filter=None, half_life):
+def exact_vector_ranking(*, scope_id, vector, embedding_model, limit, filter=None):
+    """Every fact of the scope (its own and its shared ones) by the cosine distance of
+    its stored vector, ties by id: the plain exact scan of the table, no 16-bit copy."""
+    where, params = (filter or FactFilter()).sql("v.")
+    where = f" AND v.dimensions = %s AND v.embedding_model = %s{where}"
+    params = [len(vector), embedding_model, *params]
+    text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, d FROM (SELECT v.id, v.embedding <=> %s::vector AS d "
+            f"FROM memories_vector v WHERE v.scope_id = %s{where} UNION ALL "
+            "SELECT v.id, v.embedding <=> %s::vector FROM memories_uservector uv "
+            "JOIN memories_vector v ON v.id = uv.vector_id WHERE uv.end_user_id = %s "
+            f"AND uv.shared AND v.scope_id IS NULL{where}) r ORDER BY d, id LIMIT %s",
+            [text, scope_id, *params, text, scope_id, *params, limit],
+        )
+        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
+
+
+def reference_search(
+    owner,
+    scope,
+    query,
+    *,
+    embedder,
+    limit,
+    offset=0,
+    filter=None,
+    half_life,
+    vector_ranking=exact_vector_ranking,
+):
     """The search as it was before the one statement (main at 5ffec20): vector leg,
-    keyword leg and the candidates' rows as three statements, merged in Python."""
+    keyword leg and the candidates' rows as three statements, merged in Python; its
+    exact ranking is the plain scan (``exact_vector_ranking``) unless ``vector_ranking``
+    says otherwise (the benchmark times it with ``selectors.scope_vector_ranking``)."""
     row = scope_find(owner=owner, scope=scope)
     pool = _pool(limit, offset)
     try:
@@ -57,7 +88,7 @@ def reference_search(owner, scope, query, *, embedder, limit, offset=0, filter=N
                 scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
             )
         if len(vector_hits) < pool:
-            vector_hits = scope_vector_ranking(
+            vector_hits = vector_ranking(
                 scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
             )
     keyword_hits = scope_keyword_ranking(scope_id=row.pk, text=query, limit=pool, filter=filter)

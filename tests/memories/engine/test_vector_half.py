@@ -1,0 +1,329 @@
+"""The 16-bit copies of scoped facts' vectors (``memories_vector_half``, migration 0008):
+kept by the database on every write, and the exact ranking read through them equal to
+an exact scan of the 32-bit vectors, near ties and long bands included; facts of 768
+and 1,536 dimensions stored and ranked (the old covering index could not hold them)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import uuid
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from memories.personal.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
+from memories.personal.models import EndUser, UserVector, Vector
+from memories.personal.retrieval import core_fact_search
+from memories.personal.scopes import scope_ensure, scope_find
+from memories.personal.selectors import (
+    HALF_MARGIN,
+    HALF_MAX_DIMENSIONS,
+    FactFilter,
+    scope_vector_ranking,
+)
+from memories.personal.services import end_user_erase, memory_link
+from tests.memories.engine.test_search_statement import exact_vector_ranking
+
+pytestmark = pytest.mark.django_db
+
+COPIED = "scope_id, id, dimensions, embedding_model, observed_at, confidence, category"
+
+
+class Dims:
+    """Deterministic random unit vectors of ``n`` dimensions for any text."""
+
+    provider = "seeded"
+
+    def __init__(self, n: int):
+        self.dimensions, self.model = n, f"seeded-{n}"
+
+    def embed(self, texts):
+        out = []
+        for text in texts:
+            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+            v = np.random.default_rng(seed).standard_normal(self.dimensions)
+            out.append(v / np.linalg.norm(v))
+        return np.asarray(out, dtype=np.float32)
+
+
+def add_facts(owner, scope: tuple[str, ...], count: int, dims: int = 384) -> None:
+    """``count`` facts "alice fact <i>" in ``scope``, embedded in ``dims`` dimensions."""
+    facts = [FactIn(f"alice fact {i}") for i in range(count)]
+    core_fact_add(owner=owner, scope=scope, facts=facts, embedder=Dims(dims))
+
+
+def out_of_sync() -> list[tuple]:
+    """Rows where the copy differs from what the facts say it must hold (both ways)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"WITH want AS (SELECT {COPIED}, l2_normalize(embedding)::halfvec::text AS half "
+            "FROM memories_vector WHERE scope_id IS NOT NULL "
+            f"AND dimensions <= {HALF_MAX_DIMENSIONS}), "
+            f"have AS (SELECT {COPIED}, half::text FROM memories_vector_half) "
+            "(SELECT 'missing', * FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM have) a) "
+            "UNION ALL (SELECT 'stale', * FROM (SELECT * FROM have EXCEPT ALL SELECT * FROM want) b)"
+        )
+        return cur.fetchall()
+
+
+def copies(scope: EndUser) -> dict[uuid.UUID, tuple]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, xmin::text, confidence, category FROM memories_vector_half "
+            "WHERE scope_id = %s",
+            [scope.pk],
+        )
+        return {row[0]: row[1:] for row in cur.fetchall()}
+
+
+def test_the_copy_follows_every_write(alice):
+    e384, e768, e1536 = Dims(384), Dims(768), Dims(1536)
+    topics = ["tea", "chess", "sailing", "piano", "rust"]
+    a = [FactIn(f"alice likes {t}", confidence=0.9) for t in topics]
+    core_fact_add(owner=alice, scope=("org", "a"), facts=a, embedder=e384)
+    core_fact_add(owner=alice, scope=("org", "b"), facts=a[:2], embedder=e768)
+    core_fact_add(owner=alice, scope=("org", "c"), facts=a[:2], embedder=e1536)
+    sa, sb, sc = (scope_find(owner=alice, scope=("org", x)) for x in "abc")
+    assert out_of_sync() == []
+    assert (len(copies(sa)), len(copies(sb)), len(copies(sc))) == (5, 2, 0)  # 1536: no copy
+    facts = {f.content: f for f in Vector.objects.filter(scope=sa)}
+
+    # An edit of the text (re-embedded) replaces the copy; of the confidence, too.
+    tea = facts["alice likes tea"]
+    before = copies(sa)
+    core_fact_update(owner=alice, fact_id=tea.pk, content="alice loves green tea")
+    core_fact_update(owner=alice, fact_id=facts["alice likes chess"].pk, confidence=0.75)
+    assert out_of_sync() == []
+    after = copies(sa)
+    assert after[facts["alice likes chess"].pk][1:] == (0.75, "context")
+    # ... and a write that changes nothing copied (updated_at) leaves the copy as it was.
+    piano = facts["alice likes piano"].pk
+    Vector.objects.filter(pk=piano).update(updated_at=timezone.now() + timedelta(days=1))
+    assert copies(sa)[piano] == before[piano]
+
+    # Shared with another scope: no scope of its own, so no copy (read through links).
+    sailing = facts["alice likes sailing"]
+    memory_link(end_user=sb, vector=sailing)
+    assert Vector.objects.get(pk=sailing.pk).scope_id is None
+    assert sailing.pk not in copies(sa) and out_of_sync() == []
+
+    # Deleted, bulk-created, erased with its scope.
+    core_fact_delete(owner=alice, fact_id=facts["alice likes rust"].pk)
+    assert facts["alice likes rust"].pk not in copies(sa)
+    vectors = e384.embed(["one", "two"])
+    made = Vector.objects.bulk_create(
+        [
+            Vector(owner=alice, content=t, normalized=t, embedding=v.tolist(),
+                   embedding_model=e384.model, dimensions=384, observed_at=timezone.now(),
+                   scope=sa, category="goal", confidence=0.8)
+            for t, v in zip(["one", "two"], vectors, strict=True)
+        ]
+    )  # fmt: skip
+    UserVector.objects.bulk_create([UserVector(end_user=sa, vector=v) for v in made])
+    assert {v.pk for v in made} <= set(copies(sa)) and out_of_sync() == []
+    end_user_erase(end_user=sa)
+    assert copies(sa) == {} and out_of_sync() == []
+    assert len(copies(sb)) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_truncate_of_the_facts_empties_the_copy(alice):
+    core_fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice likes tea")],
+                  embedder=Dims(384))  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM memories_vector_half")
+        assert cur.fetchone()[0] == 1
+        cur.execute("TRUNCATE memories_vector CASCADE")
+        cur.execute("SELECT count(*) FROM memories_vector_half")
+        assert cur.fetchone()[0] == 0
+
+
+def exact(scope: EndUser, q: np.ndarray, model: str, limit: int, filter=None) -> list:
+    """The reference: the plain exact scan of the table."""
+    return exact_vector_ranking(scope_id=scope.pk, vector=q, embedding_model=model,
+                                limit=limit, filter=filter)  # fmt: skip
+
+
+def by_copy(scope: EndUser, q: np.ndarray, limit: int) -> list:
+    """The order of the 16-bit copies alone (what the margin must correct)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id FROM memories_vector_half WHERE scope_id = %s "
+            "ORDER BY half <=> l2_normalize(%s::vector)::halfvec, id LIMIT %s",
+            [scope.pk, q.tolist(), limit],
+        )
+        return [row[0] for row in cur.fetchall()]
+
+
+def write(owner, name: str, vectors: np.ndarray) -> EndUser:
+    """A scope holding these vectors as facts, written in bulk (as a COPY would: no
+    duplicate check)."""
+    scope = scope_ensure(owner=owner, scope=("crowd", name))
+    rows = [
+        Vector(owner=owner, content=f"{name} {i}", normalized=f"{name} {i}",
+               embedding=v.astype(np.float32).tolist(), embedding_model="crowd",
+               dimensions=len(v), scope=scope, observed_at=timezone.now(),
+               category=["goal", "context"][i % 2], confidence=0.7 + (i % 4) * 0.1)
+        for i, v in enumerate(vectors)
+    ]  # fmt: skip
+    Vector.objects.bulk_create(rows)
+    UserVector.objects.bulk_create([UserVector(end_user=scope, vector=v) for v in rows])
+    return scope
+
+
+def crowd(owner, name: str, base: np.ndarray, spread: float, count: int, seed: int) -> EndUser:
+    """``count`` facts around ``base``, ``spread`` away in random directions."""
+    rng = np.random.default_rng(seed)
+    vectors = base + spread * rng.standard_normal((count, len(base)))
+    return write(owner, name, vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
+
+
+def ring(owner, name: str, base: np.ndarray, distances: np.ndarray, seed: int) -> EndUser:
+    """Facts at these cosine distances from ``base``, in random directions."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((len(distances), len(base)))
+    u -= np.outer(u @ base, base)
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    c = 1.0 - distances
+    return write(owner, name, c[:, None] * base + np.sqrt(1.0 - c * c)[:, None] * u)
+
+
+def rescanned(fn) -> bool:
+    """Whether the ranking ``fn`` runs read the scope's copies a second time (the band
+    ran past the candidates kept): EXPLAIN ANALYZE of the statement it sent."""
+    with CaptureQueriesContext(connection) as queries:
+        fn()
+    [sql] = [q["sql"] for q in queries.captured_queries if "hv AS" in q["sql"]]
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        plan = cur.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    scans = []
+
+    def walk(node):
+        if node.get("Relation Name") == "memories_vector_half":
+            scans.append(node["Actual Loops"])
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    assert len(scans) == 2, scans
+    return scans[1] > 0
+
+
+def test_ranking_through_the_copies_is_the_exact_ranking(alice):
+    """60 facts 0.000003 apart in distance to the query (a 16-bit copy is off by up to
+    0.00003 here): the copies rank them otherwise, the ranking read through them is the
+    exact one. And 2,000 facts in random directions, filtered or not."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal(384)
+    base /= np.linalg.norm(base)
+    scope = ring(alice, "ring", base, 0.3 + 3e-6 * rng.permutation(60), seed=1)
+    q = base.astype(np.float32)
+    differs = 0
+    for limit in (1, 5, 10, 20, 30, 60, 70):
+        want = exact(scope, q, "crowd", limit)
+        got = scope_vector_ranking(scope_id=scope.pk, vector=q, embedding_model="crowd",
+                                   limit=limit)  # fmt: skip
+        assert got == want, limit
+        differs += set(by_copy(scope, q, limit)) != {pk for pk, _ in want}
+    assert differs >= 3  # (the copies alone pick other facts: the margin does the work)
+    assert len(got) == 60
+    spread = crowd(alice, "spread", base, 1.0, 2000, seed=2)
+    goals = FactFilter(categories=["goal"], min_confidence=0.8)
+    for _ in range(5):
+        q = rng.standard_normal(384).astype(np.float32)
+        for limit in (1, 10, 50):
+            got = scope_vector_ranking(scope_id=spread.pk, vector=q, embedding_model="crowd",
+                                       limit=limit)  # fmt: skip
+            assert got == exact(spread, q, "crowd", limit)
+        got = scope_vector_ranking(scope_id=spread.pk, vector=q, embedding_model="crowd",
+                                   limit=30, filter=goals)  # fmt: skip
+        assert got == exact(spread, q, "crowd", 30, goals) and len(got) == 30
+
+
+def test_a_band_past_the_candidates_kept_is_read_again(alice):
+    """300 facts closer to each other than the margin: every one may be the nearest, so
+    the scope's copies are read again for the whole band; spread-out facts are not."""
+    rng = np.random.default_rng(8)
+    base = rng.standard_normal(384)
+    base /= np.linalg.norm(base)
+    tight = crowd(alice, "tight", base, 1e-4, 300, seed=2)
+    q = base.astype(np.float32)
+    for limit in (1, 50):
+        assert 300 > 2 * limit + 100  # more than the candidates kept
+
+        def rank(limit=limit):
+            return scope_vector_ranking(scope_id=tight.pk, vector=q, embedding_model="crowd",
+                                        limit=limit)  # fmt: skip
+
+        assert rank() == exact(tight, q, "crowd", limit)
+        assert rescanned(rank)
+    loose = crowd(alice, "loose", base, 1.0, 300, seed=3)  # random directions
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT max(hd) - min(hd) FROM (SELECT half <=> l2_normalize(%s::vector)::halfvec "
+            "AS hd FROM memories_vector_half WHERE scope_id = %s ORDER BY hd LIMIT 10) x",
+            [q.tolist(), loose.pk],
+        )
+        assert cur.fetchone()[0] > HALF_MARGIN  # the ten best are further apart
+
+    def rank_loose():
+        return scope_vector_ranking(scope_id=loose.pk, vector=q, embedding_model="crowd",
+                                    limit=10)  # fmt: skip
+
+    assert rank_loose() == exact(loose, q, "crowd", 10)
+    assert not rescanned(rank_loose)
+
+
+@pytest.mark.parametrize("dims", [768, 1024, 1536])
+def test_facts_of_larger_dimensions_are_stored_and_searched(alice, dims):
+    """The old covering index held the 32-bit vector in its btree tuples (at most 2,704
+    bytes): a fact of 768 dimensions or more failed to insert. Up to 1,024 the copy is
+    ranked; beyond, the scope's rows in the table."""
+    embedder = Dims(dims)
+    facts = [FactIn(f"fact {i} about topic {i % 5}", confidence=0.9) for i in range(40)]
+    decisions = core_fact_add(owner=alice, scope=("org", "wide"), facts=facts,
+                              embedder=embedder)  # fmt: skip
+    assert [d.action for d in decisions] == ["add"] * 40
+    scope = scope_find(owner=alice, scope=("org", "wide"))
+    assert len(copies(scope)) == (40 if dims <= HALF_MAX_DIMENSIONS else 0)
+    q = embedder.embed(["what about topic 3"])[0]
+    result = core_fact_search(owner=alice, scope=scope, query="zzz", limit=10, embedder=embedder,
+                              query_vector=q, half_life_days=0)  # fmt: skip
+    want = exact(scope, q, embedder.model, 10)
+    assert [(h.id, h.similarity) for h in result.hits] == want
+    # A duplicate is still found (the add's nearest-fact check reads the same ranking).
+    again = core_fact_add(owner=alice, scope=scope, facts=[FactIn("a sentence never seen")],
+                          embedder=embedder, dedup_threshold=-1.0)  # fmt: skip
+    assert again[0].action == "duplicate" and again[0].match == "semantic"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_copies_the_facts_already_there(alice, monkeypatch):
+    """Migration 0008 on a table that holds facts: the copies are made in batches (three
+    facts each here), every fact of a scope and of at most 1,024 dimensions."""
+    add_facts(alice, ("org", "a"), 8)
+    add_facts(alice, ("org", "b"), 2, dims=1536)
+    migration = importlib.import_module("memories.personal.migrations.0008_vector_half")
+    monkeypatch.setattr(migration, "BATCH", 3)
+    with connection.schema_editor(atomic=False) as editor:
+        migration.backward(None, editor)
+        with connection.cursor() as cur:
+            cur.execute("SELECT to_regclass('memories_vector_half')")
+            assert cur.fetchone()[0] is None
+        migration.forward(None, editor)
+    assert out_of_sync() == []
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM memories_vector_half")
+        assert cur.fetchone()[0] == 8
+    # ... and the triggers are back.
+    core_fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice fact 9")],
+                  embedder=Dims(384))  # fmt: skip
+    assert out_of_sync() == [] and len(copies(scope_find(owner=alice, scope=("org", "a")))) == 9
