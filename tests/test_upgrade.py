@@ -117,10 +117,11 @@ def test_migrate_keeps_every_row(upgraded_db):
         "Carol likes tea",
     ]
     # The dump's one linked fact is shared by two users (no scope of its own): no 16-bit
-    # copy (memories 0008).
+    # copy (memories 0008); each user's row counts its one link (0009).
     vectors = models["memories.Vector"]["rows"]
     assert [r["scope_id"] for r in vectors] == ["None"] * 3
     assert state["vector_half"] == []
+    assert state["fact_counts"] == [[1, 1], [1, 1]]
     counters = {r["name"]: r["value"] for r in models["memories.MetricCounter"]["rows"]}
     assert counters == {"memory_additions_total": "7", "memory_llm_calls_total": "3"}
     schedules = dict(state["schedules"])

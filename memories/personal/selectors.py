@@ -72,7 +72,7 @@ def memory_get(*, end_user: EndUser, vector_id: uuid.UUID | str) -> Vector:
 
 
 def personal_count(*, end_user: EndUser) -> int:
-    return UserVector.objects.filter(end_user=end_user).count()
+    return scope_fact_count(scope_id=end_user.pk)
 
 
 def global_memory_list(*, owner: User) -> QuerySet[Vector]:
@@ -322,17 +322,18 @@ def _iterative_scan() -> bool:
     return pgvector_supports_iterative_scan(pgvector_version())
 
 
-def scope_is_large(*, scope_id: int, above: int) -> bool:
-    """Whether the scope has more than ``above`` facts: reads at most ``above + 1`` of
-    its links (small index entries, not the vectors)."""
+def scope_fact_count(*, scope_id: int) -> int:
+    """Facts linked to the scope: its row's ``fact_count``, kept by the database on
+    every link written (migration 0009)."""
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM memories_uservector WHERE end_user_id = %s "
-            "LIMIT %s) s",
-            [scope_id, above + 1],
-        )
+        cur.execute("SELECT fact_count FROM memories_enduser WHERE id = %s", [scope_id])
         row = cur.fetchone()
-    return bool(row and row[0] > above)
+    return int(row[0]) if row else 0
+
+
+def scope_is_large(*, scope_id: int, above: int) -> bool:
+    """Whether the scope has more than ``above`` facts."""
+    return scope_fact_count(scope_id=scope_id) > above
 
 
 def scope_nearest_indexed(
@@ -540,8 +541,8 @@ def candidates_statement(
 
     Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
     ``text`` (``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the
-    ``pool`` most similar facts; a scope of more than ``index_above`` facts that also
-    holds ``walk_share`` of the table's rows
+    ``pool`` most similar facts; a scope of more than ``index_above`` facts (its row's
+    ``fact_count``) that also holds ``walk_share`` of the table's rows
     (``pg_class.reltuples``) or more than ``exact_cap`` facts is walked through the
     HNSW index of the dimension (``scope_vector_ranking_indexed``; a walk filtered to a
     scope visits about as many graph nodes as the scope is rare in the table, an exact
@@ -587,8 +588,8 @@ def candidates_statement(
             "lim AS MATERIALIZED (SELECT greatest(%s::float8, least(%s::float8, (SELECT "
             "reltuples FROM pg_class WHERE oid = 'memories_vector'::regclass) * %s::float8))"
             "::int8 AS n), "
-            "big AS MATERIALIZED (SELECT count(*) > (SELECT n FROM lim) AS yes FROM (SELECT 1 "
-            "FROM memories_uservector WHERE end_user_id = %s LIMIT (SELECT n + 1 FROM lim)) s), "
+            "big AS MATERIALIZED (SELECT coalesce((SELECT fact_count > (SELECT n FROM lim)"
+            " FROM memories_enduser WHERE id = %s), false) AS yes), "
             "iv AS MATERIALIZED ("
             f"SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d, observed_at AS o"
             f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
@@ -659,8 +660,8 @@ def scope_fact_search(
 
 
 def core_fact_count(*, scope: EndUser) -> int:
-    """Facts linked to the scope (an index-only count of its links)."""
-    return UserVector.objects.filter(end_user=scope).count()
+    """Facts linked to the scope (``scope_fact_count``)."""
+    return scope_fact_count(scope_id=scope.pk)
 
 
 def core_fact_list(*, scope: EndUser, filter: FactFilter | None = None) -> QuerySet[Vector]:
