@@ -220,27 +220,30 @@ def _half_table() -> bool:
 
 def _exact_ctes(
     *, scope_id: int, dims: int, embedding_model: str, where: str, fparams: list[Any],
-    pool: int, gate: str = "true",
+    pool: int, gate: str = "true", rerank: bool = True,
 ) -> tuple[str, list[Any]]:  # fmt: skip
-    """CTEs ending in ``ev`` (id, d, o): the ``pool`` facts of the scope itself nearest
-    to ``q.qv`` by the cosine distance of their stored vectors, ordered by (d, id), as
-    an exact scan ranks them; ``o`` is ``observed_at``. ``gate``: an uncorrelated
-    condition (a one-time filter: false reads nothing).
+    """CTEs ending in ``ev`` (id, d, o, x): the ``pool`` facts of the scope itself
+    nearest to ``q.qv`` by the cosine distance of their stored vectors, ordered by (d,
+    id), as an exact scan ranks them; ``o`` is ``observed_at``; ``x`` says ``d`` is
+    exact (always, unless ``rerank`` is False: then ``ev`` is the band below with the
+    copies' distances, each within ``HALF_MARGIN`` / 2 of the exact one: every fact that
+    can be among the ``pool`` nearest). ``gate``: an uncorrelated condition (a one-time
+    filter: false reads nothing).
 
     With a 16-bit copy (``HALF_MAX_DIMENSIONS``): ``hv`` ranks the scope's range of
     ``memories_vector_half`` by ``hd``, minus the inner product of the copies (unit
-    vectors: the cosine distance less 1), and keeps the best ``n``; every fact whose exact
-    distance can make the ``pool`` best has ``hd`` within ``HALF_MARGIN`` of the
+    vectors: the cosine distance less 1), and keeps the best ``n``; every fact whose
+    exact distance can make the ``pool`` best has ``hd`` within ``HALF_MARGIN`` of the
     ``pool``-th best ``hd`` (the ``pool`` best by ``hd`` are each within half the margin
     of their own exact distance); those (``band``) are re-ranked from their 32-bit
     vectors, a few more rows than ``pool``. When the band runs past the ``n`` kept
     (distances closer than the margin, as near duplicates are), the range is read
-    again for the whole band. Without a copy: an exact scan
-    of the scope's facts in the table."""
+    again for the whole band. Without a copy: an exact scan of the scope's facts in the
+    table."""
     if not (dims <= HALF_MAX_DIMENSIONS and _half_table()):
         sql = (
             "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d,"
-            " observed_at AS o FROM memories_vector WHERE scope_id = %s"
+            " observed_at AS o, true AS x FROM memories_vector WHERE scope_id = %s"
             f" AND dimensions = {dims} AND embedding_model = %s{where} AND {gate}"
             " ORDER BY d, id LIMIT %s), "
         )
@@ -257,16 +260,21 @@ def _exact_ctes(
         f"cut AS MATERIALIZED (SELECT t, (SELECT count(*) FROM hv) = {n}"
         " AND (SELECT max(hd) FROM hv) <= t AS more FROM (SELECT coalesce((SELECT hd"
         f" FROM hv ORDER BY hd OFFSET {pool - 1} LIMIT 1) + %s, 'NaN') AS t) x), "
-        "band AS (SELECT id, o FROM hv WHERE hd <= (SELECT t FROM cut)"
+        "band AS (SELECT id, hd, o FROM hv WHERE hd <= (SELECT t FROM cut)"
         " AND NOT (SELECT more FROM cut) UNION ALL"
-        f" SELECT id, observed_at {rows} AND (SELECT more FROM cut)"
+        f" SELECT id, {half}, observed_at {rows} AND (SELECT more FROM cut)"
         f" AND {half} <= (SELECT t FROM cut)), "
-        "ev AS MATERIALIZED (SELECT b.id, v.embedding <=> (SELECT qv FROM q) AS d, b.o"
-        " FROM band b JOIN memories_vector v ON v.id = b.id ORDER BY d, b.id LIMIT %s), "
     )
-    params = [scope_id, embedding_model, *fparams, HALF_MARGIN,
-              scope_id, embedding_model, *fparams, pool]  # fmt: skip
-    return sql, params
+    params = [scope_id, embedding_model, *fparams, HALF_MARGIN, scope_id, embedding_model,
+              *fparams]  # fmt: skip
+    if not rerank:
+        return sql + "ev AS (SELECT id, 1.0 + hd AS d, o, false AS x FROM band), ", params
+    sql += (
+        "ev AS MATERIALIZED (SELECT b.id, v.embedding <=> (SELECT qv FROM q) AS d, b.o,"
+        " true AS x FROM band b JOIN memories_vector v ON v.id = b.id ORDER BY d, b.id"
+        " LIMIT %s), "
+    )
+    return sql, [*params, pool]
 
 
 @dataclass
@@ -503,23 +511,67 @@ class ScopeHits:
     vector_path: str
 
 
-def _scored(ranking: Ranking) -> tuple[str, list[Any]]:
-    """The final SELECT over ``c`` (id, similarity, rank, observed_at) and ``kw``."""
+def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
+    """The CTEs and final SELECT over ``vec0`` (id, d, o, x: the vector candidates,
+    ``x`` when ``d`` is exact, else within ``HALF_MARGIN`` / 2 of it) and ``kw``.
+
+    The vector leg is the ``pool`` nearest of ``vec0`` by exact (d, id). Each candidate
+    is in it for sure, out of it for sure, or, within the margin of the ``pool``-th
+    distance, ambiguous (``m`` 1, 0, 2). A candidate's score lies between bounds
+    (``lo``, ``hi``) from its distance's error and membership; one whose ``hi`` is
+    below the (offset + limit)-th best ``lo`` cannot come back. The others (``cont``:
+    the hits and the few within the margin of them) get their exact distance from
+    their row (``exd``), and the ambiguous ones all do when one of them is a
+    contender, to settle who is in the leg (``pin``). Then the contenders are scored
+    exactly: the hits, their order and their figures are those of the exact ranking,
+    for a few rows read instead of every candidate's."""
+    e = HALF_MARGIN / 2
     decay = (
-        " * power(0.5::float8, greatest(0::float8, extract(epoch FROM (%s::timestamptz - c.o))"
+        "power(0.5::float8, greatest(0::float8, extract(epoch FROM (%s::timestamptz - o))"
         "::float8 / 86400) / %s::float8)"
         if ranking.half_life
-        else ""
+        else "1::float8"
     )
     decay_params = [ranking.now, ranking.half_life] if ranking.half_life else []
+    within = f"CASE WHEN v.x THEN 0 ELSE {e} END"
     sql = (
+        f"pc AS MATERIALIZED (SELECT (SELECT d FROM vec0 ORDER BY d OFFSET {pool - 1} LIMIT 1)"
+        f" AS t, CASE WHEN coalesce(bool_and(x), true) THEN 0 ELSE {e} END AS e FROM vec0), "
+        "mem AS (SELECT v.id, v.d, v.o, v.x, CASE WHEN p.t IS NULL THEN 1"
+        f" WHEN v.d + {within} < p.t - p.e THEN 1 WHEN v.d - {within} > p.t + p.e THEN 0"
+        " ELSE 2 END AS m FROM vec0 v, pc p), "
+        f"b AS MATERIALIZED (SELECT id, d, x, m, r, e, kn, {decay} AS dk FROM ("
+        " SELECT coalesce(mem.id, kw.id) AS id, mem.d, coalesce(mem.x, true) AS x,"
+        f" coalesce(mem.m, 0) AS m, kw.r, CASE WHEN mem.x THEN 0 ELSE {e} END AS e,"
+        " coalesce(mem.o, kw.o) AS o, %s::float8 * coalesce(kw.r::float8, 0) / (SELECT"
+        " coalesce(nullif(max(r), 0), 1)::float8 FROM kw) AS kn FROM mem FULL JOIN kw"
+        " ON kw.id = mem.id WHERE mem.m IS DISTINCT FROM 0 OR kw.id IS NOT NULL) z), "
+        "bb AS MATERIALIZED (SELECT id, d, x, m, r, kn, dk, CASE WHEN m = 1 THEN"
+        " (%s::float8 * greatest(1.0 - d - e, 0) + kn) * dk ELSE kn * dk END AS lo,"
+        " CASE WHEN m = 0 THEN kn * dk ELSE (%s::float8 * greatest(1.0 - d + e, 0) + kn)"
+        " * dk END AS hi FROM b), "
+        "lk AS MATERIALIZED (SELECT lo FROM bb ORDER BY lo DESC"
+        f" OFFSET {ranking.offset + ranking.limit - 1} LIMIT 1), "
+        "cont AS MATERIALIZED (SELECT * FROM bb WHERE NOT EXISTS (SELECT 1 FROM lk)"
+        " OR hi >= (SELECT lo FROM lk)), "
+        "amb AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM cont WHERE m = 2) AS yes), "
+        "exd AS MATERIALIZED (SELECT bb.id, v.embedding <=> (SELECT qv FROM q) AS d"
+        " FROM bb JOIN memories_vector v ON v.id = bb.id WHERE NOT bb.x AND bb.m <> 0"
+        " AND (bb.id IN (SELECT id FROM cont) OR (bb.m = 2 AND (SELECT yes FROM amb)))), "
+        "pin AS MATERIALIZED (SELECT a.id FROM (SELECT bb.id, coalesce(exd.d, bb.d) AS d"
+        " FROM bb LEFT JOIN exd ON exd.id = bb.id WHERE bb.m = 2 AND (SELECT yes FROM amb)) a"
+        f" ORDER BY a.d, a.id LIMIT greatest({pool} - (SELECT count(*) FROM bb WHERE m = 1),"
+        " 0)), "
+        "c AS (SELECT t.id, CASE WHEN t.m = 1 OR t.id IN (SELECT id FROM pin)"
+        " THEN 1.0 - coalesce(exd.d, t.d) END AS sim, t.r, t.kn, t.dk"
+        " FROM cont t LEFT JOIN exd ON exd.id = t.id), "
         "s AS (SELECT c.id, c.sim, c.r, (%s::float8 * greatest(coalesce(c.sim, 0), 0)"
-        " + %s::float8 * coalesce(c.r::float8, 0) / (SELECT coalesce(nullif(max(r), 0), 1)"
-        f"::float8 FROM kw)){decay} AS score FROM c ORDER BY score DESC, id LIMIT %s OFFSET %s) "
+        " + c.kn) * c.dk AS score FROM c ORDER BY score DESC, id LIMIT %s OFFSET %s) "
         f"SELECT {_HIT_COLUMNS}, s.sim, s.r, s.score, (SELECT NOT yes FROM redo) "
         "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.id"
     )
-    params = [ranking.weight, 1 - ranking.weight, *decay_params, ranking.limit, ranking.offset]
+    w = ranking.weight
+    params = [*decay_params, 1 - w, w, w, w, ranking.limit, ranking.offset]
     return sql, params
 
 
@@ -569,13 +621,14 @@ def candidates_statement(
         ") ranked ORDER BY r DESC, id LIMIT %s), "
     )
     keyword_params = [*fparams, scope_id, *vparams, pool]
-    scored, scored_params = _scored(ranking)
+    scored, scored_params = _scored(ranking, pool)
     if vector is None or embedding_model is None:
         sql = (
-            f"WITH q AS MATERIALIZED (SELECT {_KEYWORDS} AS words, "
+            f"WITH q AS MATERIALIZED (SELECT NULL::vector AS qv, {_KEYWORDS} AS words, "
             f"quote_literal(%s)::tsquery AS scope), {keyword}"
             "redo AS (SELECT true AS yes), "
-            "c AS (SELECT id, NULL::float8 AS sim, r, o FROM kw), "
+            "vec0 AS (SELECT NULL::uuid AS id, NULL::float8 AS d, NULL::timestamptz AS o,"
+            " true AS x WHERE false), "
             f"{scored}"
         )
         return Statement(sql, [text, f"~scope:{scope_id}", *keyword_params, *scored_params])
@@ -604,12 +657,12 @@ def candidates_statement(
             "(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < %s AS yes), "
         )
         redo_params: list[Any] = [pool]
-        walked = "SELECT id, d, o FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
+        walked = "SELECT id, d, o, true AS x FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
     else:
         redo, redo_params, walked = "redo AS (SELECT true AS yes), ", [], ""
     exact, exact_params = _exact_ctes(
         scope_id=scope_id, dims=dims, embedding_model=embedding_model, where=where,
-        fparams=fparams, pool=pool, gate="(SELECT yes FROM redo)",
+        fparams=fparams, pool=pool, gate="(SELECT yes FROM redo)", rerank=False,
     )  # fmt: skip
     sql = (
         f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv, {_KEYWORDS} AS words, "
@@ -620,16 +673,14 @@ def candidates_statement(
         f" AND v.embedding_model = %s{vwhere}), "
         f"{redo}"
         f"{exact}"
-        f"vec AS MATERIALIZED (SELECT id, d, o FROM ({walked}SELECT id, d, o FROM ev"
-        " UNION ALL SELECT id, d, o FROM sv) x ORDER BY d, id LIMIT %s), "
+        f"vec0 AS MATERIALIZED ({walked}SELECT id, d, o, x FROM ev"
+        " UNION ALL SELECT id, d, o, true FROM sv), "
         f"{keyword}"
-        "c AS (SELECT coalesce(vec.id, kw.id) AS id, 1.0 - vec.d AS sim, kw.r,"
-        " coalesce(vec.o, kw.o) AS o FROM vec FULL JOIN kw ON kw.id = vec.id), "
         f"{scored}"
     )
     params = [literal, text, f"~scope:{scope_id}", *walk_params,
               scope_id, dims, embedding_model, *vparams, *redo_params,
-              *exact_params, pool, *keyword_params, *scored_params]  # fmt: skip
+              *exact_params, *keyword_params, *scored_params]  # fmt: skip
     return Statement(sql, params, None if kind is None else _hnsw_settings(pool))
 
 

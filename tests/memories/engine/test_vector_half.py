@@ -28,11 +28,12 @@ from memories.personal.selectors import (
     scope_vector_ranking,
 )
 from memories.personal.services import end_user_erase, memory_link
-from tests.memories.engine.test_search_statement import exact_vector_ranking
+from tests.memories.engine.test_search_statement import exact_vector_ranking, reference_search
 
 pytestmark = pytest.mark.django_db
 
 COPIED = "scope_id, id, dimensions, embedding_model, observed_at, confidence, category"
+TOPICS = ["tea", "chess", "sailing", "piano", "rust"]
 
 
 class Dims:
@@ -84,8 +85,7 @@ def copies(scope: EndUser) -> dict[uuid.UUID, tuple]:
 
 def test_the_copy_follows_every_write(alice):
     e384, e768, e1536 = Dims(384), Dims(768), Dims(1536)
-    topics = ["tea", "chess", "sailing", "piano", "rust"]
-    a = [FactIn(f"alice likes {t}", confidence=0.9) for t in topics]
+    a = [FactIn(f"alice likes {t}", confidence=0.9) for t in TOPICS]
     core_fact_add(owner=alice, scope=("org", "a"), facts=a, embedder=e384)
     core_fact_add(owner=alice, scope=("org", "b"), facts=a[:2], embedder=e768)
     core_fact_add(owner=alice, scope=("org", "c"), facts=a[:2], embedder=e1536)
@@ -162,13 +162,14 @@ def by_copy(scope: EndUser, q: np.ndarray, limit: int) -> list:
 
 
 def write(owner, name: str, vectors: np.ndarray) -> EndUser:
-    """A scope holding these vectors as facts, written in bulk (as a COPY would: no
-    duplicate check)."""
+    """A scope holding these vectors as facts ("<name> <i> ..." said i % 97 days ago,
+    some sharing a word), written in bulk (as a COPY would: no duplicate check)."""
     scope = scope_ensure(owner=owner, scope=("crowd", name))
+    now = timezone.now()
     rows = [
-        Vector(owner=owner, content=f"{name} {i}", normalized=f"{name} {i}",
+        Vector(owner=owner, content=f"{name} {i} {TOPICS[i % 5]}", normalized=f"{name} {i}",
                embedding=v.astype(np.float32).tolist(), embedding_model="crowd",
-               dimensions=len(v), scope=scope, observed_at=timezone.now(),
+               dimensions=len(v), scope=scope, observed_at=now - timedelta(days=i % 97),
                category=["goal", "context"][i % 2], confidence=0.7 + (i % 4) * 0.1)
         for i, v in enumerate(vectors)
     ]  # fmt: skip
@@ -280,6 +281,64 @@ def test_a_band_past_the_candidates_kept_is_read_again(alice):
 
     assert rank_loose() == exact(loose, q, "crowd", 10)
     assert not rescanned(rank_loose)
+
+
+class Given:
+    """An embedder answering one vector."""
+
+    model = "crowd"
+
+    def __init__(self, vector: np.ndarray):
+        self.vector = vector
+
+    def embed(self, texts):
+        return [self.vector for _ in texts]
+
+
+def searched(scope: EndUser, q: np.ndarray, query: str, **options) -> list:
+    result = core_fact_search(owner=scope.owner_id, scope=scope, query=query,
+                              embedder=Given(q), **options)  # fmt: skip
+    assert result.vector_path == "exact"
+    return [(h.id, h.similarity, h.keyword_score, h.score) for h in result.hits]
+
+
+def reference(scope: EndUser, q: np.ndarray, query: str, limit=10, offset=0, filter=None,
+              half_life_days=30.0) -> list:  # fmt: skip
+    rows = reference_search(scope.owner, tuple(scope.scope), query, embedder=Given(q),
+                            limit=limit, offset=offset, filter=filter,
+                            half_life=half_life_days)  # fmt: skip
+    return [(pk, sim, kw, score) for pk, score, sim, kw in rows]
+
+
+def test_the_search_through_the_copies_is_the_exact_search(alice):
+    """The search statement re-ranks from the 32-bit vectors only the candidates that
+    can come back: its hits, their order and figures are those of the exact search,
+    on facts at near-equal distances around the vector leg's cut (every one of them
+    in doubt: in the leg or not?), decayed by age, with keywords, filters, offsets."""
+    rng = np.random.default_rng(11)
+    base = rng.standard_normal(384)
+    base /= np.linalg.norm(base)
+    ring_scope = ring(alice, "ring", base, 0.3 + 3e-6 * rng.permutation(70), seed=4)
+    far = rng.standard_normal((60, 384))
+    far /= np.linalg.norm(far, axis=1, keepdims=True)
+    spread = write(alice, "spread", np.vstack([far, base + 0.05 * far[:40]]))
+    q = base.astype(np.float32)
+    cases = [
+        dict(query="zzz"),
+        dict(query="chess piano"),
+        dict(query="sailing", limit=5, offset=7),
+        dict(query="tea", limit=30, half_life_days=7.0),
+        dict(query="rust chess", filter=FactFilter(categories=["goal"], min_confidence=0.8)),
+        dict(query="zzz", half_life_days=0.0),
+    ]
+    for scope in (ring_scope, spread):
+        for case in cases:
+            case = {"limit": 10, "half_life_days": 30.0, **case}
+            query = case.pop("query")
+            got, want = searched(scope, q, query, **case), reference(scope, q, query, **case)
+            assert [g[:3] for g in got] == [w[:3] for w in want], (scope.scope, query, case)
+            # (scores to 1e-6: the decay's "now" is a few ms later in the second call)
+            assert [g[3] for g in got] == pytest.approx([w[3] for w in want], abs=1e-6)
 
 
 @pytest.mark.parametrize("dims", [768, 1024, 1536])
