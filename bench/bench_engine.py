@@ -4,7 +4,7 @@ Run from the repository root, against a private database (reused between runs):
 
     EMBEDDED_DB_NAME=bench_engine .venv/bin/python bench/bench_engine.py [--fresh] \\
         [--scopes 10000 --per-scope 100] [--queries 200] [--skip-large | --large] \\
-        [--search-only] [--maintenance-work-mem 3GB]
+        [--search-only] [--paired | --paired-table] [--maintenance-work-mem 3GB]
 
 Data (one owner): scope ``["bench", "big"]`` with 10,000 facts, ``["bench", "inj"]``
 with 500, then (unless ``--skip-large``) 10,000 scopes ``["s", "<i>"]`` of 100 facts
@@ -171,6 +171,9 @@ def fix_times() -> None:
     with connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE memories_vector")
         cur.execute("VACUUM ANALYZE memories_uservector")
+        cur.execute("SELECT to_regclass('memories_vector_half') IS NOT NULL")
+        if cur.fetchone()[0]:  # (the 16-bit copies, migration 0008)
+            cur.execute("VACUUM ANALYZE memories_vector_half")
 
 
 def timed(fn: Callable[[], Any], calls: int, warmup: int = 10) -> tuple[float, float, Any]:
@@ -269,6 +272,7 @@ def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
     """The one statement against the search it replaced (three statements and the merge
     in Python, ``reference_search`` in the tests, on the same indexes), call by call
     alternated with the same query: medians and the median of the paired ratios."""
+    from memories.personal import selectors
     from tests.memories.engine.test_search_statement import reference_search
 
     class Given:
@@ -292,7 +296,8 @@ def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
                 embedder=FixedEmbedder()),
             lambda row=row, words=words, q=q: reference_search(
                 owner, list(row.scope), words, embedder=Given(q), limit=10,
-                half_life=settings.ENGINE_HALF_LIFE_DAYS),
+                half_life=settings.ENGINE_HALF_LIFE_DAYS,
+                vector_ranking=selectors.scope_vector_ranking),
         ):  # fmt: skip
             t = time.perf_counter()
             fn()
@@ -303,6 +308,42 @@ def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
     ratio = statistics.median(a / b for a, b in zip(new, old, strict=True))
     print(f"paired, {label}: one statement p50 {statistics.median(new):.2f} ms, three statements "
           f"p50 {statistics.median(old):.2f} ms, paired ratio {ratio:.2f}", flush=True)  # fmt: skip
+
+
+def bench_paired_table(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+    """The search ranking the scope exactly through its 16-bit copies (migration 0008)
+    against the same search scanning the fact table instead (``_half_table`` False:
+    what vectors of more than 1,024 dimensions do; the search as it was before 0008
+    when the table has the old covering index ``(scope) INCLUDE (id, embedding,
+    dimensions, embedding_model, observed_at, confidence, category)`` and no
+    ``vector_scope``: see BENCHMARKS.md), call by call alternated with the same query:
+    medians, the median of the paired ratios, and how many answers differed."""
+    from memories.personal import selectors
+
+    real = selectors._half_table
+    queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
+    times: dict[bool, list[float]] = {True: [], False: []}
+    differ = 0
+    try:
+        for i in range(calls + 10):
+            q, words = prng.choice(queries)
+            row = prng.choice(rows)
+            ids = {}
+            for copies in (i % 2 == 0, i % 2 == 1):
+                selectors._half_table = real if copies else lambda: False  # type: ignore[assignment]
+                t = time.perf_counter()
+                found = core_fact_search(owner=owner, scope=row, query=words, limit=10,
+                                         query_vector=q, embedder=FixedEmbedder())  # fmt: skip
+                if i >= 10:
+                    times[copies].append((time.perf_counter() - t) * 1000)
+                ids[copies] = [h.id for h in found.hits]
+            differ += ids[True] != ids[False]
+    finally:
+        selectors._half_table = real  # type: ignore[assignment]
+    ratio = statistics.median(a / b for a, b in zip(times[True], times[False], strict=True))
+    print(f"paired, {label}: copies p50 {statistics.median(times[True]):.2f} ms, table p50 "
+          f"{statistics.median(times[False]):.2f} ms, paired ratio {ratio:.2f}, "
+          f"answers differing {differ}/{calls + 10}", flush=True)  # fmt: skip
 
 
 def bench_old(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
@@ -386,6 +427,10 @@ def main() -> None:
         "--search-only", action="store_true", help="searches only (no injection, adds, before)"
     )
     parser.add_argument(
+        "--paired-table", action="store_true",
+        help="also the search through the 16-bit copies against a scan of the table, alternated",
+    )  # fmt: skip
+    parser.add_argument(
         "--pool", type=int, default=0, help="also time the 10k scope with this vector pool"
     )
     args = parser.parse_args()
@@ -415,6 +460,9 @@ def phase_a(args: argparse.Namespace, owner: Any, big: EndUser, inj: EndUser) ->
     if args.paired:
         bench_paired(owner, [big], args.queries, "10k facts in one scope")
         bench_paired(owner, [inj], args.queries, "500 facts in one scope")
+    if args.paired_table:
+        bench_paired_table(owner, [big], args.queries, "10k facts in one scope")
+        bench_paired_table(owner, [inj], args.queries, "500 facts in one scope")
     if args.search_only:
         return
     bench_old(owner, [big], 20, "10k facts in one scope")
@@ -453,6 +501,10 @@ def phase_b(args: argparse.Namespace, owner: Any, big: EndUser) -> None:
     if args.paired:
         bench_paired(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
         bench_paired(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, owner holds 1M")
+    if args.paired_table:
+        bench_paired_table(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
+        bench_paired_table(owner, smalls, args.queries,
+                           f"{args.per_scope}-fact scopes, owner holds 1M")  # fmt: skip
     if args.search_only:
         return
     bench_old(owner, [big], 5, "10k-fact scope, owner holds 1M")
