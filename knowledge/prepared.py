@@ -7,8 +7,10 @@ statement goes through a server-binding cursor on the same connection with
 ``prepare=True``: psycopg prepares it on its first use on a connection and keeps it
 (``prepared_max`` statements per connection), and PostgreSQL caches its plan (custom
 plans for the first five runs, then a generic one if it costs no more). The search
-statements take their values as parameters, never in the SQL text, so a few distinct
-texts cover every search.
+statements take their values as parameters, so a few distinct texts cover every
+search; the engine's search writes its row counts (limit, offset, pool) into the text,
+because a LIMIT left unknown made the generic plan lose to a new custom plan each time
+(``memories.personal.selectors.candidates_statement``).
 
 Errors go through Django's wrapper (so an outage marks the connection unusable as any
 query would), and statements are logged where Django logs its own (``CaptureQueriesContext``

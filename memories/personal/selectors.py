@@ -245,9 +245,9 @@ def _exact_ctes(
             "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d,"
             " observed_at AS o, true AS x FROM memories_vector WHERE scope_id = %s"
             f" AND dimensions = {dims} AND embedding_model = %s{where} AND {gate}"
-            " ORDER BY d, id LIMIT %s), "
+            f" ORDER BY d, id LIMIT {int(pool)}), "
         )
-        return sql, [scope_id, embedding_model, *fparams, pool]
+        return sql, [scope_id, embedding_model, *fparams]
     n = 2 * pool + 100
     half = "half <#> (SELECT l2_normalize(qv)::halfvec FROM q)"  # (-(inner product))
     rows = (
@@ -272,9 +272,9 @@ def _exact_ctes(
     sql += (
         "ev AS MATERIALIZED (SELECT b.id, v.embedding <=> (SELECT qv FROM q) AS d, b.o,"
         " true AS x FROM band b JOIN memories_vector v ON v.id = b.id ORDER BY d, b.id"
-        " LIMIT %s), "
+        f" LIMIT {int(pool)}), "
     )
-    return sql, [*params, pool]
+    return sql, params
 
 
 @dataclass
@@ -566,12 +566,13 @@ def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
         " THEN 1.0 - coalesce(exd.d, t.d) END AS sim, t.r, t.kn, t.dk"
         " FROM cont t LEFT JOIN exd ON exd.id = t.id), "
         "s AS (SELECT c.id, c.sim, c.r, (%s::float8 * greatest(coalesce(c.sim, 0), 0)"
-        " + c.kn) * c.dk AS score FROM c ORDER BY score DESC, id LIMIT %s OFFSET %s) "
+        " + c.kn) * c.dk AS score FROM c ORDER BY score DESC, id"
+        f" LIMIT {int(ranking.limit)} OFFSET {int(ranking.offset)}) "
         f"SELECT {_HIT_COLUMNS}, s.sim, s.r, s.score, (SELECT NOT yes FROM redo) "
         "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.id"
     )
     w = ranking.weight
-    params = [*decay_params, 1 - w, w, w, w, ranking.limit, ranking.offset]
+    params = [*decay_params, 1 - w, w, w, w]
     return sql, params
 
 
@@ -607,6 +608,11 @@ def candidates_statement(
     the exact ranking's few candidates visit the table.
     The walk's settings (``Statement.settings``) run before it in the same round trip
     (``scope_fact_search``). The last column says whether the walk's answer was kept.
+    ``pool``, the limit and the offset are written into the SQL (integers): with them
+    as parameters PostgreSQL's generic plan guessed a tenth of the rows for each
+    LIMIT, cost more than a custom plan for a small scope and lost to one, so every
+    search of a small scope was planned anew (1.5-1.9 ms); known, the cached generic
+    plan is chosen (a few texts: the pool follows the limit).
     """
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
@@ -618,9 +624,9 @@ def candidates_statement(
         " UNION ALL"
         f" SELECT v.id, ts_rank(v.search_vector, q.words), v.observed_at FROM q, {_SHARED_JOIN}"
         f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
-        ") ranked ORDER BY r DESC, id LIMIT %s), "
+        f") ranked ORDER BY r DESC, id LIMIT {int(pool)}), "
     )
-    keyword_params = [*fparams, scope_id, *vparams, pool]
+    keyword_params = [*fparams, scope_id, *vparams]
     scored, scored_params = _scored(ranking, pool)
     if vector is None or embedding_model is None:
         sql = (
@@ -648,15 +654,15 @@ def candidates_statement(
             f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
             f" AND embedding_model = %s{where} AND (SELECT yes FROM big)"
             f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q)"
-            " LIMIT %s), "
+            f" LIMIT {int(pool)}), "
         )
         walk_params = [index_above, max(exact_cap, index_above), walk_share, scope_id,
-                       scope_id, embedding_model, *fparams, pool]  # fmt: skip
+                       scope_id, embedding_model, *fparams]  # fmt: skip
         redo = (
             "redo AS MATERIALIZED (SELECT NOT (SELECT yes FROM big) OR "
-            "(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < %s AS yes), "
+            f"(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < {int(pool)} AS yes), "
         )
-        redo_params: list[Any] = [pool]
+        redo_params: list[Any] = []
         walked = "SELECT id, d, o, true AS x FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
     else:
         redo, redo_params, walked = "redo AS (SELECT true AS yes), ", [], ""
