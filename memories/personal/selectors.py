@@ -703,13 +703,27 @@ def scope_fact_search(
     walk_share: float = 0.0,
     exact_cap: int = 0,
 ) -> ScopeHits:
-    """A scope's search (``candidates_statement``), one round trip, prepared."""
+    """A scope's search (``candidates_statement``), one round trip, prepared.
+
+    Outside a transaction it runs on its generic plan with sequential scans off, both
+    local to its own (implicit) transaction: every table it reads is read through an
+    index by design, and a plan made without the scope's size could otherwise scan the
+    copies of a scope holding much of the table (a few scopes, one large) for every
+    scope; planning it per search cost 1.5-4 ms (BENCHMARKS.md, "Memory engine, fourth
+    pass"). Inside a caller's transaction the settings would outlast the statement: it
+    is planned as usual there (as ``knowledge.search`` does)."""
     statement = candidates_statement(
         scope_id=scope_id, text=text, vector=vector, embedding_model=embedding_model, pool=pool,
         index_above=index_above, ranking=ranking, filter=filter, walk_share=walk_share,
         exact_cap=exact_cap,
     )  # fmt: skip
-    rows, _ = prepared.fetch(statement.sql, statement.params, before=statement.settings)
+    before = statement.settings
+    if not connection.in_atomic_block:
+        pinned = "set_config('plan_cache_mode', 'force_generic_plan', true), " + (
+            "set_config('enable_seqscan', 'off', true)"
+        )
+        before = (f"{before[0]}, {pinned}", before[1]) if before else (f"SELECT {pinned}", [])
+    rows, _ = prepared.fetch(statement.sql, statement.params, before=before)
     path = "" if vector is None else "index" if rows and rows[0][-1] else "exact"
     if vector is not None and not rows:  # (no row to carry the flag: ask the scope)
         path = "index" if scope_is_large(scope_id=scope_id, above=index_above) else "exact"

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -251,9 +251,10 @@ def test_the_walks_settings_end_with_the_search(alice, settings):
     assert result.vector_path == "index" and len(result.hits) == 10
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan')"
+            "SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan'), "
+            "current_setting('plan_cache_mode'), current_setting('enable_seqscan')"
         )
-        assert cur.fetchone() == ("40", "off")
+        assert cur.fetchone() == ("40", "off", "auto", "on")
 
 
 def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, settings):
@@ -280,23 +281,33 @@ def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, settings):
     assert path(0.95, cap=60) == "index"  # more than the cap: walked whatever the share
 
 
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("exact_max", [2000, 10])
-def test_the_search_is_planned_once_per_connection(alice, settings, exact_max):
-    """After its first five runs the statement runs on its cached generic plan, not
-    planned anew per search. (On this small table the generic plan won with the row
-    counts as parameters too; on 1M facts it lost for small scopes and every search
-    was planned, 1.5-1.9 ms: the pool, limit and offset are in the SQL text now.)"""
+def test_the_search_runs_on_its_generic_plan_through_indexes(alice, settings, exact_max):
+    """Outside a transaction the search statement is planned once per connection (its
+    generic plan, from the first run) with sequential scans off, both for its own
+    transaction only; the answers are those of the search planned each time."""
     embedder = Seeded()
     _seed(alice, embedder)
     settings.ENGINE_EXACT_MAX_FACTS = exact_max
-    for i in range(12):
+    assert connection.get_autocommit()
+    answers = []
+    for i in range(8):
         query = TOPICS[i % len(TOPICS)]
         result = core_fact_search(owner=alice, scope=("org", "big"), query=query, embedder=embedder)
         assert len(result.hits) == 10
+        answers.append([h.id for h in result.hits])
     with connection.cursor() as cur:
         cur.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
             "WHERE statement LIKE 'WITH q AS MATERIALIZED%%'"
         )
-        [(generic, custom)] = cur.fetchall()
-    assert (generic, custom) == (7, 5)  # (the first five are custom, as always)
+        assert cur.fetchall() == [(8, 0)]
+        cur.execute("SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan')")
+        assert cur.fetchone() == ("auto", "on")
+    with transaction.atomic():  # (planned as usual in a caller's transaction)
+        for i in range(8):
+            query = TOPICS[i % len(TOPICS)]
+            result = core_fact_search(owner=alice, scope=("org", "big"), query=query,
+                                      embedder=embedder)  # fmt: skip
+            assert [h.id for h in result.hits] == answers[i]
