@@ -197,6 +197,9 @@ _SHARED_JOIN = (
     "WHERE uv.end_user_id = %s AND uv.shared AND v.scope_id IS NULL"
 )
 
+# The exact distance of one fact by its id: a subquery per candidate, so its row is
+# always found through the primary key (a join could be planned as a scan of the table).
+_EXACT_D = "(SELECT v.embedding <=> (SELECT qv FROM q) FROM memories_vector v WHERE v.id = {id})"
 # Vectors of at most this many dimensions have a 16-bit copy (migration 0008's
 # trigger: 2 kB of halfvec, within a btree tuple's 2,704 bytes).
 HALF_MAX_DIMENSIONS = 1024
@@ -270,9 +273,8 @@ def _exact_ctes(
     if not rerank:
         return sql + "ev AS (SELECT id, 1.0 + hd AS d, o, false AS x FROM band), ", params
     sql += (
-        "ev AS MATERIALIZED (SELECT b.id, v.embedding <=> (SELECT qv FROM q) AS d, b.o,"
-        " true AS x FROM band b JOIN memories_vector v ON v.id = b.id ORDER BY d, b.id"
-        f" LIMIT {int(pool)}), "
+        f"ev AS MATERIALIZED (SELECT b.id, {_EXACT_D.format(id='b.id')} AS d, b.o, true AS x"
+        f" FROM band b ORDER BY d, b.id LIMIT {int(pool)}), "
     )
     return sql, params
 
@@ -555,8 +557,8 @@ def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
         "cont AS MATERIALIZED (SELECT * FROM bb WHERE NOT EXISTS (SELECT 1 FROM lk)"
         " OR hi >= (SELECT lo FROM lk)), "
         "amb AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM cont WHERE m = 2) AS yes), "
-        "exd AS MATERIALIZED (SELECT bb.id, v.embedding <=> (SELECT qv FROM q) AS d"
-        " FROM bb JOIN memories_vector v ON v.id = bb.id WHERE NOT bb.x AND bb.m <> 0"
+        f"exd AS MATERIALIZED (SELECT bb.id, {_EXACT_D.format(id='bb.id')} AS d"
+        " FROM bb WHERE NOT bb.x AND bb.m <> 0"
         " AND (bb.id IN (SELECT id FROM cont) OR (bb.m = 2 AND (SELECT yes FROM amb)))), "
         "pin AS MATERIALIZED (SELECT a.id FROM (SELECT bb.id, coalesce(exd.d, bb.d) AS d"
         " FROM bb LEFT JOIN exd ON exd.id = bb.id WHERE bb.m = 2 AND (SELECT yes FROM amb)) a"
