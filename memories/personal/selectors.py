@@ -535,34 +535,28 @@ def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
         else "1::float8"
     )
     decay_params = [ranking.now, ranking.half_life] if ranking.half_life else []
-    within = f"CASE WHEN v.x THEN 0 ELSE {e} END"
+    doubt = "EXISTS (SELECT 1 FROM cont WHERE m = 2)"
     sql = (
         f"pc AS MATERIALIZED (SELECT (SELECT d FROM vec0 ORDER BY d OFFSET {pool - 1} LIMIT 1)"
         f" AS t, CASE WHEN coalesce(bool_and(x), true) THEN 0 ELSE {e} END AS e FROM vec0), "
-        "mem AS (SELECT v.id, v.d, v.o, v.x, CASE WHEN p.t IS NULL THEN 1"
-        f" WHEN v.d + {within} < p.t - p.e THEN 1 WHEN v.d - {within} > p.t + p.e THEN 0"
-        " ELSE 2 END AS m FROM vec0 v, pc p), "
-        f"b AS MATERIALIZED (SELECT id, d, x, m, r, e, kn, {decay} AS dk FROM ("
-        " SELECT coalesce(mem.id, kw.id) AS id, mem.d, coalesce(mem.x, true) AS x,"
-        f" coalesce(mem.m, 0) AS m, kw.r, CASE WHEN mem.x THEN 0 ELSE {e} END AS e,"
-        " coalesce(mem.o, kw.o) AS o, %s::float8 * coalesce(kw.r::float8, 0) / (SELECT"
-        " coalesce(nullif(max(r), 0), 1)::float8 FROM kw) AS kn FROM mem FULL JOIN kw"
-        " ON kw.id = mem.id WHERE mem.m IS DISTINCT FROM 0 OR kw.id IS NOT NULL) z), "
-        "bb AS MATERIALIZED (SELECT id, d, x, m, r, kn, dk, CASE WHEN m = 1 THEN"
+        "b AS MATERIALIZED (SELECT id, d, x, m, r, kn, dk, CASE WHEN m = 1 THEN"
         " (%s::float8 * greatest(1.0 - d - e, 0) + kn) * dk ELSE kn * dk END AS lo,"
         " CASE WHEN m = 0 THEN kn * dk ELSE (%s::float8 * greatest(1.0 - d + e, 0) + kn)"
-        " * dk END AS hi FROM b), "
-        "lk AS MATERIALIZED (SELECT lo FROM bb ORDER BY lo DESC"
-        f" OFFSET {ranking.offset + ranking.limit - 1} LIMIT 1), "
-        "cont AS MATERIALIZED (SELECT * FROM bb WHERE NOT EXISTS (SELECT 1 FROM lk)"
-        " OR hi >= (SELECT lo FROM lk)), "
-        "amb AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM cont WHERE m = 2) AS yes), "
-        f"exd AS MATERIALIZED (SELECT bb.id, {_EXACT_D.format(id='bb.id')} AS d"
-        " FROM bb WHERE NOT bb.x AND bb.m <> 0"
-        " AND (bb.id IN (SELECT id FROM cont) OR (bb.m = 2 AND (SELECT yes FROM amb)))), "
-        "pin AS MATERIALIZED (SELECT a.id FROM (SELECT bb.id, coalesce(exd.d, bb.d) AS d"
-        " FROM bb LEFT JOIN exd ON exd.id = bb.id WHERE bb.m = 2 AND (SELECT yes FROM amb)) a"
-        f" ORDER BY a.d, a.id LIMIT greatest({pool} - (SELECT count(*) FROM bb WHERE m = 1),"
+        f" * dk END AS hi FROM (SELECT id, d, x, m, r, e, kn, {decay} AS dk FROM ("
+        " SELECT coalesce(v.id, kw.id) AS id, v.d, coalesce(v.x, true) AS x,"
+        " CASE WHEN v.id IS NULL THEN 0 WHEN p.t IS NULL THEN 1 WHEN v.d + v.e < p.t - p.e"
+        " THEN 1 WHEN v.d - v.e > p.t + p.e THEN 0 ELSE 2 END AS m, kw.r, v.e,"
+        " coalesce(v.o, kw.o) AS o, %s::float8 * coalesce(kw.r::float8, 0) / (SELECT"
+        " coalesce(nullif(max(r), 0), 1)::float8 FROM kw) AS kn"
+        f" FROM (SELECT id, d, o, x, CASE WHEN x THEN 0 ELSE {e} END AS e FROM vec0) v"
+        " FULL JOIN kw ON kw.id = v.id CROSS JOIN pc p) z WHERE m <> 0 OR r IS NOT NULL) y), "
+        "cont AS MATERIALIZED (SELECT * FROM b WHERE hi >= coalesce((SELECT lo FROM b"
+        f" ORDER BY lo DESC OFFSET {ranking.offset + ranking.limit - 1} LIMIT 1), '-infinity')), "
+        f"exd AS MATERIALIZED (SELECT b.id, {_EXACT_D.format(id='b.id')} AS d FROM b"
+        f" WHERE NOT b.x AND b.m <> 0 AND (b.id IN (SELECT id FROM cont) OR (b.m = 2 AND {doubt}))), "
+        "pin AS MATERIALIZED (SELECT a.id FROM (SELECT b.id, coalesce(exd.d, b.d) AS d"
+        f" FROM b LEFT JOIN exd ON exd.id = b.id WHERE b.m = 2 AND {doubt}) a"
+        f" ORDER BY a.d, a.id LIMIT greatest({pool} - (SELECT count(*) FROM b WHERE m = 1),"
         " 0)), "
         "c AS (SELECT t.id, CASE WHEN t.m = 1 OR t.id IN (SELECT id FROM pin)"
         " THEN 1.0 - coalesce(exd.d, t.d) END AS sim, t.r, t.kn, t.dk"
@@ -574,7 +568,7 @@ def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
         "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.id"
     )
     w = ranking.weight
-    params = [*decay_params, 1 - w, w, w, w]
+    params = [w, w, *decay_params, 1 - w, w]
     return sql, params
 
 
