@@ -29,18 +29,25 @@ def node_memory_cleanup() -> int:
     return node_memory_delete_idle()
 
 
-def form_memories(owner_id: int, external_id: str, message: str, message_at: str) -> int:
+def form_memories(
+    owner_id: int, external_id: str, message: str, message_at: str, message_id: str = ""
+) -> int:
     """After a chat answer (queued by the chat proxy): the user's message joins the
     debounced updates of the scope ``["user", external_id]`` (one extraction per
-    debounce window, however many messages). Returns the pending update's id."""
+    debounce window, however many messages). ``message_id``: the message as the proxy
+    recorded it (with a chat id), the source of the facts learned from it. Returns the
+    pending update's id."""
     at = parse_datetime(message_at)
     if at is None:  # queued by the chat proxy as isoformat(): never
         raise ValueError(f"not an ISO 8601 date-time: {message_at!r}")
     message = message[: settings.MESSAGE_MAX_CHARS]
+    item = {"role": "user", "content": message, "at": at.isoformat()}
+    if message_id:
+        item["id"] = str(message_id)
     update = update_record(
         owner=owner_id,
         scope=user_scope(external_id),
-        messages=[{"role": "user", "content": message, "at": at.isoformat()}],
+        messages=[item],
         source="chat",
         require_llm=False,  # recorded either way; the run waits for an LLM
     )

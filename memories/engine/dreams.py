@@ -66,11 +66,11 @@ Rewrite the list of facts:
 2. Refine vague facts with what the journal says.
 3. Drop what is redundant or no longer true.
 4. When two facts (or a fact and the journal) disagree, the newer wins.
-5. Keep every fact that is still useful. Keep its id when you keep or refine it; a merged fact keeps the id of one of the facts it merges. A fact learned from the journal has "id": null.
+5. Keep every fact that is still useful. Keep its id when you keep or refine it; a merged fact keeps the id of one of the facts it merges. A fact learned from the journal has "id": null and "day": the journal day it comes from (YYYY-MM-DD).
 6. category is one of: preference, knowledge, context, behavior, goal, correction; confidence is from 0 to 1.
 
 Answer with the JSON object only:
-{{"facts": [{{"id": "<id or null>", "content": "...", "category": "preference", "confidence": 0.9}}], "diary": "a short Markdown account of what you changed and why"}}"""
+{{"facts": [{{"id": "<id or null>", "content": "...", "category": "preference", "confidence": 0.9, "day": null}}], "diary": "a short Markdown account of what you changed and why"}}"""
 
 
 class DreamNotFound(NotFound):
@@ -197,11 +197,22 @@ def dream_preview(
 
 
 # --- the plan -----------------------------------------------------------------------
+def _source_day(item: dict[str, Any], days: list[str]) -> str | None:
+    """The journal day a new fact comes from: the day the answer names when the dream
+    read it, else the newest day it read; None when it read no journal."""
+    named = str(item.get("day") or "")
+    return named if named in days else (days[-1] if days else None)
+
+
 def _plan(
-    before: list[dict[str, Any]], parsed: dict[str, Any] | None
+    before: list[dict[str, Any]], parsed: dict[str, Any] | None, days: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], str]:
     """What the answer changes: [{action, ...}] with ``update`` (category or confidence),
-    ``replace`` (new text), ``add`` and ``delete``; and the diary text."""
+    ``replace`` (new text), ``add`` and ``delete``; and the diary text.
+
+    A new fact without a confidence gets ``ENGINE_MIN_CONFIDENCE`` (kept, but the first
+    to go when ``max_facts`` trims the scope), and its source is the journal day it
+    came from (``days``: the days read, oldest first)."""
     raw = (parsed or {}).get("facts")
     if not isinstance(raw, list):
         raise ProviderBadResponse("the dream answer has no list of facts")
@@ -221,8 +232,10 @@ def _plan(
         # a fact given back without its id but with its text is that fact, kept
         old = by_id.get(str(item.get("id") or "")) or by_text.get(normalize_fact(content))
         if old is None or old["id"] in kept:  # new (or a second use of one id): an addition
+            missing = settings.ENGINE_MIN_CONFIDENCE
             plan.append({"action": "add", "content": content, "category": category or "context",
-                         "confidence": 1.0 if confidence is None else confidence})  # fmt: skip
+                         "confidence": missing if confidence is None else confidence,
+                         "day": _source_day(item, days or [])})  # fmt: skip
             continue
         kept.add(old["id"])
         after = {"category": category or old["category"],
@@ -266,12 +279,13 @@ def _apply(
             core_fact_delete(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
                              reason=reason)  # fmt: skip
             applied.append(change)
-        else:
+        else:  # add or replace: thresholded like every new fact
+            day = change.get("day")
             fact = FactIn(content=change["content"], category=change["category"],
-                          confidence=change["confidence"], source_kind="dream",
-                          source_ref=str(dream.pk), replaces=change.get("fact_id"))  # fmt: skip
+                          confidence=change["confidence"], source_kind="journal" if day else "dream",
+                          source_ref=day or str(dream.pk), replaces=change.get("fact_id"))  # fmt: skip
             [decision] = core_fact_add(owner=scope.owner_id, scope=scope, facts=[fact], reason=reason,
-                                       embedder=embedder, min_confidence=0.0)  # fmt: skip
+                                       embedder=embedder)  # fmt: skip
             applied.append({**change, "result": decision.action, "new_id": decision.fact_id})
             # max_facts trimmed the scope: those facts come back on undo too
             applied += [{"action": "delete", "fact_id": gone, "before": by_id[gone], "evicted": True}
@@ -320,7 +334,7 @@ def dream_run(
             parsed = calls.json([{"role": "system", "content": prompt}], what="dream")
         finally:
             counter_add("memory_llm_calls_total", calls.count)
-        plan, diary = _plan(before, parsed)
+        plan, diary = _plan(before, parsed, days)
         _check_loss(before, plan)
         pre = PrecomputedEmbedder(embedder or get_embedder(),
                                   [c["content"] for c in plan if "content" in c])  # fmt: skip

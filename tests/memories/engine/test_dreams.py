@@ -94,8 +94,10 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
         ("User drinks green tea every morning", "behavior", 0.95, "dream"),
         ("User lives in Berlin", "context", 0.9, "dream"),
         ("User uses vim", "behavior", 0.95, "api"),
-        ("User works remotely", "context", 0.8, "dream"),
+        ("User works remotely", "context", 0.8, "journal"),  # learned from the journal
     ]
+    remote = next(f for f in core_facts_snapshot(scope=dream.scope) if "remotely" in f["content"])
+    assert remote["source_ref"] == timezone.now().date().isoformat()  # the day it read
     assert sorted(c["action"] for c in dream.changes) == [
         "add",
         "delete",
@@ -122,6 +124,41 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
     assert f"## Dream {dream.pk}" in diary
     assert "Read 4 facts and 1 journal days; 1 add, 1 delete, 2 replace, 1 update." in diary
     assert "Merged the two tea facts; Alice moved to Berlin." in diary
+
+
+def test_dream_additions_honour_the_threshold_and_name_their_journal_day(alice, dreaming):
+    today = timezone.now().date()
+    yesterday = today - timedelta(days=1)
+    files.journal_append(owner_id=alice.pk, scope=list(SCOPE), source="api",
+                         messages=[{"role": "user", "content": "I got a cat"}],
+                         at=timezone.now() - timedelta(days=1))  # fmt: skip
+
+    def answer(prompt):
+        return {"facts": [*keep_all(prompt)["facts"],
+            {"id": None, "content": "User has a cat", "category": "context", "confidence": 0.9,
+             "day": yesterday.isoformat()},  # names the day it read it on
+            {"id": None, "content": "User works remotely", "category": "context"},  # no confidence
+            {"id": None, "content": "User may own a boat", "confidence": 0.3},  # a guess
+        ]}  # fmt: skip
+
+    dreaming.dream = answer
+    dream = dream_run(owner=alice, scope=SCOPE, lookback_days=2).dream
+    assert dream.journal_days == [yesterday.isoformat(), today.isoformat()]
+    new = {f["content"]: (f["confidence"], f["source_kind"], f["source_ref"])
+           for f in core_facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"}  # fmt: skip
+    assert new == {
+        "User has a cat": (0.9, "journal", yesterday.isoformat()),
+        # no confidence given: the threshold (ENGINE_MIN_CONFIDENCE), not 1.0; no day
+        # named: the newest day the dream read
+        "User works remotely": (0.7, "journal", today.isoformat()),
+    }
+    assert [(c["content"], c["result"]) for c in dream.changes if c["action"] == "add"] == [
+        ("User has a cat", "add"), ("User works remotely", "add"),
+        ("User may own a boat", "below_threshold"),  # thresholded like any new fact
+    ]  # fmt: skip
+    undone = dream_undo(owner=alice, dream_id=dream.pk)
+    assert undone.status == "undone"
+    assert not [f for f in core_facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"]
 
 
 def test_unchanged_inputs_skip_the_llm(alice, dreaming):
