@@ -29,6 +29,7 @@ from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.llm import ChatLLM, get_llm
 from memories.engine import files
+from memories.engine.dreams import memory_md_sync
 from memories.engine.llm import PrecomputedEmbedder, json_calls
 from memories.engine.locks import scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import PendingUpdate
@@ -279,6 +280,10 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
             status=PendingUpdate.Status.DONE, batch_id=result.batch_id, processed_at=now,
             attempts=F("attempts") + 1, error="",
         )  # fmt: skip
+    try:  # MEMORY.md follows the facts (the run still holds the scope's lock)
+        memory_md_sync(scope)
+    except Exception:  # the facts are committed: the next read or run writes it
+        logger.exception("MEMORY.md of scope %s not rewritten", scope.pk)
     counter_add("engine_update_runs_total")
     counter_add("engine_updates_processed_total", len(rows))
     _log(scope, result)

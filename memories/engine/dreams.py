@@ -97,9 +97,13 @@ class DreamOutcome:
 
 # --- MEMORY.md ----------------------------------------------------------------------
 def render_memory_md(scope: EndUser, facts: list[dict[str, Any]]) -> str:
-    """The scope's facts as Markdown, by category, highest confidence first. No clock
-    in it: the same facts render the same text (and hash)."""
+    """The scope's facts as Markdown, by category, highest confidence first, then the
+    most recently said. No clock in it, and nothing an undo does not put back (not the
+    update time): the same facts render the same text (and hash)."""
     lines = [f"# MEMORY · {'/'.join(scope.scope)}", "", f"{len(facts)} facts.", ""]
+    facts = sorted(facts, key=lambda f: f["id"])
+    facts.sort(key=lambda f: f["observed_at"], reverse=True)
+    facts.sort(key=lambda f: f["confidence"], reverse=True)
     for category in CATEGORIES:
         group = [f for f in facts if f["category"] == category]
         if not group:
@@ -110,11 +114,26 @@ def render_memory_md(scope: EndUser, facts: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def memory_md_write(scope: EndUser) -> str:
-    """Rewrite the scope's ``MEMORY.md`` from its facts; returns the text."""
+def memory_md_sync(scope: EndUser) -> str:
+    """Bring the scope's stored files up to date, for a caller holding the scope's run
+    lock: the diary entries of dreams (and undos) a crash left unwritten, then
+    ``MEMORY.md`` rendered from the facts, rewritten when it differs. Returns the text."""
+    dream_files_recover(scope)
     text = render_memory_md(scope, core_facts_snapshot(scope=scope))
-    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), text)
+    name = files.memory_md_path(scope.owner_id, scope.scope)
+    if files.read_text(name) != text:
+        files.write_text(name, text)
     return text
+
+
+def memory_md_read(scope: EndUser) -> str:
+    """The scope's ``MEMORY.md`` as it is now: rendered from its facts on every read.
+    The stored file is brought up to date too (``memory_md_sync``) unless a run of the
+    scope holds its lock (that run writes it)."""
+    with scope_run_lock(scope.pk) as taken:
+        if taken:
+            return memory_md_sync(scope)
+    return render_memory_md(scope, core_facts_snapshot(scope=scope))
 
 
 # --- reading ------------------------------------------------------------------------
@@ -318,6 +337,7 @@ def dream_run(
     with scope_run_lock(row.pk) as taken:
         if not taken:
             raise ScopeBusy("this scope's memory is being updated; try again shortly")
+        dream_files_recover(row)  # a dream a crash left without its files
         inputs = dream_inputs(row, lookback=lookback, today=today)
         before, memory_md, days, journal, input_hash = (
             inputs.facts,
@@ -349,7 +369,7 @@ def dream_run(
             dream.result_hash = _hash(dream.memory_md_after, journal, lookback)
             dream.diary = _diary(row, dream, diary)
             dream.save(update_fields=["changes", "memory_md_after", "result_hash", "diary"])
-        _write_files(row, dream, today)
+        _write_files(row, dream, dream.memory_md_after)
     counter_add("engine_dreams_total")
     logger.info(json.dumps({"event": "engine_dream", "dream_id": str(dream.pk), "scope": row.scope,
                             "changes": [c["action"] for c in dream.changes]}))  # fmt: skip
@@ -367,17 +387,64 @@ def _diary(scope: EndUser, dream: Dream, account: str) -> str:
             f"{summary}.\n\n{account or '(no account given)'}\n")  # fmt: skip
 
 
-def _write_files(scope: EndUser, dream: Dream, today: date) -> None:
-    """After the commit: ``MEMORY.md`` replaced, the diary entry appended (the day's
-    diary names each dream once, so a re-write adds nothing)."""
-    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), dream.memory_md_after)
-    name = files.diary_path(scope.owner_id, scope.scope, today)
+def _write_files(scope: EndUser, dream: Dream, memory_md: str) -> None:
+    """After the commit: ``MEMORY.md`` replaced, the diary entries appended, and the
+    dream marked as having its files. A process that dies before the mark leaves
+    ``files_written`` false: the next run or read of the scope writes them
+    (``dream_files_recover``)."""
+    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), memory_md)
+    _diary_entries(scope, dream)
+    Dream.objects.filter(pk=dream.pk).update(files_written=True)
+    dream.files_written = True
+
+
+def _diary_append(scope: EndUser, day: date, mark: str, entry: str) -> None:
+    """Append ``entry`` to the day's diary unless ``mark`` is already in it (each dream,
+    and each undo, is written once)."""
+    name = files.diary_path(scope.owner_id, scope.scope, day)
     current = (
-        files.read_text(name)
-        or f"# Dream diary · {'/'.join(scope.scope)} · {today.isoformat()}\n\n"
+        files.read_text(name) or f"# Dream diary · {'/'.join(scope.scope)} · {day.isoformat()}\n\n"
     )
-    if f"## Dream {dream.pk}" not in current:
-        files.write_text(name, current + dream.diary + "\n")
+    if mark not in current:
+        files.write_text(name, current + entry + "\n")
+
+
+def _diary_entries(scope: EndUser, dream: Dream) -> None:
+    _diary_append(scope, dream.created_at.date(), f"## Dream {dream.pk} ", dream.diary)
+    if dream.status == Dream.Status.UNDONE and dream.undone_at is not None:
+        _diary_append(scope, dream.undone_at.date(), f"## Undo of dream {dream.pk} ",
+                      _undo_entry(dream))  # fmt: skip
+
+
+def _undo_entry(dream: Dream) -> str:
+    changes = dream.changes
+    back = sum(1 for c in changes if c["action"] in ("replace", "delete"))
+    removed = sum(
+        1
+        for c in changes
+        if c["action"] == "add" and c.get("result") in ("add", "replace", "evicted")
+    )
+    changed = sum(1 for c in changes if c["action"] == "update")
+    at = dream.undone_at.strftime("%H:%M:%S") if dream.undone_at else "?"
+    return (f"## Undo of dream {dream.pk} · {at} UTC\n\n"
+            f"{back} facts put back as they were, {removed} removed, {changed} changed back; "
+            f"MEMORY.md as it was before the dream (of "
+            f"{dream.created_at:%Y-%m-%d %H:%M:%S} UTC).\n")  # fmt: skip
+
+
+def dream_files_recover(scope: EndUser) -> int:
+    """Write the files of the scope's dreams (and undos) whose process died between
+    their commit and their files: their diary entries, then ``MEMORY.md`` rendered
+    from the facts as they are now. For a caller holding the scope's run lock.
+    Returns the dreams caught up."""
+    pending = list(Dream.objects.filter(scope=scope, files_written=False).order_by("created_at"))
+    for dream in pending:
+        _diary_entries(scope, dream)
+    if pending:
+        text = render_memory_md(scope, core_facts_snapshot(scope=scope))
+        files.write_text(files.memory_md_path(scope.owner_id, scope.scope), text)
+        Dream.objects.filter(pk__in=[d.pk for d in pending]).update(files_written=True)
+    return len(pending)
 
 
 # --- undo ---------------------------------------------------------------------------
@@ -423,12 +490,14 @@ def dream_undo(
         vectors: Any = embedder.embed([f["content"] for f in back]) if back else []
         embedding_of = {f["id"]: [float(x) for x in v] for f, v in zip(back, vectors, strict=True)}
         reason = f"undo of dream {dream.pk}"
+        dream_files_recover(scope)
         with transaction.atomic():
             for change in reversed(dream.changes):
                 _revert(scope, change, embedding_of, embedder, reason)
             dream.status, dream.undone_at = Dream.Status.UNDONE, timezone.now()
-            dream.save(update_fields=["status", "undone_at"])
-        memory_md_write(scope)
+            dream.files_written = False
+            dream.save(update_fields=["status", "undone_at", "files_written"])
+        _write_files(scope, dream, dream.memory_md_before)  # what was saved, as it was
     counter_add("engine_dream_undos_total")
     return dream
 

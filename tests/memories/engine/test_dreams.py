@@ -19,6 +19,8 @@ from memories.engine.dreams import (
     dream_undo,
     dreams_daily,
     engine_settings_update,
+    memory_md_read,
+    render_memory_md,
 )
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
@@ -219,13 +221,13 @@ def test_only_the_latest_dream_can_be_undone_and_not_by_another_owner(alice, bob
 
 def test_a_dream_dropping_too_much_is_refused_and_changes_nothing(alice, dreaming):
     dreaming.dream = lambda prompt: {"facts": [], "diary": "Forgot everything."}
-    before = _state(alice)
+    before, md = _state(alice), _memory_md(alice)
     with pytest.raises(DreamTooLossy) as refused:
         dream_run(owner=alice, scope=SCOPE)
     assert refused.value.status_code == 422
     assert refused.value.details == {"dropped": 4, "facts": 4, "max_drop": 0.5}
     assert _state(alice) == before and Dream.objects.count() == 0
-    assert files.read_text(files.memory_md_path(alice.pk, list(SCOPE))) is None
+    assert _memory_md(alice) == md  # as the update run left it
 
 
 def test_malformed_dream_answers_change_nothing(alice, dreaming):
@@ -265,3 +267,73 @@ def test_dream_command_dry_run_then_dream_then_undo(alice, dreaming, capsys):
     assert f"Undo: manage.py dream alice --undo {dream.pk}" in capsys.readouterr().out
     call_command("dream", "alice", "--undo", str(dream.pk))
     assert _state(alice) == before
+
+
+# --- MEMORY.md between dreams, and files a crash left unwritten ----------------------
+def _memory_md(owner) -> str | None:
+    return files.read_text(files.memory_md_path(owner.pk, list(SCOPE)))
+
+
+def test_memory_md_is_rendered_on_read_and_rewritten_by_update_runs(alice, dreaming):
+    dream = dream_run(owner=alice, scope=SCOPE).dream
+    assert _memory_md(alice) == dream.memory_md_after
+    row = dream.scope
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    assert "User has a cat" not in _memory_md(alice)  # an API write leaves the file behind
+    text = memory_md_read(row)  # a read renders it from the database, and stores it
+    assert "- [0.90] User has a cat (id: " in text and _memory_md(alice) == text
+    assert text == render_memory_md(row, core_facts_snapshot(scope=row))
+
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a dog", "context", 0.9)])
+    dreaming.extractions["I got a parrot"] = [
+        {"content": "User has a parrot", "category": "context", "confidence": 0.9}
+    ]
+    update = update_record(owner=alice, scope=SCOPE,
+                           messages=[{"role": "user", "content": "I got a parrot"}])  # fmt: skip
+    updates_run(scope_id=update.scope_id, force=True)  # rewrites it after its commit
+    stored = _memory_md(alice)
+    assert "User has a parrot" in stored and "User has a dog" in stored
+    assert stored == render_memory_md(row, core_facts_snapshot(scope=row))
+
+
+def test_a_crash_after_the_dream_commits_leaves_files_the_next_read_writes(
+    alice, dreaming, monkeypatch
+):
+    from memories.engine import dreams
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt  # the worker dies between the commit and the files
+
+    monkeypatch.setattr(dreams, "_write_files", die)
+    with pytest.raises(KeyboardInterrupt):
+        dream_run(owner=alice, scope=SCOPE)
+    monkeypatch.undo()
+    dream = Dream.objects.get()  # committed
+    assert dream.files_written is False
+    assert _memory_md(alice) == dream.memory_md_before  # as the update run left it
+    diary_name = files.diary_path(alice.pk, list(SCOPE), dream.created_at.date())
+    assert files.read_text(diary_name) is None
+
+    text = memory_md_read(dream.scope)  # the next read (or run) writes what was missing
+    assert text == dream.memory_md_after == _memory_md(alice)
+    diary = files.read_text(diary_name)
+    assert diary.count(f"## Dream {dream.pk}") == 1 and dream.diary in diary
+    dream.refresh_from_db()
+    assert dream.files_written is True
+    memory_md_read(dream.scope)
+    assert files.read_text(diary_name) == diary  # written once
+
+
+def test_undo_writes_back_the_saved_memory_md_and_a_diary_entry(alice, dreaming):
+    dream = dream_run(owner=alice, scope=SCOPE).dream
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    undone = dream_undo(owner=alice, dream_id=dream.pk)
+    # the text saved before the dream, as it was (not rebuilt: the cat came later)
+    assert _memory_md(alice) == dream.memory_md_before and "cat" not in dream.memory_md_before
+    diary = files.read_text(files.diary_path(alice.pk, list(SCOPE), undone.undone_at.date()))
+    entry = diary[diary.index(f"## Undo of dream {dream.pk}") :]
+    assert entry.startswith(f"## Undo of dream {dream.pk} · {undone.undone_at:%H:%M:%S} UTC\n\n")
+    assert "3 facts put back as they were, 1 removed, 1 changed back" in entry
+    assert diary.count(f"## Dream {dream.pk}") == 1  # the dream's own entry stays
+    # the next read brings it up to date with what was learned after the dream
+    assert "User has a cat" in memory_md_read(dream.scope)
