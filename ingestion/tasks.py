@@ -3,12 +3,14 @@ safe to run twice. Their dotted paths are what queues and schedules store."""
 
 from __future__ import annotations
 
+from datetime import date
+
 from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
 from ingestion import memory_bases, updates
 from memories.conversations.node_memory import node_memory_delete_idle
-from memories.engine.dreams import dreams_daily
+from memories.engine.dreams import dream_scheduled, dreams_daily
 from memories.engine.updates import update_record
 from memories.personal.scopes import user_scope
 
@@ -65,6 +67,11 @@ def engine_updates_sweep() -> int:
 
 
 def engine_dreams_daily() -> int:
-    """Daily (schedule ``engine-dreams``): dream the scopes active since their last dream,
-    of owners who have not turned it off."""
+    """Daily (schedule ``engine-dreams``): queue a dream of each scope whose facts or
+    journal changed since its last dream, of owners who have not turned it off."""
     return dreams_daily()
+
+
+def engine_dream_scope(scope_id: int, day: str) -> str:
+    """One scope's daily dream (queued by ``engine_dreams_daily``); safe to run twice."""
+    return dream_scheduled(scope_id=int(scope_id), day=date.fromisoformat(day))

@@ -19,22 +19,25 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from core.errors import Conflict, InvalidInput, NotFound, Unprocessable
+from core.errors import Conflict, InvalidInput, NotFound, ServiceError, Unprocessable
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderBadResponse
 from core.providers.llm import ChatLLM
+from core.queue import enqueue
 from memories.engine import files
 from memories.engine.llm import PrecomputedEmbedder, json_calls
-from memories.engine.locks import ScopeBusy, scope_run_lock
+from memories.engine.locks import ScopeBusy, scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import Dream, EngineSettings, PendingUpdate
 from memories.personal.facts import (
     FactIn,
@@ -44,7 +47,7 @@ from memories.personal.facts import (
     core_fact_update,
     core_facts_snapshot,
 )
-from memories.personal.models import CATEGORIES, EndUser
+from memories.personal.models import CATEGORIES, EndUser, MemoryUpdate
 from memories.personal.restore import core_fact_restore
 from memories.personal.scopes import Scope, owner_pk, scope_find, scope_parse
 from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_fact
@@ -52,6 +55,9 @@ from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_
 logger = logging.getLogger("memories.decisions")
 FEATURE = "Deep Dream (POST /api/v1/engine/dream)"
 MAX_LOOKBACK_DAYS = 90
+DREAM_TASK = "ingestion.tasks.engine_dream_scope"
+SCHEDULED_WAIT_SECONDS = 120.0  # a scheduled dream waits this long for a run of its scope
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 DREAM_PROMPT = """You consolidate the long-term memory of one scope ({scope}): a "deep dream".
 
@@ -321,6 +327,7 @@ def dream_run(
     today: date | None = None,
     llm: ChatLLM | None = None,
     embedder: Embedder | None = None,
+    wait_seconds: float = 0,
 ) -> DreamOutcome:
     """Dream one scope now (see the module docstring); returns the dream, or the last
     one with ``skipped`` when the inputs are unchanged (no LLM call).
@@ -328,13 +335,14 @@ def dream_run(
     Raises ``ProviderNotConfigured`` (503, names ``LLM_BASE_URL``) without an LLM,
     ``ScopeNotFound`` for a scope the owner does not have, ``ScopeBusy`` (409) while an
     update or another dream of the scope runs, ``DreamTooLossy`` (422) and provider
-    errors; in each case nothing changes.
+    errors; in each case nothing changes. ``wait_seconds``: how long to wait for a run
+    of the scope holding its lock before ``ScopeBusy``.
     """
     lookback = _lookback(lookback_days)
     calls = json_calls(llm, feature=FEATURE)
     row = _scope_row(owner, scope)
     today = today or timezone.now().date()
-    with scope_run_lock(row.pk) as taken:
+    with scope_run_lock_waiting(row.pk, wait_seconds) as taken:
         if not taken:
             raise ScopeBusy("this scope's memory is being updated; try again shortly")
         dream_files_recover(row)  # a dream a crash left without its files
@@ -541,24 +549,62 @@ def engine_settings_update(
     return row
 
 
-def dreams_daily(*, now: datetime | None = None) -> int:
-    """Dream every scope with updates in the last day whose owner has the schedule on.
-    A scope that fails is logged and skipped; returns the dreams run (skips excluded)."""
+def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
+    """(owner id, scope id) of every scope whose facts or journal changed since its last
+    dream (ever, for a scope never dreamed), of owners with the daily dream on. A fact
+    change is any audit row but a dream's own changes and their undo (a REST write, an
+    update run, an eviction...); a journal change is a flush processed since."""
     now = now or timezone.now()
-    active = (
-        PendingUpdate.objects.filter(status=PendingUpdate.Status.DONE, processed_at__gte=now - timedelta(days=1))
-        .values_list("owner_id", "scope_id").distinct()
+    last = Dream.objects.filter(scope=OuterRef("pk")).order_by("-created_at").values("created_at")
+    changed = (
+        MemoryUpdate.objects.filter(end_user=OuterRef("pk"), created_at__gt=OuterRef("since"),
+                                    created_at__lte=now)
+        .exclude(reason__startswith="dream ").exclude(reason__startswith="undo of dream ")
     )  # fmt: skip
+    journal = PendingUpdate.objects.filter(
+        scope=OuterRef("pk"), status=PendingUpdate.Status.DONE,
+        processed_at__gt=OuterRef("since"), processed_at__lte=now,
+    )  # fmt: skip
+    rows = (
+        EndUser.objects.annotate(since=Coalesce(Subquery(last[:1]), Value(EPOCH)))
+        .filter(Exists(changed) | Exists(journal))
+        .order_by("pk")
+        .values_list("owner_id", "pk")
+    )
     switches = dict(EngineSettings.objects.values_list("owner_id", "dream_schedule"))
-    ran = 0
-    for owner_id, scope_id in active:
-        if not switches.get(owner_id, settings.ENGINE_DREAM_SCHEDULE):
-            continue
-        try:
-            outcome = dream_run(owner=owner_id, scope=EndUser.objects.get(pk=scope_id),
-                                trigger=Dream.Trigger.SCHEDULE, today=now.date())  # fmt: skip
-        except Exception:
-            logger.exception("scheduled dream of scope %s failed", scope_id)
-            continue
-        ran += not outcome.skipped
-    return ran
+    default = settings.ENGINE_DREAM_SCHEDULE
+    return [(owner, scope) for owner, scope in rows if switches.get(owner, default)]
+
+
+def dreams_daily(*, now: datetime | None = None) -> int:
+    """The daily schedule: one task (``ingestion.tasks.engine_dream_scope``) per scope
+    ``dream_candidates`` names, so each scope's dream has the task timeout to itself
+    and a slow or failing scope holds up no other. Returns the tasks queued."""
+    now = now or timezone.now()
+    candidates = dream_candidates(now=now)
+    for _owner, scope_id in candidates:
+        enqueue(DREAM_TASK, scope_id, now.date().isoformat(), task_name=f"engine-dream-{scope_id}")
+    return len(candidates)
+
+
+def dream_scheduled(*, scope_id: int, day: date) -> str:
+    """One scope's scheduled dream (the task). Safe to run twice: unchanged inputs skip
+    the LLM (``skipped``). Two dreams of one scope never run at once: it waits up to
+    ``SCHEDULED_WAIT_SECONDS`` for a run of the scope to end (``busy`` after that; the
+    next day's schedule finds the scope still changed). ``off`` when the owner turned
+    the schedule off since, ``gone`` for an erased scope, ``failed`` (logged) when the
+    dream is refused or the LLM fails; ``dreamed`` otherwise."""
+    row = EndUser.objects.filter(pk=scope_id).first()
+    if row is None:
+        return "gone"
+    if not dream_schedule_enabled(owner=row.owner_id):
+        return "off"
+    try:
+        outcome = dream_run(owner=row.owner_id, scope=row, trigger=Dream.Trigger.SCHEDULE,
+                            today=day, wait_seconds=SCHEDULED_WAIT_SECONDS)  # fmt: skip
+    except ScopeBusy:
+        return "busy"
+    except ServiceError:
+        logger.exception("scheduled dream of scope %s failed", scope_id)
+        return "failed"
+    return "skipped" if outcome.skipped else "dreamed"

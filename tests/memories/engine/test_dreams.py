@@ -239,10 +239,10 @@ def test_malformed_dream_answers_change_nothing(alice, dreaming):
     assert _state(alice) == before and Dream.objects.count() == 0
 
 
-def test_daily_schedule_dreams_active_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming):
-    assert dreams_daily() == 1
+def test_daily_schedule_dreams_changed_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming):
+    assert dreams_daily() == 1  # one task queued (run at once in tests)
     assert Dream.objects.get().trigger == "schedule"
-    assert dreams_daily() == 0  # unchanged: skipped
+    assert dreams_daily() == 0  # nothing changed since (the dream's own changes do not count)
     dreaming.dream = keep_all
     engine_settings_update(owner=alice, dream_schedule=False)
     update = update_record(
@@ -251,8 +251,65 @@ def test_daily_schedule_dreams_active_scopes_unless_the_owner_turned_it_off(alic
     updates_run(scope_id=update.scope_id, force=True)
     assert dreams_daily() == 0 and Dream.objects.count() == 1 and dreaming.calls["dream"] == 1
     engine_settings_update(owner=alice, dream_schedule=True)
-    assert dreams_daily() == 1
-    assert dreams_daily(now=timezone.now() + timedelta(days=2)) == 0  # nothing new in a day
+    assert dreams_daily() == 1 and Dream.objects.count() == 2  # the journal changed
+    assert dreams_daily(now=timezone.now() + timedelta(days=2)) == 0  # nothing new since
+
+
+def test_daily_schedule_fans_out_one_task_per_changed_scope(alice, bob, dreaming, monkeypatch):
+    """Every scope whose facts or journal changed since its last dream gets its own task
+    (a slow or failing scope holds up no other); facts written through the REST API
+    count, not only processed flushes."""
+    from memories.engine import dreams
+
+    queued = []
+    real = dreams.enqueue
+    monkeypatch.setattr(dreams, "enqueue", lambda *a, **k: (queued.append((a, k)), real(*a, **k)))
+    dreaming.dream = keep_all
+    engine = ("org", "acme")
+    core_fact_add(
+        owner=alice, scope=engine, facts=[FactIn("Acme ships on Fridays", "context", 0.9)]
+    )
+    core_fact_add(owner=bob, scope=SCOPE, facts=[FactIn("Bob's alice likes tea", "context", 0.9)])
+    engine_settings_update(owner=bob, dream_schedule=False)
+    acme = scope_find(owner=alice, scope=engine)
+    alices = scope_find(owner=alice, scope=SCOPE)
+
+    assert dreams_daily() == 2
+    assert sorted(a[1] for a, _ in queued) == sorted([acme.pk, alices.pk])
+    assert {(a[0], k["task_name"]) for a, k in queued} == {
+        ("ingestion.tasks.engine_dream_scope", f"engine-dream-{acme.pk}"),
+        ("ingestion.tasks.engine_dream_scope", f"engine-dream-{alices.pk}"),
+    }
+    assert sorted(Dream.objects.values_list("scope_id", "trigger")) == sorted(
+        [(acme.pk, "schedule"), (alices.pk, "schedule")]
+    )
+    # a fact added through the API since: that scope only
+    core_fact_add(owner=alice, scope=engine, facts=[FactIn("Acme has 40 staff", "context", 0.9)])
+    queued.clear()
+    assert dreams_daily() == 1 and [a[1] for a, _ in queued] == [acme.pk]
+
+
+def test_a_scheduled_dream_is_safe_to_run_twice_and_never_beside_another(
+    alice, dreaming, monkeypatch
+):
+    from ingestion.tasks import engine_dream_scope
+    from memories.engine import dreams
+    from tests.memories.engine.scripted import scope_held
+
+    row = scope_find(owner=alice, scope=SCOPE)
+    day = timezone.now().date().isoformat()
+    monkeypatch.setattr(dreams, "SCHEDULED_WAIT_SECONDS", 0.5)
+    with scope_held(row.pk):  # a run (an update, another dream) of the scope under way
+        assert engine_dream_scope(row.pk, day) == "busy"
+    assert Dream.objects.count() == 0 and dreaming.calls["dream"] == 0
+    assert engine_dream_scope(row.pk, day) == "dreamed"
+    assert engine_dream_scope(row.pk, day) == "skipped"  # a second delivery: same inputs
+    assert Dream.objects.count() == 1 and dreaming.calls["dream"] == 1
+    dreaming.dream = lambda prompt: {"facts": [], "diary": "Forgot everything."}
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    assert engine_dream_scope(row.pk, day) == "failed"  # refused (too lossy), logged
+    assert Dream.objects.count() == 1
+    assert engine_dream_scope(999_999, day) == "gone"
 
 
 def test_dream_command_dry_run_then_dream_then_undo(alice, dreaming, capsys):
