@@ -58,6 +58,8 @@ MAX_LOOKBACK_DAYS = 90
 DREAM_TASK = "ingestion.tasks.engine_dream_scope"
 SCHEDULED_WAIT_SECONDS = 120.0  # a scheduled dream waits this long for a run of its scope
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# The audit reasons of a dream's own changes and of their undo (``dream <id>``).
+OWN_REASONS = r"^(undo of )?dream [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 DREAM_PROMPT = """You consolidate the long-term memory of one scope ({scope}): a "deep dream".
 
@@ -559,7 +561,7 @@ def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
     changed = (
         MemoryUpdate.objects.filter(end_user=OuterRef("pk"), created_at__gt=OuterRef("since"),
                                     created_at__lte=now)
-        .exclude(reason__startswith="dream ").exclude(reason__startswith="undo of dream ")
+        .exclude(reason__regex=OWN_REASONS)
     )  # fmt: skip
     journal = PendingUpdate.objects.filter(
         scope=OuterRef("pk"), status=PendingUpdate.Status.DONE,

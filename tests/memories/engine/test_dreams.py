@@ -287,6 +287,11 @@ def test_daily_schedule_fans_out_one_task_per_changed_scope(alice, bob, dreaming
     core_fact_add(owner=alice, scope=engine, facts=[FactIn("Acme has 40 staff", "context", 0.9)])
     queued.clear()
     assert dreams_daily() == 1 and [a[1] for a, _ in queued] == [acme.pk]
+    # only a dream's own audit reason ("dream <id>") is left out, not any text like it
+    core_fact_add(owner=alice, scope=SCOPE, reason="dream job, said in passing",
+                  facts=[FactIn("User wants to be a pilot", "goal", 0.9)])  # fmt: skip
+    queued.clear()
+    assert dreams_daily() == 1 and [a[1] for a, _ in queued] == [alices.pk]
 
 
 def test_a_scheduled_dream_is_safe_to_run_twice_and_never_beside_another(
