@@ -144,6 +144,9 @@ class FileStore(StoreBackend):
             knowledge_base_delete(knowledge_base=self.store.knowledge_base)
 
     # --- runtime ------------------------------------------------------------------------
+    def check_load(self) -> None:
+        self.embedder()  # resolves the block's ${VAR}s and checks the dimension
+
     def load(self) -> dict[str, Any]:
         """Re-index what changed; drop chunks of files no source covers any more."""
         with advisory_session_lock(f"memory-store-load:{self.store.pk}") as taken:
