@@ -1,14 +1,18 @@
 """``POST``/``PATCH /api/v1/memory-stores`` load what they save: a store that cannot load
 (an unset ``${VAR}``, the embedding endpoint failing) is refused with nothing written, and
-the call can simply be made again."""
+the call can simply be made again. Also the knowledge bases' mismatch check, which leaves
+the file stores' own indexes to the stores' check."""
 
 from __future__ import annotations
 
 import pytest
+from django.core.checks import run_checks
 
+from knowledge.checks import knowledge_base_embedding_mismatch
 from knowledge.models import Chunk, KnowledgeBase
 from memories.stores.models import MemoryStore
 from tests.fakes.openai_server import Scripted
+from tests.knowledge.factories import make_kb
 from tests.memories.stores.conftest import snapshot_db
 
 pytestmark = pytest.mark.django_db
@@ -133,3 +137,33 @@ def test_update_whose_load_fails_restores_the_previous_config(
     patched = alice_client.patch(url, patch, format="json")
     assert patched.status_code == 200, patched.json()
     assert patched.json()["load"]["added"] == 1
+
+
+# --- the knowledge bases' embedding check ----------------------------------------------
+def test_knowledge_check_leaves_file_store_indexes_to_the_store_check(
+    alice, alice_client, docs_root, embed_server, settings
+):
+    own = alice_client.post(URL, file_store(embed_server.base_url, "${API_KEY}"), format="json")
+    assert own.status_code == 201, own.json()
+    default = alice_client.post(
+        URL,
+        {
+            "name": "docs-default",
+            "type": "file",
+            "config": {"file_sources": [{"path": "docs", "file_types": [".md"]}]},
+        },
+        format="json",
+    )
+    assert default.status_code == 201, default.json()
+    # Its own embedding (openai, 1536) is not the service's default (hashing, 384): the
+    # store asked for it, nothing to warn about.
+    assert knowledge_base_embedding_mismatch(None) == []
+    assert [m.id for m in run_checks() if m.id in ("core.W002", "memory_stores.W001")] == []
+
+    make_kb(alice)  # a knowledge base of the API, with the default (hashing-v1, 384)
+    settings.EMBEDDING_MODEL = "another-model"
+    warnings = knowledge_base_embedding_mismatch(None)
+    assert [w.id for w in warnings] == ["core.W002"]  # the plain base only, once
+    assert "hashing/hashing-v1 (384 dims)" in warnings[0].msg
+    stores = [m for m in run_checks() if m.id == "memory_stores.W001"]
+    assert [w.msg.split(" embeds")[0] for w in stores] == ["Memory store 'docs-default'"]
