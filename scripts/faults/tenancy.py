@@ -161,401 +161,186 @@ def _victim(inst: Instance, secret: str) -> dict[str, Any]:
     }
 
 
+Row = tuple[str, str] | tuple[str, str, Any]  # (method, path[, body])
+
+
+def _probes(family: str, rows: list[Row], **expect: Any) -> list[Probe]:
+    return [Probe(family, *row, **expect) for row in rows]
+
+
 def _rest(v: dict[str, Any]) -> list[Probe]:
     f, kb, mb, job = v["flow"], v["kb"], v["mb"], v["job"]
-    out: list[Probe] = []
+    rows: list[Row] = [("POST", "/api/v1/memory-bases", {"name": "stolen", "flow": f})]
     for prefix in ("memory-bases", "memories"):
-        family = "memory bases and sessions"
-        out += [
-            Probe(family, "GET", f"/api/v1/{prefix}/{mb}"),
-            Probe(family, "PATCH", f"/api/v1/{prefix}/{mb}", {"name": "taken over"}),
-            Probe(family, "GET", f"/api/v1/{prefix}/{mb}/sessions"),
-            Probe(family, "POST", f"/api/v1/{prefix}/{mb}/flush", {}),
-            Probe(family, "POST", f"/api/v1/{prefix}/{mb}/update", {}),
-            Probe(family, "POST", f"/api/v1/{prefix}/{mb}/regenerate", {}),
-            Probe(family, "DELETE", f"/api/v1/{prefix}/{mb}"),
-        ]
-    out.append(
-        Probe(
-            "memory bases and sessions",
-            "POST",
-            "/api/v1/memory-bases",
-            {"name": "stolen", "flow": f},
-        )
-    )
+        at = f"/api/v1/{prefix}/{mb}"
+        rows += [("GET", at), ("PATCH", at, {"name": "taken over"}), ("GET", f"{at}/sessions"),
+                 ("POST", f"{at}/flush", {}), ("POST", f"{at}/update", {}),
+                 ("POST", f"{at}/regenerate", {}), ("DELETE", at)]  # fmt: skip
+    out = _probes("memory bases and sessions", rows)
+    rows = [
+        ("POST", "/api/v1/search", {"query": "tea", "knowledge_base_ids": [kb, v["mb_kb"]]}),
+        ("POST", "/api/v1/search", {"query": "tea", "knowledge_base_ids": [kb], "mode": "keyword"}),
+    ]
     for base in (kb, v["mb_kb"]):
-        family = "knowledge bases, documents, search"
-        out += [
-            Probe(family, "GET", f"/api/v1/knowledge-bases/{base}"),
-            Probe(family, "PATCH", f"/api/v1/knowledge-bases/{base}", {"name": "taken over"}),
-            Probe(family, "GET", f"/api/v1/knowledge-bases/{base}/chunks"),
-            Probe(family, "GET", f"/api/v1/knowledge-bases/{base}/chunks?session_id=s1"),
-            Probe(family, "GET", f"/api/v1/knowledge-bases/{base}/chunks?flow_id={f}"),
-            Probe(
-                family,
-                "POST",
-                f"/api/v1/knowledge-bases/{base}/documents",
-                {"documents": [{"text": "planted"}]},
-            ),
-            Probe(family, "POST", f"/api/v1/knowledge-bases/{base}/search", {"query": "tea"}),
-            Probe(
-                family,
-                "POST",
-                f"/api/v1/knowledge-bases/{base}/search",
-                {"query": "tea", "mode": "vector"},
-            ),
-            Probe(
-                family,
-                "POST",
-                f"/api/v1/knowledge-bases/{base}/search",
-                {"query": "tea", "mode": "keyword"},
-            ),
-            Probe(family, "GET", f"/api/v1/knowledge-bases/{base}/jobs/{v['kb_job']}"),
-            Probe(family, "GET", f"/api/v1/knowledge-bases/{base}/jobs/{job}"),
-            Probe(family, "DELETE", f"/api/v1/knowledge-bases/{base}"),
-        ]
-    out += [
-        Probe(
-            "knowledge bases, documents, search",
-            "POST",
-            "/api/v1/search",
-            {"query": "tea", "knowledge_base_ids": [kb, v["mb_kb"]]},
-        ),
-        Probe("jobs", "GET", f"/api/v1/jobs/{job}"),
-        Probe("jobs", "GET", f"/api/v1/jobs/{v['kb_job']}"),
-    ]
-    family = "flows, runs, messages, conversations"
-    out += [
-        Probe(family, "GET", f"/api/v1/flows/{f}"),
-        Probe(
-            family,
-            "POST",
-            f"/api/v1/flows/{f}/runs",
-            {"session_id": "s1", "messages": [{"role": "user", "content": "x"}]},
-        ),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/messages",
-            {"flow": f, "session_id": "s1", "role": "user", "content": "x"},
-        ),
-        Probe(family, "GET", f"/api/v1/messages?flow={f}"),
-        Probe(family, "GET", f"/api/v1/messages?flow={f}&session_id=s1"),
-        Probe(family, "GET", f"/api/v1/messages?memory_base_id={mb}"),
-        Probe(family, "DELETE", f"/api/v1/flows/{f}/sessions/s1/messages"),
-        Probe(family, "GET", f"/api/v1/conversations/s1/history?flow={f}"),
-        Probe(family, "GET", f"/api/v1/conversations/s1/nodes/n1/history?flow={f}"),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/conversations/s1/nodes/n1/turns",
-            {"flow": f, "message_id": "x1", "user_content": "a", "assistant_content": "b"},
-        ),
-        Probe(family, "DELETE", f"/api/v1/conversations/s1/nodes/n1?flow={f}"),
-    ]
-    memory, family = v["memory"], "users' memories"
-    out += [
-        Probe(family, "GET", f"/api/v1/users/u1/memories/{memory}"),
-        Probe(family, "PATCH", f"/api/v1/users/u1/memories/{memory}", {"content": "taken"}),
-        Probe(family, "GET", f"/api/v1/users/u1/memories/{memory}/history"),
-        Probe(family, "DELETE", f"/api/v1/users/u1/memories/{memory}"),
-        Probe(family, "GET", f"/api/v1/users/u2/memories/{memory}"),
-        Probe(family, "PATCH", f"/api/v1/users/u2/memories/{memory}", {"content": "taken"}),
-        Probe(family, "DELETE", f"/api/v1/users/u2/memories/{memory}"),
-        Probe(family, "DELETE", f"/api/v1/global-memories/{v['global_memory']}"),
-        # The intruder's own end user "u1" (another person than the victim's "u1").
-        Probe(
-            family,
-            "GET",
-            "/api/v1/users/u1/memories",
-            expect="own",
-            allowed=(200,),
-            check=_empty("results"),
-        ),
-        Probe(
-            family,
-            "GET",
-            "/api/v1/users/u1/memories/search?q=likes",
-            expect="own",
-            allowed=(200,),
-            check=_empty("results"),
-        ),
-        Probe(family, "DELETE", "/api/v1/users/u1/memories", expect="own"),
-    ]
-    return out + _stores(v) + _engine(v)
+        at = f"/api/v1/knowledge-bases/{base}"
+        rows += [("GET", at), ("PATCH", at, {"name": "taken over"}), ("GET", f"{at}/chunks"),
+                 ("GET", f"{at}/chunks?session_id=s1"), ("GET", f"{at}/chunks?flow_id={f}"),
+                 ("POST", f"{at}/documents", {"documents": [{"text": "planted"}]}),
+                 ("POST", f"{at}/search", {"query": "tea"}),
+                 ("POST", f"{at}/search", {"query": "tea", "mode": "vector"}),
+                 ("POST", f"{at}/search", {"query": "tea", "mode": "keyword"}),
+                 ("GET", f"{at}/jobs/{v['kb_job']}"), ("GET", f"{at}/jobs/{job}"),
+                 ("DELETE", at)]  # fmt: skip
+    out += _probes("knowledge bases, documents, search", rows)
+    out += _probes("jobs", [("GET", f"/api/v1/jobs/{job}"), ("GET", f"/api/v1/jobs/{v['kb_job']}")])
+    turn = {"flow": f, "message_id": "x1", "user_content": "a", "assistant_content": "b"}
+    out += _probes("flows, runs, messages, conversations", [
+        ("GET", f"/api/v1/flows/{f}"),
+        ("POST", f"/api/v1/flows/{f}/runs",
+         {"session_id": "s1", "messages": [{"role": "user", "content": "x"}]}),
+        ("POST", "/api/v1/messages", {"flow": f, "session_id": "s1", "role": "user", "content": "x"}),
+        ("GET", f"/api/v1/messages?flow={f}"), ("GET", f"/api/v1/messages?flow={f}&session_id=s1"),
+        ("GET", f"/api/v1/messages?memory_base_id={mb}"),
+        ("DELETE", f"/api/v1/flows/{f}/sessions/s1/messages"),
+        ("GET", f"/api/v1/conversations/s1/history?flow={f}"),
+        ("GET", f"/api/v1/conversations/s1/nodes/n1/history?flow={f}"),
+        ("POST", "/api/v1/conversations/s1/nodes/n1/turns", turn),
+        ("DELETE", f"/api/v1/conversations/s1/nodes/n1?flow={f}"),
+    ])  # fmt: skip
+    rows = [("DELETE", f"/api/v1/global-memories/{v['global_memory']}")]
+    for user in ("u1", "u2"):  # the victim's end user, and another id for the same memory
+        at = f"/api/v1/users/{user}/memories/{v['memory']}"
+        rows += [("GET", at), ("PATCH", at, {"content": "taken"}), ("DELETE", at)]
+    rows.append(("GET", f"/api/v1/users/u1/memories/{v['memory']}/history"))
+    out += _probes("users' memories", rows)
+    # The intruder's own end user "u1" (another person than the victim's "u1").
+    empty = {"expect": "own", "allowed": (200,), "check": _empty("results")}
+    out += _probes("users' memories", [("GET", "/api/v1/users/u1/memories"),
+                                       ("GET", "/api/v1/users/u1/memories/search?q=likes")],
+                   **empty)  # fmt: skip
+    out += _probes("users' memories", [("DELETE", "/api/v1/users/u1/memories")], expect="own")
+    return out + _stores(v) + _engine(v) + _tools(v)
 
 
 def _stores(v: dict[str, Any]) -> list[Probe]:
     f, family = v["flow"], "memory stores, items, config, node memory"
-    out: list[Probe] = []
+    rows: list[Row] = []
     for store, item in ((v["store"], v["item"]), (v["board"], v["board_item"])):
-        out += [
-            Probe(family, "GET", f"/api/v1/memory-stores/{store}"),
-            Probe(family, "PATCH", f"/api/v1/memory-stores/{store}", {"config": {}}),
-            Probe(family, "PATCH", f"/api/v1/memory-stores/{store}", {"config": {"max_items": 1}}),
-            Probe(family, "GET", f"/api/v1/memory-stores/{store}/items"),
-            Probe(family, "GET", f"/api/v1/memory-stores/{store}/items?session_id=s1"),
-            Probe(family, "GET", f"/api/v1/memory-stores/{store}/items/{item}"),
-            Probe(family, "DELETE", f"/api/v1/memory-stores/{store}/items/{item}"),
-            Probe(family, "POST", f"/api/v1/memory-stores/{store}/load"),
-            Probe(family, "DELETE", f"/api/v1/memory-stores/{store}"),
-        ]
-    names = v["store_names"]
-    for flow_ref in (f, v["flow_name"]):  # the victim's flow by id, then by name
-        node = {"id": "mem", "flow": flow_ref, "memories": [{"name": n} for n in names]}
-        for query in ("", "?dry_run=true"):
-            out.append(
-                Probe(
-                    family,
-                    "POST",
-                    f"/api/v1/memory-config{query}",
-                    {"memory": [], "nodes": [node]},
-                    "refused",
-                    400,
-                    check=_flow_refused,
-                )
-            )
-    planted = {"memory": [{"name": n, "type": "blackboard", "config": {}} for n in names]}
-    out += [
-        Probe(
-            family,
-            "GET",
-            "/api/v1/memory-config",
-            expect="own",
-            allowed=(200,),
-            check=_empty("memory"),
-        ),
-        Probe(family, "GET", "/api/v1/memory-config?format=yaml", expect="own", allowed=(200,)),
-        # The victim's store names, planned in the intruder's own namespace: new stores.
-        Probe(
-            family,
-            "POST",
-            "/api/v1/memory-config?dry_run=true",
-            planted,
-            "own",
-            allowed=(200,),
-            check=_only_creates,
-        ),
-    ]
+        at = f"/api/v1/memory-stores/{store}"
+        rows += [("GET", at), ("PATCH", at, {"config": {}}),
+                 ("PATCH", at, {"config": {"max_items": 1}}), ("GET", f"{at}/items"),
+                 ("GET", f"{at}/items?session_id=s1"), ("GET", f"{at}/items/{item}"),
+                 ("DELETE", f"{at}/items/{item}"), ("POST", f"{at}/load"), ("DELETE", at)]  # fmt: skip
     for node in ("mem", "n1"):
-        out += [
-            Probe(family, "GET", f"/api/v1/flows/{f}/nodes/{node}/memory"),
-            Probe(
-                family,
-                "POST",
-                f"/api/v1/flows/{f}/nodes/{node}/memory/retrieve",
-                {"stage": "gen", "query": "word"},
-            ),
-            Probe(
-                family,
-                "POST",
-                f"/api/v1/flows/{f}/nodes/{node}/memory/write",
-                {"input": "planted question", "output": "A planted answer, long enough."},
-            ),
-        ]
+        at = f"/api/v1/flows/{f}/nodes/{node}/memory"
+        rows += [("GET", at), ("POST", f"{at}/retrieve", {"stage": "gen", "query": "word"}),
+                 ("POST", f"{at}/write", {"input": "planted", "output": "A planted answer."})]  # fmt: skip
+    out = _probes(family, rows)
+    names = v["store_names"]
+    refused: list[Row] = []
+    for flow_ref in (f, v["flow_name"]):  # the victim's flow by id, then by name
+        entry = {"id": "mem", "flow": flow_ref, "memories": [{"name": n} for n in names]}
+        for query in ("", "?dry_run=true"):
+            refused.append(
+                ("POST", f"/api/v1/memory-config{query}", {"memory": [], "nodes": [entry]})
+            )
+    out += _probes(family, refused, expect="refused", status=400, check=_flow_refused)
+    planted = {"memory": [{"name": n, "type": "blackboard", "config": {}} for n in names]}
+    own = {"expect": "own", "allowed": (200,)}
+    out += _probes(family, [("GET", "/api/v1/memory-config")], **own, check=_empty("memory"))
+    out += _probes(family, [("GET", "/api/v1/memory-config?format=yaml")], **own)
+    # The victim's store names, planned in the intruder's own namespace: new stores.
+    out += _probes(family, [("POST", "/api/v1/memory-config?dry_run=true", planted)], **own,
+                   check=_only_creates)  # fmt: skip
     return out
 
 
 def _engine(v: dict[str, Any]) -> list[Probe]:
     fact, dream, family = v["fact"], v["dream"], "engine"
-    own = {"expect": "own"}
-    out = [
-        Probe(family, "GET", f"/api/v1/engine/facts/{fact}"),
-        Probe(family, "GET", f"/api/v1/engine/facts/{fact}?{SCOPE_QUERY}"),
-        Probe(family, "PATCH", f"/api/v1/engine/facts/{fact}", {"content": "taken over"}),
-        Probe(family, "PATCH", f"/api/v1/engine/facts/{fact}?{SCOPE_QUERY}", {"content": "x"}),
-        Probe(family, "DELETE", f"/api/v1/engine/facts/{fact}"),
-        Probe(family, "DELETE", f"/api/v1/engine/facts/{fact}?{SCOPE_QUERY}"),
-        Probe(family, "GET", f"/api/v1/engine/dreams/{dream}"),
-        Probe(family, "GET", f"/api/v1/engine/dreams/{dream}?{SCOPE_QUERY}"),
-        Probe(family, "POST", f"/api/v1/engine/dreams/{dream}/undo", {}),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/engine/summaries",
-            {
-                "scope": SCOPE,
-                "conversation": {"flow": v["flow"], "session_id": "s1"},
-                "max_tokens": 50,
-            },
-        ),
-        # The intruder's own scope user/u1 (not the victim's): its own, empty, answers.
-        Probe(family, "GET", f"/api/v1/engine/facts?{SCOPE_QUERY}", **own),
-        Probe(family, "POST", "/api/v1/engine/search", {"scope": SCOPE, "query": "prefers"}, **own),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/engine/injection",
-            {"scope": SCOPE, "query": "prefers", "max_tokens": 500},
-            **own,
-        ),
-        Probe(family, "GET", f"/api/v1/engine/journal?{SCOPE_QUERY}", **own),
-        Probe(family, "GET", f"/api/v1/engine/journal?{SCOPE_QUERY}&date=2026-01-01", **own),
-        Probe(family, "GET", "/api/v1/engine/settings", **own),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/engine/flush",
-            {"scope": SCOPE, "messages": [{"role": "user", "content": "hi"}]},
-            "own",
-            allowed=(503,),
-        ),
-        Probe(family, "GET", f"/api/v1/engine/updates?{SCOPE_QUERY}", **own),
-        Probe(family, "GET", f"/api/v1/engine/dreams?{SCOPE_QUERY}", **own),
-        Probe(family, "POST", "/api/v1/engine/erase", {"scope": SCOPE}, **own),
-        Probe(family, "POST", "/api/v1/engine/dream", {"scope": SCOPE}, "own", allowed=(404, 503)),
-    ]
-    family = "tools call"
-    scoped = {"scope": SCOPE}
-    out += [
-        Probe(
-            family,
-            "POST",
-            "/api/v1/tools/manage_memory/call",
-            {**scoped, "arguments": {"action": "delete", "id": fact}},
-        ),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/tools/manage_memory/call",
-            {**scoped, "arguments": {"action": "update", "id": fact, "content": "taken"}},
-        ),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/tools/retrieve_node_memory/call",
-            {"arguments": {"flow": v["flow"], "node_id": "mem", "query": "word"}},
-        ),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/tools/write_node_memory/call",
-            {
-                "arguments": {
-                    "flow": v["flow"],
-                    "node_id": "mem",
-                    "input": "a",
-                    "output": "A planted answer, long enough.",
-                }
-            },
-        ),
-        Probe(
-            family,
-            "POST",
-            "/api/v1/tools/search_memory/call",
-            {**scoped, "arguments": {"query": "prefers"}},
-            "own",
-            allowed=(200,),
-        ),
-        Probe(family, "GET", "/api/v1/tools", expect="own", allowed=(200,)),
-        # The chat proxy with the memory tools, for the intruder's own end user "u1": no
-        # LLM is configured here, so a 503 (and nothing of the victim's either way).
-        Probe(
-            family,
-            "POST",
-            "/v1/chat/completions",
-            {"model": "m", "user": "u1", "messages": [{"role": "user", "content": "hi"}]},
-            "own",
-            allowed=(503,),
-        ),
-        Probe(family, "GET", "/v1/models", expect="own", allowed=(200, 503)),
-        Probe("API keys", "GET", f"/api/v1/api-keys/{v['key']}"),
-        Probe("API keys", "DELETE", f"/api/v1/api-keys/{v['key']}"),
-        Probe("API keys", "GET", "/api/v1/me", expect="own", allowed=(200,)),
-    ]
+    summary = {"scope": SCOPE, "conversation": {"flow": v["flow"], "session_id": "s1"},
+               "max_tokens": 50}  # fmt: skip
+    rows: list[Row] = [("POST", f"/api/v1/engine/dreams/{dream}/undo", {}),
+                       ("POST", "/api/v1/engine/summaries", summary)]  # fmt: skip
+    for query in ("", f"?{SCOPE_QUERY}"):
+        at = f"/api/v1/engine/facts/{fact}{query}"
+        rows += [("GET", at), ("PATCH", at, {"content": "taken over"}), ("DELETE", at),
+                 ("GET", f"/api/v1/engine/dreams/{dream}{query}")]  # fmt: skip
+    out = _probes(family, rows)
+    # The intruder's own scope user/u1 (not the victim's): its own, empty, answers.
+    out += _probes(family, [
+        ("GET", f"/api/v1/engine/facts?{SCOPE_QUERY}"),
+        ("POST", "/api/v1/engine/search", {"scope": SCOPE, "query": "prefers"}),
+        ("POST", "/api/v1/engine/injection", {"scope": SCOPE, "query": "prefers", "max_tokens": 500}),
+        ("GET", f"/api/v1/engine/journal?{SCOPE_QUERY}"),
+        ("GET", f"/api/v1/engine/journal?{SCOPE_QUERY}&date=2026-01-01"),
+        ("GET", "/api/v1/engine/settings"),
+        ("GET", f"/api/v1/engine/updates?{SCOPE_QUERY}"),
+        ("GET", f"/api/v1/engine/dreams?{SCOPE_QUERY}"),
+        ("POST", "/api/v1/engine/erase", {"scope": SCOPE}),
+    ], expect="own")  # fmt: skip
+    # Without an LLM: a flush and a dream are refused (503), whoever asks.
+    flush = {"scope": SCOPE, "messages": [{"role": "user", "content": "hi"}]}
+    out += _probes(family, [("POST", "/api/v1/engine/flush", flush),
+                            ("POST", "/api/v1/engine/dream", {"scope": SCOPE})],
+                   expect="own", allowed=(404, 503))  # fmt: skip
+    return out
+
+
+def _tools(v: dict[str, Any]) -> list[Probe]:
+    fact, flow, family = v["fact"], v["flow"], "tools call"
+    at = "/api/v1/tools"
+    node = {"flow": flow, "node_id": "mem"}
+    out = _probes(family, [
+        ("POST", f"{at}/manage_memory/call",
+         {"scope": SCOPE, "arguments": {"action": "delete", "id": fact}}),
+        ("POST", f"{at}/manage_memory/call",
+         {"scope": SCOPE, "arguments": {"action": "update", "id": fact, "content": "taken"}}),
+        ("POST", f"{at}/retrieve_node_memory/call", {"arguments": {**node, "query": "word"}}),
+        ("POST", f"{at}/write_node_memory/call",
+         {"arguments": {**node, "input": "a", "output": "A planted answer, long enough."}}),
+    ])  # fmt: skip
+    out += _probes(family, [
+        ("POST", f"{at}/search_memory/call", {"scope": SCOPE, "arguments": {"query": "prefers"}}),
+        ("GET", at),
+    ], expect="own", allowed=(200,))  # fmt: skip
+    # The chat proxy with the memory tools, for the intruder's own end user "u1": no
+    # LLM is configured here, so a 503 (and nothing of the victim's either way).
+    chat = {"model": "m", "user": "u1", "messages": [{"role": "user", "content": "hi"}]}
+    out += _probes(family, [("POST", "/v1/chat/completions", chat), ("GET", "/v1/models")],
+                   expect="own", allowed=(200, 503))  # fmt: skip
+    out += _probes("API keys", [("GET", f"/api/v1/api-keys/{v['key']}"),
+                                ("DELETE", f"/api/v1/api-keys/{v['key']}")])  # fmt: skip
+    out += _probes("API keys", [("GET", "/api/v1/me")], expect="own", allowed=(200,))
     return out
 
 
 def _mcp(v: dict[str, Any]) -> list[Probe]:
     """JSON-RPC over ``POST /mcp`` with the intruder's key: tool calls on the victim's
     objects answer a tool error; the intruder's own scope, its own (empty) data."""
-
-    def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "tools/call",
-            "params": {"name": name, "arguments": arguments},
-        }
-
-    flow, fact, family = v["flow"], v["fact"], "MCP (/mcp)"
-    uri = "memory://scope/user,u1/MEMORY.md"
+    flow, fact = v["flow"], v["fact"]
+    tool = "tools/call"
+    calls: list[tuple[str, dict[str, Any], str]] = [
+        (tool, {"name": "manage_memory", "arguments": {"scope": SCOPE, "action": "delete",
+                                                       "id": fact}}, "tool_error"),
+        (tool, {"name": "manage_memory", "arguments": {"scope": SCOPE, "action": "update",
+                                                       "id": fact, "content": "x"}}, "tool_error"),
+        (tool, {"name": "retrieve_node_memory", "arguments": {"flow": flow, "node_id": "mem",
+                                                              "query": "word"}}, "tool_error"),
+        (tool, {"name": "write_node_memory", "arguments": {"flow": flow, "node_id": "mem",
+                                                           "input": "a", "output": "planted"}},
+         "tool_error"),
+        ("resources/read", {"uri": "memory://scope/user,u1/MEMORY.md"}, "tool_error"),
+        ("resources/read", {"uri": "memory://scope/user,u1/journal/2026-01-01.md"}, "tool_error"),
+        (tool, {"name": "search_memory", "arguments": {"scope": SCOPE, "query": "prefers"}}, "own"),
+        ("resources/list", {}, "own"),
+        ("tools/list", {}, "own"),
+    ]  # fmt: skip
     return [
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            call("manage_memory", {"scope": SCOPE, "action": "delete", "id": fact}),
-            "tool_error",
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            call("manage_memory", {"scope": SCOPE, "action": "update", "id": fact, "content": "x"}),
-            "tool_error",
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            call("retrieve_node_memory", {"flow": flow, "node_id": "mem", "query": "word"}),
-            "tool_error",
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            call(
-                "write_node_memory",
-                {"flow": flow, "node_id": "mem", "input": "a", "output": "planted answer"},
-            ),
-            "tool_error",
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            {"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {"uri": uri}},
-            "tool_error",
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            call("search_memory", {"scope": SCOPE, "query": "prefers"}),
-            "own",
-            allowed=(200,),
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            {"jsonrpc": "2.0", "id": 1, "method": "resources/list"},
-            "own",
-            allowed=(200,),
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-            "own",
-            allowed=(200,),
-        ),
-        Probe(
-            family,
-            "POST",
-            "/mcp",
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "resources/read",
-                "params": {"uri": "memory://scope/user,u1/journal/2026-01-01.md"},
-            },
-            "tool_error",
-        ),
-    ]
+        Probe("MCP (/mcp)", "POST", "/mcp",
+              {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, expect,
+              allowed=(200,))
+        for method, params, expect in calls
+    ]  # fmt: skip
 
 
 def _problem(probe: Probe, reply: Reply, secret: str) -> str | None:
