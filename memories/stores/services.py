@@ -243,6 +243,8 @@ def memory_store_update(
 
 
 def _restore(store: MemoryStore, previous: ValidStore, updated_at: Any) -> None:
+    """The row as it was. Chunks a failed load indexed before it failed are derived data:
+    the next load drops those the restored sources do not cover."""
     if previous.spec == _spec_of(store):
         MemoryStore.objects.filter(pk=store.pk).update(
             config=previous.config, updated_at=updated_at
