@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 from django.conf import settings
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from core.services import api_key_create
 from memories.engine import files
@@ -31,7 +31,9 @@ SCOPE = ["user", "alice"]
 
 
 async def _session(url: str, key: str, work: Any) -> Any:
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+    # The SDK's public way to send headers: its transport takes an httpx2 client.
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
