@@ -231,28 +231,31 @@ def _user_turn(prepared: PreparedChat) -> bool:
 
 
 def chat_record(prepared: PreparedChat, text: str) -> None:
-    """With a chat id (Open WebUI's ``X-OpenWebUI-Chat-Id``): the user's message and the
-    answer join the conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, so
-    ``/api/v1/conversations/{chat_id}/history`` and the engine's summaries read it. Only
-    a turn that ends with a user message is recorded (a tool result sent back is the
-    same turn going on), once its answer has arrived."""
-    if not prepared.chat_id or not _user_turn(prepared):
+    """With a chat id (Open WebUI's ``X-OpenWebUI-Chat-Id``): the turn joins the
+    conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, as the user saw it,
+    so ``/api/v1/conversations/{chat_id}/history`` and the engine's summaries read it:
+    a new user message (once its answer has arrived), and the answer when it has text.
+    An answer that is only tool calls waits for the request that sends the tools'
+    results back, whose answer is recorded then (an empty answer would read as one
+    still pending, and hide the question from the history)."""
+    if not prepared.chat_id:
         return
-    sender = prepared.end_user.external_id if prepared.end_user is not None else ""
-    name = prepared.user_name
-    if prepared.user_email:
-        name = f"{name} <{prepared.user_email}>".strip()
-    name = name[:200]
+    messages = []
+    if _user_turn(prepared):
+        sender = prepared.end_user.external_id if prepared.end_user is not None else ""
+        name = prepared.user_name
+        if prepared.user_email:
+            name = f"{name} <{prepared.user_email}>".strip()
+        messages.append(MessageIn(role="user", text=prepared.user_text,
+                                  sender=(sender or "user")[:100], sender_name=name[:200]))  # fmt: skip
+    if text.strip():
+        messages.append(MessageIn(role="assistant", text=text))
+    if not messages:
+        return
     with transaction.atomic():
         flow = flow_ensure(owner_id=prepared.owner_id, name=settings.CHAT_PROXY_FLOW)
-        messages_store(
-            flow=flow, session_id=prepared.chat_id, run_id=f"chat-{uuid.uuid4().hex}",
-            messages=[
-                MessageIn(role="user", text=prepared.user_text, sender=(sender or "user")[:100],
-                          sender_name=name),
-                MessageIn(role="assistant", text=text),
-            ],
-        )  # fmt: skip
+        messages_store(flow=flow, session_id=prepared.chat_id,
+                       run_id=f"chat-{uuid.uuid4().hex}", messages=messages)  # fmt: skip
 
 
 def chat_complete(prepared: PreparedChat) -> dict[str, Any]:

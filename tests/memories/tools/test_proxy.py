@@ -358,3 +358,86 @@ def test_stream_false_as_a_string_is_refused_as_openai_does(
     error = answer.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", "stream")
     assert openai_server.requests == []
+
+
+def test_summaries_of_a_chat_the_proxy_recorded(live_server, alice, llm_settings, openai_server):
+    """The chat id is the conversation for summaries too: the engine's summaries endpoint
+    and the history's strategy=summarize fold a chat recorded by the proxy (the scripted
+    LLM writes the summary) and share its running summary. A turn that went through a
+    tool call is recorded as the user saw it: the question, then the final answer."""
+    from memories.conversations.models import ConversationSummary, Flow, Message
+
+    chat = "5f2b8a53-1e1f-4bd4-a1c1-5f7d0e9c2a12"
+    headers = {"X-OpenWebUI-User-Id": "alice", "X-OpenWebUI-Chat-Id": chat}
+    key = _key(alice)
+    client = openai.OpenAI(
+        base_url=live_server.url + "/v1", api_key=key, default_headers=headers, max_retries=0
+    )
+    openai_server.push(
+        Scripted(body=chat_body("Welcome to Lisbon!")),
+        Scripted(body=_tool_call_answer()),  # the weather: a tool call, no text yet
+        Scripted(body=chat_body("It is clear and 21 C.")),  # after the tool's result
+        Scripted(body=chat_body("Carcavelos is close by train.")),
+    )
+    said = [{"role": "user", "content": "I moved to Lisbon in May."}]
+    client.chat.completions.create(model="fake-model", messages=said)
+    said += [{"role": "assistant", "content": "Welcome to Lisbon!"}, TOOL_TURN[1]]
+    client.chat.completions.create(model="fake-model", messages=said, tools=TOOLS)
+    said += TOOL_TURN[2:]
+    client.chat.completions.create(model="fake-model", messages=said, tools=TOOLS)
+    said += [{"role": "assistant", "content": "It is clear and 21 C."},
+             {"role": "user", "content": "Which beach is closest?"}]  # fmt: skip
+    client.chat.completions.create(model="fake-model", messages=said, tools=TOOLS)
+    flow = Flow.objects.get(owner=alice, name="chat-proxy")
+    recorded = httpx.get(timeout=30, url=
+        f"{live_server.url}/api/v1/conversations/{chat}/history", headers=_headers(key),
+        params={"flow": str(flow.pk)},
+    ).json()["messages"]  # fmt: skip
+    assert [(m["role"], m["content"]) for m in recorded] == [
+        ("user", "I moved to Lisbon in May."), ("assistant", "Welcome to Lisbon!"),
+        ("user", "What is the weather in Lisbon?"), ("assistant", "It is clear and 21 C."),
+        ("user", "Which beach is closest?"), ("assistant", "Carcavelos is close by train."),
+    ]  # fmt: skip
+
+    summarised = "Alice moved to Lisbon in May; the weather there is clear."
+    openai_server.requests.clear()
+    openai_server.push(Scripted(body=chat_body(summarised)))
+    answer = httpx.post(timeout=30, url=
+        f"{live_server.url}/api/v1/engine/summaries", headers=_headers(key),
+        json={"scope": ["user", "alice"], "max_tokens": 40, "max_summary_tokens": 20,
+              "conversation": {"flow": str(flow.pk), "session_id": chat}},
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    kept = [
+        {"role": "user", "content": "Which beach is closest?"},
+        {"role": "assistant", "content": "Carcavelos is close by train."},
+    ]
+    assert body["llm_calls"] == 1
+    assert body["messages"] == [
+        {"role": "system", "content": f"Summary of the earlier conversation:\n{summarised}"},
+        *kept,
+    ]
+    (sent,) = [r["json"] for r in openai_server.requests]
+    prompt = sent["messages"][-1]["content"]
+    assert "I moved to Lisbon in May." in prompt and "It is clear and 21 C." in prompt
+    assert "Which beach" not in prompt
+    ids = (
+        Message.objects.filter(session_id=chat)
+        .order_by("created_at", "id")
+        .values_list("id", flat=True)
+    )
+    assert body["running_summary"]["summarized_message_ids"] == [str(i) for i in ids[:4]]
+    assert ConversationSummary.objects.filter(owner=alice).count() == 1
+
+    history = httpx.get(timeout=30, url=
+        f"{live_server.url}/api/v1/conversations/{chat}/history", headers=_headers(key),
+        params={"flow": str(flow.pk), "strategy": "summarize", "max_tokens": 40,
+                "max_summary_tokens": 20},
+    )  # fmt: skip
+    assert history.status_code == 200, history.text
+    assert [{"role": m["role"], "content": m["content"]} for m in history.json()["messages"]] == [
+        {"role": "system", "content": f"Summary of the earlier conversation:\n{summarised}"},
+        *kept,
+    ]
+    assert len(openai_server.requests) == 1  # the same running summary: no second fold
