@@ -14,16 +14,19 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
 import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core.json_text import JsonText
 from core.providers.embeddings import get_embedder
 from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
+from core.providers.relay import SSEEvent
 from core.providers.tokens import count_tokens
 from core.queue import enqueue_on_commit
 from memories.conversations.services import MessageIn, flow_ensure, messages_store
@@ -43,7 +46,8 @@ MEMORY_BLOCK_HEADER = (
 
 @dataclass
 class PreparedChat:
-    body: dict[str, Any]
+    # the request for the upstream: the client's body as it came, edited in place
+    request: JsonText
     owner_id: int = 0
     memories: list[MemoryHit] = field(default_factory=list)
     end_user: EndUser | None = None
@@ -55,6 +59,11 @@ class PreparedChat:
     user_email: str = ""
     # extra fields reported beside ``memories`` (the server-side memory tools' calls)
     report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The request, parsed (to read; changes go through ``request``)."""
+        return cast(dict[str, Any], self.request.data)
 
 
 def message_text(content: Any) -> str:
@@ -69,37 +78,39 @@ def message_text(content: Any) -> str:
     return ""
 
 
-def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
-    """Append the block to the first system message, or add one in front."""
+def inject(request: JsonText, block: str) -> JsonText:
+    """The block appended to the first system (or developer) message, or a system
+    message in front: spliced into the text, the rest of the request unchanged."""
     if not block:
-        return messages
-    out = [dict(m) for m in messages]
-    for message in out:
+        return request
+    for index, message in enumerate(request.data["messages"]):
         if message.get("role") in ("system", "developer") and isinstance(
             message.get("content"), str
         ):
-            message["content"] = f"{message['content']}\n\n{block}"
-            return out
-    return [{"role": "system", "content": block}, *out]
+            return request.extend_string(("messages", index, "content"), f"\n\n{block}")
+    return request.insert(("messages",), 0, {"role": "system", "content": block})
 
 
 def chat_prepare(
     *,
     owner_id: int,
-    body: dict[str, Any],
+    body: dict[str, Any] | JsonText,
     external_id: str | None,
     chat_id: str | None = None,
     user_name: str = "",
     user_email: str = "",
 ) -> PreparedChat:
     """Resolve the end user, retrieve their memories and build the upstream request:
-    ``body`` as the client sent it, the memory block added to the system prompt."""
+    ``body`` as the client sent it (its bytes, given a ``JsonText``), the memory block
+    added to the system prompt, ``model`` added when it names none."""
+    request = body if isinstance(body, JsonText) else JsonText.of(body)
+    if "model" not in request.data:
+        request = request.set(("model",), settings.LLM_MODEL)
     prepared = PreparedChat(
-        body=dict(body), owner_id=owner_id, chat_id=chat_id, user_name=user_name,
+        request=request, owner_id=owner_id, chat_id=chat_id, user_name=user_name,
         user_email=user_email,
     )  # fmt: skip
-    prepared.body.setdefault("model", settings.LLM_MODEL)
-    users = [m for m in body["messages"] if m.get("role") == "user"]
+    users = [m for m in prepared.body["messages"] if m.get("role") == "user"]
     prepared.user_text = message_text(users[-1].get("content")) if users else ""
     if not external_id:
         return prepared
@@ -109,7 +120,7 @@ def chat_prepare(
     block, prepared.memories = memory_block(
         owner_id=owner_id, end_user=prepared.end_user, query=prepared.user_text
     )
-    prepared.body["messages"] = inject(body["messages"], block)
+    prepared.request = inject(prepared.request, block)
     return prepared
 
 
@@ -258,12 +269,20 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
                        run_id=f"chat-{uuid.uuid4().hex}", messages=messages)  # fmt: skip
 
 
-def chat_complete(prepared: PreparedChat) -> dict[str, Any]:
-    """Forward once; the upstream JSON comes back unchanged plus a ``memories`` array."""
-    answer = get_llm(feature="The chat proxy").relay(prepared.body)
+def with_report(answer: JsonText, prepared: PreparedChat) -> JsonText:
+    """The upstream's JSON answer with ``memories`` (and the report's fields) added as
+    top-level members; its own bytes unchanged."""
+    for key, value in {"memories": memories_payload(prepared), **prepared.report}.items():
+        answer = answer.set((key,), value)
+    return answer
+
+
+def chat_complete(prepared: PreparedChat) -> bytes:
+    """Forward once; the upstream's JSON comes back byte for byte, plus ``memories``."""
+    answer = get_llm(feature="The chat proxy").relay(prepared.request.encode())
     enqueue_formation(prepared)
-    chat_record(prepared, answer_text(answer))
-    return {**answer, "memories": memories_payload(prepared), **prepared.report}
+    chat_record(prepared, answer_text(answer.data))
+    return with_report(answer, prepared).encode()
 
 
 def memories_chunk(prepared: PreparedChat, first: dict[str, Any]) -> dict[str, Any]:
@@ -288,42 +307,101 @@ def delta_text(chunk: dict[str, Any]) -> str:
 
 
 def sse(data: dict[str, Any]) -> bytes:
+    """An event of the proxy's own (the memories chunk, an error)."""
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
+DONE = b"data: [DONE]\n\n"
+
+
+def upstream_error(event: SSEEvent) -> ProviderError | None:
+    """An error the upstream sent as an event (OpenAI's ``{"error": {...}}``)."""
+    chunk = event.json()
+    if not isinstance(chunk, dict) or "error" not in chunk:
+        return None
+    error = chunk["error"]
+    message = error.get("message") if isinstance(error, dict) else error
+    return ProviderError(f"provider sent an error: {message}")
+
+
+def error_event(exc: ProviderError) -> bytes:
+    return sse({"error": {"message": str(exc), "type": "upstream_error", "code": exc.status_code}})
+
+
+def stream_opening(events: Iterator[SSEEvent]) -> list[SSEEvent]:
+    """The events up to the first one with data (comments before it included), read
+    before anything is sent: a failure or an error event there is raised, so the client
+    gets a JSON error; [] for a stream that ended at once."""
+    opening = []
+    for event in events:
+        opening.append(event)
+        if event.data is not None:
+            error = upstream_error(event)
+            if error is not None:
+                raise error
+            break
+    return opening
+
+
 def chat_stream(prepared: PreparedChat) -> Iterator[bytes]:
-    """Server-sent events relayed from upstream, each chunk's JSON as it came. Errors
-    before the first chunk raise (the caller answers with a JSON error); later ones end
-    the stream with an error event. With a user, a last chunk carries ``memories``."""
-    stream = get_llm(feature="The chat proxy").relay_stream(prepared.body)
-    first = next(stream, None)  # raises ProviderError before anything is sent
-    return relay_events(prepared, first, stream)
+    """Server-sent events relayed from upstream byte for byte. Errors before the first
+    event raise (the caller answers with a JSON error); later ones end the stream with
+    an error event. With a user, a chunk carrying ``memories`` comes before
+    ``data: [DONE]``."""
+    events = get_llm(feature="The chat proxy").relay_stream(prepared.request.encode())
+    opening = stream_opening(events)
+    return relay_events(prepared, opening, events)
+
+
+@dataclass
+class Relayed:
+    """What a streamed answer has sent: its text (recorded when the stream ends well),
+    its first chunk (the memories chunk takes its id), the upstream's ``[DONE]``."""
+
+    text: list[str] = field(default_factory=list)
+    first: dict[str, Any] | None = None
+    done: bytes = DONE
+    started: bool = False
+    failed: bool = False
+
+    def sent(self, event: SSEEvent, raw: bytes | None = None) -> bytes:
+        """Note ``event`` as sent; answers its bytes (``raw``: as the proxy changed it)."""
+        self.started = True
+        chunk = event.json()
+        if isinstance(chunk, dict):
+            self.first = self.first or chunk
+            self.text.append(delta_text(chunk))
+            self.failed = self.failed or "error" in chunk
+        return event.raw if raw is None else raw
+
+    def close(self, prepared: PreparedChat) -> Iterator[bytes]:
+        if not self.failed:
+            chat_record(prepared, "".join(self.text))
+        if prepared.end_user is not None:
+            yield sse(memories_chunk(prepared, self.first or {}))
+        yield self.done
 
 
 def relay_events(
-    prepared: PreparedChat, first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]
+    prepared: PreparedChat, opening: list[SSEEvent], rest: Iterator[SSEEvent]
 ) -> Iterator[bytes]:
-    """The SSE answer from an upstream stream whose first chunk has arrived."""
-    if first is None:
-        return iter([b"data: [DONE]\n\n"])
+    """The SSE answer from an upstream stream whose opening has arrived: each event's
+    bytes as they came, ``[DONE]`` held back until the memories chunk has gone."""
+    if not opening:
+        return iter([DONE])
 
     def events() -> Iterator[bytes]:
         enqueue_formation(prepared)
-        yield sse(first)
-        parts = [delta_text(first)]
+        relayed = Relayed()
         try:
-            for chunk in rest:
-                parts.append(delta_text(chunk))
-                yield sse(chunk)
+            for event in chain(opening, rest):
+                if event.done:
+                    relayed.done = event.raw
+                else:
+                    yield relayed.sent(event)
         except ProviderError as exc:
-            error = {
-                "error": {"message": str(exc), "type": "upstream_error", "code": exc.status_code}
-            }
-            yield sse(error)
-        else:
-            chat_record(prepared, "".join(parts))
-        if prepared.end_user is not None:
-            yield sse(memories_chunk(prepared, first))
-        yield b"data: [DONE]\n\n"
+            relayed.failed = True
+            yield error_event(exc)
+        yield from relayed.close(prepared)
 
     return events()
