@@ -402,6 +402,10 @@ def relay_events(
         except ProviderError as exc:
             relayed.failed = True
             yield error_event(exc)
+        finally:  # also when the client goes away: the upstream's response is closed
+            close = getattr(rest, "close", None)
+            if close is not None:
+                close()
         yield from relayed.close(prepared)
 
     return events()

@@ -23,9 +23,8 @@ chunks (finish, usage) wait until the round is known to be the last one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 from django.conf import settings
@@ -302,10 +301,18 @@ def loop_stream(prepared: PreparedChat) -> Iterator[bytes]:
     that raises: the client gets a JSON error); then the events, as they come."""
     events = _loop_events(prepared)
     first = next(events)
-    return chain([first], events)
+
+    def relayed() -> Iterator[bytes]:
+        try:
+            yield first
+            yield from events
+        finally:  # the client went away: the upstream's response is closed now
+            events.close()
+
+    return relayed()
 
 
-def _loop_events(prepared: PreparedChat) -> Iterator[bytes]:
+def _loop_events(prepared: PreparedChat) -> Generator[bytes, None, None]:
     llm = get_llm(feature="The chat proxy")
     conversation = prepared.request
     prepared.report["memory_tool_calls"] = []
