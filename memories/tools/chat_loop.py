@@ -251,12 +251,14 @@ class _StreamRound:
         if ours and not self.calls.client_calls() and not self.last and not self.failed:
             content = "".join(self.calls.content) or None
             self.next = (content, ours, run_calls(self.prepared, ours))
+            if self.answering:  # text that came with the finish still goes, unfinished
+                yield from self._send(final=True, going_on=True)
             return  # what this round held back (its finish, its usage) is not sent
         if ours:  # beside a client call, or a stray call in the last round: run all the same
             run_calls(self.prepared, ours)
         yield from self._send(final=True)
 
-    def _send(self, *, final: bool) -> Iterator[bytes]:
+    def _send(self, *, final: bool, going_on: bool = False) -> Iterator[bytes]:
         """The held events in order, the memory calls' deltas taken out; a round's
         closing chunks (and what follows them) wait for ``final``."""
         while self.held:
@@ -265,34 +267,39 @@ class _StreamRound:
             if not final and _closing(chunk):
                 return
             self.held.pop(0)
-            raw = self._stripped(event, chunk, final)
+            raw = self._stripped(event, chunk, final=final, going_on=going_on)
             if raw is not None:
                 yield self.relayed.sent(event, raw)
 
-    def _stripped(self, event: SSEEvent, chunk: Any, final: bool) -> bytes | None:
-        """The event without the memory calls' deltas (None: nothing left to send); in
-        the final round a turn left with no call for the client finishes with stop."""
+    def _stripped(self, event: SSEEvent, chunk: Any, *, final: bool,
+                  going_on: bool) -> bytes | None:  # fmt: skip
+        """The event without the memory calls' deltas (None: nothing left to send). In
+        the final round a turn left with no call for the client finishes with stop; a
+        round the loop goes on from sends only its text, finished by nothing."""
         if not isinstance(chunk, dict) or event.data is None:
-            return event.raw
+            return None if going_on else event.raw
+        delta = _delta(chunk)
+        if going_on and not delta.get("content"):
+            return None
         ours = self.calls.ours_indexes()
-        pieces = _delta(chunk).get("tool_calls") or []
+        pieces = delta.get("tool_calls") or []
         drop = [i for i, p in enumerate(pieces) if int(p.get("index", 0)) in ours]
-        stop = (final and bool(ours) and not self.calls.client_calls()
+        stop = (final and not going_on and bool(ours) and not self.calls.client_calls()
                 and _finish(chunk) == "tool_calls")  # fmt: skip
-        if not drop and not stop:
+        unfinish = going_on and _finish(chunk) is not None
+        if not drop and not stop and not unfinish:
             return event.raw
         text = JsonText(event.data)
         path = ("choices", 0, "delta", "tool_calls")
         if drop and len(drop) == len(pieces):
-            delta = _delta(chunk)
             if not delta.get("content") and not delta.get("role") and _finish(chunk) is None:
                 return None  # only memory calls in it
             text = text.remove(path)
         else:
             for index in reversed(drop):
                 text = text.remove((*path, index))
-        if stop:
-            text = text.set(("choices", 0, "finish_reason"), "stop")
+        if stop or unfinish:
+            text = text.set(("choices", 0, "finish_reason"), "stop" if stop else None)
         return _frame(text.text)
 
 

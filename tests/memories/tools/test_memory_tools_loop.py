@@ -364,3 +364,29 @@ def test_streamed_rounds_of_text_and_memory_calls_are_bounded(
     assert "tools" in first and "tools" not in last  # the last offers no memory tools
     assert text == "Checking. Checking. " and finishes == ["stop"]
     assert [r["arguments"] for r in extra["memory_tool_calls"]] == [{"query": "again"}] * 2
+
+
+def test_text_that_comes_with_a_memory_rounds_finish_still_reaches_the_client(
+    live_server, alice, llm_settings, openai_server
+):
+    base = {"id": "c5", "object": "chat.completion.chunk", "created": 5, "model": "m"}
+    call = {
+        "index": 0,
+        "id": "call_f",
+        "type": "function",
+        "function": {"name": "manage_memory", "arguments": '{"content": "User likes tea"}'},
+    }
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {"content": "Saved. "},
+                              "finish_reason": "tool_calls"}]},
+    ]  # fmt: skip
+    openai_server.push(Scripted(stream_chunks=chunks), _streamed_text("Tea it is."))
+    stream = _client(live_server, alice).chat.completions.create(
+        model="fake-model", stream=True, extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "I like tea."}],
+    )  # fmt: skip
+    text, finishes, _, extra = _read_text(stream)
+    assert (text, finishes) == ("Saved. Tea it is.", ["stop"])  # round 1's finish left out
+    assert [r["result"]["action"] for r in extra["memory_tool_calls"]] == ["created"]
+    assert len(_sent(openai_server)) == 2
