@@ -72,7 +72,7 @@ def rewrite_queries(query: str, *, llm: ChatLLM) -> tuple[list[str], str]:
     wanted = settings.SEARCH_REWRITE_QUERIES
     kwargs: dict[str, object] = {
         "temperature": 0,
-        "max_tokens": 60 * wanted + 40,
+        "max_tokens": 40 * wanted + 40,
         "timeout": settings.SEARCH_REWRITE_TIMEOUT,
     }
     if settings.SEARCH_REWRITE_MODEL:

@@ -26,12 +26,18 @@ REPAIR_PROMPT = (
 
 
 def parse_json_object(text: str, *, list_key: str) -> dict[str, Any] | None:
-    """Best-effort JSON repair: code fences, prose around the object, trailing commas.
-    A bare JSON list is taken as ``{list_key: list}``."""
+    """Best-effort JSON repair: code fences, prose around the object, trailing commas,
+    more text after the first object. A bare JSON list is taken as ``{list_key: list}``."""
     if not text:
         return None
     candidate = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip(), flags=re.IGNORECASE)
-    for attempt in (candidate, _outermost(candidate, "{", "}"), _outermost(candidate, "[", "]")):
+    attempts = (
+        candidate,
+        _outermost(candidate, "{", "}"),
+        _first_object(candidate),
+        _outermost(candidate, "[", "]"),
+    )
+    for attempt in attempts:
         if not attempt:
             continue
         for variant in (attempt, re.sub(r",\s*([}\]])", r"\1", attempt)):
@@ -44,6 +50,19 @@ def parse_json_object(text: str, *, list_key: str) -> dict[str, Any] | None:
             if isinstance(value, list):
                 return {list_key: value}
     return None
+
+
+def _first_object(text: str) -> str | None:
+    """The first complete JSON object of ``text``: a model that goes on writing after its
+    answer (another object, a repeat, prose) leaves the outermost braces unparseable."""
+    start = text.find("{")
+    if start == -1:
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return None
+    return text[start:end]
 
 
 def _outermost(text: str, opening: str, closing: str) -> str | None:

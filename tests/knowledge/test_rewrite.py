@@ -209,3 +209,6 @@ def test_parse_json_object_takes_a_bare_list_under_its_key():
     assert parse_json_object('Sure: ["a", "b"]', list_key="queries") == {"queries": ["a", "b"]}
     assert parse_json_object('{"queries": ["a"]}', list_key="queries") == {"queries": ["a"]}
     assert parse_json_object("none", list_key="queries") is None
+    # A model that keeps writing after its answer: the first object.
+    chatty = '{"queries": ["a"]} and more\n{"queries": ["b"]} {"queries":'
+    assert parse_json_object(chatty, list_key="queries") == {"queries": ["a"]}
