@@ -55,7 +55,7 @@ def query_rewriting_without_llm(app_configs: Any, **kwargs: Any) -> list:
     return [
         Warning(
             "SEARCH_REWRITE is on but no chat LLM is configured: searches with a text query "
-            "answer 503 unless they say \"rewrite\": false.",
+            'answer 503 unless they say "rewrite": false.',
             hint="Set LLM_BASE_URL (and LLM_MODEL), or SEARCH_REWRITE=false.",
             id="knowledge.W001",
         )

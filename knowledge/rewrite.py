@@ -25,6 +25,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from django.conf import settings
 
@@ -70,7 +71,7 @@ def rewrite_queries(query: str, *, llm: ChatLLM) -> tuple[list[str], str]:
     and the model that answered. Raises ``ProviderError`` when the LLM fails,
     ``ValueError`` when its answer holds no usable query."""
     wanted = settings.SEARCH_REWRITE_QUERIES
-    kwargs: dict[str, object] = {
+    kwargs: dict[str, Any] = {
         "temperature": 0,
         "max_tokens": 40 * wanted + 40,
         "timeout": settings.SEARCH_REWRITE_TIMEOUT,
