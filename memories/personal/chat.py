@@ -55,6 +55,8 @@ class PreparedChat:
     user_email: str = ""
     # extra fields reported beside ``memories`` (the server-side memory tools' calls)
     report: dict[str, Any] = field(default_factory=dict)
+    # the turn teaches, and waits for chat_record to name the recorded message
+    formation_pending: bool = False
 
 
 def message_text(content: Any) -> str:
@@ -205,15 +207,34 @@ def memories_payload(prepared: PreparedChat) -> list[dict[str, Any]]:
 def enqueue_formation(prepared: PreparedChat) -> None:
     """Learning is best effort: the answer is delivered whether or not this queues. Only
     a new user turn teaches: a request that sends a tool's result back repeats the user
-    message the model already learned from."""
+    message the model already learned from. With a chat id the turn is recorded once
+    its answer has arrived, and ``chat_record`` queues the learning then, naming the
+    recorded message (the facts' source); ``formation_flush`` queues it without one if
+    the turn never gets recorded (a stream cut short)."""
     if prepared.end_user is None or not prepared.user_text.strip() or not _user_turn(prepared):
         return
+    if prepared.chat_id:
+        prepared.formation_pending = True
+        return
+    _queue_formation(prepared, "")
+
+
+def formation_flush(prepared: PreparedChat) -> None:
+    """Queue a learning ``chat_record`` did not get to (see ``enqueue_formation``)."""
+    if prepared.formation_pending:
+        _queue_formation(prepared, "")
+
+
+def _queue_formation(prepared: PreparedChat, message_id: str) -> None:
+    assert prepared.end_user is not None
+    prepared.formation_pending = False
     enqueue_on_commit(
         "ingestion.tasks.form_memories",
         prepared.end_user.owner_id,
         prepared.end_user.external_id,
         prepared.user_text,
         prepared.received_at.isoformat(),
+        message_id,
         task_name="form-memories",
     )
 
@@ -235,7 +256,8 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
     answer join the conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, so
     ``/api/v1/conversations/{chat_id}/history`` and the engine's summaries read it. Only
     a turn that ends with a user message is recorded (a tool result sent back is the
-    same turn going on), once its answer has arrived."""
+    same turn going on), once its answer has arrived; then the learning the turn waits
+    for is queued with the recorded user message's id."""
     if not prepared.chat_id or not _user_turn(prepared):
         return
     sender = prepared.end_user.external_id if prepared.end_user is not None else ""
@@ -245,7 +267,7 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
     name = name[:200]
     with transaction.atomic():
         flow = flow_ensure(owner_id=prepared.owner_id, name=settings.CHAT_PROXY_FLOW)
-        messages_store(
+        stored = messages_store(
             flow=flow, session_id=prepared.chat_id, run_id=f"chat-{uuid.uuid4().hex}",
             messages=[
                 MessageIn(role="user", text=prepared.user_text, sender=(sender or "user")[:100],
@@ -253,6 +275,8 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
                 MessageIn(role="assistant", text=text),
             ],
         )  # fmt: skip
+    if prepared.formation_pending:
+        _queue_formation(prepared, str(stored[0].pk))
 
 
 def chat_complete(prepared: PreparedChat) -> dict[str, Any]:
@@ -306,21 +330,28 @@ def relay_events(
 
     def events() -> Iterator[bytes]:
         enqueue_formation(prepared)
-        yield sse(first)
-        parts = [delta_text(first)]
         try:
-            for chunk in rest:
-                parts.append(delta_text(chunk))
-                yield sse(chunk)
-        except ProviderError as exc:
-            error = {
-                "error": {"message": str(exc), "type": "upstream_error", "code": exc.status_code}
-            }
-            yield sse(error)
-        else:
-            chat_record(prepared, "".join(parts))
-        if prepared.end_user is not None:
-            yield sse(memories_chunk(prepared, first))
-        yield b"data: [DONE]\n\n"
+            yield sse(first)
+            parts = [delta_text(first)]
+            try:
+                for chunk in rest:
+                    parts.append(delta_text(chunk))
+                    yield sse(chunk)
+            except ProviderError as exc:
+                error = {
+                    "error": {
+                        "message": str(exc),
+                        "type": "upstream_error",
+                        "code": exc.status_code,
+                    }
+                }
+                yield sse(error)
+            else:
+                chat_record(prepared, "".join(parts))
+            if prepared.end_user is not None:
+                yield sse(memories_chunk(prepared, first))
+            yield b"data: [DONE]\n\n"
+        finally:  # the answer started: the turn teaches, recorded or not
+            formation_flush(prepared)
 
     return events()

@@ -42,8 +42,7 @@ from mcp.types import (
 
 from core.errors import ServiceError
 from memories.engine import files
-from memories.engine.dreams import render_memory_md
-from memories.personal.facts import core_facts_snapshot
+from memories.engine.dreams import memory_md_read
 from memories.personal.scopes import Scope, scope_find, scope_parse
 from memories.personal.selectors import scopes_of_owner
 from memories.tools.registry import Tool, ToolError, tool_call, tool_get, tool_list
@@ -210,7 +209,7 @@ def resource_text(uri: str) -> str:
     if row is None:
         raise ResourceNotFoundError(f"no scope {list(scope)} ({uri})")
     if match["day"] is None:
-        return render_memory_md(row, core_facts_snapshot(scope=row))
+        return memory_md_read(row)
     try:
         return files.journal_read(
             owner_id=row.owner_id, scope=list(scope), day=files.parse_day(match["day"])
