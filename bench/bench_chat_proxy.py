@@ -4,7 +4,8 @@
 
 1. Overhead: p50/p99 of POST /v1/chat/completions through the full Django stack
    (authentication, validation, retrieval over the user's memories, injection,
-   forwarding over HTTP to an OpenAI-compatible upstream on 127.0.0.1) against the
+   forwarding the request's bytes over HTTP to an OpenAI-compatible upstream on
+   127.0.0.1) against the
    openai client calling the same upstream directly. Embedding the query is
    timed separately and subtracted: the figure is the service's own cost.
 2. Formation cost: LLM calls and tokens per user message, with a scripted
@@ -28,6 +29,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryproject.settings")
 os.environ.setdefault("EMBEDDING_PROVIDER", "hashing")
 os.environ["CONN_MAX_AGE"] = "60"
+# 900 requests a minute would trip the API key's chat throttle (CHAT_THROTTLE_RATE).
+os.environ.setdefault("CHAT_THROTTLE_RATE", "1000000/minute")
 os.environ["Q_SYNC"] = "false"
 
 import django  # noqa: E402

@@ -115,7 +115,13 @@ def normalise_ids(raw: Any, turns: set[str]) -> set[str]:
     return out
 
 
-def load(path: Path, only: list[str] | None) -> list[Conversation]:
+def session_date(raw: str) -> str:
+    """LoCoMo's "1:56 pm on 8 May, 2023" as "8 May 2023" (the day, as a person writes it)."""
+    day = raw.split(" on ", 1)[-1].replace(",", "")
+    return " ".join(day.split())
+
+
+def load(path: Path, only: list[str] | None, dates: str = "none") -> list[Conversation]:
     out = []
     for sample in json.loads(path.read_text()):
         if only and sample["sample_id"] not in only:
@@ -128,10 +134,13 @@ def load(path: Path, only: list[str] | None) -> list[Conversation]:
         )
         documents = []
         for _, key in sessions:
+            # --dates text: the session's date leads each turn's text, as a user of the API
+            # who wants dates searchable would write it ("[8 May 2023] Caroline: ...").
+            date = session_date(conv.get(f"{key}_date_time", "")) if dates == "text" else ""
             for turn in conv[key]:
                 documents.append(
                     DocumentIn(
-                        text=f"{turn['speaker']}: {turn['text']}",
+                        text=(f"[{date}] " if date else "") + f"{turn['speaker']}: {turn['text']}",
                         source_key=turn["dia_id"],
                         metadata={"dia_id": turn["dia_id"]},
                     )
@@ -169,9 +178,45 @@ def bench_owner(name: str) -> Any:
     return user
 
 
+class Precomputed:
+    """An embedder answering from an .npz of vectors computed elsewhere (``--vectors``:
+    another model, run in its own virtualenv): ``passage_texts``/``passage_vectors`` for
+    the turns, ``query_texts``/``query_vectors`` for the questions (searched with
+    ``vector``, as an API client with its own embedder would)."""
+
+    provider = "precomputed"
+
+    def __init__(self, path: Path):
+        import numpy as np
+
+        data = np.load(path, allow_pickle=True)
+        self.model = path.stem
+        # keyed by the text with its whitespace collapsed (chunking strips a turn's ends)
+        self.passages = {
+            " ".join(t.split()): v
+            for t, v in zip(data["passage_texts"], data["passage_vectors"], strict=True)
+        }
+        self.queries = dict(zip(data["query_texts"], data["query_vectors"], strict=True))
+        self.dimensions = int(data["passage_vectors"].shape[1])
+
+    def embed(self, texts: Any) -> Any:
+        import numpy as np
+
+        return np.asarray([self.passages[" ".join(t.split())] for t in texts], dtype=np.float32)
+
+
+PRECOMPUTED: Precomputed | None = None
+
+
 def _embedding_fields() -> dict[str, Any]:
     from core.providers.embeddings import EmbeddingConfig
 
+    if PRECOMPUTED is not None:
+        return {
+            "embedding_provider": PRECOMPUTED.provider,
+            "embedding_model": PRECOMPUTED.model,
+            "embedding_dimensions": PRECOMPUTED.dimensions,
+        }
     config = EmbeddingConfig.from_settings()
     return {
         "embedding_provider": config.provider,
@@ -180,9 +225,36 @@ def _embedding_fields() -> dict[str, Any]:
     }
 
 
-def ensure_base(owner: Any, conv: Conversation, fresh: bool) -> KnowledgeBase:
+NO_STOP_CONFIG = "english_nostop"
+
+
+def _ensure_no_stop_config() -> None:
+    """English stemming without the stop-word list (``--language english_nostop``): the
+    bench database's own text-search configuration."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_ts_config WHERE cfgname = %s", [NO_STOP_CONFIG])
+        if cur.fetchone():
+            return
+        cur.execute(
+            "CREATE TEXT SEARCH DICTIONARY english_stem_nostop "
+            "(TEMPLATE = snowball, Language = english)"
+        )
+        cur.execute(f"CREATE TEXT SEARCH CONFIGURATION {NO_STOP_CONFIG} (COPY = english)")
+        cur.execute(
+            f"ALTER TEXT SEARCH CONFIGURATION {NO_STOP_CONFIG} ALTER MAPPING FOR asciiword, "
+            "asciihword, hword_asciipart, word, hword, hword_part WITH english_stem_nostop"
+        )
+
+
+def ensure_base(
+    owner: Any, conv: Conversation, fresh: bool, language: str = "english"
+) -> KnowledgeBase:
     documents = [(d.text, d.source_key) for d in conv.documents]
     text = repr((sorted(_embedding_fields().items()), documents))
+    if language != "english":
+        text += language
     name = f"locomo-{conv.sample_id}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     existing = KnowledgeBase.objects.filter(owner=owner, name=name).first()
     if existing is not None and (fresh or existing.chunk_count != len(conv.documents)):
@@ -190,9 +262,18 @@ def ensure_base(owner: Any, conv: Conversation, fresh: bool) -> KnowledgeBase:
         existing = None
     if existing is not None:
         return existing
-    kb = knowledge_base_create(owner=owner, name=name)
+    if language == NO_STOP_CONFIG:  # not one of the API's languages: set behind its back
+        _ensure_no_stop_config()
+        kb = knowledge_base_create(owner=owner, name=name)
+        KnowledgeBase.objects.filter(pk=kb.pk).update(language=language)
+        kb.refresh_from_db()
+    else:
+        kb = knowledge_base_create(owner=owner, name=name, language=language)
+    if PRECOMPUTED is not None:
+        KnowledgeBase.objects.filter(pk=kb.pk).update(**_embedding_fields())
+        kb.refresh_from_db()
     started = time.perf_counter()
-    knowledge_base_ingest(knowledge_base=kb, documents=conv.documents)
+    knowledge_base_ingest(knowledge_base=kb, documents=conv.documents, embedder=PRECOMPUTED)
     print(
         f"ingested {conv.sample_id}: {len(conv.documents)} turns in "
         f"{time.perf_counter() - started:.1f} s",
@@ -202,15 +283,73 @@ def ensure_base(owner: Any, conv: Conversation, fresh: bool) -> KnowledgeBase:
 
 
 # --- searching ---------------------------------------------------------------------------
+# --question-words (a prototype, measured, not in the product): words of questions that
+# the English stop list keeps, taken out of the keyword leg's query only.
+QUESTION_WORDS = {"would", "could", "might", "may", "likely", "kind", "type", "whose"}
+
+
+def strip_question_words(text: str) -> str:
+    return " ".join(w for w in re.findall(r"[\w'-]+", text) if w.lower() not in QUESTION_WORDS)
+
+
+def patch_keyword_query() -> None:
+    """The keyword leg (both paths: one statement and legs apart) sees the query without
+    ``QUESTION_WORDS``; the vector leg embeds it whole."""
+    from knowledge import bm25, search
+
+    one, ranking = bm25.one_statement_sql, search.bm25_ranking
+
+    def one_statement_sql(language: str, text: str, *rest: Any) -> Any:
+        return one(language, strip_question_words(text), *rest)
+
+    def bm25_ranking(kb_ids: Any, language: str, text: str, *rest: Any) -> Any:
+        return ranking(kb_ids, language, strip_question_words(text), *rest)
+
+    bm25.one_statement_sql = one_statement_sql  # type: ignore[assignment]
+    search.bm25_ranking = bm25_ranking  # type: ignore[assignment]
+
+
+def cache_rewrites(path: Path) -> None:
+    """``--rewrite-cache``: the LLM's rewritten queries (or its failure) per question, kept
+    in ``path`` and reused, so fusion settings can be compared on the same rewrites."""
+    from knowledge import rewrite
+
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    ask = rewrite.rewrite_queries
+
+    def rewrite_queries(query: str, *, llm: Any) -> tuple[list[str], str]:
+        if query not in cache:
+            try:
+                cache[query] = list(ask(query, llm=llm))
+            except Exception as exc:  # kept as the failure it was
+                cache[query] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            path.write_text(json.dumps(cache, indent=1, ensure_ascii=False))
+        if isinstance(cache[query], dict):
+            raise ValueError(cache[query]["error"])
+        queries, model = cache[query]
+        return queries, model
+
+    rewrite.rewrite_queries = rewrite_queries  # type: ignore[assignment]
+
+
 class InProcess:
     def __init__(self, args: argparse.Namespace):
         self.args = args
+        self.rewrites: list[Any] = []
 
     def search(self, kb: KnowledgeBase, query: str, top_k: int) -> list[str]:
+        vector = None if PRECOMPUTED is None else PRECOMPUTED.queries[query]
         request = SearchRequest(
-            query=query, top_k=top_k, mode=self.args.mode, rrf_k=self.args.rrf_k
+            query=query, vector=vector, top_k=top_k, mode=self.args.mode, rrf_k=self.args.rrf_k
         )
-        hits = search_chunks(bases=[kb], request=request)
+        if self.args.rewrite:
+            from knowledge.rewrite import search_rewritten
+
+            found = search_rewritten(bases=[kb], request=request)
+            self.rewrites.append(found)
+            hits = found.hits
+        else:
+            hits = search_chunks(bases=[kb], request=request)
         return [h.metadata.get("dia_id", "") for h in hits]
 
     def close(self) -> None:
@@ -261,6 +400,8 @@ class OverHTTP:
             body["mode"] = self.args.mode
         if self.args.rrf_k is not None:
             body["rrf_k"] = self.args.rrf_k
+        if self.args.rewrite:
+            body["rewrite"] = True
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/api/v1/knowledge-bases/{kb.pk}/search",
             data=json.dumps(body).encode(),
@@ -269,6 +410,8 @@ class OverHTTP:
         with urllib.request.urlopen(request, timeout=30) as response:
             results = json.loads(response.read())["results"]
         return [r["metadata"].get("dia_id", "") for r in results]
+
+    rewrites: list[Any] = []
 
     def close(self) -> None:
         self.proc.terminate()
@@ -309,7 +452,7 @@ def report(title: str, rows: list[tuple[Question, dict[int, float]]]) -> None:
 
 def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
     owner = bench_owner("bench-retrieval")
-    bases = {conv.sample_id: ensure_base(owner, conv, args.fresh) for conv in convs}
+    bases = {conv.sample_id: ensure_base(owner, conv, args.fresh, args.language) for conv in convs}
     searcher: InProcess | OverHTTP = OverHTTP(args, owner) if args.http else InProcess(args)
     rows, latencies = [], []
     try:
@@ -337,6 +480,20 @@ def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
         f"  search latency: p50 {statistics.median(latencies):.1f} ms, "
         f"p95 {pct(latencies, 0.95):.1f} ms ({len(latencies)} searches)"
     )
+    if searcher.rewrites:
+        failed = [r.error for r in searcher.rewrites if r.error]
+        queries = [len(r.queries) for r in searcher.rewrites]
+        models = sorted({r.model for r in searcher.rewrites if r.model})
+        print(
+            f"  rewrite: model {', '.join(models) or '-'}, {statistics.fmean(queries):.2f} "
+            f"queries per search, {len(failed)} of {len(queries)} searched as asked "
+            f"(LLM failed or unusable)"
+        )
+        for error in sorted(set(failed))[:5]:
+            print(f"    {error}")
+        if args.verbose:
+            for found in searcher.rewrites[:20]:
+                print(f"    {found.queries}")
 
 
 # --- personal facts ----------------------------------------------------------------------
@@ -366,14 +523,11 @@ def ensure_facts(conv: Conversation, fresh: bool) -> Any:
     return owner
 
 
-def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
-    from core.providers.embeddings import get_embedder
-    from memories.personal.chat import chat_prepare
+def fact_questions(args: argparse.Namespace, convs: list[Conversation]) -> Any:
+    """(owner, fact id -> its turn ids, question, the end users asking it): each question
+    asked as the speaker it names, or as both when it names neither or both."""
     from memories.personal.models import EndUser, Vector
-    from memories.personal.selectors import memory_search
 
-    embedder = get_embedder()
-    rows, injected_any, injected_counts, latencies = [], [], [], []
     for conv in convs:
         owner = ensure_facts(conv, args.fresh)
         ids_of = {
@@ -382,36 +536,52 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
         users = {u.external_id: u for u in EndUser.objects.filter(owner=owner)}
         for question in conv.questions:
             named = [s for s in conv.speakers if re.search(rf"\b{re.escape(s)}\b", question.text)]
-            askers = named if len(named) == 1 else list(conv.speakers)
-            vector = embedder.embed([question.text])[0]
-            ranked = []
-            for speaker in askers:
-                ranked += memory_search(
-                    owner_id=owner.pk,
-                    end_user=users[speaker],
-                    vector=vector,
-                    embedding_model=embedder.model,
-                    top_k=max(KS),
-                    query=question.text if settings.MEMORY_HYBRID else None,
-                )
-            ranked.sort(key=lambda h: -h.score)
-            covered = [ids_of.get(h.id, set()) for h in ranked]
-            scores = {
-                k: len(question.evidence & set().union(*covered[:k])) / len(question.evidence)
-                for k in KS
-            }
-            rows.append((question, scores))
-            injected: list[Any] = []
-            started = time.perf_counter()
-            for speaker in askers:
-                body = {"messages": [{"role": "user", "content": question.text}]}
-                prepared = chat_prepare(owner_id=owner.pk, body=body, external_id=speaker)
-                # The ranked ones (the engine's injection then fills the rest of the
-                # budget with the user's other facts by confidence, issue 12).
-                injected += [h for h in prepared.memories if h.relevant]
-            latencies.append((time.perf_counter() - started) * 1000 / len(askers))
-            injected_counts.append(len(injected))
-            injected_any.append(any(ids_of.get(h.id, set()) & question.evidence for h in injected))
+            askers = [users[s] for s in (named if len(named) == 1 else conv.speakers)]
+            yield owner, ids_of, question, askers
+
+
+def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
+    from core.providers.embeddings import get_embedder
+    from memories.personal.chat import chat_prepare
+    from memories.personal.selectors import memory_search
+
+    embedder = get_embedder()
+    rows, injected_any, injected_counts, latencies = [], [], [], []
+    in_block_any, in_block_counts = [], []
+    for owner, ids_of, question, askers in fact_questions(args, convs):
+        vector = embedder.embed([question.text])[0]
+        ranked = []
+        for speaker in askers:
+            ranked += memory_search(
+                owner_id=owner.pk,
+                end_user=speaker,
+                vector=vector,
+                embedding_model=embedder.model,
+                top_k=max(KS),
+                query=question.text if settings.MEMORY_HYBRID else None,
+            )
+        ranked.sort(key=lambda h: -h.score)
+        covered = [ids_of.get(h.id, set()) for h in ranked]
+        scores = {
+            k: len(question.evidence & set().union(*covered[:k])) / len(question.evidence)
+            for k in KS
+        }
+        rows.append((question, scores))
+        injected: list[Any] = []
+        in_block: list[Any] = []
+        started = time.perf_counter()
+        for speaker in askers:
+            body = {"messages": [{"role": "user", "content": question.text}]}
+            prepared = chat_prepare(owner_id=owner.pk, body=body, external_id=speaker.external_id)
+            # The ranked ones (the engine's injection then fills the rest of the
+            # budget with the user's other facts by confidence, issue 12).
+            injected += [h for h in prepared.memories if h.relevant]
+            in_block += prepared.memories
+        latencies.append((time.perf_counter() - started) * 1000 / len(askers))
+        injected_counts.append(len(injected))
+        injected_any.append(any(ids_of.get(h.id, set()) & question.evidence for h in injected))
+        in_block_counts.append(len(in_block))
+        in_block_any.append(any(ids_of.get(h.id, set()) & question.evidence for h in in_block))
     report(f"fact recall (personal memories, {settings.EMBEDDING_PROVIDER} embedder)", rows)
     print(
         f"  questions with an evidence fact injected: {statistics.fmean(injected_any):.3f} "
@@ -421,15 +591,113 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
         f"facts injected per question: mean {statistics.fmean(injected_counts):.2f}, "
         f"share with none {statistics.fmean(c == 0 for c in injected_counts):.3f}"
     )
+    print(
+        "  the whole block (ranked facts, then the rest of MEMORY_PROMPT_MAX_TOKENS "
+        f"{settings.MEMORY_PROMPT_MAX_TOKENS} by confidence): an evidence fact in it for "
+        f"{statistics.fmean(in_block_any):.3f} of the questions; facts per question: mean "
+        f"{statistics.fmean(in_block_counts):.2f}"
+    )
     print(f"  proxy retrieval latency: p50 {statistics.median(latencies):.1f} ms")
+
+
+# --- the engine's core-fact search: ts_rank (its keyword leg) against BM25 -------------
+LEG_MS: dict[str, list[float]] = defaultdict(list)
+
+
+def engine_rankings(
+    owner: Any, user: Any, query: str, vector: list[float], model: str, k: int
+) -> dict[str, list[tuple[Any, float]]]:
+    """The scope's top ``k`` (fact id, score) three ways: the engine's own search
+    (``core_fact_search``, no decay), its merge replayed in Python over the same two legs
+    (w x cosine + (1 - w) x ts_rank / best ts_rank: must agree with it), and the same merge
+    with the keyword leg ranked by BM25 (``bm25_adhoc`` over the scope's facts, as the
+    proxy's ``memory_search`` ranks them). A prototype for measuring, not the product."""
+    from django.db.models import F
+
+    from knowledge.bm25 import bm25_adhoc
+    from memories.personal.models import Vector
+    from memories.personal.retrieval import _pool, core_fact_search
+    from memories.personal.selectors import scope_keyword_ranking, scope_vector_ranking
+
+    engine = core_fact_search(
+        owner=owner, scope=user, query=query, limit=k, half_life_days=0, query_vector=vector
+    )
+    pool = _pool(k, 0)
+    weight = min(1.0, settings.ENGINE_VECTOR_WEIGHT)
+    cosine = dict(
+        scope_vector_ranking(scope_id=user.pk, vector=vector, embedding_model=model, limit=pool)
+    )
+    docs = Vector.objects.filter(scope_id=user.pk).annotate(text=F("content")).values("id", "text")
+    sql, params = docs.query.sql_with_params()
+    started = time.perf_counter()
+    ts_rank = dict(scope_keyword_ranking(scope_id=user.pk, text=query, limit=pool))
+    middle = time.perf_counter()
+    bm25 = dict(bm25_adhoc(sql, list(params), "english", query, pool))
+    LEG_MS["ts_rank"].append((middle - started) * 1000)
+    LEG_MS["bm25"].append((time.perf_counter() - middle) * 1000)
+    legs = {"ts_rank": ts_rank, "bm25": bm25}
+    out = {"engine": [(h.id, h.score) for h in engine.hits]}
+    for name, keyword in legs.items():
+        best = max(keyword.values(), default=0.0) or 1.0
+        scores = {
+            fid: weight * max(cosine.get(fid, 0.0), 0.0)
+            + (1 - weight) * keyword.get(fid, 0.0) / best
+            for fid in {*cosine, *keyword}
+        }
+        ordered = sorted(scores, key=lambda fid: (-scores[fid], str(fid)))[:k]
+        out[name] = [(fid, scores[fid]) for fid in ordered]
+    return out
+
+
+def run_engine_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
+    from core.providers.embeddings import get_embedder
+
+    embedder = get_embedder()
+    rows: dict[str, list] = defaultdict(list)
+    latencies = []
+    for owner, ids_of, question, askers in fact_questions(args, convs):
+        vector = [float(x) for x in embedder.embed([question.text])[0]]
+        ranked: dict[str, list] = defaultdict(list)
+        for speaker in askers:
+            started = time.perf_counter()
+            found = engine_rankings(owner, speaker, question.text, vector, embedder.model, max(KS))
+            latencies.append((time.perf_counter() - started) * 1000)
+            for name, hits in found.items():
+                ranked[name] += hits
+        for name, hits in ranked.items():
+            hits.sort(key=lambda h: -h[1])  # as run_facts: both askers' facts by score
+            covered = [ids_of.get(fid, set()) for fid, _ in hits]
+            scores = {
+                k: len(question.evidence & set().union(*covered[:k])) / len(question.evidence)
+                for k in KS
+            }
+            rows[name].append((question, scores))
+    titles = {
+        "engine": "the engine's search (core_fact_search: ts_rank keyword leg, no decay)",
+        "ts_rank": "replayed in Python: w x cosine + (1 - w) x ts_rank / best",
+        "bm25": "the same merge, keyword leg BM25 (bm25_adhoc over the scope's facts)",
+    }
+    weight = settings.ENGINE_VECTOR_WEIGHT
+    for name, title in titles.items():
+        report(f"fact recall, {title}, ENGINE_VECTOR_WEIGHT {weight}", rows[name])
+    agree = statistics.fmean(
+        a[1] == b[1] for a, b in zip(rows["engine"], rows["ts_rank"], strict=True)
+    )
+    print(f"  the replay's recall equals the engine's on {agree:.3f} of the questions")
+    print(f"  three rankings per asker: p50 {statistics.median(latencies):.1f} ms")
+    print(
+        "  keyword leg alone, p50: ts_rank (scope_keyword_ranking) "
+        f"{statistics.median(LEG_MS['ts_rank']):.1f} ms, BM25 (bm25_adhoc) "
+        f"{statistics.median(LEG_MS['bm25']):.1f} ms"
+    )
 
 
 def parse_overrides(values: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for value in values:
         name, _, raw = value.partition("=")
-        if not name.startswith(("SEARCH_", "MEMORY_")) or not hasattr(settings, name):
-            raise SystemExit(f"--set {value}: not a SEARCH_*/MEMORY_* setting")
+        if not name.startswith(("SEARCH_", "MEMORY_", "ENGINE_")) or not hasattr(settings, name):
+            raise SystemExit(f"--set {value}: not a SEARCH_*/MEMORY_*/ENGINE_* setting")
         current = getattr(settings, name)
         out[name] = type(current)(raw) if not isinstance(current, bool) else raw == "1"
     return out
@@ -442,6 +710,37 @@ def main() -> None:
     parser.add_argument("--mode", choices=("hybrid", "vector", "keyword"))
     parser.add_argument("--rrf-k", type=int, default=None)
     parser.add_argument(
+        "--rewrite",
+        action="store_true",
+        help="opt-in query rewriting (needs LLM_BASE_URL and LLM_MODEL in the environment)",
+    )
+    parser.add_argument(
+        "--rewrite-cache",
+        type=Path,
+        help="with --rewrite: keep the LLM's rewrites per question in this JSON file, reuse them",
+    )
+    parser.add_argument(
+        "--language",
+        default="english",
+        help="the bases' text-search configuration (english_nostop: no stop words)",
+    )
+    parser.add_argument(
+        "--dates",
+        choices=("none", "text"),
+        default="none",
+        help="text: each turn's text starts with its session's date",
+    )
+    parser.add_argument(
+        "--vectors",
+        type=Path,
+        help="an .npz of another embedder's turn and question vectors (in process only)",
+    )
+    parser.add_argument(
+        "--question-words",
+        action="store_true",
+        help="prototype: the keyword leg's query without QUESTION_WORDS",
+    )
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -452,6 +751,11 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="search through a served instance")
     parser.add_argument("--facts", action="store_true", help="also the personal-memory yardstick")
     parser.add_argument("--facts-only", action="store_true")
+    parser.add_argument(
+        "--engine-facts",
+        action="store_true",
+        help="the facts yardstick through the engine's core-fact search, ts_rank vs BM25",
+    )
     parser.add_argument("--fresh", action="store_true", help="rebuild bases and facts")
     parser.add_argument("--verbose", action="store_true", help="print the misses")
     args = parser.parse_args()
@@ -461,17 +765,26 @@ def main() -> None:
     for name, value in args.overrides.items():
         setattr(settings, name, value)
     call_command("migrate", verbosity=0)
-    convs = load(args.data, args.conversations)
+    if args.question_words:
+        patch_keyword_query()
+    if args.rewrite_cache:
+        cache_rewrites(args.rewrite_cache)
+    if args.vectors:
+        global PRECOMPUTED
+        PRECOMPUTED = Precomputed(args.vectors)
+    convs = load(args.data, args.conversations, args.dates)
     print(
         f"{len(convs)} conversations, {sum(len(c.documents) for c in convs)} turns, "
         f"{sum(len(c.questions) for c in convs)} questions, "
         f"{sum(len(c.facts) for c in convs)} facts",
         file=sys.stderr,
     )
-    if not args.facts_only:
+    if not (args.facts_only or args.engine_facts):
         run_turns(args, convs)
     if args.facts or args.facts_only:
         run_facts(args, convs)
+    if args.engine_facts:
+        run_engine_facts(args, convs)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ transaction, the stores' locks, dedup check, insert with its HNSW entry, trim to
 max_items = --items). Also: ``three-simple`` with the node's three searches in one
 query string against one statement per store, interleaved; recall@15 of the HNSW path
 against the exact scan for store s1 at ef_search 40-200, and both paths' latency for
-one store.
+one store; recall@5 of the file store's chunk search through the chunks' HNSW index
+(its path above ``MEMORY_STORE_EXACT_MAX_ITEMS``) against its exact scan.
 """
 
 from __future__ import annotations
@@ -282,6 +283,22 @@ def main() -> None:
         log(f"one store, HNSW ef_search {ef:3}: recall@15 {recall:.3f}, {percentiles(index_ms)}")
     settings.MEMORY_STORE_EF_SEARCH = default_ef
     log(f"one store, exact scan of {counts['s1']} items:  {percentiles(exact_ms)}")
+
+    # The file store of node ``mixed``: recall@5 of the chunks' HNSW path (the path its
+    # retrieve takes above MEMORY_STORE_EXACT_MAX_ITEMS) against the exact scan.
+    files = MemoryStore.objects.select_related("knowledge_base").get(owner=flow.owner, name="files")
+    kb = files.knowledge_base
+    chunk_searches = [
+        sql.ChunkNearest.of(kb.pk, embedder.embed([q])[0], 5, None, 384, kb.chunk_count)
+        for q in queries[:50]
+    ]
+    found = 0
+    for search in chunk_searches:
+        by_index = sql._run_all([], [(search, True)])[1][0] or []
+        exactly = sql._run_all([], [(search, False)])[1][0] or []
+        found += len({h.id for h in by_index} & {h.id for h in exactly})
+    recall = found / (5 * len(chunk_searches))
+    log(f"file store, chunks' HNSW ef_search {default_ef}: recall@5 {recall:.3f} against exact")
     with connection.cursor() as cur:
         cur.execute(
             "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) / 8192 FROM "

@@ -127,12 +127,13 @@ def main() -> None:
 
 
 async def _mcp(url: str, key: str, n: int) -> list[float]:
+    import httpx2
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
     out = []
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
         async with streamable_http_client(url + "/mcp", http_client=http) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()

@@ -3,12 +3,14 @@ safe to run twice. Their dotted paths are what queues and schedules store."""
 
 from __future__ import annotations
 
+from datetime import date
+
 from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
 from ingestion import memory_bases, updates
 from memories.conversations.node_memory import node_memory_delete_idle
-from memories.engine.dreams import dreams_daily
+from memories.engine.dreams import dream_scheduled, dreams_daily
 from memories.engine.updates import update_record
 from memories.personal.scopes import user_scope
 
@@ -29,18 +31,25 @@ def node_memory_cleanup() -> int:
     return node_memory_delete_idle()
 
 
-def form_memories(owner_id: int, external_id: str, message: str, message_at: str) -> int:
+def form_memories(
+    owner_id: int, external_id: str, message: str, message_at: str, message_id: str = ""
+) -> int:
     """After a chat answer (queued by the chat proxy): the user's message joins the
     debounced updates of the scope ``["user", external_id]`` (one extraction per
-    debounce window, however many messages). Returns the pending update's id."""
+    debounce window, however many messages). ``message_id``: the message as the proxy
+    recorded it (with a chat id), the source of the facts learned from it. Returns the
+    pending update's id."""
     at = parse_datetime(message_at)
     if at is None:  # queued by the chat proxy as isoformat(): never
         raise ValueError(f"not an ISO 8601 date-time: {message_at!r}")
     message = message[: settings.MESSAGE_MAX_CHARS]
+    item = {"role": "user", "content": message, "at": at.isoformat()}
+    if message_id:
+        item["id"] = str(message_id)
     update = update_record(
         owner=owner_id,
         scope=user_scope(external_id),
-        messages=[{"role": "user", "content": message, "at": at.isoformat()}],
+        messages=[item],
         source="chat",
         require_llm=False,  # recorded either way; the run waits for an LLM
     )
@@ -58,6 +67,11 @@ def engine_updates_sweep() -> int:
 
 
 def engine_dreams_daily() -> int:
-    """Daily (schedule ``engine-dreams``): dream the scopes active since their last dream,
-    of owners who have not turned it off."""
+    """Daily (schedule ``engine-dreams``): queue a dream of each scope whose facts or
+    journal changed since its last dream, of owners who have not turned it off."""
     return dreams_daily()
+
+
+def engine_dream_scope(scope_id: int, day: str) -> str:
+    """One scope's daily dream (queued by ``engine_dreams_daily``); safe to run twice."""
+    return dream_scheduled(scope_id=int(scope_id), day=date.fromisoformat(day))

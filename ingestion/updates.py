@@ -27,12 +27,20 @@ from django.utils.dateparse import parse_datetime
 
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
-from core.providers.llm import ChatLLM
+from core.providers.llm import ChatLLM, get_llm
 from memories.engine import files
+from memories.engine.dreams import memory_md_sync
 from memories.engine.llm import PrecomputedEmbedder, json_calls
-from memories.engine.locks import scope_run_lock
+from memories.engine.locks import scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import PendingUpdate
-from memories.engine.updates import FEATURE, due_scopes, pending_of, schedule_run
+from memories.engine.updates import (
+    FEATURE,
+    due_scopes,
+    pending_of,
+    schedule_run,
+    update_record,
+    validate_messages,
+)
 from memories.personal.facts import (
     FactDecision,
     FactIn,
@@ -41,11 +49,13 @@ from memories.personal.facts import (
     core_fact_delete,
 )
 from memories.personal.models import CATEGORIES, EndUser
+from memories.personal.scopes import Scope, scope_ensure
 from memories.personal.selectors import core_fact_list
 from memories.personal.services import MAX_MEMORY_CHARS, counter_add
 
 logger = logging.getLogger("memories.decisions")
 
+INLINE_WAIT_SECONDS = 30.0  # how long ``updates_now`` waits for a run of the scope to end
 BATCH_MAX_UPDATES = 200  # flushes folded into one extraction; the rest go to the next run
 FACTS_IN_PROMPT = 100
 MAX_NEW_FACTS = 20
@@ -55,7 +65,7 @@ EXTRACTION_PROMPT = """You maintain the long-term memory of one scope ({scope}).
 Current facts (id | category | confidence | content):
 {facts}
 
-Conversation, oldest first:
+Conversation, oldest first (each line starts with the reference of its message in brackets):
 {conversation}
 
 Instructions:
@@ -65,9 +75,10 @@ Instructions:
 4. confidence is from 0 to 1: 0.9 or more for explicit statements, 0.7-0.9 for strong implications, less for guesses.
 5. A fact that contradicts or refines a current fact names that fact's id in "replaces". Do not repeat a current fact.
 6. Ids of current facts the conversation shows are no longer true go in "factsToRemove".
+7. "sources" lists the references (the bracketed ones) of the messages a fact comes from.
 
 Answer with the JSON object only:
-{{"newFacts": [{{"content": "...", "category": "preference", "confidence": 0.9, "replaces": null}}], "factsToRemove": []}}"""
+{{"newFacts": [{{"content": "...", "category": "preference", "confidence": 0.9, "replaces": null, "sources": ["..."]}}], "factsToRemove": []}}"""
 
 
 @dataclass
@@ -81,22 +92,45 @@ class UpdateRun:
     llm_calls: int = 0
     decisions: list[FactDecision] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    removed_content: dict[str, str] = field(default_factory=dict)
     journal_entries: int = 0
     error: str = ""
 
 
-def _conversation(rows: list[PendingUpdate]) -> str:
-    lines = []
+def message_ref(row: PendingUpdate, message: dict[str, Any]) -> str:
+    """A message's reference, a fact's ``source_ref``: the id the proxy recorded it
+    under or the client flushed it with; ``flush:<update id>`` for a message without."""
+    return str(message.get("id") or f"flush:{row.pk}")
+
+
+def _conversation(rows: list[PendingUpdate]) -> tuple[str, list[str]]:
+    lines, refs = [], []
     for row in rows:
         for message in row.messages:
-            lines.append(f"{message['role']}: {message['content']}")
-    return "\n".join(lines)
+            ref = message_ref(row, message)
+            lines.append(f"[{ref}] {message['role']}: {message['content']}")
+            if ref not in refs:
+                refs.append(ref)
+    return "\n".join(lines), refs
 
 
-def _fact_lines(scope: EndUser) -> tuple[str, set[str]]:
+def _source_ref(named: Any, refs: list[str]) -> str:
+    """The references a fact names that are the batch's (all of the batch's when it names
+    none), joined by commas within the column's 255 characters."""
+    wanted = [str(r) for r in named if str(r) in refs] if isinstance(named, list) else []
+    out = ""
+    for ref in dict.fromkeys(wanted or refs):
+        joined = f"{out},{ref}" if out else ref
+        if len(joined) > 255:
+            break
+        out = joined
+    return out
+
+
+def _fact_lines(scope: EndUser) -> tuple[str, dict[str, str]]:
     facts = list(core_fact_list(scope=scope)[:FACTS_IN_PROMPT])
     lines = [f"{f.pk} | {f.category} | {f.confidence:.2f} | {f.content}" for f in facts]
-    return ("\n".join(lines) or "(none yet)"), {str(f.pk) for f in facts}
+    return ("\n".join(lines) or "(none yet)"), {str(f.pk): f.content for f in facts}
 
 
 def _confidence(value: Any) -> float | None:
@@ -108,11 +142,12 @@ def _confidence(value: Any) -> float | None:
 
 
 def parse_extraction(
-    parsed: dict[str, Any] | None, known: set[str]
+    parsed: dict[str, Any] | None, known: set[str] | dict[str, str], refs: list[str] | None = None
 ) -> tuple[list[FactIn], list[str]]:
     """The facts and removals of an extraction answer, keeping only what is well formed:
     a fact needs text and a confidence; an unknown category becomes "context"; a
-    ``replaces`` or removal naming no current fact is dropped."""
+    ``replaces`` or removal naming no current fact is dropped. A fact's source is the
+    messages (``refs``) it names in ``sources``, or every message of the batch."""
     raw = (parsed or {}).get("newFacts") or []
     facts: list[FactIn] = []
     for item in raw if isinstance(raw, list) else []:
@@ -125,7 +160,8 @@ def parse_extraction(
         category = item.get("category") if item.get("category") in CATEGORIES else "context"
         replaces = str(item.get("replaces") or "")
         facts.append(FactIn(content=content, category=str(category), confidence=confidence,
-                            source_kind="message", replaces=replaces if replaces in known else None))  # fmt: skip
+                            source_kind="message", source_ref=_source_ref(item.get("sources"), refs or []),
+                            replaces=replaces if replaces in known else None))  # fmt: skip
     removals = (parsed or {}).get("factsToRemove") or []
     removed = [str(r) for r in removals if str(r) in known] if isinstance(removals, list) else []
     return facts[:MAX_NEW_FACTS], removed
@@ -158,6 +194,43 @@ def updates_run(
         return _run(rows, now, llm, embedder)
 
 
+def updates_now(
+    *,
+    owner: Any,
+    scope: Scope | EndUser,
+    messages: Any,
+    source: str = "api",
+    wait_seconds: float | None = None,
+    llm: ChatLLM | None = None,
+    embedder: Embedder | None = None,
+) -> tuple[PendingUpdate, UpdateRun]:
+    """The debounced queue with a window of zero, run by the caller (the direct API's
+    ``infer: true``, which answers with the decisions): the messages are recorded as
+    a flush of ``scope`` and the scope's run done at once, under its run lock, so this
+    flush and any other pending one of the scope cost one extraction.
+
+    Invalid messages raise ``InvalidInput`` and a missing LLM ``ProviderNotConfigured``
+    (503), before anything is written. While another run of the scope holds the lock
+    it waits up to ``wait_seconds`` (``INLINE_WAIT_SECONDS``), then leaves the flush
+    pending and queued (status ``busy``). A provider failure leaves it pending for the
+    sweep's retries (status ``failed``, the error on the flush)."""
+    checked = validate_messages(messages)
+    llm = llm or get_llm(feature=FEATURE)
+    row = scope if isinstance(scope, EndUser) else scope_ensure(owner=owner, scope=scope)
+    wait = INLINE_WAIT_SECONDS if wait_seconds is None else wait_seconds
+    with scope_run_lock_waiting(row.pk, wait) as taken:
+        update = update_record(owner=row.owner_id, scope=row, messages=checked, source=source,
+                               require_llm=False, debounce=0, arrange=not taken)  # fmt: skip
+        if not taken:
+            return update, UpdateRun(row.pk, "busy", [update.pk])
+        rows = list(pending_of(row.pk).select_related("scope").order_by("id")[:BATCH_MAX_UPDATES])
+        if update.pk not in {r.pk for r in rows}:  # more than a batch pending: ours first
+            rows = [*rows[: BATCH_MAX_UPDATES - 1], update]
+        result = _run(rows, timezone.now(), llm, embedder)
+    update.refresh_from_db()
+    return update, result
+
+
 def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
          embedder: Embedder | None) -> UpdateRun:  # fmt: skip
     scope = rows[0].scope
@@ -165,8 +238,9 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
     try:
         calls = json_calls(llm, feature=FEATURE)
         listing, known = _fact_lines(scope)
+        conversation, refs = _conversation(rows)
         prompt = EXTRACTION_PROMPT.format(
-            scope="/".join(scope.scope), facts=listing, conversation=_conversation(rows)
+            scope="/".join(scope.scope), facts=listing, conversation=conversation
         )
         try:
             parsed = calls.json([{"role": "system", "content": prompt}], what="engine_extraction")
@@ -174,7 +248,7 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
             result.llm_calls = calls.count
             counter_add("memory_llm_calls_total", calls.count)
             counter_add("memory_llm_tokens_total", calls.tokens)
-        facts, removed = parse_extraction(parsed, known)
+        facts, removed = parse_extraction(parsed, known, refs)
         pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in facts])
     except ProviderError as exc:  # not configured, down, timed out: retried later
         return _failed(rows, result, exc, now)
@@ -199,12 +273,17 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
             try:
                 core_fact_delete(owner=scope.owner_id, fact_id=fact_id, reason=reason)
                 result.removed.append(fact_id)
+                result.removed_content[fact_id] = known[fact_id]
             except FactNotFound:  # gone meanwhile
                 pass
         PendingUpdate.objects.filter(pk__in=ids).update(
             status=PendingUpdate.Status.DONE, batch_id=result.batch_id, processed_at=now,
             attempts=F("attempts") + 1, error="",
         )  # fmt: skip
+    try:  # MEMORY.md follows the facts (the run still holds the scope's lock)
+        memory_md_sync(scope)
+    except Exception:  # the facts are committed: the next read or run writes it
+        logger.exception("MEMORY.md of scope %s not rewritten", scope.pk)
     counter_add("engine_update_runs_total")
     counter_add("engine_updates_processed_total", len(rows))
     _log(scope, result)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Tags, Warning, register
+from django.db.models import QuerySet
+
+# Knowledge bases that a room above checks itself: a file memory store's own index is
+# covered by the stores' check, which knows whether the store asked for that model.
+# Each entry gives a queryset of knowledge base ids (imports run one way: the rooms
+# register here, knowledge never imports them).
+_checked_elsewhere: list[Callable[[], QuerySet[Any]]] = []
+
+
+def leave_to_another_check(ids: Callable[[], QuerySet[Any]]) -> None:
+    """Leave the knowledge bases whose ids ``ids()`` gives out of the mismatch check."""
+    _checked_elsewhere.append(ids)
 
 
 @register(Tags.compatibility)
@@ -21,15 +34,16 @@ def knowledge_base_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
     from knowledge.models import KnowledgeBase
 
     try:
-        rows = (
-            KnowledgeBase.objects.exclude(
-                embedding_provider=settings.EMBEDDING_PROVIDER,
-                embedding_model=settings.EMBEDDING_MODEL,
-                embedding_dimensions=settings.EMBEDDING_DIMENSIONS,
-            )
-            .values_list("embedding_provider", "embedding_model", "embedding_dimensions")
-            .distinct()
+        bases = KnowledgeBase.objects.exclude(
+            embedding_provider=settings.EMBEDDING_PROVIDER,
+            embedding_model=settings.EMBEDDING_MODEL,
+            embedding_dimensions=settings.EMBEDDING_DIMENSIONS,
         )
+        for ids in _checked_elsewhere:
+            bases = bases.exclude(pk__in=ids())
+        rows = bases.values_list(
+            "embedding_provider", "embedding_model", "embedding_dimensions"
+        ).distinct()
         stale = list(rows)
     except DatabaseError:  # not migrated yet, or no database: nothing to compare
         return []
@@ -43,4 +57,20 @@ def knowledge_base_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
             id="core.W002",  # its id from when core held it: silenced lists keep working
         )
         for provider, model, dims in stale
+    ]
+
+
+@register()
+def query_rewriting_without_llm(app_configs: Any, **kwargs: Any) -> list:
+    """``SEARCH_REWRITE`` on with no chat LLM: every search with a text query that does
+    not say ``"rewrite": false`` answers 503 naming ``LLM_BASE_URL``."""
+    if not settings.SEARCH_REWRITE or settings.LLM_BASE_URL:
+        return []
+    return [
+        Warning(
+            "SEARCH_REWRITE is on but no chat LLM is configured: searches with a text query "
+            'answer 503 unless they say "rewrite": false.',
+            hint="Set LLM_BASE_URL (and LLM_MODEL), or SEARCH_REWRITE=false.",
+            id="knowledge.W001",
+        )
     ]

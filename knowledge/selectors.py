@@ -94,3 +94,41 @@ def kb_embedding_config(kb: KnowledgeBase) -> EmbeddingConfig:
 
 def kb_embedder(kb: KnowledgeBase) -> Embedder:
     return embedder_for(kb_embedding_config(kb))
+
+
+def chunk_nearest_sql(
+    *, knowledge_base_id: Any, dims: int, vector: str, limit: int, index: bool
+) -> tuple[str, list[Any]]:
+    """One statement giving the ``limit`` chunks of a base nearest ``vector`` (a vector
+    literal) by cosine, nearest first, as (id, text, file_path, chunk_index, distance,
+    index_pending), for a caller that sends it beside statements of its own (the memory
+    stores put it in their retrieve call's one query string).
+
+    ``index``: through the HNSW index of ``dims`` (ranking by the index's type, handing
+    back the exact distance), with the rows the background indexer has not reached yet
+    ranked exactly beside it, as ``knowledge.search`` does: up to ``limit`` rows of each,
+    for the caller to cut; the caller sets ``hnsw.ef_search`` (and the iterative scan) for
+    its transaction and redoes exactly an answer whose index rows came back short.
+    Otherwise an exact scan of the base.
+    """
+    from knowledge.search import _index_type  # search imports this module
+
+    table = Chunk._meta.db_table
+    columns = (
+        "id, text, file_path, chunk_index, embedding <=> (SELECT q FROM qv) AS d, index_pending"
+    )
+    head = "WITH qv AS (SELECT %s::vector AS q) "
+    if not index:
+        sql = (
+            f"{head}SELECT {columns} FROM {table} WHERE knowledge_base_id = %s "
+            "ORDER BY d, id LIMIT %s"
+        )
+        return sql, [vector, knowledge_base_id, limit]
+    kind = _index_type(dims)
+    sql = (
+        f"{head}SELECT * FROM ((SELECT {columns} FROM {table} WHERE dimensions = {dims} AND "
+        f"NOT index_pending AND knowledge_base_id = %s ORDER BY embedding::{kind}({dims}) <=> "
+        f"(SELECT q::{kind}({dims}) FROM qv) LIMIT %s) UNION ALL (SELECT {columns} FROM {table} "
+        "WHERE index_pending AND knowledge_base_id = %s ORDER BY d LIMIT %s)) c ORDER BY d, id"
+    )
+    return sql, [vector, knowledge_base_id, limit, knowledge_base_id, limit]

@@ -382,6 +382,16 @@ SEARCH_PARALLEL_WORKERS = env_int("SEARCH_PARALLEL_WORKERS", 4, minimum=1)
 # an unpruned keyword leg (scopes under 100,000 chunks, or filtered) runs as one statement
 # in one round trip, same ranking (knowledge/search.py); false: its legs run apart.
 SEARCH_ONE_STATEMENT = env_bool("SEARCH_ONE_STATEMENT", True)
+# Query rewriting (knowledge/rewrite.py), opt-in: a search asking "rewrite": true (or every
+# search that does not say, with SEARCH_REWRITE) has the chat LLM write up to
+# SEARCH_REWRITE_QUERIES other queries; their searches are fused with the original's,
+# each weighing SEARCH_REWRITE_WEIGHT of it. Needs LLM_BASE_URL; model
+# SEARCH_REWRITE_MODEL (default: LLM_MODEL); an LLM failure searches as asked.
+SEARCH_REWRITE = env_bool("SEARCH_REWRITE", False)
+SEARCH_REWRITE_QUERIES = env_int("SEARCH_REWRITE_QUERIES", 3, minimum=1)
+SEARCH_REWRITE_WEIGHT = env_float("SEARCH_REWRITE_WEIGHT", 0.5, minimum=0.0)
+SEARCH_REWRITE_MODEL = env_str("SEARCH_REWRITE_MODEL")
+SEARCH_REWRITE_TIMEOUT = env_float("SEARCH_REWRITE_TIMEOUT", 10.0, minimum=0.1)
 # New chunks wait for the background indexer (knowledge.tasks.index_pending_chunks)
 # instead of paying for HNSW insertion in the write; searches rank them exactly
 # meanwhile. False = insert into the HNSW index inside the ingestion transaction.

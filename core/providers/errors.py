@@ -8,6 +8,10 @@ class ProviderError(ServiceError):
 
     status_code = 502
     code = "upstream_error"
+    # Set by a call that failed in a way worth another try (a timeout, 429, 5xx), with
+    # the delay the provider asked for: ``call_with_retries`` retries it.
+    retryable = False
+    retry_after: float | None = None
 
 
 class ProviderNotConfigured(ProviderError):

@@ -15,7 +15,9 @@ from typing import Any
 import openai
 from django.conf import settings
 
+from core.json_text import JsonText
 from core.providers.errors import ProviderBadResponse, ProviderNotConfigured
+from core.providers.relay import ChatRelay, SSEEvent
 from core.providers.retry import call_with_retries, translate_error
 
 
@@ -44,6 +46,10 @@ class ChatLLM:
         self.client = openai.OpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
         )
+        self.relayer = ChatRelay(
+            base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
+            backoff=backoff,
+        )  # fmt: skip
 
     def create(self, **kwargs: Any) -> dict[str, Any]:
         """One non-streaming chat completion; returns the upstream JSON as a dict."""
@@ -81,40 +87,17 @@ class ChatLLM:
         except openai.OpenAIError as exc:
             raise translate_error(exc) from exc
 
-    # --- the chat proxy: bodies relayed as JSON, not rebuilt through the typed client ---
-    def relay(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``/chat/completions`` as it is (every field the client sent,
-        ``tools``, ``tool_choice`` and vendor fields included) and return the upstream
-        JSON as it came (parsed, nothing dropped or defaulted)."""
-        answer = call_with_retries(
-            lambda: self.client.post("/chat/completions", cast_to=object, body=body),
-            max_retries=self.max_retries,
-            backoff=self.backoff,
-        )
-        if not isinstance(answer, dict):
-            raise ProviderBadResponse("the chat completion is not a JSON object")
-        return answer
+    # --- the chat proxy: bodies relayed as bytes, not rebuilt through the typed client ---
+    def relay(self, content: bytes) -> JsonText:
+        """POST the request body ``content`` to ``/chat/completions`` as it is (every
+        field the client sent, ``tools``, ``tool_choice`` and vendor fields included) and
+        return the upstream's JSON answer as it came, byte for byte."""
+        return self.relayer.complete(content)
 
-    def relay_stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The same, streamed: each SSE event's JSON as it came. Retries happen only
-        before the first chunk arrives."""
-        stream = call_with_retries(
-            lambda: self.client.post(
-                "/chat/completions",
-                cast_to=object,
-                body={**body, "stream": True},
-                stream=True,
-                stream_cls=openai.Stream[object],
-            ),
-            max_retries=self.max_retries,
-            backoff=self.backoff,
-        )
-        try:
-            for chunk in stream:
-                if isinstance(chunk, dict):
-                    yield chunk
-        except openai.OpenAIError as exc:
-            raise translate_error(exc) from exc
+    def relay_stream(self, content: bytes) -> Iterator[SSEEvent]:
+        """The same, streamed (``content`` has ``"stream": true``): the upstream's
+        server-sent events as they came. Retries happen only before the first byte."""
+        return self.relayer.stream(content)
 
     def models(self) -> Any:
         """The upstream's ``GET /models`` JSON (one try: callers have a fallback)."""

@@ -59,22 +59,27 @@ def call_with_retries(
     """Call ``fn``; on a timeout, 429 or 5xx wait and try again, at most ``max_retries`` times.
 
     Other errors (4xx, refused connections, malformed bodies) are not retried:
-    repeating them cannot help. Every failure leaves as a ``ProviderError``.
+    repeating them cannot help. A ``ProviderError`` marked ``retryable`` (the chat
+    proxy's relay raises those itself) is retried as the first kind. Every failure
+    leaves as a ``ProviderError``.
     """
     attempt = 0
     while True:
         try:
             return fn()
         except RETRYABLE as exc:
-            if attempt >= max_retries:
-                raise translate_error(exc) from exc
-            delay = _retry_after(exc)
-            if delay is None:
-                delay = backoff * (2**attempt) * (1 + random.random() * 0.1)
-            logger.warning("provider call failed (%s); retry %d in %.2fs", exc, attempt + 1, delay)
-            sleep(delay)
-            attempt += 1
-        except ProviderError:
-            raise
+            error, delay = translate_error(exc), _retry_after(exc)
+            error.__cause__ = exc
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            error, delay = exc, exc.retry_after
         except (openai.OpenAIError, ValueError, KeyError, TypeError) as exc:
             raise translate_error(exc) from exc
+        if attempt >= max_retries:
+            raise error
+        if delay is None:
+            delay = backoff * (2**attempt) * (1 + random.random() * 0.1)
+        logger.warning("provider call failed (%s); retry %d in %.2fs", error, attempt + 1, delay)
+        sleep(delay)
+        attempt += 1

@@ -1,8 +1,16 @@
 from django.urls import path
 
-from ingestion.api import views
+from core.validation import register_converters
+from ingestion.api import user_memories, views
+
+register_converters()
 
 urlpatterns = [
     path("flows/<uuid:flow_id>/runs", views.FlowRunView.as_view(), name="flow-runs"),
     path("messages", views.MessageListView.as_view(), name="message-list"),
+    path(
+        "users/<end_user:user_id>/memories",
+        user_memories.UserMemoriesView.as_view(),
+        name="user-memories",
+    ),
 ]

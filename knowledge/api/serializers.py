@@ -148,6 +148,14 @@ class SearchSerializer(serializers.Serializer):
     half_life_days = serializers.FloatField(
         min_value=0.001, required=False, allow_null=True, default=None
     )
+    rewrite = StrictBooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Opt-in query rewriting: the chat LLM writes other queries, searched and "
+        "fused with this one (needs LLM_BASE_URL: 503 without it; an LLM failure searches "
+        "as asked). Unset: SEARCH_REWRITE (default false).",
+    )
 
     def validate_filters(self, value: dict[str, Any]) -> dict[str, Any]:
         allowed = {*FILTER_KEYS, "since", "until"}
@@ -170,6 +178,8 @@ class SearchSerializer(serializers.Serializer):
             raise serializers.ValidationError({"query": "Give a non-empty query or a vector."})
         if attrs["mode"] == "keyword" and not attrs.get("query"):
             raise serializers.ValidationError({"query": "Keyword search needs a text query."})
+        if attrs.get("rewrite") and not attrs.get("query"):
+            raise serializers.ValidationError({"query": "Query rewriting needs a text query."})
         return attrs
 
 
@@ -190,6 +200,26 @@ class HitSerializer(serializers.Serializer):
     vector_rank = serializers.IntegerField(allow_null=True)
     keyword_score = serializers.FloatField(allow_null=True)
     keyword_rank = serializers.IntegerField(allow_null=True)
+
+
+class RewriteOutputSerializer(serializers.Serializer):
+    queries = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="The rewritten queries searched with the original (none: it ran as asked).",
+    )
+    model = serializers.CharField(help_text="The model that wrote them.")
+    error = serializers.CharField(
+        allow_null=True, help_text="Why the search ran as asked: the LLM failed or was unusable."
+    )
+
+
+class SearchAnswerSerializer(serializers.Serializer):
+    """Schema only: a search's answer."""
+
+    results = HitSerializer(many=True)
+    rewrite = RewriteOutputSerializer(
+        required=False, help_text="Only when the search rewrote its query."
+    )
 
 
 class ChunkOutputSerializer(serializers.Serializer):

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
-from core.api.schema import ERROR, paginated, wrapped
+from core.api.schema import ERROR, paginated
 from knowledge.api.serializers import (
     ChunkOutputSerializer,
     HitSerializer,
@@ -21,10 +21,12 @@ from knowledge.api.serializers import (
     KnowledgeBaseOutputSerializer,
     KnowledgeBaseUpdateSerializer,
     MultiSearchSerializer,
+    SearchAnswerSerializer,
     SearchSerializer,
     job_answer,
 )
 from knowledge.models import IngestJob, KnowledgeBase
+from knowledge.rewrite import rewrite_wanted, search_rewritten
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.selectors import (
     chunk_list,
@@ -63,7 +65,17 @@ def _search_request(data: dict[str, Any]) -> SearchRequest:
 
 
 def _run_search(bases: list[KnowledgeBase], data: dict[str, Any]) -> Response:
-    hits = search_chunks(bases=bases, request=_search_request(data))
+    request = _search_request(data)
+    # SEARCH_REWRITE rewrites the searches that do not say, when they have a text query.
+    if rewrite_wanted(data.get("rewrite")) and request.query:
+        found = search_rewritten(bases=bases, request=request)
+        return Response(
+            {
+                "results": HitSerializer(found.hits, many=True).data,
+                "rewrite": {"queries": found.queries, "model": found.model, "error": found.error},
+            }
+        )
+    hits = search_chunks(bases=bases, request=request)
     return Response({"results": HitSerializer(hits, many=True).data})
 
 
@@ -183,7 +195,7 @@ class KnowledgeBaseSearchView(APIView):
     @extend_schema(
         summary="Search one knowledge base",
         request=SearchSerializer,
-        responses={200: wrapped("results", HitSerializer)},
+        responses={200: SearchAnswerSerializer},
     )
     def post(self, request: Request, kb_id: Any) -> Response:
         kb = _get_kb(request, kb_id)
@@ -196,7 +208,7 @@ class SearchView(APIView):
     @extend_schema(
         summary="Search several knowledge bases",
         request=MultiSearchSerializer,
-        responses={200: wrapped("results", HitSerializer)},
+        responses={200: SearchAnswerSerializer},
     )
     def post(self, request: Request) -> Response:
         data = MultiSearchSerializer(data=request.data)

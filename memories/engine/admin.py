@@ -17,7 +17,7 @@ from core.admin_confirm import confirm_first
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.api.background import markdown_download
-from memories.engine.dreams import dream_run, dream_undo
+from memories.engine.dreams import dream_run, dream_undo, memory_md_read
 from memories.engine.models import Dream, EngineSettings, PendingUpdate, ScopeJournal
 
 
@@ -147,12 +147,7 @@ class ScopeJournalAdmin(admin.ModelAdmin):
 
     @admin.display(description="MEMORY.md")
     def memory_md(self, scope: ScopeJournal) -> str:
-        text = files.read_text(files.memory_md_path(scope.owner_id, scope.scope))
-        return (
-            format_html("<pre>{}</pre>", text)
-            if text
-            else "not written yet: the scope's first dream writes it"
-        )
+        return format_html("<pre>{}</pre>", memory_md_read(scope))  # rendered now
 
     @admin.action(description="Dream now (consolidate the selected scopes)")
     def dream_now(self, request: HttpRequest, queryset: QuerySet[ScopeJournal]) -> None:

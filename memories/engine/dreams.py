@@ -19,22 +19,25 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from core.errors import Conflict, InvalidInput, NotFound, Unprocessable
+from core.errors import Conflict, InvalidInput, NotFound, ServiceError, Unprocessable
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderBadResponse
 from core.providers.llm import ChatLLM
+from core.queue import enqueue
 from memories.engine import files
 from memories.engine.llm import PrecomputedEmbedder, json_calls
-from memories.engine.locks import ScopeBusy, scope_run_lock
+from memories.engine.locks import ScopeBusy, scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import Dream, EngineSettings, PendingUpdate
 from memories.personal.facts import (
     FactIn,
@@ -44,7 +47,7 @@ from memories.personal.facts import (
     core_fact_update,
     core_facts_snapshot,
 )
-from memories.personal.models import CATEGORIES, EndUser
+from memories.personal.models import CATEGORIES, EndUser, MemoryUpdate
 from memories.personal.restore import core_fact_restore
 from memories.personal.scopes import Scope, owner_pk, scope_find, scope_parse
 from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_fact
@@ -52,6 +55,11 @@ from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_
 logger = logging.getLogger("memories.decisions")
 FEATURE = "Deep Dream (POST /api/v1/engine/dream)"
 MAX_LOOKBACK_DAYS = 90
+DREAM_TASK = "ingestion.tasks.engine_dream_scope"
+SCHEDULED_WAIT_SECONDS = 120.0  # a scheduled dream waits this long for a run of its scope
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# The audit reasons of a dream's own changes and of their undo (``dream <id>``).
+OWN_REASONS = r"^(undo of )?dream [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 DREAM_PROMPT = """You consolidate the long-term memory of one scope ({scope}): a "deep dream".
 
@@ -66,11 +74,11 @@ Rewrite the list of facts:
 2. Refine vague facts with what the journal says.
 3. Drop what is redundant or no longer true.
 4. When two facts (or a fact and the journal) disagree, the newer wins.
-5. Keep every fact that is still useful. Keep its id when you keep or refine it; a merged fact keeps the id of one of the facts it merges. A fact learned from the journal has "id": null.
+5. Keep every fact that is still useful. Keep its id when you keep or refine it; a merged fact keeps the id of one of the facts it merges. A fact learned from the journal has "id": null and "day": the journal day it comes from (YYYY-MM-DD).
 6. category is one of: preference, knowledge, context, behavior, goal, correction; confidence is from 0 to 1.
 
 Answer with the JSON object only:
-{{"facts": [{{"id": "<id or null>", "content": "...", "category": "preference", "confidence": 0.9}}], "diary": "a short Markdown account of what you changed and why"}}"""
+{{"facts": [{{"id": "<id or null>", "content": "...", "category": "preference", "confidence": 0.9, "day": null}}], "diary": "a short Markdown account of what you changed and why"}}"""
 
 
 class DreamNotFound(NotFound):
@@ -97,9 +105,13 @@ class DreamOutcome:
 
 # --- MEMORY.md ----------------------------------------------------------------------
 def render_memory_md(scope: EndUser, facts: list[dict[str, Any]]) -> str:
-    """The scope's facts as Markdown, by category, highest confidence first. No clock
-    in it: the same facts render the same text (and hash)."""
+    """The scope's facts as Markdown, by category, highest confidence first, then the
+    most recently said. No clock in it, and nothing an undo does not put back (not the
+    update time): the same facts render the same text (and hash)."""
     lines = [f"# MEMORY · {'/'.join(scope.scope)}", "", f"{len(facts)} facts.", ""]
+    facts = sorted(facts, key=lambda f: f["id"])
+    facts.sort(key=lambda f: f["observed_at"], reverse=True)
+    facts.sort(key=lambda f: f["confidence"], reverse=True)
     for category in CATEGORIES:
         group = [f for f in facts if f["category"] == category]
         if not group:
@@ -110,11 +122,26 @@ def render_memory_md(scope: EndUser, facts: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def memory_md_write(scope: EndUser) -> str:
-    """Rewrite the scope's ``MEMORY.md`` from its facts; returns the text."""
+def memory_md_sync(scope: EndUser) -> str:
+    """Bring the scope's stored files up to date, for a caller holding the scope's run
+    lock: the diary entries of dreams (and undos) a crash left unwritten, then
+    ``MEMORY.md`` rendered from the facts, rewritten when it differs. Returns the text."""
+    dream_files_recover(scope)
     text = render_memory_md(scope, core_facts_snapshot(scope=scope))
-    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), text)
+    name = files.memory_md_path(scope.owner_id, scope.scope)
+    if files.read_text(name) != text:
+        files.write_text(name, text)
     return text
+
+
+def memory_md_read(scope: EndUser) -> str:
+    """The scope's ``MEMORY.md`` as it is now: rendered from its facts on every read.
+    The stored file is brought up to date too (``memory_md_sync``) unless a run of the
+    scope holds its lock (that run writes it)."""
+    with scope_run_lock(scope.pk) as taken:
+        if taken:
+            return memory_md_sync(scope)
+    return render_memory_md(scope, core_facts_snapshot(scope=scope))
 
 
 # --- reading ------------------------------------------------------------------------
@@ -197,11 +224,22 @@ def dream_preview(
 
 
 # --- the plan -----------------------------------------------------------------------
+def _source_day(item: dict[str, Any], days: list[str]) -> str | None:
+    """The journal day a new fact comes from: the day the answer names when the dream
+    read it, else the newest day it read; None when it read no journal."""
+    named = str(item.get("day") or "")
+    return named if named in days else (days[-1] if days else None)
+
+
 def _plan(
-    before: list[dict[str, Any]], parsed: dict[str, Any] | None
+    before: list[dict[str, Any]], parsed: dict[str, Any] | None, days: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], str]:
     """What the answer changes: [{action, ...}] with ``update`` (category or confidence),
-    ``replace`` (new text), ``add`` and ``delete``; and the diary text."""
+    ``replace`` (new text), ``add`` and ``delete``; and the diary text.
+
+    A new fact without a confidence gets ``ENGINE_MIN_CONFIDENCE`` (kept, but the first
+    to go when ``max_facts`` trims the scope), and its source is the journal day it
+    came from (``days``: the days read, oldest first)."""
     raw = (parsed or {}).get("facts")
     if not isinstance(raw, list):
         raise ProviderBadResponse("the dream answer has no list of facts")
@@ -221,8 +259,10 @@ def _plan(
         # a fact given back without its id but with its text is that fact, kept
         old = by_id.get(str(item.get("id") or "")) or by_text.get(normalize_fact(content))
         if old is None or old["id"] in kept:  # new (or a second use of one id): an addition
+            missing = settings.ENGINE_MIN_CONFIDENCE
             plan.append({"action": "add", "content": content, "category": category or "context",
-                         "confidence": 1.0 if confidence is None else confidence})  # fmt: skip
+                         "confidence": missing if confidence is None else confidence,
+                         "day": _source_day(item, days or [])})  # fmt: skip
             continue
         kept.add(old["id"])
         after = {"category": category or old["category"],
@@ -266,12 +306,13 @@ def _apply(
             core_fact_delete(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
                              reason=reason)  # fmt: skip
             applied.append(change)
-        else:
+        else:  # add or replace: thresholded like every new fact
+            day = change.get("day")
             fact = FactIn(content=change["content"], category=change["category"],
-                          confidence=change["confidence"], source_kind="dream",
-                          source_ref=str(dream.pk), replaces=change.get("fact_id"))  # fmt: skip
+                          confidence=change["confidence"], source_kind="journal" if day else "dream",
+                          source_ref=day or str(dream.pk), replaces=change.get("fact_id"))  # fmt: skip
             [decision] = core_fact_add(owner=scope.owner_id, scope=scope, facts=[fact], reason=reason,
-                                       embedder=embedder, min_confidence=0.0)  # fmt: skip
+                                       embedder=embedder)  # fmt: skip
             applied.append({**change, "result": decision.action, "new_id": decision.fact_id})
             # max_facts trimmed the scope: those facts come back on undo too
             applied += [{"action": "delete", "fact_id": gone, "before": by_id[gone], "evicted": True}
@@ -288,6 +329,7 @@ def dream_run(
     today: date | None = None,
     llm: ChatLLM | None = None,
     embedder: Embedder | None = None,
+    wait_seconds: float = 0,
 ) -> DreamOutcome:
     """Dream one scope now (see the module docstring); returns the dream, or the last
     one with ``skipped`` when the inputs are unchanged (no LLM call).
@@ -295,15 +337,17 @@ def dream_run(
     Raises ``ProviderNotConfigured`` (503, names ``LLM_BASE_URL``) without an LLM,
     ``ScopeNotFound`` for a scope the owner does not have, ``ScopeBusy`` (409) while an
     update or another dream of the scope runs, ``DreamTooLossy`` (422) and provider
-    errors; in each case nothing changes.
+    errors; in each case nothing changes. ``wait_seconds``: how long to wait for a run
+    of the scope holding its lock before ``ScopeBusy``.
     """
     lookback = _lookback(lookback_days)
     calls = json_calls(llm, feature=FEATURE)
     row = _scope_row(owner, scope)
     today = today or timezone.now().date()
-    with scope_run_lock(row.pk) as taken:
+    with scope_run_lock_waiting(row.pk, wait_seconds) as taken:
         if not taken:
             raise ScopeBusy("this scope's memory is being updated; try again shortly")
+        dream_files_recover(row)  # a dream a crash left without its files
         inputs = dream_inputs(row, lookback=lookback, today=today)
         before, memory_md, days, journal, input_hash = (
             inputs.facts,
@@ -320,7 +364,7 @@ def dream_run(
             parsed = calls.json([{"role": "system", "content": prompt}], what="dream")
         finally:
             counter_add("memory_llm_calls_total", calls.count)
-        plan, diary = _plan(before, parsed)
+        plan, diary = _plan(before, parsed, days)
         _check_loss(before, plan)
         pre = PrecomputedEmbedder(embedder or get_embedder(),
                                   [c["content"] for c in plan if "content" in c])  # fmt: skip
@@ -335,7 +379,7 @@ def dream_run(
             dream.result_hash = _hash(dream.memory_md_after, journal, lookback)
             dream.diary = _diary(row, dream, diary)
             dream.save(update_fields=["changes", "memory_md_after", "result_hash", "diary"])
-        _write_files(row, dream, today)
+        _write_files(row, dream, dream.memory_md_after)
     counter_add("engine_dreams_total")
     logger.info(json.dumps({"event": "engine_dream", "dream_id": str(dream.pk), "scope": row.scope,
                             "changes": [c["action"] for c in dream.changes]}))  # fmt: skip
@@ -353,17 +397,64 @@ def _diary(scope: EndUser, dream: Dream, account: str) -> str:
             f"{summary}.\n\n{account or '(no account given)'}\n")  # fmt: skip
 
 
-def _write_files(scope: EndUser, dream: Dream, today: date) -> None:
-    """After the commit: ``MEMORY.md`` replaced, the diary entry appended (the day's
-    diary names each dream once, so a re-write adds nothing)."""
-    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), dream.memory_md_after)
-    name = files.diary_path(scope.owner_id, scope.scope, today)
+def _write_files(scope: EndUser, dream: Dream, memory_md: str) -> None:
+    """After the commit: ``MEMORY.md`` replaced, the diary entries appended, and the
+    dream marked as having its files. A process that dies before the mark leaves
+    ``files_written`` false: the next run or read of the scope writes them
+    (``dream_files_recover``)."""
+    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), memory_md)
+    _diary_entries(scope, dream)
+    Dream.objects.filter(pk=dream.pk).update(files_written=True)
+    dream.files_written = True
+
+
+def _diary_append(scope: EndUser, day: date, mark: str, entry: str) -> None:
+    """Append ``entry`` to the day's diary unless ``mark`` is already in it (each dream,
+    and each undo, is written once)."""
+    name = files.diary_path(scope.owner_id, scope.scope, day)
     current = (
-        files.read_text(name)
-        or f"# Dream diary · {'/'.join(scope.scope)} · {today.isoformat()}\n\n"
+        files.read_text(name) or f"# Dream diary · {'/'.join(scope.scope)} · {day.isoformat()}\n\n"
     )
-    if f"## Dream {dream.pk}" not in current:
-        files.write_text(name, current + dream.diary + "\n")
+    if mark not in current:
+        files.write_text(name, current + entry + "\n")
+
+
+def _diary_entries(scope: EndUser, dream: Dream) -> None:
+    _diary_append(scope, dream.created_at.date(), f"## Dream {dream.pk} ", dream.diary)
+    if dream.status == Dream.Status.UNDONE and dream.undone_at is not None:
+        _diary_append(scope, dream.undone_at.date(), f"## Undo of dream {dream.pk} ",
+                      _undo_entry(dream))  # fmt: skip
+
+
+def _undo_entry(dream: Dream) -> str:
+    changes = dream.changes
+    back = sum(1 for c in changes if c["action"] in ("replace", "delete"))
+    removed = sum(
+        1
+        for c in changes
+        if c["action"] == "add" and c.get("result") in ("add", "replace", "evicted")
+    )
+    changed = sum(1 for c in changes if c["action"] == "update")
+    at = dream.undone_at.strftime("%H:%M:%S") if dream.undone_at else "?"
+    return (f"## Undo of dream {dream.pk} · {at} UTC\n\n"
+            f"{back} facts put back as they were, {removed} removed, {changed} changed back; "
+            f"MEMORY.md as it was before the dream (of "
+            f"{dream.created_at:%Y-%m-%d %H:%M:%S} UTC).\n")  # fmt: skip
+
+
+def dream_files_recover(scope: EndUser) -> int:
+    """Write the files of the scope's dreams (and undos) whose process died between
+    their commit and their files: their diary entries, then ``MEMORY.md`` rendered
+    from the facts as they are now. For a caller holding the scope's run lock.
+    Returns the dreams caught up."""
+    pending = list(Dream.objects.filter(scope=scope, files_written=False).order_by("created_at"))
+    for dream in pending:
+        _diary_entries(scope, dream)
+    if pending:
+        text = render_memory_md(scope, core_facts_snapshot(scope=scope))
+        files.write_text(files.memory_md_path(scope.owner_id, scope.scope), text)
+        Dream.objects.filter(pk__in=[d.pk for d in pending]).update(files_written=True)
+    return len(pending)
 
 
 # --- undo ---------------------------------------------------------------------------
@@ -409,12 +500,14 @@ def dream_undo(
         vectors: Any = embedder.embed([f["content"] for f in back]) if back else []
         embedding_of = {f["id"]: [float(x) for x in v] for f, v in zip(back, vectors, strict=True)}
         reason = f"undo of dream {dream.pk}"
+        dream_files_recover(scope)
         with transaction.atomic():
             for change in reversed(dream.changes):
                 _revert(scope, change, embedding_of, embedder, reason)
             dream.status, dream.undone_at = Dream.Status.UNDONE, timezone.now()
-            dream.save(update_fields=["status", "undone_at"])
-        memory_md_write(scope)
+            dream.files_written = False
+            dream.save(update_fields=["status", "undone_at", "files_written"])
+        _write_files(scope, dream, dream.memory_md_before)  # what was saved, as it was
     counter_add("engine_dream_undos_total")
     return dream
 
@@ -458,24 +551,62 @@ def engine_settings_update(
     return row
 
 
-def dreams_daily(*, now: datetime | None = None) -> int:
-    """Dream every scope with updates in the last day whose owner has the schedule on.
-    A scope that fails is logged and skipped; returns the dreams run (skips excluded)."""
+def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
+    """(owner id, scope id) of every scope whose facts or journal changed since its last
+    dream (ever, for a scope never dreamed), of owners with the daily dream on. A fact
+    change is any audit row but a dream's own changes and their undo (a REST write, an
+    update run, an eviction...); a journal change is a flush processed since."""
     now = now or timezone.now()
-    active = (
-        PendingUpdate.objects.filter(status=PendingUpdate.Status.DONE, processed_at__gte=now - timedelta(days=1))
-        .values_list("owner_id", "scope_id").distinct()
+    last = Dream.objects.filter(scope=OuterRef("pk")).order_by("-created_at").values("created_at")
+    changed = (
+        MemoryUpdate.objects.filter(end_user=OuterRef("pk"), created_at__gt=OuterRef("since"),
+                                    created_at__lte=now)
+        .exclude(reason__regex=OWN_REASONS)
     )  # fmt: skip
+    journal = PendingUpdate.objects.filter(
+        scope=OuterRef("pk"), status=PendingUpdate.Status.DONE,
+        processed_at__gt=OuterRef("since"), processed_at__lte=now,
+    )  # fmt: skip
+    rows = (
+        EndUser.objects.annotate(since=Coalesce(Subquery(last[:1]), Value(EPOCH)))
+        .filter(Exists(changed) | Exists(journal))
+        .order_by("pk")
+        .values_list("owner_id", "pk")
+    )
     switches = dict(EngineSettings.objects.values_list("owner_id", "dream_schedule"))
-    ran = 0
-    for owner_id, scope_id in active:
-        if not switches.get(owner_id, settings.ENGINE_DREAM_SCHEDULE):
-            continue
-        try:
-            outcome = dream_run(owner=owner_id, scope=EndUser.objects.get(pk=scope_id),
-                                trigger=Dream.Trigger.SCHEDULE, today=now.date())  # fmt: skip
-        except Exception:
-            logger.exception("scheduled dream of scope %s failed", scope_id)
-            continue
-        ran += not outcome.skipped
-    return ran
+    default = settings.ENGINE_DREAM_SCHEDULE
+    return [(owner, scope) for owner, scope in rows if switches.get(owner, default)]
+
+
+def dreams_daily(*, now: datetime | None = None) -> int:
+    """The daily schedule: one task (``ingestion.tasks.engine_dream_scope``) per scope
+    ``dream_candidates`` names, so each scope's dream has the task timeout to itself
+    and a slow or failing scope holds up no other. Returns the tasks queued."""
+    now = now or timezone.now()
+    candidates = dream_candidates(now=now)
+    for _owner, scope_id in candidates:
+        enqueue(DREAM_TASK, scope_id, now.date().isoformat(), task_name=f"engine-dream-{scope_id}")
+    return len(candidates)
+
+
+def dream_scheduled(*, scope_id: int, day: date) -> str:
+    """One scope's scheduled dream (the task). Safe to run twice: unchanged inputs skip
+    the LLM (``skipped``). Two dreams of one scope never run at once: it waits up to
+    ``SCHEDULED_WAIT_SECONDS`` for a run of the scope to end (``busy`` after that; the
+    next day's schedule finds the scope still changed). ``off`` when the owner turned
+    the schedule off since, ``gone`` for an erased scope, ``failed`` (logged) when the
+    dream is refused or the LLM fails; ``dreamed`` otherwise."""
+    row = EndUser.objects.filter(pk=scope_id).first()
+    if row is None:
+        return "gone"
+    if not dream_schedule_enabled(owner=row.owner_id):
+        return "off"
+    try:
+        outcome = dream_run(owner=row.owner_id, scope=row, trigger=Dream.Trigger.SCHEDULE,
+                            today=day, wait_seconds=SCHEDULED_WAIT_SECONDS)  # fmt: skip
+    except ScopeBusy:
+        return "busy"
+    except ServiceError:
+        logger.exception("scheduled dream of scope %s failed", scope_id)
+        return "failed"
+    return "skipped" if outcome.skipped else "dreamed"

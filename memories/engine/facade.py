@@ -34,7 +34,7 @@ from memories.personal.facts import (
     core_fact_delete,
     core_fact_update,
 )
-from memories.personal.models import Vector
+from memories.personal.models import EndUser, Vector
 from memories.personal.retrieval import (
     Injection,
     SearchResult,
@@ -133,6 +133,16 @@ class MemoryEngine:
             owner=self.owner, scope=self.scope(scope), facts=facts, reason=reason, **options
         )
 
+    def existing(self, scope: Sequence[Any]) -> EndUser:
+        """The owner's row of ``scope``; ``ScopeNotFound`` (404) if the owner has none."""
+        row = scope_find(owner=self.owner, scope=self.scope(scope))
+        if row is None:
+            raise ScopeNotFound("no such scope")
+        return row
+
+    def _target(self, scope: Sequence[Any], must_exist: bool) -> Scope | EndUser:
+        return self.existing(scope) if must_exist else self.scope(scope)
+
     def search(
         self,
         scope: Sequence[Any],
@@ -142,30 +152,37 @@ class MemoryEngine:
         filter: Mapping[str, Any] | None = None,
         *,
         half_life_days: float | None = None,
+        must_exist: bool = False,
     ) -> SearchResult:
-        """Hybrid keyword + vector search of the scope's facts with decay."""
+        """Hybrid keyword + vector search of the scope's facts with decay. A scope the
+        owner does not have finds nothing, or is ``ScopeNotFound`` with ``must_exist``
+        (what the REST API answers; the agent tools search a scope not written yet)."""
         return core_fact_search(
-            owner=self.owner, scope=self.scope(scope), query=query, limit=limit, offset=offset,
-            filter=fact_filter(filter), half_life_days=half_life_days,
+            owner=self.owner, scope=self._target(scope, must_exist), query=query, limit=limit,
+            offset=offset, filter=fact_filter(filter), half_life_days=half_life_days,
         )  # fmt: skip
 
     def format_for_injection(
-        self, scope: Sequence[Any], max_tokens: int, query: str | None = None
+        self,
+        scope: Sequence[Any],
+        max_tokens: int,
+        query: str | None = None,
+        *,
+        must_exist: bool = False,
     ) -> Injection:
-        """The scope's facts as a prompt block within ``max_tokens``."""
+        """The scope's facts as a prompt block within ``max_tokens`` (``must_exist``: as
+        ``search``)."""
         return format_for_injection(
-            owner=self.owner, scope=self.scope(scope), max_tokens=max_tokens, query=query
-        )
+            owner=self.owner, scope=self._target(scope, must_exist), max_tokens=max_tokens,
+            query=query,
+        )  # fmt: skip
 
     def erase(self, scope: Sequence[Any]) -> int:
         """Erase the scope: its facts, their audit trail, the scope itself, and what the
         engine keeps of it (pending updates, dreams, conversation summaries, journal,
         ``MEMORY.md``, diaries; ``memories.engine.erasure``). Returns the facts removed;
         an unknown scope is a 404 (``ScopeNotFound``) and changes nothing."""
-        row = scope_find(owner=self.owner, scope=self.scope(scope))
-        if row is None:
-            raise ScopeNotFound("no such scope")
-        return end_user_erase(end_user=row)
+        return end_user_erase(end_user=self.existing(scope))
 
     # --- The background half (issue 12, second part) ----------------------------------
 

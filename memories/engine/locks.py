@@ -9,6 +9,7 @@ scope locked.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,3 +26,17 @@ def scope_run_lock(scope_id: int) -> Iterator[bool]:
     """Whether this process may run background work on the scope now."""
     with advisory_session_lock(f"engine-scope:{scope_id}") as taken:
         yield taken
+
+
+@contextmanager
+def scope_run_lock_waiting(scope_id: int, seconds: float) -> Iterator[bool]:
+    """The scope's run lock, waiting up to ``seconds`` for the run holding it to end
+    (polled: a blocking ``pg_advisory_lock`` could not be given up on). Yields
+    whether it was taken."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with scope_run_lock(scope_id) as taken:
+            if taken or time.monotonic() >= deadline:
+                yield taken
+                return
+        time.sleep(0.1)

@@ -104,6 +104,9 @@ class Dream(models.Model):
     llm_calls = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     undone_at = models.DateTimeField(null=True, blank=True)
+    # MEMORY.md and the diary are written after the commit (of the dream, or of its
+    # undo); false until they are, so the next run or read of the scope writes them.
+    files_written = models.BooleanField(default=False)
 
     class Meta:
         indexes = [models.Index(fields=["scope", "-created_at"], name="dream_scope_time")]

@@ -37,8 +37,13 @@ def schedule_name(scope_id: int) -> str:
     return f"engine-updates:{scope_id}"
 
 
+MESSAGE_ID_CHARS = 255
+
+
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
-    """``[{"role", "content", "at"?}]``: 1 to ``RUN_MAX_MESSAGES`` messages with text."""
+    """``[{"role", "content", "at"?, "id"?}]``: 1 to ``RUN_MAX_MESSAGES`` messages with
+    text; ``id`` (the client's id of the message, a string or a number) is kept as the
+    source of the facts learned from it."""
     if not isinstance(messages, list) or not 1 <= len(messages) <= settings.RUN_MAX_MESSAGES:
         raise InvalidInput(
             f"messages must be a list of 1 to {settings.RUN_MAX_MESSAGES} messages",
@@ -62,8 +67,21 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"role": role, "content": content}
         if isinstance(message.get("at"), str):
             item["at"] = message["at"]
+        if message.get("id") is not None:
+            item["id"] = _message_id(message["id"], i)
         out.append(item)
     return out
+
+
+def _message_id(value: Any, index: int) -> str:
+    text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    if not text.strip() or len(text) > MESSAGE_ID_CHARS or "," in text:
+        raise InvalidInput(
+            f"messages[{index}].id must be a string (1-{MESSAGE_ID_CHARS} characters, no comma) "
+            "or a number",
+            details={"messages": {index: {"id": "invalid"}}},
+        )
+    return text.strip()
 
 
 def update_record(
@@ -74,18 +92,23 @@ def update_record(
     source: str = "api",
     now: datetime | None = None,
     require_llm: bool = True,
+    debounce: float | None = None,
+    arrange: bool = True,
 ) -> PendingUpdate:
     """Store one flush of ``scope`` and arrange its (debounced) extraction; returns at once.
 
     Invalid messages raise ``InvalidInput``; without an LLM (``require_llm``) it raises
     ``ProviderNotConfigured`` (503, naming ``LLM_BASE_URL``); either way nothing is
     written. The row, and the schedule that will run it, commit together.
+    ``debounce`` overrides ``MEMORY_UPDATE_DEBOUNCE_SECONDS``; ``arrange=False`` queues
+    nothing (a caller holding the scope's run lock runs it itself; if it dies first,
+    the sweep finds the flush due).
     """
     checked = validate_messages(messages)
     if require_llm:
         get_llm(feature=FEATURE)
     now = now or timezone.now()
-    debounce = settings.MEMORY_UPDATE_DEBOUNCE_SECONDS
+    debounce = settings.MEMORY_UPDATE_DEBOUNCE_SECONDS if debounce is None else debounce
     with transaction.atomic():
         row = scope if isinstance(scope, EndUser) else scope_ensure(owner=owner, scope=scope)
         oldest = pending_of(row.pk).aggregate(first=Min("created_at"))["first"] or now
@@ -101,7 +124,9 @@ def update_record(
             due_at=due,
             created_at=now,
         )
-        if debounce <= 0:
+        if not arrange:
+            pass
+        elif debounce <= 0:
             enqueue_on_commit(RUN_TASK, row.pk, task_name=f"engine-updates-{row.pk}")
         else:
             schedule_run(row.pk, due)

@@ -14,16 +14,19 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
 import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core.json_text import JsonText
 from core.providers.embeddings import get_embedder
 from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
+from core.providers.relay import SSEEvent
 from core.providers.tokens import count_tokens
 from core.queue import enqueue_on_commit
 from memories.conversations.services import MessageIn, flow_ensure, messages_store
@@ -43,7 +46,8 @@ MEMORY_BLOCK_HEADER = (
 
 @dataclass
 class PreparedChat:
-    body: dict[str, Any]
+    # the request for the upstream: the client's body as it came, edited in place
+    request: JsonText
     owner_id: int = 0
     memories: list[MemoryHit] = field(default_factory=list)
     end_user: EndUser | None = None
@@ -55,6 +59,13 @@ class PreparedChat:
     user_email: str = ""
     # extra fields reported beside ``memories`` (the server-side memory tools' calls)
     report: dict[str, Any] = field(default_factory=dict)
+    # the turn teaches, and waits for chat_record to name the recorded message
+    formation_pending: bool = False
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The request, parsed (to read; changes go through ``request``)."""
+        return cast(dict[str, Any], self.request.data)
 
 
 def message_text(content: Any) -> str:
@@ -69,37 +80,39 @@ def message_text(content: Any) -> str:
     return ""
 
 
-def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
-    """Append the block to the first system message, or add one in front."""
+def inject(request: JsonText, block: str) -> JsonText:
+    """The block appended to the first system (or developer) message, or a system
+    message in front: spliced into the text, the rest of the request unchanged."""
     if not block:
-        return messages
-    out = [dict(m) for m in messages]
-    for message in out:
+        return request
+    for index, message in enumerate(request.data["messages"]):
         if message.get("role") in ("system", "developer") and isinstance(
             message.get("content"), str
         ):
-            message["content"] = f"{message['content']}\n\n{block}"
-            return out
-    return [{"role": "system", "content": block}, *out]
+            return request.extend_string(("messages", index, "content"), f"\n\n{block}")
+    return request.insert(("messages",), 0, {"role": "system", "content": block})
 
 
 def chat_prepare(
     *,
     owner_id: int,
-    body: dict[str, Any],
+    body: dict[str, Any] | JsonText,
     external_id: str | None,
     chat_id: str | None = None,
     user_name: str = "",
     user_email: str = "",
 ) -> PreparedChat:
     """Resolve the end user, retrieve their memories and build the upstream request:
-    ``body`` as the client sent it, the memory block added to the system prompt."""
+    ``body`` as the client sent it (its bytes, given a ``JsonText``), the memory block
+    added to the system prompt, ``model`` added when it names none."""
+    request = body if isinstance(body, JsonText) else JsonText.of(body)
+    if "model" not in request.data:
+        request = request.set(("model",), settings.LLM_MODEL)
     prepared = PreparedChat(
-        body=dict(body), owner_id=owner_id, chat_id=chat_id, user_name=user_name,
+        request=request, owner_id=owner_id, chat_id=chat_id, user_name=user_name,
         user_email=user_email,
     )  # fmt: skip
-    prepared.body.setdefault("model", settings.LLM_MODEL)
-    users = [m for m in body["messages"] if m.get("role") == "user"]
+    users = [m for m in prepared.body["messages"] if m.get("role") == "user"]
     prepared.user_text = message_text(users[-1].get("content")) if users else ""
     if not external_id:
         return prepared
@@ -109,7 +122,7 @@ def chat_prepare(
     block, prepared.memories = memory_block(
         owner_id=owner_id, end_user=prepared.end_user, query=prepared.user_text
     )
-    prepared.body["messages"] = inject(body["messages"], block)
+    prepared.request = inject(prepared.request, block)
     return prepared
 
 
@@ -205,15 +218,34 @@ def memories_payload(prepared: PreparedChat) -> list[dict[str, Any]]:
 def enqueue_formation(prepared: PreparedChat) -> None:
     """Learning is best effort: the answer is delivered whether or not this queues. Only
     a new user turn teaches: a request that sends a tool's result back repeats the user
-    message the model already learned from."""
+    message the model already learned from. With a chat id the turn is recorded once
+    its answer has arrived, and ``chat_record`` queues the learning then, naming the
+    recorded message (the facts' source); ``formation_flush`` queues it without one if
+    the turn never gets recorded (a stream cut short)."""
     if prepared.end_user is None or not prepared.user_text.strip() or not _user_turn(prepared):
         return
+    if prepared.chat_id:
+        prepared.formation_pending = True
+        return
+    _queue_formation(prepared, "")
+
+
+def formation_flush(prepared: PreparedChat) -> None:
+    """Queue a learning ``chat_record`` did not get to (see ``enqueue_formation``)."""
+    if prepared.formation_pending:
+        _queue_formation(prepared, "")
+
+
+def _queue_formation(prepared: PreparedChat, message_id: str) -> None:
+    assert prepared.end_user is not None
+    prepared.formation_pending = False
     enqueue_on_commit(
         "ingestion.tasks.form_memories",
         prepared.end_user.owner_id,
         prepared.end_user.external_id,
         prepared.user_text,
         prepared.received_at.isoformat(),
+        message_id,
         task_name="form-memories",
     )
 
@@ -231,36 +263,51 @@ def _user_turn(prepared: PreparedChat) -> bool:
 
 
 def chat_record(prepared: PreparedChat, text: str) -> None:
-    """With a chat id (Open WebUI's ``X-OpenWebUI-Chat-Id``): the user's message and the
-    answer join the conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, so
-    ``/api/v1/conversations/{chat_id}/history`` and the engine's summaries read it. Only
-    a turn that ends with a user message is recorded (a tool result sent back is the
-    same turn going on), once its answer has arrived."""
-    if not prepared.chat_id or not _user_turn(prepared):
+    """With a chat id (Open WebUI's ``X-OpenWebUI-Chat-Id``): the turn joins the
+    conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, as the user saw it,
+    so ``/api/v1/conversations/{chat_id}/history`` and the engine's summaries read it:
+    a new user message (once its answer has arrived), and the answer when it has text.
+    An answer that is only tool calls waits for the request that sends the tools'
+    results back, whose answer is recorded then (an empty answer would read as one
+    still pending, and hide the question from the history). Once the user's message is
+    recorded, the learning the turn waits for is queued with its id (the facts'
+    source)."""
+    if not prepared.chat_id:
         return
-    sender = prepared.end_user.external_id if prepared.end_user is not None else ""
-    name = prepared.user_name
-    if prepared.user_email:
-        name = f"{name} <{prepared.user_email}>".strip()
-    name = name[:200]
+    messages = []
+    if _user_turn(prepared):
+        sender = prepared.end_user.external_id if prepared.end_user is not None else ""
+        name = prepared.user_name
+        if prepared.user_email:
+            name = f"{name} <{prepared.user_email}>".strip()
+        messages.append(MessageIn(role="user", text=prepared.user_text,
+                                  sender=(sender or "user")[:100], sender_name=name[:200]))  # fmt: skip
+    if text.strip():
+        messages.append(MessageIn(role="assistant", text=text))
+    if not messages:
+        return
     with transaction.atomic():
         flow = flow_ensure(owner_id=prepared.owner_id, name=settings.CHAT_PROXY_FLOW)
-        messages_store(
-            flow=flow, session_id=prepared.chat_id, run_id=f"chat-{uuid.uuid4().hex}",
-            messages=[
-                MessageIn(role="user", text=prepared.user_text, sender=(sender or "user")[:100],
-                          sender_name=name),
-                MessageIn(role="assistant", text=text),
-            ],
-        )  # fmt: skip
+        stored = messages_store(flow=flow, session_id=prepared.chat_id,
+                                run_id=f"chat-{uuid.uuid4().hex}", messages=messages)  # fmt: skip
+    if prepared.formation_pending and messages[0].role == "user":
+        _queue_formation(prepared, str(stored[0].pk))
 
 
-def chat_complete(prepared: PreparedChat) -> dict[str, Any]:
-    """Forward once; the upstream JSON comes back unchanged plus a ``memories`` array."""
-    answer = get_llm(feature="The chat proxy").relay(prepared.body)
+def with_report(answer: JsonText, prepared: PreparedChat) -> JsonText:
+    """The upstream's JSON answer with ``memories`` (and the report's fields) added as
+    top-level members; its own bytes unchanged."""
+    for key, value in {"memories": memories_payload(prepared), **prepared.report}.items():
+        answer = answer.set((key,), value)
+    return answer
+
+
+def chat_complete(prepared: PreparedChat) -> bytes:
+    """Forward once; the upstream's JSON comes back byte for byte, plus ``memories``."""
+    answer = get_llm(feature="The chat proxy").relay(prepared.request.encode())
     enqueue_formation(prepared)
-    chat_record(prepared, answer_text(answer))
-    return {**answer, "memories": memories_payload(prepared), **prepared.report}
+    chat_record(prepared, answer_text(answer.data))
+    return with_report(answer, prepared).encode()
 
 
 def memories_chunk(prepared: PreparedChat, first: dict[str, Any]) -> dict[str, Any]:
@@ -285,42 +332,108 @@ def delta_text(chunk: dict[str, Any]) -> str:
 
 
 def sse(data: dict[str, Any]) -> bytes:
+    """An event of the proxy's own (the memories chunk, an error)."""
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
+DONE = b"data: [DONE]\n\n"
+
+
+def upstream_error(event: SSEEvent) -> ProviderError | None:
+    """An error the upstream sent as an event (OpenAI's ``{"error": {...}}``)."""
+    chunk = event.json()
+    if not isinstance(chunk, dict) or "error" not in chunk:
+        return None
+    error = chunk["error"]
+    message = error.get("message") if isinstance(error, dict) else error
+    return ProviderError(f"provider sent an error: {message}")
+
+
+def error_event(exc: ProviderError) -> bytes:
+    return sse({"error": {"message": str(exc), "type": "upstream_error", "code": exc.status_code}})
+
+
+def stream_opening(events: Iterator[SSEEvent]) -> list[SSEEvent]:
+    """The events up to the first one with data (comments before it included), read
+    before anything is sent: a failure or an error event there is raised, so the client
+    gets a JSON error; [] for a stream that ended at once."""
+    opening = []
+    for event in events:
+        opening.append(event)
+        if event.data is not None:
+            error = upstream_error(event)
+            if error is not None:
+                raise error
+            break
+    return opening
+
+
 def chat_stream(prepared: PreparedChat) -> Iterator[bytes]:
-    """Server-sent events relayed from upstream, each chunk's JSON as it came. Errors
-    before the first chunk raise (the caller answers with a JSON error); later ones end
-    the stream with an error event. With a user, a last chunk carries ``memories``."""
-    stream = get_llm(feature="The chat proxy").relay_stream(prepared.body)
-    first = next(stream, None)  # raises ProviderError before anything is sent
-    return relay_events(prepared, first, stream)
+    """Server-sent events relayed from upstream byte for byte. Errors before the first
+    event raise (the caller answers with a JSON error); later ones end the stream with
+    an error event. With a user, a chunk carrying ``memories`` comes before
+    ``data: [DONE]``."""
+    events = get_llm(feature="The chat proxy").relay_stream(prepared.request.encode())
+    opening = stream_opening(events)
+    return relay_events(prepared, opening, events)
+
+
+@dataclass
+class Relayed:
+    """What a streamed answer has sent: its text (recorded when the stream ends well),
+    its first chunk (the memories chunk takes its id), the upstream's ``[DONE]``."""
+
+    text: list[str] = field(default_factory=list)
+    first: dict[str, Any] | None = None
+    done: bytes = DONE
+    started: bool = False
+    failed: bool = False
+
+    def sent(self, event: SSEEvent, raw: bytes | None = None) -> bytes:
+        """Note ``event`` as sent; answers its bytes (``raw``: as the proxy changed it)."""
+        self.started = True
+        chunk = event.json()
+        if isinstance(chunk, dict):
+            self.first = self.first or chunk
+            self.text.append(delta_text(chunk))
+            self.failed = self.failed or "error" in chunk
+        return event.raw if raw is None else raw
+
+    def close(self, prepared: PreparedChat) -> Iterator[bytes]:
+        if not self.failed:
+            chat_record(prepared, "".join(self.text))
+        if prepared.end_user is not None:
+            yield sse(memories_chunk(prepared, self.first or {}))
+        yield self.done
 
 
 def relay_events(
-    prepared: PreparedChat, first: dict[str, Any] | None, rest: Iterator[dict[str, Any]]
+    prepared: PreparedChat, opening: list[SSEEvent], rest: Iterator[SSEEvent]
 ) -> Iterator[bytes]:
-    """The SSE answer from an upstream stream whose first chunk has arrived."""
-    if first is None:
-        return iter([b"data: [DONE]\n\n"])
+    """The SSE answer from an upstream stream whose opening has arrived: each event's
+    bytes as they came, ``[DONE]`` held back until the memories chunk has gone."""
+    if not opening:
+        return iter([DONE])
 
     def events() -> Iterator[bytes]:
         enqueue_formation(prepared)
-        yield sse(first)
-        parts = [delta_text(first)]
+        relayed = Relayed()
         try:
-            for chunk in rest:
-                parts.append(delta_text(chunk))
-                yield sse(chunk)
-        except ProviderError as exc:
-            error = {
-                "error": {"message": str(exc), "type": "upstream_error", "code": exc.status_code}
-            }
-            yield sse(error)
-        else:
-            chat_record(prepared, "".join(parts))
-        if prepared.end_user is not None:
-            yield sse(memories_chunk(prepared, first))
-        yield b"data: [DONE]\n\n"
+            try:
+                for event in chain(opening, rest):
+                    if event.done:
+                        relayed.done = event.raw
+                    else:
+                        yield relayed.sent(event)
+            except ProviderError as exc:
+                relayed.failed = True
+                yield error_event(exc)
+            finally:  # also when the client goes away: the upstream's response is closed
+                close = getattr(rest, "close", None)
+                if close is not None:
+                    close()
+            yield from relayed.close(prepared)
+        finally:  # the answer started: the turn teaches, recorded or not
+            formation_flush(prepared)
 
     return events()

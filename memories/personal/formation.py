@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 
+from core.providers import json_answer
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.llm import ChatLLM, get_llm
@@ -67,11 +67,6 @@ If (1) or (2), answer {{"action": "replace", "target_id": "<id of that memory>",
 Otherwise answer {{"action": "add", "reason": "<why>"}}.
 Answer with the JSON object only."""
 
-REPAIR_PROMPT = (
-    "Your previous answer was not valid JSON. Answer again with only the JSON object, "
-    "no prose, no code fences."
-)
-
 
 @dataclass
 class Decision:
@@ -83,28 +78,8 @@ class Decision:
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:
-    """Best-effort JSON repair: code fences, prose around the object, trailing commas."""
-    if not text:
-        return None
-    candidate = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip(), flags=re.IGNORECASE)
-    for attempt in (candidate, _outermost_object(candidate)):
-        if not attempt:
-            continue
-        for variant in (attempt, re.sub(r",\s*([}\]])", r"\1", attempt)):
-            try:
-                value = json.loads(variant)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-            if isinstance(value, list):  # a bare list of facts
-                return {"memories": value}
-    return None
-
-
-def _outermost_object(text: str) -> str | None:
-    start, end = text.find("{"), text.rfind("}")
-    return text[start : end + 1] if start != -1 and end > start else None
+    """Best-effort JSON repair (``core.providers.json_answer``); a bare list is the facts."""
+    return json_answer.parse_json_object(text, list_key="memories")
 
 
 class _Calls:
@@ -114,33 +89,18 @@ class _Calls:
         self.llm, self.model, self.count, self.tokens = llm, model, 0, 0
 
     def json(self, messages: list[dict[str, str]], *, what: str) -> dict[str, Any] | None:
-        for attempt in range(2):
-            kwargs: dict[str, Any] = {"temperature": 0}
-            if self.model:
-                kwargs["model"] = self.model
-            result = self.llm.complete(messages, **kwargs)
-            self.count += 1
-            self.tokens += int(result.usage.get("total_tokens") or 0)
-            parsed = parse_json_object(result.content)
-            if parsed is not None:
-                return parsed
-            logger.warning(
-                json.dumps(
-                    {
-                        "event": "memory_llm_malformed_json",
-                        "what": what,
-                        "attempt": attempt + 1,
-                        "answer": result.content[:500],
-                    }
-                )
-            )
-            messages = [
-                *messages,
-                {"role": "assistant", "content": result.content},
-                {"role": "user", "content": REPAIR_PROMPT},
-            ]
-        counter_add("memory_llm_malformed_total")
-        return None
+        kwargs: dict[str, Any] = {"temperature": 0}
+        if self.model:
+            kwargs["model"] = self.model
+        answer = json_answer.complete_json(
+            self.llm, messages, list_key="memories", what=what,
+            event="memory_llm_malformed_json", log=logger, **kwargs,
+        )  # fmt: skip
+        self.count += len(answer.results)
+        self.tokens += sum(int(r.usage.get("total_tokens") or 0) for r in answer.results)
+        if answer.value is None:
+            counter_add("memory_llm_malformed_total")
+        return answer.value
 
 
 def _extract(calls: _Calls, message: str, existing: list[MemoryHit]) -> list[str]:

@@ -71,6 +71,11 @@ def memory_get(*, end_user: EndUser, vector_id: uuid.UUID | str) -> Vector:
     return memory_list(end_user=end_user).get(pk=vector_id)
 
 
+def memories_by_id(*, end_user: EndUser, ids: list[str]) -> dict[str, Vector]:
+    """The user's memories with these ids (one query), by id."""
+    return {str(v.pk): v for v in memory_list(end_user=end_user).filter(pk__in=ids)}
+
+
 def personal_count(*, end_user: EndUser) -> int:
     return scope_fact_count(scope_id=end_user.pk)
 

@@ -6,6 +6,21 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import Tags, Warning, register
+from django.db.models import QuerySet
+
+from knowledge.checks import leave_to_another_check
+
+
+def _store_indexes() -> QuerySet[Any]:
+    """A file store's knowledge base embeds with what the store recorded: this check
+    covers it (a warning when a store without a block fell behind the default, none
+    when the store names its own model)."""
+    from memories.stores.models import MemoryStore
+
+    return MemoryStore.objects.exclude(knowledge_base=None).values("knowledge_base_id")
+
+
+leave_to_another_check(_store_indexes)
 
 
 @register(Tags.compatibility)

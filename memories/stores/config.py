@@ -63,6 +63,33 @@ class AttachmentConfig(StrictConfig):
         return list(dict.fromkeys(value))
 
 
+def attachment_validate(
+    raw: Any, *, where: str, errors: dict[str, list[str]]
+) -> dict[str, Any] | None:
+    """An attachment's fields (``AttachmentConfig``: stages, ``top_k``, threshold, read,
+    write, with their defaults), or None with its problems in ``errors`` under
+    ``where``. The config document and the admin's attachment rows both check here."""
+    data = AttachmentConfig(data=raw)
+    if not data.is_valid():
+        for path, messages in flatten_errors(data.errors, where).items():
+            errors.setdefault(path, []).extend(messages)
+        return None
+    return dict(data.validated_data)
+
+
+def attachment_write_check(
+    attachment: dict[str, Any], *, read_only: bool, where: str, errors: dict[str, list[str]]
+) -> None:
+    """A write attachment on a read-only store (a ``file`` store) is refused."""
+    if read_only and attachment["write"]:
+        name = attachment["name"]
+        _error(errors, f"{where}.write", f"store {name!r} is read-only: set write: false")
+
+
+def attached_twice(name: str) -> str:
+    return f"store {name!r} is attached twice to this node"
+
+
 @dataclass(frozen=True)
 class Change:
     kind: Literal["store", "attachment"]
@@ -202,20 +229,17 @@ def _check_node(
     attachments, seen = [], set()
     for j, raw in enumerate(memories):
         place = f"{where}.memories[{j}]"
-        data = AttachmentConfig(data=raw)
-        if not data.is_valid():
-            for path, messages in flatten_errors(data.errors, place).items():
-                errors.setdefault(path, []).extend(messages)
+        attachment = attachment_validate(raw, where=place, errors=errors)
+        if attachment is None:
             continue
-        attachment = dict(data.validated_data)
         name = attachment["name"]
         known, read_only = _store_kind(name, *stores)
         if not known:
             _error(errors, f"{place}.name", f"no memory store named {name!r}")
         elif name in seen:
-            _error(errors, f"{place}.name", f"store {name!r} is attached twice to this node")
-        elif read_only and attachment["write"]:
-            _error(errors, f"{place}.write", f"store {name!r} is read-only: set write: false")
+            _error(errors, f"{place}.name", attached_twice(name))
+        else:
+            attachment_write_check(attachment, read_only=read_only, where=place, errors=errors)
         seen.add(name)
         attachments.append(attachment)
     if flow is None or not NODE_ID.matches(node_id):

@@ -161,19 +161,96 @@ def _validate_or_raise(**kwargs: Any) -> ValidStore:
     return valid
 
 
-def memory_store_create(
-    *, owner: User, name: str, type: str, config: dict[str, Any] | None
-) -> MemoryStore:
-    """Create a store of a registered type. ``ConfigInvalid`` (400) names each bad place
-    (``config.max_items``...); ``NameTaken`` (409) for a name in use."""
+def _check_loadable(store: MemoryStore, valid: ValidStore) -> None:
+    """Raise what loading ``store`` as ``valid`` describes it would raise before writing
+    (an unset ``${VAR}``, a dimension mismatch), on an unsaved copy: no network call."""
+    candidate = MemoryStore(
+        pk=store.pk,
+        owner_id=store.owner_id,
+        name=store.name,
+        type=valid.type.name,
+        config=valid.config,
+        knowledge_base_id=store.knowledge_base_id,
+    )
+    _record(candidate, valid.spec)
+    backend_for(candidate).check_load()
+
+
+def memory_store_validate_new(*, owner: User, name: Any, type: Any, config: Any) -> ValidStore:
+    """Everything ``memory_store_create`` refuses before it writes: ``ConfigInvalid``
+    (400, each bad place named: ``config.max_items``...), ``NameTaken`` (409), and what
+    loading the store would refuse (``MissingVariable``, 503). The admin's form shows
+    these on the form; the API answers them."""
     valid = _validate_or_raise(name=name, type_name=type, config=config, where="")
-    return memory_store_create_valid(owner=owner, name=name, valid=valid)
+    if MemoryStore.objects.filter(owner=owner, name=name).exists():
+        raise NameTaken(f"a memory store named {name!r} already exists")
+    _check_loadable(MemoryStore(owner=owner, name=name), valid)
+    return valid
 
 
-def memory_store_update(*, store: MemoryStore, config: dict[str, Any] | None) -> MemoryStore:
-    """Validate and replace the config of a store (see ``memory_store_update_valid``)."""
+def memory_store_validate_change(*, store: MemoryStore, config: Any) -> ValidStore:
+    """Everything ``memory_store_update`` refuses before it writes: ``ConfigInvalid``
+    (400), ``Conflict`` ``embedding_locked`` (409: a new embedding on a store holding
+    items), and what loading it would refuse (``MissingVariable``, 503)."""
     valid = _validate_or_raise(name=store.name, type_name=store.type, config=config, where="")
-    return memory_store_update_valid(store=store, valid=valid)
+    problem = embedding_change_problem(store, valid)
+    if problem is not None:
+        raise Conflict(problem, code="embedding_locked", details={"store": store.name})
+    _check_loadable(store, effective_definition(store, valid))
+    return valid
+
+
+def memory_store_create(
+    *, owner: User, name: str, type: str, config: dict[str, Any] | None, load: bool = True
+) -> tuple[MemoryStore, dict[str, Any] | None]:
+    """Create a store of a registered type and load it (a file store indexes its files),
+    or write nothing: refusals are those of ``memory_store_validate_new``, raised before
+    any write; a load that fails anyway (the embedding endpoint down) deletes the store
+    again and raises, so the same call can simply be made again. The load runs outside
+    any transaction (it embeds); ``load=False`` leaves it to the caller (the admin loads
+    once its transaction, attachments included, has committed). Returns the store and
+    what loading it did."""
+    valid = memory_store_validate_new(owner=owner, name=name, type=type, config=config)
+    store = memory_store_create_valid(owner=owner, name=name, valid=valid)
+    if not load:
+        return store, None
+    try:
+        return store, memory_store_load(store=store)
+    except Exception:
+        memory_store_delete(store=store)
+        raise
+
+
+def memory_store_update(
+    *, store: MemoryStore, config: dict[str, Any] | None, load: bool = True
+) -> tuple[MemoryStore, dict[str, Any] | None]:
+    """Validate and replace the config of a store (see ``memory_store_update_valid``),
+    then load it, or change nothing: refusals are those of
+    ``memory_store_validate_change``, raised before any write; a load that fails anyway
+    puts the previous config and recorded embedding back and raises. (A file store whose
+    embedding changed starts its index again either way: the next load fills it.)"""
+    valid = memory_store_validate_change(store=store, config=config)
+    previous = ValidStore(valid.type, store.config, _spec_of(store))  # the type cannot change
+    updated_at = store.updated_at
+    store = memory_store_update_valid(store=store, valid=valid)
+    if not load:
+        return store, None
+    try:
+        return store, memory_store_load(store=store)
+    except Exception:
+        _restore(store, previous, updated_at)
+        raise
+
+
+def _restore(store: MemoryStore, previous: ValidStore, updated_at: Any) -> None:
+    """The row as it was. Chunks a failed load indexed before it failed are derived data:
+    the next load drops those the restored sources do not cover."""
+    if previous.spec == _spec_of(store):
+        MemoryStore.objects.filter(pk=store.pk).update(
+            config=previous.config, updated_at=updated_at
+        )
+        return
+    memory_store_update_valid(store=store, valid=previous)
 
 
 def memory_store_delete(*, store: MemoryStore) -> None:

@@ -4,35 +4,46 @@ The proxy offers ``manage_memory`` and ``search_memory`` (over the end user's sc
 ``["user", <id>]``) to the model beside the client's own tools, runs the calls the model
 makes to them itself, sends the results back, and repeats, at most
 ``CHAT_TOOL_MAX_ROUNDS`` model calls in all: the last one is made without the memory
-tools, so the loop always ends with an answer. That answer goes to the client as the
-upstream gave it (streamed or not), plus ``memory_tool_calls``, what ran.
+tools, so the loop always ends with an answer. A round that calls memory tools and none
+of the client's goes on to the next one (the model reads the results), whether or not
+it wrote text first; a round without memory calls, a round that also calls a client
+tool, and the last round end the loop. Memory calls made in that final round run too,
+and the client sees only its own calls (a turn left with none finishes with ``stop``).
+What ran is reported as ``memory_tool_calls``, streamed or not.
 
-Rounds that call memory tools are buffered (nothing reaches the client); the first round
-that answers (text, or a call to one of the client's tools) is relayed as it arrives.
-When the model calls client tools and memory tools in one turn, the turn goes to the
-client with only its own calls (in a JSON answer the memory calls run first; in a stream
-the turn is relayed as it arrives, so they are left out unrun).
+JSON answers: the final round's answer goes to the client as the upstream sent it (its
+bytes; only the memory calls are taken out of it), plus the report. Streamed answers:
+nothing is sent while rounds only call memory tools; from a round's first text or client
+call on, its events are relayed as they arrive (byte for byte, apart from the memory
+calls' deltas taken out), so text written before a memory call is already with the
+client and the next round's text follows it in the same message. A round's closing
+chunks (finish, usage) wait until the round is known to be the last one.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 from django.conf import settings
 
 from core.errors import InvalidInput
+from core.json_text import JsonText
+from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
+from core.providers.relay import SSEEvent
 from memories.personal.chat import (
     PreparedChat,
+    Relayed,
     answer_text,
     chat_record,
     enqueue_formation,
-    memories_payload,
-    relay_events,
+    error_event,
+    formation_flush,
+    upstream_error,
+    with_report,
 )
 from memories.personal.scopes import user_scope
 from memories.tools.registry import ToolError, openai_tools, tool_call
@@ -40,9 +51,9 @@ from memories.tools.registry import ToolError, openai_tools, tool_call
 MEMORY_TOOLS = ("manage_memory", "search_memory")
 
 
-def offer(body: dict[str, Any]) -> dict[str, Any]:
+def offer(request: JsonText) -> JsonText:
     """The request with the memory tools added to the client's."""
-    client_tools = body.get("tools") or []
+    client_tools = request.data.get("tools") or []
     taken = {t.get("function", {}).get("name") for t in client_tools if isinstance(t, dict)}
     if taken & set(MEMORY_TOOLS):
         raise InvalidInput(
@@ -50,7 +61,10 @@ def offer(body: dict[str, Any]) -> dict[str, Any]:
             f"{sorted(taken & set(MEMORY_TOOLS))[0]}; rename it or leave memory_tools out",
             details={"memory_tools": "tool name taken"},
         )
-    return {**body, "tools": [*client_tools, *openai_tools(MEMORY_TOOLS)]}
+    ours = openai_tools(MEMORY_TOOLS)
+    if isinstance(request.data.get("tools"), list):
+        return request.append(("tools",), *ours)
+    return request.set(("tools",), ours)
 
 
 def _ours(call: dict[str, Any]) -> bool:
@@ -87,58 +101,59 @@ def run_calls(prepared: PreparedChat, calls: list[dict[str, Any]]) -> list[dict[
     return messages
 
 
-def _next_body(body: dict[str, Any], message: dict[str, Any], calls: list[dict[str, Any]],
-               results: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    asked = {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
-    return {**body, "messages": [*body["messages"], asked, *results]}
+def _next_body(request: JsonText, content: str | None, calls: list[dict[str, Any]],
+               results: list[dict[str, Any]]) -> JsonText:  # fmt: skip
+    """The conversation goes on: the model's turn (its text, its memory calls), then the
+    calls' results."""
+    asked = {"role": "assistant", "content": content, "tool_calls": calls}
+    return request.append(("messages",), asked, *results)
 
 
-def _round_body(offered: dict[str, Any], original: dict[str, Any], last: bool) -> dict[str, Any]:
-    if not last:
-        return offered
-    final = {**offered, "tools": original.get("tools")}  # the last call: no memory tools
-    if final["tools"] is None:
-        final.pop("tools")
-        final.pop("tool_choice", None)
-    return final
+def _finish(chunk: Any) -> Any:
+    try:
+        return chunk["choices"][0].get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
 
 
 # --- JSON answers -------------------------------------------------------------------
-def loop_complete(prepared: PreparedChat) -> dict[str, Any]:
+def loop_complete(prepared: PreparedChat) -> bytes:
     llm = get_llm(feature="The chat proxy")
-    body = offer(prepared.body)
+    conversation = prepared.request
     prepared.report["memory_tool_calls"] = []
     rounds = settings.CHAT_TOOL_MAX_ROUNDS
     for number in range(rounds):
-        answer = llm.relay(_round_body(body, prepared.body, number == rounds - 1))
+        last = number == rounds - 1
+        answer = llm.relay((conversation if last else offer(conversation)).encode())
         if number == 0:
             enqueue_formation(prepared)
-        message = _message(answer)
+        message = _message(answer.data)
         calls = message.get("tool_calls") or []
-        ours = [c for c in calls if _ours(c)]
+        ours = [c for c in calls if isinstance(c, dict) and _ours(c)]
         if not ours:
             break
         results = run_calls(prepared, ours)
-        if len(ours) < len(calls) or number == rounds - 1:
-            _keep_client_calls(answer, message, calls)
+        if len(ours) < len(calls) or last:
+            answer = _keep_client_calls(answer, calls)
             break
-        body = _next_body(body, message, ours, results)
-    chat_record(prepared, answer_text(answer))
-    return {**answer, "memories": memories_payload(prepared), **prepared.report}
+        conversation = _next_body(conversation, message.get("content"), ours, results)
+    chat_record(prepared, answer_text(answer.data))
+    return with_report(answer, prepared).encode()
 
 
-def _keep_client_calls(
-    answer: dict[str, Any], message: dict[str, Any], calls: list[dict[str, Any]]
-) -> None:
-    """The turn as the client sees it: its own calls only; none left, the turn stops."""
-    kept = [c for c in calls if not _ours(c)]
-    if kept:
-        message["tool_calls"] = kept
-        return
-    message.pop("tool_calls", None)
-    choice = answer["choices"][0]
-    if choice.get("finish_reason") == "tool_calls":
-        choice["finish_reason"] = "stop"
+def _keep_client_calls(answer: JsonText, calls: list[Any]) -> JsonText:
+    """The turn as the client sees it: its own calls only (the memory calls taken out
+    of the answer's text); none left, the turn stops."""
+    path = ("choices", 0, "message", "tool_calls")
+    if all(isinstance(c, dict) and _ours(c) for c in calls):
+        answer = answer.remove(path)
+        if _finish(answer.data) == "tool_calls":
+            answer = answer.set(("choices", 0, "finish_reason"), "stop")
+        return answer
+    for index in reversed(range(len(calls))):
+        if isinstance(calls[index], dict) and _ours(calls[index]):
+            answer = answer.remove((*path, index))
+    return answer
 
 
 def _message(answer: dict[str, Any]) -> dict[str, Any]:
@@ -150,16 +165,32 @@ def _message(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- streamed answers ---------------------------------------------------------------
-@dataclass
-class _Round:
-    """One streamed model call, read until it shows what it is."""
+def _delta(chunk: Any) -> dict[str, Any]:
+    try:
+        delta = chunk["choices"][0]["delta"]
+    except (KeyError, IndexError, TypeError):
+        return {}
+    return delta if isinstance(delta, dict) else {}
 
-    chunks: list[dict[str, Any]] = field(default_factory=list)
+
+def _closing(chunk: Any) -> bool:
+    """A round's closing chunk: its finish, or a chunk without choices (usage)."""
+    return isinstance(chunk, dict) and (chunk.get("choices") == [] or _finish(chunk) is not None)
+
+
+def _frame(data: str) -> bytes:
+    """An event of the proxy's making for ``data`` (one data line per line of it)."""
+    return b"".join(b"data: " + line.encode() + b"\n" for line in data.split("\n")) + b"\n"
+
+
+@dataclass
+class _Calls:
+    """One streamed model call's text and tool calls, put together from its deltas."""
+
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     content: list[str] = field(default_factory=list)
 
     def add(self, chunk: dict[str, Any]) -> None:
-        self.chunks.append(chunk)
         delta = _delta(chunk)
         self.content.append(str(delta.get("content") or ""))
         for piece in delta.get("tool_calls") or []:
@@ -172,97 +203,147 @@ class _Round:
             call["function"]["name"] += function.get("name") or ""
             call["function"]["arguments"] += function.get("arguments") or ""
 
+    def client_calls(self) -> bool:
+        return any(c["function"]["name"] and not _ours(c) for c in self.calls.values())
+
     def answering(self) -> bool:
-        """Text, or a call to a client tool: this round goes to the client."""
-        return any(self.content) or any(
-            c["function"]["name"] and not _ours(c) for c in self.calls.values()
-        )
+        """Text, or a call to a client tool: this round is shown to the client."""
+        return any(self.content) or self.client_calls()
 
     def ours(self) -> list[dict[str, Any]]:
         return [c for c in self.calls.values() if _ours(c)]
 
-
-def _delta(chunk: dict[str, Any]) -> dict[str, Any]:
-    try:
-        delta = chunk["choices"][0]["delta"]
-    except (KeyError, IndexError, TypeError):
-        return {}
-    return delta if isinstance(delta, dict) else {}
+    def ours_indexes(self) -> set[int]:
+        return {i for i, c in self.calls.items() if _ours(c)}
 
 
-def _without_ours(chunks: Iterator[dict[str, Any]], ours: set[int]) -> Iterator[dict[str, Any]]:
-    """The chunks with the memory tools' call deltas taken out (by their index); a turn
-    left with no call for the client finishes with ``stop``, as a JSON answer does."""
-    kept_any = False
-    for chunk in chunks:
-        delta = _delta(chunk)
-        pieces = delta.get("tool_calls")
-        if pieces:
-            name = lambda p: (p.get("function") or {}).get("name")  # noqa: E731
-            ours |= {int(p.get("index", 0)) for p in pieces if name(p) in MEMORY_TOOLS}
-            kept = [p for p in pieces if int(p.get("index", 0)) not in ours]
-            kept_any = kept_any or bool(kept)
-            if not kept and not delta.get("content") and not delta.get("role"):
+class _StreamRound:
+    """One streamed model call: what it relays (``relay``, a generator) and, when the
+    loop goes on, the turn to send back (``next``)."""
+
+    def __init__(self, prepared: PreparedChat, relayed: Relayed, last: bool) -> None:
+        self.prepared, self.relayed, self.last = prepared, relayed, last
+        self.calls = _Calls()
+        self.held: list[SSEEvent] = []  # read, not sent yet
+        self.answering = self.failed = False
+        self.next: tuple[str | None, list[dict[str, Any]], list[dict[str, Any]]] | None = None
+
+    def relay(self, events: Iterator[SSEEvent]) -> Iterator[bytes]:
+        for event in events:
+            if event.done:
+                self.relayed.done = event.raw
                 continue
-            chunk = json.loads(json.dumps(chunk))  # a copy: the delta changes
-            _delta(chunk)["tool_calls"] = kept or None
-            if not kept:
-                _delta(chunk).pop("tool_calls")
-        if ours and not kept_any and _finish(chunk) == "tool_calls":
-            chunk = json.loads(json.dumps(chunk))
-            chunk["choices"][0]["finish_reason"] = "stop"
-        yield chunk
+            error = upstream_error(event)
+            if error is not None:
+                if not self.relayed.started:
+                    raise error  # nothing sent yet: the client gets a JSON error
+                self.failed = True
+                yield from self._send(final=True)
+                yield self.relayed.sent(event)
+                continue
+            chunk = event.json()
+            if isinstance(chunk, dict):
+                self.calls.add(chunk)
+            self.held.append(event)
+            self.answering = self.answering or self.calls.answering()
+            if self.answering:
+                yield from self._send(final=False)
+        ours = self.calls.ours()
+        if ours and not self.calls.client_calls() and not self.last and not self.failed:
+            content = "".join(self.calls.content) or None
+            self.next = (content, ours, run_calls(self.prepared, ours))
+            if self.answering:  # text that came with the finish still goes, unfinished
+                yield from self._send(final=True, going_on=True)
+            return  # what this round held back (its finish, its usage) is not sent
+        if ours:  # beside a client call, or a stray call in the last round: run all the same
+            run_calls(self.prepared, ours)
+        yield from self._send(final=True)
 
+    def _send(self, *, final: bool, going_on: bool = False) -> Iterator[bytes]:
+        """The held events in order, the memory calls' deltas taken out; a round's
+        closing chunks (and what follows them) wait for ``final``."""
+        while self.held:
+            event = self.held[0]
+            chunk = event.json()
+            if not final and _closing(chunk):
+                return
+            self.held.pop(0)
+            raw = self._stripped(event, chunk, final=final, going_on=going_on)
+            if raw is not None:
+                yield self.relayed.sent(event, raw)
 
-def _finish(chunk: dict[str, Any]) -> Any:
-    try:
-        return chunk["choices"][0].get("finish_reason")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return None
-
-
-def _read_on(current: _Round, stream: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for chunk in stream:
-        current.add(chunk)
-        yield chunk
-
-
-def _then_run_ours(
-    prepared: PreparedChat, current: _Round, chunks: Iterator[dict[str, Any]]
-) -> Iterator[dict[str, Any]]:
-    """The answering round relayed; once it has ended, the memory calls the model made
-    beside its answer or its client calls run (as in a JSON answer), so that the final
-    chunk reports them."""
-    yield from chunks
-    ours = current.ours()
-    if ours:
-        run_calls(prepared, ours)
+    def _stripped(self, event: SSEEvent, chunk: Any, *, final: bool,
+                  going_on: bool) -> bytes | None:  # fmt: skip
+        """The event without the memory calls' deltas (None: nothing left to send). In
+        the final round a turn left with no call for the client finishes with stop; a
+        round the loop goes on from sends only its text, finished by nothing."""
+        if not isinstance(chunk, dict) or event.data is None:
+            return None if going_on else event.raw
+        delta = _delta(chunk)
+        if going_on and not delta.get("content"):
+            return None
+        ours = self.calls.ours_indexes()
+        pieces = delta.get("tool_calls") or []
+        drop = [i for i, p in enumerate(pieces) if int(p.get("index", 0)) in ours]
+        stop = (final and not going_on and bool(ours) and not self.calls.client_calls()
+                and _finish(chunk) == "tool_calls")  # fmt: skip
+        unfinish = going_on and _finish(chunk) is not None
+        if not drop and not stop and not unfinish:
+            return event.raw
+        text = JsonText(event.data)
+        path = ("choices", 0, "delta", "tool_calls")
+        if drop and len(drop) == len(pieces):
+            if not delta.get("content") and not delta.get("role") and _finish(chunk) is None:
+                return None  # only memory calls in it
+            text = text.remove(path)
+        else:
+            for index in reversed(drop):
+                text = text.remove((*path, index))
+        if stop or unfinish:
+            text = text.set(("choices", 0, "finish_reason"), "stop" if stop else None)
+        return _frame(text.text)
 
 
 def loop_stream(prepared: PreparedChat) -> Iterator[bytes]:
-    """Rounds that call memory tools run here, before anything is sent (an upstream
-    error is still a JSON error); the answering round is relayed as it arrives."""
+    """The rounds run until there is something to send (an upstream failure before
+    that raises: the client gets a JSON error); then the events, as they come."""
+    events = _loop_events(prepared)
+    first = next(events)
+
+    def relayed() -> Iterator[bytes]:
+        try:
+            yield first
+            yield from events
+        finally:  # the client went away: the upstream's response is closed now
+            events.close()
+
+    return relayed()
+
+
+def _loop_events(prepared: PreparedChat) -> Generator[bytes, None, None]:
     llm = get_llm(feature="The chat proxy")
-    body = offer(prepared.body)
+    conversation = prepared.request
     prepared.report["memory_tool_calls"] = []
+    relayed = Relayed()
     rounds = settings.CHAT_TOOL_MAX_ROUNDS
-    for number in range(rounds):
-        last = number == rounds - 1
-        stream = llm.relay_stream(_round_body(body, prepared.body, last))
-        current = _Round()
-        for chunk in stream:
-            current.add(chunk)
-            if current.answering():
+    try:
+        for number in range(rounds):
+            last = number == rounds - 1
+            current = _StreamRound(prepared, relayed, last)
+            try:
+                events = llm.relay_stream((conversation if last else offer(conversation)).encode())
+                if number == 0:
+                    enqueue_formation(prepared)
+                yield from current.relay(events)
+            except ProviderError as exc:
+                if not relayed.started:
+                    raise
+                relayed.failed = True
+                yield error_event(exc)
                 break
-        ours = current.ours()
-        if current.answering() or not ours or last:
-            indexes = {i for i, c in current.calls.items() if _ours(c)}
-            read = list(current.chunks)
-            chunks = _without_ours(chain(read, _read_on(current, stream)), indexes)
-            chunks = _then_run_ours(prepared, current, chunks)
-            first = next(chunks, None)
-            return relay_events(prepared, first, chunks)
-        results = run_calls(prepared, ours)
-        message = {"content": "".join(current.content) or None}
-        body = _next_body(body, message, ours, results)
-    raise AssertionError("unreachable: the last round always answers")
+            if current.next is None:
+                break
+            conversation = _next_body(conversation, *current.next)
+        yield from relayed.close(prepared)
+    finally:  # the answer started: the turn teaches, recorded or not
+        formation_flush(prepared)

@@ -4,9 +4,10 @@
 The tools are not re-declared from Python signatures: ``tools/list`` answers each tool's
 own JSON Schema (the one ``GET /api/v1/tools`` lists) with a ``scope`` argument added, and
 ``tools/call`` runs ``tool_call``, so the answers are the other doors' answers (as
-``structuredContent``, and as JSON text). A ``ToolError`` comes back as a tool result with
-``isError`` and the same actionable message; an unknown resource is an MCP error
-(-32602).
+``structuredContent``, and as JSON text). A failed call (a ``ToolError``: bad arguments,
+an unknown memory id...) comes back as a tool result with ``isError`` and the same
+actionable message, for the model to read; an unknown tool or resource is a JSON-RPC
+protocol error (-32602), as the MCP specification has it.
 
 Who calls: ``current_owner`` (the HTTP view sets it from the Bearer key, ``manage.py mcp``
 from ``--owner``). ``served_scope`` is the one scope a stdio server was started for
@@ -25,11 +26,13 @@ from urllib.parse import quote, unquote
 
 import anyio.to_thread
 from django.db import close_old_connections
+from mcp import MCPError
 from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.exceptions import ToolError as MCPToolError
 from mcp.types import (
+    INVALID_PARAMS,
     CallToolResult,
     Resource,
     ResourceTemplate,
@@ -42,11 +45,10 @@ from mcp.types import (
 
 from core.errors import ServiceError
 from memories.engine import files
-from memories.engine.dreams import render_memory_md
-from memories.personal.facts import core_facts_snapshot
+from memories.engine.dreams import memory_md_read
 from memories.personal.scopes import Scope, scope_find, scope_parse
 from memories.personal.selectors import scopes_of_owner
-from memories.tools.registry import Tool, ToolError, tool_call, tool_get, tool_list
+from memories.tools.registry import Tool, ToolError, ToolNotFound, tool_call, tool_get, tool_list
 
 current_owner: ContextVar[int | None] = ContextVar("mcp_owner", default=None)
 served_scope: ContextVar[Scope | None] = ContextVar("mcp_scope", default=None)
@@ -143,6 +145,10 @@ class MemoryMCPServer(MCPServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Any = None
     ) -> CallToolResult:
+        try:
+            tool_get(name)
+        except ToolNotFound as exc:  # the spec: a protocol error, not a failed tool run
+            raise MCPError(code=INVALID_PARAMS, message=str(exc), data=exc.details) from exc
         arguments = dict(arguments)
         scope = arguments.pop("scope", None)
 
@@ -210,7 +216,7 @@ def resource_text(uri: str) -> str:
     if row is None:
         raise ResourceNotFoundError(f"no scope {list(scope)} ({uri})")
     if match["day"] is None:
-        return render_memory_md(row, core_facts_snapshot(scope=row))
+        return memory_md_read(row)
     try:
         return files.journal_read(
             owner_id=row.owner_id, scope=list(scope), day=files.parse_day(match["day"])

@@ -1,4 +1,5 @@
-"""The attacker's sections: hostile input, schemathesis, a cross-tenant sweep.
+"""The attacker's sections: hostile input and schemathesis (the cross-tenant sweep is
+``tenancy.py``).
 
 Each drives a served ``Instance`` (real gunicorn, real database) and returns figures:
 how many answers were 5xx or not in the JSON error shape, what schemathesis found, and
@@ -14,10 +15,9 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from scripts.faults.harness import Instance, Reply
+from scripts.faults.harness import Instance
 
 # The tables a request could write to (the project's apps); django_q and sessions not.
-STAGE = "pre"  # a node-memory retrieval stage
 TABLE_PREFIXES = ("core_", "knowledge_", "ingestion_", "memories_", "memory_", "stores_")
 
 
@@ -422,130 +422,3 @@ def schemathesis_run(inst: Instance, *, examples: int = 10) -> dict[str, Any]:
         f"{op}: {title}" for op, titles in sorted(report.failures.items()) for title in titles
     ][:20]
     return figures
-
-
-# --- cross-tenant sweep ----------------------------------------------------------------
-def _sweep(ids: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    """Every endpoint that names an object, with the other owner's ids."""
-    f, kb, mb, job = ids["flow"], ids["kb"], ids["mb"], ids["job"]
-    memory, store, key = ids["memory"], ids["store"], ids["key"]
-    out: list[tuple[str, str, Any]] = []
-    for prefix in ("memory-bases", "memories"):
-        out += [
-            ("GET", f"/api/v1/{prefix}/{mb}", None),
-            ("PATCH", f"/api/v1/{prefix}/{mb}", {"name": "taken over"}),
-            ("GET", f"/api/v1/{prefix}/{mb}/sessions", None),
-            ("POST", f"/api/v1/{prefix}/{mb}/flush", {}),
-            ("POST", f"/api/v1/{prefix}/{mb}/update", {}),
-            ("POST", f"/api/v1/{prefix}/{mb}/regenerate", {}),
-            ("DELETE", f"/api/v1/{prefix}/{mb}", None),
-        ]
-    for base in (kb, ids["mb_kb"]):
-        out += [
-            ("GET", f"/api/v1/knowledge-bases/{base}", None),
-            ("PATCH", f"/api/v1/knowledge-bases/{base}", {"name": "taken over"}),
-            ("GET", f"/api/v1/knowledge-bases/{base}/chunks", None),
-            ("POST", f"/api/v1/knowledge-bases/{base}/documents", {"documents": [{"text": "x"}]}),
-            ("POST", f"/api/v1/knowledge-bases/{base}/search", {"query": "tea"}),
-            ("GET", f"/api/v1/knowledge-bases/{base}/jobs/{job}", None),
-            ("DELETE", f"/api/v1/knowledge-bases/{base}", None),
-        ]
-    out += [
-        ("POST", "/api/v1/search", {"query": "tea", "knowledge_base_ids": [kb]}),
-        ("GET", f"/api/v1/jobs/{job}", None),
-        ("GET", f"/api/v1/flows/{f}", None),
-        (
-            "POST",
-            f"/api/v1/flows/{f}/runs",
-            {"session_id": "s1", "messages": [{"role": "user", "content": "x"}]},
-        ),
-        (
-            "POST",
-            "/api/v1/messages",
-            {"flow": f, "session_id": "s1", "role": "user", "content": "x"},
-        ),
-        ("GET", f"/api/v1/messages?flow={f}", None),
-        ("GET", f"/api/v1/messages?memory_base_id={mb}", None),
-        ("DELETE", f"/api/v1/flows/{f}/sessions/s1/messages", None),
-        ("GET", f"/api/v1/conversations/s1/history?flow={f}", None),
-        ("GET", f"/api/v1/conversations/s1/nodes/n1/history?flow={f}", None),
-        (
-            "POST",
-            "/api/v1/conversations/s1/nodes/n1/turns",
-            {"flow": f, "message_id": "x1", "user_content": "a", "assistant_content": "b"},
-        ),
-        ("DELETE", f"/api/v1/conversations/s1/nodes/n1?flow={f}", None),
-        ("POST", "/api/v1/memory-bases", {"name": "stolen", "flow": f}),
-        ("GET", f"/api/v1/users/u1/memories/{memory}", None),
-        ("PATCH", f"/api/v1/users/u1/memories/{memory}", {"content": "taken over"}),
-        ("GET", f"/api/v1/users/u1/memories/{memory}/history", None),
-        ("DELETE", f"/api/v1/users/u1/memories/{memory}", None),
-        ("DELETE", "/api/v1/users/u1/memories", None),
-        ("DELETE", f"/api/v1/global-memories/{ids['global_memory']}", None),
-        ("GET", f"/api/v1/memory-stores/{store}", None),
-        ("PATCH", f"/api/v1/memory-stores/{store}", {"config": {}}),
-        ("GET", f"/api/v1/memory-stores/{store}/items", None),
-        ("POST", f"/api/v1/memory-stores/{store}/load", None),
-        ("DELETE", f"/api/v1/memory-stores/{store}", None),
-        ("GET", f"/api/v1/flows/{f}/nodes/n1/memory", None),
-        ("POST", f"/api/v1/flows/{f}/nodes/n1/memory/retrieve", {"stage": STAGE, "query": "tea"}),
-        ("POST", f"/api/v1/flows/{f}/nodes/n1/memory/write", {"input": "a", "output": "b"}),
-        ("GET", f"/api/v1/engine/facts/{ids['fact']}", None),
-        ("PATCH", f"/api/v1/engine/facts/{ids['fact']}", {"content": "taken over"}),
-        ("DELETE", f"/api/v1/engine/facts/{ids['fact']}", None),
-        ("GET", f"/api/v1/api-keys/{key}", None),
-        ("DELETE", f"/api/v1/api-keys/{key}", None),
-    ]
-    return out
-
-
-# Reads scoped by a name the caller chooses (an end-user id): another owner's "u1" is a
-# different person, so the answer is that owner's own (empty) data, not a 404.
-_OWN_NAMESPACE = {"DELETE /api/v1/users/u1/memories"}
-
-
-def cross_tenant(inst: Instance) -> dict[str, Any]:
-    """Two owners: the second calls every endpoint with the first's ids. Each answer
-    must be 404 (or an empty answer in the caller's own namespace) and every project
-    table unchanged."""
-    inst.wait_healthy(worker=False)
-    ids = _objects(inst)
-    intruder = inst.key_for(f"intruder-{uuid.uuid4().hex[:6]}")
-    sweep = _sweep(ids)
-    before = settled_digest(inst)
-    statuses: Counter[int] = Counter()
-    leaks: list[str] = []
-    for method, path, body in sweep:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        reply: Reply = inst.raw(method, path, data, headers, key=intruder)
-        statuses[reply.status] += 1
-        label = f"{method} {path.split('?')[0]}"
-        own = label in _OWN_NAMESPACE and reply.status == 404
-        if reply.status != 404 and not own:
-            leaks.append(f"{method} {path}: {reply.status} {str(reply.body)[:80]}")
-    # The owner's lists, seen by the intruder: empty.
-    for path in (
-        "/api/v1/flows",
-        "/api/v1/knowledge-bases",
-        "/api/v1/memory-bases",
-        "/api/v1/memory-stores",
-        "/api/v1/users/u1/memories",
-        "/api/v1/global-memories",
-        "/api/v1/messages",
-        "/api/v1/api-keys",
-    ):
-        reply = inst.raw("GET", path, key=intruder)
-        statuses[reply.status] += 1
-        results = reply.body.get("results") if isinstance(reply.body, dict) else None
-        expected = 1 if path == "/api/v1/api-keys" else 0  # its own key
-        if reply.status != 200 or results is None or len(results) != expected:
-            leaks.append(f"GET {path}: {reply.status} {str(reply.body)[:80]}")
-    changed = _changed(before, settled_digest(inst))
-    return {
-        "requests": len(sweep) + 8,
-        "by_status": dict(sorted(statuses.items())),
-        "not_404_or_leaked": len(leaks),
-        "leaks": leaks[:20],
-        "tables_changed": changed,
-    }

@@ -22,8 +22,9 @@ from typing import Any
 import psutil
 import psycopg
 
-from scripts.faults.attacks import cross_tenant, hostile_input, schemathesis_run
+from scripts.faults.attacks import hostile_input, schemathesis_run
 from scripts.faults.harness import Instance, Reply, alive, title
+from scripts.faults.tenancy import cross_tenant
 
 
 # --- worker kills during Memory Base ingestion ------------------------------------------

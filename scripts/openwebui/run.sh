@@ -26,8 +26,24 @@ if [ ! -x "$VENV/bin/open-webui" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check open-webui==0.12.4
 fi
 
+# The demo's memory service keeps its data apart: its own embedded PostgreSQL in
+# $DEMO_DATA, started fresh, never the .data directory or the DATABASE_URL of your own
+# service (the demo migrates, creates a user and a key, and writes memories).
+DEMO_DATA=${OWUI_MEMORY_DATA:-$WORK/memory-data}
+unset DATABASE_URL
+export MEMORY_DATA_DIR="$DEMO_DATA" EMBEDDED_DB_NAME=memory EMBEDDED_DB_SHARED_BUFFERS=128MB
+stop_demo_db() {
+  .venv/bin/python -c "import sys; from core.embedded_pg import stop_embedded_postgres; \
+stop_embedded_postgres(sys.argv[1])" "$DEMO_DATA" 2>/dev/null || true
+}
+stop_demo_db  # left running by an interrupted run
+rm -rf "$DEMO_DATA"
+
 pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true
+  stop_demo_db
+}
 trap cleanup EXIT
 
 wait_for() {  # url, seconds
@@ -41,7 +57,7 @@ if [ -z "${LLM_BASE_URL:-}" ]; then
   wait_for "$LLM_BASE_URL/models" 30
 fi
 
-# The memory service: web + worker; memories form as soon as a message arrives.
+# The memory service (web + worker, on $DEMO_DATA); memories form as soon as a message arrives.
 export MEMORY_UPDATE_DEBOUNCE_SECONDS=0
 .venv/bin/python manage.py migrate -v 0
 KEY=$(.venv/bin/python manage.py create_api_key owui-demo --create-user --name "open-webui demo" | tail -n 1)

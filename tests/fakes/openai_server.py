@@ -19,10 +19,26 @@ from typing import Any
 @dataclass
 class Scripted:
     status: int = 200
-    body: Any = None  # dict -> JSON; str -> raw text
+    body: Any = None  # dict -> JSON; str or bytes -> sent as they are
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
-    stream_chunks: list[dict[str, Any]] | None = None  # SSE when set
+    # SSE when set: a dict is one event ``data: <json>``; bytes go out as they are
+    stream_chunks: list[dict[str, Any] | bytes] | None = None
+    compact: bool = False  # JSON without spaces, non-ASCII as raw UTF-8 (as many servers)
+    split: int = 0  # write each event in pieces of this many bytes (separate TCP reads)
+    done: bool = True  # end the stream with ``data: [DONE]``
+
+    def encode(self, value: Any) -> bytes:
+        if isinstance(value, bytes):
+            return value
+        if isinstance(value, str):
+            return value.encode()
+        if self.compact:
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(value).encode()
+
+    def event(self, chunk: dict[str, Any] | bytes) -> bytes:
+        return chunk if isinstance(chunk, bytes) else b"data: " + self.encode(chunk) + b"\n\n"
 
 
 def chat_body(content: str, *, model: str = "fake-model", usage: dict | None = None) -> dict:
@@ -147,15 +163,17 @@ class FakeOpenAIServer:
                     self.send_header("Cache-Control", "no-cache")
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    for chunk in scripted.stream_chunks:
-                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                        self.wfile.flush()
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
+                    events = [scripted.event(c) for c in scripted.stream_chunks]
+                    for event in [*events, b"data: [DONE]\n\n"][: None if scripted.done else -1]:
+                        size = scripted.split or len(event)
+                        for at in range(0, len(event), size):
+                            self.wfile.write(event[at : at + size])
+                            self.wfile.flush()
+                            if scripted.split:
+                                time.sleep(0.002)  # so the pieces arrive as separate reads
                     self.close_connection = True
                     return
-                body = scripted.body
-                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                data = scripted.encode(scripted.body)
                 self.send_response(scripted.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

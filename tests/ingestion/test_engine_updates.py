@@ -3,15 +3,12 @@ flushes live in Postgres; a run is all-or-nothing and safe to repeat."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 from django_q.models import Schedule
 
-from core.db import advisory_session_lock
 from ingestion.tasks import engine_updates_sweep, form_memories
 from ingestion.updates import updates_run, updates_sweep
 from memories.engine import files
@@ -21,25 +18,11 @@ from memories.personal.models import MemoryUpdate, Vector
 from memories.personal.scopes import scope_find
 from memories.personal.selectors import core_fact_list
 from tests.fakes.openai_server import Scripted
-from tests.memories.engine.scripted import EngineLLM, fact
+from tests.ingestion.conftest import DARK, RUST, TEA
+from tests.memories.engine.scripted import fact, scope_held
 
 pytestmark = pytest.mark.django_db
 SCOPE = ("user", "alice")
-TEA = "I drink green tea every morning"
-RUST = "I am learning Rust this year"
-DARK = "Please use dark mode, always"
-
-
-@pytest.fixture
-def engine_llm(llm_settings, openai_server, engine_storage, settings):
-    settings.MEMORY_UPDATE_DEBOUNCE_SECONDS = 30
-    script = EngineLLM({
-        TEA: [fact("User drinks green tea every morning", "behavior", 0.95)],
-        RUST: [fact("User is learning Rust", "goal", 0.9), fact("User may like Go", "preference", 0.4)],
-        DARK: [fact("User prefers dark mode", "preference", 0.98)],
-    })  # fmt: skip
-    openai_server.chat_fn = script
-    return script
 
 
 def _facts(owner):
@@ -74,7 +57,10 @@ def test_three_flushes_in_the_window_cost_one_extraction(alice, engine_llm):
     run = updates_run(scope_id=updates[0].scope_id, now=t0 + timedelta(seconds=50))
     assert (run.status, run.llm_calls, engine_llm.calls["extraction"]) == ("done", 1, 1)
     prompt = engine_llm.prompts["extraction"][0]
-    assert f"user: {TEA}\nuser: {RUST}\nuser: {DARK}" in prompt
+    u1, u2, u3 = (u.pk for u in updates)
+    assert (
+        f"[flush:{u1}] user: {TEA}\n[flush:{u2}] user: {RUST}\n[flush:{u3}] user: {DARK}" in prompt
+    )
     assert _facts(alice) == [
         ("User drinks green tea every morning", "behavior", 0.95, "message"),
         ("User is learning Rust", "goal", 0.9, "message"),
@@ -218,23 +204,8 @@ def test_malformed_json_is_repaired_by_one_retry(alice, engine_llm, openai_serve
 
 def test_two_runs_of_one_scope_never_overlap(alice, engine_llm):
     update = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": TEA}])
-    held, release = threading.Event(), threading.Event()
-
-    def other_worker():
-        with advisory_session_lock(f"engine-scope:{update.scope_id}") as taken:
-            assert taken
-            held.set()
-            release.wait(10)
-        connection.close()
-
-    thread = threading.Thread(target=other_worker)
-    thread.start()
-    try:
-        held.wait(10)
+    with scope_held(update.scope_id):
         busy = updates_run(scope_id=update.scope_id, force=True)
-    finally:
-        release.set()
-        thread.join()
     assert busy.status == "busy" and engine_llm.calls["extraction"] == 0
     update.refresh_from_db()
     assert update.status == "pending"
@@ -248,3 +219,42 @@ def test_invalid_flush_writes_nothing(alice, engine_llm):
         with pytest.raises(InvalidInput):
             update_record(owner=alice, scope=SCOPE, messages=bad)
     assert PendingUpdate.objects.count() == 0 and scope_find(owner=alice, scope=SCOPE) is None
+
+
+def test_facts_name_the_messages_they_come_from(alice, engine_llm):
+    """A fact's source is the message(s) it was learned from: the ids a flush gives its
+    messages (those the extraction names in "sources", else all of the batch), or
+    ``flush:<update id>`` for a flush whose messages have none."""
+    engine_llm.extractions = {
+        TEA: [fact("User drinks green tea every morning", "behavior", 0.95, sources=["m-2"])],
+        DARK: [fact("User prefers dark mode", "preference", 0.98)],  # names no source
+        RUST: [fact("User is learning Rust", "goal", 0.9, sources=["nope"])],  # unknown: all
+    }
+    update_record(owner=alice, scope=SCOPE, messages=[
+        {"role": "assistant", "content": "How do you start your day?", "id": "m-1"},
+        {"role": "user", "content": TEA, "id": "m-2"},
+        {"role": "user", "content": DARK, "id": 3},
+    ])  # fmt: skip
+    bare = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": RUST}])
+    run = updates_run(scope_id=bare.scope_id, force=True)
+    assert run.llm_calls == 1
+    prompt = engine_llm.prompts["extraction"][0]
+    assert f"[m-2] user: {TEA}" in prompt and f"[flush:{bare.pk}] user: {RUST}" in prompt
+    row = scope_find(owner=alice, scope=SCOPE)
+    sources = {v.content: (v.source_kind, v.source_ref) for v in core_fact_list(scope=row)}
+    assert sources == {
+        "User drinks green tea every morning": ("message", "m-2"),
+        "User prefers dark mode": ("message", f"m-1,m-2,3,flush:{bare.pk}"),
+        "User is learning Rust": ("message", f"m-1,m-2,3,flush:{bare.pk}"),
+    }
+
+
+@pytest.mark.parametrize("bad", [{"x": 1}, "", "a,b", "x" * 256, True])
+def test_a_bad_message_id_is_400_and_writes_nothing(alice, engine_llm, bad):
+    from core.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as error:
+        update_record(owner=alice, scope=SCOPE,
+                      messages=[{"role": "user", "content": TEA, "id": bad}])  # fmt: skip
+    assert error.value.details == {"messages": {0: {"id": "invalid"}}}
+    assert PendingUpdate.objects.count() == 0

@@ -30,9 +30,8 @@ from memories.engine.api.serializers import (
 )
 from memories.engine.facade import MemoryEngine
 from memories.personal.facts import core_fact_resolve
-from memories.personal.models import Vector
 from memories.personal.retrieval import injection_payload
-from memories.personal.scopes import Scope, scope_find
+from memories.personal.scopes import Scope
 from memories.personal.selectors import FactFilter, core_fact_get, core_fact_list
 
 SCOPE_PARAMETER = OpenApiParameter(
@@ -109,18 +108,13 @@ class FactsView(APIView):
     @extend_schema(
         summary="List a scope's facts",
         parameters=[SCOPE_PARAMETER, CATEGORY_PARAMETER],
-        responses=paginated(FactOutputSerializer),
+        responses={200: paginated(FactOutputSerializer), 404: ERROR},
     )
     def get(self, request: Request) -> Response:
         engine = _engine(request, dict(request.query_params.items()))
-        scope = _query_scope(request, engine, required=True)
-        row = scope_find(owner=_owner(request), scope=scope) if scope else None
+        row = engine.existing(cast(Scope, _query_scope(request, engine, required=True)))
         categories = request.query_params.getlist("category") or None
-        qs = (
-            core_fact_list(scope=row, filter=FactFilter(categories=categories))
-            if row is not None
-            else Vector.objects.none()
-        )
+        qs = core_fact_list(scope=row, filter=FactFilter(categories=categories))
         return paginated_response(self, request, qs, FactOutputSerializer)
 
     @extend_schema(
@@ -193,14 +187,14 @@ class SearchView(APIView):
     @extend_schema(
         summary="Search a scope's facts",
         request=SearchSerializer,
-        responses={200: EngineSearchOutputSerializer},
+        responses={200: EngineSearchOutputSerializer, 404: ERROR},
     )
     def post(self, request: Request) -> Response:
         data = _validated(SearchSerializer, request.data)
         engine = _engine(request, data["scope_values"])
         result = engine.search(
             data["scope"], data["query"], limit=data["limit"], offset=data["offset"],
-            filter=data.get("filter"), half_life_days=data.get("half_life_days"),
+            filter=data.get("filter"), half_life_days=data.get("half_life_days"), must_exist=True,
         )  # fmt: skip
         return Response(
             {
@@ -215,13 +209,13 @@ class InjectionView(APIView):
     @extend_schema(
         summary="The memory block to inject for a scope",
         request=InjectionSerializer,
-        responses={200: OpenApiTypes.OBJECT},
+        responses={200: OpenApiTypes.OBJECT, 404: ERROR},
     )
     def post(self, request: Request) -> Response:
         data = _validated(InjectionSerializer, request.data)
         engine = _engine(request, data["scope_values"])
         block = engine.format_for_injection(
-            data["scope"], data["max_tokens"], query=data.get("query") or None
+            data["scope"], data["max_tokens"], query=data.get("query") or None, must_exist=True
         )
         return Response({"scope": list(engine.scope(data["scope"])), **injection_payload(block)})
 

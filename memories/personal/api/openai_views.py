@@ -5,7 +5,8 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
+from django.http.request import RawPostDataException
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
@@ -15,6 +16,7 @@ from rest_framework.views import APIView
 from core.api.errors import openai_exception_handler
 from core.api.schema import OpenAIErrorSerializer
 from core.errors import InvalidInput
+from core.json_text import JsonText
 from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
 from core.validation import validate_end_user_id, validate_session_id
@@ -46,18 +48,17 @@ class ChatCompletionsView(APIView):
         chat_id = _header(request, settings.MEMORY_CHAT_HEADER)
         return validate_session_id(chat_id) if chat_id else None
 
-    def _body(self, request: Request) -> dict[str, Any]:
-        """The client's body, validated where the proxy relies on it; every field goes
-        upstream as sent (``stream_options`` only with ``stream``)."""
+    def _body(self, request: Request) -> JsonText:
+        """The client's body, validated where the proxy relies on it; it goes upstream
+        byte for byte as sent (``stream_options`` only with ``stream``)."""
+        raw = _raw_body(request)  # before request.data: DRF's parser consumes the stream
         if not isinstance(request.data, dict):
             raise InvalidInput("The body must be a JSON object.")
         checked = ChatCompletionSerializer(data=request.data)
         checked.is_valid(raise_exception=True)
-        body = dict(request.data)
-        if "stream" in body:
-            body["stream"] = checked.validated_data["stream"]  # "false" is False
-        if not body.get("stream"):
-            body.pop("stream_options", None)
+        body = _as_sent(raw, request.data)
+        if not checked.validated_data["stream"] and "stream_options" in body.data:
+            body = body.remove(("stream_options",))
         return body
 
     @extend_schema(
@@ -72,13 +73,13 @@ class ChatCompletionsView(APIView):
         description="OpenAI's chat completion (the upstream's answer plus a memories "
         "array), or server-sent events with stream=true. Errors in OpenAI's shape.",
     )
-    def post(self, request: Request) -> Response | StreamingHttpResponse:
+    def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
         body = self._body(request)
         prepared = self.prepare(request, body)
         return self.answer(prepared)
 
-    def prepare(self, request: Request, body: dict[str, Any]) -> PreparedChat:
-        external_id = self._external_id(request, body)
+    def prepare(self, request: Request, body: JsonText) -> PreparedChat:
+        external_id = self._external_id(request, body.data)
         chat_id = self._chat_id(request)
         if not settings.LLM_BASE_URL:
             raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")
@@ -96,10 +97,32 @@ class ChatCompletionsView(APIView):
             logger.exception("memory retrieval failed; answering without memories")
             return chat_prepare(external_id=None, **common)
 
-    def answer(self, prepared: PreparedChat) -> Response | StreamingHttpResponse:
+    def answer(self, prepared: PreparedChat) -> HttpResponse | StreamingHttpResponse:
         if prepared.body.get("stream"):
             return event_stream(chat_stream(prepared))
-        return Response(chat_complete(prepared))
+        return json_answer(chat_complete(prepared))
+
+
+def _raw_body(request: Request) -> bytes | None:
+    try:
+        return request._request.body
+    except RawPostDataException:  # read as a stream already (a parser ran first)
+        return None
+
+
+def _as_sent(raw: bytes | None, data: dict[str, Any]) -> JsonText:
+    """The body's own text when it is the JSON the parser read (else, say a form post
+    or another charset, ``data`` written as JSON)."""
+    try:
+        sent = JsonText.parse(raw) if raw is not None else None
+    except ValueError:
+        sent = None
+    return sent if sent is not None and isinstance(sent.data, dict) else JsonText.of(data)
+
+
+def json_answer(content: bytes) -> HttpResponse:
+    """A JSON answer's bytes as they are (no renderer encodes them again)."""
+    return HttpResponse(content, content_type="application/json")
 
 
 def event_stream(events: Any) -> StreamingHttpResponse:

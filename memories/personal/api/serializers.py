@@ -146,10 +146,12 @@ class GlobalMemoryInSerializer(serializers.Serializer):
 
 
 class MemoryAddResultSerializer(serializers.Serializer):
-    """Schema only: memories stored as given, and those that were already stored."""
+    """Schema only: memories stored as given, those that were already stored, and the
+    ids of the user's memories trimmed by ``ENGINE_MAX_FACTS`` to make room."""
 
     memories = MemoryOutputSerializer(many=True)
     duplicates = MemoryOutputSerializer(many=True)
+    evicted = serializers.ListField(child=serializers.UUIDField())
 
 
 class HistorySerializer(serializers.ModelSerializer):

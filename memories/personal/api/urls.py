@@ -6,9 +6,8 @@ from memories.personal.api import views
 register_converters()
 
 urlpatterns = [
-    path(
-        "users/<end_user:user_id>/memories", views.UserMemoriesView.as_view(), name="user-memories"
-    ),
+    # "users/<end_user:user_id>/memories" (user-memories): ingestion.api.urls, whose view
+    # adds POST to views.UserMemoriesView.
     path(
         "users/<end_user:user_id>/memories/search",
         views.UserMemorySearchView.as_view(),

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.http import Http404
 from django.utils import timezone
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,21 +15,19 @@ from core.api.schema import DeletedSerializer, paginated, wrapped
 from core.providers.embeddings import get_embedder
 from core.validation import validate_end_user_id
 from memories.personal.api.serializers import (
-    DecisionSerializer,
     GlobalMemoryInSerializer,
     HistorySerializer,
-    MemoryAddResultSerializer,
-    MemoryAddSerializer,
     MemoryHitSerializer,
     MemoryOutputSerializer,
     MemorySearchSerializer,
     MemoryUpdateSerializer,
 )
-from memories.personal.formation import memory_formation_run
+from memories.personal.facts import FactIn, core_fact_add
 from memories.personal.models import EndUser, Vector
 from memories.personal.selectors import (
     end_user_find,
     global_memory_list,
+    memories_by_id,
     memory_get,
     memory_history,
     memory_list,
@@ -40,7 +38,6 @@ from memories.personal.services import (
     end_user_erase,
     global_memory_create,
     global_memory_delete,
-    memory_add,
     memory_delete,
     memory_update,
 )
@@ -63,6 +60,11 @@ def _memory(request: Request, user_id: str, memory_id: Any) -> tuple[EndUser, Ve
 
 
 class UserMemoriesView(APIView):
+    """An end user's memories: list, add (``add_as_given``), forget. The route's view is
+    ``ingestion.api.user_memories.UserMemoriesView``, which adds ``POST``: its
+    ``infer: true`` runs the debounced-update pipeline (``ingestion.updates``), which
+    this room may not import."""
+
     @extend_schema(
         summary="List an end user's memories", responses=paginated(MemoryOutputSerializer)
     )
@@ -73,63 +75,29 @@ class UserMemoriesView(APIView):
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response(MemoryOutputSerializer(page, many=True).data)
 
-    @extend_schema(
-        summary="Add memories (extracted by the LLM, or stored as given)",
-        request=MemoryAddSerializer,
-        responses={
-            201: MemoryAddResultSerializer,
-            200: PolymorphicProxySerializer(
-                component_name="MemoryAddOutcome",
-                serializers=[MemoryAddResultSerializer, wrapped("decisions", DecisionSerializer)],
-                resource_type_field_name=None,
-            ),
-        },
-        description="infer=false: 201 with the stored memories (200 when all were "
-        "duplicates). infer=true: 200 with the LLM's decisions.",
-    )
-    def post(self, request: Request, user_id: str) -> Response:
-        external_id = _user_id(user_id)
-        data = MemoryAddSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = data.validated_data
-        now = timezone.now()
-        if values["infer"]:
-            from core.providers.llm import get_llm
-
-            llm = get_llm(
-                feature="Memory extraction (infer=true)"
-            )  # 503 before anything is written
-            text = values.get("text") or "\n".join(
-                m["content"] for m in values["messages"] if m["role"] == "user"
-            )
-            decisions = memory_formation_run(
-                owner_id=request.user.pk,
-                external_id=external_id,
-                message=text,
-                message_at=now,
-                llm=llm,
-            )
-            return Response(
-                {"decisions": DecisionSerializer(decisions, many=True).data},
-                status=status.HTTP_200_OK,
-            )
+    def add_as_given(self, request: Request, external_id: str, values: dict[str, Any]) -> Response:
+        """``infer: false``: the texts stored as given through the engine's write path
+        (``core_fact_add``): confidence 1.0, source ``api``, exact duplicates skipped,
+        and the scope trimmed to ``ENGINE_MAX_FACTS`` (each eviction audited)."""
         end_user = end_user_ensure(owner=request.user, external_id=external_id)
-        stored: list[Any] = []
-        duplicates: list[Any] = []
-        for text in values["texts"]:
-            vector, duplicate = memory_add(
-                end_user=end_user,
-                content=text,
-                reason="added through the API",
-                observed_at=now,
-                dedup_threshold=1.01,
-                metadata=values.get("metadata"),
-            )
-            (duplicates if duplicate else stored).append(vector)
+        now = timezone.now()
+        decisions = core_fact_add(
+            owner=request.user.pk, scope=end_user, reason="added through the API",
+            dedup_threshold=1.01,  # as given: only the same text is a duplicate
+            facts=[FactIn(text, observed_at=now, metadata=values.get("metadata") or {})
+                   for text in values["texts"]],
+        )  # fmt: skip
+        kept = [d for d in decisions if d.action in ("add", "duplicate")]
+        found = memories_by_id(end_user=end_user, ids=[d.fact_id for d in kept if d.fact_id])
+        stored = [found[d.fact_id] for d in kept if d.action == "add" and d.fact_id in found]
+        duplicates = [
+            found[d.fact_id] for d in kept if d.action == "duplicate" and d.fact_id in found
+        ]
         return Response(
             {
                 "memories": MemoryOutputSerializer(stored, many=True).data,
                 "duplicates": MemoryOutputSerializer(duplicates, many=True).data,
+                "evicted": decisions[-1].evicted_ids if decisions else [],
             },
             status=status.HTTP_201_CREATED if stored else status.HTTP_200_OK,
         )

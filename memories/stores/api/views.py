@@ -98,8 +98,7 @@ class StoreListView(APIView):
     def post(self, request: Request) -> Response:
         data = StoreCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        store = memory_store_create(owner=request.user, **data.validated_data)
-        load = memory_store_load(store=store)
+        store, load = memory_store_create(owner=request.user, **data.validated_data)
         body = StoreOutputSerializer(_store(request, store.pk)).data
         return Response({**body, "load": load}, status=status.HTTP_201_CREATED)
 
@@ -118,8 +117,7 @@ class StoreDetailView(APIView):
         store = _store(request, store_id)
         data = StoreUpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        store = memory_store_update(store=store, config=data.validated_data["config"])
-        load = memory_store_load(store=store)
+        store, load = memory_store_update(store=store, config=data.validated_data["config"])
         return Response({**StoreOutputSerializer(_store(request, store_id)).data, "load": load})
 
     @extend_schema(summary="Delete a memory store", responses={204: None})

@@ -127,6 +127,13 @@ class StoreBackend(ABC):
         return None  # optional hook
 
     # --- runtime ------------------------------------------------------------------------
+    def check_load(self) -> None:
+        """Raise what ``load`` would raise before it writes anything (an unset ``${VAR}``,
+        a dimension mismatch), without network calls. Called on an unsaved copy before a
+        store is created or reconfigured through the API or the admin, so that a store
+        that cannot load is refused with nothing written."""
+        return None
+
     def load(self) -> dict[str, Any] | None:
         """Bring derived data up to date (a file store re-indexes changed files)."""
         return None

@@ -62,13 +62,26 @@ class BlackboardConfig(StrictConfig):
 
 
 class BlackboardStore(StoreBackend):
+    _newest: sql.Newest | None = None  # this call's read, from prepare_retrieve
+
     def _oldest_kept(self) -> datetime | None:
         age = parse_duration(self.config.get("max_age"))
         return None if age is None else timezone.now() - age
 
+    def prepare_retrieve(self, query: RetrieveQuery) -> None:
+        # Entries past max_age are left out even before a write trims them. The read
+        # goes in the call's one round trip; ``since`` is taken once, here.
+        self._newest = sql.Newest(str(self.store.pk), query.top_k, self._oldest_kept())
+        if query.searches is not None:
+            query.searches.add(self._newest)
+
     def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
-        # Entries past max_age are left out even before a write trims them.
-        return sql.newest(self.store.pk, query.top_k, since=self._oldest_kept())
+        search = self._newest
+        if search is None or search.limit != query.top_k:  # not prepared
+            return sql.newest(self.store.pk, query.top_k, since=self._oldest_kept())
+        if query.searches is not None:
+            return query.searches.newest_result(search)
+        return sql.newest(search.store_id, search.limit, since=search.since)
 
     def update(self, write: WriteIn, prepared: Any) -> WriteResult:
         if not write.input.text.strip() and not write.output.text.strip():

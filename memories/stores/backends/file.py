@@ -1,8 +1,9 @@
 """``file``: read-only, a file-backed knowledge base of the store's own.
 
 Indexing is knowledge's (``knowledge_base_index_files``: chunks of 500/50, only files
-whose sha256 changed are re-embedded, chunks of deleted files removed); search is
-knowledge's exact-or-HNSW vector search. Files are read only below
+whose sha256 changed are re-embedded, chunks of deleted files removed); the vector
+search over its chunks (``knowledge.selectors.chunk_nearest_sql``) runs in the retrieve
+call's one round trip with the other stores' searches. Files are read only below
 ``MEMORY_STORE_FILE_ROOTS``: a tenant's config must not read the server's files.
 """
 
@@ -21,7 +22,6 @@ from core.db import advisory_session_lock
 from core.providers.embeddings import EmbeddingConfig
 from knowledge.files import KEY_PREFIX, knowledge_base_index_files
 from knowledge.models import KnowledgeBase
-from knowledge.search import SearchRequest, search_chunks
 from knowledge.selectors import chunk_list
 from knowledge.services import (
     FILE_CHUNKING,
@@ -30,6 +30,7 @@ from knowledge.services import (
     knowledge_base_delete_chunks,
 )
 from memories.stores.backends.base import RetrieveQuery, StoreBackend, StoreHit
+from memories.stores.backends.sql import ChunkNearest, nearest_all
 from memories.stores.embedding import EmbeddingBlock
 from memories.stores.registry import StrictConfig
 from memories.stores.text import key_content
@@ -144,6 +145,9 @@ class FileStore(StoreBackend):
             knowledge_base_delete(knowledge_base=self.store.knowledge_base)
 
     # --- runtime ------------------------------------------------------------------------
+    def check_load(self) -> None:
+        self.embedder()  # resolves the block's ${VAR}s and checks the dimension
+
     def load(self) -> dict[str, Any]:
         """Re-index what changed; drop chunks of files no source covers any more."""
         with advisory_session_lock(f"memory-store-load:{self.store.pk}") as taken:
@@ -188,32 +192,43 @@ class FileStore(StoreBackend):
             return None
         return query.vectors.for_embedder(embedder, text)
 
-    def prepare_retrieve(self, query: RetrieveQuery) -> None:
-        self._query_vector(query)
-
-    def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+    def _search(self, query: RetrieveQuery) -> ChunkNearest | None:
         vector = self._query_vector(query)
         if vector is None:
-            return []
-        threshold = None if query.similarity_threshold <= -1 else query.similarity_threshold
-        request = SearchRequest(
-            vector=[float(x) for x in vector],
-            top_k=query.top_k,
-            mode="vector",
-            similarity_threshold=threshold,
+            return None
+        kb = self.knowledge_base
+        threshold = query.similarity_threshold
+        max_distance = None if threshold <= -1 else 1.0 - threshold
+        return ChunkNearest.of(
+            kb.pk, vector, query.top_k, max_distance, kb.embedding_dimensions, kb.chunk_count
         )
+
+    def prepare_retrieve(self, query: RetrieveQuery) -> None:
+        search = self._search(query)  # the query embedded, outside any transaction
+        if search is not None and query.searches is not None:
+            query.searches.add(search)
+
+    def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+        """The chunks nearest the query's key sentences, in the call's one round trip:
+        an exact scan of a base of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` chunks, else
+        the chunks' HNSW index (rows not indexed yet ranked exactly beside it; a short
+        answer redone exactly), as for the items of a ``simple`` store."""
+        search = self._search(query)
+        if search is None:
+            return []
+        if query.searches is not None:
+            found = query.searches.chunk_result(search)
+        else:
+            found = nearest_all([], [search])[1][0]
         return [
             StoreHit(
-                id=f"chunk:{hit.chunk_id}",
+                id=f"chunk:{hit.id}",
                 content=hit.text,
-                score=hit.vector_score,
-                similarity=hit.vector_score,
-                metadata={
-                    "file_path": hit.metadata.get("file_path", ""),
-                    "chunk_index": hit.metadata.get("chunk_index"),
-                },
+                score=hit.similarity,
+                similarity=hit.similarity,
+                metadata={"file_path": hit.file_path, "chunk_index": hit.chunk_index},
             )
-            for hit in search_chunks(bases=[self.knowledge_base], request=request)
+            for hit in found
         ]
 
     def item_count(self) -> int:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -17,6 +18,7 @@ from django.db import connection, transaction
 
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from knowledge.models import INDEXED_DIMENSIONS
+from knowledge.selectors import chunk_nearest_sql
 from memories.stores.backends.base import StoreHit
 
 TABLE = "memory_stores_memoryitem"
@@ -91,6 +93,68 @@ class Nearest:
     @property
     def literal(self) -> str:
         return vector_literal(np.frombuffer(self.vector, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class ChunkNearest:
+    """A file store's vector search: the ``limit`` chunks of its knowledge base nearest
+    ``vector`` (float64 bytes), at most ``max_distance`` away; ``rows`` is the base's
+    chunk count (its counter: no query), which picks the path as for items."""
+
+    knowledge_base_id: str
+    vector: bytes
+    limit: int
+    max_distance: float | None
+    dims: int
+    rows: int
+
+    @classmethod
+    def of(
+        cls, kb_id: Any, vector: Any, limit: int, max_distance: float | None, dims: int, rows: int
+    ) -> ChunkNearest:
+        data = np.asarray(vector, dtype=np.float64).tobytes()
+        return cls(str(kb_id), data, limit, max_distance, dims, rows)
+
+    @property
+    def indexed(self) -> bool:
+        """Through the chunks' HNSW index: a base of more than
+        ``MEMORY_STORE_EXACT_MAX_ITEMS`` chunks (the stores' rule, which is not
+        knowledge's ``SEARCH_EXACT_MAX_ROWS``), of an indexed dimension."""
+        return self.dims in INDEXED_DIMENSIONS and self.rows > settings.MEMORY_STORE_EXACT_MAX_ITEMS
+
+    def statement(self, index: bool) -> tuple[str, list[Any]]:
+        literal = vector_literal(np.frombuffer(self.vector, dtype=np.float64))
+        return chunk_nearest_sql(
+            knowledge_base_id=self.knowledge_base_id,
+            dims=self.dims,
+            vector=literal,
+            limit=self.limit,
+            index=index,
+        )
+
+
+@dataclass(frozen=True)
+class ChunkHit:
+    id: int
+    text: str
+    file_path: str
+    chunk_index: int
+    similarity: float
+
+
+def _chunk_hits(
+    search: ChunkNearest, rows: list[tuple[Any, ...]], index: bool
+) -> list[ChunkHit] | None:
+    """The search's hits from its statement's rows, or None when the index's own rows
+    came back short (the caller redoes it exactly)."""
+    if index and sum(1 for row in rows if not row[5]) < search.limit:
+        return None
+    cut = None if search.max_distance is None else search.max_distance + 1e-9
+    return [
+        ChunkHit(row[0], row[1], row[2], row[3], 1.0 - float(row[4]))
+        for row in rows[: search.limit]
+        if cut is None or float(row[4]) <= cut
+    ]
 
 
 @cache
@@ -213,23 +277,75 @@ def _statement(group: list[tuple[int, Nearest, Path]]) -> tuple[str, list[Any]]:
     return sql, [*(literal for _, literal in literals.values()), *params]
 
 
+@dataclass(frozen=True)
+class Newest:
+    """A store's newest ``limit`` items, created at ``since`` or later (None: any)."""
+
+    store_id: str
+    limit: int
+    since: datetime | None = None
+
+    def statement(self) -> tuple[str, list[Any]]:
+        age = " AND created_at >= %s" if self.since is not None else ""
+        params: list[Any] = [self.store_id] + ([self.since] if self.since is not None else [])
+        sql = (
+            f"SELECT id, content_summary, metadata, created_at FROM {TABLE} "
+            f"WHERE store_id = %s{age} ORDER BY id DESC LIMIT %s"
+        )
+        return sql, [*params, self.limit]
+
+
+class Found(NamedTuple):
+    items: list[list[StoreHit]]
+    chunks: list[list[ChunkHit]]
+    newest: list[list[StoreHit]]
+
+
 def _run(searches: list[tuple[Nearest, Path]]) -> list[list[StoreHit]]:
+    """Each items' search's hits, nearest first, in one round trip (``_run_all``)."""
+    return _run_all(searches, [])[0]
+
+
+def _run_all(
+    searches: list[tuple[Nearest, Path]],
+    chunks: list[tuple[ChunkNearest, bool]],
+    newest: Sequence[Newest] = (),
+) -> tuple[list[list[StoreHit]], list[list[ChunkHit] | None], list[list[StoreHit]]]:
     """Every search in one round trip: index searches grouped by the ``hnsw.ef_search``
     they need, each group's settings local to the transaction (``SET LOCAL``), all the
     statements sent as one query string when the cursor binds on the client (Django's
-    default); one statement at a time otherwise. Hits of each search nearest first."""
+    default); one statement at a time otherwise. Items' hits of each search nearest
+    first; chunks' (``(search, through the index)``) likewise, or None for an index
+    answer that came back short; ``newest``'s items newest first."""
     groups: dict[int, list[tuple[int, Nearest, Path]]] = {}
     for n, (search, path) in enumerate(searches):
         ef = _ef(search.limit) if path != "exact" else 0
         groups.setdefault(ef, []).append((n, search, path))
-    statements: list[tuple[str, list[Any], bool]] = []  # (sql, params, has rows we want)
-    for ef, group in sorted(groups.items()):
+    chunk_groups: dict[int, list[int]] = {}
+    for n, (chunk, through_index) in enumerate(chunks):
+        chunk_groups.setdefault(_ef(chunk.limit) if through_index else 0, []).append(n)
+    # (sql, params, what its rows are: None, ("items",), ("chunks", n) or ("newest", n))
+    statements: list[tuple[str, list[Any], tuple[Any, ...] | None]] = []
+    statements += [(*recent.statement(), ("newest", n)) for n, recent in enumerate(newest)]
+    for ef in sorted(set(groups) | set(chunk_groups)):
         if ef:
-            statements.append((*_settings(ef), False))
-        statements.append((*_statement(group), True))
+            statements.append((*_settings(ef), None))
+        if ef in groups:
+            statements.append((*_statement(groups[ef]), ("items",)))
+        for n in chunk_groups.get(ef, []):
+            statements.append((*chunks[n][0].statement(chunks[n][1]), ("chunks", n)))
     out: list[list[StoreHit]] = [[] for _ in searches]
+    chunk_out: list[list[ChunkHit] | None] = [None for _ in chunks]
+    newest_out: list[list[StoreHit]] = [[] for _ in newest]
 
-    def collect(rows: list[tuple[Any, ...]]) -> None:
+    def collect(rows: list[tuple[Any, ...]], wanted: tuple[Any, ...]) -> None:
+        if wanted[0] == "chunks":
+            search, index = chunks[wanted[1]]
+            chunk_out[wanted[1]] = _chunk_hits(search, rows, index)
+            return
+        if wanted[0] == "newest":
+            newest_out[wanted[1]] = [_hit(row) for row in rows]
+            return
         for row in rows:
             out[row[0]].append(_hit(row[1:5], float(row[5])))
 
@@ -244,26 +360,34 @@ def _run(searches: list[tuple[Nearest, Path]]) -> list[list[StoreHit]]:
                 if index:
                     cur.nextset()
                 if wanted:
-                    collect(cur.fetchall())
+                    collect(cur.fetchall(), wanted)
         else:
             with transaction.atomic(savepoint=False):
                 for sql, params, wanted in statements:
                     cur.execute(sql, params)
                     if wanted:
-                        collect(cur.fetchall())
-    return out
+                        collect(cur.fetchall(), wanted)
+    return out, chunk_out, newest_out
 
 
 def nearest_many(searches: list[Nearest]) -> list[list[StoreHit]]:
-    """Each search's hits, nearest first, all searches in one round trip.
+    """Each items' search's hits, nearest first, in one round trip (``nearest_all``)."""
+    return nearest_all(searches, [])[0]
 
-    Stores of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` items are scanned exactly; larger
-    ones go through the HNSW index of their dimension (approximate: its recall is in
-    BENCHMARKS.md), one walk for the stores searched with the same vector, and an
-    index scan that comes back short is redone exactly.
+
+def nearest_all(
+    searches: list[Nearest], chunks: list[ChunkNearest], newest: Sequence[Newest] = ()
+) -> Found:
+    """Each search's hits, nearest first, all searches in one round trip (the items'
+    searches and the file stores' chunk searches alike; and ``newest``'s reads).
+
+    Stores of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` items (or chunks) are scanned
+    exactly; larger ones go through the HNSW index of their dimension (approximate: its
+    recall is in BENCHMARKS.md), one walk for the item stores searched with the same
+    vector, and an index scan that comes back short is redone exactly.
     """
-    if not searches:
-        return []
+    if not searches and not chunks and not newest:
+        return Found([], [], [])
     indexed = [
         s.dims is not None
         and s.dims in INDEXED_DIMENSIONS
@@ -277,14 +401,27 @@ def nearest_many(searches: list[Nearest]) -> list[list[StoreHit]]:
         "exact" if not on else "shared" if walks[(_ef(s.limit), s.dims, s.vector)] > 1 else "index"
         for s, on in zip(searches, indexed)
     ]
-    results = _run(list(zip(searches, paths)))
+    results, found, recent = _run_all(
+        list(zip(searches, paths)), [(c, c.indexed) for c in chunks], newest
+    )
     alone = [
         n
         for n, hits in enumerate(results)
         if paths[n] == "shared" and len(hits) < searches[n].limit
     ]
-    for n, hits in zip(alone, _run([(searches[n], "index") for n in alone]) if alone else []):
+    short_chunks = [n for n, hits in enumerate(found) if hits is None]
+    again, exact_chunks, _ = (
+        _run_all(
+            [(searches[n], "index") for n in alone],
+            [(chunks[n], False) for n in short_chunks],
+        )
+        if alone or short_chunks
+        else ([], [], [])
+    )
+    for n, hits in zip(alone, again):
         results[n] = hits
+    for n, chunk_hits in zip(short_chunks, exact_chunks):
+        found[n] = chunk_hits
     short = [n for n, hits in enumerate(results) if indexed[n] and len(hits) < searches[n].limit]
     for n, hits in zip(short, _run([(searches[n], "exact") for n in short]) if short else []):
         results[n] = hits
@@ -292,7 +429,7 @@ def nearest_many(searches: list[Nearest]) -> list[list[StoreHit]]:
         if indexed[n] and n not in short and search.max_distance is not None:
             cut = search.max_distance + 1e-9
             results[n] = [h for h in results[n] if 1.0 - (h.similarity or 0.0) <= cut]
-    return results
+    return Found(results, [hits or [] for hits in found], recent)
 
 
 def nearest(
@@ -303,38 +440,53 @@ def nearest(
     return nearest_many([Nearest.of(store_id, vector, limit, max_distance, dims)])[0]
 
 
+Search = Nearest | ChunkNearest | Newest
+
+
 class SearchBatch:
     """The vector searches of one retrieve call, run together in one round trip.
 
-    Stores add theirs while they prepare (outside any transaction); the first store
-    that asks for its result, inside the retrieve call's transaction, runs them all.
-    A search nobody added beforehand runs then, on its own."""
+    Stores add theirs while they prepare (outside any transaction): items' searches
+    (``Nearest``), file stores' chunk searches (``ChunkNearest``) and a blackboard's
+    newest entries (``Newest``); the first store that asks for its result runs them all. A search nobody added beforehand runs then,
+    on its own."""
 
     def __init__(self) -> None:
-        self._pending: list[Nearest] = []
-        self._done: dict[Nearest, list[StoreHit]] = {}
+        self._pending: list[Search] = []
+        self._done: dict[Search, Any] = {}
 
-    def add(self, search: Nearest) -> None:
+    def add(self, search: Search) -> None:
         if search not in self._done and search not in self._pending:
             self._pending.append(search)
 
-    def result(self, search: Nearest) -> list[StoreHit]:
+    def _result(self, search: Search) -> Any:
         if search not in self._done:
             self.add(search)
             pending, self._pending = self._pending, []
-            self._done.update(zip(pending, nearest_many(pending)))
+            items = [s for s in pending if isinstance(s, Nearest)]
+            chunks = [s for s in pending if isinstance(s, ChunkNearest)]
+            recent = [s for s in pending if isinstance(s, Newest)]
+            found = nearest_all(items, chunks, recent)
+            self._done.update(zip(items, found.items))
+            self._done.update(zip(chunks, found.chunks))
+            self._done.update(zip(recent, found.newest))
         return self._done.pop(search)
+
+    def result(self, search: Nearest) -> list[StoreHit]:
+        return self._result(search)  # type: ignore[no-any-return]
+
+    def chunk_result(self, search: ChunkNearest) -> list[ChunkHit]:
+        return self._result(search)  # type: ignore[no-any-return]
+
+    def newest_result(self, search: Newest) -> list[StoreHit]:
+        return self._result(search)  # type: ignore[no-any-return]
 
 
 def newest(store_id: Any, limit: int, since: datetime | None = None) -> list[StoreHit]:
-    age = " AND created_at >= %s" if since is not None else ""
-    params: list[Any] = [store_id] + ([since] if since is not None else [])
+    """A store's newest ``limit`` items (since ``since``), newest first, on its own."""
+    sql, params = Newest(str(store_id), limit, since).statement()
     with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT id, content_summary, metadata, created_at FROM {TABLE} "
-            f"WHERE store_id = %s{age} ORDER BY id DESC LIMIT %s",
-            [*params, limit],
-        )
+        cur.execute(sql, params)
         return [_hit(row) for row in cur.fetchall()]
 
 

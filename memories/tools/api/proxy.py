@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
-from rest_framework.response import Response
 
 from core.errors import InvalidInput
-from memories.personal.api.openai_views import ChatCompletionsView, event_stream
+from core.json_text import JsonText
+from memories.personal.api.openai_views import ChatCompletionsView, event_stream, json_answer
 from memories.personal.api.serializers import ChatCompletionSerializer
 from memories.tools.chat_loop import loop_complete, loop_stream
 
@@ -22,19 +20,18 @@ class MemoryToolsChatView(ChatCompletionsView):
     proxy also offers the model manage_memory/search_memory and runs them itself.
     ``memory_tools`` is this service's own field and never goes upstream."""
 
-    def _opt_in(self, body: dict[str, Any]) -> bool | None:
-        value = body.pop("memory_tools", None)
+    def _opt_in(self, body: JsonText) -> tuple[bool | None, JsonText]:
+        value = body.data.get("memory_tools")
         if value is not None and not isinstance(value, bool):
             raise InvalidInput(
                 "memory_tools: Must be a boolean.", details={"memory_tools": "boolean"}
             )
-        return value
+        return value, body.remove(("memory_tools",)) if "memory_tools" in body.data else body
 
     @extend_schema(request=ChatCompletionSerializer, responses={200: dict})
-    def post(self, request: Request) -> Response | StreamingHttpResponse:
-        body = self._body(request)
-        opt_in = self._opt_in(body)
-        if opt_in and not self._external_id(request, body):
+    def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
+        opt_in, body = self._opt_in(self._body(request))
+        if opt_in and not self._external_id(request, body.data):
             raise InvalidInput(
                 "memory_tools needs an end user: send the X-OpenWebUI-User-Id header or the "
                 "user field",
@@ -46,4 +43,4 @@ class MemoryToolsChatView(ChatCompletionsView):
             return self.answer(prepared)
         if prepared.body.get("stream"):
             return event_stream(loop_stream(prepared))
-        return Response(loop_complete(prepared))
+        return json_answer(loop_complete(prepared))

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from django.db import connection
 
+from core.db import advisory_session_lock
 from tests.fakes.openai_server import Scripted, chat_body
 
 
@@ -71,3 +75,26 @@ def engine_storage(tmp_path, settings):
     }}  # fmt: skip
     settings.ENGINE_STORAGE = "engine_test"
     return location
+
+
+@contextmanager
+def scope_held(scope_id: int) -> Iterator[None]:
+    """Another worker holding the scope's run lock meanwhile (a thread, so a
+    connection of its own)."""
+    held, release = threading.Event(), threading.Event()
+
+    def other_worker() -> None:
+        with advisory_session_lock(f"engine-scope:{scope_id}") as taken:
+            assert taken
+            held.set()
+            release.wait(30)
+        connection.close()
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    try:
+        assert held.wait(10)
+        yield
+    finally:
+        release.set()
+        thread.join()

@@ -34,7 +34,8 @@ def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_sett
     page = admin_client.get(
         f"/admin/memory_engine/scopejournal/{scope_id}/change/"
     ).content.decode()
-    assert today in page and "download" in page and "User likes tea" not in page  # no MEMORY.md yet
+    assert today in page and "download" in page
+    assert "- [0.90] User likes tea (id: " in page  # MEMORY.md, rendered from the facts
     day = admin_client.get(f"/admin/memory_engine/scopejournal/{scope_id}/journal/{today}/")
     assert day.status_code == 200 and "- **user**: I like tea" in day.content.decode()
     download = admin_client.get(

@@ -73,7 +73,8 @@ def test_operator_reads_the_journal_dreams_and_undoes(
     )
     days = browser.find_element(By.CSS_SELECTOR, "div.field-journal div.readonly").text
     assert days == f"{today} · show · download"
-    assert "not written yet: the scope's first dream writes it" in browser.page_source
+    assert "- [0.90] User likes green tea in the morning (id: " in browser.find_element(
+        By.CSS_SELECTOR, "div.field-memory_md").text  # rendered from the facts  # fmt: skip
     shot(browser, "admin-engine-scope-journal")
     browser.find_element(By.LINK_TEXT, "show").click()
     WebDriverWait(browser, 30).until(lambda b: "/journal/" in b.current_url)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memories.personal.models import MemoryUpdate, Vector
+from memories.personal.models import EndUser, MemoryUpdate, Vector
 
 pytestmark = pytest.mark.django_db
 
@@ -63,11 +63,22 @@ def test_another_owner_gets_404_and_nothing_changes(
     assert r.status_code == 404 and r.json()["error"]["code"] == "fact_not_found"
     assert bob_client.delete(url).status_code == 404
     assert anon_client.get(url).status_code == 401
-    assert bob_client.get("/api/v1/engine/facts?scope=user&scope=alice").json()["count"] == 0
-    r = bob_client.post(
-        "/api/v1/engine/search", {"scope": ["user", "alice"], "query": VIOLIN}, format="json"
-    )
-    assert r.json()["results"] == []
+    # bob has no scope ["user", "alice"]: every read of it is a 404, as for updates,
+    # journal and dreams (alice's scope of that name is not his)
+    reads = [
+        bob_client.get("/api/v1/engine/facts?scope=user&scope=alice"),
+        bob_client.post("/api/v1/engine/search", {"scope": ["user", "alice"], "query": VIOLIN},
+                        format="json"),
+        bob_client.post("/api/v1/engine/injection", {"scope": ["user", "alice"], "max_tokens": 100},
+                        format="json"),
+        bob_client.get("/api/v1/engine/updates?scope=user&scope=alice"),
+        bob_client.get("/api/v1/engine/journal?scope=user&scope=alice"),
+        bob_client.get("/api/v1/engine/dreams?scope=user&scope=alice"),
+    ]  # fmt: skip
+    assert [(r.status_code, r.json()["error"]["code"]) for r in reads] == [
+        (404, "scope_not_found")
+    ] * 6
+    assert not EndUser.objects.filter(owner__username="bob").exists()  # reads created nothing
     v = Vector.objects.get(pk=fact["id"])
     assert (v.confidence, v.content) == (1.0, "User prefers dark mode")
     assert MemoryUpdate.objects.count() == 1

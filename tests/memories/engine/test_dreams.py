@@ -19,6 +19,8 @@ from memories.engine.dreams import (
     dream_undo,
     dreams_daily,
     engine_settings_update,
+    memory_md_read,
+    render_memory_md,
 )
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
@@ -94,8 +96,10 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
         ("User drinks green tea every morning", "behavior", 0.95, "dream"),
         ("User lives in Berlin", "context", 0.9, "dream"),
         ("User uses vim", "behavior", 0.95, "api"),
-        ("User works remotely", "context", 0.8, "dream"),
+        ("User works remotely", "context", 0.8, "journal"),  # learned from the journal
     ]
+    remote = next(f for f in core_facts_snapshot(scope=dream.scope) if "remotely" in f["content"])
+    assert remote["source_ref"] == timezone.now().date().isoformat()  # the day it read
     assert sorted(c["action"] for c in dream.changes) == [
         "add",
         "delete",
@@ -122,6 +126,41 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
     assert f"## Dream {dream.pk}" in diary
     assert "Read 4 facts and 1 journal days; 1 add, 1 delete, 2 replace, 1 update." in diary
     assert "Merged the two tea facts; Alice moved to Berlin." in diary
+
+
+def test_dream_additions_honour_the_threshold_and_name_their_journal_day(alice, dreaming):
+    today = timezone.now().date()
+    yesterday = today - timedelta(days=1)
+    files.journal_append(owner_id=alice.pk, scope=list(SCOPE), source="api",
+                         messages=[{"role": "user", "content": "I got a cat"}],
+                         at=timezone.now() - timedelta(days=1))  # fmt: skip
+
+    def answer(prompt):
+        return {"facts": [*keep_all(prompt)["facts"],
+            {"id": None, "content": "User has a cat", "category": "context", "confidence": 0.9,
+             "day": yesterday.isoformat()},  # names the day it read it on
+            {"id": None, "content": "User works remotely", "category": "context"},  # no confidence
+            {"id": None, "content": "User may own a boat", "confidence": 0.3},  # a guess
+        ]}  # fmt: skip
+
+    dreaming.dream = answer
+    dream = dream_run(owner=alice, scope=SCOPE, lookback_days=2).dream
+    assert dream.journal_days == [yesterday.isoformat(), today.isoformat()]
+    new = {f["content"]: (f["confidence"], f["source_kind"], f["source_ref"])
+           for f in core_facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"}  # fmt: skip
+    assert new == {
+        "User has a cat": (0.9, "journal", yesterday.isoformat()),
+        # no confidence given: the threshold (ENGINE_MIN_CONFIDENCE), not 1.0; no day
+        # named: the newest day the dream read
+        "User works remotely": (0.7, "journal", today.isoformat()),
+    }
+    assert [(c["content"], c["result"]) for c in dream.changes if c["action"] == "add"] == [
+        ("User has a cat", "add"), ("User works remotely", "add"),
+        ("User may own a boat", "below_threshold"),  # thresholded like any new fact
+    ]  # fmt: skip
+    undone = dream_undo(owner=alice, dream_id=dream.pk)
+    assert undone.status == "undone"
+    assert not [f for f in core_facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"]
 
 
 def test_unchanged_inputs_skip_the_llm(alice, dreaming):
@@ -182,13 +221,13 @@ def test_only_the_latest_dream_can_be_undone_and_not_by_another_owner(alice, bob
 
 def test_a_dream_dropping_too_much_is_refused_and_changes_nothing(alice, dreaming):
     dreaming.dream = lambda prompt: {"facts": [], "diary": "Forgot everything."}
-    before = _state(alice)
+    before, md = _state(alice), _memory_md(alice)
     with pytest.raises(DreamTooLossy) as refused:
         dream_run(owner=alice, scope=SCOPE)
     assert refused.value.status_code == 422
     assert refused.value.details == {"dropped": 4, "facts": 4, "max_drop": 0.5}
     assert _state(alice) == before and Dream.objects.count() == 0
-    assert files.read_text(files.memory_md_path(alice.pk, list(SCOPE))) is None
+    assert _memory_md(alice) == md  # as the update run left it
 
 
 def test_malformed_dream_answers_change_nothing(alice, dreaming):
@@ -200,10 +239,10 @@ def test_malformed_dream_answers_change_nothing(alice, dreaming):
     assert _state(alice) == before and Dream.objects.count() == 0
 
 
-def test_daily_schedule_dreams_active_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming):
-    assert dreams_daily() == 1
+def test_daily_schedule_dreams_changed_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming):
+    assert dreams_daily() == 1  # one task queued (run at once in tests)
     assert Dream.objects.get().trigger == "schedule"
-    assert dreams_daily() == 0  # unchanged: skipped
+    assert dreams_daily() == 0  # nothing changed since (the dream's own changes do not count)
     dreaming.dream = keep_all
     engine_settings_update(owner=alice, dream_schedule=False)
     update = update_record(
@@ -212,8 +251,70 @@ def test_daily_schedule_dreams_active_scopes_unless_the_owner_turned_it_off(alic
     updates_run(scope_id=update.scope_id, force=True)
     assert dreams_daily() == 0 and Dream.objects.count() == 1 and dreaming.calls["dream"] == 1
     engine_settings_update(owner=alice, dream_schedule=True)
-    assert dreams_daily() == 1
-    assert dreams_daily(now=timezone.now() + timedelta(days=2)) == 0  # nothing new in a day
+    assert dreams_daily() == 1 and Dream.objects.count() == 2  # the journal changed
+    assert dreams_daily(now=timezone.now() + timedelta(days=2)) == 0  # nothing new since
+
+
+def test_daily_schedule_fans_out_one_task_per_changed_scope(alice, bob, dreaming, monkeypatch):
+    """Every scope whose facts or journal changed since its last dream gets its own task
+    (a slow or failing scope holds up no other); facts written through the REST API
+    count, not only processed flushes."""
+    from memories.engine import dreams
+
+    queued = []
+    real = dreams.enqueue
+    monkeypatch.setattr(dreams, "enqueue", lambda *a, **k: (queued.append((a, k)), real(*a, **k)))
+    dreaming.dream = keep_all
+    engine = ("org", "acme")
+    core_fact_add(
+        owner=alice, scope=engine, facts=[FactIn("Acme ships on Fridays", "context", 0.9)]
+    )
+    core_fact_add(owner=bob, scope=SCOPE, facts=[FactIn("Bob's alice likes tea", "context", 0.9)])
+    engine_settings_update(owner=bob, dream_schedule=False)
+    acme = scope_find(owner=alice, scope=engine)
+    alices = scope_find(owner=alice, scope=SCOPE)
+
+    assert dreams_daily() == 2
+    assert sorted(a[1] for a, _ in queued) == sorted([acme.pk, alices.pk])
+    assert {(a[0], k["task_name"]) for a, k in queued} == {
+        ("ingestion.tasks.engine_dream_scope", f"engine-dream-{acme.pk}"),
+        ("ingestion.tasks.engine_dream_scope", f"engine-dream-{alices.pk}"),
+    }
+    assert sorted(Dream.objects.values_list("scope_id", "trigger")) == sorted(
+        [(acme.pk, "schedule"), (alices.pk, "schedule")]
+    )
+    # a fact added through the API since: that scope only
+    core_fact_add(owner=alice, scope=engine, facts=[FactIn("Acme has 40 staff", "context", 0.9)])
+    queued.clear()
+    assert dreams_daily() == 1 and [a[1] for a, _ in queued] == [acme.pk]
+    # only a dream's own audit reason ("dream <id>") is left out, not any text like it
+    core_fact_add(owner=alice, scope=SCOPE, reason="dream job, said in passing",
+                  facts=[FactIn("User wants to be a pilot", "goal", 0.9)])  # fmt: skip
+    queued.clear()
+    assert dreams_daily() == 1 and [a[1] for a, _ in queued] == [alices.pk]
+
+
+def test_a_scheduled_dream_is_safe_to_run_twice_and_never_beside_another(
+    alice, dreaming, monkeypatch
+):
+    from ingestion.tasks import engine_dream_scope
+    from memories.engine import dreams
+    from tests.memories.engine.scripted import scope_held
+
+    row = scope_find(owner=alice, scope=SCOPE)
+    day = timezone.now().date().isoformat()
+    monkeypatch.setattr(dreams, "SCHEDULED_WAIT_SECONDS", 0.5)
+    with scope_held(row.pk):  # a run (an update, another dream) of the scope under way
+        assert engine_dream_scope(row.pk, day) == "busy"
+    assert Dream.objects.count() == 0 and dreaming.calls["dream"] == 0
+    assert engine_dream_scope(row.pk, day) == "dreamed"
+    assert engine_dream_scope(row.pk, day) == "skipped"  # a second delivery: same inputs
+    assert Dream.objects.count() == 1 and dreaming.calls["dream"] == 1
+    dreaming.dream = lambda prompt: {"facts": [], "diary": "Forgot everything."}
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    assert engine_dream_scope(row.pk, day) == "failed"  # refused (too lossy), logged
+    assert Dream.objects.count() == 1
+    assert engine_dream_scope(999_999, day) == "gone"
 
 
 def test_dream_command_dry_run_then_dream_then_undo(alice, dreaming, capsys):
@@ -228,3 +329,73 @@ def test_dream_command_dry_run_then_dream_then_undo(alice, dreaming, capsys):
     assert f"Undo: manage.py dream alice --undo {dream.pk}" in capsys.readouterr().out
     call_command("dream", "alice", "--undo", str(dream.pk))
     assert _state(alice) == before
+
+
+# --- MEMORY.md between dreams, and files a crash left unwritten ----------------------
+def _memory_md(owner) -> str | None:
+    return files.read_text(files.memory_md_path(owner.pk, list(SCOPE)))
+
+
+def test_memory_md_is_rendered_on_read_and_rewritten_by_update_runs(alice, dreaming):
+    dream = dream_run(owner=alice, scope=SCOPE).dream
+    assert _memory_md(alice) == dream.memory_md_after
+    row = dream.scope
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    assert "User has a cat" not in _memory_md(alice)  # an API write leaves the file behind
+    text = memory_md_read(row)  # a read renders it from the database, and stores it
+    assert "- [0.90] User has a cat (id: " in text and _memory_md(alice) == text
+    assert text == render_memory_md(row, core_facts_snapshot(scope=row))
+
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a dog", "context", 0.9)])
+    dreaming.extractions["I got a parrot"] = [
+        {"content": "User has a parrot", "category": "context", "confidence": 0.9}
+    ]
+    update = update_record(owner=alice, scope=SCOPE,
+                           messages=[{"role": "user", "content": "I got a parrot"}])  # fmt: skip
+    updates_run(scope_id=update.scope_id, force=True)  # rewrites it after its commit
+    stored = _memory_md(alice)
+    assert "User has a parrot" in stored and "User has a dog" in stored
+    assert stored == render_memory_md(row, core_facts_snapshot(scope=row))
+
+
+def test_a_crash_after_the_dream_commits_leaves_files_the_next_read_writes(
+    alice, dreaming, monkeypatch
+):
+    from memories.engine import dreams
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt  # the worker dies between the commit and the files
+
+    monkeypatch.setattr(dreams, "_write_files", die)
+    with pytest.raises(KeyboardInterrupt):
+        dream_run(owner=alice, scope=SCOPE)
+    monkeypatch.undo()
+    dream = Dream.objects.get()  # committed
+    assert dream.files_written is False
+    assert _memory_md(alice) == dream.memory_md_before  # as the update run left it
+    diary_name = files.diary_path(alice.pk, list(SCOPE), dream.created_at.date())
+    assert files.read_text(diary_name) is None
+
+    text = memory_md_read(dream.scope)  # the next read (or run) writes what was missing
+    assert text == dream.memory_md_after == _memory_md(alice)
+    diary = files.read_text(diary_name)
+    assert diary.count(f"## Dream {dream.pk}") == 1 and dream.diary in diary
+    dream.refresh_from_db()
+    assert dream.files_written is True
+    memory_md_read(dream.scope)
+    assert files.read_text(diary_name) == diary  # written once
+
+
+def test_undo_writes_back_the_saved_memory_md_and_a_diary_entry(alice, dreaming):
+    dream = dream_run(owner=alice, scope=SCOPE).dream
+    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    undone = dream_undo(owner=alice, dream_id=dream.pk)
+    # the text saved before the dream, as it was (not rebuilt: the cat came later)
+    assert _memory_md(alice) == dream.memory_md_before and "cat" not in dream.memory_md_before
+    diary = files.read_text(files.diary_path(alice.pk, list(SCOPE), undone.undone_at.date()))
+    entry = diary[diary.index(f"## Undo of dream {dream.pk}") :]
+    assert entry.startswith(f"## Undo of dream {dream.pk} · {undone.undone_at:%H:%M:%S} UTC\n\n")
+    assert "3 facts put back as they were, 1 removed, 1 changed back" in entry
+    assert diary.count(f"## Dream {dream.pk}") == 1  # the dream's own entry stays
+    # the next read brings it up to date with what was learned after the dream
+    assert "User has a cat" in memory_md_read(dream.scope)

@@ -14,7 +14,7 @@ from django_q.models import Schedule
 from memories.conversations.models import ConversationSummary
 from memories.conversations.summaries import scope_conversation_key
 from memories.engine import files
-from memories.engine.dreams import memory_md_write
+from memories.engine.dreams import memory_md_read
 from memories.engine.models import Dream, PendingUpdate
 from memories.engine.updates import schedule_name, update_record
 from memories.personal.facts import FactIn, core_fact_add
@@ -39,7 +39,8 @@ def _fill(owner, scope: tuple[str, ...], fact: str) -> EndUser:
     update_record(
         owner=owner, scope=row, messages=[{"role": "user", "content": fact}], require_llm=False
     )
-    Dream.objects.create(owner=owner, scope=row, lookback_days=1, input_hash="x" * 64)
+    Dream.objects.create(owner=owner, scope=row, lookback_days=1, input_hash="x" * 64,
+                         files_written=True)  # fmt: skip
     ConversationSummary.objects.create(
         owner=owner, key=scope_conversation_key(list(scope), "c1"), text="summary of " + fact
     )
@@ -47,7 +48,7 @@ def _fill(owner, scope: tuple[str, ...], fact: str) -> EndUser:
         owner_id=owner.pk, scope=list(scope), messages=[{"role": "user", "content": fact}],
         at=AT, source="api",
     )  # fmt: skip
-    memory_md_write(row)
+    memory_md_read(row)  # written on read
     files.write_text(files.diary_path(owner.pk, list(scope), AT.date()), "# Dream\n" + fact)
     return row
 

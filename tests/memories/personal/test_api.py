@@ -6,7 +6,7 @@ import pytest
 
 from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
 from memories.personal.services import end_user_ensure, memory_add
-from tests.memories.personal.conftest import scripted_llm
+from tests.memories.engine.scripted import engine_storage  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 BASE = "/api/v1/users/u1/memories"
@@ -49,18 +49,30 @@ def test_add_messages_as_given_stores_user_messages(alice_client):
     assert [m["content"] for m in response.json()["memories"]] == ["User plays the violin"]
 
 
+@pytest.mark.usefixtures("engine_storage")
 def test_infer_extracts_facts(alice_client, llm_settings, openai_server):
+    from tests.memories.engine.scripted import EngineLLM, fact
+
     message = "I drink green tea every morning and I play the violin"
-    openai_server.chat_fn = scripted_llm(
-        {message: ["User drinks green tea every morning", "User plays the violin"]}
-    )
+    script = EngineLLM({message: [fact("User drinks green tea every morning", "behavior", 0.95),
+                                  fact("User plays the violin", "knowledge", 0.9),
+                                  fact("User likes JavaScript", "preference", 0.4)]})  # fmt: skip
+    openai_server.chat_fn = script
     response = alice_client.post(BASE, {"text": message}, format="json")
     assert response.status_code == 200
-    assert [(d["fact"], d["action"]) for d in response.json()["decisions"]] == [
+    body = response.json()
+    assert [(d["fact"], d["action"]) for d in body["decisions"]] == [
         ("User drinks green tea every morning", "add"),
         ("User plays the violin", "add"),
+        ("User likes JavaScript", "below_threshold"),
     ]
+    assert (body["update"]["status"], body["update"]["source"]) == ("done", "api")
+    assert body["update"]["scope"] == ["user", "u1"]
+    assert script.calls["extraction"] == 1
     assert alice_client.get(BASE).json()["count"] == 2
+    stored = {v.content: (v.category, v.confidence) for v in Vector.objects.all()}
+    assert stored == {"User drinks green tea every morning": ("behavior", 0.95),
+                      "User plays the violin": ("knowledge", 0.9)}  # fmt: skip
 
 
 def test_infer_without_llm_is_503_and_writes_nothing(alice_client, settings):
@@ -220,3 +232,27 @@ def test_metrics_in_prometheus_format(client, alice, settings):
     assert "memory_dedup_total 3\n" in body
     assert "memory_replacements_total 0\n" in body
     assert client.get("/metrics").status_code == 401
+
+
+def test_adds_as_given_go_through_the_engine_max_facts_audited(alice, alice_client, settings):
+    """An end user's scope cannot grow without bound through the direct API: explicit
+    adds take the engine's write path (confidence 1.0, source "api"), and past
+    ENGINE_MAX_FACTS the oldest fact is evicted, audited."""
+    settings.ENGINE_MAX_FACTS = 2
+    first = _add(alice_client, "User plays the violin").json()["memories"][0]
+    _add(alice_client, "User uses Bun")
+    third = _add(alice_client, "User prefers dark mode")
+    assert third.status_code == 201
+    body = third.json()
+    assert [m["content"] for m in body["memories"]] == ["User prefers dark mode"]
+    assert body["evicted"] == [first["id"]]
+    assert sorted(m["content"] for m in alice_client.get(BASE).json()["results"]) == [
+        "User prefers dark mode", "User uses Bun",
+    ]  # fmt: skip
+    (eviction,) = MemoryUpdate.objects.filter(action="evict")
+    assert (eviction.old_content, eviction.reason) == (
+        "User plays the violin", "max_facts 2 reached (added through the API)",
+    )  # fmt: skip
+    stored = Vector.objects.get(content="User prefers dark mode")
+    assert (stored.confidence, stored.category, stored.source_kind) == (1.0, "context", "api")
+    assert not Vector.objects.filter(pk=first["id"]).exists()  # nobody else links it

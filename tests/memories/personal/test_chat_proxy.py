@@ -113,6 +113,29 @@ def test_streaming_relays_chunks_and_forms_memories(live_server, alice, upstream
     assert Vector.objects.filter(content="User plays the violin").count() == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_facts_learned_in_a_recorded_chat_name_the_recorded_message(
+    live_server, alice, upstream, stream
+):
+    """With Open WebUI's chat id the turn is recorded as a conversation; the facts the
+    debounced update learns from it carry the recorded user message's id as their
+    source (kind "message")."""
+    from memories.conversations.models import Message
+
+    message = "I drink green tea every morning and I play the violin"
+    upstream.chat_fn = scripted_llm({message: ["User plays the violin"]}, answer="Lovely!")
+    client = _client(live_server, alice, "u1")
+    answer = client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": message}], stream=stream,
+        extra_headers={"X-OpenWebUI-Chat-Id": "chat-1"},
+    )  # fmt: skip
+    if stream:
+        assert "".join(c.choices[0].delta.content or "" for c in answer if c.choices) == "Lovely!"
+    recorded = Message.objects.get(role="user", session_id="chat-1")
+    fact = Vector.objects.get(content="User plays the violin")
+    assert (fact.source_kind, fact.source_ref) == ("message", str(recorded.pk))
+
+
 def test_user_field_identifies_the_end_user(live_server, alice, upstream):
     _seed(alice, "u7", "User uses Node.js")
     completion = _client(live_server, alice).chat.completions.create(

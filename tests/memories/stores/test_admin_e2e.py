@@ -59,8 +59,8 @@ def test_operator_browses_stores_items_and_deletes_a_store(browser, live_server,
     WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".inline-group"))
     attachments = browser.find_element(By.CSS_SELECTOR, ".inline-group").text
     assert "node writer -> store notes" in attachments and flow.name in attachments
-    assert fits_the_window(browser, ".inline-group")
     shot(browser, "admin-memory-store-change")
+    assert fits_the_window(browser, ".inline-group")
 
     store = MemoryStore.objects.get(name="notes")
     browser.get(f"{live_server.url}/admin/memory_stores/memoryitem/?store__id__exact={store.pk}")
@@ -87,3 +87,69 @@ def test_operator_browses_stores_items_and_deletes_a_store(browser, live_server,
     assert not MemoryItem.objects.filter(store__name="notes").exists()
     assert list(MemoryAttachment.objects.values_list("store__name", flat=True)) == ["log"]
     assert MemoryItem.objects.filter(store__name="log").count() == 2
+
+
+def test_operator_adds_a_file_store_with_an_attachment_through_the_form(
+    browser, live_server, alice, flow, docs_root
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    login(browser, live_server)
+    browser.get(live_server.url + "/admin/memory_stores/memorystore/add/")
+    # The owner is chosen by username (autocomplete).
+    browser.find_element(By.CSS_SELECTOR, ".field-owner .select2-selection").click()
+    search = browser.find_element(By.CSS_SELECTOR, ".select2-search__field")
+    search.send_keys("alice")
+    WebDriverWait(browser, 30).until(
+        lambda b: "alice" in b.find_element(By.CSS_SELECTOR, ".select2-results").text
+    )
+    search.send_keys(Keys.ENTER)
+    browser.find_element(By.NAME, "name").send_keys("project_docs")
+    Select(browser.find_element(By.NAME, "type")).select_by_value("file")
+    config = browser.find_element(By.NAME, "config")
+    config.send_keys("file_sources:\n  - path: docs\n    file_types: [.md, .mdx]\n")
+    browser.find_element(By.CSS_SELECTOR, ".add-row a").click()
+    row = "attachments-0"
+    Select(browser.find_element(By.NAME, f"{row}-flow")).select_by_visible_text(
+        f"{flow.name} (alice)"
+    )
+    browser.find_element(By.NAME, f"{row}-node_id").send_keys("answer")
+    browser.find_element(By.CSS_SELECTOR, f"input[name={row}-retrieve_stage][value=gen]").click()
+    top_k = browser.find_element(By.NAME, f"{row}-top_k")
+    top_k.clear()
+    top_k.send_keys("4")
+    shot(browser, "admin-memory-store-add")
+    assert fits_the_window(browser, ".inline-group", ".field-config")
+
+    # The write box is ticked by default: a file store is read-only, the row says so.
+    browser.find_element(By.CSS_SELECTOR, "input[name=_save]").click()
+    WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".errornote"))
+    error = browser.find_element(By.CSS_SELECTOR, f"#{row} .errorlist")
+    assert error.text == "store 'project_docs' is read-only: set write: false"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", error)
+    assert not MemoryStore.objects.exists()
+    shot(browser, "admin-memory-store-add-refused")
+    assert fits_the_window(browser, ".inline-group")
+
+    browser.find_element(By.NAME, f"{row}-write").click()  # untick
+    browser.find_element(By.CSS_SELECTOR, "input[name=_continue]").click()
+    WebDriverWait(browser, 30).until(lambda b: "loaded project_docs" in messages(b))
+    assert "files 3 added" in messages(browser)
+    store = MemoryStore.objects.get(name="project_docs")
+    assert (store.owner, store.type, store.knowledge_base.chunk_count) == (alice, "file", 3)
+    attachment = MemoryAttachment.objects.get(store=store)
+    assert (attachment.node_id, attachment.retrieve_stage, attachment.top_k, attachment.write) == (
+        "answer",
+        ["gen"],
+        4,
+        False,
+    )
+    assert "hashing/hashing-v1 (384 dims), from the service default" in browser.page_source
+    shot(browser, "admin-memory-store-added")
+    assert fits_the_window(browser, ".inline-group", ".field-config")
+    inline = browser.find_element(By.CSS_SELECTOR, ".inline-group")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", inline)
+    assert "node answer -> store project_docs" in inline.text
+    shot(browser, "admin-memory-store-added-attachments")

@@ -12,6 +12,8 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from knowledge.models import Chunk
+from knowledge.services import knowledge_index_pending
 from memories.stores.backends import sql
 from memories.stores.backends.base import QueryVectors, RetrieveQuery
 from memories.stores.config import memory_config_apply
@@ -25,6 +27,11 @@ pytestmark = pytest.mark.django_db
 TOPICS = ["deploy", "invoice", "mentor", "weather", "museum", "database", "schedule", "train"]
 FILLER = "the a of team week new old first last big small quick plan note".split()
 QUERIES = ["deploy the database", "invoice for the museum", "train schedule next week", "x"]
+NODE_N = [  # node ``n``'s attachments of the three simple stores
+    {"name": "a", "top_k": 3},
+    {"name": "b", "top_k": 2, "similarity_threshold": 0.15},
+    {"name": "c", "top_k": 4},
+]
 
 
 def _fill(store: MemoryStore, n: int, rng: random.Random) -> None:
@@ -67,11 +74,7 @@ def stores(alice, flow) -> dict[str, MemoryStore]:
                 {
                     "id": "n",
                     "flow": flow.name,
-                    "memories": [
-                        {"name": "a", "top_k": 3},
-                        {"name": "b", "top_k": 2, "similarity_threshold": 0.15},
-                        {"name": "c", "top_k": 4},
-                    ],
+                    "memories": NODE_N,
                 }
             ],
         },
@@ -273,3 +276,124 @@ def test_bit_parallel_lcs_is_the_dynamic_programming_one():
         b: list[Any] = [rng.choice(vocabulary) for _ in range(rng.randint(0, 70))]
         assert _lcs(a, b) == _lcs_table(a, b), (a, b)
     assert _lcs(["x"] * 200, ["x"] * 150) == 150  # wider than a machine word
+
+
+# --- a file store's chunks, in the same round trip ------------------------------------
+@pytest.fixture
+def with_files(alice, flow, stores, tmp_path, settings) -> MemoryStore:
+    """A file store over 40 one-chunk files, attached to node ``n`` after a, b and c."""
+    root = (tmp_path / "files").resolve()
+    rng = random.Random(3)
+    for i in range(40):
+        picked = rng.sample(TOPICS, 2) + rng.sample(FILLER, 4)
+        (root / "docs").mkdir(parents=True, exist_ok=True)
+        (root / "docs" / f"f{i:02d}.md").write_text(f"Note {i}: {' '.join(picked)}.")
+    settings.MEMORY_STORE_FILE_ROOTS = [str(root)]
+    memory_config_apply(
+        owner=alice,
+        document={
+            "memory": [
+                {"name": "docs", "type": "file", "config": {"file_sources": [{"path": "docs"}]}},
+                {"name": "log", "type": "blackboard", "config": {}},
+            ],
+            "nodes": [
+                {
+                    "id": "n",
+                    "flow": flow.name,
+                    "memories": [
+                        *NODE_N,
+                        {"name": "docs", "top_k": 4, "write": False},
+                        {"name": "log", "top_k": 2},
+                    ],
+                }
+            ],
+        },
+    )
+    log = MemoryStore.objects.get(name="log")
+    MemoryItem.objects.bulk_create(
+        MemoryItem(store=log, content_summary=f"entry {n}") for n in range(3)
+    )
+    assert knowledge_index_pending().finished  # into the chunks' HNSW index
+    docs = MemoryStore.objects.select_related("knowledge_base").get(name="docs")
+    assert docs.knowledge_base.chunk_count == 40
+    return docs
+
+
+def _chunk_reference(store: MemoryStore, query: str, top_k: int, threshold: float) -> list[str]:
+    return [i for i, _ in _chunk_ranking(store, query, top_k, threshold)]
+
+
+def _chunk_ranking(
+    store: MemoryStore, query: str, top_k: int, threshold: float
+) -> list[tuple[str, float]]:
+    """Every chunk of the store's base by exact distance (then id), cut at the threshold:
+    (hit id, similarity)."""
+    vector = backend_for(store).embedder().embed([key_content(query, max_chars=500)])[0]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
+            "WHERE knowledge_base_id = %s ORDER BY d, id",
+            [sql.vector_literal(vector), store.knowledge_base_id],
+        )
+        rows = cur.fetchall()
+    kept = [(f"chunk:{i}", 1 - d) for i, d in rows if threshold <= -1 or 1 - d >= threshold - 1e-9]
+    return kept[:top_k]
+
+
+@pytest.mark.parametrize("path", ["exact", "index"])
+def test_a_file_store_searches_its_chunks_in_the_same_query_string(
+    with_files, flow, settings, path
+):
+    if path == "index":
+        settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10  # 40 chunks: the chunks' HNSW index
+        sql._sizes.clear()
+    for query in QUERIES[:3]:
+        with CaptureQueriesContext(connection) as captured:
+            result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        strings = [q["sql"] for q in captured.captured_queries if "knowledge_chunk" in q["sql"]]
+        assert len(strings) == 1 and "UNION ALL" in strings[0]  # the items' searches too
+        assert "ORDER BY id DESC" in strings[0]  # and the blackboard's newest: one trip
+        # Besides: the node's attachments, and once a process, sizes and index names.
+        others = [q["sql"] for q in captured if q["sql"] != strings[0]]
+        assert sum("memoryattachment" in q for q in others) == 1
+        once = ("SELECT count(*) FROM (SELECT 1", "SELECT to_regclass(")
+        assert all("memoryattachment" in q or q.startswith(once) for q in others), others
+        chunk_part = strings[0][strings[0].index("knowledge_chunk") - 200 :]
+        assert ("::halfvec(384)" in chunk_part) is (path == "index")
+        got = {g.store: [h.id for h in g.hits] for g in result.stores}
+        reference = _chunk_ranking(with_files, query, 4, -1.0)
+        if path == "exact":
+            assert got["docs"] == [i for i, _ in reference], query
+        else:  # the index ranks by halfvec: near-ties may swap, the distances may not
+            similarities = [
+                h.similarity for g in result.stores if g.store == "docs" for h in g.hits
+            ]
+            assert similarities == pytest.approx([s for _, s in reference], abs=2e-3), query
+        hit = next(g for g in result.stores if g.store == "docs").hits[0]
+        assert hit.metadata["file_path"].endswith(".md") and hit.metadata["chunk_index"] == 0
+        assert hit.content.startswith("Note ")
+        assert _alone(with_files, query, 4, -1.0) == got["docs"]  # the same on its own
+        assert [h.content for h in result.stores[-1].hits] == ["entry 2", "entry 1"]
+
+
+def test_a_file_store_index_answer_cut_short_or_pending_is_ranked_exactly(with_files, settings):
+    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10
+    kb = with_files.knowledge_base
+    vector = backend_for(with_files).embedder().embed(["deploy the database"])[0]
+    # More than the base holds: the index comes back short, the exact scan answers.
+    wide = sql.ChunkNearest.of(kb.pk, vector, 50, None, 384, kb.chunk_count)
+    with CaptureQueriesContext(connection) as captured:
+        hits = sql.nearest_all([], [wide])[1][0]
+    plans = [("::halfvec(384)" in q["sql"]) for q in captured if "knowledge_chunk" in q["sql"]]
+    assert plans == [True, False]
+    assert [f"chunk:{h.id}" for h in hits] == _chunk_reference(
+        with_files, "deploy the database", 50, -1
+    )
+    # Rows the background indexer has not reached are ranked beside the index's.
+    nearest = int(_chunk_reference(with_files, "deploy the database", 1, -1)[0].split(":")[1])
+    Chunk.objects.filter(pk=nearest).update(index_pending=True)
+    search = sql.ChunkNearest.of(kb.pk, vector, 3, None, 384, kb.chunk_count)
+    assert sql.nearest_all([], [search])[1][0][0].id == nearest
+    # A threshold: what the index found, cut (nothing is that close).
+    strict = sql.ChunkNearest.of(kb.pk, vector, 3, 0.0, 384, kb.chunk_count)
+    assert sql.nearest_all([], [strict])[1] == [[]]

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 from django.conf import settings
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from core.services import api_key_create
 from memories.engine import files
@@ -31,7 +31,9 @@ SCOPE = ["user", "alice"]
 
 
 async def _session(url: str, key: str, work: Any) -> Any:
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+    # The SDK's public way to send headers: its transport takes an httpx2 client.
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
@@ -103,8 +105,9 @@ def test_call_each_tool_errors_and_resources_over_http(live_server, alice, flow,
         out["missing_id"] = (missing.is_error, missing.content[0].text)
         bad = await session.call_tool("search_memory", {"scope": SCOPE, "query": "x", "limit": 0})
         out["bad"] = (bad.is_error, bad.content[0].text)
-        unknown = await session.call_tool("no_such_tool", {})
-        out["unknown"] = (unknown.is_error, unknown.content[0].text)
+        with pytest.raises(MCPError) as err:  # a protocol error, not a tool result (the spec)
+            await session.call_tool("no_such_tool", {})
+        out["unknown"] = (err.value.error.code, err.value.error.message, err.value.error.data)
         out["resources"] = [str(r.uri) for r in (await session.list_resources()).resources]
         out["memory_md"] = (await session.read_resource(scope_uri(SCOPE))).contents[0].text
         out["journal"] = (
@@ -132,9 +135,11 @@ def test_call_each_tool_errors_and_resources_over_http(live_server, alice, flow,
     assert out["missing_id"] == (True, "id is required to update a memory; call search_memory "
                                  "to find the id of the memory you mean")  # fmt: skip
     assert out["bad"] == (True, "invalid arguments: limit: 0 is less than the minimum of 1")
-    assert out["unknown"][0] is True and out["unknown"][1].startswith(
-        "there is no tool named 'no_such_tool'"
-    )
+    names = sorted(t["function"]["name"] for t in openai_tools())
+    assert out["unknown"] == (
+        -32602, f"there is no tool named 'no_such_tool'; the tools are: {', '.join(names)}",
+        {"tools": names},
+    )  # fmt: skip
     assert out["resources"] == [scope_uri(SCOPE)]
     assert out["memory_md"] == (
         f"# MEMORY · user/alice\n\n1 facts.\n\n## context\n\n"

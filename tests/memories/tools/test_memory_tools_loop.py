@@ -260,3 +260,133 @@ def test_streamed_client_call_beside_a_memory_call_runs_both(
     ]
     assert _facts(alice) == ["User likes tea"]
     assert len(_sent(openai_server)) == 1
+
+
+def _streamed_text_then_call(text: str, name: str, arguments: dict) -> Scripted:
+    """A round that writes text, then calls a memory tool (as models often do)."""
+    base = {"id": "c4", "object": "chat.completion.chunk", "created": 4, "model": "m"}
+    deltas = [
+        {"role": "assistant", "content": ""},
+        {"content": text},
+        {"tool_calls": [{"index": 0, "id": "call_t", "type": "function",
+                         "function": {"name": name, "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": json.dumps(arguments)}}]},
+    ]  # fmt: skip
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    chunks.append({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 5,
+                                                    "total_tokens": 10}})  # fmt: skip
+    return Scripted(stream_chunks=chunks)
+
+
+def _read_text(stream) -> tuple[str, list, list, dict]:
+    """A stream's text, finish reasons, usage chunks and memories chunk; no tool call
+    reaches the client."""
+    text, finishes, usage, extra = "", [], [], {}
+    for chunk in stream:
+        if chunk.choices:
+            assert not chunk.choices[0].delta.tool_calls
+            text += chunk.choices[0].delta.content or ""
+            finishes += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason else []
+        elif "memories" in chunk.model_extra:
+            extra = chunk.model_extra
+        else:
+            usage.append(chunk.usage)
+    return text, finishes, usage, extra
+
+
+def test_streamed_text_before_a_memory_call_goes_on_as_in_json(
+    live_server, alice, llm_settings, openai_server
+):
+    """The model writes a few words, then calls manage_memory: the loop goes on (the
+    model reads the result and answers), streamed as in a JSON answer. The words are
+    already with the client; the next round's text follows in the same message, and the
+    first round's closing chunks (finish tool_calls, usage) are not sent."""
+    openai_server.push(
+        _streamed_text_then_call(
+            "Let me note that. ", "manage_memory", {"content": "User likes jazz"}
+        ),
+        _streamed_text("Noted: ", "you like jazz."),
+    )
+    stream = _client(live_server, alice).chat.completions.create(
+        model="fake-model", stream=True, extra_body={"memory_tools": True},
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Remember that I like jazz."}],
+    )  # fmt: skip
+    text, finishes, usage, extra = _read_text(stream)
+    assert text == "Let me note that. Noted: you like jazz."
+    assert finishes == ["stop"] and usage == []  # round 1's finish and usage held back
+    ran = extra["memory_tool_calls"]
+    assert [(r["name"], r["arguments"], r["result"]["action"]) for r in ran] == [
+        ("manage_memory", {"content": "User likes jazz"}, "created")
+    ]
+    assert _facts(alice) == ["User likes jazz"]
+    first, second = _sent(openai_server)  # the model was called again, with the result
+    asked, result = second["messages"][-2:]
+    assert asked["content"] == "Let me note that. "
+    assert [c["function"]["name"] for c in asked["tool_calls"]] == ["manage_memory"]
+    assert (
+        result["role"] == "tool" and json.loads(result["content"])["id"] == ran[0]["result"]["id"]
+    )
+    assert [t["function"]["name"] for t in second["tools"]] == ["manage_memory", "search_memory"]
+
+    # The same turn in JSON: the same calls, the model called as often.
+    openai_server.requests.clear()
+    asked_json = chat_body("Let me note that. ")
+    asked_json["choices"][0]["message"]["tool_calls"] = [{"id": "call_t", "type": "function",
+        "function": {"name": "manage_memory", "arguments": '{"content": "User likes rock"}'}}]  # fmt: skip
+    asked_json["choices"][0]["finish_reason"] = "tool_calls"
+    openai_server.push(Scripted(body=asked_json), Scripted(body=chat_body("Noted: rock.")))
+    answer = _client(live_server, alice).chat.completions.create(
+        model="fake-model", extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Remember that I like rock."}],
+    )  # fmt: skip
+    assert answer.choices[0].message.content == "Noted: rock."
+    assert len(_sent(openai_server)) == 2
+    assert _sent(openai_server)[1]["messages"][-2]["content"] == "Let me note that. "
+
+
+def test_streamed_rounds_of_text_and_memory_calls_are_bounded(
+    live_server, alice, llm_settings, openai_server
+):
+    llm_settings.CHAT_TOOL_MAX_ROUNDS = 2
+    openai_server.chat_fn = lambda payload: _streamed_text_then_call(
+        "Checking. ", "search_memory", {"query": "again"}
+    )
+    stream = _client(live_server, alice).chat.completions.create(
+        model="fake-model", stream=True, extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Loop forever"}],
+    )  # fmt: skip
+    text, finishes, _, extra = _read_text(stream)
+    first, last = _sent(openai_server)  # two model calls, no more
+    assert "tools" in first and "tools" not in last  # the last offers no memory tools
+    assert text == "Checking. Checking. " and finishes == ["stop"]
+    assert [r["arguments"] for r in extra["memory_tool_calls"]] == [{"query": "again"}] * 2
+
+
+def test_text_that_comes_with_a_memory_rounds_finish_still_reaches_the_client(
+    live_server, alice, llm_settings, openai_server
+):
+    base = {"id": "c5", "object": "chat.completion.chunk", "created": 5, "model": "m"}
+    call = {
+        "index": 0,
+        "id": "call_f",
+        "type": "function",
+        "function": {"name": "manage_memory", "arguments": '{"content": "User likes tea"}'},
+    }
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]},
+        {**base, "choices": [{"index": 0, "delta": {"content": "Saved. "},
+                              "finish_reason": "tool_calls"}]},
+    ]  # fmt: skip
+    openai_server.push(Scripted(stream_chunks=chunks), _streamed_text("Tea it is."))
+    stream = _client(live_server, alice).chat.completions.create(
+        model="fake-model", stream=True, extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "I like tea."}],
+    )  # fmt: skip
+    text, finishes, _, extra = _read_text(stream)
+    assert (text, finishes) == ("Saved. Tea it is.", ["stop"])  # round 1's finish left out
+    assert [r["result"]["action"] for r in extra["memory_tool_calls"]] == ["created"]
+    assert len(_sent(openai_server)) == 2

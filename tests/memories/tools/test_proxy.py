@@ -6,7 +6,6 @@ compared), Open WebUI's headers, memories reported in streams; driven by the off
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 from core.services import api_key_create
 from memories.personal.chat import MEMORY_BLOCK_HEADER
 from memories.tools.callables import memory_tools
-from tests.fakes.openai_server import Scripted, chat_body
+from tests.fakes.openai_server import Scripted, chat_body, chat_chunks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,20 +79,6 @@ def _tool_call_chunks() -> list[dict]:
     return chunks
 
 
-def _without_block(sent: dict) -> dict:
-    """What the upstream received, with the injected memory block taken out again."""
-    sent = copy.deepcopy(sent)
-    system = sent["messages"][0]
-    head, sep, _block = system["content"].partition("\n\n" + MEMORY_BLOCK_HEADER)
-    assert sep, "the memory block is in the system message"
-    system["content"] = head
-    return sent
-
-
-def _same(a: dict, b: dict) -> bool:
-    return json.dumps(a) == json.dumps(b)  # equal values in the same key order
-
-
 # --- /v1/models ---------------------------------------------------------------------
 def test_models_passes_the_upstream_list_through(live_server, alice, llm_settings, openai_server):
     listed = {"object": "list", "data": [
@@ -122,27 +107,66 @@ def _seed(owner, user_id="alice"):
     manage("User lives in Lisbon")
 
 
-def test_tool_call_conversation_passes_through_apart_from_the_block(
+def _compact(value) -> bytes:
+    """JSON as many servers and clients write it: no spaces, non-ASCII as raw UTF-8."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# Accents, an emoji, escapes (a quote, a newline, a \u escape kept as written), spaces in
+# odd places: what an exact relay must keep.
+ASKED = (
+    '{"model":"fake-model","messages":[{"role":"system","content":"Sois bref, réponds en '
+    'français \\u00e9 \\"ok\\"."},{"role":"user","content":"Quel temps à Lisbonne ? 🌤"},'
+    '{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",'
+    '"function":{"name":"get_weather","arguments":"{\\"city\\":\\"Lisbonne\\"}"}}]},'
+    '{"role":"tool","tool_call_id":"call_1","content":"{\\"ciel\\":\\"dégagé\\"}"}],'
+    '"tools":%s,  "tool_choice" : "auto","seed":7,"vendor_option":{"x":[1,2.50,1e3]}%s}'
+)
+
+
+def _asked(*, stream: bool = False) -> bytes:
+    tail = ',"stream":true,"stream_options":{"include_usage":true}' if stream else ""
+    return (ASKED % (_compact(TOOLS).decode(), tail)).encode()
+
+
+def _forwarded(upstream: dict, asked: bytes) -> None:
+    """The upstream got the client's bytes with only the memory block spliced in, at the
+    end of the system message's text (escaped as JSON writes it, UTF-8 kept)."""
+    system = json.loads(upstream["raw"])["messages"][0]["content"]
+    block = system[system.index("\n\n" + MEMORY_BLOCK_HEADER) :]
+    assert "User lives in Lisbon" in block
+    spliced = json.dumps(block, ensure_ascii=False)[1:-1].encode()
+    end_of_system = asked.index(b'."},{"role":"user"') + 1  # its closing quote
+    assert upstream["raw"] == asked[:end_of_system] + spliced + asked[end_of_system:]
+
+
+def _chat_posts(server) -> list[dict]:
+    return [r for r in server.requests if r["path"].endswith("/chat/completions")]
+
+
+def test_tool_call_conversation_passes_through_byte_for_byte(
     live_server, alice, llm_settings, openai_server
 ):
     _seed(alice)
-    openai_server.push(Scripted(body=_tool_call_answer()))
-    sent = {"model": "fake-model", "messages": TOOL_TURN, "tools": TOOLS,
-            "tool_choice": "auto", "parallel_tool_calls": False, "temperature": 0,
-            "seed": 7, "vendor_option": {"x": [1, 2]}}  # fmt: skip
-    answer = httpx.post(
+    answer = _tool_call_answer()
+    answer["choices"][0]["message"]["content"] = "Je regarde… 🌤"
+    scripted = Scripted(body=answer, compact=True)
+    openai_server.push(scripted)
+    asked = _asked()
+    received = httpx.post(
         timeout=30,
         url=live_server.url + "/v1/chat/completions",
-        content=json.dumps(sent),
+        content=asked,
         headers=_headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice"}),
     )
-    assert answer.status_code == 200
-    (upstream,) = [r for r in openai_server.requests if r["path"].endswith("/chat/completions")]
-    assert _same(_without_block(upstream["json"]), sent)
-    received = answer.json()
-    memories = received.pop("memories")
+    assert received.status_code == 200
+    (upstream,) = _chat_posts(openai_server)
+    _forwarded(upstream, asked)
+    sent = scripted.encode(answer)  # the upstream's bytes
+    memories = json.loads(received.content)["memories"]
     assert [m["content"] for m in memories] == ["User lives in Lisbon"]
-    assert _same(received, _tool_call_answer())
+    # Byte for byte, plus one top-level member before the closing brace.
+    assert received.content == sent[:-1] + b',"memories":' + _compact(memories) + b"}"
 
 
 def test_streamed_tool_call_deltas_pass_through_byte_for_byte(
@@ -150,40 +174,88 @@ def test_streamed_tool_call_deltas_pass_through_byte_for_byte(
 ):
     _seed(alice)
     chunks = _tool_call_chunks()
-    openai_server.push(Scripted(stream_chunks=chunks))
-    sent = {"model": "fake-model", "messages": TOOL_TURN[:2], "tools": TOOLS,
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    chunks[0]["choices"][0]["delta"]["content"] = "Un instant… 🌤"
+    chunks.append({**{k: chunks[0][k] for k in ("id", "object", "created", "model")},
+                   "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3,
+                                            "total_tokens": 12}})  # fmt: skip
+    scripted = Scripted(stream_chunks=chunks, compact=True, split=7)  # events cut mid-way
+    openai_server.push(scripted)
+    asked = _asked(stream=True)
     with httpx.stream(
         "POST",
         live_server.url + "/v1/chat/completions",
         timeout=30,
-        content=json.dumps(sent),
+        content=asked,
         headers=_headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice"}),
     ) as answer:
         body = b"".join(answer.iter_bytes())
-    (upstream,) = [r for r in openai_server.requests if r["path"].endswith("/chat/completions")]
-    assert _same(_without_block(upstream["json"]), sent)
-    events = body.split(b"\n\n")
-    expected = [f"data: {json.dumps(c)}".encode() for c in chunks]  # as the upstream wrote them
-    assert events[: len(chunks)] == expected
-    last = json.loads(events[len(chunks)].removeprefix(b"data: "))
-    assert last["choices"] == [] and last["id"] == "chatcmpl-t"
-    assert [m["content"] for m in last["memories"]] == ["User lives in Lisbon"]
-    assert events[len(chunks) + 1 :] == [b"data: [DONE]", b""]
+    (upstream,) = _chat_posts(openai_server)
+    _forwarded(upstream, asked)
+    relayed = b"".join(scripted.event(c) for c in chunks)  # as the upstream wrote them
+    assert body.startswith(relayed)
+    last, done = body[len(relayed) :].split(b"\n\n", 1)
+    memories = json.loads(last.removeprefix(b"data: "))
+    assert memories["choices"] == [] and memories["id"] == "chatcmpl-t"
+    assert [m["content"] for m in memories["memories"]] == ["User lives in Lisbon"]
+    assert done == b"data: [DONE]\n\n"
+
+
+def test_a_request_without_a_system_message_gets_one_in_front(
+    live_server, alice, llm_settings, openai_server
+):
+    _seed(alice)
+    openai_server.push(Scripted(body=chat_body("Oui.")))
+    asked = '{"messages":[{"role":"user","content":"Où est-ce que j\'habite ?"}],"model":"m"}'
+    httpx.post(
+        timeout=30, url=live_server.url + "/v1/chat/completions", content=asked.encode(),
+        headers=_headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice"}),
+    ).raise_for_status()  # fmt: skip
+    (upstream,) = _chat_posts(openai_server)
+    system = json.loads(upstream["raw"])["messages"][0]
+    assert system["role"] == "system" and "User lives in Lisbon" in system["content"]
+    front = _compact(system) + b","
+    assert upstream["raw"] == asked.encode().replace(b'"messages":[', b'"messages":[' + front)
+
+
+def test_sse_framing_survives_the_relay(live_server, alice, llm_settings, openai_server):
+    """CRLF line ends, a comment, a two-line data field, events cut in three-byte reads:
+    the client gets the same bytes, and the openai client reads them."""
+    chunks = chat_chunks(["Olá, ", "tudo bem?"])
+    events = [
+        b": keep-alive\r\n\r\n",
+        b"data: " + _compact(chunks[0]) + b"\r\n\r\n",
+        b'data: {"id":"chatcmpl-fake","object":"chat.completion.chunk","created":1700000000,\r\n'
+        b'data: "model":"fake-model","choices":[{"index":0,"delta":{"content":"tudo bem?"},'
+        b'"finish_reason":null}]}\r\n\r\n',
+        b"data: " + _compact(chunks[2]) + b"\r\n\r\n",
+        b"data: [DONE]\r\n\r\n",
+    ]
+    openai_server.push(Scripted(stream_chunks=events, split=3, done=False))
+    key = _key(alice)
+    raw = httpx.post(timeout=30, url=live_server.url + "/v1/chat/completions",
+                     json={"model": "m", "stream": True,
+                           "messages": [{"role": "user", "content": "Oi"}]},
+                     headers=_headers(key))  # fmt: skip
+    assert raw.content == b"".join(events)  # anonymous: nothing added, [DONE] as it came
+    openai_server.push(Scripted(stream_chunks=events, split=3, done=False))
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key=key, max_retries=0)
+    stream = client.chat.completions.create(
+        model="m", stream=True, messages=[{"role": "user", "content": "Oi"}]
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "Olá, tudo bem?"
 
 
 def test_anonymous_stream_has_no_memories_event(live_server, alice, llm_settings, openai_server):
     chunks = _tool_call_chunks()
-    openai_server.push(Scripted(stream_chunks=chunks))
+    openai_server.push(Scripted(stream_chunks=chunks, compact=True))
     sent = {"model": "fake-model", "messages": TOOL_TURN[:2], "tools": TOOLS, "stream": True}
     answer = httpx.post(timeout=30, url=
-        live_server.url + "/v1/chat/completions", content=json.dumps(sent),
+        live_server.url + "/v1/chat/completions", content=_compact(sent),
         headers=_headers(_key(alice)),
     )  # fmt: skip
-    expected = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks)
+    expected = b"".join(b"data: " + _compact(c) + b"\n\n" for c in chunks)
     assert answer.content == expected + b"data: [DONE]\n\n"
-    assert _same(openai_server.requests[0]["json"], sent)
+    assert openai_server.requests[0]["raw"] == _compact(sent)
 
 
 def test_openai_client_sync_async_and_streaming_with_tools(
@@ -358,3 +430,109 @@ def test_stream_false_as_a_string_is_refused_as_openai_does(
     error = answer.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", "stream")
     assert openai_server.requests == []
+
+
+def test_summaries_of_a_chat_the_proxy_recorded(live_server, alice, llm_settings, openai_server):
+    """The chat id is the conversation for summaries too: the engine's summaries endpoint
+    and the history's strategy=summarize fold a chat recorded by the proxy (the scripted
+    LLM writes the summary) and share its running summary. A turn that went through a
+    tool call is recorded as the user saw it: the question, then the final answer."""
+    from memories.conversations.models import ConversationSummary, Flow, Message
+
+    chat = "5f2b8a53-1e1f-4bd4-a1c1-5f7d0e9c2a12"
+    headers = {"X-OpenWebUI-User-Id": "alice", "X-OpenWebUI-Chat-Id": chat}
+    key = _key(alice)
+    client = openai.OpenAI(
+        base_url=live_server.url + "/v1", api_key=key, default_headers=headers, max_retries=0
+    )
+    openai_server.push(
+        Scripted(body=chat_body("Welcome to Lisbon!")),
+        Scripted(body=_tool_call_answer()),  # the weather: a tool call, no text yet
+        Scripted(body=chat_body("It is clear and 21 C.")),  # after the tool's result
+        Scripted(body=chat_body("Carcavelos is close by train.")),
+    )
+    said = [{"role": "user", "content": "I moved to Lisbon in May."}]
+    client.chat.completions.create(model="fake-model", messages=said)
+    said += [{"role": "assistant", "content": "Welcome to Lisbon!"}, TOOL_TURN[1]]
+    client.chat.completions.create(model="fake-model", messages=said, tools=TOOLS)
+    said += TOOL_TURN[2:]
+    client.chat.completions.create(model="fake-model", messages=said, tools=TOOLS)
+    said += [{"role": "assistant", "content": "It is clear and 21 C."},
+             {"role": "user", "content": "Which beach is closest?"}]  # fmt: skip
+    client.chat.completions.create(model="fake-model", messages=said, tools=TOOLS)
+    flow = Flow.objects.get(owner=alice, name="chat-proxy")
+    recorded = httpx.get(timeout=30, url=
+        f"{live_server.url}/api/v1/conversations/{chat}/history", headers=_headers(key),
+        params={"flow": str(flow.pk)},
+    ).json()["messages"]  # fmt: skip
+    assert [(m["role"], m["content"]) for m in recorded] == [
+        ("user", "I moved to Lisbon in May."), ("assistant", "Welcome to Lisbon!"),
+        ("user", "What is the weather in Lisbon?"), ("assistant", "It is clear and 21 C."),
+        ("user", "Which beach is closest?"), ("assistant", "Carcavelos is close by train."),
+    ]  # fmt: skip
+
+    summarised = "Alice moved to Lisbon in May; the weather there is clear."
+    openai_server.requests.clear()
+    openai_server.push(Scripted(body=chat_body(summarised)))
+    answer = httpx.post(timeout=30, url=
+        f"{live_server.url}/api/v1/engine/summaries", headers=_headers(key),
+        json={"scope": ["user", "alice"], "max_tokens": 40, "max_summary_tokens": 20,
+              "conversation": {"flow": str(flow.pk), "session_id": chat}},
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    kept = [
+        {"role": "user", "content": "Which beach is closest?"},
+        {"role": "assistant", "content": "Carcavelos is close by train."},
+    ]
+    assert body["llm_calls"] == 1
+    assert body["messages"] == [
+        {"role": "system", "content": f"Summary of the earlier conversation:\n{summarised}"},
+        *kept,
+    ]
+    (sent,) = [r["json"] for r in openai_server.requests]
+    prompt = sent["messages"][-1]["content"]
+    assert "I moved to Lisbon in May." in prompt and "It is clear and 21 C." in prompt
+    assert "Which beach" not in prompt
+    ids = (
+        Message.objects.filter(session_id=chat)
+        .order_by("created_at", "id")
+        .values_list("id", flat=True)
+    )
+    assert body["running_summary"]["summarized_message_ids"] == [str(i) for i in ids[:4]]
+    assert ConversationSummary.objects.filter(owner=alice).count() == 1
+
+    history = httpx.get(timeout=30, url=
+        f"{live_server.url}/api/v1/conversations/{chat}/history", headers=_headers(key),
+        params={"flow": str(flow.pk), "strategy": "summarize", "max_tokens": 40,
+                "max_summary_tokens": 20},
+    )  # fmt: skip
+    assert history.status_code == 200, history.text
+    assert [{"role": m["role"], "content": m["content"]} for m in history.json()["messages"]] == [
+        {"role": "system", "content": f"Summary of the earlier conversation:\n{summarised}"},
+        *kept,
+    ]
+    assert len(openai_server.requests) == 1  # the same running summary: no second fold
+
+
+def test_an_error_event_from_the_upstream(live_server, alice, llm_settings, openai_server):
+    """First in the stream it is a JSON error (nothing was sent yet); later it reaches
+    the client as the upstream sent it, and the turn is not recorded."""
+    from memories.conversations.models import Message
+
+    headers = _headers(_key(alice), **{"X-OpenWebUI-User-Id": "alice",
+                                       "X-OpenWebUI-Chat-Id": "chat-with-errors"})  # fmt: skip
+    asked = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    url = live_server.url + "/v1/chat/completions"
+    openai_server.push(Scripted(stream_chunks=[{"error": {"message": "overloaded"}}]))
+    first = httpx.post(timeout=30, url=url, json=asked, headers=headers)
+    assert (first.status_code, first.headers["content-type"]) == (502, "application/json")
+    assert first.json()["error"]["message"] == "provider sent an error: overloaded"
+    chunks = [chat_chunks(["Hel"])[0], {"error": {"message": "cut short"}}]
+    scripted = Scripted(stream_chunks=chunks, compact=True)
+    openai_server.push(scripted)
+    later = httpx.post(timeout=30, url=url, json=asked, headers=headers)
+    relayed = b"".join(scripted.event(c) for c in chunks)
+    assert later.status_code == 200 and later.content.startswith(relayed)
+    assert later.content.endswith(b"data: [DONE]\n\n")
+    assert not Message.objects.exists()

@@ -1,0 +1,74 @@
+"""The README's OpenAI function-calling example, run as written: its Python block (after
+the ``<!-- function-calling: ... -->`` marker) is executed unchanged against a live
+server, with the model it calls (``OpenAI()`` reads ``OPENAI_BASE_URL``) the scripted
+fake on 127.0.0.1, which asks for two tool calls at once and then answers."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from core.services import api_key_create
+from memories.personal.scopes import scope_find
+from memories.personal.selectors import core_fact_list
+from tests.fakes.openai_server import Scripted, chat_body
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[3]
+CALLS = [
+    {"id": "call_a", "type": "function", "function": {
+        "name": "manage_memory", "arguments": '{"content": "User prefers dark mode"}'}},
+    {"id": "call_b", "type": "function", "function": {
+        "name": "search_memory", "arguments": '{"query": "theme", "limit": 0}'}},
+]  # fmt: skip
+
+
+def example_block() -> str:
+    readme = (ROOT / "README.md").read_text()
+    marker = readme.index("<!-- function-calling:")
+    match = re.compile(r"```python\n(.*?)```", re.S).search(readme, marker)
+    assert match is not None, "no python block after the function-calling marker"
+    return match.group(1)
+
+
+def test_the_readme_function_calling_example_runs_as_written(
+    live_server, alice, openai_server, monkeypatch
+):
+    asked = chat_body("")
+    asked["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": CALLS}
+    asked["choices"][0]["finish_reason"] = "tool_calls"
+    openai_server.push(Scripted(body=asked), Scripted(body=chat_body("Noted: dark mode.")))
+    monkeypatch.setenv("OPENAI_BASE_URL", openai_server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("MEMORY_URL", live_server.url)
+    monkeypatch.setenv("MEMORY_API_KEY", api_key_create(owner=alice)[1])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(example_block(), "README.md", "exec"), {"__name__": "readme"})
+
+    assert printed.getvalue() == "Noted: dark mode.\n"
+    first, second = [r["json"] for r in openai_server.requests]
+    assert [t["function"]["name"] for t in first["tools"]] == [
+        "manage_memory", "search_memory", "retrieve_node_memory", "write_node_memory",
+    ]  # fmt: skip
+    assert second["tools"] == first["tools"]
+    user, assistant, *results = second["messages"]
+    assert user == {"role": "user", "content": "Remember that I prefer dark mode."}
+    # The assistant's turn once, with both calls, then one tool message per call.
+    assert (assistant["role"], assistant["tool_calls"]) == ("assistant", CALLS)
+    assert [m["tool_call_id"] for m in results] == ["call_a", "call_b"]
+    assert [m["role"] for m in results] == ["tool", "tool"]
+    created, refused = (json.loads(m["content"]) for m in results)
+    assert created["action"] == "created" and created["content"] == "User prefers dark mode"
+    assert refused == {
+        "code": "invalid_arguments",
+        "message": "invalid arguments: limit: 0 is less than the minimum of 1",
+        "details": {"limit": "0 is less than the minimum of 1"},
+    }  # an error goes back to the model too
+    row = scope_find(owner=alice, scope=("user", "alice"))
+    assert [f.content for f in core_fact_list(scope=row)] == ["User prefers dark mode"]
