@@ -95,9 +95,7 @@ def _setting(name: str) -> str:
 @pytest.mark.parametrize(
     "exact_max_rows,filters", [(10_000, {}), (0, {}), (0, {"session_id": "s2"})]
 )
-def test_a_search_is_one_round_trip_and_its_settings_end_with_it(
-    settings, exact_max_rows, filters
-):
+def test_a_search_is_one_round_trip_and_its_settings_end_with_it(settings, exact_max_rows, filters):
     """Outside a transaction: one statement, sent with its settings in one pipeline
     (prepared; a generic plan unfiltered, planned for its values filtered; HNSW settings
     on the index path); none of them left on the connection afterwards. (The table's and
