@@ -600,21 +600,38 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     print(f"  proxy retrieval latency: p50 {statistics.median(latencies):.1f} ms")
 
 
-# --- the engine's core-fact search: ts_rank (its keyword leg) against BM25 -------------
+# --- the engine's core-fact search: BM25 (its keyword leg) against ts_rank (before) -------
 LEG_MS: dict[str, list[float]] = defaultdict(list)
+
+# The engine's keyword leg before BM25 (main at ca18893, ``scope_keyword_ranking``): the
+# scope's facts sharing a word with the text, by ``ts_rank``.
+TS_RANK_SQL = (
+    "WITH q AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
+    "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')"
+    "::tsquery AS words, quote_literal(%s)::tsquery AS scope) "
+    "SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_vector, q"
+    " WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope)"
+    " ORDER BY r DESC, id LIMIT %s"
+)
+
+
+def ts_rank_ranking(scope_id: int, text: str, limit: int) -> list[tuple[Any, float]]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(TS_RANK_SQL, [text, f"~scope:{scope_id}", limit])
+        return [(row[0], float(row[1])) for row in cur.fetchall()]
 
 
 def engine_rankings(
     owner: Any, user: Any, query: str, vector: list[float], model: str, k: int
 ) -> dict[str, list[tuple[Any, float]]]:
     """The scope's top ``k`` (fact id, score) three ways: the engine's own search
-    (``core_fact_search``, no decay), its merge replayed in Python over the same two legs
-    (w x cosine + (1 - w) x ts_rank / best ts_rank: must agree with it), and the same merge
-    with the keyword leg ranked by BM25 (``bm25_adhoc`` over the scope's facts, as the
-    proxy's ``memory_search`` ranks them). A prototype for measuring, not the product."""
-    from django.db.models import F
-
-    from knowledge.bm25 import bm25_adhoc
+    (``core_fact_search``, no decay: BM25 keyword leg), its merge replayed in Python over
+    the same two legs (w x cosine + (1 - w) x BM25 / best BM25, the keyword leg from
+    ``scope_keyword_ranking``: must agree with it), and the same merge with the keyword
+    leg the engine had before (``ts_rank``, ``TS_RANK_SQL``). Equal scores: newer first,
+    then id, as the engine orders them."""
     from memories.personal.models import Vector
     from memories.personal.retrieval import _pool, core_fact_search
     from memories.personal.selectors import scope_keyword_ranking, scope_vector_ranking
@@ -627,25 +644,27 @@ def engine_rankings(
     cosine = dict(
         scope_vector_ranking(scope_id=user.pk, vector=vector, embedding_model=model, limit=pool)
     )
-    docs = Vector.objects.filter(scope_id=user.pk).annotate(text=F("content")).values("id", "text")
-    sql, params = docs.query.sql_with_params()
     started = time.perf_counter()
-    ts_rank = dict(scope_keyword_ranking(scope_id=user.pk, text=query, limit=pool))
+    ts_rank = dict(ts_rank_ranking(user.pk, query, pool))
     middle = time.perf_counter()
-    bm25 = dict(bm25_adhoc(sql, list(params), "english", query, pool))
+    bm25 = dict(scope_keyword_ranking(scope_id=user.pk, text=query, limit=pool))
     LEG_MS["ts_rank"].append((middle - started) * 1000)
     LEG_MS["bm25"].append((time.perf_counter() - middle) * 1000)
-    legs = {"ts_rank": ts_rank, "bm25": bm25}
+    observed = dict(
+        Vector.objects.filter(pk__in={*cosine, *ts_rank, *bm25}).values_list("id", "observed_at")
+    )
     out = {"engine": [(h.id, h.score) for h in engine.hits]}
-    for name, keyword in legs.items():
+    for name, keyword in {"bm25": bm25, "ts_rank": ts_rank}.items():
         best = max(keyword.values(), default=0.0) or 1.0
         scores = {
             fid: weight * max(cosine.get(fid, 0.0), 0.0)
             + (1 - weight) * keyword.get(fid, 0.0) / best
             for fid in {*cosine, *keyword}
         }
-        ordered = sorted(scores, key=lambda fid: (-scores[fid], str(fid)))[:k]
-        out[name] = [(fid, scores[fid]) for fid in ordered]
+        ordered = sorted(scores, key=lambda fid: str(fid))
+        ordered.sort(key=lambda fid: observed[fid], reverse=True)
+        ordered.sort(key=lambda fid: -scores[fid])
+        out[name] = [(fid, scores[fid]) for fid in ordered[:k]]
     return out
 
 
@@ -673,21 +692,21 @@ def run_engine_facts(args: argparse.Namespace, convs: list[Conversation]) -> Non
             }
             rows[name].append((question, scores))
     titles = {
-        "engine": "the engine's search (core_fact_search: ts_rank keyword leg, no decay)",
-        "ts_rank": "replayed in Python: w x cosine + (1 - w) x ts_rank / best",
-        "bm25": "the same merge, keyword leg BM25 (bm25_adhoc over the scope's facts)",
+        "engine": "the engine's search (core_fact_search: BM25 keyword leg, no decay)",
+        "bm25": "replayed in Python: w x cosine + (1 - w) x BM25 / best",
+        "ts_rank": "the same merge, keyword leg ts_rank (the engine before BM25)",
     }
     weight = settings.ENGINE_VECTOR_WEIGHT
     for name, title in titles.items():
         report(f"fact recall, {title}, ENGINE_VECTOR_WEIGHT {weight}", rows[name])
     agree = statistics.fmean(
-        a[1] == b[1] for a, b in zip(rows["engine"], rows["ts_rank"], strict=True)
+        a[1] == b[1] for a, b in zip(rows["engine"], rows["bm25"], strict=True)
     )
     print(f"  the replay's recall equals the engine's on {agree:.3f} of the questions")
     print(f"  three rankings per asker: p50 {statistics.median(latencies):.1f} ms")
     print(
-        "  keyword leg alone, p50: ts_rank (scope_keyword_ranking) "
-        f"{statistics.median(LEG_MS['ts_rank']):.1f} ms, BM25 (bm25_adhoc) "
+        "  keyword leg alone, p50: ts_rank (before) "
+        f"{statistics.median(LEG_MS['ts_rank']):.1f} ms, BM25 (scope_keyword_ranking) "
         f"{statistics.median(LEG_MS['bm25']):.1f} ms"
     )
 
@@ -754,7 +773,7 @@ def main() -> None:
     parser.add_argument(
         "--engine-facts",
         action="store_true",
-        help="the facts yardstick through the engine's core-fact search, ts_rank vs BM25",
+        help="the facts yardstick through the engine's core-fact search, BM25 vs ts_rank",
     )
     parser.add_argument("--fresh", action="store_true", help="rebuild bases and facts")
     parser.add_argument("--verbose", action="store_true", help="print the misses")

@@ -1,10 +1,11 @@
 """Reads of a scope's core facts: hybrid search with decay, and the injection block.
 
 Search ranks the scope's facts by cosine similarity (exactly, or through the HNSW
-index past ``ENGINE_EXACT_MAX_FACTS``) and by keyword (any query word, ``ts_rank``),
-merges them (``ENGINE_VECTOR_WEIGHT`` x similarity + the rest x keyword score
-normalised to the best match) and multiplies by the decay of the fact's age (as
-``core.scoring.decay``), all in one statement (``selectors.candidates_statement``).
+index past ``ENGINE_EXACT_MAX_FACTS``) and by keyword (any query word, BM25 with the
+scope's statistics: ``selectors._keyword_ctes``), merges them (``ENGINE_VECTOR_WEIGHT``
+x similarity + the rest x keyword score normalised to the best match) and multiplies
+by the decay of the fact's age (as ``core.scoring.decay``), all in one statement
+(``selectors.candidates_statement``); equal scores: the newer fact first, then the id.
 When the embedder fails the search is keyword-only, never an error.
 """
 

@@ -115,9 +115,11 @@ def memory_search(
     The user's facts are read from their scope's range of its 16-bit copies
     (``scope_vector_ranking``: exact cosine, whatever the owner's other users hold),
     the owner's global memories by an exact scan of their own. With ``query`` (the
-    text ``vector`` embeds) the ranking is hybrid: BM25 over the same memories, fused
-    with the cosine ranking as knowledge search fuses its legs
-    (``knowledge.fusion.weighted_scores``), and ``score`` is the fused score.
+    text ``vector`` embeds) the ranking is hybrid: BM25 over the same memories (the
+    user's: ``scope_keyword_ranking``, the engine's keyword leg and its statistics;
+    with the globals: ``bm25_adhoc``, statistics over that set), fused with the cosine
+    ranking as knowledge search fuses its legs (``knowledge.fusion.weighted_scores``),
+    and ``score`` is the fused score.
     ``threshold`` applies to the raw similarity; decay (``score * 0.5 ** (age /
     half_life)``, age from when the fact was said) reorders what passes it;
     ``relative_threshold`` then drops hits scoring under that share of the best one's.
@@ -152,8 +154,18 @@ def memory_search(
         base = Vector.objects.filter(
             owner_id=owner_id, embedding_model=embedding_model, dimensions=len(vector)
         ).filter(scope)
-        sql, params = base.annotate(text=F("content")).values("id", "text").query.sql_with_params()
-        keyword = bm25_adhoc(sql, list(params), "english", query, pool)
+        if end_user is not None and not include_globals:
+            # The scope's BM25 with its statistics kept on its row (the engine's leg).
+            keyword = scope_keyword_ranking(
+                scope_id=end_user.pk, text=query, limit=pool, embedding_model=embedding_model,
+                dimensions=len(vector),
+            )  # fmt: skip
+        else:
+            # With the owner's global memories (a user with few facts of their own):
+            # statistics over that set, computed here (no scope's row covers them).
+            docs = base.annotate(text=F("content")).values("id", "text")
+            sql, params = docs.query.sql_with_params()
+            keyword = bm25_adhoc(sql, list(params), "english", query, pool)
         seen = {pk for pk, _ in cosine}
         missing = [pk for pk, _ in keyword if pk not in seen]
         extra = base.filter(pk__in=missing).annotate(distance=distance)
@@ -183,7 +195,10 @@ def memory_search(
                 score=score,
             )
         )
-    hits.sort(key=lambda h: (-h.score, str(h.id)))
+    # Best first; equal scores: the newer fact first, then the id (as the engine's search).
+    hits.sort(key=lambda h: str(h.id))
+    hits.sort(key=lambda h: h.observed_at, reverse=True)
+    hits.sort(key=lambda h: -h.score)
     if relative_threshold and hits:
         hits = [h for h in hits if h.score >= relative_threshold * hits[0].score]
     return hits[:top_k]
@@ -443,10 +458,84 @@ def scope_vector_ranking_indexed(
     return [(row[0], 1.0 - float(row[1])) for row in rows]
 
 
+# --- The keyword leg: BM25 over the scope's facts --------------------------------------
+# The query's lexemes (English stemming and stop words, as ``search_vector``) and their
+# OR; ``{qv}``: the query vector's expression. Parameters: the scope's lexeme
+# (``~scope:<id>``), then the text.
+_QUERY = (
+    "SELECT {qv} AS qv, coalesce((SELECT string_agg(quote_literal(l), ' | ') FROM unnest(x.ls)"
+    " l), '')::tsquery AS words, x.ls AS lexemes, quote_literal(%s)::tsquery AS scope"
+    " FROM (SELECT tsvector_to_array(to_tsvector('english'::regconfig, %s)) AS ls) x"
+)
+
+
+def _keyword_ctes(
+    *, scope_id: int, pool: int, where: str, fparams: list[Any], vwhere: str, vparams: list[Any]
+) -> tuple[str, list[Any]]:
+    """CTEs (after ``q``: ``words``, ``lexemes``, ``scope``) ending in ``kw`` (id, r, o):
+    the ``pool`` facts of the scope that hold a query lexeme and pass the filter
+    (``where``, ``vwhere`` for the shared facts: " AND ..."), best first by their BM25
+    score ``r`` (ties: newer ``o`` = ``observed_at`` first, then id)::
+
+        r = sum over the query's lexemes t in the fact of
+            idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+        idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))
+
+    over the scope's facts (its own, ``scope_id``, and its shared ones), whatever the
+    filter: N facts, ``df`` of them holding t, ``tf`` the occurrences of t in the fact,
+    ``dl`` its length in distinct lexemes (``length(search_vector) - 1``: the scope's
+    own lexeme is not text), ``avgdl`` the scope's mean; k1 and b are the knowledge
+    side's (``SEARCH_BM25_K1``, ``SEARCH_BM25_B``). Unlike ``ts_rank``, a word few of
+    the scope's facts hold (a name) weighs more than one most of them hold.
+
+    Where the figures come from: every fact holding a query lexeme (``km``: one GIN
+    lookup of the lexemes and the scope's ``~scope:<id>``) is read to be scored, so the
+    document frequencies are counted from those rows (``kt``), exact and at no extra
+    read; N and the total length are the scope row's ``text_facts`` and
+    ``text_lexemes`` (migration 0010's triggers) plus its shared facts' (few, counted
+    here): one row read, where a count of a 10,000-fact scope's lengths would read
+    every one of its rows (BENCHMARKS.md, "Memory engine, fifth pass")."""
+    k1, b = repr(float(settings.SEARCH_BM25_K1)), repr(float(settings.SEARCH_BM25_B))
+    sql = (
+        "km AS MATERIALIZED (SELECT id, search_vector AS tv, observed_at AS o,"
+        f" (true{where}) AS ok FROM memories_vector, q"
+        " WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope)"
+        " UNION ALL"
+        f" SELECT v.id, v.search_vector, v.observed_at, (true{vwhere}) FROM q, {_SHARED_JOIN}"
+        " AND numnode(q.words) > 0 AND v.search_vector @@ q.words), "
+        # (the query's lexemes among the fact's: ``search_vector`` holds weight D only)
+        "kt AS MATERIALIZED (SELECT m.id, u.lexeme, coalesce(array_length(u.positions, 1), 1)"
+        "::float8 AS tf FROM km m, q, unnest(ts_filter(setweight(m.tv, 'A', q.lexemes),"
+        " '{a}')) u), "
+        "ks AS MATERIALIZED (SELECT (e.n + s.n)::float8 AS n, greatest(e.l + s.l, 1)::float8"
+        " / greatest(e.n + s.n, 1)::float8 AS avgdl FROM (SELECT coalesce(sum(text_facts), 0)"
+        " AS n, coalesce(sum(text_lexemes), 0) AS l FROM memories_enduser WHERE id = %s) e,"
+        " (SELECT count(*) AS n, coalesce(sum(length(v.search_vector) - 1), 0) AS l"
+        f" FROM {_SHARED_JOIN}) s WHERE EXISTS (SELECT 1 FROM km)), "
+        "ki AS MATERIALIZED (SELECT t.lexeme, ln(1::float8 + (k.n - count(*) + 0.5::float8)"
+        " / (count(*) + 0.5::float8)) AS idf FROM kt t, ks k GROUP BY t.lexeme, k.n), "
+        f"kw AS MATERIALIZED (SELECT m.id, sum(i.idf * t.tf * ({k1}::float8 + 1::float8) / (t.tf"
+        f" + {k1}::float8 * (1::float8 - {b}::float8 + {b}::float8 * (length(m.tv) - 1)"
+        " / k.avgdl))) AS r, m.o FROM km m JOIN kt t ON t.id = m.id JOIN ki i"
+        " ON i.lexeme = t.lexeme CROSS JOIN ks k WHERE m.ok GROUP BY m.id, m.o"
+        f" ORDER BY r DESC, m.o DESC, m.id LIMIT {int(pool)}), "
+    )
+    return sql, [*fparams, *vparams, scope_id, scope_id, scope_id]
+
+
 def scope_keyword_ranking(
-    *, scope_id: int, text: str, limit: int, filter: FactFilter | None = None
+    *,
+    scope_id: int,
+    text: str,
+    limit: int,
+    filter: FactFilter | None = None,
+    embedding_model: str | None = None,
+    dimensions: int | None = None,
 ) -> list[tuple[uuid.UUID, float]]:
-    """[(fact id, ts_rank)] of the scope's facts sharing a word with ``text``, best first.
+    """[(fact id, BM25 score)] of the scope's facts holding a word of ``text``, best
+    first (ties: newer first, then id), as the engine's search ranks its keyword leg
+    (``_keyword_ctes``); ``embedding_model`` and ``dimensions``, when given, keep only
+    the facts of that embedder (the statistics stay the scope's).
 
     Any query word matches (an OR of its English lexemes); the GIN lookup intersects
     them with the scope's own lexeme (``~scope:<id>``, see migration 0003), so it reads
@@ -454,28 +543,22 @@ def scope_keyword_ranking(
     """
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
+    for column, value in (("embedding_model", embedding_model), ("dimensions", dimensions)):
+        if value is not None:
+            where, vwhere = f"{where} AND {column} = %s", f"{vwhere} AND v.{column} = %s"
+            fparams, vparams = [*fparams, value], [*vparams, value]
+    keyword, keyword_params = _keyword_ctes(
+        scope_id=scope_id, pool=limit, where=where, fparams=fparams, vwhere=vwhere,
+        vparams=vparams,
+    )  # fmt: skip
     sql = (
-        "WITH q AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
-        "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')"
-        "::tsquery AS words, quote_literal(%s)::tsquery AS scope) "
-        "SELECT id, r FROM ("
-        " SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_vector, q"
-        f" WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope){where}"
-        " UNION ALL"
-        f" SELECT v.id, ts_rank(v.search_vector, q.words) FROM q, {_SHARED_JOIN}"
-        f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
-        ") ranked ORDER BY r DESC, id LIMIT %s"
+        f"WITH q AS MATERIALIZED ({_QUERY.format(qv='NULL::vector')}), {keyword[:-2]} "
+        "SELECT id, r FROM kw ORDER BY r DESC, o DESC, id"
     )
-    params = [text, f"~scope:{scope_id}", *fparams, scope_id, *vparams, limit]
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return [(row[0], float(row[1])) for row in cur.fetchall()]
+    rows, _ = prepared.fetch(sql, [f"~scope:{scope_id}", text, *keyword_params])
+    return [(row[0], float(row[1])) for row in rows]
 
 
-_KEYWORDS = (
-    "coalesce((SELECT string_agg(quote_literal(l), ' | ') "
-    "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')::tsquery"
-)
 _HIT_COLUMNS = (
     "v.id, v.content, v.category, v.confidence, v.source_kind, v.source_ref, v.observed_at, "
     "v.created_at, v.updated_at"
@@ -485,11 +568,13 @@ _HIT_COLUMNS = (
 @dataclass(frozen=True)
 class Ranking:
     """How candidates are scored and which of them come back: ``weight`` x cosine
-    similarity (negative counts as 0) + (1 - ``weight``) x ``ts_rank`` over the best
-    keyword candidate's, times ``0.5 ** (age in days / half_life)`` (the age from
-    ``observed_at`` to ``now``, never negative; ``half_life`` 0: no decay), best first
-    (ties by id); ``limit`` of them from ``offset``. The score as ``core.scoring.decay``
-    and the merge it replaces computed it, in the same order of float operations."""
+    similarity (negative counts as 0) + (1 - ``weight``) x the BM25 score over the best
+    keyword candidate's (``_keyword_ctes``), times ``0.5 ** (age in days / half_life)``
+    (the age from ``observed_at`` to ``now``, never negative; ``half_life`` 0: no
+    decay), best first (equal scores: the newer ``observed_at`` first, then the id, so
+    the order does not depend on the random ids); ``limit`` of them from ``offset``.
+    The score as ``core.scoring.decay`` and the merge it replaces computed it, in the
+    same order of float operations."""
 
     weight: float
     half_life: float
@@ -511,7 +596,7 @@ class Statement:
 @dataclass(frozen=True)
 class ScopeHits:
     """A search's hits: rows of ``_HIT_COLUMNS`` + (cosine similarity or None,
-    ``ts_rank`` or None, score), best first; ``vector_path`` says how the vector leg
+    BM25 score or None, score), best first; ``vector_path`` says how the vector leg
     ranked: "index" (HNSW walk), "exact" (a scan of the scope), "" (no vector leg)."""
 
     rows: list[tuple[Any, ...]]
@@ -544,10 +629,10 @@ def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
     sql = (
         f"pc AS MATERIALIZED (SELECT (SELECT d FROM vec0 ORDER BY d OFFSET {pool - 1} LIMIT 1)"
         f" AS t, CASE WHEN coalesce(bool_and(x), true) THEN 0 ELSE {e} END AS e FROM vec0), "
-        "b AS MATERIALIZED (SELECT id, d, x, m, r, kn, dk, CASE WHEN m = 1 THEN"
+        "b AS MATERIALIZED (SELECT id, d, x, m, r, kn, dk, o, CASE WHEN m = 1 THEN"
         " (%s::float8 * greatest(1.0 - d - e, 0) + kn) * dk ELSE kn * dk END AS lo,"
         " CASE WHEN m = 0 THEN kn * dk ELSE (%s::float8 * greatest(1.0 - d + e, 0) + kn)"
-        f" * dk END AS hi FROM (SELECT id, d, x, m, r, e, kn, {decay} AS dk FROM ("
+        f" * dk END AS hi FROM (SELECT id, d, x, m, r, e, kn, o, {decay} AS dk FROM ("
         " SELECT coalesce(v.id, kw.id) AS id, v.d, coalesce(v.x, true) AS x,"
         " CASE WHEN v.id IS NULL THEN 0 WHEN p.t IS NULL THEN 1 WHEN v.d + v.e < p.t - p.e"
         " THEN 1 WHEN v.d - v.e > p.t + p.e THEN 0 ELSE 2 END AS m, kw.r, v.e,"
@@ -564,13 +649,13 @@ def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
         f" ORDER BY a.d, a.id LIMIT greatest({pool} - (SELECT count(*) FROM b WHERE m = 1),"
         " 0)), "
         "c AS (SELECT t.id, CASE WHEN t.m = 1 OR t.id IN (SELECT id FROM pin)"
-        " THEN 1.0 - coalesce(exd.d, t.d) END AS sim, t.r, t.kn, t.dk"
+        " THEN 1.0 - coalesce(exd.d, t.d) END AS sim, t.r, t.kn, t.dk, t.o"
         " FROM cont t LEFT JOIN exd ON exd.id = t.id), "
         "s AS (SELECT c.id, c.sim, c.r, (%s::float8 * greatest(coalesce(c.sim, 0), 0)"
-        " + c.kn) * c.dk AS score FROM c ORDER BY score DESC, id"
+        " + c.kn) * c.dk AS score, c.o FROM c ORDER BY score DESC, o DESC, id"
         f" LIMIT {int(ranking.limit)} OFFSET {int(ranking.offset)}) "
         f"SELECT {_HIT_COLUMNS}, s.sim, s.r, s.score, (SELECT NOT yes FROM redo) "
-        "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.id"
+        "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.o DESC, s.id"
     )
     w = ranking.weight
     params = [w, w, *decay_params, 1 - w, w]
@@ -593,9 +678,10 @@ def candidates_statement(
     """A scope's whole search in one statement: both legs, the merge, the decay, and
     the rows of the hits that come back (``Ranking``).
 
-    Keyword leg: the ``pool`` best facts by ``ts_rank`` among those sharing a word with
-    ``text`` (``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the
-    ``pool`` most similar facts; a scope of more than ``index_above`` facts (its row's
+    Keyword leg: the ``pool`` best facts by BM25 among those sharing a word with
+    ``text``, with the scope's statistics (``_keyword_ctes``, as
+    ``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the ``pool`` most
+    similar facts; a scope of more than ``index_above`` facts (its row's
     ``fact_count``) that also holds ``walk_share`` of the table's rows
     (``pg_class.reltuples``) or more than ``exact_cap`` facts is walked through the
     HNSW index of the dimension (``scope_vector_ranking_indexed``; a walk filtered to a
@@ -617,28 +703,20 @@ def candidates_statement(
     """
     where, fparams = (filter or FactFilter()).sql()
     vwhere, vparams = (filter or FactFilter()).sql("v.")
-    keyword = (
-        "kw AS MATERIALIZED (SELECT id, r, o FROM ("
-        " SELECT id, ts_rank(search_vector, q.words) AS r, observed_at AS o"
-        " FROM memories_vector, q"
-        f" WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope){where}"
-        " UNION ALL"
-        f" SELECT v.id, ts_rank(v.search_vector, q.words), v.observed_at FROM q, {_SHARED_JOIN}"
-        f" AND numnode(q.words) > 0 AND v.search_vector @@ q.words{vwhere}"
-        f") ranked ORDER BY r DESC, id LIMIT {int(pool)}), "
-    )
-    keyword_params = [*fparams, scope_id, *vparams]
+    keyword, keyword_params = _keyword_ctes(
+        scope_id=scope_id, pool=pool, where=where, fparams=fparams, vwhere=vwhere,
+        vparams=vparams,
+    )  # fmt: skip
     scored, scored_params = _scored(ranking, pool)
     if vector is None or embedding_model is None:
         sql = (
-            f"WITH q AS MATERIALIZED (SELECT NULL::vector AS qv, {_KEYWORDS} AS words, "
-            f"quote_literal(%s)::tsquery AS scope), {keyword}"
+            f"WITH q AS MATERIALIZED ({_QUERY.format(qv='NULL::vector')}), {keyword}"
             "redo AS (SELECT true AS yes), "
             "vec0 AS (SELECT NULL::uuid AS id, NULL::float8 AS d, NULL::timestamptz AS o,"
             " true AS x WHERE false), "
             f"{scored}"
         )
-        return Statement(sql, [text, f"~scope:{scope_id}", *keyword_params, *scored_params])
+        return Statement(sql, [f"~scope:{scope_id}", text, *keyword_params, *scored_params])
     dims = len(vector)
     kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
     literal = "[" + ",".join(repr(float(x)) for x in vector) + "]"
@@ -672,8 +750,7 @@ def candidates_statement(
         fparams=fparams, pool=pool, gate="(SELECT yes FROM redo)", rerank=False,
     )  # fmt: skip
     sql = (
-        f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv, {_KEYWORDS} AS words, "
-        "quote_literal(%s)::tsquery AS scope), "
+        f"WITH q AS MATERIALIZED ({_QUERY.format(qv='%s::vector')}), "
         f"{walk}"
         "sv AS MATERIALIZED (SELECT v.id, v.embedding <=> (SELECT qv FROM q) AS d,"
         f" v.observed_at AS o FROM {_SHARED_JOIN} AND v.dimensions = %s"
@@ -685,7 +762,7 @@ def candidates_statement(
         f"{keyword}"
         f"{scored}"
     )
-    params = [literal, text, f"~scope:{scope_id}", *walk_params,
+    params = [literal, f"~scope:{scope_id}", text, *walk_params,
               scope_id, dims, embedding_model, *vparams, *redo_params,
               *exact_params, *keyword_params, *scored_params]  # fmt: skip
     return Statement(sql, params, None if kind is None else _hnsw_settings(pool))

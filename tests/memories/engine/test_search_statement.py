@@ -5,7 +5,7 @@ keyword-only fallback, one round trip."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.conf import settings as django_settings
@@ -71,7 +71,8 @@ def reference_search(
     vector_ranking=exact_vector_ranking,
 ):
     """The search as it was before the one statement (main at 5ffec20): vector leg,
-    keyword leg and the candidates' rows as three statements, merged in Python; its
+    keyword leg (BM25, ``scope_keyword_ranking``) and the candidates' rows as three
+    statements, merged in Python; equal scores ordered newer first, then by id; its
     exact ranking is the plain scan (``exact_vector_ranking``) unless ``vector_ranking``
     says otherwise (the benchmark times it with ``selectors.scope_vector_ranking``)."""
     row = scope_find(owner=owner, scope=scope)
@@ -104,9 +105,17 @@ def reference_search(
         relevance = weight * max(sim or 0.0, 0.0) + (1 - weight) * (kw or 0.0) / best
         if half_life:
             relevance *= decay(observed, half_life, now=now)
-        scored.append((pk, relevance, sim, kw))
-    scored.sort(key=lambda h: (-h[1], str(h[0])))
-    return scored[offset : offset + limit]
+        scored.append((pk, relevance, sim, kw, observed))
+    # Equal scores: the newer fact first, then the id (never the random id alone).
+    scored.sort(key=lambda h: (-h[1], -_micros(h[4]), str(h[0])))
+    return [h[:4] for h in scored[offset : offset + limit]]
+
+
+def _micros(at):
+    return (at - _EPOCH) // timedelta(microseconds=1)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _seed(owner, embedder):
