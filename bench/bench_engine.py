@@ -4,7 +4,8 @@ Run from the repository root, against a private database (reused between runs):
 
     EMBEDDED_DB_NAME=bench_engine .venv/bin/python bench/bench_engine.py [--fresh] \\
         [--scopes 10000 --per-scope 100] [--queries 200] [--skip-large | --large] \\
-        [--search-only] [--paired | --paired-table] [--maintenance-work-mem 3GB]
+        [--search-only] [--paired | --paired-table] [--paired-before DIR] \\
+        [--maintenance-work-mem 3GB]
 
 Data (one owner): scope ``["bench", "big"]`` with 10,000 facts, ``["bench", "inj"]``
 with 500, then (unless ``--skip-large``) 10,000 scopes ``["s", "<i>"]`` of 100 facts
@@ -24,6 +25,9 @@ Reported (p50/p99 over ``--queries`` calls, after 10 warm-up calls):
   the owner, filtered by an EXISTS on the user's links), same scopes, fewer calls;
 * injection: ``format_for_injection`` over the 500-fact scope, 600 tokens, without
   and with a query;
+* ``--paired-before DIR``: the search against the search statement of another checkout
+  (e.g. a worktree of main), call by call alternated on the same data (to measure a
+  change of the statement: run this checkout's migrations first);
 * add: ``core_fact_add`` of one new fact (embedding precomputed) into a 100-fact and
   the 10,000-fact scope (dedup checks included), then removed again.
 """
@@ -321,6 +325,52 @@ def bench_paired_table(owner: Any, rows: list[EndUser], calls: int, label: str) 
     from memories.personal import selectors
 
     real = selectors._half_table
+
+    def use(copies: bool) -> None:
+        selectors._half_table = real if copies else lambda: False  # type: ignore[assignment]
+
+    _alternated(owner, rows, calls, use, f"paired, {label}", ("copies", "table"))
+
+
+def bench_paired_before(
+    owner: Any, rows: list[EndUser], calls: int, label: str, before: Path
+) -> None:
+    """This checkout's search against another checkout's search statement (``before``:
+    its ``memories/personal/selectors.py``, loaded as a module of its own; the same
+    database, connection and ``core_fact_search`` around it), call by call alternated
+    as ``bench_paired_table``."""
+    import importlib.util
+
+    from memories.personal import retrieval
+
+    spec = importlib.util.spec_from_file_location(
+        "before_selectors", before / "memories" / "personal" / "selectors.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = retrieval.scope_fact_search
+
+    def use(mine: bool) -> None:
+        search = real if mine else module.scope_fact_search
+        retrieval.scope_fact_search = search  # type: ignore[assignment]
+
+    _alternated(owner, rows, calls, use, f"paired, {label}", ("this checkout", str(before)))
+
+
+def _alternated(
+    owner: Any,
+    rows: list[EndUser],
+    calls: int,
+    use: Callable[[bool], None],
+    label: str,
+    names: tuple[str, str],
+) -> None:
+    """``calls`` (+ 10 warm-up) pairs of the same search (scope and query drawn for the
+    pair) with ``use(True)``, the variant measured, and ``use(False)``, the one it is
+    measured against, which goes first alternating (``use(True)`` again at the end):
+    prints the medians of each (``names``), the median of the paired ratios and how many
+    pairs' answers differed."""
     queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
     times: dict[bool, list[float]] = {True: [], False: []}
     differ = 0
@@ -329,20 +379,21 @@ def bench_paired_table(owner: Any, rows: list[EndUser], calls: int, label: str) 
             q, words = prng.choice(queries)
             row = prng.choice(rows)
             ids = {}
-            for copies in (i % 2 == 0, i % 2 == 1):
-                selectors._half_table = real if copies else lambda: False  # type: ignore[assignment]
+            for variant in (i % 2 == 0, i % 2 == 1):
+                use(variant)
                 t = time.perf_counter()
                 found = core_fact_search(owner=owner, scope=row, query=words, limit=10,
                                          query_vector=q, embedder=FixedEmbedder())  # fmt: skip
                 if i >= 10:
-                    times[copies].append((time.perf_counter() - t) * 1000)
-                ids[copies] = [h.id for h in found.hits]
+                    times[variant].append((time.perf_counter() - t) * 1000)
+                ids[variant] = [h.id for h in found.hits]
             differ += ids[True] != ids[False]
     finally:
-        selectors._half_table = real  # type: ignore[assignment]
-    ratio = statistics.median(a / b for a, b in zip(times[True], times[False], strict=True))
-    print(f"paired, {label}: copies p50 {statistics.median(times[True]):.2f} ms, table p50 "
-          f"{statistics.median(times[False]):.2f} ms, paired ratio {ratio:.2f}, "
+        use(True)
+    new, old = times[True], times[False]
+    ratio = statistics.median(a / b for a, b in zip(new, old, strict=True))
+    print(f"{label}: {names[0]} p50 {statistics.median(new):.2f} ms, {names[1]} p50 "
+          f"{statistics.median(old):.2f} ms, paired ratio {ratio:.2f}, "
           f"answers differing {differ}/{calls + 10}", flush=True)  # fmt: skip
 
 
@@ -431,6 +482,10 @@ def main() -> None:
         help="also the search through the 16-bit copies against a scan of the table, alternated",
     )  # fmt: skip
     parser.add_argument(
+        "--paired-before", type=Path, metavar="DIR",
+        help="also the search against another checkout's statement (DIR: its root), alternated",
+    )  # fmt: skip
+    parser.add_argument(
         "--pool", type=int, default=0, help="also time the 10k scope with this vector pool"
     )
     args = parser.parse_args()
@@ -463,6 +518,9 @@ def phase_a(args: argparse.Namespace, owner: Any, big: EndUser, inj: EndUser) ->
     if args.paired_table:
         bench_paired_table(owner, [big], args.queries, "10k facts in one scope")
         bench_paired_table(owner, [inj], args.queries, "500 facts in one scope")
+    if args.paired_before:
+        for rows, label in (([big], "10k facts in one scope"), ([inj], "500 facts in one scope")):
+            bench_paired_before(owner, rows, args.queries, label, args.paired_before)
     if args.search_only:
         return
     bench_old(owner, [big], 20, "10k facts in one scope")
@@ -505,6 +563,11 @@ def phase_b(args: argparse.Namespace, owner: Any, big: EndUser) -> None:
         bench_paired_table(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
         bench_paired_table(owner, smalls, args.queries,
                            f"{args.per_scope}-fact scopes, owner holds 1M")  # fmt: skip
+    if args.paired_before:
+        bench_paired_before(owner, [big], args.queries, "10k-fact scope, owner holds 1M",
+                            args.paired_before)  # fmt: skip
+        bench_paired_before(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, "
+                            "owner holds 1M", args.paired_before)  # fmt: skip
     if args.search_only:
         return
     bench_old(owner, [big], 5, "10k-fact scope, owner holds 1M")
