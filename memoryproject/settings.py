@@ -479,8 +479,9 @@ ENGINE_EXACT_CAP_FACTS = env_int("ENGINE_EXACT_CAP_FACTS", 20000, minimum=1)
 # A replacement that would bring back a text the same fact replaced within the scope's
 # last N replacements is refused unless its confidence is higher (0 = no guard).
 ENGINE_FLIP_FLOP_WINDOW = env_int("ENGINE_FLIP_FLOP_WINDOW", 20, minimum=0)
-# Search: score = (w * similarity + (1 - w) * BM25 / best BM25) * 0.5 ** (age / half-life).
-ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.7, minimum=0.0)
+# Search: score = (w * similarity + (1 - w) * BM25 / best BM25) * 0.5 ** (age / half-life);
+# w tuned on LoCoMo facts (BENCHMARKS.md, "The engine's keyword leg is BM25 now").
+ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.5, minimum=0.0)
 ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  # 0 = no decay
 # Injection: the share of the token budget kept for corrections.
 ENGINE_CORRECTION_SHARE = env_float("ENGINE_CORRECTION_SHARE", 0.25, minimum=0.0)
