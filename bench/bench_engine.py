@@ -348,6 +348,7 @@ def bench_paired_before(
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up there)
     spec.loader.exec_module(module)
     real = retrieval.scope_fact_search
 
