@@ -1,4 +1,4 @@
-"""Fields every API serializer shares: strict booleans and query vectors."""
+"""Fields every API serializer shares: strict strings and booleans, query vectors."""
 
 from __future__ import annotations
 
@@ -10,6 +10,20 @@ from rest_framework import serializers
 
 # The largest magnitude a pgvector (float4) component holds.
 FLOAT4_MAX = 3.4028234663852886e38
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string is a string: ``123`` or ``1.5`` for a text field is refused (DRF's
+    CharField turns numbers into their text, so a request the schema forbids was
+    accepted: ``{"name": -2071580397144}`` made an API key named so). Query parameters
+    are text anyway. Every API serializer uses this one (``tests/test_strict_fields.py``)."""
+
+    default_error_messages = {"invalid": "Must be a string."}
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class StrictBooleanField(serializers.BooleanField):

@@ -21,6 +21,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
 from core.validation import END_USER_ID, NODE_ID, SESSION_ID
 
 # Path parameters named so are these kinds of id: their pattern goes in the schema.
@@ -28,8 +29,8 @@ PATH_ID_KINDS = {"user_id": END_USER_ID, "session_id": SESSION_ID, "node_id": NO
 
 
 class ErrorBodySerializer(serializers.Serializer):
-    code = serializers.CharField(help_text="Machine-readable, e.g. invalid, not_found.")
-    message = serializers.CharField(help_text="A plain sentence.")
+    code = StrictCharField(help_text="Machine-readable, e.g. invalid, not_found.")
+    message = StrictCharField(help_text="A plain sentence.")
     details = serializers.JSONField(allow_null=True, help_text="Field errors or figures.")
 
 
@@ -38,10 +39,10 @@ class ErrorSerializer(serializers.Serializer):
 
 
 class OpenAIErrorBodySerializer(serializers.Serializer):
-    message = serializers.CharField()
-    type = serializers.CharField()
-    param = serializers.CharField(allow_null=True)
-    code = serializers.CharField(allow_null=True)
+    message = StrictCharField()
+    type = StrictCharField()
+    param = StrictCharField(allow_null=True)
+    code = StrictCharField(allow_null=True)
     details = serializers.JSONField(allow_null=True, required=False)
 
 

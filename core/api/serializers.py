@@ -3,6 +3,7 @@ from typing import Any
 from django.urls import reverse
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
 from core.models import APIKey
 
 
@@ -15,11 +16,11 @@ class APIKeyOutputSerializer(serializers.ModelSerializer):
 
 
 class APIKeyCreateInputSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
 
 
 class APIKeyCreatedSerializer(APIKeyOutputSerializer):
-    key = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
+    key = StrictCharField(read_only=True, help_text="Shown once; store it now.")
 
     class Meta(APIKeyOutputSerializer.Meta):
         fields = [*APIKeyOutputSerializer.Meta.fields, "key"]
@@ -27,7 +28,7 @@ class APIKeyCreatedSerializer(APIKeyOutputSerializer):
 
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    username = serializers.CharField()
+    username = StrictCharField()
 
 
 JOB_FIELDS = [

@@ -5,13 +5,14 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
 from core.validation import SessionIdField
 from memories.conversations.api.serializers import MessageInSerializer
 
 
 class RunInSerializer(serializers.Serializer):
     session_id = SessionIdField()
-    run_id = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    run_id = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
     messages = MessageInSerializer(many=True, allow_empty=False)
 
     def validate_messages(self, value: list[Any]) -> list[Any]:
@@ -25,7 +26,7 @@ class RunInSerializer(serializers.Serializer):
 class SingleMessageInSerializer(MessageInSerializer):
     flow = serializers.UUIDField()
     session_id = SessionIdField()
-    run_id = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+    run_id = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
 
 
 class MessageQuerySerializer(serializers.Serializer):

@@ -6,7 +6,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from core.api.fields import QueryVectorField, StrictBooleanField
+from core.api.fields import QueryVectorField, StrictBooleanField, StrictCharField
 from core.api.serializers import JOB_FIELDS, JobOutputBase
 from knowledge.models import FTS_LANGUAGES, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
@@ -45,8 +45,8 @@ class KnowledgeBaseOutputSerializer(serializers.ModelSerializer):
 
 
 class KnowledgeBaseCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
-    description = serializers.CharField(required=False, allow_blank=True, default="")
+    name = StrictCharField(max_length=200)
+    description = StrictCharField(required=False, allow_blank=True, default="")
     language = serializers.ChoiceField(choices=FTS_LANGUAGES, default="english")
     chunk_size = serializers.IntegerField(min_value=50, max_value=20000, required=False)
     chunk_overlap = serializers.IntegerField(min_value=0, max_value=10000, required=False)
@@ -73,8 +73,8 @@ class KnowledgeBaseUpdateSerializer(serializers.Serializer):
     (so a GET body sent back unchanged is fine); other fields are refused as unknown.
     Needs ``context={"knowledge_base": kb}``."""
 
-    name = serializers.CharField(max_length=200, required=False)
-    description = serializers.CharField(required=False, allow_blank=True)
+    name = StrictCharField(max_length=200, required=False)
+    description = StrictCharField(required=False, allow_blank=True)
 
     def validate_name(self, value: str) -> str:
         if not value.strip():
@@ -98,8 +98,8 @@ class KnowledgeBaseUpdateSerializer(serializers.Serializer):
 
 
 class DocumentSerializer(serializers.Serializer):
-    text = serializers.CharField(trim_whitespace=False)
-    source_key = serializers.CharField(max_length=500, required=False)
+    text = StrictCharField(trim_whitespace=False)
+    source_key = StrictCharField(max_length=500, required=False)
     metadata = serializers.DictField(required=False, default=dict)
 
     def validate_text(self, value: str) -> str:
@@ -136,7 +136,7 @@ class IngestSerializer(serializers.Serializer):
 
 
 class SearchSerializer(serializers.Serializer):
-    query = serializers.CharField(required=False, trim_whitespace=True, max_length=10000)
+    query = StrictCharField(required=False, trim_whitespace=True, max_length=10000)
     vector = QueryVectorField(required=False, min_length=1, max_length=16000)
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
     mode = serializers.ChoiceField(choices=MODES, default="hybrid")
@@ -192,8 +192,8 @@ class MultiSearchSerializer(SearchSerializer):
 
 class HitSerializer(serializers.Serializer):
     id = serializers.IntegerField(source="chunk_id")
-    knowledge_base = serializers.CharField(source="knowledge_base_id")
-    text = serializers.CharField()
+    knowledge_base = StrictCharField(source="knowledge_base_id")
+    text = StrictCharField()
     metadata = serializers.DictField()
     score = serializers.FloatField()
     vector_score = serializers.FloatField(allow_null=True)
@@ -204,11 +204,11 @@ class HitSerializer(serializers.Serializer):
 
 class RewriteOutputSerializer(serializers.Serializer):
     queries = serializers.ListField(
-        child=serializers.CharField(),
+        child=StrictCharField(),
         help_text="The rewritten queries searched with the original (none: it ran as asked).",
     )
-    model = serializers.CharField(help_text="The model that wrote them.")
-    error = serializers.CharField(
+    model = StrictCharField(help_text="The model that wrote them.")
+    error = StrictCharField(
         allow_null=True, help_text="Why the search ran as asked: the LLM failed or was unusable."
     )
 
@@ -224,13 +224,13 @@ class SearchAnswerSerializer(serializers.Serializer):
 
 class ChunkOutputSerializer(serializers.Serializer):
     id = serializers.IntegerField()
-    source_key = serializers.CharField()
-    document_key = serializers.CharField()
-    text = serializers.CharField()
+    source_key = StrictCharField()
+    document_key = StrictCharField()
+    text = StrictCharField()
     chunk_index = serializers.IntegerField()
     chunk_total = serializers.IntegerField()
-    source_type = serializers.CharField()
-    session_id = serializers.CharField()
+    source_type = StrictCharField()
+    session_id = StrictCharField()
     metadata = serializers.DictField()
     created_at = serializers.DateTimeField()
 

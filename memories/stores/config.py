@@ -24,7 +24,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField
+from core.api.fields import StrictBooleanField, StrictCharField
 from core.db import advisory_xact_lock
 from core.errors import ServiceError
 from core.validation import NODE_ID
@@ -50,7 +50,7 @@ TOP_KEYS = ("memory", "nodes")
 
 
 class AttachmentConfig(StrictConfig):
-    name = serializers.CharField(max_length=100)
+    name = StrictCharField(max_length=100)
     retrieve_stage = serializers.ListField(
         child=serializers.ChoiceField(STAGES), required=False, default=list
     )

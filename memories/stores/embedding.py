@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
 from core.errors import Unavailable
 from core.providers.embeddings import (
     Embedder,
@@ -82,21 +83,21 @@ class EmbeddingBlock(StrictConfig):
         help_text="openai (any compatible endpoint), local (bundled MiniLM), "
         "hashing (deterministic, offline) or none (no embedder: recency retrieval)",
     )
-    model = serializers.CharField(
+    model = StrictCharField(
         max_length=200,
         required=False,
         allow_blank=True,
         default="",
         help_text="Default per provider: text-embedding-3-small, all-MiniLM-L6-v2, hashing-v1",
     )
-    api_key = serializers.CharField(
+    api_key = StrictCharField(
         max_length=200,
         required=False,
         allow_blank=True,
         default="",
         help_text="An environment reference such as ${API_KEY}; never a literal key",
     )
-    base_url = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    base_url = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
     params = EmbeddingParams(required=False, default=dict, help_text="dimensions: int")
 
     def validate_api_key(self, value: str) -> str:

@@ -29,6 +29,7 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from mcp.server.transport_security import TransportSecuritySettings
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -115,15 +116,28 @@ class MCPView(APIView):
                 response=OpenApiTypes.OBJECT,
                 description="not a valid JSON-RPC message: a JSON-RPC error object "
                 "(``error.code`` an integer such as -32602), or the API's error shape "
-                "for input refused before MCP reads it",
+                "for input refused before MCP reads it (no body)",
             ),
             406: OpenApiResponse(
                 response=OpenApiTypes.OBJECT,
                 description="the Accept header does not take application/json (JSON-RPC error)",
             ),
+            415: OpenApiResponse(
+                response=OpenApiTypes.OBJECT,
+                description="the body is not sent as application/json (the API's error shape)",
+            ),
         },
     )
     def post(self, request: Request) -> StreamingHttpResponse:
+        # The SDK answers a missing body or Content-Type with a text/plain 400 that no
+        # client can parse: refuse them here, in the API's JSON error shape.
+        meta = request._request.META
+        chunked = "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if not chunked and meta.get("CONTENT_LENGTH", "") in ("", "0"):
+            raise ParseError("The body must be a JSON-RPC message, sent as application/json.")
+        media_type = (request.content_type or "").split(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise UnsupportedMediaType(request.content_type or "(none)")
         environ = request._request.META  # the WSGI environ; the body is unread: a2wsgi reads it
         environ[ENVIRON_OWNER] = request.user.pk
         user_id = request.headers.get(settings.MEMORY_USER_HEADER)

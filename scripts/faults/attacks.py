@@ -421,4 +421,6 @@ def schemathesis_run(inst: Instance, *, examples: int = 10) -> dict[str, Any]:
     figures["failures_listed"] = [
         f"{op}: {title}" for op, titles in sorted(report.failures.items()) for title in titles
     ][:20]
+    # One request per failure (its curl and the answer's start), to reproduce it.
+    figures["failing_requests"] = list(report.examples.values())[:20]
     return figures

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField
+from core.api.fields import StrictBooleanField, StrictCharField
 from core.api.serializers import JOB_FIELDS, JobOutputBase
 from core.validation import SessionIdField
 from memories.bases.models import MemoryBase, MemoryBaseJob
@@ -12,19 +12,17 @@ from memories.bases.selectors import session_status
 
 
 class MemoryBaseCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
+    name = StrictCharField(max_length=200)
     flow = serializers.UUIDField()
     threshold = serializers.IntegerField(min_value=1, max_value=100000, default=10)
     auto_capture = StrictBooleanField(default=True)
-    kb_name = serializers.CharField(max_length=200, required=False)
+    kb_name = StrictCharField(max_length=200, required=False)
     preprocess = StrictBooleanField(default=False)
-    preprocess_model = serializers.CharField(
-        max_length=200, required=False, allow_blank=True, default=""
-    )
-    preprocess_instructions = serializers.CharField(
+    preprocess_model = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    preprocess_instructions = StrictCharField(
         required=False, allow_blank=True, default="", max_length=10000
     )
-    preprocess_kill_phrase = serializers.CharField(
+    preprocess_kill_phrase = StrictCharField(
         max_length=200, required=False, allow_blank=True, default=""
     )
 
@@ -35,15 +33,13 @@ class MemoryBaseCreateSerializer(serializers.Serializer):
 
 
 class MemoryBaseUpdateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200, required=False)
+    name = StrictCharField(max_length=200, required=False)
     threshold = serializers.IntegerField(min_value=1, max_value=100000, required=False)
     auto_capture = StrictBooleanField(required=False)
     preprocess = StrictBooleanField(required=False)
-    preprocess_model = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    preprocess_instructions = serializers.CharField(
-        required=False, allow_blank=True, max_length=10000
-    )
-    preprocess_kill_phrase = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    preprocess_model = StrictCharField(max_length=200, required=False, allow_blank=True)
+    preprocess_instructions = StrictCharField(required=False, allow_blank=True, max_length=10000)
+    preprocess_kill_phrase = StrictCharField(max_length=200, required=False, allow_blank=True)
 
 
 class MemoryBaseOutputSerializer(serializers.ModelSerializer):
@@ -82,7 +78,7 @@ class MemoryBaseOutputSerializer(serializers.ModelSerializer):
 
 class JobOutputSerializer(JobOutputBase):
     KIND = "memory_base_sync"
-    session_id = serializers.CharField(source="session.session_id")
+    session_id = StrictCharField(source="session.session_id")
     memory_base = serializers.UUIDField(source="memory_base_id")
 
     class Meta:
@@ -98,7 +94,7 @@ class JobOutputSerializer(JobOutputBase):
 
 
 class SessionOutputSerializer(serializers.Serializer):
-    session_id = serializers.CharField()
+    session_id = StrictCharField()
     pending = serializers.IntegerField()
     total_processed = serializers.IntegerField()
     last_sync_at = serializers.DateTimeField(allow_null=True)

@@ -6,7 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField
+from core.api.fields import StrictBooleanField, StrictCharField
 from memories.conversations.history import (
     DEFAULT_AI_PREFIX,
     DEFAULT_HUMAN_PREFIX,
@@ -27,8 +27,8 @@ TRANSFER_METHODS = ("local_file", "remote_url", "tool_file")
 class FileRefSerializer(serializers.Serializer):
     type = serializers.ChoiceField(choices=FILE_TYPES)
     transfer_method = serializers.ChoiceField(choices=TRANSFER_METHODS)
-    upload_file_id = serializers.CharField(required=False, allow_null=True, max_length=200)
-    tool_file_id = serializers.CharField(required=False, allow_null=True, max_length=200)
+    upload_file_id = StrictCharField(required=False, allow_null=True, max_length=200)
+    tool_file_id = StrictCharField(required=False, allow_null=True, max_length=200)
     url = serializers.URLField(required=False, allow_null=True, max_length=2000)
     belongs_to = serializers.ChoiceField(choices=("user", "assistant"), required=False)
 
@@ -111,10 +111,8 @@ class MessageInSerializer(serializers.Serializer):
         "items carry it, and parent_message_id / current_message_id may name it.",
     )
     is_output = StrictBooleanField(required=False, allow_null=True, default=None)
-    sender = serializers.CharField(required=False, allow_blank=True, max_length=100, default="")
-    sender_name = serializers.CharField(
-        required=False, allow_blank=True, max_length=200, default=""
-    )
+    sender = StrictCharField(required=False, allow_blank=True, max_length=100, default="")
+    sender_name = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
     files = FileRefSerializer(many=True, required=False, default=list)
     parent_message_id = ParentMessageIdField(
         help_text="The message this one follows: your message_id or the server id. "
@@ -163,7 +161,7 @@ class MessageOutputSerializer(serializers.ModelSerializer):
 
 
 class FlowInSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
+    name = StrictCharField(max_length=200)
 
     def validate_name(self, value: str) -> str:
         if not value.strip():
@@ -190,12 +188,10 @@ class _HistoryQuerySerializer(FlowQuerySerializer):
         min_value=1, max_value=MAX_TOKENS_CEILING, default=_default_max_tokens
     )
     format = serializers.ChoiceField(choices=("messages", "text"), default="messages")
-    human_prefix = serializers.CharField(
+    human_prefix = StrictCharField(
         max_length=50, default=DEFAULT_HUMAN_PREFIX, trim_whitespace=False
     )
-    ai_prefix = serializers.CharField(
-        max_length=50, default=DEFAULT_AI_PREFIX, trim_whitespace=False
-    )
+    ai_prefix = StrictCharField(max_length=50, default=DEFAULT_AI_PREFIX, trim_whitespace=False)
 
 
 class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):
@@ -225,21 +221,21 @@ class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):
 
 
 class NodeHistoryQuerySerializer(_HistoryQuerySerializer):
-    current_message_id = serializers.CharField(max_length=MESSAGE_ID_MAX, required=False)
+    current_message_id = StrictCharField(max_length=MESSAGE_ID_MAX, required=False)
 
 
 class NodeTurnInSerializer(FlowQuerySerializer):
-    message_id = serializers.CharField(max_length=MESSAGE_ID_MAX)
-    parent_message_id = serializers.CharField(
+    message_id = StrictCharField(max_length=MESSAGE_ID_MAX)
+    parent_message_id = StrictCharField(
         max_length=MESSAGE_ID_MAX,
         required=False,
         allow_null=True,
         help_text="The turn this one follows. Omitted: the newest stored turn. "
         "null: starts a new thread (e.g. regenerating the first turn).",
     )
-    user_content = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    user_content = StrictCharField(allow_blank=True, trim_whitespace=False)
     user_files = FileRefSerializer(many=True, required=False, default=list)
-    assistant_content = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    assistant_content = StrictCharField(allow_blank=True, trim_whitespace=False)
     assistant_files = FileRefSerializer(many=True, required=False, default=list)
 
     def _bounded(self, value: str) -> str:
@@ -257,8 +253,8 @@ class NodeTurnInSerializer(FlowQuerySerializer):
 
 
 class _HistoryItemSerializer(serializers.Serializer):
-    role = serializers.CharField()
-    content = serializers.CharField()
+    role = StrictCharField()
+    content = StrictCharField()
     files = serializers.ListField(child=serializers.DictField())
     token_count = serializers.IntegerField(help_text="Tokens of the content alone.")
     created_at = serializers.DateTimeField()
@@ -273,12 +269,12 @@ class ConversationItemSerializer(_HistoryItemSerializer):
 
 
 class NodeItemSerializer(_HistoryItemSerializer):
-    message_id = serializers.CharField()
-    parent_message_id = serializers.CharField(allow_null=True)
+    message_id = StrictCharField()
+    parent_message_id = StrictCharField(allow_null=True)
 
 
 class ChatMessageSerializer(serializers.Serializer):
-    role = serializers.CharField()
+    role = StrictCharField()
     content = serializers.JSONField(help_text="The text, or content blocks with an image.")
 
 
@@ -318,12 +314,10 @@ class ConversationHistoryOutputSerializer(HistoryOutputSerializer):
 
 
 class RunningSummarySerializer(serializers.Serializer):
-    text = serializers.CharField(source="summary")
-    summarized_message_ids = serializers.ListField(
-        child=serializers.CharField(), source="summarized_ids"
-    )
-    last_summarized_message_id = serializers.CharField(source="last_summarized_id")
-    folded_now = serializers.ListField(child=serializers.CharField(), source="folded")
+    text = StrictCharField(source="summary")
+    summarized_message_ids = serializers.ListField(child=StrictCharField(), source="summarized_ids")
+    last_summarized_message_id = StrictCharField(source="last_summarized_id")
+    folded_now = serializers.ListField(child=StrictCharField(), source="folded")
     llm_calls = serializers.IntegerField()
 
 
@@ -343,7 +337,7 @@ class NodeHistoryOutputSerializer(HistoryOutputSerializer):
 
 
 class NodeTurnOutputSerializer(serializers.Serializer):
-    message_id = serializers.CharField()
-    parent_message_id = serializers.CharField(allow_null=True)
+    message_id = StrictCharField()
+    parent_message_id = StrictCharField(allow_null=True)
     created = serializers.BooleanField(help_text="False when this was a replay of a stored turn.")
     messages = NodeItemSerializer(many=True, source="items")

@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.fields import StrictBooleanField
+from core.api.fields import StrictBooleanField, StrictCharField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
 from memories.conversations.history import effective_message_limit
@@ -76,20 +76,20 @@ class SettingsInSerializer(serializers.Serializer):
 
 
 class SummaryMessageSerializer(serializers.Serializer):
-    id = serializers.CharField(max_length=255, required=False)
+    id = StrictCharField(max_length=255, required=False)
     role = serializers.ChoiceField(choices=("user", "assistant", "system", "tool"))
-    content = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=100_000)
+    content = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=100_000)
 
 
 class ConversationRefSerializer(serializers.Serializer):
     flow = serializers.UUIDField()
-    session_id = serializers.CharField(max_length=255)
+    session_id = StrictCharField(max_length=255)
     message_limit = serializers.IntegerField(min_value=1, max_value=10_000, default=500)
 
 
 class SummaryInSerializer(ScopedSerializer):
     conversation = ConversationRefSerializer(required=False)
-    conversation_id = serializers.CharField(max_length=255, required=False)
+    conversation_id = StrictCharField(max_length=255, required=False)
     messages = SummaryMessageSerializer(many=True, required=False)
     max_tokens = serializers.IntegerField(min_value=16, max_value=1_000_000)
     max_tokens_before_summary = serializers.IntegerField(min_value=16, required=False)

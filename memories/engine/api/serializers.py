@@ -6,6 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
 from memories.personal.facts import SOURCE_KINDS
 from memories.personal.models import CATEGORIES, Vector
 from memories.personal.services import MAX_MEMORY_CHARS
@@ -17,24 +18,24 @@ class ScopedSerializer(serializers.Serializer):
 
     scope = serializers.ListField(child=serializers.JSONField(), min_length=1, max_length=8)
     scope_values = serializers.DictField(
-        child=serializers.CharField(max_length=255, allow_blank=True), required=False, default=dict
+        child=StrictCharField(max_length=255, allow_blank=True), required=False, default=dict
     )
 
 
 class FactCreateSerializer(ScopedSerializer):
-    content = serializers.CharField(max_length=MAX_MEMORY_CHARS)
+    content = StrictCharField(max_length=MAX_MEMORY_CHARS)
     category = serializers.ChoiceField(choices=CATEGORIES, default="context")
     confidence = serializers.FloatField(min_value=0, max_value=1, default=1.0)
     source_kind = serializers.ChoiceField(choices=SOURCE_KINDS, default="api")
-    source_ref = serializers.CharField(max_length=255, required=False, default="", allow_blank=True)
-    reason = serializers.CharField(max_length=1000, required=False, default="", allow_blank=True)
+    source_ref = StrictCharField(max_length=255, required=False, default="", allow_blank=True)
+    reason = StrictCharField(max_length=1000, required=False, default="", allow_blank=True)
 
 
 class FactUpdateSerializer(serializers.Serializer):
-    content = serializers.CharField(max_length=MAX_MEMORY_CHARS, required=False)
+    content = StrictCharField(max_length=MAX_MEMORY_CHARS, required=False)
     category = serializers.ChoiceField(choices=CATEGORIES, required=False)
     confidence = serializers.FloatField(min_value=0, max_value=1, required=False)
-    reason = serializers.CharField(max_length=1000, required=False, default="edited")
+    reason = StrictCharField(max_length=1000, required=False, default="edited")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not {"content", "category", "confidence"} & set(attrs):
@@ -58,7 +59,7 @@ class FactFilterSerializer(serializers.Serializer):
 
 @extend_schema_serializer(component_name="EngineSearch")
 class SearchSerializer(ScopedSerializer):
-    query = serializers.CharField(max_length=10_000)
+    query = StrictCharField(max_length=10_000)
     limit = serializers.IntegerField(min_value=1, max_value=100, default=10)
     offset = serializers.IntegerField(min_value=0, max_value=10_000, default=0)
     filter = FactFilterSerializer(required=False)
@@ -67,7 +68,7 @@ class SearchSerializer(ScopedSerializer):
 
 class InjectionSerializer(ScopedSerializer):
     max_tokens = serializers.IntegerField(min_value=1, max_value=100_000)
-    query = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+    query = StrictCharField(max_length=10_000, required=False, allow_blank=True)
 
 
 def _with_source(data: dict[str, Any], obj: Any) -> dict[str, Any]:
@@ -87,21 +88,21 @@ class FactOutputSerializer(serializers.ModelSerializer):
 
 
 class DecisionSerializer(serializers.Serializer):
-    content = serializers.CharField()
-    action = serializers.CharField()
-    reason = serializers.CharField(allow_blank=True)
-    fact_id = serializers.CharField(allow_null=True)
-    target_id = serializers.CharField(allow_null=True)
-    match = serializers.CharField(allow_null=True)
+    content = StrictCharField()
+    action = StrictCharField()
+    reason = StrictCharField(allow_blank=True)
+    fact_id = StrictCharField(allow_null=True)
+    target_id = StrictCharField(allow_null=True)
+    match = StrictCharField(allow_null=True)
     similarity = serializers.FloatField(allow_null=True)
-    evicted_ids = serializers.ListField(child=serializers.CharField())
+    evicted_ids = serializers.ListField(child=StrictCharField())
 
 
 @extend_schema_serializer(component_name="EngineHit")
 class HitSerializer(serializers.Serializer):
     id = serializers.UUIDField()
-    content = serializers.CharField()
-    category = serializers.CharField()
+    content = StrictCharField()
+    category = StrictCharField()
     confidence = serializers.FloatField()
     score = serializers.FloatField()
     similarity = serializers.FloatField(allow_null=True)

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.fields import StrictCharField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
 from core.errors import InvalidInput
@@ -57,7 +58,7 @@ class FactDecisionSerializer(serializers.Serializer):
 class ScopedFactSerializer(FactOutputSerializer):
     """Schema only: a fact with the scope it belongs to."""
 
-    scope = serializers.ListField(child=serializers.CharField())
+    scope = serializers.ListField(child=StrictCharField())
 
     class Meta(FactOutputSerializer.Meta):
         fields = [*FactOutputSerializer.Meta.fields, "scope"]
@@ -66,8 +67,8 @@ class ScopedFactSerializer(FactOutputSerializer):
 class EngineSearchOutputSerializer(serializers.Serializer):
     """Schema only: the scope searched, how (mode) and the hits."""
 
-    scope = serializers.ListField(child=serializers.CharField())
-    mode = serializers.CharField()
+    scope = serializers.ListField(child=StrictCharField())
+    mode = StrictCharField()
     results = HitSerializer(many=True)
 
 

@@ -6,7 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField
+from core.api.fields import StrictBooleanField, StrictCharField
 from memories.personal.models import MemoryUpdate, Vector
 from memories.personal.services import MAX_MEMORY_CHARS
 
@@ -36,10 +36,10 @@ class ChatMessageSerializer(serializers.Serializer):
 class ChatCompletionSerializer(serializers.Serializer):
     """Validates what the proxy relies on; every other field passes through unchanged."""
 
-    model = serializers.CharField(max_length=200, required=False)
+    model = StrictCharField(max_length=200, required=False)
     messages = ChatMessageSerializer(many=True, allow_empty=False)
     stream = StrictBooleanField(required=False, default=False)
-    user = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    user = StrictCharField(max_length=255, required=False, allow_blank=True)
 
     def validate_model(self, value: str) -> str:
         if not isinstance(self.initial_data.get("model"), str):
@@ -53,14 +53,14 @@ class ChatCompletionSerializer(serializers.Serializer):
 
 
 class ModelEntrySerializer(serializers.Serializer):
-    id = serializers.CharField()
-    object = serializers.CharField()
+    id = StrictCharField()
+    object = StrictCharField()
     created = serializers.IntegerField(required=False)
-    owned_by = serializers.CharField(required=False)
+    owned_by = StrictCharField(required=False)
 
 
 class ModelListSerializer(serializers.Serializer):
-    object = serializers.CharField()
+    object = StrictCharField()
     data = ModelEntrySerializer(many=True)  # type: ignore[assignment]  # the field is named data
 
 
@@ -72,8 +72,8 @@ class MemoryOutputSerializer(serializers.ModelSerializer):
 
 class MemoryHitSerializer(serializers.Serializer):
     id = serializers.UUIDField()
-    content = serializers.CharField()
-    type = serializers.CharField()
+    content = StrictCharField()
+    type = StrictCharField()
     similarity = serializers.FloatField()
     score = serializers.FloatField()
     observed_at = serializers.DateTimeField()
@@ -82,14 +82,14 @@ class MemoryHitSerializer(serializers.Serializer):
 
 class InputMessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=CHAT_ROLES)
-    content = serializers.CharField(max_length=100_000)
+    content = StrictCharField(max_length=100_000)
 
 
 class MemoryAddSerializer(serializers.Serializer):
-    content = serializers.CharField(
+    content = StrictCharField(
         required=False, max_length=100_000, help_text="The text to learn from (or store)."
     )
-    text = serializers.CharField(
+    text = StrictCharField(
         required=False, max_length=100_000, help_text="Another name for content."
     )
     messages = InputMessageSerializer(  # type: ignore[call-arg]  # ListSerializer takes it
@@ -130,11 +130,11 @@ class MemoryAddSerializer(serializers.Serializer):
 
 
 class MemoryUpdateSerializer(serializers.Serializer):
-    content = serializers.CharField(max_length=MAX_MEMORY_CHARS)
+    content = StrictCharField(max_length=MAX_MEMORY_CHARS)
 
 
 class MemorySearchSerializer(serializers.Serializer):
-    q = serializers.CharField(max_length=10_000)
+    q = StrictCharField(max_length=10_000)
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
     threshold = serializers.FloatField(min_value=-1, max_value=1, required=False)
     half_life_days = serializers.FloatField(min_value=0.001, required=False)
@@ -142,7 +142,7 @@ class MemorySearchSerializer(serializers.Serializer):
 
 
 class GlobalMemoryInSerializer(serializers.Serializer):
-    content = serializers.CharField(max_length=MAX_MEMORY_CHARS)
+    content = StrictCharField(max_length=MAX_MEMORY_CHARS)
 
 
 class MemoryAddResultSerializer(serializers.Serializer):
@@ -170,8 +170,8 @@ class HistorySerializer(serializers.ModelSerializer):
 
 
 class DecisionSerializer(serializers.Serializer):
-    fact = serializers.CharField()
-    action = serializers.CharField()
-    reason = serializers.CharField()
-    target_id = serializers.CharField(allow_null=True)
-    memory_id = serializers.CharField(allow_null=True)
+    fact = StrictCharField()
+    action = StrictCharField()
+    reason = StrictCharField()
+    target_id = StrictCharField(allow_null=True)
+    memory_id = StrictCharField(allow_null=True)

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField
+from core.api.fields import StrictBooleanField, StrictCharField
 from core.validation import SessionIdField
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.registry import store_type
@@ -12,8 +12,8 @@ from memories.stores.services import backend_for
 
 
 class StoreCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
-    type = serializers.CharField(max_length=64)
+    name = StrictCharField(max_length=100)
+    type = StrictCharField(max_length=64)
     config = serializers.JSONField(required=False, default=dict)
 
 
@@ -81,8 +81,8 @@ class ItemQuerySerializer(serializers.Serializer):
 
 
 class AttachmentOutputSerializer(serializers.ModelSerializer):
-    name = serializers.CharField(source="store.name")
-    type = serializers.CharField(source="store.type")
+    name = StrictCharField(source="store.name")
+    type = StrictCharField(source="store.type")
 
     class Meta:
         model = MemoryAttachment
@@ -99,14 +99,14 @@ class AttachmentOutputSerializer(serializers.ModelSerializer):
 
 class RetrieveInSerializer(serializers.Serializer):
     stage = serializers.ChoiceField(STAGES)
-    query = serializers.CharField(allow_blank=True, max_length=20_000, trim_whitespace=False)
+    query = StrictCharField(allow_blank=True, max_length=20_000, trim_whitespace=False)
     session_id = SessionIdField(required=False, default="")
     max_tokens = serializers.IntegerField(min_value=20, max_value=100_000, required=False)
 
 
 class HitOutputSerializer(serializers.Serializer):
-    id = serializers.CharField()
-    content = serializers.CharField()
+    id = StrictCharField()
+    content = StrictCharField()
     score = serializers.FloatField(allow_null=True)
     similarity = serializers.FloatField(allow_null=True)
     metadata = serializers.JSONField()
@@ -114,16 +114,16 @@ class HitOutputSerializer(serializers.Serializer):
 
 
 class StoreHitsOutputSerializer(serializers.Serializer):
-    store = serializers.CharField()
-    type = serializers.CharField()
+    store = StrictCharField()
+    type = StrictCharField()
     in_prompt = serializers.IntegerField()
     hits = HitOutputSerializer(many=True)
 
 
 class RetrieveOutputSerializer(serializers.Serializer):
-    stage = serializers.CharField()
+    stage = StrictCharField()
     stores = StoreHitsOutputSerializer(many=True)
-    prompt = serializers.CharField()
+    prompt = StrictCharField()
     token_count = serializers.IntegerField()
     max_tokens = serializers.IntegerField()
     truncated = serializers.BooleanField()
@@ -137,11 +137,11 @@ class WriteInSerializer(serializers.Serializer):
 
 
 class WriteOutputSerializer(serializers.Serializer):
-    store = serializers.CharField()
-    type = serializers.CharField()
-    action = serializers.CharField(source="result.action")
+    store = StrictCharField()
+    type = StrictCharField()
+    action = StrictCharField(source="result.action")
     item_id = serializers.IntegerField(source="result.item_id", allow_null=True)
-    reason = serializers.CharField(source="result.reason")
+    reason = StrictCharField(source="result.reason")
     trimmed = serializers.IntegerField(source="result.trimmed")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
 from memories.stores.backends import sql
 from memories.stores.backends.base import (
     RetrieveQuery,
@@ -37,7 +38,7 @@ def parse_duration(value: Any) -> timedelta | None:
 
 
 class BlackboardConfig(StrictConfig):
-    memory_path = serializers.CharField(
+    memory_path = StrictCharField(
         required=False, allow_blank=True, default="", help_text=IGNORED_PATH_HELP
     )
     max_items = serializers.IntegerField(
@@ -46,7 +47,7 @@ class BlackboardConfig(StrictConfig):
         default=1000,
         help_text="Oldest entries beyond are dropped",
     )
-    max_age = serializers.CharField(
+    max_age = StrictCharField(
         required=False,
         allow_blank=True,
         default="",

@@ -17,7 +17,7 @@ import numpy as np
 from django.conf import settings
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField
+from core.api.fields import StrictBooleanField, StrictCharField
 from core.db import advisory_session_lock
 from core.providers.embeddings import EmbeddingConfig
 from knowledge.files import KEY_PREFIX, knowledge_base_index_files
@@ -52,15 +52,15 @@ def resolve_source(path: str) -> Path:
 
 
 class FileSource(StrictConfig):
-    path = serializers.CharField(max_length=1000, help_text="A file or directory")
+    path = StrictCharField(max_length=1000, help_text="A file or directory")
     file_types = serializers.ListField(
-        child=serializers.CharField(max_length=20),
+        child=StrictCharField(max_length=20),
         required=False,
         default=list,
         help_text='Suffixes to keep, e.g. [".md", ".mdx"]; empty: every file',
     )
     recursive = StrictBooleanField(default=True)
-    encoding = serializers.CharField(max_length=40, default="utf-8")
+    encoding = StrictCharField(max_length=40, default="utf-8")
 
     def validate_path(self, value: str) -> str:
         roots = file_roots()
@@ -86,7 +86,7 @@ class FileSource(StrictConfig):
 
 
 class FileConfig(StrictConfig):
-    index_path = serializers.CharField(
+    index_path = StrictCharField(
         required=False, allow_blank=True, default="", help_text=IGNORED_INDEX_HELP
     )
     file_sources = FileSource(many=True, allow_empty=False)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
 from memories.stores.backends import sql
 from memories.stores.backends.base import (
     EmbeddingMismatch,
@@ -33,7 +34,7 @@ IGNORED_PATH_HELP = "Accepted for DevAll configs and ignored: items live in Post
 
 
 class SimpleConfig(StrictConfig):
-    memory_path = serializers.CharField(
+    memory_path = StrictCharField(
         required=False, allow_blank=True, default="", help_text=IGNORED_PATH_HELP
     )
     embedding = EmbeddingBlock(

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from core.api.fields import StrictCharField
+
 
 class ToolCallSerializer(serializers.Serializer):
     """``scope`` (a list, possibly a template filled from ``scope_values``; the end-user
@@ -11,14 +13,14 @@ class ToolCallSerializer(serializers.Serializer):
         child=serializers.JSONField(), min_length=1, max_length=8, required=False
     )
     scope_values = serializers.DictField(
-        child=serializers.CharField(max_length=255, allow_blank=True), required=False, default=dict
+        child=StrictCharField(max_length=255, allow_blank=True), required=False, default=dict
     )
     arguments = serializers.DictField(required=False, default=dict)
 
 
 class ToolFunctionSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    description = serializers.CharField()
+    name = StrictCharField()
+    description = StrictCharField()
     parameters = serializers.DictField(help_text="JSON Schema of the arguments")
 
 
@@ -32,6 +34,6 @@ class ToolListSerializer(serializers.Serializer):
 
 
 class ToolCallOutputSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    scope = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    name = StrictCharField()
+    scope = serializers.ListField(child=StrictCharField(), allow_null=True)
     result = serializers.DictField(help_text="The tool's answer (JSON)")

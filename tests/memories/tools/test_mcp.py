@@ -252,3 +252,28 @@ def test_stdio_unknown_owner_exits_with_a_message():
     )  # fmt: skip
     assert done.returncode == 1
     assert "no user 'nobody'" in done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_a_415_in_the_error_shape(live_server, alice, content_type):
+    """The SDK's own answer is a text/plain 400 ("Invalid Content-Type header")."""
+    headers = {"Authorization": f"Bearer {_key(alice)}", "Accept": "application/json"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    before = Vector.objects.count()
+    response = httpx.post(live_server.url + "/mcp", content=body, headers=headers, timeout=30)
+    assert response.status_code == 415
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["error"]["code"] == "unsupported_media_type"
+    assert Vector.objects.count() == before
+
+
+def test_a_post_without_a_body_is_a_400_in_the_error_shape(live_server, alice):
+    headers = {"Authorization": f"Bearer {_key(alice)}"}
+    response = httpx.post(live_server.url + "/mcp", headers=headers, timeout=30)
+    assert response.status_code == 400
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["code"] == "parse_error"
+    assert "JSON-RPC message" in error["message"]
