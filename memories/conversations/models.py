@@ -118,6 +118,7 @@ class ConversationSummary(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name_plural = "conversation summaries"
         constraints = [
             models.UniqueConstraint(fields=["owner", "key"], name="summary_unique_per_conversation")
         ]
