@@ -9,7 +9,6 @@ the scripted fake on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 import urllib.request
@@ -19,20 +18,13 @@ import pytest
 
 from tests.core.test_serve import _serve, _stop, _wait_healthy, serve_env  # noqa: F401
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body
+from tests.readme import readme_block
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SAID = "I drink green tea every morning."
 FACT = "User drinks green tea every morning"
 ANSWER = "Noted: green tea every morning."
-
-
-def tour_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    marker = readme.index("<!-- tour:")
-    match = re.compile(r"```sh\n(.*?)```", re.S).search(readme, marker)
-    assert match is not None, "no sh block after the tour marker"
-    return match.group(1)
 
 
 def _json_values(text: str) -> list:
@@ -71,7 +63,7 @@ def test_the_readme_tour_runs_as_written(serve_env):  # noqa: F811
     try:
         _wait_healthy(base, proc)
         ran = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", tour_block()],
+            ["bash", "-euo", "pipefail", "-c", readme_block("tour", "sh")],
             cwd=ROOT,
             env={**env, "URL": base},
             capture_output=True,

@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
-from pathlib import Path
 
 import pytest
 
@@ -17,23 +15,15 @@ from core.services import api_key_create
 from memories.personal.scopes import scope_find
 from memories.personal.selectors import core_fact_list
 from tests.fakes.openai_server import Scripted, chat_body
+from tests.readme import readme_block
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ROOT = Path(__file__).resolve().parents[3]
 CALLS = [
     {"id": "call_a", "type": "function", "function": {
         "name": "manage_memory", "arguments": '{"content": "User prefers dark mode"}'}},
     {"id": "call_b", "type": "function", "function": {
         "name": "search_memory", "arguments": '{"query": "theme", "limit": 0}'}},
 ]  # fmt: skip
-
-
-def example_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    marker = readme.index("<!-- function-calling:")
-    match = re.compile(r"```python\n(.*?)```", re.S).search(readme, marker)
-    assert match is not None, "no python block after the function-calling marker"
-    return match.group(1)
 
 
 def test_the_readme_function_calling_example_runs_as_written(
@@ -49,7 +39,10 @@ def test_the_readme_function_calling_example_runs_as_written(
     monkeypatch.setenv("MEMORY_API_KEY", api_key_create(owner=alice)[1])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(example_block(), "README.md", "exec"), {"__name__": "readme"})
+        exec(
+            compile(readme_block("function-calling", "python"), "README.md", "exec"),
+            {"__name__": "readme"},
+        )
 
     assert printed.getvalue() == "Noted: dark mode.\n"
     first, second = [r["json"] for r in openai_server.requests]
