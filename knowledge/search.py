@@ -200,35 +200,32 @@ def _with_local_settings(
 
 
 EF_SCALE_ROWS = 100_000  # SEARCH_EF_SEARCH is the value for an index of this size
-_index_rows_cache: dict[int, tuple[float, float]] = {}
+# Planner row counts (``pg_class.reltuples``) by relation name: (rows, when read).
+_index_rows_cache: dict[str, tuple[float, float]] = {}
+
+
+def _reltuples(relname: str) -> float:
+    """Rows of the table or index ``relname`` (planner statistics), cached for 5 minutes."""
+    now = time.monotonic()
+    cached = _index_rows_cache.get(relname)
+    if cached is not None and now - cached[1] < 300:
+        return cached[0]
+    with connection.cursor() as cur:
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [relname])
+        row = cur.fetchone()
+    rows = max(float(row[0]), 0.0) if row else 0.0
+    _index_rows_cache[relname] = (rows, now)
+    return rows
 
 
 def _index_rows(dims: int) -> float:
-    """Rows in the HNSW index of ``dims`` (planner statistics), cached for 5 minutes."""
-    now = time.monotonic()
-    cached = _index_rows_cache.get(dims)
-    if cached is not None and now - cached[1] < 300:
-        return cached[0]
-    with connection.cursor() as cur:
-        cur.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [_index_name(dims)])
-        row = cur.fetchone()
-    rows = max(float(row[0]), 0.0) if row else 0.0
-    _index_rows_cache[dims] = (rows, now)
-    return rows
+    """Rows in the HNSW index of ``dims``."""
+    return _reltuples(_index_name(dims))
 
 
 def _table_rows() -> float:
-    """Chunks in the table (planner statistics), cached for 5 minutes."""
-    now = time.monotonic()
-    cached = _index_rows_cache.get(0)
-    if cached is not None and now - cached[1] < 300:
-        return cached[0]
-    with connection.cursor() as cur:
-        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'knowledge_chunk'")
-        row = cur.fetchone()
-    rows = max(float(row[0]), 0.0) if row else 0.0
-    _index_rows_cache[0] = (rows, now)
-    return rows
+    """Chunks in the table."""
+    return _reltuples("knowledge_chunk")
 
 
 def ef_search_for(dims: int, limit: int) -> int:
