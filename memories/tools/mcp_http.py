@@ -129,16 +129,15 @@ class MCPView(APIView):
         },
     )
     def post(self, request: Request) -> StreamingHttpResponse:
+        environ = request._request.META  # the WSGI environ; the body is unread: a2wsgi reads it
         # The SDK answers a missing body or Content-Type with a text/plain 400 that no
         # client can parse: refuse them here, in the API's JSON error shape.
-        meta = request._request.META
-        chunked = "chunked" in meta.get("HTTP_TRANSFER_ENCODING", "").lower()
-        if not chunked and meta.get("CONTENT_LENGTH", "") in ("", "0"):
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if not chunked and environ.get("CONTENT_LENGTH", "") in ("", "0"):
             raise ParseError("The body must be a JSON-RPC message, sent as application/json.")
         media_type = (request.content_type or "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise UnsupportedMediaType(request.content_type or "(none)")
-        environ = request._request.META  # the WSGI environ; the body is unread: a2wsgi reads it
         environ[ENVIRON_OWNER] = request.user.pk
         user_id = request.headers.get(settings.MEMORY_USER_HEADER)
         environ[ENVIRON_VALUES] = {"user_id": user_id} if user_id else {}
