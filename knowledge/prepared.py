@@ -19,13 +19,46 @@ and ``connection.queries`` see them).
 
 from __future__ import annotations
 
+import struct
 import time
+import weakref
 from typing import Any
 
+import numpy as np
 import psycopg
 from django.db import connection
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 
 _ONLY_WHEN_ASKED = 2**31 - 1
+
+
+class VectorParam:
+    """A query vector as a statement parameter (``%s::vector``): sent in pgvector's binary
+    form (2-byte dimensions, 2 bytes unused, big-endian float32s), where writing 384
+    floats as text cost 0.17 ms a search and the server parsed them again. For ``fetch``
+    only: Django's own cursors bind on the client, in text."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Any):
+        self.values = np.asarray(values, dtype=np.float32)
+
+
+class _VectorBinaryDumper(Dumper):
+    format = Format.BINARY  # oid 0: the server takes the type from the cast
+
+    def dump(self, obj: VectorParam) -> bytes:
+        return struct.pack(">HH", obj.values.shape[0], 0) + obj.values.astype(">f4").tobytes()
+
+
+_with_vector_dumpers: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+
+def _adapt_vectors(raw: psycopg.Connection[Any]) -> None:
+    if raw not in _with_vector_dumpers:
+        raw.adapters.register_dumper(VectorParam, _VectorBinaryDumper)
+        _with_vector_dumpers.add(raw)
 
 
 def fetch(
@@ -59,6 +92,7 @@ def fetch(
             # prepare=True is ignored. Only statements asking for it are prepared here:
             # Django's own (client-side) cursors never prepare.
             raw.prepare_threshold = _ONLY_WHEN_ASKED
+        _adapt_vectors(raw)
         if local:
             setting_sql = "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local)
             before = (setting_sql, [str(v) for pair in local for v in pair])

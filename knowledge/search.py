@@ -150,7 +150,8 @@ def _index_vector(
     kind = _index_type(dims)
     sql = (
         f"WITH i AS MATERIALIZED (SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
-        f"WHERE dimensions = {dims} AND NOT index_pending AND {scope} "
+        # (The scope as no b-tree index can serve it: see _INDEX_LEG.)
+        f"WHERE dimensions = {dims} AND NOT index_pending AND ({scope}) IS TRUE "
         f"ORDER BY embedding::{kind}({dims}) <=> %s::{kind}({dims}) LIMIT %s), "
         # Rows the background indexer has not reached yet (chunk_kb_index_pending).
         "p AS MATERIALIZED (SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
@@ -579,10 +580,12 @@ _EXACT_LEG = """e AS MATERIALIZED (
     WHERE {scope}{gate} ORDER BY d, id LIMIT %s
 )"""
 # - ``i``: the HNSW index (ranking by its type, handing back the exact distance), ``p``: the
-#   rows the background indexer has not reached; ``{gate}`` skips both for a small scope;
+#   rows the background indexer has not reached; ``{gate}`` skips both for a small scope.
+#   ``i``'s scope is written so that no b-tree index serves it: the scope is large here,
+#   and a plan made without its values (a generic one) must still take the HNSW index;
 _INDEX_LEG = """i AS MATERIALIZED (
     SELECT id, embedding <=> (SELECT q FROM qv) AS d FROM knowledge_chunk
-    WHERE dimensions = {dims} AND NOT index_pending AND {scope}{gate}
+    WHERE dimensions = {dims} AND NOT index_pending AND ({scope}) IS TRUE{gate}
     ORDER BY embedding::{kind}({dims}) <=> (SELECT q::{kind}({dims}) FROM qv) LIMIT %s
 ),
 p AS MATERIALIZED (
@@ -619,15 +622,36 @@ cand AS (
 )"""
 
 
+# The legs of a split search (``SplitLegs``) come back to the statement that fuses them
+# as arrays: ``v`` and ``k`` as the one statement's CTEs would hold them.
+_GIVEN_LEGS = """v AS (SELECT * FROM unnest(%s::bigint[], %s::float8[]) AS v(id, d)),
+k AS (SELECT * FROM unnest(%s::bigint[], %s::float8[]) AS k(id, score))"""
+
+
+@dataclass(frozen=True)
+class SplitLegs:
+    """The statement of ``OneStatement`` as three: its vector leg (rows id, distance) and
+    its keyword leg (rows id, score), run at once on two connections, then fusion, context
+    and details (``_GIVEN_LEGS``: the same SQL over the legs' rows, so the same ranking to
+    the bit). Each: SQL, parameters, settings local to it, whether it is prepared."""
+
+    vector: tuple[str, list[Any], list[tuple[str, object]], bool]
+    keyword: tuple[str, list[Any], list[tuple[str, object]], bool]
+    fuse_sql: str
+    fuse_params: list[Any]  # after the legs' four arrays
+
+
 @dataclass(frozen=True)
 class OneStatement:
     """A hybrid search as one statement: its SQL and parameters, the settings local to it
-    (HNSW, the plan cache mode) and whether it may be prepared."""
+    (HNSW, the plan cache mode) and whether it may be prepared; ``split``: the same search
+    as two legs at once, for a scope large enough that running them side by side pays."""
 
     sql: str
     params: list[Any]
     local: list[tuple[str, object]]
     prepare: bool
+    split: SplitLegs | None = None
 
 
 def _one_statement_sql(bases: list[KnowledgeBase], request: SearchRequest) -> OneStatement | None:
@@ -659,7 +683,13 @@ def _one_statement_sql(bases: list[KnowledgeBase], request: SearchRequest) -> On
     top_k = request.top_k
     pool = max(top_k * 3, settings.SEARCH_CANDIDATES)
     scope, scope_params = _scope_sql(kb_ids, request)
-    params: list[Any] = ["[" + ",".join(repr(float(x)) for x in vector) + "]"]
+    # Sent in binary, unless the statement goes through Django's cursor (which binds on
+    # the client: a filtered search inside a transaction, see ``prepare`` below).
+    binds_on_server = unfiltered or not connection.in_atomic_block
+    query_vector: Any = prepared.VectorParam(vector)
+    if not binds_on_server:
+        query_vector = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    params: list[Any] = [query_vector]
     ctes = ["qv AS (SELECT %s::vector AS q)"]
     local: list[tuple[str, object]] = []
     small = unfiltered and rows <= settings.SEARCH_EXACT_MAX_ROWS
@@ -692,8 +722,6 @@ def _one_statement_sql(bases: list[KnowledgeBase], request: SearchRequest) -> On
         # Large bases: their matches may be read with the base checked per row.
         table_rows=None if small or not unfiltered else _table_rows(),
     )
-    ctes.append(f"k AS MATERIALIZED ({keyword_sql})")
-    params += keyword_params
     tail: list[Any] = []
     cut = ""
     if request.similarity_threshold is not None:
@@ -712,7 +740,8 @@ def _one_statement_sql(bases: list[KnowledgeBase], request: SearchRequest) -> On
         top_k,
     ]
     sql = _CONTEXT_SQL.format(
-        cand=",\n".join([*ctes, _FUSED.format(cut=cut)]), neighbour_in_scope=check
+        cand=",\n".join([*ctes, f"k AS MATERIALIZED ({keyword_sql})", _FUSED.format(cut=cut)]),
+        neighbour_in_scope=check,
     )
     # Prepared: parsed once per connection (the vector goes as a parameter, not as text
     # to parse: 5.5 -> 3.9 ms for a filtered scope of 1,500 chunks). Unfiltered, with a
@@ -724,15 +753,64 @@ def _one_statement_sql(bases: list[KnowledgeBase], request: SearchRequest) -> On
     if not connection.in_atomic_block:
         mode = "force_generic_plan" if unfiltered else "force_custom_plan"
         plan = [("plan_cache_mode", mode)]
-    prepare = unfiltered or not connection.in_atomic_block
+    prepare = binds_on_server
     kind = "small scope" if small else "index" if unfiltered else "filtered"
-    return OneStatement(f"/* hybrid, {kind} */" + sql, params + tail, [*local, *plan], prepare)
+    split = None
+    if (
+        rows >= settings.SEARCH_SPLIT_MIN_ROWS
+        and settings.SEARCH_PARALLEL_LEGS
+        and not connection.in_atomic_block
+    ):
+        vector_sql = f"/* vector leg, {kind} */WITH " + ",\n".join(ctes)
+        vector_sql += " SELECT id, d FROM v ORDER BY d, id"
+        fuse_sql = _CONTEXT_SQL.format(
+            cand=",\n".join([_GIVEN_LEGS, _FUSED.format(cut=cut)]), neighbour_in_scope=check
+        )
+        split = SplitLegs(
+            # A generic plan even when filtered: which index each CTE takes does not depend
+            # on the values (``i`` the HNSW index; ``sm``, ``p``, ``e`` the scope's).
+            vector=(vector_sql, params, [*local, ("plan_cache_mode", "force_generic_plan")], True),
+            # Unfiltered, a generic plan; filtered, planned for its values (not prepared).
+            keyword=(
+                f"/* keyword leg, {kind} */" + keyword_sql,
+                keyword_params,
+                [("plan_cache_mode", "force_generic_plan")] if unfiltered else [],
+                unfiltered,
+            ),
+            fuse_sql="/* fused legs */" + fuse_sql,
+            fuse_params=tail,
+        )
+    return OneStatement(
+        f"/* hybrid, {kind} */" + sql,
+        params + keyword_params + tail,
+        [*local, *plan],
+        prepare,
+        split,
+    )
 
 
 def _hybrid_in_one_statement(statement: OneStatement, request: SearchRequest) -> list[Hit]:
     """Run ``statement`` in one round trip: prepared if it may be, else with its HNSW
-    settings local to its transaction, sent in the same query string."""
-    if statement.prepare or not statement.local:
+    settings local to its transaction, sent in the same query string. A split statement
+    runs its legs at once on two connections, then fuses them (``SplitLegs``)."""
+    if statement.split is not None:
+        legs = statement.split
+
+        def run(leg: tuple[str, list[Any], list[tuple[str, object]], bool]) -> list[tuple]:
+            sql, params, local, prepare = leg
+            return prepared.fetch(sql, params, prepare=prepare, local=local or None)[0]
+
+        vector_rows, keyword_rows = _both(lambda: run(legs.vector), lambda: run(legs.keyword))
+        arrays = [
+            [row[0] for row in vector_rows],
+            [row[1] for row in vector_rows],
+            [row[0] for row in keyword_rows],
+            [row[1] for row in keyword_rows],
+        ]
+        # Planned as PostgreSQL chooses (a generic plan after a few runs: its shape does not
+        # depend on the values); no setting to send saves a statement in the round trip.
+        rows, names = prepared.fetch(legs.fuse_sql, [*arrays, *legs.fuse_params])
+    elif statement.prepare or not statement.local:
         rows, names = prepared.fetch(
             statement.sql, statement.params, prepare=statement.prepare, local=statement.local
         )

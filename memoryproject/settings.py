@@ -382,6 +382,10 @@ SEARCH_PARALLEL_WORKERS = env_int("SEARCH_PARALLEL_WORKERS", 4, minimum=1)
 # an unpruned keyword leg (scopes under 100,000 chunks, or filtered) runs as one statement
 # in one round trip, same ranking (knowledge/search.py); false: its legs run apart.
 SEARCH_ONE_STATEMENT = env_bool("SEARCH_ONE_STATEMENT", True)
+# From this many chunks in the searched bases, that statement's two legs run at once on
+# two connections (with SEARCH_PARALLEL_LEGS, outside transactions), then a third
+# statement fuses them: same ranking; the longer leg's time instead of both.
+SEARCH_SPLIT_MIN_ROWS = env_int("SEARCH_SPLIT_MIN_ROWS", 2000, minimum=0)
 # Query rewriting (knowledge/rewrite.py), opt-in: a search asking "rewrite": true (or every
 # search that does not say, with SEARCH_REWRITE) has the chat LLM write up to
 # SEARCH_REWRITE_QUERIES other queries; their searches are fused with the original's,

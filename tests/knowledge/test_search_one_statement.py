@@ -3,10 +3,11 @@ and leaves no setting behind (knowledge.search._one_statement_sql)."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from knowledge import bm25, search
@@ -136,3 +137,91 @@ def test_the_chunk_index_is_built_on_halfvec(db):
     }
     assert "halfvec_cosine_ops" in indexes["chunk_hnsw_half_384"]
     assert "NOT index_pending" in indexes["chunk_hnsw_half_384"]
+
+
+def _split_and_one(kb, settings, query: str, top_k: int, extra: dict):
+    request = SearchRequest(query=query, top_k=top_k, **extra)
+    settings.SEARCH_SPLIT_MIN_ROWS = 0
+    assert search._one_statement_sql([kb], request).split is not None
+    with CaptureQueriesContext(connection) as ctx:
+        split = [vars(h) for h in search_chunks(bases=[kb], request=request)]
+    settings.SEARCH_SPLIT_MIN_ROWS = 10**9
+    assert search._one_statement_sql([kb], request).split is None
+    one = [vars(h) for h in search_chunks(bases=[kb], request=request)]
+    return split, one, [q["sql"][:20] for q in ctx.captured_queries]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["exact", "index"])
+def test_split_legs_rank_as_the_one_statement(settings, path):
+    """From SEARCH_SPLIT_MIN_ROWS chunks, outside transactions, the statement's vector leg
+    runs here while its keyword leg runs on a pool thread's connection, then a third
+    statement fuses them: the same hits, order, scores, ranks, text and metadata (exact
+    float equality) as the one statement, whatever the filters; this connection sees the
+    vector leg and the fusion, and no setting is left on it."""
+    if path == "index":
+        settings.SEARCH_EXACT_MAX_ROWS = 0
+    kb = make_kb(UserFactory(username=f"sam{path}"))
+    _zipf_corpus(kb, 240, seed=5, repeat=True)
+    if path == "index":
+        knowledge_index_pending()
+        _zipf_corpus(kb, 260, seed=6, repeat=True)
+    kb.refresh_from_db()
+    search_chunks(bases=[kb], request=SearchRequest(query="alpha"))  # (loads pgvector's settings)
+    before = {name: _setting(name) for name in ("plan_cache_mode", "hnsw.ef_search")}
+    checked = 0
+    for query in _queries(seed=23, count=6):
+        for top_k in (1, 10):
+            for extra in REQUESTS:
+                split, one, statements = _split_and_one(kb, settings, query, top_k, extra)
+                assert split == one, (query, top_k, extra)
+                assert [s.split(" */")[0] for s in statements] == [
+                    "/* vector leg, " + statements[0].split(", ")[1].split(" */")[0],
+                    "/* fused legs",
+                ]
+                checked += bool(split)
+    assert checked > 40
+    assert {name: _setting(name) for name in before} == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_split_inside_a_transaction(settings):
+    """Inside a transaction the other connection would not see its writes: one statement."""
+    settings.SEARCH_SPLIT_MIN_ROWS = 0
+    kb = make_kb(UserFactory(username="tess"))
+    _zipf_corpus(kb, 30, seed=5, repeat=True)
+    kb.refresh_from_db()
+    query = _queries(seed=3, count=1)[0]
+    assert search._one_statement_sql([kb], SearchRequest(query=query)).split is not None
+    with transaction.atomic():
+        assert search._one_statement_sql([kb], SearchRequest(query=query)).split is None
+    settings.SEARCH_PARALLEL_LEGS = False
+    assert search._one_statement_sql([kb], SearchRequest(query=query)).split is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_filtered_vector_legs_generic_plan_takes_the_hnsw_index(settings):
+    """The split vector leg is planned once for any values (a generic plan): for a scope
+    too large for an exact scan, its index CTE must take the HNSW index, which it does
+    because its scope is written so that no b-tree index can serve it. (Sequential scans
+    are off here: on a table this small the planner would rather sort it all, as it
+    would not on a large one.)"""
+    settings.SEARCH_EXACT_MAX_ROWS = 0
+    settings.SEARCH_SPLIT_MIN_ROWS = 0
+    kb = make_kb(UserFactory(username="uma"))
+    _zipf_corpus(kb, 300, seed=5, repeat=True)
+    knowledge_index_pending()
+    kb.refresh_from_db()
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE knowledge_chunk")  # (the planner knows the session is small)
+    request = SearchRequest(query="alpha", filters={"session_id": "s2"})
+    sql, params, local, prepare = search._one_statement_sql([kb], request).split.vector
+    assert ("plan_cache_mode", "force_generic_plan") in local and prepare
+    numbered = iter(range(1, 1000))
+    generic = re.sub(r"%s", lambda m: f"${next(numbered)}", sql)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        cur.execute("EXPLAIN (GENERIC_PLAN) " + generic.replace("%%", "%"))
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    index_cte = plan.split("CTE i\n")[1].split("CTE p\n")[0]
+    assert "chunk_hnsw_half_384" in index_cte, plan
