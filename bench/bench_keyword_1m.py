@@ -45,7 +45,7 @@ from django.db import connection  # noqa: E402
 from django.test import override_settings  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
-from knowledge import search  # noqa: E402
+from knowledge import bm25, search  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
 from knowledge.services import ingest as services  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_recount  # noqa: E402
@@ -58,7 +58,12 @@ STOP_WORDS = (
     "this from or had by not but what some we can out other were all there when"
 ).split()[:40]
 DATA_VERSION = 1
-GIN_SQL = "CREATE INDEX chunk_search_vector_gin ON knowledge_chunk USING gin (search_vector)"
+# The text index the search uses (knowledge 0012), and the plain one 0012 dropped, which
+# an older checkout's keyword leg (--before) needs.
+GIN_SQL = (
+    f"CREATE INDEX chunk_scoped_text_gin ON knowledge_chunk USING gin ({bm25.SCOPED_TEXT});"
+    "CREATE INDEX chunk_search_vector_gin ON knowledge_chunk USING gin (search_vector)"
+)
 
 
 class ZipfText:
@@ -124,7 +129,7 @@ def load(specs: list[bk.BaseSpec], corpus: bk.Corpus, text: ZipfText, seed: int,
     create_hnsw, drop_hnsw = bk.hnsw_index_sql()
     with connection.cursor() as cur:
         cur.execute(drop_hnsw)
-        cur.execute("DROP INDEX IF EXISTS chunk_search_vector_gin")
+        cur.execute("DROP INDEX IF EXISTS chunk_search_vector_gin, chunk_scoped_text_gin")
     raw = services._raw_connection()
     t0 = time.perf_counter()
     done = 0
@@ -186,7 +191,7 @@ def load(specs: list[bk.BaseSpec], corpus: bk.Corpus, text: ZipfText, seed: int,
         knowledge_base_recount(knowledge_base=kb)
         bk.log(f"  {done:,} rows, {done / (time.perf_counter() - t0):,.0f} rows/s")
     load_s = time.perf_counter() - t0
-    bk.log("building the GIN index ...")
+    bk.log("building the GIN indexes ...")
     t1 = time.perf_counter()
     with connection.cursor() as cur:
         cur.execute("SET maintenance_work_mem = '1GB'")

@@ -46,11 +46,9 @@ from django.db import connection
 from knowledge import prepared
 
 # The query's lexemes held by chunks of the searched bases, each with its document
-# frequency there, the bases' size and mean length, and the table's size (planner
-# statistics).
+# frequency there, and the bases' size and mean length.
 _TERMS_SQL = """
-SELECT q.lexeme, sum(s.df)::float8, tot.n, tot.avgdl,
-       (SELECT reltuples FROM pg_class WHERE oid = 'knowledge_chunk'::regclass)::float8
+SELECT q.lexeme, sum(s.df)::float8, tot.n, tot.avgdl
 FROM (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%s::regconfig, %s))) q
 CROSS JOIN (
     SELECT coalesce(sum(chunks), 0)::float8 AS n,
@@ -72,7 +70,7 @@ bound AS MATERIALIZED (
            ({terms}) * ({k1} + 1)
                / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / %s::float8)) AS first
     FROM knowledge_chunk
-    WHERE {scope} AND search_vector @@ %s::tsquery{seen}
+    WHERE {scope} AND {scoped_text} @@ (%s::tsquery && %s::tsquery){seen}
     ORDER BY first DESC, id
     LIMIT %s
 )
@@ -101,7 +99,7 @@ w AS MATERIALIZED (
     JOIN knowledge_term_stats s
       ON s.lexeme = q.lexeme AND s.knowledge_base_id = ANY(%s::uuid[])
     GROUP BY q.lexeme, tot.n
-),{gate}
+),
 t AS MATERIALIZED (
     SELECT array_agg(quote_literal(lexeme)::tsquery ORDER BY idf DESC, lexeme) AS qs,
            array_agg(idf ORDER BY idf DESC, lexeme) AS idf,
@@ -128,28 +126,22 @@ GROUP BY c.id
 ORDER BY score DESC, c.id
 LIMIT %s
 """
-# The matching chunks in scope (``{scope}``): the planner ANDs the GIN matches with the
-# bases' entries in the knowledge_base_id index, which costs as much as the bases are
-# large (2.1 ms of a 2.9 ms statement for a 30,000-chunk base of 100,000). Where the bases
-# hold most of what the query matches, checking the base on each matching row costs less:
-# ``_MATCHES_GATED`` has both plans, and a one-time filter runs the one that costs less by
-# the terms' document frequencies (``g``: the matches outside the bases, if spread as
-# those inside, times BASE_INDEX_RATIO, against the bases' size).
+# The text index (migration 0012) holds each chunk's lexemes and two tokens no text can
+# give (they hold a space): its base's, ``kb <base id>``, and its session's, ``se <base
+# id> <session id>``. A scope's matches are one lookup in it: the scope's tokens AND any
+# query lexeme (``scope_tokens``). GIN walks the rarer posting lists and skips through
+# the base's, so the scope costs next to nothing, where ANDing the matches with the bases'
+# entries in the knowledge_base_id index cost as much as the bases are large (2.1 ms of
+# a 2.9 ms keyword leg on a 30,000-chunk base of 100,000) and checking the base on each
+# row read the matches outside it. The scope's own condition is then checked on each
+# match, written (``(...) IS TRUE``) so that the planner cannot AND a b-tree index in.
+SCOPED_TEXT = (
+    "(search_vector || array_to_tsvector(ARRAY['kb ' || knowledge_base_id::text, "
+    "'se ' || knowledge_base_id::text || ' ' || session_id]))"
+)
 _MATCHES = """
         SELECT id, search_vector AS tv FROM knowledge_chunk, t
-        WHERE {scope} AND search_vector @@ t.q"""
-_MATCHES_GATED = """
-        SELECT id, search_vector AS tv FROM knowledge_chunk, t
-        WHERE {scope} AND search_vector @@ t.q AND NOT (SELECT per_row FROM g)
-        UNION ALL
-        SELECT id, search_vector AS tv FROM knowledge_chunk, t
-        WHERE {per_row_scope} AND search_vector @@ t.q AND (SELECT per_row FROM g)"""
-_GATE = """
-g AS MATERIALIZED (
-    SELECT coalesce((SELECT sum(df) FROM w), 0)::float8 * greatest(%s::float8 - tot.n, 0)
-           / greatest(tot.n, 1) * {ratio} < tot.n AS per_row
-    FROM tot
-),"""
+        WHERE ({scope}) IS TRUE AND {scoped_text} @@ (%s::tsquery && t.q)"""
 # The query's lexemes among a chunk's, with their positions (``search_vector`` holds weight
 # D only: the query's lexemes are marked A and kept). Unnesting the whole tsvector and
 # joining it to the query terms cost 0.6 ms for 100 chunks of 18 lexemes.
@@ -157,7 +149,6 @@ _QUERY_TERMS = "ts_filter(setweight(c.tv, 'A', t.lexemes), '{a}')"
 # Query terms in the one statement's first pass, at most (the rarest; the rest still
 # match and are scored exactly).
 ONE_TERMS = 32
-_BASES = "knowledge_base_id = ANY(%s::uuid[])"  # how every search scope begins
 _TERM = "CASE WHEN search_vector @@ %s::tsquery THEN %s::float8 ELSE 0 END"
 
 # Chunks scored exactly, per chunk wanted (the rest are ranked by the tf = 1 score).
@@ -176,14 +167,18 @@ PRUNE_MAX_SETS = 64
 # Chunks expected at or above theta, per chunk ranked (the guess is made on typical
 # scores, while the statement admits every chunk whose bounds reach theta).
 PRUNE_MARGIN = 1.0
-# Reading one base's entries of the knowledge_base_id index into a bitmap costs about
-# 1/BASE_INDEX_RATIO of reading a matching row from the table (measured at 1M chunks:
-# 39 ms for a 300,000-chunk base, 2.4 ms for 975 rows).
-BASE_INDEX_RATIO = 19.0
 
 
 def _literal(lexeme: str) -> str:
     return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def scope_tokens(kb_ids: list[str], session_id: str | None = None) -> str:
+    """The tsquery of a scope's tokens in the text index (``SCOPED_TEXT``): any of its
+    bases, or with ``session_id``, that session in any of them."""
+    if session_id is None:
+        return " | ".join(_literal(f"kb {kb}") for kb in kb_ids)
+    return " | ".join(_literal(f"se {kb} {session_id}") for kb in kb_ids)
 
 
 def _minimal_sets(bounds: list[float], theta: float) -> list[list[int]] | None:
@@ -255,13 +250,14 @@ def bm25_ranking(
     limit: int,
     filtered: bool = False,
     scope_rows: int | None = None,
+    session_id: str | None = None,
 ) -> list[tuple[int, float]]:
     """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
 
     ``scope``/``scope_params``: the WHERE clause of the search (bases and filters), as
     ``search._scope_sql`` builds it; ``filtered``: whether it holds more than the bases;
     ``scope_rows``: the bases' size, if known (a small or filtered scope is not pruned,
-    and is ranked in one statement).
+    and is ranked in one statement); ``session_id``: the session it is filtered to.
     """
     if not re.search(r"\w", text):
         return []
@@ -270,12 +266,17 @@ def bm25_ranking(
         # made for small bases must not serve large filtered ones).
         small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
         cached = small and not filtered
-        return _one_statement(kb_ids, language, text, scope, scope_params, limit, cached)
+        tokens = scope_tokens(kb_ids, session_id)
+        sql, params = one_statement_sql(language, text, scope, scope_params, kb_ids, limit, tokens)
+        if cached:
+            sql = "/* small scope */" + sql
+        rows, _ = prepared.fetch(sql, params, prepare=cached)
+        return [(row[0], float(row[1])) for row in rows]
     terms, _ = prepared.fetch(_TERMS_SQL, [language, text, kb_ids, kb_ids])
     if not terms:
         return []
     k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
-    n, avgdl, table = float(terms[0][2]), float(terms[0][3]), max(float(terms[0][4]), 1.0)
+    n, avgdl = float(terms[0][2]), float(terms[0][3])
     lexemes = [t[0] for t in terms]
     idf = [math.log(1 + (n - t[1] + 0.5) / (t[1] + 0.5)) for t in terms]
     bounds = [w * (k1 + 1) / (1 + k1 * max(1 - b, 0.0)) for w in idf]
@@ -298,28 +299,18 @@ def bm25_ranking(
         )
     sql = _RANK_SQL.replace("{terms}", " + ".join([_TERM] * len(terms)))
     term_params = [v for pair in zip([_literal(x) for x in lexemes], idf) for v in pair]
-    df = {lexeme: t[1] for lexeme, t in zip(lexemes, terms)}
-    share = min(n / table, 1.0)
+    tokens = scope_tokens(kb_ids)  # (a pruned scope is whole bases)
 
     def rank(query: str, seen: str | None) -> list[tuple[int, float, float]]:
-        # The planner ANDs the GIN matches with the bases' rows from the knowledge_base_id
-        # index, which costs as much as the bases are large (39 ms for 300,000 chunks).
-        # Where the bases are a large share of the table, checking the base on each
-        # matching row costs less: the matches outside the bases (if spread like those
-        # inside) are read and dropped instead. The condition is then written so that no
-        # index serves it.
-        matches = sum(v for lexeme, v in df.items() if _literal(lexeme) in query)
-        where = scope
-        if share >= 1.0 or matches * (1 - share) / share * BASE_INDEX_RATIO < n:
-            assert scope.startswith(_BASES), scope
-            where = "(" + _BASES + ") IS TRUE" + scope[len(_BASES) :]
+        # The scope's matches from the text index alone (``SCOPED_TEXT``).
         text_sql = sql.format(
             k1=repr(k1),
             b=repr(b),
-            scope=where,
+            scope=f"({scope}) IS TRUE",
+            scoped_text=SCOPED_TEXT,
             seen="" if seen is None else " AND NOT search_vector @@ %s::tsquery",
         )
-        params = [lexemes, idf, *term_params, avgdl, *scope_params, query]
+        params = [lexemes, idf, *term_params, avgdl, *scope_params, tokens, query]
         params += [] if seen is None else [seen]
         # Planned for its values each time: a generic plan cannot know how many chunks
         # the query matches, and may scan the table.
@@ -348,12 +339,11 @@ def one_statement_sql(
     scope_params: list[Any],
     kb_ids: list[str],
     limit: int,
-    table_rows: float | None = None,
+    tokens: str,
 ) -> tuple[str, list[Any]]:
     """The unpruned ranking as one statement (``_ONE_SQL``) and its parameters: rows
-    (chunk id, BM25 score), best first, ``limit`` of them at most. ``table_rows`` (the
-    chunks of every base, for a scope of whole bases): the matches may be read with the
-    base checked per row (``_MATCHES_GATED``)."""
+    (chunk id, BM25 score), best first, ``limit`` of them at most. ``tokens``: the
+    scope's tokens (``scope_tokens``)."""
     # A slot per lexeme the text could give (a hyphenated word gives up to three); empty
     # slots add 0.
     slots = min(ONE_TERMS, 2 * len(re.findall(r"\w+", text)))
@@ -361,18 +351,14 @@ def one_statement_sql(
         f"CASE WHEN tv @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END" for i in range(1, slots + 1)
     )
     k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
-    if table_rows is None:
-        gate, matches, gate_params = "", _MATCHES.format(scope=scope), scope_params
-    else:
-        assert scope.startswith(_BASES), scope
-        per_row_scope = "(" + _BASES + ") IS TRUE" + scope[len(_BASES) :]
-        gate = _GATE.format(ratio=repr(BASE_INDEX_RATIO))
-        matches = _MATCHES_GATED.format(scope=scope, per_row_scope=per_row_scope)
-        gate_params = [table_rows, *scope_params, *scope_params]
     sql = _ONE_SQL.format(
-        gate=gate, matches=matches, terms=terms, k1=repr(k1), b=repr(b), query_terms=_QUERY_TERMS
+        matches=_MATCHES.format(scope=scope, scoped_text=SCOPED_TEXT),
+        terms=terms,
+        k1=repr(k1),
+        b=repr(b),
+        query_terms=_QUERY_TERMS,
     )
-    return sql, [kb_ids, language, text, kb_ids, *gate_params, limit * EXACT_FACTOR, limit]
+    return sql, [kb_ids, language, text, kb_ids, *scope_params, tokens, limit * EXACT_FACTOR, limit]
 
 
 def unpruned(filtered: bool, scope_rows: int | None) -> bool:
@@ -380,22 +366,6 @@ def unpruned(filtered: bool, scope_rows: int | None) -> bool:
     or filtered scopes, or pruning off."""
     small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
     return not settings.SEARCH_BM25_PRUNE or filtered or small
-
-
-def _one_statement(
-    kb_ids: list[str],
-    language: str,
-    text: str,
-    scope: str,
-    scope_params: list[Any],
-    limit: int,
-    prepare: bool,
-) -> list[tuple[int, float]]:
-    sql, params = one_statement_sql(language, text, scope, scope_params, kb_ids, limit)
-    if prepare:
-        sql = "/* small scope */" + sql
-    rows, _ = prepared.fetch(sql, params, prepare=prepare)
-    return [(row[0], float(row[1])) for row in rows]
 
 
 # The exact score of the rows of ``c`` (columns id, tv, dl) for the lexemes of ``w``.
