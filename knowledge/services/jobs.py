@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.db import advisory_session_lock
+from core.db_recovery import read_after_commit
 from core.jobs import job_claim, job_finish, job_outcome, job_stale
 from core.queue import enqueue, enqueue_on_commit
 from knowledge.models import IngestJob, KnowledgeBase
@@ -84,10 +85,16 @@ def knowledge_documents_submit(
             result = knowledge_base_ingest(knowledge_base=knowledge_base, documents=documents)
     if result is None:
         return knowledge_ingest_job_create(knowledge_base=knowledge_base, documents=documents)
-    waiting = (
-        IngestJob.objects.filter(knowledge_base=knowledge_base, status__in=IngestJob.ACTIVE)
-        .defer("documents")
-        .first()
+    # The write has committed: if the database is gone now, the answer is still its
+    # result (a 503 would be a lie, and the client would send the batch again); a job
+    # left waiting is resumed by the sweep (knowledge_ingest_jobs_sweep).
+    waiting = read_after_commit(
+        lambda: (
+            IngestJob.objects.filter(knowledge_base=knowledge_base, status__in=IngestJob.ACTIVE)
+            .defer("documents")
+            .first()
+        ),
+        lambda: None,
     )
     if waiting is not None:  # accepted meanwhile; its run found the lock taken
         _enqueue_ingest_job(waiting)

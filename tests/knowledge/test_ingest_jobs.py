@@ -6,7 +6,7 @@ import time
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from core.db import _lock_id
 from core.providers.errors import ProviderError
@@ -365,3 +365,28 @@ def test_a_job_accepted_during_a_synchronous_write_lands_after_it(monkeypatch):
     assert run_ingest_job(str(job.pk)) == "succeeded"
     text = Chunk.objects.get(knowledge_base=kb, source_key="doc#0").text
     assert text == "version two (accepted second)"
+
+
+def test_a_synchronous_write_that_committed_answers_201_if_the_database_goes_right_after(
+    alice, alice_client, monkeypatch
+):
+    """The look for jobs accepted meanwhile runs after the write committed: a database
+    gone by then must not turn the committed write into a 503 (the client would send it
+    again); a job left waiting is the sweep's."""
+    kb = make_kb(alice)
+    real_filter = IngestJob.objects.filter
+
+    def gone(*args, **kwargs):
+        if Chunk.objects.filter(knowledge_base=kb).exists():  # the look after the write
+            # As Django raises it: its OperationalError from psycopg's.
+            cause = psycopg.OperationalError("server closed the connection unexpectedly")
+            raise OperationalError(str(cause)) from cause
+        return real_filter(*args, **kwargs)
+
+    monkeypatch.setattr(IngestJob.objects, "filter", gone)
+    reply = alice_client.post(
+        f"/api/v1/knowledge-bases/{kb.pk}/documents", _batch(2), format="json"
+    )
+    assert reply.status_code == 201, reply.json()
+    assert reply.json()["chunks_written"] == 2
+    assert _keys(kb) == ["d0#0", "d1#0"]
