@@ -70,7 +70,7 @@ bound AS MATERIALIZED (
            ({terms}) * ({k1} + 1)
                / (1 + {k1} * (1 - {b} + {b} * length(search_vector) / %s::float8)) AS first
     FROM knowledge_chunk
-    WHERE {scope} AND {scoped_text} @@ (%s::tsquery && %s::tsquery){seen}
+    WHERE ({scope}) IS TRUE AND {scoped_text} @@ (%s::tsquery && %s::tsquery){seen}
     ORDER BY first DESC, id
     LIMIT %s
 )
@@ -306,7 +306,7 @@ def bm25_ranking(
         text_sql = sql.format(
             k1=repr(k1),
             b=repr(b),
-            scope=f"({scope}) IS TRUE",
+            scope=scope,
             scoped_text=SCOPED_TEXT,
             seen="" if seen is None else " AND NOT search_vector @@ %s::tsquery",
         )
