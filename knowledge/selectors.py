@@ -111,7 +111,7 @@ def chunk_nearest_sql(
     its transaction and redoes exactly an answer whose index rows came back short.
     Otherwise an exact scan of the base.
     """
-    from knowledge.search import _index_type  # search imports this module
+    from knowledge.retrieval.hnsw import index_type
 
     table = Chunk._meta.db_table
     columns = (
@@ -124,7 +124,7 @@ def chunk_nearest_sql(
             "ORDER BY d, id LIMIT %s"
         )
         return sql, [vector, knowledge_base_id, limit]
-    kind = _index_type(dims)
+    kind = index_type("chunk_hnsw", dims)
     sql = (
         f"{head}SELECT * FROM ((SELECT {columns} FROM {table} WHERE dimensions = {dims} AND "
         f"NOT index_pending AND knowledge_base_id = %s ORDER BY embedding::{kind}({dims}) <=> "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from core.db import try_advisory_xact_lock
@@ -55,6 +54,12 @@ def _any_pending() -> bool:
         return bool(cur.fetchone()[0])
 
 
+# Chunks put in the HNSW index per transaction; one indexer run stops after
+# INDEX_RUN_SECONDS and queues its successor (well below a task's timeout).
+INDEX_BATCH = 200
+INDEX_RUN_SECONDS = 60.0
+
+
 def knowledge_index_pending(
     *, batch: int | None = None, max_seconds: float | None = None
 ) -> IndexRun:
@@ -65,8 +70,8 @@ def knowledge_index_pending(
     committed meanwhile after it lets go of the lock, so no row is left behind.
     Safe to run twice, at any time.
     """
-    batch = batch or settings.KNOWLEDGE_INDEX_BATCH
-    budget = settings.KNOWLEDGE_INDEX_RUN_SECONDS if max_seconds is None else max_seconds
+    batch = batch or INDEX_BATCH
+    budget = INDEX_RUN_SECONDS if max_seconds is None else max_seconds
     deadline = time.monotonic() + budget
     indexed = 0
     empty_rounds = 0

@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
@@ -170,7 +169,9 @@ def _write_chunks(
 
 
 def _defer_indexing(kb: KnowledgeBase) -> bool:
-    return settings.KNOWLEDGE_DEFERRED_INDEXING and kb.embedding_dimensions in INDEXED_DIMENSIONS
+    """New chunks wait for the background indexer (``knowledge_index_pending``) instead of
+    paying for HNSW insertion in the write; searches rank them exactly meanwhile."""
+    return kb.embedding_dimensions in INDEXED_DIMENSIONS
 
 
 def _apply_stats_delta(cur: Any, kb: KnowledgeBase, old: tuple, new: tuple) -> None:

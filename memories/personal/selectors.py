@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, User
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 from pgvector.django import CosineDistance
@@ -20,11 +18,26 @@ from pgvector.django import CosineDistance
 from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.hnsw import index_type
 from core.scoring import decay
-from knowledge import prepared
-from knowledge.bm25 import bm25_adhoc
-from knowledge.fusion import weighted_scores
 from knowledge.models import INDEXED_DIMENSIONS
+from knowledge.retrieval import bm25
+from knowledge.retrieval import db as prepared
+from knowledge.retrieval.bm25 import bm25_adhoc
 from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
+
+
+def _weighted_scores(
+    vector: Sequence[tuple[Any, float]], keyword: Sequence[tuple[Any, float]], vector_weight: float
+) -> dict[Any, float]:
+    """Min-max normalised scores of the two legs, added with their weights."""
+    out: dict[Any, float] = {}
+    for leg, weight in ((vector, vector_weight), (keyword, 1.0 - vector_weight)):
+        if not leg:
+            continue
+        high, low = max(s for _, s in leg), min(s for _, s in leg)
+        for key, score in leg:
+            scaled = (score - low) / (high - low) if high > low else 1.0
+            out[key] = out.get(key, 0.0) + weight * scaled
+    return out
 
 
 @dataclass
@@ -170,7 +183,7 @@ def memory_search(
         missing = [pk for pk, _ in keyword if pk not in seen]
         extra = base.filter(pk__in=missing).annotate(distance=distance)
         cosine += [(pk, 1.0 - float(d)) for pk, d in extra.values_list("id", "distance")]
-        fused = weighted_scores(cosine, keyword, settings.SEARCH_VECTOR_WEIGHT)
+        fused = _weighted_scores(cosine, keyword, 0.4)
     ranked = [(pk, sim) for pk, sim in cosine if threshold is None or sim >= threshold]
     rows_by_id = {
         v.pk: v for v in Vector.objects.filter(pk__in=[r[0] for r in ranked]).defer("embedding")
@@ -384,38 +397,14 @@ def _index_type(dims: int) -> str | None:
     return index_type("vector_hnsw", dims)
 
 
-def _hnsw_settings(limit: int) -> tuple[str, list[Any]]:
-    """The SELECT that sets an HNSW walk's settings for the rest of the transaction
-    (``ef_search`` at least pgvector's default 40, at most its maximum 1000; the
-    iterative scan walks on, in strict order, until the scope's ``limit`` rows are
-    found or the scan cap)."""
-    ef = str(min(1000, max(40, limit)))  # (pgvector's bounds; the iterative scan goes on)
+def _hnsw_settings(limit: int) -> list[tuple[str, object]]:
+    """An HNSW walk's settings (``ef_search`` at least pgvector's default 40, at most its
+    maximum 1000; the iterative scan walks on, in strict order, until the scope's
+    ``limit`` rows are found or the scan cap)."""
+    local: list[tuple[str, object]] = [("hnsw.ef_search", min(1000, max(40, limit)))]
     if _iterative_scan():
-        return (
-            "SELECT set_config('hnsw.ef_search', %s, true), "
-            "set_config('hnsw.iterative_scan', 'strict_order', true), "
-            "set_config('hnsw.max_scan_tuples', %s, true)",
-            [ef, str(settings.SEARCH_MAX_SCAN_TUPLES)],
-        )
-    return "SELECT set_config('hnsw.ef_search', %s, true)", [ef]
-
-
-def _after_settings(settings_sql: str, settings_params: list[Any], sql: str,
-                    params: list[Any]) -> list[tuple[Any, ...]]:  # fmt: skip
-    """Rows of ``sql`` run after ``settings_sql`` (``set_config(..., true)``: local to
-    the transaction) in one round trip: one query string on a client-binding cursor
-    (Django's default; a multi-statement string is one implicit transaction), the
-    caller's transaction if it holds one; else (a server-binding cursor) two
-    statements in a transaction of their own."""
-    with connection.cursor() as cur:
-        if isinstance(cur.cursor, psycopg.ClientCursor):
-            cur.execute(f"{settings_sql}; {sql}", [*settings_params, *params])
-            cur.nextset()
-            return cur.fetchall()
-        with transaction.atomic(savepoint=False):
-            cur.execute(settings_sql, settings_params)
-            cur.execute(sql, params)
-            return cur.fetchall()
+        local += [("hnsw.iterative_scan", "strict_order"), ("hnsw.max_scan_tuples", 100_000)]
+    return local
 
 
 def scope_vector_ranking_indexed(
@@ -454,7 +443,7 @@ def scope_vector_ranking_indexed(
     )
     params = [text, scope_id, embedding_model, *fparams, limit,
               scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
-    rows = _after_settings(*_hnsw_settings(limit), sql, params)
+    rows, _ = prepared.fetch(sql, params, prepare=False, local=_hnsw_settings(limit))
     return [(row[0], 1.0 - float(row[1])) for row in rows]
 
 
@@ -495,7 +484,7 @@ def _keyword_ctes(
     ``text_lexemes`` (migration 0010's triggers) plus its shared facts' (few, counted
     here): one row read, where a count of a 10,000-fact scope's lengths would read
     every one of its rows (BENCHMARKS.md, "Memory engine, fifth pass")."""
-    k1, b = repr(float(settings.SEARCH_BM25_K1)), repr(float(settings.SEARCH_BM25_B))
+    k1, b = repr(bm25.K1), repr(bm25.B)
     sql = (
         "km AS MATERIALIZED (SELECT id, search_vector AS tv, observed_at AS o,"
         f" (true{where}) AS ok FROM memories_vector, q"
@@ -590,7 +579,7 @@ class Statement:
 
     sql: str
     params: list[Any]
-    settings: tuple[str, list[Any]] | None = None
+    settings: list[tuple[str, object]] | None = None
 
 
 @dataclass(frozen=True)
@@ -795,13 +784,10 @@ def scope_fact_search(
         index_above=index_above, ranking=ranking, filter=filter, walk_share=walk_share,
         exact_cap=exact_cap,
     )  # fmt: skip
-    before = statement.settings
+    local = list(statement.settings or [])
     if not connection.in_atomic_block:
-        pinned = "set_config('plan_cache_mode', 'force_generic_plan', true), " + (
-            "set_config('enable_seqscan', 'off', true)"
-        )
-        before = (f"{before[0]}, {pinned}", before[1]) if before else (f"SELECT {pinned}", [])
-    rows, _ = prepared.fetch(statement.sql, statement.params, before=before)
+        local += [("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]
+    rows, _ = prepared.fetch(statement.sql, statement.params, local=local)
     path = "" if vector is None else "index" if rows and rows[0][-1] else "exact"
     if vector is not None and not rows:  # (no row to carry the flag: ask the scope)
         path = "index" if scope_is_large(scope_id=scope_id, above=index_above) else "exact"

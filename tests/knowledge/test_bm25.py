@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from dataclasses import replace
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from knowledge import bm25, fusion, prepared, search
-from knowledge.bm25 import candidate_query
-from knowledge.search import SearchRequest, keyword_ranking, search_chunks
+from knowledge import search
+from knowledge.retrieval import bm25
+from knowledge.retrieval.bm25 import candidate_query
+from knowledge.retrieval.engine import Scope
+from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import ingest as ingest_service
 from knowledge.services import (
     knowledge_base_delete,
@@ -84,8 +88,7 @@ def test_statistics_follow_ingest_reingest_and_deletes(alice):
     assert _stats(other) == ({"harbour": 1, "crane": 1}, (1, 2))
 
 
-def test_unchanged_rows_and_the_indexer_write_no_statistics(alice, settings):
-    settings.KNOWLEDGE_DEFERRED_INDEXING = True
+def test_unchanged_rows_and_the_indexer_write_no_statistics(alice):
     kb = make_kb(alice)
     ingest(kb, ("a", "harbour cranes"), ("b", "harbour ships"))
     before = _stats(kb)
@@ -127,8 +130,8 @@ def test_bm25_scores_rare_words_higher_and_stems(alice):
     assert [h.text for h in stemmed] == ["She runs"]
 
 
-def test_a_hits_neighbours_in_its_session_earn_context(alice, settings):
-    settings.SEARCH_CONTEXT_WEIGHT, settings.SEARCH_CONTEXT_WINDOW = 0.5, 2
+def test_a_hits_neighbours_in_its_session_earn_context(alice, monkeypatch):
+    assert (search.CHUNKS.context.weight, search.CHUNKS.context.window) == (0.5, 2)
     kb = make_kb(alice)
     turns = [
         ("t1", "Ann: Good morning!", {"session_id": "s", "sender": "ann"}),
@@ -144,7 +147,7 @@ def test_a_hits_neighbours_in_its_session_earn_context(alice, settings):
     # The answer holds no query word; it earns 0.5 x its best neighbour's score one step
     # away and 0.25 x the best two steps away.
     assert answer.keyword_rank is None
-    settings.SEARCH_CONTEXT_WEIGHT = 0.0
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, context=None))
     plain = {
         h.metadata["source_key"]: h.score
         for h in search_chunks(bases=[kb], request=SearchRequest(query="pets", top_k=4))
@@ -155,9 +158,8 @@ def test_a_hits_neighbours_in_its_session_earn_context(alice, settings):
     assert by_key["t4#0"].score == pytest.approx(plain["t4#0"])
 
 
-def test_a_neighbour_outside_the_filters_is_not_returned(alice, settings):
-    settings.SEARCH_CONTEXT_WEIGHT, settings.SEARCH_CONTEXT_WINDOW = 0.5, 2
-    settings.SEARCH_CANDIDATES = 1
+def test_a_neighbour_outside_the_filters_is_not_returned(alice, monkeypatch):
+    monkeypatch.setattr(search, "CANDIDATES", 1)
     kb = make_kb(alice)
     ingest(
         kb,
@@ -206,9 +208,13 @@ def _queries(seed: int, count: int) -> list[str]:
     return [" ".join(rng.choices(_WORDS, weights, k=rng.randint(2, 5))) for _ in range(count)]
 
 
-def _rank(kb, query: str, limit: int, prune: bool, settings) -> list[tuple[int, float]]:
-    settings.SEARCH_BM25_PRUNE = prune
-    return keyword_ranking([str(kb.pk)], "english", query, SearchRequest(query=query), limit)
+def _rank(kb, query: str, limit: int, prune: bool) -> list[tuple[int, float]]:
+    """The keyword leg of ``kb`` for ``query``: pruned (PRUNE_MIN_ROWS patched to 0 by the
+    tests), or every match ranked in one statement (as for a filtered scope)."""
+    kb.refresh_from_db()
+    scope = Scope("knowledge_base_id = ANY(%s::uuid[])", [[str(kb.pk)]], kb.chunk_count)
+    leg = bm25.chunk_leg([str(kb.pk)], "english", query, scope, limit, filtered=not prune)
+    return [(row[0], float(row[1])) for row in leg.run()]
 
 
 def test_candidate_query_holds_the_minimal_term_sets_that_reach_theta():
@@ -219,29 +225,29 @@ def test_candidate_query_holds_the_minimal_term_sets_that_reach_theta():
     assert candidate_query(["it's", "a\\b"], [2.0, 1.0], 0) == "'it''s' | 'a\\\\b'"
 
 
-def test_pruned_ranking_is_the_ranking_of_every_match(alice, settings, monkeypatch):
+def test_pruned_ranking_is_the_ranking_of_every_match(alice, monkeypatch):
     """Pruned (one statement or two) and unpruned keyword legs return the same ids and
     scores; the pruned one reads fewer chunks."""
     monkeypatch.setattr(bm25, "PRUNE_MIN_ROWS", 0)
     kb = make_kb(alice)
     _zipf_corpus(kb, 600, seed=3, repeat=True)
     statements, pruned_queries = [], 0
-    original = prepared.fetch
+    original = bm25.fetch
 
-    def recording(sql, params, prepare=True):
+    def recording(sql, params, prepare=True, local=None):
         if "bound AS MATERIALIZED" in sql:
             statements.append(" ".join(p for p in params if isinstance(p, str)))
-        return original(sql, params, prepare)
+        return original(sql, params, prepare, local)
 
-    monkeypatch.setattr(bm25.prepared, "fetch", recording)
+    monkeypatch.setattr(bm25, "fetch", recording)
     for margin in (2.0, 0.05):  # 0.05: the guess is too high, a second statement follows
         monkeypatch.setattr(bm25, "PRUNE_MARGIN", margin)
         second = 0
         for query in _queries(seed=margin == 2.0, count=40):
             for limit in (3, 10):
-                full = _rank(kb, query, limit, False, settings)
+                full = _rank(kb, query, limit, False)
                 statements.clear()
-                got = _rank(kb, query, limit, True, settings)
+                got = _rank(kb, query, limit, True)
                 # (The unpruned ranking is one statement computing idf in SQL: the
                 # scores may differ in their last bits.)
                 assert [c for c, _ in got] == [c for c, _ in full], query
@@ -252,7 +258,7 @@ def test_pruned_ranking_is_the_ranking_of_every_match(alice, settings, monkeypat
     assert pruned_queries > 20
 
 
-def test_pruned_ranking_is_exact_bm25_when_no_chunk_repeats_a_word(alice, settings, monkeypatch):
+def test_pruned_ranking_is_exact_bm25_when_no_chunk_repeats_a_word(alice, monkeypatch):
     monkeypatch.setattr(bm25, "PRUNE_MIN_ROWS", 0)
     kb = make_kb(alice)
     _zipf_corpus(kb, 400, seed=5, repeat=False)
@@ -283,44 +289,9 @@ def test_pruned_ranking_is_exact_bm25_when_no_chunk_repeats_a_word(alice, settin
 
     for query in _queries(seed=11, count=30):
         want = exact(query, 10)
-        got = _rank(kb, query, 10, True, settings)
+        got = _rank(kb, query, 10, True)
         assert [cid for cid, _ in got] == [cid for cid, _ in want], query
         assert [s for _, s in got] == pytest.approx([s for _, s in want])
-
-
-def test_context_in_sql_is_fusion_with_context(alice, settings):
-    """The statement that adds context and picks the top k gives what
-    knowledge.fusion.with_context gives on the same two legs."""
-    settings.SEARCH_CONTEXT_WEIGHT, settings.SEARCH_CONTEXT_WINDOW = 0.5, 2
-    kb = make_kb(alice)
-    _zipf_corpus(kb, 300, seed=7, repeat=True)
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, session_id FROM knowledge_chunk WHERE knowledge_base_id = %s "
-            "ORDER BY session_id, source_timestamp, id",
-            [kb.pk],
-        )
-        rows = cur.fetchall()
-    around = {}
-    for cid, session in rows:
-        same = [r[0] for r in rows if r[1] == session]
-        at = same.index(cid)
-        around[cid] = (same[max(0, at - 2) : at][::-1], same[at + 1 : at + 3])
-    for query in _queries(seed=13, count=15):
-        for top_k in (1, 5, 10):
-            request = SearchRequest(query=query, top_k=top_k)
-            [(members, vector)] = search._query_vectors([kb], request).values()
-            vec = search.vector_ranking([str(kb.pk)], kb.embedding_dimensions, vector, request, 50)
-            key = search.keyword_ranking([str(kb.pk)], "english", query, request, 50)
-            hits = search._fuse(vec, key, request)
-            scores = {h.chunk_id: h.score for h in hits}
-            donors = sorted(scores, key=lambda c: (-scores[c], c))[:top_k]
-            new = fusion.with_context(scores, {d: around[d] for d in donors}, 0.5, set(around))
-            ranks = {h.chunk_id: (h.vector_rank or 10**9, h.keyword_rank or 10**9) for h in hits}
-            want = sorted(new, key=lambda c: (-new[c], *ranks.get(c, (10**9, 10**9)), c))
-            got = search_chunks(bases=[kb], request=request)
-            assert [h.chunk_id for h in got] == want[:top_k]
-            assert [h.score for h in got] == pytest.approx([new[c] for c in want[:top_k]])
 
 
 def _prepared_statements() -> list[str]:
@@ -329,19 +300,16 @@ def _prepared_statements() -> list[str]:
         return [row[0] for row in cur.fetchall()]
 
 
-def test_search_statements_are_prepared_once_per_connection(alice, settings):
-    """With the legs apart (SEARCH_ONE_STATEMENT off)."""
-    settings.SEARCH_ONE_STATEMENT = False
+def test_search_statements_are_prepared_once_per_connection(alice):
+    """Prepared on first use on a connection and reused; the query vector goes as a
+    parameter (binary), never as text in the statement."""
     kb = make_kb(alice)
     ingest(kb, ("a", "harbour cranes"), ("b", "harbour ships"))
-    for _ in range(3):
-        search_chunks(bases=[kb], request=SearchRequest(query="harbour cranes", top_k=2))
+    for query in ("harbour cranes", "harbour ships", "cranes ships"):  # (as many words)
+        search_chunks(bases=[kb], request=SearchRequest(query=query, top_k=2))
     statements = _prepared_statements()
-    assert sum("donor AS MATERIALIZED" in s for s in statements) == 1
-    # A small base's keyword ranking (one statement) is prepared under its own text; the
-    # vector ranking is not (Django's cursor).
-    assert sum(s.startswith("/* small scope */") for s in statements) == 1
-    assert not any("<=>" in s for s in statements)
+    assert sum(s.startswith("/* chunks search */") for s in statements) == 1
+    assert not any(re.search(r"\[-?\d+\.\d+(e-?\d+)?,", s) for s in statements)
 
 
 def test_a_small_base_is_searched_by_one_prepared_statement(alice):
@@ -352,4 +320,4 @@ def test_a_small_base_is_searched_by_one_prepared_statement(alice):
             search_chunks(bases=[kb], request=SearchRequest(query="harbour cranes", top_k=2))
     assert len(ctx.captured_queries) == 3  # one statement per search
     statements = _prepared_statements()
-    assert [s.split("*/")[0] for s in statements] == ["/* hybrid, small scope "]
+    assert [s.split("*/")[0] for s in statements] == ["/* chunks search "]

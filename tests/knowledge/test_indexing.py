@@ -8,6 +8,7 @@ flag in batches, which adds the rows to the partial HNSW index.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -15,10 +16,10 @@ from django.db import connection
 from django_q.models import Schedule
 
 from core.db import _lock_id
-from knowledge import tasks
+from knowledge import search, tasks
 from knowledge.models import Chunk
 from knowledge.search import SearchRequest, search_chunks
-from knowledge.services import knowledge_index_pending, knowledge_pending_count
+from knowledge.services import indexing, knowledge_index_pending, knowledge_pending_count
 from knowledge.services.indexing import INDEXER_LOCK
 from tests.knowledge.factories import ingest, make_kb
 
@@ -58,10 +59,10 @@ def test_ingest_leaves_rows_pending_and_the_indexer_clears_them(alice):
     assert Chunk.objects.get(knowledge_base=kb, source_key="d3#0").text == "a rewritten note"
 
 
-def test_pending_rows_are_found_on_the_index_path(alice, settings):
+def test_pending_rows_are_found_on_the_index_path(alice, monkeypatch):
     """A scope large enough for HNSW: indexed rows come from the index, pending ones
     from the exact scan next to it, merged into one ranking."""
-    settings.SEARCH_EXACT_MAX_ROWS = 0
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
     kb = make_kb(alice)
     ingest(kb, *_docs(30))
     knowledge_index_pending()
@@ -105,9 +106,9 @@ def test_ingestion_queues_the_indexer_after_commit(alice, django_capture_on_comm
     assert _pending(kb) == []
 
 
-def test_a_run_out_of_time_queues_its_successor(alice, settings, monkeypatch):
-    settings.KNOWLEDGE_INDEX_BATCH = 2
-    settings.KNOWLEDGE_INDEX_RUN_SECONDS = 0  # one batch per run
+def test_a_run_out_of_time_queues_its_successor(alice, monkeypatch):
+    monkeypatch.setattr(indexing, "INDEX_BATCH", 2)
+    monkeypatch.setattr(indexing, "INDEX_RUN_SECONDS", 0)  # one batch per run
     kb = make_kb(alice)
     ingest(kb, *_docs(5))
     runs = []
@@ -122,17 +123,6 @@ def test_a_run_out_of_time_queues_its_successor(alice, settings, monkeypatch):
     assert tasks.index_pending_chunks() == 2
     # Each successor ran inline (sync task queue) and did one batch.
     assert runs == [2, 2, 1]
-    assert _pending(kb) == []
-
-
-def test_without_deferral_rows_are_indexed_in_the_write(
-    alice, settings, django_capture_on_commit_callbacks
-):
-    settings.KNOWLEDGE_DEFERRED_INDEXING = False
-    kb = make_kb(alice)
-    with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        ingest(kb, *_docs(3))
-    assert callbacks == []
     assert _pending(kb) == []
 
 

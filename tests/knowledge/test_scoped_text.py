@@ -8,8 +8,10 @@ import re
 import pytest
 from django.db import connection
 
-from knowledge import bm25, search
-from knowledge.search import SearchRequest, keyword_ranking, search_chunks
+from knowledge import search
+from knowledge.retrieval import bm25
+from knowledge.retrieval.engine import Scope
+from knowledge.search import SearchRequest, search_chunks
 from tests.factories import UserFactory
 from tests.knowledge.factories import ingest, make_kb
 
@@ -42,7 +44,7 @@ def _expected(chunks, session: str | None, word: str) -> set[int]:
 
 
 @pytest.mark.parametrize("prune", [False, True])
-def test_keyword_matches_stay_in_their_scope(alice, settings, monkeypatch, prune):
+def test_keyword_matches_stay_in_their_scope(alice, monkeypatch, prune):
     """Unpruned (one statement) and pruned: every match of the scope comes back and
     nothing outside it, for one base, two bases, and each awkward session id."""
     monkeypatch.setattr(bm25, "PRUNE_MIN_ROWS", 0 if prune else 10**9)
@@ -56,7 +58,12 @@ def test_keyword_matches_stay_in_their_scope(alice, settings, monkeypatch, prune
             for session in [None, *SESSIONS]:
                 filters = {} if session is None else {"session_id": session}
                 request = SearchRequest(query=word, filters=filters)
-                got = keyword_ranking(ids, "english", word, request, 100, scope_rows=10**6)
+                sql, params = search._scope(ids, request)
+                leg = bm25.chunk_leg(
+                    ids, "english", word, Scope(sql, params, None if session else 10**6), 100,
+                    filtered=session is not None, session_id=session,
+                )  # fmt: skip
+                got = leg.run()
                 want = set().union(*(_expected(chunks[kb.pk], session, word) for kb in bases))
                 assert {cid for cid, _ in got} == want, (word, len(bases), session)
                 checked += len(want)
@@ -79,14 +86,12 @@ def test_the_keyword_leg_reads_the_scoped_text_index_only(alice):
     kb = make_kb(alice)
     _corpus(kb, "a")
     request = SearchRequest(query="harbour", filters={"session_id": "s1"})
-    scope, params = search._scope_sql([str(kb.pk)], request)
-    tokens = bm25.scope_tokens([str(kb.pk)], "s1")
-    sql, sql_params = bm25.one_statement_sql(
-        "english", "harbour", scope, params, [str(kb.pk)], 10, tokens
+    leg = bm25.chunk_leg(
+        [str(kb.pk)], "english", "harbour", search._scope_of([kb], request), 10, True, "s1"
     )
     with connection.cursor() as cur:
         cur.execute("SET LOCAL enable_seqscan = off")
-        cur.execute("EXPLAIN " + sql, sql_params)
+        cur.execute("EXPLAIN " + leg.sql, leg.params)
         plan = "\n".join(row[0] for row in cur.fetchall())
     scans = re.findall(
         r"Index Scan on (\w+)|Index Scan using (\w+)|Index Only Scan using (\w+)", plan

@@ -1,9 +1,11 @@
-"""A hybrid search in one statement gives what its legs run apart give, in one round trip,
-and leaves no setting behind (knowledge.search._one_statement_sql)."""
+"""A chunk search is one statement that ranks as the engine's definition says
+(tests/knowledge/reference.py) given its legs, split or not, in one round trip, leaving no
+setting behind."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -11,9 +13,12 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from knowledge import search
+from knowledge.retrieval.engine import CANDIDATES
+from knowledge.retrieval.vectors import vector_leg
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import knowledge_index_pending
 from tests.factories import UserFactory
+from tests.knowledge import reference
 from tests.knowledge.factories import make_kb
 from tests.knowledge.test_bm25 import _queries, _zipf_corpus
 
@@ -23,60 +28,105 @@ REQUESTS = [
     {"since": datetime(2025, 1, 1, 0, 1, tzinfo=UTC)},
     {"similarity_threshold": 0.05},
     {"filters": {"session_id": "s4"}, "similarity_threshold": 0.02},
+    {"filters": {"sender": "nobody"}},
+    {"mode": "vector"},
+    {"mode": "keyword"},
+    {"rrf_k": 60},
+    {"half_life_days": 0.01},
+    {"rrf_k": 5, "filters": {"session_id": "s1"}, "half_life_days": 1.0},
 ]
 
 
-def _both_ways(kb, settings, query: str, top_k: int, extra: dict):
+def _layout(kb) -> tuple[dict, dict]:
+    """Each chunk's (session, timestamp) and its neighbours (before, after) in its session."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, session_id, coalesce(source_timestamp, created_at) FROM knowledge_chunk "
+            "WHERE knowledge_base_id = %s ORDER BY session_id, source_timestamp, id",
+            [kb.pk],
+        )
+        rows = cur.fetchall()
+    around, info = {}, {}
+    for cid, session, when in rows:
+        same = [r[0] for r in rows if r[1] == session]
+        at = same.index(cid)
+        around[cid] = (same[max(0, at - 2) : at][::-1], same[at + 1 : at + 3])
+        info[cid] = (session, when)
+    return info, around
+
+
+def _expected(kb, request: SearchRequest, layout) -> list[tuple[int, float]]:
+    info, around = layout
+    pool = request.top_k if request.mode != "hybrid" else max(request.top_k * 3, CANDIDATES)
+    vector = keyword = None
+    if request.mode != "keyword":
+        vector = [(r[0], r[1]) for r in search._vector_leg([kb], request, pool).run()]
+    if request.mode != "vector":
+        keyword = [(r[0], r[1]) for r in search._keyword_leg([kb], request, pool).run()]
+    since = request.since
+    allowed = {
+        cid
+        for cid, (session, when) in info.items()
+        if request.filters.get("sender") is None and (since is None or when >= since)
+    }
+    threshold = request.similarity_threshold
+    now = datetime.now(UTC)
+    return reference.ranked(
+        vector, keyword, limit=request.top_k, rrf_k=request.rrf_k,
+        max_distance=None if threshold is None else 1.0 - threshold,
+        neighbours=around.__getitem__, allowed=allowed, half_life=request.half_life_days,
+        now=now, time_of=lambda cid: info[cid][1],
+    )  # fmt: skip
+
+
+def _check(kb, query: str, top_k: int, extra: dict, layout) -> bool:
     request = SearchRequest(query=query, top_k=top_k, **extra)
-    assert search._one_statement_sql([kb], request) is not None
-    settings.SEARCH_ONE_STATEMENT = True
-    one = [vars(h) for h in search_chunks(bases=[kb], request=request)]
-    settings.SEARCH_ONE_STATEMENT = False
-    apart = [vars(h) for h in search_chunks(bases=[kb], request=request)]
-    settings.SEARCH_ONE_STATEMENT = True
-    return one, apart
+    got = [(h.chunk_id, h.score) for h in search_chunks(bases=[kb], request=request)]
+    want = _expected(kb, request, layout)
+    # (decay is computed a moment apart: the same order, the scores within a hair)
+    assert [cid for cid, _ in got] == [cid for cid, _ in want], (query, top_k, extra)
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9, abs=1e-12)
+    return bool(got)
 
 
 @pytest.mark.parametrize("path", ["exact", "index"])
-def test_one_statement_ranks_as_the_legs_apart(alice, settings, path):
-    """Same hits, in the same order, with the same scores, ranks, text and metadata (exact
-    float equality), on the exact path (a small base) and the index path (HNSW and the
-    rows it has not reached yet), unfiltered, filtered, with a time range or a threshold."""
+def test_the_statement_ranks_as_the_definition(alice, monkeypatch, path):
+    """Same hits, in the same order, with the same scores as the definition given the
+    legs, on the exact path (a small base) and the index path (HNSW and the rows it has
+    not reached yet), for every mode, fusion, filter, time range, threshold and decay."""
     if path == "index":
-        settings.SEARCH_EXACT_MAX_ROWS = 0
+        monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
     kb = make_kb(alice)
     _zipf_corpus(kb, 240, seed=5, repeat=True)
     if path == "index":
         knowledge_index_pending()  # most rows in the HNSW index, some left pending
         _zipf_corpus(kb, 260, seed=6, repeat=True)
         kb.refresh_from_db()
+    layout = _layout(kb)
     checked = 0
-    for query in _queries(seed=17, count=8):
+    for query in _queries(seed=17, count=6):
         for top_k in (1, 5, 10):
             for extra in REQUESTS:
-                one, apart = _both_ways(kb, settings, query, top_k, extra)
-                assert one == apart, (query, top_k, extra)
-                checked += bool(one)
-    assert checked > 100
+                checked += _check(kb, query, top_k, extra, layout)
+    assert checked > 150
 
 
-def test_other_searches_keep_their_legs(alice, settings):
+def test_every_search_is_one_statement(alice):
+    """Whatever its mode, fusion or decay, and for a query without words: one round trip."""
     kb = make_kb(alice)
     _zipf_corpus(kb, 20, seed=5, repeat=False)
     query = _queries(seed=17, count=1)[0]
-    assert search._one_statement_sql([kb], SearchRequest(query=query)) is not None
     for request in (
+        SearchRequest(query=query),
         SearchRequest(query=query, mode="vector"),
+        SearchRequest(query=query, mode="keyword"),
         SearchRequest(query=query, rrf_k=60),
         SearchRequest(query=query, half_life_days=30.0),
         SearchRequest(query="?!", vector=[0.1] * kb.embedding_dimensions),
     ):
-        assert search._one_statement_sql([kb], request) is None
-    settings.SEARCH_CONTEXT_WEIGHT = 0
-    assert search._one_statement_sql([kb], SearchRequest(query=query)) is None
-    settings.SEARCH_CONTEXT_WEIGHT = 0.5
-    settings.SEARCH_ONE_STATEMENT = False
-    assert search._one_statement_sql([kb], SearchRequest(query=query)) is None
+        with CaptureQueriesContext(connection) as ctx:
+            hits = search_chunks(bases=[kb], request=request)
+        assert len(ctx.captured_queries) == 1 and hits, request
 
 
 def _setting(name: str) -> str:
@@ -86,16 +136,14 @@ def _setting(name: str) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    "exact_max_rows,filters", [(10_000, {}), (0, {}), (0, {"session_id": "s2"})]
-)
-def test_a_search_is_one_round_trip_and_its_settings_end_with_it(settings, exact_max_rows, filters):
+@pytest.mark.parametrize("exact_max,filters", [(10_000, {}), (0, {}), (0, {"session_id": "s2"})])
+def test_a_search_is_one_round_trip_and_its_settings_end_with_it(monkeypatch, exact_max, filters):
     """Outside a transaction: one statement, sent with its settings in one pipeline
-    (prepared, with a generic plan, filtered or not; HNSW settings
-    on the index path); none of them left on the connection afterwards. (The index's row
-    count, cached for minutes, is read before: a first search.)"""
-    settings.SEARCH_EXACT_MAX_ROWS = exact_max_rows
-    kb = make_kb(UserFactory(username=f"rita{exact_max_rows}{len(filters)}"))
+    (prepared, with a generic plan, filtered or not; HNSW settings on the index path);
+    none of them left on the connection afterwards. (The index's row count, cached for
+    minutes, is read before: a first search.)"""
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=exact_max))
+    kb = make_kb(UserFactory(username=f"rita{exact_max}{len(filters)}"))
     _zipf_corpus(kb, 60, seed=8, repeat=True)
     knowledge_index_pending()
     kb.refresh_from_db()
@@ -107,9 +155,10 @@ def test_a_search_is_one_round_trip_and_its_settings_end_with_it(settings, exact
         hits = search_chunks(bases=[kb], request=request)
     assert len(hits) == 5
     [statement] = [q["sql"] for q in ctx.captured_queries]
-    kind = "filtered" if filters else "small scope" if exact_max_rows else "index"
-    assert statement.startswith(f"/* hybrid, {kind} */")
-    assert ("chunk_hnsw" in statement or "halfvec" in statement) == (not exact_max_rows)
+    kind = "filtered" if filters else "exact" if exact_max else "index"
+    assert statement.startswith("/* chunks search */")
+    assert f"/* vector leg, {kind} */" in statement and "/* keyword leg */" in statement
+    assert ("halfvec" in statement) == (not exact_max)
     assert {name: _setting(name) for name in before} == before
     assert before["plan_cache_mode"] == "auto"
 
@@ -132,28 +181,26 @@ def test_the_chunk_index_is_built_on_halfvec(db):
     assert "NOT index_pending" in indexes["chunk_hnsw_half_384"]
 
 
-def _split_and_one(kb, settings, query: str, top_k: int, extra: dict):
+def _split_and_one(kb, monkeypatch, query: str, top_k: int, extra: dict):
     request = SearchRequest(query=query, top_k=top_k, **extra)
-    settings.SEARCH_SPLIT_MIN_ROWS = 0
-    assert search._one_statement_sql([kb], request).split is not None
+    monkeypatch.setattr(search, "SPLIT_MIN_ROWS", 0)
     with CaptureQueriesContext(connection) as ctx:
         split = [vars(h) for h in search_chunks(bases=[kb], request=request)]
-    settings.SEARCH_SPLIT_MIN_ROWS = 10**9
-    assert search._one_statement_sql([kb], request).split is None
+    monkeypatch.setattr(search, "SPLIT_MIN_ROWS", 10**9)
     one = [vars(h) for h in search_chunks(bases=[kb], request=request)]
-    return split, one, [q["sql"][:20] for q in ctx.captured_queries]
+    return split, one, [q["sql"] for q in ctx.captured_queries]
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("path", ["exact", "index"])
-def test_split_legs_rank_as_the_one_statement(settings, path):
-    """From SEARCH_SPLIT_MIN_ROWS chunks, outside transactions, the statement's vector leg
-    runs here while its keyword leg runs on a pool thread's connection, then a third
-    statement fuses them: the same hits, order, scores, ranks, text and metadata (exact
-    float equality) as the one statement, whatever the filters; this connection sees the
-    vector leg and the fusion, and no setting is left on it."""
+def test_split_legs_rank_as_the_one_statement(monkeypatch, path):
+    """Split, the search's vector leg runs here while its keyword leg runs on a pool
+    thread's connection, then a third statement fuses them: the same hits, order, scores,
+    ranks, text and metadata (exact float equality) as the one statement, whatever the
+    filters; this connection sees the vector leg and the fusion, and no setting is left
+    on it."""
     if path == "index":
-        settings.SEARCH_EXACT_MAX_ROWS = 0
+        monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
     kb = make_kb(UserFactory(username=f"sam{path}"))
     _zipf_corpus(kb, 240, seed=5, repeat=True)
     if path == "index":
@@ -165,42 +212,39 @@ def test_split_legs_rank_as_the_one_statement(settings, path):
     checked = 0
     for query in _queries(seed=23, count=6):
         for top_k in (1, 10):
-            for extra in REQUESTS:
-                split, one, statements = _split_and_one(kb, settings, query, top_k, extra)
+            for extra in [r for r in REQUESTS if "mode" not in r and "half_life_days" not in r]:
+                split, one, statements = _split_and_one(kb, monkeypatch, query, top_k, extra)
                 assert split == one, (query, top_k, extra)
-                assert [s.split(" */")[0] for s in statements] == [
-                    "/* vector leg, " + statements[0].split(", ")[1].split(" */")[0],
-                    "/* fused legs",
-                ]
+                assert [s[:15] for s in statements] == ["/* vector leg, ", "/* chunks searc"]
+                assert "unnest(" in statements[1] and "leg" not in statements[1]
                 checked += bool(split)
     assert checked > 40
     assert {name: _setting(name) for name in before} == before
 
 
 @pytest.mark.django_db(transaction=True)
-def test_no_split_inside_a_transaction(settings):
+def test_no_split_inside_a_transaction(monkeypatch):
     """Inside a transaction the other connection would not see its writes: one statement."""
-    settings.SEARCH_SPLIT_MIN_ROWS = 0
+    monkeypatch.setattr(search, "SPLIT_MIN_ROWS", 0)
     kb = make_kb(UserFactory(username="tess"))
     _zipf_corpus(kb, 30, seed=5, repeat=True)
     kb.refresh_from_db()
     query = _queries(seed=3, count=1)[0]
-    assert search._one_statement_sql([kb], SearchRequest(query=query)).split is not None
-    with transaction.atomic():
-        assert search._one_statement_sql([kb], SearchRequest(query=query)).split is None
-    settings.SEARCH_PARALLEL_LEGS = False
-    assert search._one_statement_sql([kb], SearchRequest(query=query)).split is None
+    with CaptureQueriesContext(connection) as ctx:
+        search_chunks(bases=[kb], request=SearchRequest(query=query))
+    assert len(ctx.captured_queries) == 2  # split: its vector leg, then the fusion
+    with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
+        search_chunks(bases=[kb], request=SearchRequest(query=query))
+    assert len(ctx.captured_queries) == 1
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_filtered_vector_legs_generic_plan_takes_the_hnsw_index(settings):
-    """The split vector leg is planned once for any values (a generic plan): for a scope
-    too large for an exact scan, its index CTE must take the HNSW index, which it does
-    because its scope is written so that no b-tree index can serve it. (Sequential scans
-    are off here: on a table this small the planner would rather sort it all, as it
-    would not on a large one.)"""
-    settings.SEARCH_EXACT_MAX_ROWS = 0
-    settings.SEARCH_SPLIT_MIN_ROWS = 0
+def test_a_filtered_vector_legs_generic_plan_takes_the_hnsw_index(monkeypatch):
+    """The vector leg is planned once for any values (a generic plan): for a scope too
+    large for an exact scan, its walk must take the HNSW index, which it does because its
+    scope is written so that no b-tree index can serve it. (Sequential scans are off, as
+    for every search: on a table this small the planner would rather sort it all.)"""
+    chunks = replace(search.CHUNKS, exact_max=0)
     kb = make_kb(UserFactory(username="uma"))
     _zipf_corpus(kb, 300, seed=5, repeat=True)
     knowledge_index_pending()
@@ -208,13 +252,13 @@ def test_a_filtered_vector_legs_generic_plan_takes_the_hnsw_index(settings):
     with connection.cursor() as cur:
         cur.execute("ANALYZE knowledge_chunk")  # (the planner knows the session is small)
     request = SearchRequest(query="alpha", filters={"session_id": "s2"})
-    sql, params, local, prepare = search._one_statement_sql([kb], request).split.vector
-    assert ("plan_cache_mode", "force_generic_plan") in local and prepare
+    leg = vector_leg(chunks, search._scope_of([kb], request), 384, [0.1] * 384, 50)
+    assert leg.path == "filtered"
     numbered = iter(range(1, 1000))
-    generic = re.sub(r"%s", lambda m: f"${next(numbered)}", sql)
+    generic = re.sub(r"%s", lambda m: f"${next(numbered)}", leg.sql)
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET LOCAL enable_seqscan = off")
         cur.execute("EXPLAIN (GENERIC_PLAN) " + generic.replace("%%", "%"))
         plan = "\n".join(row[0] for row in cur.fetchall())
-    index_cte = plan.split("CTE i\n")[1].split("CTE p\n")[0]
-    assert "chunk_hnsw_half_384" in index_cte, plan
+    walk = plan.split("CTE i\n")[1].split("CTE p\n")[0]
+    assert "chunk_hnsw_half_384" in walk, plan

@@ -16,6 +16,7 @@ that returns the vector prepared for each text, and queries pass ``vector=``.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from itertools import count
 from unittest import mock
@@ -24,12 +25,14 @@ import numpy as np
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
-from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from knowledge import search
 from knowledge.models import Chunk
+from knowledge.retrieval import hnsw
+from knowledge.retrieval.vectors import vector_leg
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import (
     DocumentIn,
@@ -236,7 +239,8 @@ def test_vector_search_matches_brute_force(
         # force_index: every scope counts as large, so a 384-dimension base goes
         # through the HNSW index (8 dimensions have no index and stay exact), merged
         # with the exact ranking of its pending rows (indexed < 1).
-        with override_settings(SEARCH_EXACT_MAX_ROWS=0 if force_index else 10_000):
+        tuned = replace(search.CHUNKS, exact_max=0 if force_index else 10_000)
+        with mock.patch.object(search, "CHUNKS", tuned):
             hits = _search(kb, query, top_k, session=session, since=since, until=until)
         expected = _brute_force(by_id, vectors, query, session=session, since=since, until=until)
         exact_path = dims != 384 or not force_index
@@ -246,7 +250,7 @@ def test_vector_search_matches_brute_force(
 # --- the post-filter trap, deterministically ------------------------------------------
 # 3,000 rows in 30 clusters; 30 rows (1%) carry session "rare" and a timestamp 100
 # days after all the others. The scope is forced onto the index path
-# (SEARCH_EXACT_MAX_ROWS = 0), so the filter drops ~99% of what the index hands back.
+# (the chunks' exact_max 0), so the filter drops ~99% of what the index hands back.
 SINCE = {"since": T0 + timedelta(days=399)}
 WINDOW = {**SINCE, "until": T0 + timedelta(days=401)}
 RARE_FILTERS = {
@@ -288,47 +292,54 @@ def _one_percent_corpus(owner, seed: int = 20250101):
     return kb, by_id, vectors, [np.asarray(q, dtype=np.float32) for q in queries]
 
 
-def _split_queries(queries) -> tuple[list[str], list[str]]:
-    """(index-path SQL, exact-path SQL) among captured queries of one search."""
-    sqls = [q["sql"] for q in queries]
-    # (the index scan is sent after its settings, in one query string)
-    index = [s[s.index("WITH i AS") :] for s in sqls if "AS MATERIALIZED" in s]
-    exact = [s for s in sqls if "ORDER BY d, id LIMIT" in s and "MATERIALIZED" not in s]
-    return index, exact
+def _walk(kb, query, top_k, flt) -> list[tuple]:
+    """Rows (id, distance, walked) of the search's vector leg alone, for the filter
+    ``flt``. (Its walk is planned generically, on the HNSW index whatever the filter:
+    test_search_one_statement.py holds it to that.)"""
+    request = SearchRequest(
+        vector=query, top_k=top_k, mode="vector", filters=_search_filters(flt),
+        since=flt.get("since"), until=flt.get("until"),
+    )  # fmt: skip
+    scope = search._scope_of([kb], request)
+    leg = vector_leg(search.CHUNKS, scope, 384, query, top_k)
+    assert leg.path in ("index", "filtered"), "the scope did not take the index path"
+    return leg.run()
 
 
-def _planned_on_hnsw(sql: str) -> bool:
-    with connection.cursor() as cur:
-        cur.execute("EXPLAIN " + sql)
-        return any("chunk_hnsw_half_384" in row[0] for row in cur.fetchall())
+def _search_filters(flt: dict) -> dict:
+    filters = {} if flt.get("session") is None else {"session_id": flt["session"]}
+    if flt.get("run") is not None:
+        filters["run_id"] = flt["run"]
+    return filters
 
 
-def test_index_path_with_a_one_percent_filter_returns_min_top_k(alice, settings, monkeypatch):
+def test_index_path_with_a_one_percent_filter_returns_min_top_k(alice, monkeypatch):
     """Always min(top_k, 30) rows of the filter, nearest first; exact when not on HNSW."""
-    settings.SEARCH_EXACT_MAX_ROWS = 0
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
     # On 3,000 rows the planner only picks HNSW at pgvector's default ef_search (40);
     # at the project's default (100) it prefers an exact scan and the trap is not reached.
-    settings.SEARCH_EF_SEARCH = 40
+    monkeypatch.setattr(hnsw, "EF_SEARCH", 40)
     kb, by_id, vectors, queries = _one_percent_corpus(alice)
-    plans: dict[str, set[bool]] = {name: set() for name in RARE_FILTERS}
+    with connection.cursor() as cur:  # (the plan policy of searches outside transactions)
+        cur.execute("SET LOCAL enable_seqscan = off")
+    walks: dict[str, set[bool]] = {name: set() for name in RARE_FILTERS}
     redone = 0
     # 100,000 (the default): the iterative scan reaches 30 matches of 3,000 rows.
-    # 1,000: it gives up first and comes back short, and search.py redoes it exactly.
+    # 1,000: it gives up first and comes back short, and the leg redoes it exactly.
     for max_scan_tuples in (100_000, 1_000):
-        settings.SEARCH_MAX_SCAN_TUPLES = max_scan_tuples
+        monkeypatch.setattr(hnsw, "MAX_SCAN_TUPLES", max_scan_tuples)
         for query in queries:
             for name, flt in RARE_FILTERS.items():
                 expected = _brute_force(by_id, vectors, query, **flt)
                 assert len(expected) == 30
                 for top_k in (1, 10, 30, 50):
-                    with CaptureQueriesContext(connection) as ctx:
-                        hits = _search(kb, query, top_k, **flt)
-                    index_sql, exact_sql = _split_queries(ctx.captured_queries)
-                    assert len(index_sql) == 1, "the scope did not take the index path"
-                    redone += bool(exact_sql)
-                    on_hnsw = _planned_on_hnsw(index_sql[0])
-                    plans[name].add(on_hnsw)
-                    if on_hnsw and not exact_sql:
+                    hits = _search(kb, query, top_k, **flt)
+                    rows = _walk(kb, query, top_k, flt)
+                    assert [r[0] for r in rows] == [h.chunk_id for h in hits], (name, top_k)
+                    walked = all(r[2] for r in rows)
+                    redone += not any(r[2] for r in rows)
+                    walks[name].add(walked)
+                    if walked:
                         # Approximate: the right number of matching rows, in order.
                         dist = dict(expected)
                         got = [h.chunk_id for h in hits]
@@ -338,20 +349,19 @@ def test_index_path_with_a_one_percent_filter_returns_min_top_k(alice, settings,
                         assert ranked == sorted(ranked)
                     else:
                         _assert_ranking(hits, expected, top_k, exact_ties=False)
-    # The planner serves the session filter from its btree index (an exact scan of
-    # 30 rows); the run_id filter has no index and must go through HNSW (for small
-    # top_k at least: for 30 or 50 it may prefer a sort), or the trap is not exercised.
-    assert any(plans["run"]), plans  # HNSW was planned at least once: the trap was reached
+    # Every filter's scope walks the index (the trap is reached) and comes back with
+    # enough rows while the scan may go on.
+    assert all(any(w) for w in walks.values()), walks
     assert redone, "no index scan came back short with max_scan_tuples = 1,000"
 
 
-def test_index_path_with_a_one_percent_filter_keeps_recall(alice, settings):
+def test_index_path_with_a_one_percent_filter_keeps_recall(alice, monkeypatch):
     """The post-filtered HNSW path is approximate: it must still return min(top_k, 30)
     rows for every query, and find most of the true ten for in-distribution queries
     (noisy copies of cluster centres and a stored row). Random directions far from every
     cluster are only held to the row count. pgvector's default ef_search (40) gave
     recall@10 of 0.7-0.9 here; the project's floor is 100."""
-    settings.SEARCH_EXACT_MAX_ROWS = 0
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
     kb, by_id, vectors, queries = _one_percent_corpus(alice)
     rare = RARE_FILTERS["run"]
     recalls = []
@@ -366,9 +376,9 @@ def test_index_path_with_a_one_percent_filter_keeps_recall(alice, settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_index_path_without_filter_returns_top_k(settings):
+def test_index_path_without_filter_returns_top_k(monkeypatch):
     """The unfiltered index path returns top_k rows, nearly all of the true nearest."""
-    settings.SEARCH_EXACT_MAX_ROWS = 0
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
     # Rows of earlier tests were rolled back, but their HNSW entries stay until a
     # vacuum: thousands of dead nodes crowding the graph make a top-1 lookup a
     # coin toss. Production tables get autovacuum; this test gets a clean graph.

@@ -7,7 +7,7 @@ from django.db import connection
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
-from knowledge.bm25 import bm25_adhoc
+from knowledge.retrieval.bm25 import bm25_adhoc
 from memories.personal.chat import chat_prepare
 from memories.personal.models import Vector
 from memories.personal.selectors import memory_search, scope_keyword_ranking

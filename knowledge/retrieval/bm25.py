@@ -31,7 +31,7 @@ guessed from the terms' document frequencies (the first-pass score above which a
 PRUNE_MARGIN x the chunks wanted are expected, terms taken as independent); when the
 guess was too high, a second statement takes the last first-pass score found as theta
 and reads what the first one did not. Either way the result is what ranking every match
-gives (``SEARCH_BM25_PRUNE=false`` does that).
+gives.
 """
 
 from __future__ import annotations
@@ -40,10 +40,15 @@ import math
 import re
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
-from knowledge import prepared
+from knowledge.retrieval.db import fetch
+from knowledge.retrieval.engine import Leg, Scope
+
+# Term-frequency saturation and length normalisation (b 0.3 beat 0.5/0.75/0.9 on LoCoMo
+# conv-26: short turns, BENCHMARKS.md).
+K1 = 1.2
+B = 0.3
 
 # The query's lexemes held by chunks of the searched bases, each with its document
 # frequency there, and the bases' size and mean length.
@@ -241,55 +246,51 @@ def _theta_guess(idf: list[float], p: list[float], n: float, want: float) -> flo
     return 0.0
 
 
-def bm25_ranking(
+def chunk_leg(
     kb_ids: list[str],
     language: str,
     text: str,
-    scope: str,
-    scope_params: list[Any],
+    scope: Scope,
     limit: int,
     filtered: bool = False,
-    scope_rows: int | None = None,
     session_id: str | None = None,
-) -> list[tuple[int, float]]:
-    """[(chunk id, BM25 score)] best first, for the chunks holding any query lexeme.
+) -> Leg | None:
+    """The keyword leg of a chunk search: (chunk id, BM25 score) best first, for the
+    chunks of ``scope`` holding any query lexeme; None for a text without words.
 
-    ``scope``/``scope_params``: the WHERE clause of the search (bases and filters), as
-    ``search._scope_sql`` builds it; ``filtered``: whether it holds more than the bases;
-    ``scope_rows``: the bases' size, if known (a small or filtered scope is not pruned,
-    and is ranked in one statement); ``session_id``: the session it is filtered to.
+    ``scope``: the bases and filters (its ``rows``: the bases' size, when known);
+    ``filtered``: whether it holds more than the bases; ``session_id``: the session it is
+    filtered to. A small or filtered scope is ranked in one statement (``_ONE_SQL``, run
+    inside the search's); a large one is pruned (``_RANK_SQL``), here, apart.
     """
     if not re.search(r"\w", text):
-        return []
-    if unpruned(filtered, scope_rows):
-        # A small unfiltered scope's statement is prepared (its own text: a generic plan
-        # made for small bases must not serve large filtered ones).
-        small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
-        cached = small and not filtered
+        return None
+    rows = scope.rows
+    if filtered or (rows is not None and rows < PRUNE_MIN_ROWS):
         tokens = scope_tokens(kb_ids, session_id)
-        sql, params = one_statement_sql(language, text, scope, scope_params, kb_ids, limit, tokens)
-        if cached:
-            sql = "/* small scope */" + sql
-        rows, _ = prepared.fetch(sql, params, prepare=cached)
-        return [(row[0], float(row[1])) for row in rows]
-    terms, _ = prepared.fetch(_TERMS_SQL, [language, text, kb_ids, kb_ids])
+        sql, params = one_statement_sql(
+            language, text, scope.sql, scope.params, kb_ids, limit, tokens
+        )
+        return Leg("/* keyword leg */" + sql, params, [])
+    found = _pruned(kb_ids, language, text, scope.sql, scope.params, limit)
+    return Leg("", [], [], rows=found)
+
+
+def _pruned(
+    kb_ids: list[str], language: str, text: str, scope: str, scope_params: list[Any], limit: int
+) -> list[tuple[Any, ...]]:
+    """``_RANK_SQL``'s ranking of a large unfiltered scope (see the module)."""
+    terms, _ = fetch(_TERMS_SQL, [language, text, kb_ids, kb_ids])
     if not terms:
         return []
-    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    k1, b = K1, B
     n, avgdl = float(terms[0][2]), float(terms[0][3])
     lexemes = [t[0] for t in terms]
     idf = [math.log(1 + (n - t[1] + 0.5) / (t[1] + 0.5)) for t in terms]
     bounds = [w * (k1 + 1) / (1 + k1 * max(1 - b, 0.0)) for w in idf]
     ranked = limit * EXACT_FACTOR
     theta = 0.0
-    if (
-        settings.SEARCH_BM25_PRUNE
-        and not filtered
-        and n >= PRUNE_MIN_ROWS
-        and len(terms) <= PRUNE_MAX_TERMS
-    ):
-        # (A filtered scope holds fewer matches than the bases' statistics predict: the
-        # guess would be too high. Every match of a filtered search is ranked.)
+    if n >= PRUNE_MIN_ROWS and len(terms) <= PRUNE_MAX_TERMS:
         rarest = sorted(range(len(terms)), key=lambda i: -idf[i])[:GUESS_TERMS]
         theta = _theta_guess(
             [idf[i] for i in rarest],
@@ -314,7 +315,7 @@ def bm25_ranking(
         params += [] if seen is None else [seen]
         # Planned for its values each time: a generic plan cannot know how many chunks
         # the query matches, and may scan the table.
-        rows, _ = prepared.fetch(text_sql, [*params, ranked, avgdl], prepare=False)
+        rows, _ = fetch(text_sql, [*params, ranked, avgdl], prepare=False)
         return [(row[0], float(row[1]), float(row[2])) for row in rows]
 
     query = candidate_query(lexemes, bounds, theta)
@@ -350,7 +351,7 @@ def one_statement_sql(
     terms = " + ".join(
         f"CASE WHEN tv @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END" for i in range(1, slots + 1)
     )
-    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    k1, b = K1, B
     sql = _ONE_SQL.format(
         matches=_MATCHES.format(scope=scope, scoped_text=SCOPED_TEXT),
         terms=terms,
@@ -359,13 +360,6 @@ def one_statement_sql(
         query_terms=_QUERY_TERMS,
     )
     return sql, [kb_ids, language, text, kb_ids, *scope_params, tokens, limit * EXACT_FACTOR, limit]
-
-
-def unpruned(filtered: bool, scope_rows: int | None) -> bool:
-    """Whether a search ranks every match in one statement (``one_statement_sql``): small
-    or filtered scopes, or pruning off."""
-    small = scope_rows is not None and scope_rows < PRUNE_MIN_ROWS
-    return not settings.SEARCH_BM25_PRUNE or filtered or small
 
 
 # The exact score of the rows of ``c`` (columns id, tv, dl) for the lexemes of ``w``.
@@ -407,7 +401,7 @@ def bm25_adhoc(
     ``docs_sql`` selects ``id`` and ``text``; the statistics (N, df, average length)
     are computed over that set on the fly, so it should stay small (hundreds of rows).
     """
-    k1, b = float(settings.SEARCH_BM25_K1), float(settings.SEARCH_BM25_B)
+    k1, b = K1, B
     scored = _SCORED.format(source="tot, docs c", k1=repr(k1), b=repr(b), avgdl="tot.avgdl")
     sql = _ADHOC_SQL.format(docs=docs_sql, scored=scored)
     with connection.cursor() as cur:

@@ -1,0 +1,314 @@
+"""One retrieval engine for every table of embedded text.
+
+A *collection* (``Collection``) says which table holds the text and its vectors and how
+its rows are ranked where users may choose (fusion, weights, context, decay); the
+engine writes every statement that ranks. A search is two *legs*, each a statement
+giving (id, value) best first: the vector leg (``vectors.vector_leg``: cosine distance)
+and the keyword leg (``bm25``: BM25 score); then one statement fuses them, adds context,
+decays, cuts to the page wanted and reads the hits' rows (``_fuse_sql``).
+
+The legs run inside that statement (one round trip), or, for a large scope outside a
+transaction, each on its own connection at once, their rows then handed to the same
+fusing statement as arrays: the same SQL over the same rows, so the same ranking to the
+bit, in the longer leg's time instead of both.
+
+Fusion (``Collection.fusion``):
+- ``minmax``: each leg's scores scaled to [0, 1] over its candidates (its best 1, its
+  worst 0; 1 when they are all equal), added with weights w and 1 - w; a row missing from
+  a leg gets 0 from it. Unlike reciprocal ranks it keeps how far apart the scores are: a
+  row with a BM25 score far above the rest (a rare name) stays far ahead.
+- ``max``: w x cosine similarity (negative counts as 0) + (1 - w) x the BM25 score over the
+  best keyword candidate's.
+- ``rrf`` (asked per search): the sum over the legs of 1 / (k + rank).
+A search with one leg scores by that leg's raw value (similarity or BM25).
+
+Context (``Context``, chunks): a candidate among the best ``donors`` passes w ** d x its
+score to the rows d steps before and after it (d up to ``window``) in the same group
+(a conversation), ordered by time then id; those rows become candidates themselves. In
+a conversation the words of a question are often in one turn and the answer in the next.
+
+Decay (a half-life in days): the score x ``0.5 ** (age / half_life)``, the age from the
+collection's ``time`` to now, never negative (``core.scoring.decay``, same float
+operations). Ties: the collection's ``tiebreak``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from knowledge.retrieval.db import Setting, both, fetch
+
+# Rows each leg hands to fusion, at least (3 x the page wanted when that is more).
+CANDIDATES = 50
+RRF_K = 10
+
+
+@dataclass(frozen=True)
+class Context:
+    """Neighbours pass their score on (see the module): within ``group`` (columns),
+    in ``order`` (columns, the last one unique)."""
+
+    group: tuple[str, ...]
+    order: tuple[str, ...]
+    weight: float = 0.5
+    window: int = 2
+    donors: int = 1  # per row wanted
+
+
+@dataclass(frozen=True)
+class Collection:
+    """A table of embedded text, as the engine ranks it (no SQL that ranks: names only).
+
+    ``exact_max``, ``walk_min_share``, ``exact_cap``: which scopes the vector leg scans
+    exactly (``vectors``). ``pending``: a boolean column marking rows the background
+    indexer has not put in the HNSW index yet. ``time``: the expression a row's age is
+    counted from. ``details``: what is read of each hit (columns of ``t``).
+    """
+
+    name: str
+    table: str
+    index_prefix: str
+    id_type: str
+    details: str
+    time: str
+    tiebreak: str  # after the score, over ``top`` (ranks) and ``t`` (the row)
+    fusion: str = "minmax"
+    vector_weight: float = 0.4
+    context: Context | None = None
+    embedding: str = "embedding"
+    dims_column: str = "dimensions"
+    pending: str = ""
+    exact_max: int = 10_000
+    walk_min_share: float = 0.0
+    exact_cap: int = 10**12
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which rows a search ranks: a condition on the collection's rows (``sql`` with
+    ``params``), and how many rows it holds when that is known without counting."""
+
+    sql: str
+    params: list[Any]
+    rows: int | None = None
+
+
+@dataclass
+class Leg:
+    """A statement giving (id, value) best first, the settings it needs, and how its
+    vector leg ran ("exact", "index", "filtered"; "" for a keyword leg)."""
+
+    sql: str
+    params: list[Any]
+    local: list[Setting]
+    path: str = ""
+    prepare: bool = True
+    rows: list[tuple[Any, ...]] | None = None  # its rows, once run apart
+
+    def run(self) -> list[tuple[Any, ...]]:
+        if self.rows is None:
+            self.rows = fetch(self.sql, self.params, self.prepare, self.local + _pinned())[0]
+        return self.rows
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How a search ranks (beside its collection's defaults) and which page comes back.
+    ``max_distance``: vector candidates farther than this are dropped. ``neighbours``:
+    the condition a context neighbour that is no candidate must meet (row ``t``)."""
+
+    limit: int
+    offset: int = 0
+    rrf_k: int | None = None
+    max_distance: float | None = None
+    half_life: float | None = None
+    now: datetime | None = None
+    context: bool = True
+    neighbours: tuple[str, list[Any]] = ("true", [])
+    vector_weight: float | None = None
+
+
+@dataclass
+class Ranked:
+    """Rows of ``_fuse_sql``: the hits best first, as dicts of the collection's
+    ``details`` plus score, vrank, krank, vscore, kscore."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _pinned() -> list[Setting]:
+    """The plan policy of every search statement: outside a transaction, its generic plan
+    with sequential scans off, both local to its own (implicit) transaction. Every table
+    is read through an index by design, and a plan made without the scope's size could
+    otherwise scan a whole table for a small scope; planning each search anew cost more
+    than running it on a small scope (1.2-4 ms). Inside a caller's transaction the
+    settings would outlast the statement: there it is planned as usual."""
+    if connection.in_atomic_block:
+        return []
+    return [("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]
+
+
+def _given(c: Collection, value: str, rows: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+    """A leg's rows as the statement's arrays (literals: psycopg's list adapter cost
+    0.17 ms for four of them; a float's repr reads back as the same float8)."""
+    ids = "{" + ",".join(str(r[0]) for r in rows) + "}"
+    values = "{" + ",".join(repr(float(r[1])) for r in rows) + "}"
+    sql = f"SELECT * FROM unnest(%s::{c.id_type}[], %s::float8[]) AS g(id, {value})"
+    return sql, [ids, values]
+
+
+def _leg_sql(c: Collection, leg: Leg | None, value: str) -> tuple[str, list[Any]]:
+    if leg is None:
+        return f"SELECT NULL::{c.id_type} AS id, NULL::float8 AS {value} WHERE false", []
+    if leg.rows is not None:
+        return _given(c, value, leg.rows)
+    return leg.sql, leg.params
+
+
+def _fusion(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]:
+    if one_leg:
+        return "coalesce(vr.s, kr.s)", []
+    if r.rrf_k is not None:
+        k = float(r.rrf_k)
+        return (
+            "coalesce(1.0::float8 / (%s::float8 + vr.rank), 0)"
+            " + coalesce(1.0::float8 / (%s::float8 + kr.rank), 0)",
+            [k, k],
+        )
+    w = float(c.vector_weight if r.vector_weight is None else r.vector_weight)
+    if c.fusion == "max":
+        return (
+            "%s::float8 * greatest(coalesce(vr.s, 0), 0) + %s::float8 * coalesce(kr.s, 0)"
+            " / coalesce(nullif(kx.hi, 0), 1)::float8",
+            [w, 1.0 - w],
+        )
+    scaled = (
+        "CASE WHEN {x}r.id IS NULL THEN 0 WHEN {x}x.hi > {x}x.lo"
+        " THEN ({x}r.s - {x}x.lo) / ({x}x.hi - {x}x.lo) ELSE 1 END"
+    )
+    return (
+        f"%s::float8 * {scaled.format(x='v')} + %s::float8 * {scaled.format(x='k')}",
+        [w, 1.0 - w],
+    )
+
+
+_CONTEXT = """donor AS MATERIALIZED (SELECT id, score FROM cand ORDER BY score DESC, id LIMIT {donors}),
+nb AS MATERIALIZED (
+    SELECT d.score,
+        ARRAY(SELECT p.id FROM {table} p WHERE {same} AND ({order_p}) < ({order_c})
+              ORDER BY {desc_p} LIMIT {window}) AS before,
+        ARRAY(SELECT n.id FROM {table} n WHERE {same_n} AND ({order_n}) > ({order_c})
+              ORDER BY {asc_n} LIMIT {window}) AS after
+    FROM donor d JOIN {table} c ON c.id = d.id
+),
+best AS (
+    SELECT u.id, u.dist, max(nb.score) AS score
+    FROM nb CROSS JOIN LATERAL (
+        SELECT * FROM unnest(nb.before) WITH ORDINALITY AS b(id, dist)
+        UNION ALL
+        SELECT * FROM unnest(nb.after) WITH ORDINALITY AS a(id, dist)
+    ) u
+    GROUP BY u.id, u.dist
+),
+bonus AS (SELECT id, sum(power(%s::float8, dist) * score) AS bonus FROM best GROUP BY id),
+ranked AS (
+    SELECT coalesce(c.id, x.id) AS id, coalesce(c.score, 0) + coalesce(x.bonus, 0) AS score,
+           c.vrank, c.krank, c.vscore, c.kscore, c.id IS NOT NULL AS candidate
+    FROM cand c FULL JOIN bonus x ON x.id = c.id
+)"""
+
+
+def _context_sql(c: Collection, ctx: Context, limit: int) -> tuple[str, list[Any]]:
+    def cols(alias: str, desc: bool = False) -> str:
+        return ", ".join(f"{alias}.{col}" + (" DESC" if desc else "") for col in ctx.order)
+
+    def same(alias: str) -> str:
+        return " AND ".join(f"{alias}.{col} = c.{col}" for col in ctx.group)
+
+    sql = _CONTEXT.format(
+        donors=ctx.donors * limit, table=c.table, window=ctx.window, same=same("p"),
+        same_n=same("n"), order_p=cols("p"), order_n=cols("n"), order_c=cols("c"),
+        desc_p=cols("p", desc=True), asc_n=cols("n"),
+    )  # fmt: skip
+    return sql, [float(ctx.weight)]
+
+
+def _fuse_sql(
+    c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking
+) -> tuple[str, list[Any]]:
+    """The statement fusing the legs (inline, or their rows as arrays), with context and
+    decay, giving the page wanted with its rows' details, best first."""
+    vsql, vparams = _leg_sql(c, vector, "d")
+    ksql, kparams = _leg_sql(c, keyword, "score")
+    cut, cut_params = "", []
+    if r.max_distance is not None:
+        cut, cut_params = " WHERE d <= %s", [r.max_distance]
+    fusion, fusion_params = _fusion(c, r, vector is None or keyword is None)
+    ctes = [
+        f"v AS MATERIALIZED ({vsql})",
+        f"k AS MATERIALIZED ({ksql})",
+        "vr AS (SELECT id, 1.0::float8 - d AS s, (row_number() OVER (ORDER BY d, id))::int"
+        f" AS rank FROM v{cut})",
+        "kr AS (SELECT id, score AS s, (row_number() OVER (ORDER BY score DESC, id))::int"
+        " AS rank FROM k)",
+        f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, {fusion} AS score, vr.rank AS vrank,"
+        " kr.rank AS krank, vr.s AS vscore, kr.s AS kscore FROM vr FULL JOIN kr ON kr.id = vr.id"
+        " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx"
+        " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
+    ]
+    params = [*vparams, *kparams, *cut_params, *fusion_params]
+    context = c.context if r.context and vector is not None and keyword is not None else None
+    if context is not None:
+        sql, context_params = _context_sql(c, context, r.limit)
+        ctes.append(sql)
+        params += context_params
+        keep, keep_params = r.neighbours
+    else:
+        ctes.append("ranked AS (SELECT *, true AS candidate FROM cand)")
+        keep, keep_params = "true", []
+    score = "r.score"
+    if r.half_life:
+        # (PostgreSQL raises on a power that underflows to 0, Python gives 0)
+        halvings = (
+            "greatest(0::float8, extract(epoch FROM (%s::timestamptz - "
+            f"{c.time}))::float8 / 86400) / %s::float8"
+        )
+        score = f"r.score * (SELECT CASE WHEN h < 1074 THEN power(0.5::float8, h) ELSE 0 END FROM (SELECT {halvings} AS h) x)"
+        params += [r.now, float(r.half_life)]
+    # The rows are read here only when the page depends on them (a row's time, a
+    # tie broken by a column, a neighbour's filters).
+    join = f" JOIN {c.table} t ON t.id = r.id" if "t." in score + keep + c.tiebreak else ""
+    ctes.append(
+        f"top AS (SELECT r.id, {score} AS score, r.vrank, r.krank, r.vscore, r.kscore"
+        f" FROM ranked r{join} WHERE r.candidate OR {keep}"
+        f" ORDER BY 2 DESC, {c.tiebreak.format(top='r')} LIMIT {int(r.limit)}"
+        f" OFFSET {int(r.offset)})"
+    )
+    params += keep_params
+    sql = (
+        f"/* {c.name} search */WITH "
+        + ",\n".join(ctes)
+        + f"\nSELECT {c.details}, top.score, top.vrank, top.krank,"
+        f" top.vscore, top.kscore FROM top JOIN {c.table} t ON t.id = top.id"
+        f" ORDER BY top.score DESC, {c.tiebreak.format(top='top')}"
+    )
+    return sql, params
+
+
+def rank(
+    c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking, split: bool = False
+) -> list[dict[str, Any]]:
+    """The page of hits ``r`` asks for, best first (``Ranked``). ``split``: run the legs
+    on two connections at once first (outside a transaction), then fuse their rows."""
+    if split and vector is not None and keyword is not None and not connection.in_atomic_block:
+        both(vector.run, keyword.run)
+    sql, params = _fuse_sql(c, vector, keyword, r)
+    inline = [leg for leg in (vector, keyword) if leg is not None and leg.rows is None]
+    local = [s for leg in inline for s in leg.local]
+    prepare = all(leg.prepare for leg in inline)
+    rows, names = fetch(sql, params, prepare, local + _pinned())
+    return [dict(zip(names, row)) for row in rows]

@@ -1,0 +1,94 @@
+"""The HNSW indexes every collection walks: which type they are built on, how far a walk
+looks (``ef_search``) and how it goes on when a filter drops what it found.
+
+Every collection keeps one partial expression index per dimension on 16-bit floats,
+``<prefix>_half_<dims>`` (``core.hnsw.halfvec_swap``), or on older pgvector the
+``vector`` one, ``<prefix>_<dims>``. A walk ranks by the index's type; the distance a
+search hands back is always the exact one of the stored vectors.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+from django.db import connection
+
+from core.health import pgvector_supports_iterative_scan, pgvector_version
+from knowledge.models import INDEXED_DIMENSIONS
+from knowledge.retrieval.db import Setting
+
+# hnsw.ef_search for an index of up to EF_SCALE_ROWS rows: pgvector's 40 left recall@10
+# at 0.967-0.978 on 100,000 chunks, 100 gives 0.99 (BENCHMARKS.md, "Knowledge retrieval");
+# beyond, it grows with log10 of the index size (x2 at 1M: recall@10 0.93 -> 0.98), as a
+# walk's path through the graph does. Always at least twice the rows wanted, at most
+# pgvector's maximum.
+EF_SEARCH = 100
+EF_SCALE_ROWS = 100_000
+EF_MAX = 1000
+# A filtered walk goes on (pgvector >= 0.8's iterative scan, in strict distance order)
+# until it has the rows wanted or has read this many tuples; a walk that comes back
+# short is redone exactly by every collection.
+MAX_SCAN_TUPLES = 100_000
+ROW_COUNT_TTL = 300.0  # seconds a planner row count is trusted
+
+_row_counts: dict[str, tuple[float, float]] = {}
+
+
+@functools.cache
+def iterative_scan() -> bool:
+    return pgvector_supports_iterative_scan(pgvector_version())
+
+
+@functools.cache
+def index_type(prefix: str, dims: int) -> str | None:
+    """``halfvec`` when ``<prefix>_half_<dims>`` exists, else ``vector`` when
+    ``<prefix>_<dims>`` does, else None (no index: every search is exact)."""
+    if dims not in INDEXED_DIMENSIONS:
+        return None
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+            [f"{prefix}_half_{dims}", f"{prefix}_{dims}"],
+        )
+        half, full = cur.fetchone()
+    return "halfvec" if half else "vector" if full else None
+
+
+def index_name(prefix: str, dims: int) -> str:
+    return f"{prefix}_half_{dims}" if index_type(prefix, dims) == "halfvec" else f"{prefix}_{dims}"
+
+
+def row_count(relname: str) -> float:
+    """Rows of the table or index ``relname`` (planner statistics), cached a while."""
+    now = time.monotonic()
+    cached = _row_counts.get(relname)
+    if cached is not None and now - cached[1] < ROW_COUNT_TTL:
+        return cached[0]
+    with connection.cursor() as cur:
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [relname])
+        row = cur.fetchone()
+    rows = max(float(row[0]), 0.0) if row else 0.0
+    _row_counts[relname] = (rows, now)
+    return rows
+
+
+def ef_search(prefix: str, dims: int, limit: int) -> int:
+    """hnsw.ef_search for a walk of the index of ``dims`` wanting ``limit`` rows."""
+    ef = EF_SEARCH
+    rows = row_count(index_name(prefix, dims))
+    if rows > EF_SCALE_ROWS:
+        ef = round(ef * (1 + math.log10(rows / EF_SCALE_ROWS)))
+    return min(max(ef, limit * 2), EF_MAX)
+
+
+def walk_settings(prefix: str, dims: int, limit: int) -> list[Setting]:
+    """The settings of a walk of the index of ``dims`` wanting ``limit`` rows."""
+    local: list[Setting] = [("hnsw.ef_search", ef_search(prefix, dims, limit))]
+    if iterative_scan():
+        local += [
+            ("hnsw.iterative_scan", "strict_order"),
+            ("hnsw.max_scan_tuples", MAX_SCAN_TUPLES),
+        ]
+    return local

@@ -1,0 +1,105 @@
+"""The definition of how the retrieval engine fuses its legs, in Python: what the fusing
+statement (``knowledge.retrieval.engine._fuse_sql``) is held to.
+
+Given each leg's rows as the engine's leg statements give them, ``ranked`` returns the
+page of (id, score) a search should answer: fusion (min-max weights, reciprocal ranks, or
+one leg's raw value), context from the best candidates' neighbours, decay, ties.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from datetime import datetime
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+def weighted_scores(
+    vector: Sequence[tuple[K, float]], keyword: Sequence[tuple[K, float]], vector_weight: float
+) -> dict[K, float]:
+    """Min-max normalised scores of the two legs, added with their weights."""
+    out: dict[K, float] = {}
+    for leg, weight in ((vector, vector_weight), (keyword, 1.0 - vector_weight)):
+        if not leg:
+            continue
+        high, low = max(s for _, s in leg), min(s for _, s in leg)
+        for key, score in leg:
+            scaled = (score - low) / (high - low) if high > low else 1.0
+            out[key] = out.get(key, 0.0) + weight * scaled
+    return out
+
+
+def rrf_scores(vector: Sequence[tuple[K, float]], keyword: Sequence[tuple[K, float]], k: int):
+    out: dict[K, float] = {}
+    for leg in (vector, keyword):
+        for rank, (key, _) in enumerate(leg, start=1):
+            out[key] = out.get(key, 0.0) + 1.0 / (k + rank)
+    return out
+
+
+def with_context(
+    scores: dict[K, float],
+    around: dict[K, tuple[list[K], list[K]]],
+    weight: float,
+    allowed: set[K],
+) -> dict[K, float]:
+    """Each candidate and neighbour: its own score + sum over distances d of
+    ``weight`` ** d x the best score among the donors d steps away. ``around``: for the
+    donors (the best candidates), the rows before and after them, nearest first;
+    ``allowed``: the neighbours that may become hits (inside the search's scope)."""
+    best: dict[K, dict[int, float]] = {}
+    for key, sides in around.items():
+        score = scores.get(key, 0.0)
+        for side in sides:
+            for distance, other in enumerate(side, start=1):
+                if other in scores or other in allowed:
+                    at = best.setdefault(other, {})
+                    at[distance] = max(at.get(distance, 0.0), score)
+    out = dict(scores)
+    for key, at in best.items():
+        out[key] = scores.get(key, 0.0) + sum(weight**d * value for d, value in at.items())
+    return out
+
+
+def ranked(
+    vector: Sequence[tuple[K, float]] | None,
+    keyword: Sequence[tuple[K, float]] | None,
+    *,
+    limit: int,
+    weight: float = 0.4,
+    rrf_k: int | None = None,
+    max_distance: float | None = None,
+    neighbours: Callable[[K], tuple[list[K], list[K]]] | None = None,
+    allowed: set[K] | None = None,
+    context_weight: float = 0.5,
+    half_life: float | None = None,
+    now: datetime | None = None,
+    time_of: Callable[[K], datetime] | None = None,
+) -> list[tuple[K, float]]:
+    """The page (id, score) best first. ``vector``: (id, distance) nearest first;
+    ``keyword``: (id, BM25) best first (None: no such leg)."""
+    sims = [(k, 1.0 - d) for k, d in vector or [] if max_distance is None or d <= max_distance]
+    words = list(keyword or [])
+    if vector is None or keyword is None:
+        scores = dict(sims or words)
+    elif rrf_k is not None:
+        scores = rrf_scores(sims, words, rrf_k)
+    else:
+        scores = weighted_scores(sims, words, weight)
+    ranks = {k: (r, 10**9) for r, (k, _) in enumerate(sims, start=1)}
+    for r, (k, _) in enumerate(words, start=1):
+        ranks[k] = (ranks.get(k, (10**9, 0))[0], r)
+    if neighbours is not None and vector is not None and keyword is not None:
+        donors = sorted(scores, key=lambda k: (-scores[k], k))[:limit]
+        scores = with_context(
+            scores, {d: neighbours(d) for d in donors}, context_weight, allowed or set()
+        )
+    if half_life:
+        assert now is not None and time_of is not None
+        for key in scores:
+            age = max(0.0, (now - time_of(key)).total_seconds() / 86400)
+            scores[key] *= math.pow(0.5, age / half_life)
+    order = sorted(scores, key=lambda k: (-scores[k], *ranks.get(k, (10**9, 10**9)), k))
+    return [(k, scores[k]) for k in order[:limit]]
