@@ -4,13 +4,13 @@ searches of all of them are fused.
 A question is often worded unlike the passage that answers it ("Where did she go on
 holiday?" / "We spent two weeks in Crete"). With an LLM configured, a search that asks
 for it (``"rewrite": true``, or ``SEARCH_REWRITE`` for every search that does not say)
-first asks the model for up to ``SEARCH_REWRITE_QUERIES`` other queries (a paraphrase,
+first asks the model for up to ``REWRITE_QUERIES`` other queries (a paraphrase,
 the key names and terms, words the answer would hold) as a JSON object, repaired or
 asked again once when malformed (``core.providers.json_answer``). Each query is then
 searched as the request says (same mode, filters, top_k), and the rankings are fused:
 a chunk scores the sum over the queries of the query's weight x its score there
 divided by that query's best score; the original query weighs 1, each rewritten one
-``SEARCH_REWRITE_WEIGHT``. So what the question itself finds keeps its lead unless the
+``REWRITE_WEIGHT``. So what the question itself finds keeps its lead unless the
 rewrites agree on something else.
 
 Never the default, and never in the way: without ``LLM_BASE_URL`` a search asking for
@@ -37,6 +37,10 @@ from knowledge.search import Hit, SearchError, SearchRequest, search_chunks
 logger = logging.getLogger(__name__)
 FEATURE = "Query rewriting"
 MAX_QUERY_CHARS = 500
+# Queries the model is asked for at most, and the weight of each one's ranking in the
+# fusion (the question's own ranking weighs 1).
+REWRITE_QUERIES = 3
+REWRITE_WEIGHT = 0.5
 
 PROMPT = """You help a search engine find passages in a person's notes, documents and \
 conversations. Rewrite the question below into {n} different short search queries, each \
@@ -67,10 +71,10 @@ def rewrite_wanted(asked: bool | None) -> bool:
 
 
 def rewrite_queries(query: str, *, llm: ChatLLM) -> tuple[list[str], str]:
-    """Up to ``SEARCH_REWRITE_QUERIES`` queries other than ``query`` written by ``llm``,
+    """Up to ``REWRITE_QUERIES`` queries other than ``query`` written by ``llm``,
     and the model that answered. Raises ``ProviderError`` when the LLM fails,
     ``ValueError`` when its answer holds no usable query."""
-    wanted = settings.SEARCH_REWRITE_QUERIES
+    wanted = REWRITE_QUERIES
     kwargs: dict[str, Any] = {
         "temperature": 0,
         "max_tokens": 40 * wanted + 40,
@@ -140,7 +144,7 @@ def search_rewritten(
         logger.warning(json.dumps({"event": "query_rewrite_failed", "error": error}))
         return RewrittenSearch(search_chunks(bases=bases, request=request), error=error)
     rankings = [(1.0, search_chunks(bases=bases, request=request))]
-    weight = float(settings.SEARCH_REWRITE_WEIGHT)
+    weight = REWRITE_WEIGHT
     for text in queries:
         # A rewritten query is text only: the caller's vector, if any, embeds the original.
         other = replace(request, query=text, vector=None)

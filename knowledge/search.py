@@ -23,7 +23,17 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from knowledge.models import KnowledgeBase
 from knowledge.retrieval import bm25
-from knowledge.retrieval.engine import CANDIDATES, Collection, Context, Leg, Ranking, Scope, rank
+from knowledge.retrieval.db import Statement
+from knowledge.retrieval.engine import (
+    CANDIDATES,
+    Collection,
+    Context,
+    Leg,
+    Ranking,
+    Scope,
+    rank,
+    statement,
+)
 from knowledge.retrieval.vectors import vector_leg
 from knowledge.selectors import kb_embedder
 
@@ -185,14 +195,18 @@ def _keyword_leg(bases: list[KnowledgeBase], request: SearchRequest, pool: int) 
     return _merged(legs, lambda r: (-r[1], r[0]), pool) or Leg("", [], [], rows=[])
 
 
-def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list[Hit]:
-    """Rank chunks of ``bases`` for ``request``; returns at most ``top_k`` hits."""
+def _validate(request: SearchRequest) -> None:
     if request.mode not in MODES:
         raise SearchError(f"mode must be one of {', '.join(MODES)}")
     if request.mode == "keyword" and not request.query:
         raise SearchError("keyword search needs a text query")
-    if not bases:
-        return []
+
+
+def _plan(
+    bases: list[KnowledgeBase], request: SearchRequest
+) -> tuple[Leg | None, Leg | None, Ranking]:
+    """The search's legs and how they are fused."""
+    _validate(request)
     top_k = request.top_k
     pool = top_k if request.mode != "hybrid" else max(top_k * 3, CANDIDATES)
     vector = _vector_leg(bases, request, pool) if request.mode != "keyword" else None
@@ -210,12 +224,27 @@ def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list
         now=timezone.now(),
         neighbours=_neighbours(request, [str(kb.pk) for kb in bases]),
     )
+    return vector, keyword, ranking
+
+
+def search_chunks(*, bases: list[KnowledgeBase], request: SearchRequest) -> list[Hit]:
+    """Rank chunks of ``bases`` for ``request``; returns at most ``top_k`` hits."""
+    if not bases:
+        _validate(request)
+        return []
+    vector, keyword, ranking = _plan(bases, request)
     rows = sum(kb.chunk_count for kb in bases)
     split = rows >= SPLIT_MIN_ROWS and not connection.in_atomic_block
-    return [_hit(row) for row in rank(CHUNKS, vector, keyword, ranking, split)]
+    return [hit_of(row) for row in rank(CHUNKS, vector, keyword, ranking, split)]
 
 
-def _hit(row: dict[str, Any]) -> Hit:
+def chunk_statement(*, bases: list[KnowledgeBase], request: SearchRequest) -> Statement:
+    """``search_chunks`` as one statement, for a caller that sends it beside statements of
+    its own (a memory store's retrieve call); its rows give hits through ``hit_of``."""
+    return statement(CHUNKS, *_plan(bases, request))
+
+
+def hit_of(row: dict[str, Any]) -> Hit:
     extra = row.pop("metadata") or {}
     if isinstance(extra, str):  # Django's connection loads jsonb as text
         extra = json.loads(extra)

@@ -346,63 +346,15 @@ SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 
 # --- Knowledge bases and retrieval ----------------------------------------------------
-# Scopes (bases x filters) up to this many chunks are searched exactly; larger ones
-# through the HNSW index (iterative scan on pgvector >= 0.8), redone exactly if short.
-SEARCH_EXACT_MAX_ROWS = env_int("SEARCH_EXACT_MAX_ROWS", 10000, minimum=0)
-SEARCH_MAX_SCAN_TUPLES = env_int("SEARCH_MAX_SCAN_TUPLES", 100000, minimum=1000)
-# Hybrid search (knowledge/fusion.py): each leg's best SEARCH_CANDIDATES chunks, fused
-# by weighted min-max scores (or reciprocal ranks: "rrf", with SEARCH_RRF_K), then each
-# chunk earns SEARCH_CONTEXT_WEIGHT ** d x the best score of its neighbours d steps away,
-# up to SEARCH_CONTEXT_WINDOW steps (0: off).
-SEARCH_FUSION = env_choice("SEARCH_FUSION", "weighted", ("weighted", "rrf"))
-SEARCH_VECTOR_WEIGHT = env_float("SEARCH_VECTOR_WEIGHT", 0.4, minimum=0.0)
-SEARCH_CANDIDATES = env_int("SEARCH_CANDIDATES", 50, minimum=1)
-SEARCH_CONTEXT_WEIGHT = env_float("SEARCH_CONTEXT_WEIGHT", 0.5, minimum=0.0)
-SEARCH_CONTEXT_WINDOW = env_int("SEARCH_CONTEXT_WINDOW", 2, minimum=0)
-SEARCH_RRF_K = env_int("SEARCH_RRF_K", 10, minimum=1)
-# BM25 (keyword leg): term-frequency saturation and length normalisation (b 0.3 beat
-# 0.5/0.75/0.9 on LoCoMo conv-26: short turns, BENCHMARKS.md).
-SEARCH_BM25_K1 = env_float("SEARCH_BM25_K1", 1.2, minimum=0.0)
-SEARCH_BM25_B = env_float("SEARCH_BM25_B", 0.3, minimum=0.0)
-# Top-k pruning of the keyword leg (knowledge/bm25.py): same results, fewer chunks read.
-SEARCH_BM25_PRUNE = env_bool("SEARCH_BM25_PRUNE", True)
-# hnsw.ef_search for index scans (at least 2 x the candidates wanted). pgvector's 40
-# left recall@10 at 0.967-0.978 on 100,000 chunks, 100 gives 0.99 (BENCHMARKS.md) ...
-SEARCH_EF_SEARCH = env_int("SEARCH_EF_SEARCH", 100, minimum=10)
-# ... and grows with log10 of the index size past 100,000 rows (200 at 1M).
-SEARCH_EF_SEARCH_SCALE = env_bool("SEARCH_EF_SEARCH_SCALE", True)
-SEARCH_ITERATIVE_SCAN = env_choice(
-    "SEARCH_ITERATIVE_SCAN", "strict_order", ("strict_order", "relaxed_order")
-)
-# Run the vector and keyword rankings of a hybrid search on two connections at once
-# (outside transactions only: inside one, both must see its uncommitted writes).
-SEARCH_PARALLEL_LEGS = env_bool("SEARCH_PARALLEL_LEGS", True)
-SEARCH_PARALLEL_WORKERS = env_int("SEARCH_PARALLEL_WORKERS", 4, minimum=1)
-# A hybrid search with the default fusion and context, one embedder and one language, and
-# an unpruned keyword leg (scopes under 100,000 chunks, or filtered) runs as one statement
-# in one round trip, same ranking (knowledge/search.py); false: its legs run apart.
-SEARCH_ONE_STATEMENT = env_bool("SEARCH_ONE_STATEMENT", True)
-# From this many chunks in the searched bases, that statement's two legs run at once on
-# two connections (with SEARCH_PARALLEL_LEGS, outside transactions), then a third
-# statement fuses them: same ranking; the longer leg's time instead of both.
-SEARCH_SPLIT_MIN_ROWS = env_int("SEARCH_SPLIT_MIN_ROWS", 2000, minimum=0)
+# (How search ranks is the retrieval engine's, knowledge/retrieval, and each collection's:
+# named constants in the code, not settings.)
 # Query rewriting (knowledge/rewrite.py), opt-in: a search asking "rewrite": true (or every
-# search that does not say, with SEARCH_REWRITE) has the chat LLM write up to
-# SEARCH_REWRITE_QUERIES other queries; their searches are fused with the original's,
-# each weighing SEARCH_REWRITE_WEIGHT of it. Needs LLM_BASE_URL; model
-# SEARCH_REWRITE_MODEL (default: LLM_MODEL); an LLM failure searches as asked.
+# search that does not say, with SEARCH_REWRITE) has the chat LLM write other queries,
+# searched and fused with the original. Needs LLM_BASE_URL; model SEARCH_REWRITE_MODEL
+# (default: LLM_MODEL); an LLM failure searches as asked.
 SEARCH_REWRITE = env_bool("SEARCH_REWRITE", False)
-SEARCH_REWRITE_QUERIES = env_int("SEARCH_REWRITE_QUERIES", 3, minimum=1)
-SEARCH_REWRITE_WEIGHT = env_float("SEARCH_REWRITE_WEIGHT", 0.5, minimum=0.0)
 SEARCH_REWRITE_MODEL = env_str("SEARCH_REWRITE_MODEL")
 SEARCH_REWRITE_TIMEOUT = env_float("SEARCH_REWRITE_TIMEOUT", 10.0, minimum=0.1)
-# New chunks wait for the background indexer (knowledge.tasks.index_pending_chunks)
-# instead of paying for HNSW insertion in the write; searches rank them exactly
-# meanwhile. False = insert into the HNSW index inside the ingestion transaction.
-KNOWLEDGE_DEFERRED_INDEXING = env_bool("KNOWLEDGE_DEFERRED_INDEXING", True)
-KNOWLEDGE_INDEX_BATCH = env_int("KNOWLEDGE_INDEX_BATCH", 200, minimum=1)
-# One indexer run stops after this long and queues its successor (below Q_TIMEOUT).
-KNOWLEDGE_INDEX_RUN_SECONDS = env_float("KNOWLEDGE_INDEX_RUN_SECONDS", 60.0, minimum=1.0)
 INGEST_MAX_DOCUMENTS = env_int("INGEST_MAX_DOCUMENTS", 1000, minimum=1)
 INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimum=100)
 # A POST .../documents with more characters than this answers 202 with a job (the
@@ -430,11 +382,6 @@ MEMORY_STORE_FILE_ROOTS = env_list("MEMORY_STORE_FILE_ROOTS", [])
 # Inline base64 data in a written snapshot block is kept up to this size; larger data
 # is replaced by a reference (name, MIME type, size, sha256).
 MEMORY_STORE_INLINE_MAX_BYTES = env_int("MEMORY_STORE_INLINE_MAX_BYTES", 256 * 1024, minimum=0)
-# Simple stores up to this many items are searched exactly; larger ones through the
-# HNSW index of their dimension (pgvector's iterative scan, filtered to the store).
-MEMORY_STORE_EXACT_MAX_ITEMS = env_int("MEMORY_STORE_EXACT_MAX_ITEMS", 2000, minimum=0)
-# hnsw.ef_search for those index scans (at least twice the candidates wanted).
-MEMORY_STORE_EF_SEARCH = env_int("MEMORY_STORE_EF_SEARCH", 100, minimum=1)
 # The "Related Memories" block of a retrieve call, when the caller sends no max_tokens.
 MEMORY_STORE_PROMPT_MAX_TOKENS = env_int("MEMORY_STORE_PROMPT_MAX_TOKENS", 1000, minimum=20)
 

@@ -407,3 +407,69 @@ def bm25_adhoc(
     with connection.cursor() as cur:
         cur.execute(sql, [*docs_params, language, language, text, limit])
         return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+# --- BM25 with statistics counted as it goes (facts, store items) -----------------------
+# Collections whose scopes are small enough that every row holding a query word is read
+# to be scored: the document frequencies are counted from those rows, exact and at no
+# extra read; N and the total length come from counters on the scope's own row, kept by
+# triggers (one row read, where a count of a 10,000-row scope's lengths would read every
+# row: BENCHMARKS.md, "Memory engine, fifth pass"). The rows of a scope hold its token in
+# their text vector (``token``: a lexeme no text can give), so its matches are one GIN
+# lookup of the query's lexemes AND the token; ``dl`` leaves the token out.
+_COUNTED_SQL = """WITH q AS MATERIALIZED (
+    SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') FROM unnest(x.ls) l), '')::tsquery
+           AS words, x.ls AS lexemes, quote_literal(%s)::tsquery AS scope
+    FROM (SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s)) AS ls) x
+),
+km AS MATERIALIZED (
+    SELECT id, {column} AS tv, {newest} AS o, ({filter}) AS ok FROM {table}, q
+    WHERE numnode(q.words) > 0 AND {column} @@ (q.words && q.scope){extra}
+),
+kt AS MATERIALIZED (
+    SELECT m.id, u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf
+    FROM km m, q, unnest(ts_filter(setweight(m.tv, 'A', q.lexemes), '{{a}}')) u
+),
+ks AS MATERIALIZED (
+    SELECT t.n::float8 AS n, greatest(t.l, 1)::float8 / greatest(t.n, 1)::float8 AS avgdl
+    FROM ({totals}) t(n, l) WHERE EXISTS (SELECT 1 FROM km)
+),
+ki AS MATERIALIZED (
+    SELECT t.lexeme, ln(1::float8 + (k.n - count(*) + 0.5::float8) / (count(*) + 0.5::float8))
+           AS idf
+    FROM kt t, ks k GROUP BY t.lexeme, k.n
+)
+SELECT m.id, sum(i.idf * t.tf * ({k1}::float8 + 1::float8) / (t.tf + {k1}::float8
+       * (1::float8 - {b}::float8 + {b}::float8 * (length(m.tv) - 1) / k.avgdl))) AS score
+FROM km m JOIN kt t ON t.id = m.id JOIN ki i ON i.lexeme = t.lexeme CROSS JOIN ks k
+WHERE m.ok GROUP BY m.id, m.o ORDER BY score DESC, m.o DESC, m.id LIMIT {pool}"""
+
+
+def counted_leg(
+    *,
+    table: str,
+    token: str,
+    text: str,
+    totals: tuple[str, list[Any]],
+    pool: int,
+    language: str = "english",
+    newest: str = "NULL::timestamptz",
+    filter: tuple[str, list[Any]] = ("true", []),
+    extra: tuple[str, list[Any]] | None = None,
+) -> Leg | None:
+    """The keyword leg of a scope whose rows hold ``token``: (id, BM25 score) of the
+    ``pool`` best rows holding a word of ``text`` and passing ``filter`` (ties: the
+    newer ``newest`` first, then id), None for a text without words. The statistics are
+    the whole scope's, whatever the filter: ``totals`` gives its row count and total
+    length in lexemes (the token left out). ``extra``: more matching rows of the scope
+    that do not hold its token (the facts a scope shares), as (id, tv, o, ok) over ``q``
+    (``words``: the query's tsquery)."""
+    if not re.search(r"\w", text):
+        return None
+    sql = _COUNTED_SQL.format(
+        column="search_vector", newest=newest, filter=filter[0], table=table,
+        extra="" if extra is None else f" UNION ALL {extra[0]}", totals=totals[0],
+        k1=repr(K1), b=repr(B), pool=int(pool),
+    )  # fmt: skip
+    params = [token, language, text, *filter[1], *(extra[1] if extra else []), *totals[1]]
+    return Leg("/* keyword leg */" + sql, params, [])

@@ -25,6 +25,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -68,6 +69,16 @@ def _adapt_vectors(raw: psycopg.Connection[Any]) -> None:
         _with_vector_dumpers.add(raw)
 
 
+@dataclass(frozen=True)
+class Statement:
+    """A statement to run: SQL, parameters, whether to prepare it, settings it needs."""
+
+    sql: str
+    params: list[Any]
+    prepare: bool = True
+    local: list[Setting] = field(default_factory=list)
+
+
 def fetch(
     sql: str, params: list[Any], prepare: bool = True, local: list[Setting] | None = None
 ) -> tuple[list[tuple[Any, ...]], list[str]]:
@@ -75,10 +86,18 @@ def fetch(
 
     ``prepare=False``: planned for these values each time, for a statement whose best
     plan depends on them. ``local``: settings for the statement, sent before it in the
-    same round trip (pipeline mode: both are sent, then one Sync; outside a transaction
-    the two form one implicit transaction, so the settings end with it).
+    same round trip.
     """
+    return fetch_all([Statement(sql, params, prepare, local or [])])[0]
+
+
+def fetch_all(statements: list[Statement]) -> list[tuple[list[tuple[Any, ...]], list[str]]]:
+    """(rows, column names) of each statement, all sent at once and answered in one
+    round trip (pipeline mode: the statements, each after its settings, then one Sync;
+    outside a transaction they form one implicit transaction, so the settings end with
+    it)."""
     started = time.monotonic()
+    out = []
     with connection.wrap_database_errors:
         connection.ensure_connection()
         connection.validate_no_broken_transaction()
@@ -89,22 +108,32 @@ def fetch(
             # Django's own (client-side) cursors never prepare.
             raw.prepare_threshold = _ONLY_WHEN_ASKED
         _adapt_vectors(raw)
-        with psycopg.Cursor(raw) as first, psycopg.Cursor(raw) as cur:
-            if local:
-                setting_sql = "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in local)
-                with raw.pipeline():
-                    first.execute(
-                        setting_sql, [str(v) for pair in local for v in pair], prepare=True
-                    )
-                    cur.execute(sql, params, prepare=prepare)
+        cursors = [(psycopg.Cursor(raw), psycopg.Cursor(raw)) for _ in statements]
+        try:
+            if len(statements) == 1 and not statements[0].local:
+                cursors[0][1].execute(statements[0].sql, statements[0].params,
+                                      prepare=statements[0].prepare)  # fmt: skip
             else:
-                cur.execute(sql, params, prepare=prepare)
-            rows = cur.fetchall()
-            names = [c.name for c in cur.description or ()]
+                with raw.pipeline():
+                    for (first, cur), s in zip(cursors, statements):
+                        if s.local:
+                            setting_sql = "SELECT " + ", ".join(
+                                "set_config(%s, %s, true)" for _ in s.local
+                            )
+                            params = [str(v) for pair in s.local for v in pair]
+                            first.execute(setting_sql, params, prepare=True)
+                        cur.execute(s.sql, s.params, prepare=s.prepare)
+            for _, cur in cursors:
+                out.append((cur.fetchall(), [c.name for c in cur.description or ()]))
+        finally:
+            for first, cur in cursors:
+                first.close()
+                cur.close()
     if connection.queries_logged:
         elapsed = f"{time.monotonic() - started:.3f}"
-        connection.queries_log.append({"sql": f"{sql} -- {params!r}", "time": elapsed})
-    return rows, names
+        for s in statements:
+            connection.queries_log.append({"sql": f"{s.sql} -- {s.params!r}", "time": elapsed})
+    return out
 
 
 _legs_executor: ThreadPoolExecutor | None = None

@@ -34,17 +34,16 @@ operations). Ties: the collection's ``tiebreak``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
 
-from knowledge.retrieval.db import Setting, both, fetch
+from knowledge.retrieval.db import Setting, Statement, both, fetch, fetch_all
 
 # Rows each leg hands to fusion, at least (3 x the page wanted when that is more).
 CANDIDATES = 50
-RRF_K = 10
 
 
 @dataclass(frozen=True)
@@ -90,11 +89,13 @@ class Collection:
 @dataclass(frozen=True)
 class Scope:
     """Which rows a search ranks: a condition on the collection's rows (``sql`` with
-    ``params``), and how many rows it holds when that is known without counting."""
+    ``params``), and how many rows it holds when that is known without counting
+    (``rows``), or a statement reading that count (``size``: a counter on a row)."""
 
     sql: str
     params: list[Any]
     rows: int | None = None
+    size: tuple[str, list[Any]] | None = None
 
 
 @dataclass
@@ -130,14 +131,7 @@ class Ranking:
     context: bool = True
     neighbours: tuple[str, list[Any]] = ("true", [])
     vector_weight: float | None = None
-
-
-@dataclass
-class Ranked:
-    """Rows of ``_fuse_sql``: the hits best first, as dicts of the collection's
-    ``details`` plus score, vrank, krank, vscore, kscore."""
-
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    vector_required: bool = False  # only rows of the vector leg (within max_distance)
 
 
 def _pinned() -> list[Setting]:
@@ -282,9 +276,10 @@ def _fuse_sql(
     # The rows are read here only when the page depends on them (a row's time, a
     # tie broken by a column, a neighbour's filters).
     join = f" JOIN {c.table} t ON t.id = r.id" if "t." in score + keep + c.tiebreak else ""
+    where = f"(r.candidate OR {keep})" + (" AND r.vscore IS NOT NULL" if r.vector_required else "")
     ctes.append(
         f"top AS (SELECT r.id, {score} AS score, r.vrank, r.krank, r.vscore, r.kscore"
-        f" FROM ranked r{join} WHERE r.candidate OR {keep}"
+        f" FROM ranked r{join} WHERE {where}"
         f" ORDER BY 2 DESC, {c.tiebreak.format(top='r')} LIMIT {int(r.limit)}"
         f" OFFSET {int(r.offset)})"
     )
@@ -299,16 +294,25 @@ def _fuse_sql(
     return sql, params
 
 
-def rank(
-    c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking, split: bool = False
-) -> list[dict[str, Any]]:
-    """The page of hits ``r`` asks for, best first (``Ranked``). ``split``: run the legs
-    on two connections at once first (outside a transaction), then fuse their rows."""
-    if split and vector is not None and keyword is not None and not connection.in_atomic_block:
-        both(vector.run, keyword.run)
+def statement(c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking) -> Statement:
+    """The search as one statement (its legs inline, or their rows once run apart)."""
     sql, params = _fuse_sql(c, vector, keyword, r)
     inline = [leg for leg in (vector, keyword) if leg is not None and leg.rows is None]
     local = [s for leg in inline for s in leg.local]
-    prepare = all(leg.prepare for leg in inline)
-    rows, names = fetch(sql, params, prepare, local + _pinned())
+    return Statement(sql, params, all(leg.prepare for leg in inline), local + _pinned())
+
+
+def rows_of(result: tuple[list[tuple[Any, ...]], list[str]]) -> list[dict[str, Any]]:
+    rows, names = result
     return [dict(zip(names, row)) for row in rows]
+
+
+def rank(
+    c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking, split: bool = False
+) -> list[dict[str, Any]]:
+    """The page of hits ``r`` asks for, best first: dicts of the collection's ``details``
+    plus score, vrank, krank, vscore, kscore. ``split``: run the legs on two connections
+    at once first (outside a transaction), then fuse their rows."""
+    if split and vector is not None and keyword is not None and not connection.in_atomic_block:
+        both(vector.run, keyword.run)
+    return rows_of(fetch_all([statement(c, vector, keyword, r)])[0])

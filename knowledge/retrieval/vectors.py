@@ -54,13 +54,25 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
         return Leg(f"/* vector leg, exact */{sql}", [*params, *scope.params], [], "exact")
     gate, ctes = "", [head]
     if walk is None:
-        # A scope of unknown size: counted up to exact_max + 1 rows, walked past that.
+        # A scope of unknown size: its counter read, or its rows counted up to exact_max
+        # + 1, in the statement; walked when it is not small.
         n = c.exact_max
-        ctes.append(
-            f"sm AS MATERIALIZED (SELECT count(*) <= {n} AS yes FROM "
-            f"(SELECT 1 FROM {c.table} WHERE {scope.sql} LIMIT {n + 1}) s)"
-        )
-        params += scope.params
+        if scope.size is not None:
+            rare = (
+                f"n < {float(c.walk_min_share)} * (SELECT reltuples FROM pg_class"
+                f" WHERE oid = '{c.table}'::regclass) AND n <= {int(c.exact_cap)}"
+            )
+            ctes.append(
+                f"sm AS MATERIALIZED (SELECT n <= {n} OR ({rare}) AS yes"
+                f" FROM (SELECT coalesce(({scope.size[0]}), 0) AS n) s)"
+            )
+            params += scope.size[1]
+        else:
+            ctes.append(
+                f"sm AS MATERIALIZED (SELECT count(*) <= {n} AS yes FROM "
+                f"(SELECT 1 FROM {c.table} WHERE {scope.sql} LIMIT {n + 1}) s)"
+            )
+            params += scope.params
         gate = " AND NOT (SELECT yes FROM sm)"
     pending = f" AND NOT {c.pending}" if c.pending else ""
     # The walk's scope is written so that no b-tree index can serve it: the scope is

@@ -19,7 +19,7 @@ from core.health import pgvector_supports_iterative_scan, pgvector_version
 from core.hnsw import index_type
 from core.scoring import decay
 from knowledge.models import INDEXED_DIMENSIONS
-from knowledge.retrieval import bm25
+from knowledge.retrieval import bm25, hnsw
 from knowledge.retrieval import db as prepared
 from knowledge.retrieval.bm25 import bm25_adhoc
 from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
@@ -403,7 +403,10 @@ def _hnsw_settings(limit: int) -> list[tuple[str, object]]:
     ``limit`` rows are found or the scan cap)."""
     local: list[tuple[str, object]] = [("hnsw.ef_search", min(1000, max(40, limit)))]
     if _iterative_scan():
-        local += [("hnsw.iterative_scan", "strict_order"), ("hnsw.max_scan_tuples", 100_000)]
+        local += [
+            ("hnsw.iterative_scan", "strict_order"),
+            ("hnsw.max_scan_tuples", hnsw.MAX_SCAN_TUPLES),
+        ]
     return local
 
 

@@ -29,8 +29,8 @@ from memories.stores.backends.base import (
     WriteIn,
     WriteResult,
 )
-from memories.stores.backends.sql import SearchBatch
 from memories.stores.models import STAGES, MemoryAttachment, MemoryStore
+from memories.stores.search import SearchBatch
 from memories.stores.selectors import node_attachments
 from memories.stores.services import backend_for
 from memories.stores.text import snapshot_from

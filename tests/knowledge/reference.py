@@ -31,6 +31,17 @@ def weighted_scores(
     return out
 
 
+def max_scores(
+    vector: Sequence[tuple[K, float]], keyword: Sequence[tuple[K, float]], vector_weight: float
+) -> dict[K, float]:
+    """w x similarity (negative counts as 0) + (1 - w) x BM25 over the best BM25."""
+    best = max((s for _, s in keyword), default=0.0) or 1.0
+    out = {key: vector_weight * max(sim, 0.0) for key, sim in vector}
+    for key, score in keyword:
+        out[key] = out.get(key, 0.0) + (1.0 - vector_weight) * score / best
+    return out
+
+
 def rrf_scores(vector: Sequence[tuple[K, float]], keyword: Sequence[tuple[K, float]], k: int):
     out: dict[K, float] = {}
     for leg in (vector, keyword):
@@ -69,6 +80,7 @@ def ranked(
     *,
     limit: int,
     weight: float = 0.4,
+    fusion: str = "minmax",
     rrf_k: int | None = None,
     max_distance: float | None = None,
     neighbours: Callable[[K], tuple[list[K], list[K]]] | None = None,
@@ -86,6 +98,8 @@ def ranked(
         scores = dict(sims or words)
     elif rrf_k is not None:
         scores = rrf_scores(sims, words, rrf_k)
+    elif fusion == "max":
+        scores = max_scores(sims, words, weight)
     else:
         scores = weighted_scores(sims, words, weight)
     ranks = {k: (r, 10**9) for r, (k, _) in enumerate(sims, start=1)}
@@ -101,5 +115,8 @@ def ranked(
         for key in scores:
             age = max(0.0, (now - time_of(key)).total_seconds() / 86400)
             scores[key] *= math.pow(0.5, age / half_life)
-    order = sorted(scores, key=lambda k: (-scores[k], *ranks.get(k, (10**9, 10**9)), k))
+    if fusion == "max":  # (ties: by id)
+        order = sorted(scores, key=lambda k: (-scores[k], k))
+    else:
+        order = sorted(scores, key=lambda k: (-scores[k], *ranks.get(k, (10**9, 10**9)), k))
     return [(k, scores[k]) for k in order[:limit]]

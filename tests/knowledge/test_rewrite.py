@@ -8,6 +8,7 @@ import json
 import pytest
 
 from core.providers.json_answer import parse_json_object
+from knowledge import rewrite
 from knowledge.models import Chunk
 from knowledge.rewrite import EXAMPLE_QUESTION, fuse_rankings, valid_queries
 from knowledge.search import Hit
@@ -67,9 +68,11 @@ def test_rewritten_queries_are_searched_and_fused(alice_client, kb, llm_settings
     assert messages[-1] == {"role": "user", "content": "holiday"}
 
 
-def test_hybrid_rewrite_and_the_model_setting(alice_client, kb, llm_settings, openai_server):
+def test_hybrid_rewrite_and_the_model_setting(
+    alice_client, kb, llm_settings, openai_server, monkeypatch
+):
     llm_settings.SEARCH_REWRITE_MODEL = "rewriter"
-    llm_settings.SEARCH_REWRITE_QUERIES = 1
+    monkeypatch.setattr(rewrite, "REWRITE_QUERIES", 1)
     openai_server.push(_answer("two weeks in Crete", "ignored: over the limit"))
     response = _search(alice_client, kb, query="holiday", rewrite=True, top_k=2)
     assert response.status_code == 200

@@ -12,8 +12,8 @@ if store_type("simple") is None:  # ready() runs once per process, but be safe o
         "simple",
         config_cls=SimpleConfig,
         factory=SimpleStore,
-        summary="Turns summarised, deduplicated and searched by cosine with a lexical rerank "
-        "(PostgreSQL + pgvector); recency retrieval without an embedder.",
+        summary="Turns summarised, deduplicated and searched by meaning and by keyword "
+        "(pgvector and BM25 in PostgreSQL, fused); keyword-only without an embedder.",
     )
     register_memory_store(
         "file",

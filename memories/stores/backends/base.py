@@ -16,7 +16,7 @@ from memories.stores.models import MemoryStore
 from memories.stores.text import Snapshot
 
 if TYPE_CHECKING:
-    from memories.stores.backends.sql import SearchBatch
+    from memories.stores.search import SearchBatch
 
 WriteAction = Literal["added", "duplicate", "skipped"]
 

@@ -21,6 +21,7 @@ from memories.stores.backends.base import (
 from memories.stores.backends.simple import IGNORED_PATH_HELP
 from memories.stores.models import MemoryItem
 from memories.stores.registry import StrictConfig
+from memories.stores.search import Newest
 from memories.stores.text import attachment_overview, turn_summary
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw]?)$")
@@ -63,7 +64,7 @@ class BlackboardConfig(StrictConfig):
 
 
 class BlackboardStore(StoreBackend):
-    _newest: sql.Newest | None = None  # this call's read, from prepare_retrieve
+    _newest: Newest | None = None  # this call's read, from prepare_retrieve
 
     def _oldest_kept(self) -> datetime | None:
         age = parse_duration(self.config.get("max_age"))
@@ -72,7 +73,7 @@ class BlackboardStore(StoreBackend):
     def prepare_retrieve(self, query: RetrieveQuery) -> None:
         # Entries past max_age are left out even before a write trims them. The read
         # goes in the call's one round trip; ``since`` is taken once, here.
-        self._newest = sql.Newest(str(self.store.pk), query.top_k, self._oldest_kept())
+        self._newest = Newest(str(self.store.pk), query.top_k, self._oldest_kept())
         if query.searches is not None:
             query.searches.add(self._newest)
 
@@ -81,7 +82,7 @@ class BlackboardStore(StoreBackend):
         if search is None or search.limit != query.top_k:  # not prepared
             return sql.newest(self.store.pk, query.top_k, since=self._oldest_kept())
         if query.searches is not None:
-            return query.searches.newest_result(search)
+            return query.searches.result(search)  # type: ignore[no-any-return]
         return sql.newest(search.store_id, search.limit, since=search.since)
 
     def update(self, write: WriteIn, prepared: Any) -> WriteResult:

@@ -30,9 +30,9 @@ from knowledge.services import (
     knowledge_base_delete_chunks,
 )
 from memories.stores.backends.base import RetrieveQuery, StoreBackend, StoreHit
-from memories.stores.backends.sql import ChunkNearest, nearest_all
 from memories.stores.embedding import EmbeddingBlock
 from memories.stores.registry import StrictConfig
+from memories.stores.search import ChunkSearch, run
 from memories.stores.text import key_content
 
 IGNORED_INDEX_HELP = "Accepted for DevAll configs and ignored: the index lives in PostgreSQL"
@@ -192,16 +192,14 @@ class FileStore(StoreBackend):
             return None
         return query.vectors.for_embedder(embedder, text)
 
-    def _search(self, query: RetrieveQuery) -> ChunkNearest | None:
+    def _search(self, query: RetrieveQuery) -> ChunkSearch | None:
         vector = self._query_vector(query)
         if vector is None:
             return None
-        kb = self.knowledge_base
-        threshold = query.similarity_threshold
-        max_distance = None if threshold <= -1 else 1.0 - threshold
-        return ChunkNearest.of(
-            kb.pk, vector, query.top_k, max_distance, kb.embedding_dimensions, kb.chunk_count
-        )
+        text = key_content(query.text, max_chars=500)
+        threshold = None if query.similarity_threshold <= -1 else query.similarity_threshold
+        data = np.asarray(vector, dtype=np.float64).tobytes()
+        return ChunkSearch(self.knowledge_base, text, data, query.top_k, threshold)
 
     def prepare_retrieve(self, query: RetrieveQuery) -> None:
         search = self._search(query)  # the query embedded, outside any transaction
@@ -209,24 +207,23 @@ class FileStore(StoreBackend):
             query.searches.add(search)
 
     def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
-        """The chunks nearest the query's key sentences, in the call's one round trip:
-        an exact scan of a base of up to ``MEMORY_STORE_EXACT_MAX_ITEMS`` chunks, else
-        the chunks' HNSW index (rows not indexed yet ranked exactly beside it; a short
-        answer redone exactly), as for the items of a ``simple`` store."""
+        """The chunks best matching the query's key sentences, as a search of the store's
+        knowledge base ranks them (hybrid: meaning and keyword, ``knowledge.search``), in
+        the call's one round trip."""
         search = self._search(query)
         if search is None:
             return []
-        if query.searches is not None:
-            found = query.searches.chunk_result(search)
-        else:
-            found = nearest_all([], [search])[1][0]
+        found = query.searches.result(search) if query.searches is not None else run([search])[0]
         return [
             StoreHit(
-                id=f"chunk:{hit.id}",
+                id=f"chunk:{hit.chunk_id}",
                 content=hit.text,
-                score=hit.similarity,
-                similarity=hit.similarity,
-                metadata={"file_path": hit.file_path, "chunk_index": hit.chunk_index},
+                score=hit.score,
+                similarity=hit.vector_score,
+                metadata={
+                    "file_path": hit.metadata.get("file_path", ""),
+                    "chunk_index": hit.metadata.get("chunk_index"),
+                },
             )
             for hit in found
         ]

@@ -1,4 +1,4 @@
-"""``simple``: summarised turns in PostgreSQL, searched with pgvector and reranked."""
+"""``simple``: summarised turns in PostgreSQL, searched by meaning and by keyword."""
 
 from __future__ import annotations
 
@@ -21,14 +21,8 @@ from memories.stores.backends.base import (
 from memories.stores.embedding import EmbeddingBlock
 from memories.stores.models import MemoryItem
 from memories.stores.registry import StrictConfig
-from memories.stores.text import (
-    attachment_overview,
-    key_content,
-    lexical_score,
-    summary_hash,
-    turn_summary,
-    words,
-)
+from memories.stores.search import ItemSearch, run
+from memories.stores.text import attachment_overview, key_content, summary_hash, turn_summary
 
 IGNORED_PATH_HELP = "Accepted for DevAll configs and ignored: items live in PostgreSQL"
 
@@ -56,7 +50,7 @@ class SimpleConfig(StrictConfig):
         min_value=0.0,
         max_value=1.0,
         default=0.3,
-        help_text="Share of the lexical score (Jaccard + LCS) in the final score",
+        help_text="Share of the keyword match (BM25 over the store's items) in the score",
     )
 
 
@@ -68,41 +62,29 @@ class _Prepared:
 
 
 class SimpleStore(StoreBackend):
-    def _query_vector(self, query: RetrieveQuery) -> tuple[str, np.ndarray | None]:
+    def _search(self, query: RetrieveQuery) -> ItemSearch:
+        """The store's items best matching the query: by meaning (when the store embeds)
+        and by keyword, fused (``memories.stores.search``); the query's key sentences
+        (``key_content``) are what is embedded and matched."""
         embedder = self.embedder()
         text = key_content(query.text, max_chars=self.config["max_content_length"])
-        if embedder is None or not text:
-            return text, None
-        return text, query.vectors.for_embedder(embedder, text)
-
-    def _search(self, query: RetrieveQuery, vector: np.ndarray) -> sql.Nearest:
-        cut = None if query.similarity_threshold <= -1 else 1.0 - query.similarity_threshold
-        return sql.Nearest.of(
-            self.store.pk, vector, query.top_k * 3, cut, self.store.embedding_dimensions
+        vector = (
+            None if embedder is None or not text else query.vectors.for_embedder(embedder, text)
         )
+        cut = None if query.similarity_threshold <= -1 else 1.0 - query.similarity_threshold
+        return ItemSearch.of(
+            self.store, text, vector, query.top_k, cut, self.config["rerank_weight"]
+        )  # fmt: skip
 
     def prepare_retrieve(self, query: RetrieveQuery) -> None:
-        _, vector = self._query_vector(query)
-        if vector is not None and query.searches is not None:
-            query.searches.add(self._search(query, vector))
+        if query.searches is not None:
+            query.searches.add(self._search(query))
 
     def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
-        text, vector = self._query_vector(query)
-        if vector is None:
-            # No embedder (or nothing to compare): the newest items, as the seed degrades.
-            return sql.newest(self.store.pk, query.top_k)
-        search = self._search(query, vector)
+        search = self._search(query)
         if query.searches is not None:
-            candidates = query.searches.result(search)
-        else:
-            candidates = sql.nearest_many([search])[0]
-        weight = self.config["rerank_weight"]
-        query_words = words(text)
-        for hit in candidates:
-            lexical = lexical_score(query_words, words(hit.content))
-            hit.score = (1 - weight) * (hit.similarity or 0.0) + weight * lexical
-        candidates.sort(key=lambda h: (-(h.score or 0.0), int(h.id)))
-        return candidates[: query.top_k]
+            return query.searches.result(search)  # type: ignore[no-any-return]
+        return run([search])[0]
 
     def prepare(self, write: WriteIn) -> WriteResult | _Prepared:
         output = key_content(write.output.text, max_chars=self.config["max_content_length"])

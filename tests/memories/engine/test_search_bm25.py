@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
 
+from knowledge.retrieval import bm25
 from memories.engine.facade import MemoryEngine
 from memories.personal.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
 from memories.personal.models import EndUser, UserVector, Vector
@@ -48,7 +48,7 @@ def python_bm25(scope: EndUser, query: str) -> dict:
     """{fact id: BM25 score} of the scope's facts holding a query lexeme, computed here
     from each fact's lexemes: N, df and the mean length over the scope's facts (its
     own and the ones shared with it), k1 and b the knowledge side's."""
-    k1, b = django_settings.SEARCH_BM25_K1, django_settings.SEARCH_BM25_B
+    k1, b = bm25.K1, bm25.B
     docs = {v.pk: lexemes(v.content) for v in Vector.objects.filter(links__end_user=scope)}
     terms = set(lexemes(query))
     n = len(docs)

@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.scoring import decay
+from knowledge.retrieval import hnsw
 from memories.personal.facts import FactIn, core_fact_add
 from memories.personal.models import Vector
 from memories.personal.retrieval import _pool, core_fact_search
@@ -179,13 +180,15 @@ def test_one_statement_ranks_as_the_three_statements_did(alice, settings, exact_
     assert compared == len(QUERIES) * len(cases)
 
 
-def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(alice, settings):
+def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(
+    alice, settings, monkeypatch
+):
     """A filter only 4 facts of the scope pass: the walk (strict order, scan cap) may
     come back short; the search then ranks the scope exactly and still returns all 4."""
     embedder = Seeded()
     _seed(alice, embedder)
     settings.ENGINE_EXACT_MAX_FACTS = 10
-    settings.SEARCH_MAX_SCAN_TUPLES = 1000  # the lowest cap: walks stop early
+    monkeypatch.setattr(hnsw, "MAX_SCAN_TUPLES", 1000)  # the lowest cap: walks stop early
     rare = FactFilter(min_confidence=0.95, categories=["goal"])  # i % 3 == 2 and i % 4 == 3
     matching = Vector.objects.filter(scope__scope=["org", "big"], category="goal",
                                      confidence__gte=0.95).count()  # fmt: skip

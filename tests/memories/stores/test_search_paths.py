@@ -1,26 +1,34 @@
-"""The vector searches of a node's stores in one round trip: the same hits, in the same
-order, as each store searching alone and as a brute-force ranking of every item; the
-exact path below ``MEMORY_STORE_EXACT_MAX_ITEMS``, the halfvec HNSW index above it;
-the bit-parallel longest common subsequence against the textbook one."""
+"""The searches of a node's stores, in one round trip: each store's answer is what the
+retrieval engine's definition gives (tests/knowledge/reference.py) for its legs, the same
+as the store searching alone; the exact path up to the items collection's ``exact_max``,
+the halfvec HNSW index above it; BM25 over a store's items is exact; a file store
+searches its knowledge base as a knowledge-base search does."""
 
 from __future__ import annotations
 
+import math
 import random
-from typing import Any
+from dataclasses import replace
 
+import numpy as np
 import pytest
-from django.db import connection, transaction
-from django.test.utils import CaptureQueriesContext
+from django.db import connection
 
+from knowledge import search as knowledge_search
 from knowledge.models import Chunk
+from knowledge.retrieval import db as retrieval_db
+from knowledge.retrieval.engine import Scope
+from knowledge.retrieval.vectors import vector_leg
+from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import knowledge_index_pending
-from memories.stores.backends import sql
+from memories.stores import search as store_search
 from memories.stores.backends.base import QueryVectors, RetrieveQuery
 from memories.stores.config import memory_config_apply
 from memories.stores.models import MemoryItem, MemoryStore
 from memories.stores.runtime import node_memory_retrieve
 from memories.stores.services import backend_for
-from memories.stores.text import _lcs, key_content, lexical_score, summary_hash, words
+from memories.stores.text import key_content, summary_hash
+from tests.knowledge import reference
 
 pytestmark = pytest.mark.django_db
 
@@ -32,6 +40,7 @@ NODE_N = [  # node ``n``'s attachments of the three simple stores
     {"name": "b", "top_k": 2, "similarity_threshold": 0.15},
     {"name": "c", "top_k": 4},
 ]
+SETUP = {"a": (3, -1.0), "b": (2, 0.15), "c": (4, -1.0)}
 
 
 def _fill(store: MemoryStore, n: int, rng: random.Random) -> None:
@@ -41,16 +50,16 @@ def _fill(store: MemoryStore, n: int, rng: random.Random) -> None:
     for i in range(n):
         picked = rng.sample(TOPICS, 2) + rng.sample(FILLER, 4)
         summary = f"Input: question {i} Output: {' '.join(picked)} number {i}."
+        vector = embedder.embed([summary])[0]
         items.append(
             MemoryItem(
                 store=store,
                 content_summary=summary,
                 summary_hash=summary_hash(summary),
-                embedding=embedder.embed([summary])[0],
+                embedding=vector,
+                dimensions=len(vector),
             )
         )
-    for item in items:
-        item.dimensions = len(item.embedding)
     MemoryItem.objects.bulk_create(items)
 
 
@@ -70,45 +79,60 @@ def stores(alice, flow) -> dict[str, MemoryStore]:
                     "config": {"embedding": {"provider": "hashing", "params": {"dimensions": 768}}},
                 },
             ],
-            "nodes": [
-                {
-                    "id": "n",
-                    "flow": flow.name,
-                    "memories": NODE_N,
-                }
-            ],
+            "nodes": [{"id": "n", "flow": flow.name, "memories": NODE_N}],
         },
     )
     found = {s.name: s for s in MemoryStore.objects.filter(owner=alice)}
     rng = random.Random(7)
     for name, n in (("a", 60), ("b", 45), ("c", 30)):
         _fill(found[name], n, rng)
-    sql._sizes.clear()
     return found
+
+
+def _bm25(store: MemoryStore, text: str) -> list[tuple[int, float]]:
+    """BM25 of the store's items for ``text``, computed here from their lexemes (with
+    positions) and the formula: k1 1.2, b 0.3, idf over the store's items."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT i.id, u.lexeme, coalesce(array_length(u.positions, 1), 1), "
+            "length(i.search_vector) - 1 FROM memory_stores_memoryitem i, "
+            "unnest(i.search_vector) u WHERE i.store_id = %s AND u.lexeme NOT LIKE '~%%'",
+            [store.pk],
+        )
+        rows = cur.fetchall()
+        cur.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [text])
+        query = set(cur.fetchone()[0])
+    lengths = {i: dl for i, _, _, dl in rows}
+    n, avgdl = len(lengths), sum(lengths.values()) / max(len(lengths), 1)
+    df = {t: sum(1 for _, lex, _, _ in rows if lex == t) for t in query}
+    scores: dict[int, float] = {}
+    for i, lex, tf, dl in rows:
+        if lex in query:
+            idf = math.log(1 + (n - df[lex] + 0.5) / (df[lex] + 0.5))
+            scores[i] = scores.get(i, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.7 + 0.3 * dl / avgdl))
+    return sorted(scores.items(), key=lambda r: (-r[1], r[0]))
 
 
 def _reference(store: MemoryStore, query: str, top_k: int, threshold: float) -> list[str]:
     """The simple store's answer computed the long way: every item's exact distance
-    (pgvector's arithmetic), the top_k x 3 nearest by (distance, id), the threshold,
-    the lexical rerank."""
+    (pgvector's arithmetic) and BM25, the 50 best of each, fused as the engine defines it
+    (vector weight 1 - rerank_weight), the threshold keeping rows near enough only."""
     backend = backend_for(store)
     text = key_content(query, max_chars=backend.config["max_content_length"])
     vector = backend.embedder().embed([text])[0]
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, content_summary, embedding <=> %s::vector FROM "
-            "memory_stores_memoryitem WHERE store_id = %s",
-            [sql.vector_literal(vector), store.pk],
-        )
-        rows = sorted(cur.fetchall(), key=lambda r: (r[2], r[0]))[: top_k * 3]
-    if threshold > -1:
-        rows = [r for r in rows if 1.0 - r[2] >= threshold - 1e-9]
-    weight = backend.config["rerank_weight"]
-    scored = [
-        ((1 - weight) * (1 - d) + weight * lexical_score(words(text), words(s)), i)
-        for i, s, d in rows
-    ]
-    return [str(i) for _, i in sorted(scored, key=lambda x: (-x[0], x[1]))[:top_k]]
+    rows, _ = retrieval_db.fetch(
+        "SELECT id, embedding <=> %s::vector AS d FROM memory_stores_memoryitem "
+        "WHERE store_id = %s ORDER BY d, id LIMIT 50",
+        [retrieval_db.VectorParam(vector), store.pk],
+    )
+    cut = None if threshold <= -1 else 1.0 - threshold
+    keyword = _bm25(store, text)[:50]
+    fused = reference.ranked(
+        [(r[0], r[1]) for r in rows], keyword, limit=10**6, fusion="max",
+        weight=1.0 - backend.config["rerank_weight"], max_distance=cut,
+    )  # fmt: skip
+    near = {r[0] for r in rows if cut is None or r[1] <= cut}
+    return [str(i) for i, _ in fused if cut is None or i in near][:top_k]
 
 
 def _alone(store: MemoryStore, query: str, top_k: int, threshold: float) -> list[str]:
@@ -116,166 +140,149 @@ def _alone(store: MemoryStore, query: str, top_k: int, threshold: float) -> list
     return [h.id for h in backend_for(store).retrieve(request)]
 
 
-SETUP = {"a": (3, -1.0), "b": (2, 0.15), "c": (4, -1.0)}
+def _round_trips(monkeypatch) -> list[int]:
+    """How many statements each round trip of the retrieval engine sent."""
+    trips: list[int] = []
+    original = retrieval_db.fetch_all
+
+    def counting(statements):
+        trips.append(len(statements))
+        return original(statements)
+
+    monkeypatch.setattr(retrieval_db, "fetch_all", counting)
+    monkeypatch.setattr(store_search, "fetch_all", counting)
+    return trips
 
 
 @pytest.mark.parametrize("path", ["exact", "index"])
-def test_one_round_trip_gives_each_store_its_own_answer(stores, flow, settings, path):
+def test_one_round_trip_gives_each_store_its_own_answer(stores, flow, monkeypatch, path):
     queries = QUERIES
     if path == "index":
-        settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10  # every store: the HNSW index
+        monkeypatch.setattr(store_search, "ITEMS", replace(store_search.ITEMS, exact_max=10))
         # "x" shares no word with any item: every distance ties, and which of the tied
         # items an approximate index finds first is its own business.
         queries = QUERIES[:3]
     for query in queries:
-        with CaptureQueriesContext(connection) as captured:
-            result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
-        searches = [q["sql"] for q in captured.captured_queries if "UNION ALL" in q["sql"]]
-        assert len(searches) == 1  # the three stores' searches: one query string
-        assert searches[0].count("::vector AS v") == 2  # 384 and 768: each vector once
-        assert ("::halfvec(" in searches[0]) is (path == "index")
+        trips = _round_trips(monkeypatch)
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        assert trips == [3]  # the three stores' searches: one round trip
         got = {g.store: [h.id for h in g.hits] for g in result.stores}
         for name, (top_k, threshold) in SETUP.items():
             expected = _reference(stores[name], query, top_k, threshold)
             assert got[name] == expected, (query, name)
             assert _alone(stores[name], query, top_k, threshold) == expected
-        similarities = [h.similarity for g in result.stores for h in g.hits]
-        assert all(s is not None and -1.0 <= s <= 1.0 for s in similarities)
+        for group in result.stores:
+            for hit in group.hits:
+                assert hit.similarity is None or -1.0 <= hit.similarity <= 1.0
+                assert hit.score is not None
 
 
-def test_distances_are_the_exact_ones_on_the_index_path(stores, flow, settings):
+def test_keyword_matches_count_without_an_embedding(stores, flow):
+    """An item without a vector (or a store without an embedder) is still found by its
+    words; a query without words against a store without vectors gives the newest."""
+    store = stores["a"]
+    MemoryItem.objects.create(store=store, content_summary="Input: zebra Output: quagga")
+    request = RetrieveQuery("zebra", 3, -1.0, "", QueryVectors("zebra"))
+    hits = backend_for(store).retrieve(request)
+    assert hits[0].content == "Input: zebra Output: quagga" and hits[0].similarity is None
+
+
+def test_bm25_over_a_stores_items_is_exact(stores):
+    store = stores["a"]
+    for text in ("deploy the database", "museum invoice number", "train train quick"):
+        leg = store_search.counted_leg(
+            table=store_search.TABLE, token=f"~store:{store.pk}", text=text, pool=100,
+            totals=(store_search._TOTALS, [str(store.pk)]),
+        )  # fmt: skip
+        got = [(row[0], float(row[1])) for row in leg.run()]
+        want = _bm25(store, text)
+        assert [i for i, _ in got] == [i for i, _ in want]
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)
+
+
+def test_the_stores_counters_follow_its_items(stores):
+    store = stores["b"]
+
+    def counters():
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT item_count, text_lexemes FROM memory_stores_memorystore WHERE id = %s",
+                [store.pk],
+            )
+            row = cur.fetchone()
+            cur.execute(
+                "SELECT count(*), coalesce(sum(length(search_vector) - 1), 0) "
+                "FROM memory_stores_memoryitem WHERE store_id = %s",
+                [store.pk],
+            )
+            return row, cur.fetchone()
+
+    kept, counted = counters()
+    assert kept == counted and kept[0] == 45
+    MemoryItem.objects.filter(store=store, id__in=list(
+        MemoryItem.objects.filter(store=store).values_list("id", flat=True)[:5]
+    )).delete()  # fmt: skip
+    MemoryItem.objects.filter(store=store).update(content_summary="one two three")
+    kept, counted = counters()
+    assert kept == counted == (40, 40 * 3)
+
+
+def test_distances_are_the_exact_ones_on_the_index_path(stores, flow, monkeypatch):
     exact = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[0])
-    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10
-    sql._sizes.clear()
+    monkeypatch.setattr(store_search, "ITEMS", replace(store_search.ITEMS, exact_max=10))
     indexed = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[0])
     pairs = lambda r: [[(h.id, h.similarity, h.score) for h in g.hits] for g in r.stores]  # noqa: E731
     assert pairs(indexed) == pairs(exact)  # not the halfvec rounding: the stored vectors'
 
 
-def _plan(searches: list[sql.Nearest], path: str) -> str:
-    sql_text, params = sql._statement([(n, s, path) for n, s in enumerate(searches)])
-    with transaction.atomic(), connection.cursor() as cur:
-        settings_sql, settings_params = sql._settings(100)
-        cur.execute(settings_sql, settings_params)
-        # A few dozen rows: the planner would rather sort them. Can the index serve the
-        # statement as written (its ORDER BY reads the vector from the CTE)?
-        cur.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
-        cur.execute(f"EXPLAIN {sql_text}", params)
-        return "\n".join(row[0] for row in cur.fetchall())
+def _leg(store: MemoryStore, text: str, limit: int, exact_max: int):
+    vector = backend_for(store).embedder().embed([text])[0]
+    items = replace(store_search.ITEMS, exact_max=exact_max)
+    size = ("SELECT item_count FROM memory_stores_memorystore WHERE id = %s", [str(store.pk)])
+    scope = Scope("store_id = %s AND embedding IS NOT NULL", [str(store.pk)], size=size)
+    return vector_leg(items, scope, store.embedding_dimensions, vector, limit), vector
 
 
 def test_the_index_path_walks_the_halfvec_index_and_the_exact_path_does_not(stores):
-    vector = backend_for(stores["a"]).embedder().embed(["deploy"])[0]
-    wide = backend_for(stores["c"]).embedder().embed(["deploy"])[0]
-    searches = [
-        sql.Nearest.of(stores["a"].pk, vector, 9, None, 384),
-        sql.Nearest.of(stores["b"].pk, vector, 6, 0.85, 384),
-        sql.Nearest.of(stores["c"].pk, wide, 12, None, 768),
-    ]
-    plan = _plan(searches, "index")
-    assert plan.count("memoryitem_hnsw_half_384") == 2
-    assert plan.count("memoryitem_hnsw_half_768") == 1
-    shared = _plan(searches[:2], "shared")  # a and b: the same vector, one walk
-    assert shared.count("memoryitem_hnsw_half_384") == 1
-    assert "hnsw" not in _plan(searches, "exact")
+    for name, index in (("a", "memoryitem_hnsw_half_384"), ("c", "memoryitem_hnsw_half_768")):
+        leg, _ = _leg(stores[name], "deploy", 9, exact_max=10)
+        with connection.cursor() as cur:  # (a few dozen rows: the planner would sort)
+            cur.execute("SET LOCAL enable_seqscan = off")
+        plan, _ = retrieval_db.fetch("EXPLAIN " + leg.sql, leg.params, prepare=False)
+        assert index in "\n".join(row[0] for row in plan)
+        assert all(row[2] for row in leg.run())  # every row from the walk
+        # Up to exact_max items (the store's counter, read in the statement): the walk is
+        # gated off, the exact scan answers.
+        small, _ = _leg(stores[name], "deploy", 9, exact_max=2000)
+        assert small.path == "filtered" and not any(row[2] for row in small.run())
 
 
-def _searches(captured: CaptureQueriesContext) -> list[dict[str, Any]]:
-    return [q for q in captured if "WITH q AS" in q["sql"]]
-
-
-def test_small_stores_stay_exact_and_short_index_answers_are_redone_exactly(stores, flow, settings):
-    # Under MEMORY_STORE_EXACT_MAX_ITEMS (2,000): the exact scan, whatever the index.
-    with CaptureQueriesContext(connection) as captured:
-        node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[1])
-    assert not any("hnsw" in q["sql"] or "halfvec" in q["sql"] for q in captured)
-    # Index path: a threshold no item passes drops the index's rows afterwards.
-    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10
-    sql._sizes.clear()  # the size each store had is remembered for a minute
-    vector = backend_for(stores["a"]).embedder().embed(["zzz qqq"])[0]
-    search = sql.Nearest.of(stores["a"].pk, vector, 9, 0.0, 384)
-    with CaptureQueriesContext(connection) as captured:
-        assert sql.nearest_many([search]) == [[]]
-    assert [("::halfvec(384)" in q["sql"]) for q in _searches(captured)] == [True]
+def test_short_index_answers_are_redone_exactly(stores):
     # An index answer shorter than asked (b holds 45 items) is redone exactly.
-    search = sql.Nearest.of(stores["b"].pk, vector, 60, None, 384)
-    with CaptureQueriesContext(connection) as captured:
-        hits = sql.nearest_many([search])[0]
-    assert [("::halfvec(384)" in q["sql"]) for q in _searches(captured)] == [True, False]
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, embedding <=> %s::vector FROM memory_stores_memoryitem WHERE store_id = %s",
-            [sql.vector_literal(vector), stores["b"].pk],
-        )
-        exact = sorted(cur.fetchall(), key=lambda r: (r[1], r[0]))
-    assert [h.id for h in hits] == [str(r[0]) for r in exact]
+    leg, vector = _leg(stores["b"], "zzz qqq", 60, exact_max=10)
+    rows = leg.run()
+    assert not any(row[2] for row in rows)  # the exact scan's rows
+    exact, _ = retrieval_db.fetch(
+        "SELECT id, embedding <=> %s::vector AS d FROM memory_stores_memoryitem "
+        "WHERE store_id = %s ORDER BY d, id",
+        [retrieval_db.VectorParam(vector), stores["b"].pk],
+    )
+    assert [r[0] for r in rows] == [r[0] for r in exact]
+    assert [r[1] for r in rows] == [r[1] for r in exact]
 
 
-def test_searches_wanting_different_ef_search_go_in_one_query_string(stores, settings):
-    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10
+def test_searches_wanting_different_walks_go_in_one_round_trip(stores, monkeypatch):
+    monkeypatch.setattr(store_search, "ITEMS", replace(store_search.ITEMS, exact_max=10))
     vector = backend_for(stores["a"]).embedder().embed(["museum invoice"])[0]
-    small = sql.Nearest.of(stores["b"].pk, vector, 6, None, 384)
-    large = sql.Nearest.of(stores["a"].pk, vector, 60, None, 384)  # ef_search 120
-    with CaptureQueriesContext(connection) as captured:
-        both = sql.nearest_many([small, large])
-    assert len(_searches(captured)) == 1  # (and a size count per store)
-    assert _searches(captured)[0]["sql"].count("set_config('hnsw.ef_search'") == 2
-    assert both == [sql.nearest_many([small])[0], sql.nearest_many([large])[0]]
-    assert [len(h) for h in both] == [6, 60]
-
-
-def test_a_shared_walk_gives_each_store_what_its_own_walk_gives(stores, settings):
-    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10
-    embedder = backend_for(stores["a"]).embedder()
-    for text in ("deploy the database", "museum invoice", "train", "quick plan note"):
-        vector = embedder.embed([text])[0]
-        for limits in ((9, 6), (3, 3), (45, 30)):
-            searches = [
-                sql.Nearest.of(stores[name].pk, vector, limit, None, 384)
-                for name, limit in zip("ab", limits)
-            ]
-            with CaptureQueriesContext(connection) as captured:
-                together = sql.nearest_many(searches)
-            assert "ANY(" in _searches(captured)[0]["sql"]  # one walk for both
-            alone = [sql._run([(s, "index")])[0] for s in searches]
-            assert together == alone, (text, limits)
-            assert [len(h) for h in together] == list(limits)
-
-
-def test_a_server_binding_cursor_runs_one_statement_at_a_time(stores, flow, monkeypatch):
-    batched = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[2])
-
-    class NoClientCursor:
-        pass
-
-    monkeypatch.setattr(sql.psycopg, "ClientCursor", NoClientCursor)
-    with CaptureQueriesContext(connection) as captured:
-        single = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[2])
-    assert not any(";" in q["sql"] for q in captured)
-    ids = lambda r: [[h.id for h in g.hits] for g in r.stores]  # noqa: E731
-    assert ids(single) == ids(batched)
-
-
-def _lcs_table(a: list[str], b: list[str]) -> int:
-    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
-    for i, x in enumerate(a, 1):
-        for j, y in enumerate(b, 1):
-            table[i][j] = (
-                table[i - 1][j - 1] + 1 if x == y else max(table[i - 1][j], table[i][j - 1])
-            )
-    return table[-1][-1]
-
-
-def test_bit_parallel_lcs_is_the_dynamic_programming_one():
-    rng = random.Random(3)
-    vocabulary = "a b c d e f g h".split()
-    for _ in range(3000):
-        a: list[Any] = [
-            rng.choice(vocabulary[: rng.randint(1, 8)]) for _ in range(rng.randint(0, 70))
-        ]
-        b: list[Any] = [rng.choice(vocabulary) for _ in range(rng.randint(0, 70))]
-        assert _lcs(a, b) == _lcs_table(a, b), (a, b)
-    assert _lcs(["x"] * 200, ["x"] * 150) == 150  # wider than a machine word
+    small = store_search.ItemSearch.of(stores["b"], "museum invoice", vector, 6, None, 0.3)
+    large = store_search.ItemSearch.of(stores["a"], "museum invoice", vector, 60, None, 0.3)
+    trips = _round_trips(monkeypatch)
+    together = store_search.run([small, large])
+    assert trips == [2]
+    settings = [dict(s.local) for s in (small.statement(), large.statement())]
+    assert [s["hnsw.ef_search"] for s in settings] == [100, 360]
+    assert together == [store_search.run([small])[0], store_search.run([large])[0]]
+    assert [len(h) for h in together] == [6, 60]
 
 
 # --- a file store's chunks, in the same round trip ------------------------------------
@@ -319,81 +326,42 @@ def with_files(alice, flow, stores, tmp_path, settings) -> MemoryStore:
     return docs
 
 
-def _chunk_reference(store: MemoryStore, query: str, top_k: int, threshold: float) -> list[str]:
-    return [i for i, _ in _chunk_ranking(store, query, top_k, threshold)]
+def _chunk_search(store: MemoryStore, query: str, top_k: int, threshold: float | None):
+    """A knowledge-base search of the file store's base with the store's query."""
+    text = key_content(query, max_chars=500)
+    vector = backend_for(store).embedder().embed([text])[0]
+    request = SearchRequest(
+        query=text, vector=np.asarray(vector, dtype=np.float64).tolist(), top_k=top_k,
+        similarity_threshold=threshold,
+    )  # fmt: skip
+    return search_chunks(bases=[store.knowledge_base], request=request)
 
 
-def _chunk_ranking(
-    store: MemoryStore, query: str, top_k: int, threshold: float
-) -> list[tuple[str, float]]:
-    """Every chunk of the store's base by exact distance (then id), cut at the threshold:
-    (hit id, similarity)."""
-    vector = backend_for(store).embedder().embed([key_content(query, max_chars=500)])[0]
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, embedding <=> %s::vector AS d FROM knowledge_chunk "
-            "WHERE knowledge_base_id = %s ORDER BY d, id",
-            [sql.vector_literal(vector), store.knowledge_base_id],
-        )
-        rows = cur.fetchall()
-    kept = [(f"chunk:{i}", 1 - d) for i, d in rows if threshold <= -1 or 1 - d >= threshold - 1e-9]
-    return kept[:top_k]
-
-
-@pytest.mark.parametrize("path", ["exact", "index"])
-def test_a_file_store_searches_its_chunks_in_the_same_query_string(
-    with_files, flow, settings, path
-):
-    if path == "index":
-        settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10  # 40 chunks: the chunks' HNSW index
-        sql._sizes.clear()
+def test_a_file_store_searches_its_chunks_in_the_same_round_trip(with_files, flow, monkeypatch):
     for query in QUERIES[:3]:
-        with CaptureQueriesContext(connection) as captured:
-            result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
-        strings = [q["sql"] for q in captured.captured_queries if "knowledge_chunk" in q["sql"]]
-        assert len(strings) == 1 and "UNION ALL" in strings[0]  # the items' searches too
-        assert "ORDER BY id DESC" in strings[0]  # and the blackboard's newest: one trip
-        # Besides: the node's attachments, and once a process, sizes and index names.
-        others = [q["sql"] for q in captured if q["sql"] != strings[0]]
-        assert sum("memoryattachment" in q for q in others) == 1
-        once = ("SELECT count(*) FROM (SELECT 1", "SELECT to_regclass(")
-        assert all("memoryattachment" in q or q.startswith(once) for q in others), others
-        chunk_part = strings[0][strings[0].index("knowledge_chunk") - 200 :]
-        assert ("::halfvec(384)" in chunk_part) is (path == "index")
-        got = {g.store: [h.id for h in g.hits] for g in result.stores}
-        reference = _chunk_ranking(with_files, query, 4, -1.0)
-        if path == "exact":
-            assert got["docs"] == [i for i, _ in reference], query
-        else:  # the index ranks by halfvec: near-ties may swap, the distances may not
-            similarities = [
-                h.similarity for g in result.stores if g.store == "docs" for h in g.hits
-            ]
-            assert similarities == pytest.approx([s for _, s in reference], abs=2e-3), query
-        hit = next(g for g in result.stores if g.store == "docs").hits[0]
-        assert hit.metadata["file_path"].endswith(".md") and hit.metadata["chunk_index"] == 0
-        assert hit.content.startswith("Note ")
-        assert _alone(with_files, query, 4, -1.0) == got["docs"]  # the same on its own
+        trips = _round_trips(monkeypatch)
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        assert trips == [5]  # three item stores, the file store, the blackboard's newest
+        hits = next(g for g in result.stores if g.store == "docs").hits
+        want = _chunk_search(with_files, query, 4, None)
+        assert [h.id for h in hits] == [f"chunk:{h.chunk_id}" for h in want], query
+        assert [h.score for h in hits] == [h.score for h in want]
+        assert [h.similarity for h in hits] == [h.vector_score for h in want]
+        assert hits[0].metadata["file_path"].endswith(".md")
+        assert hits[0].metadata["chunk_index"] == 0 and hits[0].content.startswith("Note ")
+        assert _alone(with_files, query, 4, -1.0) == [h.id for h in hits]  # the same alone
         assert [h.content for h in result.stores[-1].hits] == ["entry 2", "entry 1"]
 
 
-def test_a_file_store_index_answer_cut_short_or_pending_is_ranked_exactly(with_files, settings):
-    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 10
+def test_a_file_stores_threshold_and_pending_chunks(with_files, monkeypatch):
+    """Rows the background indexer has not reached are found beside the index's; a
+    threshold keeps only chunks near enough by meaning in the vector leg."""
+    monkeypatch.setattr(knowledge_search, "CHUNKS", replace(knowledge_search.CHUNKS, exact_max=0))
     kb = with_files.knowledge_base
-    vector = backend_for(with_files).embedder().embed(["deploy the database"])[0]
-    # More than the base holds: the index comes back short, the exact scan answers.
-    wide = sql.ChunkNearest.of(kb.pk, vector, 50, None, 384, kb.chunk_count)
-    with CaptureQueriesContext(connection) as captured:
-        hits = sql.nearest_all([], [wide])[1][0]
-    plans = [("::halfvec(384)" in q["sql"]) for q in captured if "knowledge_chunk" in q["sql"]]
-    assert plans == [True, False]
-    assert [f"chunk:{h.id}" for h in hits] == _chunk_reference(
-        with_files, "deploy the database", 50, -1
-    )
-    # Rows the background indexer has not reached are ranked beside the index's.
-    nearest = int(_chunk_reference(with_files, "deploy the database", 1, -1)[0].split(":")[1])
-    Chunk.objects.filter(pk=nearest).update(index_pending=True)
-    search = sql.ChunkNearest.of(kb.pk, vector, 3, None, 384, kb.chunk_count)
-    assert sql.nearest_all([], [search])[1][0][0].id == nearest
-    # A threshold: what the index found, cut (nothing is that close).
-    strict = sql.ChunkNearest.of(kb.pk, vector, 3, 0.0, 384, kb.chunk_count)
-    assert sql.nearest_all([], [strict])[1] == [[]]
+    want = _chunk_search(with_files, "deploy the database", 3, None)
+    Chunk.objects.filter(knowledge_base=kb, pk=want[0].chunk_id).update(index_pending=True)
+    request = RetrieveQuery("deploy the database", 3, -1.0, "", QueryVectors("q"))
+    got = backend_for(with_files).retrieve(request)
+    assert [h.id for h in got] == [f"chunk:{h.chunk_id}" for h in want]
+    strict = RetrieveQuery("deploy the database", 3, 0.999, "", QueryVectors("q"))
+    assert all(h.similarity is None for h in backend_for(with_files).retrieve(strict))

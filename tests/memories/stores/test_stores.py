@@ -4,6 +4,8 @@ references, the in-process manager and the embedding check."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework import serializers
 
-from memories.stores.backends import sql
+from memories.stores import search as store_search
 from memories.stores.backends.base import (
     RetrieveQuery,
     StoreBackend,
@@ -33,7 +35,7 @@ from memories.stores.registry import (
     unregister_memory_store,
 )
 from memories.stores.runtime import node_memory_retrieve, node_memory_write
-from memories.stores.text import key_content, lexical_score, turn_summary, words
+from memories.stores.text import key_content, turn_summary
 from tests.factories import UserFactory
 from tests.memories.stores.conftest import snapshot_db
 
@@ -57,6 +59,9 @@ class KeywordStore(StoreBackend):
         return WriteResult("added", item_id=item.pk)
 
     def retrieve(self, query: RetrieveQuery) -> list[StoreHit]:
+        def words(text: str) -> list[str]:
+            return re.findall(r"\w+", text.lower())
+
         wanted = set(words(query.text))
         hits = [
             StoreHit(id=str(i.pk), content=i.content_summary, score=1.0)
@@ -160,7 +165,9 @@ def test_blackboard_trims_by_count_and_by_age(alice_client, flow):
 
 
 # --- simple store details --------------------------------------------------------------
-def test_simple_store_without_embedder_returns_the_newest(alice_client, flow):
+def test_simple_store_without_embedder_searches_by_keyword(alice_client, flow):
+    """Without an embedder a simple store ranks by BM25 over its items; a query without
+    words gives its newest items (no score)."""
     doc = {
         "memory": [
             {"name": "plain", "type": "simple", "config": {"embedding": {"provider": "none"}}}
@@ -178,15 +185,24 @@ def test_simple_store_without_embedder_returns_the_newest(alice_client, flow):
     assert not MemoryItem.objects.filter(embedding__isnull=False).exists()
     hits = alice_client.post(
         f"{node}/retrieve", {"stage": "gen", "query": "answer 0"}, format="json"
-    )
-    assert [h["content"].split(" Output")[0] for h in hits.json()["stores"][0]["hits"]] == [
+    ).json()["stores"][0]["hits"]
+    # "0" is rarer than "answer" (every item's): item 0 first, then the tie by id.
+    assert [h["content"].split(" Output")[0] for h in hits] == [
+        "Input: question 0",
+        "Input: question 1",
+    ]
+    assert hits[0]["score"] > hits[1]["score"] > 0 and hits[0]["similarity"] is None
+    hits = alice_client.post(
+        f"{node}/retrieve", {"stage": "gen", "query": "?!"}, format="json"
+    ).json()["stores"][0]["hits"]
+    assert [h["content"].split(" Output")[0] for h in hits] == [
         "Input: question 2",
         "Input: question 1",
     ]
-    assert hits.json()["stores"][0]["hits"][0]["score"] is None
+    assert hits[0]["score"] is None
 
 
-def test_summary_and_lexical_score():
+def test_summary_and_key_content():
     long_answer = (
         "You are a helpful assistant, answer briefly. Deploy with docker compose after the "
         "migrations. Then start the worker so background jobs run. Finally check /healthz "
@@ -200,11 +216,6 @@ def test_summary_and_lexical_score():
     )
     capped = key_content("word " * 400, max_chars=100)
     assert len(capped) <= 101 and capped.endswith("…")
-    query = words("deploy docker compose")
-    assert lexical_score(query, words("deploy with docker compose")) == pytest.approx(
-        (3 / 4 + 3 / 3) / 2
-    )
-    assert lexical_score(query, words("billing and refunds")) == 0.0
 
 
 # --- environment references -----------------------------------------------------------
@@ -309,7 +320,7 @@ def test_check_warns_when_the_default_embedding_moved(alice_client, settings):
     assert "Memory store 'notes' embeds with hashing/hashing-v1 (384 dims)" in warnings[0].msg
 
 
-def test_large_stores_search_through_the_hnsw_index(alice, flow, settings):
+def test_large_stores_search_through_the_hnsw_index(alice, flow, monkeypatch):
     memory_config_apply(
         owner=alice,
         document={
@@ -332,10 +343,9 @@ def test_large_stores_search_through_the_hnsw_index(alice, flow, settings):
         return [(h.id, round(h.similarity or 0, 6)) for h in result.stores[0].hits]
 
     exact = hits()
-    settings.MEMORY_STORE_EXACT_MAX_ITEMS = 5  # 21 items: the index path
-    sql._sizes.clear()  # the size each store had is remembered for a minute
+    monkeypatch.setattr(store_search, "ITEMS", replace(store_search.ITEMS, exact_max=5))
     with CaptureQueriesContext(connection) as queries:
-        indexed = hits()
-    assert any("::vector(384)" in q["sql"] for q in queries.captured_queries)
+        indexed = hits()  # 21 items: the index path
+    assert any("/* vector leg, filtered */" in q["sql"] for q in queries.captured_queries)
     assert indexed == exact
     assert all("deploy" in MemoryItem.objects.get(pk=i).content_summary for i, _ in exact)

@@ -1,0 +1,188 @@
+"""Search of memory stores: store items as a collection of the retrieval engine
+(``knowledge.retrieval``), and the searches of one retrieve call run in one round trip.
+
+A ``simple`` store ranks its items by meaning and by keyword (BM25 over the store's
+items), fused as facts are: the vector weight x the cosine similarity + the rest x the
+BM25 score over the best keyword candidate's; the store's ``rerank_weight`` is the
+keyword share. A ``file`` store searches its knowledge base as a knowledge-base search
+does (``knowledge.search``); a ``blackboard`` reads its newest entries.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from knowledge.models import KnowledgeBase
+from knowledge.retrieval.bm25 import counted_leg
+from knowledge.retrieval.db import Statement, fetch_all
+from knowledge.retrieval.engine import CANDIDATES, Collection, Ranking, Scope, rows_of, statement
+from knowledge.retrieval.vectors import vector_leg
+from knowledge.search import Hit, SearchRequest, chunk_statement, hit_of
+from memories.stores.backends.base import StoreHit
+
+TABLE = "memory_stores_memoryitem"
+ITEMS = Collection(
+    name="items",
+    table=TABLE,
+    index_prefix="memoryitem_hnsw",
+    id_type="bigint",
+    details="t.id, t.content_summary, t.metadata, t.created_at",
+    time="t.created_at",
+    tiebreak="{top}.id",
+    fusion="max",
+    vector_weight=0.7,
+    # Stores up to this many items are scanned exactly, larger ones walk the HNSW index
+    # of their dimension (filtered to the store).
+    exact_max=2000,
+)
+# The store's size (``item_count``) and text statistics, kept on its row by triggers
+# (migration 0004).
+_TOTALS = "SELECT item_count, text_lexemes FROM memory_stores_memorystore WHERE id = %s"
+
+
+def _store_hit(row: dict[str, Any]) -> StoreHit:
+    metadata = row["metadata"]
+    if isinstance(metadata, str):  # Django's connection hands jsonb over as text
+        metadata = json.loads(metadata)
+    similarity = None if row.get("vscore") is None else float(row["vscore"])
+    return StoreHit(
+        id=str(row["id"]),
+        content=row["content_summary"],
+        score=float(row["score"]) if "score" in row else similarity,
+        similarity=similarity,
+        metadata=metadata or {},
+        created_at=row["created_at"],
+    )
+
+
+@dataclass(frozen=True)
+class ItemSearch:
+    """A ``simple`` store's search: its ``top_k`` items best matching ``text`` (and
+    ``vector``, float64 bytes, when the store embeds), those of the vector leg only
+    within ``max_distance`` when a threshold is set; ``keyword_share`` of the score is
+    the keyword leg's."""
+
+    store_id: str
+    text: str
+    vector: bytes | None
+    dims: int | None
+    top_k: int
+    max_distance: float | None
+    keyword_share: float
+
+    @classmethod
+    def of(
+        cls, store: Any, text: str, vector: Any, top_k: int, max_distance: float | None,
+        keyword_share: float,
+    ) -> ItemSearch:  # fmt: skip
+        data = None if vector is None else np.asarray(vector, dtype=np.float64).tobytes()
+        dims = store.embedding_dimensions
+        return cls(str(store.pk), text, data, dims, top_k, max_distance, keyword_share)
+
+    def statement(self) -> Statement:
+        pool = max(self.top_k * 3, CANDIDATES)
+        vector = None
+        if self.vector is not None and self.dims:
+            size = (
+                "SELECT item_count FROM memory_stores_memorystore WHERE id = %s",
+                [self.store_id],
+            )
+            scope = Scope("store_id = %s AND embedding IS NOT NULL", [self.store_id], size=size)
+            values = np.frombuffer(self.vector, dtype=np.float64)
+            vector = vector_leg(ITEMS, scope, self.dims, values, pool)
+        keyword = counted_leg(
+            table=TABLE, token=f"~store:{self.store_id}", text=self.text, pool=pool,
+            totals=(_TOTALS, [self.store_id]),
+        )  # fmt: skip
+        ranking = Ranking(
+            limit=self.top_k,
+            max_distance=self.max_distance,
+            vector_weight=1.0 - self.keyword_share,
+            vector_required=self.max_distance is not None and vector is not None,
+        )
+        if vector is None and keyword is None:
+            return Newest(self.store_id, self.top_k).statement()
+        return statement(ITEMS, vector, keyword, ranking)
+
+    def hits(self, rows: list[dict[str, Any]]) -> list[StoreHit]:
+        return [_store_hit(row) for row in rows]
+
+
+@dataclass(frozen=True)
+class ChunkSearch:
+    """A ``file`` store's search of its knowledge base (a knowledge-base search)."""
+
+    knowledge_base: KnowledgeBase
+    text: str
+    vector: bytes
+    top_k: int
+    threshold: float | None
+
+    def statement(self) -> Statement:
+        request = SearchRequest(
+            query=self.text, vector=np.frombuffer(self.vector, dtype=np.float64).tolist(),
+            top_k=self.top_k, similarity_threshold=self.threshold,
+        )  # fmt: skip
+        return chunk_statement(bases=[self.knowledge_base], request=request)
+
+    def hits(self, rows: list[dict[str, Any]]) -> list[Hit]:
+        return [hit_of(row) for row in rows]
+
+
+@dataclass(frozen=True)
+class Newest:
+    """A store's newest ``limit`` items, created at ``since`` or later (None: any)."""
+
+    store_id: str
+    limit: int
+    since: datetime | None = None
+
+    def statement(self) -> Statement:
+        age = " AND created_at >= %s" if self.since is not None else ""
+        params: list[Any] = [self.store_id] + ([self.since] if self.since is not None else [])
+        sql = (
+            f"SELECT id, content_summary, metadata, created_at FROM {TABLE} "
+            f"WHERE store_id = %s{age} ORDER BY id DESC LIMIT {int(self.limit)}"
+        )
+        return Statement(sql, params)
+
+    def hits(self, rows: list[dict[str, Any]]) -> list[StoreHit]:
+        return [_store_hit(row) for row in rows]
+
+
+Search = ItemSearch | ChunkSearch | Newest
+
+
+def run(searches: list[Search]) -> list[list[Any]]:
+    """Each search's hits, best first, all in one round trip."""
+    if not searches:
+        return []
+    results = fetch_all([s.statement() for s in searches])
+    return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
+
+
+class SearchBatch:
+    """The searches of one retrieve call, run together in one round trip.
+
+    Stores add theirs while they prepare (outside any transaction); the first store that
+    asks for its result runs them all. A search nobody added beforehand runs then."""
+
+    def __init__(self) -> None:
+        self._pending: list[Search] = []
+        self._done: dict[Search, Any] = {}
+
+    def add(self, search: Search) -> None:
+        if search not in self._done and search not in self._pending:
+            self._pending.append(search)
+
+    def result(self, search: Search) -> Any:
+        if search not in self._done:
+            self.add(search)
+            pending, self._pending = self._pending, []
+            self._done.update(zip(pending, run(pending)))
+        return self._done.pop(search)
