@@ -20,7 +20,8 @@ Queries, per scenario of ``bench_knowledge.py``: a chunk of the scenario's tenan
 as the generator would write it, and 2-5 of its distinct words (stop words included when
 drawn) are the text; the vector is a noisy copy of its cluster's centre. Printed per
 scenario: the keyword leg (``keyword_ranking`` with the hybrid pool, 50) p50/p95 with the
-pruned BM25 (the default), with every match scored (``SEARCH_BM25_PRUNE=False``) and, with ``--before``, the old ``ts_rank`` leg of that checkout; how many
+pruned BM25 (the default), with every match scored (no pruning: the definition) and, with
+``--before``, the keyword leg and the hybrid search of that checkout; how many
 queries' pruned top 50 differ from the exact BM25 top 50 (by id and order, exact ties
 allowed); and hybrid top-10 p50/p95 through ``search_chunks``. Runs take turns per query.
 """
@@ -28,6 +29,7 @@ allowed); and hybrid top-10 p50/p95 through ``search_chunks``. Runs take turns p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -42,11 +44,11 @@ os.environ.setdefault("EMBEDDED_DB_NAME", "bench_kw1m")
 import bench_knowledge as bk  # noqa: E402  (sets Django up)
 import numpy as np  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.test import override_settings  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
-from knowledge import bm25, search  # noqa: E402
+from knowledge import search  # noqa: E402
 from knowledge.models import KnowledgeBase  # noqa: E402
+from knowledge.retrieval import bm25  # noqa: E402
 from knowledge.services import ingest as services  # noqa: E402
 from knowledge.services import knowledge_base_create, knowledge_base_recount  # noqa: E402
 
@@ -237,11 +239,32 @@ def keyword(module, query: bk.Query, limit: int) -> tuple[list[tuple[int, float]
         filters={} if query.session is None else {"session_id": query.session},
     )
     kb_ids = [str(kb.pk) for kb in query.bases]
-    # The bases' size, as search_chunks passes it (the old leg has no such parameter).
-    extra = [sum(kb.chunk_count for kb in query.bases)] if module is search else []
     t0 = time.perf_counter()
-    rows = module.keyword_ranking(kb_ids, "english", query.text, request, limit, *extra)
+    if module is search:  # this checkout: the search's keyword leg, run alone
+        rows = [(r[0], float(r[1])) for r in search._keyword_leg(query.bases, request, limit).run()]
+    else:
+        rows = module.keyword_ranking(kb_ids, "english", query.text, request, limit)
     return rows, (time.perf_counter() - t0) * 1000
+
+
+@contextlib.contextmanager
+def unpruned():
+    """Every match of a large base ranked (no top-k pruning): the definition."""
+    saved, bm25.PRUNE_MIN_ROWS = bm25.PRUNE_MIN_ROWS, 10**12
+    try:
+        yield
+    finally:
+        bm25.PRUNE_MIN_ROWS = saved
+
+
+def hybrid_before(before, query: bk.Query) -> float:
+    request = before.SearchRequest(
+        query=query.text, vector=[float(x) for x in query.vector], top_k=10,
+        filters={} if query.session is None else {"session_id": query.session},
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    before.search_chunks(bases=query.bases, request=request)
+    return (time.perf_counter() - t0) * 1000
 
 
 def same_ranking(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> bool:
@@ -279,7 +302,7 @@ def main() -> None:
     before = None
     if args.before:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_search_ab import load_before
+        from before import load_before
 
         before = load_before(args.before)
     limit = 50
@@ -289,37 +312,40 @@ def main() -> None:
     )
     head = (
         f"{'scenario':36} {'pruned p50':>10} {'p95':>6} {'all p50':>8} {'p95':>6} "
-        f"{'ts_rank p50':>11} {'p95':>6} {'differ':>6} {'hybrid p50':>10} {'p95':>6}"
+        f"{'before p50':>11} {'p95':>6} {'differ':>6} {'hybrid p50':>10} {'p95':>6} "
+        f"{'before p50':>10} {'p95':>6}"
     )
     print(head)
-    exact = {"SEARCH_BM25_PRUNE": False}
     for scenario in bk.build_scenarios(specs):
         queries = make_queries(scenario, corpus, text, args.queries, args.seed)
         for q in queries[: args.warmup]:
             keyword(search, q, limit)
             bk.run_search(q, "hybrid")
-            with override_settings(**exact):
+            with unpruned():
                 keyword(search, q, limit)
             if before:
                 keyword(before, q, limit)
-        pruned, full, old, hybrid, differ = [], [], [], [], 0
+                hybrid_before(before, q)
+        pruned, full, old, hybrid, old_hybrid, differ = [], [], [], [], [], 0
         for i, q in enumerate(queries):
             # Each run goes first for a quarter of the queries (the first to read a
             # query's rows finds them less often in the caches).
-            runs = ["pruned", "full", "old", "hybrid"]
-            runs = runs[i % 4 :] + runs[: i % 4]
+            runs = ["pruned", "full", "old", "hybrid", "old hybrid"]
+            runs = runs[i % 5 :] + runs[: i % 5]
             for run in runs:
                 if run == "pruned":
                     got, ms = keyword(search, q, limit)
                     pruned.append(ms)
                 elif run == "full":
-                    with override_settings(**exact):
+                    with unpruned():
                         want, ms = keyword(search, q, limit)
                     full.append(ms)
                 elif run == "old" and before:
                     old.append(keyword(before, q, limit)[1])
                 elif run == "hybrid":
                     hybrid.append(bk.run_search(q, "hybrid")[1])
+                elif run == "old hybrid" and before:
+                    old_hybrid.append(hybrid_before(before, q))
             differ += not same_ranking(got, want)
 
         def cell(values: list[float]) -> str:
@@ -329,7 +355,7 @@ def main() -> None:
 
         print(
             f"{scenario.name:36} {cell(pruned):>17} {cell(full):>15} {cell(old):>18} "
-            f"{differ:>6} {cell(hybrid):>17}"
+            f"{differ:>6} {cell(hybrid):>17} {cell(old_hybrid):>17}"
         )
     with connection.cursor() as cur:
         cur.execute("SELECT pg_size_pretty(pg_total_relation_size('knowledge_chunk'))")

@@ -39,9 +39,8 @@ Reported:
   ``--query-noise``) of cluster centres (80% from the tenant's home clusters) with
   three of the cluster's words as text.
 
-``--tune`` also measures alternatives for the settings that decide the path
-(SEARCH_EXACT_MAX_ROWS, SEARCH_MAX_SCAN_TUPLES and hnsw.ef_search; the latter
-through a copy of ``search._index_vector`` with another ef_search floor).
+``--tune`` also measures alternatives for the constants that decide the path (the chunks'
+``exact_max``, ``hnsw.MAX_SCAN_TUPLES`` and ``hnsw.EF_SEARCH``) and the split legs.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -89,6 +88,7 @@ from django.test import override_settings  # noqa: E402
 from core.providers.embeddings import HashingEmbedder, _feature_slot  # noqa: E402
 from knowledge import search  # noqa: E402
 from knowledge.models import Chunk, KnowledgeBase  # noqa: E402
+from knowledge.retrieval import bm25, hnsw  # noqa: E402
 from knowledge.search import SearchRequest, search_chunks  # noqa: E402
 from knowledge.services import (  # noqa: E402
     DocumentIn,
@@ -421,40 +421,45 @@ def hashing_rate(corpus: Corpus, n: int, seed: int) -> tuple[float, float]:
 
 # --- retrieval ------------------------------------------------------------------------
 class PathRecorder:
-    """Wraps search.py's internals to time them and record which path a query took."""
-
-    NAMES = ("_scope_is_small", "_index_vector", "_exact_vector", "keyword_ranking", "_details")
+    """Records which path each search's vector leg took (``knowledge.retrieval.vectors``:
+    exact, index, or filtered: a scope of unknown size gated in the statement) and times
+    the pieces of a search: building its statements and running them."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.seconds: Counter[str] = Counter()
-        self.originals = {name: getattr(search, name) for name in self.NAMES}
+        self.originals: dict[tuple[Any, str], Any] = {
+            (search, "vector_leg"): search.vector_leg,
+            (search, "rank"): search.rank,
+            (bm25, "chunk_leg"): bm25.chunk_leg,
+        }
 
     def __enter__(self) -> PathRecorder:
-        for name, fn in self.originals.items():
-            setattr(search, name, self._wrap(name, fn))
+        for (module, name), fn in self.originals.items():
+            setattr(module, name, self._wrap(name, fn))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name, fn in self.originals.items():
-            setattr(search, name, fn)
+        for (module, name), fn in self.originals.items():
+            setattr(module, name, fn)
 
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
             finally:
                 self.seconds[name] += time.perf_counter() - t0
-                self.calls.append(name)
+            if name == "vector_leg":
+                self.calls.append(out.path)
+            return out
 
         return wrapper
 
     def path(self) -> str:
         """The vector path of the last search, then reset."""
         calls, self.calls = self.calls, []
-        index, exact = "_index_vector" in calls, "_exact_vector" in calls
-        return "index->exact" if index and exact else "index" if index else "exact"
+        return "+".join(calls) or "none"
 
 
 @dataclass
@@ -671,7 +676,7 @@ def print_results(results: list[ScenarioResult]) -> None:
             f"{pct(r.vector_ms, 99):>8.2f} {rec:>17} {rows:>12} {r.row_violations():>4}  {paths}"
         )
     print()
-    print("hybrid: mean ms per query inside search.py (count = _scope_is_small)")
+    print("hybrid: mean ms per query inside search_chunks (legs built, statements run)")
     for r in results:
         parts = ", ".join(
             f"{k.strip('_')} {v:.2f}" for k, v in sorted(r.breakdown.items(), key=lambda x: -x[1])
@@ -682,24 +687,35 @@ def print_results(results: list[ScenarioResult]) -> None:
 # --- tuning alternatives (--tune) -------------------------------------------------------
 @contextlib.contextmanager
 def variant(overrides: dict[str, Any]):
-    with override_settings(**overrides):
+    """Module constants and collection options changed for a while ("hnsw.EF_SEARCH",
+    "CHUNKS.exact_max", "SPLIT_MIN_ROWS")."""
+    saved = (hnsw.EF_SEARCH, hnsw.MAX_SCAN_TUPLES, search.CHUNKS, search.SPLIT_MIN_ROWS)
+    try:
+        for name, value in overrides.items():
+            if name.startswith("hnsw."):
+                setattr(hnsw, name[5:], value)
+            elif name.startswith("CHUNKS."):
+                search.CHUNKS = replace(search.CHUNKS, **{name[7:]: value})
+            else:
+                setattr(search, name, value)
         yield
+    finally:
+        hnsw.EF_SEARCH, hnsw.MAX_SCAN_TUPLES, search.CHUNKS, search.SPLIT_MIN_ROWS = saved
 
 
 def tune(scenarios: list[tuple[Scenario, list[Query]]], truth: Truth, n: int) -> None:
     variants: list[tuple[str, dict[str, Any]]] = [
         ("defaults", {}),
-        ("legs one after the other", {"SEARCH_PARALLEL_LEGS": False}),
-        ("ef_search 40", {"SEARCH_EF_SEARCH": 40}),
-        ("ef_search 200", {"SEARCH_EF_SEARCH": 200}),
-        ("ef_search 400", {"SEARCH_EF_SEARCH": 400}),
-        ("ef_search 800", {"SEARCH_EF_SEARCH": 800}),
-        ("relaxed_order", {"SEARCH_ITERATIVE_SCAN": "relaxed_order"}),
-        ("max_scan_tuples 20000", {"SEARCH_MAX_SCAN_TUPLES": 20_000}),
-        ("EXACT_MAX_ROWS 0 (index always)", {"SEARCH_EXACT_MAX_ROWS": 0}),
-        ("EXACT_MAX_ROWS 2000", {"SEARCH_EXACT_MAX_ROWS": 2_000}),
-        ("EXACT_MAX_ROWS 5000", {"SEARCH_EXACT_MAX_ROWS": 5_000}),
-        ("EXACT_MAX_ROWS 50000", {"SEARCH_EXACT_MAX_ROWS": 50_000}),
+        ("legs one after the other", {"SPLIT_MIN_ROWS": 10**12}),
+        ("ef_search 40", {"hnsw.EF_SEARCH": 40}),
+        ("ef_search 200", {"hnsw.EF_SEARCH": 200}),
+        ("ef_search 400", {"hnsw.EF_SEARCH": 400}),
+        ("ef_search 800", {"hnsw.EF_SEARCH": 800}),
+        ("max_scan_tuples 20000", {"hnsw.MAX_SCAN_TUPLES": 20_000}),
+        ("exact_max 0 (index always)", {"CHUNKS.exact_max": 0}),
+        ("exact_max 2000", {"CHUNKS.exact_max": 2_000}),
+        ("exact_max 5000", {"CHUNKS.exact_max": 5_000}),
+        ("exact_max 50000", {"CHUNKS.exact_max": 50_000}),
     ]
     print()
     print(f"tuning alternatives ({n} queries each; vector top-10 and hybrid top-10)")
@@ -735,6 +751,18 @@ def tune(scenarios: list[tuple[Scenario, list[Query]]], truth: Truth, n: int) ->
                 f"{pct(vec_ms, 99):>8.2f} {statistics.mean(rec_values):>7.3f} "
                 f"{statistics.median(hyb_ms):>8.2f} {pct(hyb_ms, 99):>8.2f}  {path}"
             )
+
+
+@contextlib.contextmanager
+def deferred_indexing(deferred: bool):
+    """Ingestion defers HNSW insertion to the background indexer (the service's only
+    way); ``False`` puts rows in the index in the write, as it once could, to compare."""
+    original = services._defer_indexing
+    services._defer_indexing = (lambda kb: original(kb)) if deferred else (lambda kb: False)
+    try:
+        yield
+    finally:
+        services._defer_indexing = original
 
 
 # --- main -------------------------------------------------------------------------------
@@ -822,8 +850,8 @@ def main() -> None:
     print(
         f"database={db} provider={settings.EMBEDDING_PROVIDER} chunks={args.chunks:,} "
         f"queries/scenario={args.queries} seed={args.seed} noise={args.noise} "
-        f"query_noise={args.query_noise} SEARCH_EXACT_MAX_ROWS={settings.SEARCH_EXACT_MAX_ROWS} "
-        f"SEARCH_MAX_SCAN_TUPLES={settings.SEARCH_MAX_SCAN_TUPLES} cpus={os.cpu_count()}"
+        f"query_noise={args.query_noise} exact_max={search.CHUNKS.exact_max} "
+        f"max_scan_tuples={hnsw.MAX_SCAN_TUPLES} cpus={os.cpu_count()}"
     )
     specs = plan_bases(args.chunks, args.seed)
     corpus = Corpus(args.seed, args.noise)
@@ -844,7 +872,7 @@ def main() -> None:
         try:
             # Insert-then-build: rows go in as indexed (there is no HNSW index to
             # maintain), and the build afterwards takes them all.
-            with override_settings(KNOWLEDGE_DEFERRED_INDEXING=not args.bulk_load):
+            with deferred_indexing(not args.bulk_load):
                 load = load_dataset(specs, corpus, args.seed, args.batch, marker)
         finally:
             if args.bulk_load:
@@ -928,7 +956,7 @@ def main() -> None:
             (DIMS - 1, True, "outside the HNSW index"),
         )
         for dims, deferred, label in variants:
-            with override_settings(KNOWLEDGE_DEFERRED_INDEXING=deferred):
+            with deferred_indexing(deferred):
                 stats, kb = probe_ingest(corpus, args.seed, args.probe_chunks, args.batch, dims)
             probes.append(kb)
             print(

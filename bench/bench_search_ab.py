@@ -7,8 +7,8 @@ query (which goes first alternates too), so load hits both alike:
     EMBEDDED_DB_NAME=bench EMBEDDING_PROVIDER=hashing .venv/bin/python \\
         bench/bench_search_ab.py --before /path/to/old/checkout [--queries 200]
 
-``--before``: a checkout of the older code; its ``knowledge/search.py`` is loaded as a
-module of its own next to the current one (the rest of the code is this checkout's).
+``--before``: a checkout of the older code; its knowledge search is loaded next to the
+current one (``bench/before.py``; the rest of the code is this checkout's).
 The data are ``bench_knowledge.py``'s (load them with it first: same ``--chunks`` and
 seed); the scenarios and queries are its five. Printed per scenario: hybrid top-10 p50
 and p95 of each version, the ratio of the p50s and the median of the per-query ratios.
@@ -17,7 +17,6 @@ and p95 of each version, the ratio of the p50s and the median of the per-query r
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
@@ -27,19 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_knowledge as bk  # noqa: E402  (sets Django up, EMBEDDED_DB_NAME=bench)
+from before import load_before  # noqa: E402
 
 from knowledge import search as current  # noqa: E402
-
-
-def load_before(checkout: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "search_before", checkout / "knowledge" / "search.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules["search_before"] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def timed(module: Any, query: bk.Query) -> float:
