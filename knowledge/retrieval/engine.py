@@ -81,6 +81,10 @@ class Collection:
     embedding: str = "embedding"
     dims_column: str = "dimensions"
     pending: str = ""
+    # A table of 16-bit unit copies of the vectors with the scope's columns, in scope
+    # order, for exact scans of up to ``copies_max_dims`` dimensions (``vectors._exact``).
+    copies: str = ""
+    copies_max_dims: int = 1024
     exact_max: int = 10_000
     walk_min_share: float = 0.0
     exact_cap: int = 10**12
@@ -96,6 +100,9 @@ class Scope:
     params: list[Any]
     rows: int | None = None
     size: tuple[str, list[Any]] | None = None
+    # Rows of the scope outside ``sql``'s range (a fact shared with it: few), always
+    # ranked exactly: a condition on the collection's rows.
+    extra: tuple[str, list[Any]] | None = None
 
 
 @dataclass

@@ -56,6 +56,13 @@ def index_type(prefix: str, dims: int) -> str | None:
     return "halfvec" if half else "vector" if full else None
 
 
+@functools.cache
+def table_exists(name: str) -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+        return bool(cur.fetchone()[0])
+
+
 def index_name(prefix: str, dims: int) -> str:
     return f"{prefix}_half_{dims}" if index_type(prefix, dims) == "halfvec" else f"{prefix}_{dims}"
 

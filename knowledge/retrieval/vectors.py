@@ -24,6 +24,13 @@ from knowledge.retrieval import hnsw
 from knowledge.retrieval.db import VectorParam
 from knowledge.retrieval.engine import Collection, Leg, Scope
 
+# Twice the most a copy's ranking distance can differ from the cosine distance of the
+# 32-bit vectors. The copies are unit vectors rounded to 11 significant bits, each within
+# r = 2^-11 + 2^-25 sqrt(n) of the exact unit vector, so their inner product is within
+# 2r + r^2 (< 0.00098 up to 1,024 dimensions) of the cosine; float32 sums add at most
+# n x 2^-24 per sum (< 0.00025 for both distances): 0.0013 < 0.002.
+COPY_MARGIN = 0.004
+
 
 def _walk(c: Collection, scope: Scope) -> bool | None:
     """Whether the scope is walked through the index (None: counted in the statement)."""
@@ -35,24 +42,57 @@ def _walk(c: Collection, scope: Scope) -> bool | None:
     return share >= c.walk_min_share or scope.rows > c.exact_cap
 
 
+def _copies(c: Collection, dims: int) -> bool:
+    return bool(c.copies) and dims <= c.copies_max_dims and hnsw.table_exists(c.copies)
+
+
+def _exact(c: Collection, scope: Scope, dims: int, pool: int, gate: str) -> tuple[str, list[Any]]:
+    """CTE ``e``: the ``pool`` rows of the scope nearest the query by the exact distance of
+    their stored vectors, (d, id) order; nothing when ``gate`` (an uncorrelated condition)
+    is false.
+
+    With 16-bit copies (``Collection.copies``: unit vectors as ``halfvec`` in a table of
+    the scope's columns, in scope order): ``hv`` ranks the scope's range of the copies by
+    ``hd``, minus their inner product with the unit query (the cosine distance less 1),
+    and keeps the best ``n``; every row whose exact distance can make the ``pool`` best has
+    ``hd`` within ``COPY_MARGIN`` of the ``pool``-th best ``hd`` (each copy's distance is
+    within half the margin of the exact one); those (``band``) are ranked by the exact
+    distance of their 32-bit vectors, a few more rows than ``pool``, each found by its
+    primary key. When the band runs past the ``n`` kept (distances closer than the margin,
+    as near duplicates are), the range is read again for the whole band."""
+    d = f"{c.embedding} <=> (SELECT q FROM qv)"
+    if not _copies(c, dims):
+        sql = (
+            f"e AS MATERIALIZED (SELECT id, {d} AS d FROM {c.table} WHERE {scope.sql}"
+            f" AND {gate} ORDER BY d, id LIMIT {pool})"
+        )
+        return sql, list(scope.params)
+    n = 2 * pool + 100
+    half = "half <#> (SELECT l2_normalize(q)::halfvec FROM qv)"
+    rows = f"FROM {c.copies} WHERE {scope.sql} AND {gate}"
+    sql = (
+        f"hv AS MATERIALIZED (SELECT id, {half} AS hd {rows} ORDER BY hd LIMIT {n}),\n"
+        f"cut AS MATERIALIZED (SELECT t, (SELECT count(*) FROM hv) = {n}"
+        " AND (SELECT max(hd) FROM hv) <= t AS more FROM (SELECT coalesce((SELECT hd"
+        f" FROM hv ORDER BY hd OFFSET {pool - 1} LIMIT 1) + {COPY_MARGIN}, 'NaN') AS t) x),\n"
+        "band AS (SELECT id FROM hv WHERE hd <= (SELECT t FROM cut) AND NOT (SELECT more FROM cut)"
+        f" UNION ALL SELECT id {rows} AND (SELECT more FROM cut) AND {half} <= (SELECT t FROM cut)),\n"
+        f"e AS MATERIALIZED (SELECT b.id, (SELECT {d} FROM {c.table} r WHERE r.id = b.id) AS d"
+        f" FROM band b ORDER BY d, b.id LIMIT {pool})"
+    )
+    return sql, [*scope.params, *scope.params]
+
+
 def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -> Leg:
     """A statement giving (id, cosine distance, walked) of the ``pool`` rows of ``scope``
     nearest ``vector``, nearest first (ties by id); distances are those of the stored
-    vectors; ``walked``: the row came from the index walk (false: an exact scan, or the
-    rows waiting for the indexer)."""
-    head = "WITH qv AS MATERIALIZED (SELECT %s::vector AS q)"
+    vectors; ``walked``: the row came from the index walk (false: an exact scan, the rows
+    waiting for the indexer, or the scope's ``extra`` rows, always ranked exactly)."""
+    ctes = ["qv AS MATERIALIZED (SELECT %s::vector AS q)"]
     params: list[Any] = [VectorParam(vector)]
-    d = f"{c.embedding} <=> (SELECT q FROM qv)"
-    exact = f"SELECT id, {d} AS d FROM {c.table} WHERE {scope.sql}"
     kind = hnsw.index_type(c.index_prefix, dims)
     walk = _walk(c, scope) if kind is not None else False
-    if not walk and walk is not None:
-        sql = (
-            f"{head} SELECT id, {d} AS d, false AS walked FROM {c.table} WHERE {scope.sql}"
-            f" ORDER BY d, id LIMIT {pool}"
-        )
-        return Leg(f"/* vector leg, exact */{sql}", [*params, *scope.params], [], "exact")
-    gate, ctes = "", [head]
+    gate = ""
     if walk is None:
         # A scope of unknown size: its counter read, or its rows counted up to exact_max
         # + 1, in the statement; walked when it is not small.
@@ -74,35 +114,50 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
             )
             params += scope.params
         gate = " AND NOT (SELECT yes FROM sm)"
-    pending = f" AND NOT {c.pending}" if c.pending else ""
-    # The walk's scope is written so that no b-tree index can serve it: the scope is
-    # large here, and a plan made without its values (a generic one) must still walk.
-    ctes.append(
-        f"i AS MATERIALIZED (SELECT id, {c.embedding}::vector({dims}) <=> (SELECT q FROM qv) AS d"
-        f" FROM {c.table} WHERE {c.dims_column} = {dims}{pending} AND ({scope.sql}) IS TRUE"
-        f"{gate} ORDER BY {c.embedding}::{kind}({dims}) <=> (SELECT q::{kind}({dims}) FROM qv)"
-        f" LIMIT {pool})"
-    )
-    params += scope.params
-    found = "SELECT id, d, true AS walked FROM i"
-    if c.pending:
+    found = ""
+    if walk is not False:
+        pending = f" AND NOT {c.pending}" if c.pending else ""
+        # The walk's scope is written so that no b-tree index can serve it: the scope is
+        # large here, and a plan made without its values (a generic one) must still walk.
         ctes.append(
-            f"p AS MATERIALIZED ({exact} AND {c.pending}{gate} ORDER BY d, id LIMIT {pool})"
+            f"i AS MATERIALIZED (SELECT id, {c.embedding}::vector({dims}) <=> (SELECT q FROM qv)"
+            f" AS d FROM {c.table} WHERE {c.dims_column} = {dims}{pending}"
+            f" AND ({scope.sql}) IS TRUE{gate} ORDER BY {c.embedding}::{kind}({dims})"
+            f" <=> (SELECT q::{kind}({dims}) FROM qv) LIMIT {pool})"
         )
         params += scope.params
-        found += " UNION ALL SELECT id, d, false FROM p"
-    ctes.append(
-        f"e AS MATERIALIZED ({exact} AND (SELECT count(*) FROM i) < {pool}"
-        f" ORDER BY d, id LIMIT {pool})"
+        found = "SELECT id, d, true AS walked FROM i"
+        if c.pending:
+            ctes.append(
+                f"p AS MATERIALIZED (SELECT id, {c.embedding} <=> (SELECT q FROM qv) AS d"
+                f" FROM {c.table} WHERE {scope.sql} AND {c.pending}{gate}"
+                f" ORDER BY d, id LIMIT {pool})"
+            )
+            params += scope.params
+            found += " UNION ALL SELECT id, d, false FROM p"
+        found = f"SELECT * FROM ({found}) w WHERE (SELECT count(*) FROM i) >= {pool} UNION ALL "
+    exact, exact_params = _exact(
+        c, scope, dims, pool, "true" if walk is False else f"(SELECT count(*) FROM i) < {pool}"
     )
-    params += scope.params
+    ctes.append(exact)
+    params += exact_params
+    also = ""
+    if scope.extra is not None:
+        ctes.append(
+            f"x AS MATERIALIZED (SELECT id, {c.embedding} <=> (SELECT q FROM qv) AS d"
+            f" FROM {c.table} WHERE {c.dims_column} = {dims} AND {scope.extra[0]})"
+        )
+        params += scope.extra[1]
+        also = " UNION ALL SELECT id, d, false FROM x"
+    path = "exact" if walk is False else "index" if walk else "filtered"
     sql = (
-        ",\n".join(ctes) + f"\nSELECT * FROM ({found}) x WHERE (SELECT count(*) FROM i) >= "
-        f"{pool} UNION ALL SELECT id, d, false FROM e ORDER BY d, id LIMIT {pool}"
-    )
-    path = "index" if walk else "filtered"
+        f"/* vector leg, {path} */WITH " + ",\n".join(ctes)
+        + f"\n{found}SELECT id, d, false AS walked FROM e{also} ORDER BY d, id LIMIT {pool}"
+    )  # fmt: skip
+    if walk is False:
+        return Leg(sql, params, [], path)
     local = [
         *hnsw.walk_settings(c.index_prefix, dims, pool),
         ("max_parallel_workers_per_gather", 0),
     ]
-    return Leg(f"/* vector leg, {path} */{sql}", params, local, path)
+    return Leg(sql, params, local, path)
