@@ -68,10 +68,10 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete  # noqa: E402
-from memories.personal.models import EndUser  # noqa: E402
-from memories.personal.retrieval import core_fact_search, format_for_injection  # noqa: E402
-from memories.personal.scopes import scope_ensure  # noqa: E402
+from memories.facts.facts import FactIn, core_fact_add, core_fact_delete  # noqa: E402
+from memories.facts.models import EndUser  # noqa: E402
+from memories.facts.scopes import scope_ensure  # noqa: E402
+from memories.facts.search import core_fact_search, format_for_injection  # noqa: E402
 
 DIMS = 384
 MODEL = settings.EMBEDDING_MODEL
@@ -215,7 +215,7 @@ LITERAL = re.compile(r"'\[[^]]*\]'")
 def explain(label: str, scope_id: int, q: np.ndarray, words: str = "w1 w2 w3") -> None:
     """EXPLAIN (ANALYZE, BUFFERS) of the search's one statement and of the duplicate
     check's nearest-fact lookup for one scope: what each reads."""
-    from memories.personal import selectors
+    from memories.facts import selectors
 
     pool = max(50, 5 * 10)
     statement = selectors.candidates_statement(
@@ -276,7 +276,7 @@ def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
     """The one statement against the search it replaced (three statements and the merge
     in Python, ``reference_search`` in the tests, on the same indexes), call by call
     alternated with the same query: medians and the median of the paired ratios."""
-    from memories.personal import selectors
+    from memories.facts import selectors
     from tests.memories.engine.test_search_statement import reference_search
 
     class Given:
@@ -322,7 +322,7 @@ def bench_paired_table(owner: Any, rows: list[EndUser], calls: int, label: str) 
     dimensions, embedding_model, observed_at, confidence, category)`` and no
     ``vector_scope``: see BENCHMARKS.md), call by call alternated with the same query:
     medians, the median of the paired ratios, and how many answers differed."""
-    from memories.personal import selectors
+    from memories.facts import selectors
 
     real = selectors._half_table
 
@@ -336,12 +336,12 @@ def bench_paired_before(
     owner: Any, rows: list[EndUser], calls: int, label: str, before: Path
 ) -> None:
     """This checkout's search against another checkout's search statement (``before``:
-    its ``memories/personal/selectors.py``, loaded as a module of its own; the same
+    its ``memories/facts/selectors.py``, loaded as a module of its own; the same
     database, connection and ``core_fact_search`` around it), call by call alternated
     as ``bench_paired_table``."""
     import importlib.util
 
-    from memories.personal import retrieval
+    from memories.facts import retrieval
 
     spec = importlib.util.spec_from_file_location(
         "before_selectors", before / "memories" / "personal" / "selectors.py"
@@ -447,7 +447,7 @@ def bench_add(owner: Any, row: EndUser, calls: int, label: str) -> None:
 def bench_nearest(row: EndUser, calls: int, label: str) -> None:
     """The duplicate check alone (the scope's nearest fact), as ``core_fact_add`` runs
     it, and the exact scan of the scope for comparison."""
-    from memories.personal import facts, selectors
+    from memories.facts import facts, selectors
 
     queries = [unit(1)[0] for _ in range(64)]
     p50, p99, _ = timed(

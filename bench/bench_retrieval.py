@@ -27,9 +27,9 @@ are the API's own parameters; ``--set NAME=VALUE`` overrides a ``SEARCH_*`` sett
 process (and in the served instance's environment), for tuning.
 
 ``--facts`` adds the personal-memory yardstick: every session's ``observation`` facts are
-stored (``memories.personal.services.memory_add``) as personal memories of end users named after
+stored (``memories.facts.services.memory_add``) as personal memories of end users named after
 the speakers (one owner per conversation), with their turn ids in metadata. Each question
-is then asked as the chat proxy asks it (``memories.personal.chat.chat_prepare``: the proxy's
+is then asked as the chat proxy asks it (``memories.proxy.chat.chat_prepare``: the proxy's
 retrieval at MEMORY_SCORE_THRESHOLD and MEMORY_TOP_K, then its token budget), as each
 speaker the question names (both when it names neither or both). Printed: fact recall@k
 (share of the evidence turns covered by the top-k facts, no threshold), the share of
@@ -499,8 +499,8 @@ def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
 # --- personal facts ----------------------------------------------------------------------
 def ensure_facts(conv: Conversation, fresh: bool) -> Any:
     from core.providers.embeddings import get_embedder
-    from memories.personal.models import EndUser, Vector
-    from memories.personal.services import end_user_ensure, end_user_erase, memory_add
+    from memories.facts.models import EndUser, Vector
+    from memories.facts.services import end_user_ensure, end_user_erase, memory_add
 
     owner = bench_owner(f"bench-facts-{conv.sample_id}")
     embedder = get_embedder()
@@ -526,7 +526,7 @@ def ensure_facts(conv: Conversation, fresh: bool) -> Any:
 def fact_questions(args: argparse.Namespace, convs: list[Conversation]) -> Any:
     """(owner, fact id -> its turn ids, question, the end users asking it): each question
     asked as the speaker it names, or as both when it names neither or both."""
-    from memories.personal.models import EndUser, Vector
+    from memories.facts.models import EndUser, Vector
 
     for conv in convs:
         owner = ensure_facts(conv, args.fresh)
@@ -542,8 +542,8 @@ def fact_questions(args: argparse.Namespace, convs: list[Conversation]) -> Any:
 
 def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     from core.providers.embeddings import get_embedder
-    from memories.personal.chat import chat_prepare
-    from memories.personal.selectors import memory_search
+    from memories.facts.selectors import memory_search
+    from memories.proxy.chat import chat_prepare
 
     embedder = get_embedder()
     rows, injected_any, injected_counts, latencies = [], [], [], []
@@ -632,9 +632,9 @@ def engine_rankings(
     ``scope_keyword_ranking``: must agree with it), and the same merge with the keyword
     leg the engine had before (``ts_rank``, ``TS_RANK_SQL``). Equal scores: newer first,
     then id, as the engine orders them."""
-    from memories.personal.models import Vector
-    from memories.personal.retrieval import _pool, core_fact_search
-    from memories.personal.selectors import scope_keyword_ranking, scope_vector_ranking
+    from memories.facts.models import Vector
+    from memories.facts.search import _pool, core_fact_search
+    from memories.facts.selectors import scope_keyword_ranking, scope_vector_ranking
 
     engine = core_fact_search(
         owner=owner, scope=user, query=query, limit=k, half_life_days=0, query_vector=vector

@@ -34,9 +34,9 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from core.services import api_key_create  # noqa: E402
-from memories.personal.facts import FactIn, core_fact_add  # noqa: E402
-from memories.personal.scopes import scope_find  # noqa: E402
-from memories.personal.selectors import core_fact_count  # noqa: E402
+from memories.facts.facts import FactIn, core_fact_add  # noqa: E402
+from memories.facts.scopes import scope_find  # noqa: E402
+from memories.facts.selectors import core_fact_count  # noqa: E402
 from memories.tools.registry import tool_call  # noqa: E402
 
 SCOPE = ["user", "bench"]

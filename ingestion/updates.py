@@ -25,6 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.llm import ChatLLM, get_llm
@@ -41,17 +42,17 @@ from memories.engine.updates import (
     update_record,
     validate_messages,
 )
-from memories.personal.facts import (
+from memories.facts.facts import (
     FactDecision,
     FactIn,
     FactNotFound,
     core_fact_add,
     core_fact_delete,
 )
-from memories.personal.models import CATEGORIES, EndUser
-from memories.personal.scopes import Scope, scope_ensure
-from memories.personal.selectors import core_fact_list
-from memories.personal.services import MAX_MEMORY_CHARS, counter_add
+from memories.facts.models import CATEGORIES, EndUser
+from memories.facts.scopes import Scope, scope_ensure
+from memories.facts.selectors import core_fact_list
+from memories.facts.services import MAX_MEMORY_CHARS
 
 logger = logging.getLogger("memories.decisions")
 
@@ -246,8 +247,8 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
             parsed = calls.json([{"role": "system", "content": prompt}], what="engine_extraction")
         finally:
             result.llm_calls = calls.count
-            counter_add("memory_llm_calls_total", calls.count)
-            counter_add("memory_llm_tokens_total", calls.tokens)
+            counter_add("engine_llm_calls_total", calls.count)
+            counter_add("engine_llm_tokens_total", calls.tokens)
         facts, removed = parse_extraction(parsed, known, refs)
         pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in facts])
     except ProviderError as exc:  # not configured, down, timed out: retried later

@@ -64,7 +64,7 @@ INSTALLED_APPS = [
     "knowledge",
     "memories.conversations",
     "memories.bases",
-    "memories.personal",
+    "memories.facts",
     "memories.stores",
     "memories.engine",
     "memories.tools",
@@ -215,7 +215,7 @@ SPECTACULAR_SETTINGS = {
     "AUTHENTICATION_WHITELIST": ["core.authentication.APIKeyAuthentication"],
     "PARSER_WHITELIST": ["core.api.parsers.JSONParser"],
     "ENUM_NAME_OVERRIDES": {
-        "ChatRoleEnum": "memories.personal.api.serializers.CHAT_ROLES",
+        "ChatRoleEnum": "core.api.fields.CHAT_ROLES",
         "MessageRoleEnum": "memories.conversations.models.Message.Role",
         "JobStatusEnum": "core.jobs.Job.Status",
         "UpdateStatusEnum": "memories.engine.models.PendingUpdate.Status",

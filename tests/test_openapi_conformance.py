@@ -13,7 +13,7 @@ from django.db import close_old_connections
 
 from core.services import api_key_create
 from knowledge.services import DocumentIn, knowledge_documents_submit
-from memories.personal.services import end_user_ensure, memory_add
+from memories.facts.services import end_user_ensure, memory_add
 from memoryproject.wsgi import application
 from scripts.faults.fuzz import fuzz
 from tests.conftest import record

@@ -15,13 +15,13 @@ from rest_framework.response import Response
 
 from ingestion.updates import UpdateRun, updates_now
 from memories.engine.api.background import PendingUpdateOutputSerializer
-from memories.personal.api import views as personal
-from memories.personal.api.serializers import (
+from memories.facts.api import views as personal
+from memories.facts.api.serializers import (
     DecisionSerializer,
     MemoryAddResultSerializer,
     MemoryAddSerializer,
 )
-from memories.personal.scopes import user_scope
+from memories.facts.scopes import user_scope
 
 # The direct API takes OpenAI's roles; a flush takes these.
 ROLE_OF = {"developer": "system", "function": "tool"}

@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, NotFound, ServiceError, Unprocessable
+from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderBadResponse
 from core.providers.llm import ChatLLM
@@ -39,7 +40,7 @@ from memories.engine import files
 from memories.engine.llm import PrecomputedEmbedder, json_calls
 from memories.engine.locks import ScopeBusy, scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import Dream, EngineSettings, PendingUpdate
-from memories.personal.facts import (
+from memories.facts.facts import (
     FactIn,
     FactNotFound,
     core_fact_add,
@@ -47,10 +48,10 @@ from memories.personal.facts import (
     core_fact_update,
     core_facts_snapshot,
 )
-from memories.personal.models import CATEGORIES, EndUser, MemoryUpdate
-from memories.personal.restore import core_fact_restore
-from memories.personal.scopes import Scope, owner_pk, scope_find, scope_parse
-from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_fact
+from memories.facts.models import CATEGORIES, EndUser, MemoryUpdate
+from memories.facts.restore import core_fact_restore
+from memories.facts.scopes import Scope, owner_pk, scope_find, scope_parse
+from memories.facts.services import MAX_MEMORY_CHARS, normalize_fact
 
 logger = logging.getLogger("memories.decisions")
 FEATURE = "Deep Dream (POST /api/v1/engine/dream)"
@@ -363,7 +364,7 @@ def dream_run(
         try:
             parsed = calls.json([{"role": "system", "content": prompt}], what="dream")
         finally:
-            counter_add("memory_llm_calls_total", calls.count)
+            counter_add("engine_llm_calls_total", calls.count)
         plan, diary = _plan(before, parsed, days)
         _check_loss(before, plan)
         pre = PrecomputedEmbedder(embedder or get_embedder(),

@@ -7,7 +7,7 @@
 
 Scopes may be templates (``["memories", "{user_id}"]``) filled from ``values``; a
 missing value is ``ScopeValueMissing`` (400). The core tier is the personal-memory
-store generalised to scopes (``memories.personal.facts`` / ``retrieval``): a fact
+store generalised to scopes (``memories.facts.facts`` / ``retrieval``): a fact
 managed here for ``["user", "alice"]`` is one of alice's personal memories.
 
 ``flush`` (debounced updates, daily journal) and ``dream`` (consolidation) are the
@@ -27,23 +27,23 @@ from core.errors import InvalidInput
 from memories.engine.dreams import DreamOutcome, ScopeNotFound, dream_run
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
-from memories.personal.facts import (
+from memories.facts.facts import (
     FactDecision,
     FactIn,
     core_fact_add,
     core_fact_delete,
     core_fact_update,
 )
-from memories.personal.models import EndUser, Vector
-from memories.personal.retrieval import (
+from memories.facts.models import EndUser, Vector
+from memories.facts.scopes import Scope, scope_fill, scope_find
+from memories.facts.search import (
     Injection,
     SearchResult,
     core_fact_search,
     format_for_injection,
 )
-from memories.personal.scopes import Scope, scope_fill, scope_find
-from memories.personal.selectors import FactFilter
-from memories.personal.services import end_user_erase
+from memories.facts.selectors import FactFilter
+from memories.facts.services import end_user_erase
 
 ACTIONS = ("create", "update", "delete")
 

@@ -1,7 +1,7 @@
 """The engine's background state: debounced updates waiting for their extraction,
 dreams (with the snapshot that undoes them) and the per-owner switches.
 
-Facts themselves are the personal-memory store's (``memories.personal``); these
+Facts themselves are the personal-memory store's (``memories.facts``); these
 tables point at its scopes (``EndUser``).
 """
 
@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from memories.personal.models import EndUser
+from memories.facts.models import EndUser
 
 
 class PendingUpdate(models.Model):

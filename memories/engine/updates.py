@@ -25,8 +25,8 @@ from core.errors import InvalidInput
 from core.providers.llm import get_llm
 from core.queue import enqueue_on_commit
 from memories.engine.models import PendingUpdate
-from memories.personal.models import EndUser
-from memories.personal.scopes import Scope, owner_pk, scope_ensure
+from memories.facts.models import EndUser
+from memories.facts.scopes import Scope, owner_pk, scope_ensure
 
 RUN_TASK = "ingestion.tasks.engine_updates_run"
 ROLES = ("user", "assistant", "system", "tool")

@@ -12,9 +12,9 @@ from core.errors import NotFound
 from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_get
 from memories.engine.facade import MemoryEngine
-from memories.personal.models import CATEGORIES
-from memories.personal.retrieval import FactHit
-from memories.personal.scopes import owner_pk
+from memories.facts.models import CATEGORIES
+from memories.facts.scopes import owner_pk
+from memories.facts.search import FactHit
 from memories.stores.models import STAGES
 from memories.stores.runtime import node_memory_retrieve, node_memory_write
 from memories.tools.registry import Tool, ToolContext, ToolError, parse_uuid, register

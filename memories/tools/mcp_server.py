@@ -46,8 +46,8 @@ from mcp.types import (
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.dreams import memory_md_read
-from memories.personal.scopes import Scope, scope_find, scope_parse
-from memories.personal.selectors import scopes_of_owner
+from memories.facts.scopes import Scope, scope_find, scope_parse
+from memories.facts.selectors import scopes_of_owner
 from memories.tools.registry import Tool, ToolError, ToolNotFound, tool_call, tool_get, tool_list
 
 current_owner: ContextVar[int | None] = ContextVar("mcp_owner", default=None)

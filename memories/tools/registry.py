@@ -28,7 +28,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ObjectDoesNotExist
 
 from core.errors import ServiceError
-from memories.personal.scopes import Scope, scope_fill
+from memories.facts.scopes import Scope, scope_fill
 
 
 class ToolError(ServiceError):

@@ -131,7 +131,7 @@ def _victim(inst: Instance, secret: str) -> dict[str, Any]:
         "from datetime import timedelta\n"
         "from django.utils import timezone\n"
         "from memories.engine.models import Dream, PendingUpdate\n"
-        "from memories.personal.models import EndUser\n"
+        "from memories.facts.models import EndUser\n"
         "u = EndUser.objects.get(owner__username='fault', scope=['user', 'u1'])\n"
         "PendingUpdate.objects.create(owner_id=u.owner_id, scope=u, source='api', "
         f"messages=[{{'role': 'user', 'content': 'I like {secret}'}}], "

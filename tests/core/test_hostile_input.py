@@ -9,7 +9,7 @@ import pytest
 from django.apps import apps
 
 from knowledge.services import knowledge_base_create
-from memories.personal.services import end_user_ensure, memory_add
+from memories.facts.services import end_user_ensure, memory_add
 
 pytestmark = pytest.mark.django_db
 
@@ -307,7 +307,7 @@ def test_chat_proxy_500_is_openai_shaped(alice_client, llm_settings, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr("memories.personal.api.openai_views.chat_complete", boom)
+    monkeypatch.setattr("memories.proxy.api.views.chat_complete", boom)
     alice_client.raise_request_exception = False
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     response = alice_client.post("/v1/chat/completions", body, format="json")

@@ -9,7 +9,7 @@ import pytest
 from ingestion.capture import messages_record
 from memories.conversations.models import Message
 from memories.conversations.services import MessageIn
-from memories.personal.models import EndUser
+from memories.facts.models import EndUser
 
 pytestmark = pytest.mark.django_db
 

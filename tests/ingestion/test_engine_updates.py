@@ -14,9 +14,9 @@ from ingestion.updates import updates_run, updates_sweep
 from memories.engine import files
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import schedule_name, update_record
-from memories.personal.models import MemoryUpdate, Vector
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_list
+from memories.facts.models import MemoryUpdate, Vector
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import core_fact_list
 from tests.fakes.openai_server import Scripted
 from tests.ingestion.conftest import DARK, RUST, TEA
 from tests.memories.engine.scripted import fact, scope_held

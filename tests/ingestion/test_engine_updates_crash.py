@@ -20,8 +20,8 @@ from ingestion import updates as pipeline
 from memories.engine import files
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
-from memories.personal.models import MemoryUpdate, Vector
-from memories.personal.scopes import scope_find
+from memories.facts.models import MemoryUpdate, Vector
+from memories.facts.scopes import scope_find
 from tests.ingestion.test_job_lifecycle import _wait
 from tests.memories.engine.scripted import EngineLLM, fact
 

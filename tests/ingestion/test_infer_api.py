@@ -11,7 +11,7 @@ from ingestion import updates as pipeline
 from ingestion.tasks import form_memories
 from ingestion.updates import updates_sweep
 from memories.engine.models import PendingUpdate
-from memories.personal.models import Vector
+from memories.facts.models import Vector
 from tests.fakes.openai_server import Scripted
 from tests.ingestion.conftest import DARK, TEA
 from tests.memories.engine.scripted import scope_held

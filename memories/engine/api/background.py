@@ -42,8 +42,8 @@ from memories.engine.dreams import (
 )
 from memories.engine.models import Dream, PendingUpdate
 from memories.engine.updates import pending_of, update_list
-from memories.personal.models import EndUser
-from memories.personal.scopes import Scope, scope_find
+from memories.facts.models import EndUser
+from memories.facts.scopes import Scope, scope_find
 
 
 # --- input --------------------------------------------------------------------------

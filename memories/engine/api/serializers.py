@@ -7,9 +7,9 @@ from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from core.api.fields import StrictCharField
-from memories.personal.facts import SOURCE_KINDS
-from memories.personal.models import CATEGORIES, Vector
-from memories.personal.services import MAX_MEMORY_CHARS
+from memories.facts.facts import SOURCE_KINDS
+from memories.facts.models import CATEGORIES, Vector
+from memories.facts.services import MAX_MEMORY_CHARS
 
 
 class ScopedSerializer(serializers.Serializer):

@@ -30,10 +30,10 @@ from memories.engine.api.serializers import (
     user_header_value,
 )
 from memories.engine.facade import MemoryEngine
-from memories.personal.facts import core_fact_resolve
-from memories.personal.retrieval import injection_payload
-from memories.personal.scopes import Scope
-from memories.personal.selectors import FactFilter, core_fact_get, core_fact_list
+from memories.facts.facts import core_fact_resolve
+from memories.facts.scopes import Scope
+from memories.facts.search import injection_payload
+from memories.facts.selectors import FactFilter, core_fact_get, core_fact_list
 
 SCOPE_PARAMETER = OpenApiParameter(
     "scope",

@@ -10,7 +10,7 @@ from core.models import APIKey
 from knowledge.models import Chunk, KnowledgeBase
 from memories.bases import services
 from memories.bases.models import MemoryBase, MemoryBaseJob
-from memories.personal.models import EndUser
+from memories.facts.models import EndUser
 from tests.conftest import record
 from tests.knowledge.factories import make_kb
 

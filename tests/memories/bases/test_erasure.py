@@ -13,7 +13,7 @@ from memories.bases.models import MemoryBaseSession
 from memories.bases.services import memory_base_create
 from memories.conversations.models import Message
 from memories.conversations.services import MessageIn, flow_create
-from memories.personal.services import end_user_ensure, end_user_erase
+from memories.facts.services import end_user_ensure, end_user_erase
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

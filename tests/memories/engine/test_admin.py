@@ -8,8 +8,8 @@ from django.utils import timezone
 from ingestion.updates import updates_run
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.models import Vector
+from memories.facts.facts import FactIn, core_fact_add
+from memories.facts.models import Vector
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db

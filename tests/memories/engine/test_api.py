@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memories.personal.models import EndUser, MemoryUpdate, Vector
+from memories.facts.models import EndUser, MemoryUpdate, Vector
 
 pytestmark = pytest.mark.django_db
 

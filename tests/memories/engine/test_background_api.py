@@ -9,7 +9,7 @@ from django.utils import timezone
 from ingestion.updates import updates_run
 from memories.engine.facade import MemoryEngine
 from memories.engine.models import Dream, PendingUpdate
-from memories.personal.models import Vector
+from memories.facts.models import Vector
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db

@@ -24,9 +24,9 @@ from memories.engine.dreams import (
 )
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
-from memories.personal.facts import FactIn, core_fact_add, core_facts_snapshot
-from memories.personal.models import MemoryUpdate
-from memories.personal.scopes import scope_find
+from memories.facts.facts import FactIn, core_fact_add, core_facts_snapshot
+from memories.facts.models import MemoryUpdate
+from memories.facts.scopes import scope_find
 from tests.memories.engine.scripted import EngineLLM
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ from django_q.scheduler import scheduler
 
 from memories.engine import files
 from memories.engine.models import PendingUpdate
-from memories.personal.models import Vector
+from memories.facts.models import Vector
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db

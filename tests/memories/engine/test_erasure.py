@@ -17,9 +17,9 @@ from memories.engine import files
 from memories.engine.dreams import memory_md_read
 from memories.engine.models import Dream, PendingUpdate
 from memories.engine.updates import schedule_name, update_record
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
-from memories.personal.scopes import scope_ensure
+from memories.facts.facts import FactIn, core_fact_add
+from memories.facts.models import EndUser, MemoryUpdate, UserVector, Vector
+from memories.facts.scopes import scope_ensure
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AT = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
@@ -127,7 +127,7 @@ def test_engine_erase_keeps_nested_and_other_scopes(
 
 
 def test_a_failed_erasure_keeps_rows_and_files(alice, engine_storage):
-    from memories.personal.services import end_user_erase
+    from memories.facts.services import end_user_erase
 
     row = _fill(alice, ("user", "u1"), "User plays the violin")
     row_id = row.pk  # (a deleted instance loses its pk, even when rolled back)

@@ -9,11 +9,11 @@ import importlib
 import pytest
 from django.db import connection
 
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete
-from memories.personal.models import EndUser, UserVector, Vector
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_count, scope_is_large
-from memories.personal.services import end_user_erase, memory_link
+from memories.facts.facts import FactIn, core_fact_add, core_fact_delete
+from memories.facts.models import EndUser, UserVector, Vector
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import core_fact_count, scope_is_large
+from memories.facts.services import end_user_erase, memory_link
 from tests.memories.engine.test_vector_half import Dims, add_facts
 
 pytestmark = pytest.mark.django_db
@@ -86,7 +86,7 @@ def test_a_deleted_fact_leaves_every_scope_counted(alice):
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_counts_the_links_already_there_and_a_truncate_zeroes(alice):
     add_facts(alice, ("org", "a"), 5)
-    migration = importlib.import_module("memories.personal.migrations.0009_scope_fact_count")
+    migration = importlib.import_module("memories.facts.migrations.0009_scope_fact_count")
     with connection.cursor() as cur:
         cur.execute(migration.DROP)
         cur.execute(migration.Migration.operations[0].sql)

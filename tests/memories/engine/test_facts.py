@@ -10,17 +10,17 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.errors import InvalidInput
-from memories.personal.facts import (
+from memories.facts.facts import (
     FactIn,
     FactNotFound,
     core_fact_add,
     core_fact_delete,
     core_fact_update,
 )
-from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
-from memories.personal.scopes import ScopeValueMissing, scope_fill, scope_find
-from memories.personal.selectors import core_fact_list, memory_list
-from memories.personal.services import end_user_ensure, memory_link
+from memories.facts.models import EndUser, MemoryUpdate, UserVector, Vector
+from memories.facts.scopes import ScopeValueMissing, scope_fill, scope_find
+from memories.facts.selectors import core_fact_list, memory_list
+from memories.facts.services import end_user_ensure, memory_link
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from core.providers import embeddings
 from core.providers.errors import ProviderError
 from core.providers.tokens import count_tokens
 from memories.engine.facade import MemoryEngine
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.retrieval import core_fact_search, format_for_injection
+from memories.facts.facts import FactIn, core_fact_add
+from memories.facts.search import core_fact_search, format_for_injection
 
 pytestmark = pytest.mark.django_db
 
@@ -178,7 +178,7 @@ def test_facade_manage_search_inject(alice, bob, fixture_embedder):
         engine.format_for_injection(["memories", "u7"], 100).text
         == "- [behavior | 0.80] User plays the violin"
     )
-    from memories.personal.facts import FactNotFound
+    from memories.facts.facts import FactNotFound
 
     with pytest.raises(FactNotFound):
         MemoryEngine(owner=bob).manage(["memories", "u7"], action="delete", id=created.fact_id)

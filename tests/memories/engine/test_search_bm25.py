@@ -16,12 +16,12 @@ from django.db import connection
 from django.utils import timezone
 
 from memories.engine.facade import MemoryEngine
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
-from memories.personal.models import EndUser, UserVector, Vector
-from memories.personal.retrieval import core_fact_search
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import FactFilter, scope_keyword_ranking
-from memories.personal.services import end_user_erase, memory_link
+from memories.facts.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
+from memories.facts.models import EndUser, UserVector, Vector
+from memories.facts.scopes import scope_find
+from memories.facts.search import core_fact_search
+from memories.facts.selectors import FactFilter, scope_keyword_ranking
+from memories.facts.services import end_user_erase, memory_link
 from tests.memories.engine.test_search_statement import Broken
 from tests.memories.engine.test_vector_half import Dims
 
@@ -234,7 +234,7 @@ def test_statistics_follow_every_write(alice, bob):
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_counts_the_facts_already_there_and_a_truncate_zeroes(alice):
     seed(alice)
-    migration = importlib.import_module("memories.personal.migrations.0010_scope_text_stats")
+    migration = importlib.import_module("memories.facts.migrations.0010_scope_text_stats")
     with connection.cursor() as cur:
         cur.execute(migration.DROP)
         cur.execute(migration.COLUMNS)

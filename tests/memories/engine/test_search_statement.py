@@ -14,17 +14,17 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.scoring import decay
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.models import Vector
-from memories.personal.retrieval import _pool, core_fact_search
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import (
+from memories.facts.facts import FactIn, core_fact_add
+from memories.facts.models import Vector
+from memories.facts.scopes import scope_find
+from memories.facts.search import _pool, core_fact_search
+from memories.facts.selectors import (
     FactFilter,
     scope_is_large,
     scope_keyword_ranking,
     scope_vector_ranking_indexed,
 )
-from memories.personal.services import memory_link
+from memories.facts.services import memory_link
 from tests.memories.engine.test_search import _SeededEmbedder as Seeded
 
 pytestmark = pytest.mark.django_db

@@ -17,17 +17,17 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
-from memories.personal.models import EndUser, UserVector, Vector
-from memories.personal.retrieval import core_fact_search
-from memories.personal.scopes import scope_ensure, scope_find
-from memories.personal.selectors import (
+from memories.facts.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
+from memories.facts.models import EndUser, UserVector, Vector
+from memories.facts.scopes import scope_ensure, scope_find
+from memories.facts.search import core_fact_search
+from memories.facts.selectors import (
     HALF_MARGIN,
     HALF_MAX_DIMENSIONS,
     FactFilter,
     scope_vector_ranking,
 )
-from memories.personal.services import end_user_erase, memory_link
+from memories.facts.services import end_user_erase, memory_link
 from tests.memories.engine.test_search_statement import exact_vector_ranking, reference_search
 
 pytestmark = pytest.mark.django_db
@@ -370,7 +370,7 @@ def test_the_migration_copies_the_facts_already_there(alice, monkeypatch):
     facts each here), every fact of a scope and of at most 1,024 dimensions."""
     add_facts(alice, ("org", "a"), 8)
     add_facts(alice, ("org", "b"), 2, dims=1536)
-    migration = importlib.import_module("memories.personal.migrations.0008_vector_half")
+    migration = importlib.import_module("memories.facts.migrations.0008_vector_half")
     monkeypatch.setattr(migration, "BATCH", 3)
     with connection.schema_editor(atomic=False) as editor:
         migration.backward(None, editor)

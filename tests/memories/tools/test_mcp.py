@@ -20,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from core.services import api_key_create
 from memories.engine import files
-from memories.personal.models import Vector
+from memories.facts.models import Vector
 from memories.tools.callables import memory_tools
 from memories.tools.mcp_server import scope_uri
 from memories.tools.registry import openai_tools

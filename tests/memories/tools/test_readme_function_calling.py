@@ -12,8 +12,8 @@ import json
 import pytest
 
 from core.services import api_key_create
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_list
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import core_fact_list
 from tests.fakes.openai_server import Scripted, chat_body
 from tests.readme import readme_block
 

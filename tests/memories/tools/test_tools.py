@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from memories.personal.models import MemoryUpdate, Vector
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_list
+from memories.facts.models import MemoryUpdate, Vector
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import core_fact_list
 from memories.stores.models import MemoryItem
 from memories.tools.callables import memory_tools, node_memory_tools
 from memories.tools.registry import ToolError, openai_tools, tool_call
