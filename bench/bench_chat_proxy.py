@@ -45,7 +45,8 @@ from django.utils import timezone  # noqa: E402
 
 from core.providers import embeddings  # noqa: E402
 from core.services import api_key_create  # noqa: E402
-from memories.facts.services import end_user_ensure, memory_add  # noqa: E402
+from memories.facts.scopes import end_user_ensure  # noqa: E402
+from memories.facts.services import FactIn, fact_add  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
 
 TOPICS = [
@@ -77,12 +78,9 @@ def overhead(server: FakeOpenAIServer, owner, requests: int) -> None:
     end_user = end_user_ensure(owner=owner, external_id="bench-user")
     if not end_user.links.exists():
         at = timezone.now() - timedelta(days=1)
-        for i in range(200):
-            memory_add(
-                end_user=end_user,
-                content=f"User likes {TOPICS[i % len(TOPICS)]} (fact {i})",
-                observed_at=at,
-            )
+        facts = [FactIn(f"User likes {TOPICS[i % len(TOPICS)]} (fact {i})", observed_at=at)
+                 for i in range(200)]  # fmt: skip
+        fact_add(owner=owner, scope=end_user, facts=facts, dedup_threshold=1.01, reason="bench")
     _, key = api_key_create(owner=owner, name="bench")
     server.default_chat = Scripted(
         body=chat_body("Sure, here is an answer of moderate length. " * 4)

@@ -51,8 +51,8 @@ from core.services import api_key_create  # noqa: E402
 from ingestion.updates import updates_run  # noqa: E402
 from memories.engine.models import PendingUpdate  # noqa: E402
 from memories.engine.updates import due_scopes  # noqa: E402
-from memories.facts.models import EndUser  # noqa: E402
-from memories.facts.services import end_user_erase  # noqa: E402
+from memories.facts.models import Scope  # noqa: E402
+from memories.facts.services import scope_erase  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
 
 BURSTS = [
@@ -85,8 +85,8 @@ def memory_calls(server: FakeOpenAIServer, since: int) -> int:
 
 
 def reset(owner, users: int) -> None:
-    for end_user in EndUser.objects.filter(owner=owner):
-        end_user_erase(end_user=end_user)
+    for end_user in Scope.objects.filter(owner=owner):
+        scope_erase(scope=end_user)
     PendingUpdate.objects.filter(owner=owner).delete()
 
 

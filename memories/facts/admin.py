@@ -11,19 +11,14 @@ from django.utils.html import format_html, format_html_join
 
 from core.admin_confirm import confirm_first
 from core.metrics import counter_values
-from memories.facts.models import (
-    EndUser,
-    GlobalMemory,
-    MemoryUpdate,
-    UserVector,
-    Vector,
-)
+from memories.facts.models import Fact, FactChange, FactLink, GlobalMemory, Scope
+from memories.facts.scopes import global_scope_ensure
 from memories.facts.selectors import links_count
-from memories.facts.services import end_user_erase, global_memory_create, global_memory_delete
+from memories.facts.services import FactIn, fact_add, fact_delete, scope_erase
 
 
-class MemoryUpdateInline(admin.TabularInline):
-    model = MemoryUpdate
+class FactChangeInline(admin.TabularInline):
+    model = FactChange
     extra = 0
     can_delete = False
     fields = ["created_at", "action", "old_content", "new_content", "reason"]
@@ -35,17 +30,17 @@ class MemoryUpdateInline(admin.TabularInline):
         return False
 
 
-@admin.register(EndUser)
-class EndUserAdmin(admin.ModelAdmin):
-    list_display = ["external_id", "owner", "memory_count", "last_seen_at", "created_at"]
+@admin.register(Scope)
+class ScopeAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "owner", "memory_count", "last_seen_at", "created_at"]
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
     list_filter = ["owner"]
-    readonly_fields = ["owner", "external_id", "created_at", "last_seen_at", "memories"]
-    inlines = [MemoryUpdateInline]
+    readonly_fields = ["owner", "path", "external_id", "created_at", "last_seen_at", "memories"]
+    inlines = [FactChangeInline]
     actions = ["erase"]
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[EndUser]:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Scope]:
         return super().get_queryset(request).annotate(_memories=Count("links"))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -57,15 +52,15 @@ class EndUserAdmin(admin.ModelAdmin):
         return actions
 
     @admin.display(description="memories", ordering="_memories")
-    def memory_count(self, end_user: EndUser) -> int:
-        return end_user._memories  # type: ignore[attr-defined]  # annotated by get_queryset
+    def memory_count(self, scope: Scope) -> int:
+        return scope._memories  # type: ignore[attr-defined]  # annotated by get_queryset
 
     @admin.display(description="memories (links)")
-    def memories(self, end_user: EndUser) -> str:
+    def memories(self, scope: Scope) -> str:
         links = (
-            UserVector.objects.filter(end_user=end_user)
-            .select_related("vector")
-            .annotate(shared_with=Count("vector__links"))
+            FactLink.objects.filter(scope=scope)
+            .select_related("fact")
+            .annotate(shared_with=Count("fact__links"))
             .order_by("-created_at")
         )
         rows = format_html_join(
@@ -73,8 +68,8 @@ class EndUserAdmin(admin.ModelAdmin):
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    link.vector.content,
-                    link.vector.observed_at,
+                    link.fact.content,
+                    link.fact.observed_at,
                     link.created_at,
                     link.shared_with - 1,
                 )
@@ -93,17 +88,17 @@ class EndUserAdmin(admin.ModelAdmin):
             request, {**(extra_context or {}), "memory_counters": counters}
         )
 
-    @admin.action(description="Erase selected users (memories, links and audit trail)")
+    @admin.action(description="Erase selected scopes (memories, links and audit trail)")
     @confirm_first(
-        title="Erase these end users?",
+        title="Erase these scopes?",
         consequences=[
             "delete their memory links, the memories nobody else shares, their audit trail "
-            "and the end users themselves (this cannot be undone).",
+            "and the scopes themselves (this cannot be undone).",
         ],
         button="Yes, erase",
     )
-    def erase(self, request: HttpRequest, queryset: QuerySet[EndUser]) -> None:
-        removed = sum(end_user_erase(end_user=end_user) for end_user in list(queryset))
+    def erase(self, request: HttpRequest, queryset: QuerySet[Scope]) -> None:
+        removed = sum(scope_erase(scope=scope) for scope in list(queryset))
         self.message_user(request, f"Erased; {removed} memory link(s) removed.")
 
 
@@ -117,38 +112,45 @@ class GlobalMemoryForm(forms.ModelForm):
 
 @admin.register(GlobalMemory)
 class GlobalMemoryAdmin(admin.ModelAdmin):
+    """The owners' global memories (the facts of their global scopes), added and
+    deleted through the write service as through ``/api/v1/global-memories``."""
+
     form = GlobalMemoryForm
     list_display = ["content", "owner", "created_at"]
     list_select_related = ["owner"]
     search_fields = ["content", "owner__username"]
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Vector]:
-        return super().get_queryset(request).filter(type=Vector.Type.GLOBAL).defer("embedding")
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Fact]:
+        return super().get_queryset(request).filter(scope__path=[]).defer("embedding")
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)
 
     def save_model(self, request: HttpRequest, obj: GlobalMemory, form: Any, change: bool) -> None:
-        created = global_memory_create(
-            owner=form.cleaned_data["owner"], content=form.cleaned_data["content"]
+        owner = form.cleaned_data["owner"]
+        [decision] = fact_add(
+            owner=owner, scope=global_scope_ensure(owner=owner), reason="added in the admin",
+            facts=[FactIn(form.cleaned_data["content"], source_kind="api", source_ref="admin")],
+        )  # fmt: skip
+        obj.pk = decision.fact_id
+
+    def delete_model(self, request: HttpRequest, obj: Fact) -> None:
+        fact_delete(
+            owner=obj.owner_id, fact_id=obj.pk, scope=obj.scope, reason="deleted in the admin"
         )
-        obj.pk = created.pk
 
-    def delete_model(self, request: HttpRequest, obj: GlobalMemory) -> None:
-        global_memory_delete(vector=obj)
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Vector]) -> None:
-        for vector in queryset:
-            global_memory_delete(vector=vector)
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Fact]) -> None:
+        for fact in queryset:
+            self.delete_model(request, fact)
 
 
-@admin.register(MemoryUpdate)
-class MemoryUpdateAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "end_user", "action", "old_content", "new_content", "reason"]
+@admin.register(FactChange)
+class FactChangeAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "scope", "action", "old_content", "new_content", "reason"]
     list_filter = ["action"]
-    list_select_related = ["end_user"]
-    search_fields = ["end_user__external_id", "old_content", "new_content", "reason"]
-    raw_id_fields = ["end_user"]
+    list_select_related = ["scope"]
+    search_fields = ["scope__external_id", "old_content", "new_content", "reason"]
+    raw_id_fields = ["scope"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

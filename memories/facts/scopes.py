@@ -1,26 +1,31 @@
-"""Scopes (namespaces) of memories: lists such as ``["user", "u-123"]`` or
-``["org", "acme", "agent-alpha"]``, always inside the caller's tenant (owner).
+"""Scopes (namespaces) of facts: paths such as ``["user", "u-123"]`` or
+``["org", "acme", "agent-alpha"]``, always inside the caller's tenant (owner). Each is
+one ``Scope`` row.
 
 A template such as ``["memories", "{user_id}"]`` is filled from request values; a value
 it names and the request does not carry is a 400 (``scope_value_missing``), never a
 silently shared scope. The end user ``alice`` of personal memories is the scope
-``["user", "alice"]``: both paths read and write the same row and facts.
+``["user", "alice"]``: every door reads and writes the same row and facts. The owner's
+global memories are the facts of its owner-level scope, the empty path (no client can
+send it: a path has 1-8 segments).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from core.errors import InvalidInput
-from core.validation import END_USER_ID
-from memories.facts.models import EndUser
+from core.validation import END_USER_ID, validate_end_user_id
+from memories.facts.models import Scope
 
-Scope = tuple[str, ...]
+ScopePath = tuple[str, ...]
 
 MAX_SEGMENTS = 8
 # A segment is what an end-user id may be (letters, digits, . _ : @ / + = -).
@@ -33,7 +38,10 @@ class ScopeValueMissing(InvalidInput):
     code = "scope_value_missing"
 
 
-def scope_parse(value: Any, *, field: str = "scope") -> Scope:
+LAST_SEEN_RESOLUTION = timedelta(minutes=5)
+
+
+def scope_parse(value: Any, *, field: str = "scope") -> ScopePath:
     """A validated scope from a client value (a list of 1-8 id-like strings)."""
     if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_SEGMENTS:
         raise InvalidInput(
@@ -51,7 +59,7 @@ def scope_parse(value: Any, *, field: str = "scope") -> Scope:
 
 def scope_fill(
     template: Sequence[Any], values: Mapping[str, Any], *, field: str = "scope"
-) -> Scope:
+) -> ScopePath:
     """Fill ``{name}`` placeholders of a scope template from ``values``, then validate.
 
     A placeholder without a (non-empty) value raises ``ScopeValueMissing`` naming it.
@@ -85,36 +93,60 @@ def owner_pk(owner: AbstractBaseUser | int) -> int:
     return int(owner if isinstance(owner, int) else owner.pk)
 
 
-def user_scope(external_id: str) -> Scope:
+def user_scope(external_id: str) -> ScopePath:
     return (USER, external_id)
 
 
-def external_id_of(scope: Scope) -> str | None:
+def external_id_of(scope: ScopePath) -> str | None:
     """The end-user id when ``scope`` is ``["user", <id>]``, else None."""
     return scope[1] if len(scope) == 2 and scope[0] == USER else None
 
 
-def scope_find(*, owner: AbstractBaseUser | int, scope: Scope) -> EndUser | None:
-    owner_id = owner_pk(owner)
-    return EndUser.objects.filter(owner_id=owner_id, scope=list(scope)).first()
+def scope_find(*, owner: AbstractBaseUser | int, scope: ScopePath) -> Scope | None:
+    """The owner's row for the path ``scope``, if any."""
+    return Scope.objects.filter(owner_id=owner_pk(owner), path=list(scope)).first()
 
 
-def scope_ensure(*, owner: AbstractBaseUser | int, scope: Scope) -> EndUser:
-    """The owner's row for ``scope``, created on first use (race-safe).
+def scope_ensure(*, owner: AbstractBaseUser | int, scope: ScopePath) -> Scope:
+    """The owner's row for the path ``scope``, created on first use (race-safe).
 
-    A user scope is created through the end-user id, so the engine and the personal
+    A user scope is created with its end-user id, so the engine and the personal
     memories API (``/api/v1/users/{id}/memories``) share one row.
     """
-    owner_id = owner_pk(owner)
-    scope = scope_parse(list(scope))
-    external_id = external_id_of(scope)
-    found = EndUser.objects.filter(owner_id=owner_id, scope=list(scope)).first()
+    return _ensure(owner_pk(owner), scope_parse(list(scope)))
+
+
+def global_scope_ensure(*, owner: AbstractBaseUser | int) -> Scope:
+    """The owner's global memories' scope (the empty path), created on first use."""
+    return _ensure(owner_pk(owner), Scope.GLOBAL)
+
+
+def global_scope_find(*, owner: AbstractBaseUser | int) -> Scope | None:
+    return scope_find(owner=owner, scope=Scope.GLOBAL)
+
+
+def _ensure(owner_id: int, path: ScopePath) -> Scope:
+    found = Scope.objects.filter(owner_id=owner_id, path=list(path)).first()
     if found is not None:
         return found
     try:
         with transaction.atomic():
-            return EndUser.objects.create(
-                owner_id=owner_id, scope=list(scope), external_id=external_id
+            return Scope.objects.create(
+                owner_id=owner_id, path=list(path), external_id=external_id_of(path)
             )
     except IntegrityError:  # created meanwhile by another request
-        return EndUser.objects.get(owner_id=owner_id, scope=list(scope))
+        return Scope.objects.get(owner_id=owner_id, path=list(path))
+
+
+def end_user_ensure(*, owner: AbstractBaseUser | int, external_id: str) -> Scope:
+    """The scope ``["user", external_id]`` of the owner's end user, created on first
+    sight (race-safe), its ``last_seen_at`` kept to the minutes."""
+    validate_end_user_id(external_id)
+    scope = _ensure(owner_pk(owner), user_scope(external_id))
+    now = timezone.now()
+    # A write (and its commit) on every chat request would dominate the proxy's
+    # latency; minutes are resolution enough for "last seen".
+    if scope.last_seen_at is None or now - scope.last_seen_at > LAST_SEEN_RESOLUTION:
+        Scope.objects.filter(pk=scope.pk).update(last_seen_at=now)
+        scope.last_seen_at = now
+    return scope

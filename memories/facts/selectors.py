@@ -1,821 +1,66 @@
-"""Reads for personal memories, scoped by owner and end user."""
+"""Reads of facts and scopes, always scoped by owner (and scope). The search of facts
+is ``memories.facts.search``; its SQL is ``memories.facts.ranking``."""
 
 from __future__ import annotations
 
-import functools
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, User
-from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
-from django.utils import timezone
-from pgvector.django import CosineDistance
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Q, QuerySet
 
-from core.health import pgvector_supports_iterative_scan, pgvector_version
-from core.hnsw import index_type
-from core.scoring import decay
-from knowledge import prepared
-from knowledge.bm25 import bm25_adhoc
-from knowledge.fusion import weighted_scores
-from knowledge.models import INDEXED_DIMENSIONS
-from memories.facts.models import EndUser, MemoryUpdate, UserVector, Vector
+from core.errors import InvalidInput, NotFound
+from memories.facts.models import Fact, FactChange, FactLink, Scope
+from memories.facts.ranking import FactFilter, scope_fact_count
+from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
 
 
-@dataclass
-class MemoryHit:
-    id: uuid.UUID
-    content: str
-    type: str
-    created_at: datetime
-    observed_at: datetime
-    similarity: float
-    score: float
-    relevant: bool = True  # retrieved for the query (not only injected by confidence)
+class FactNotFound(NotFound):
+    code = "fact_not_found"
 
 
-def end_user_find(*, owner: User, external_id: str) -> EndUser | None:
-    return EndUser.objects.filter(owner=owner, external_id=external_id).first()
+class ScopeNotFound(NotFound):
+    code = "scope_not_found"
 
 
-def end_user_list(*, owner: User) -> QuerySet[EndUser]:
+# --- Scopes ---------------------------------------------------------------------------
+
+
+def end_user_find(*, owner: AbstractBaseUser | int, external_id: str) -> Scope | None:
+    """The owner's end user ``external_id`` (the scope ``["user", <id>]``), if any."""
+    return Scope.objects.filter(owner_id=owner_pk(owner), external_id=external_id).first()
+
+
+def end_user_list(*, owner: AbstractBaseUser | int) -> QuerySet[Scope]:
     """The owner's end users (the ``["user", <id>]`` scopes)."""
-    return EndUser.objects.filter(owner=owner, external_id__isnull=False).order_by("external_id")
+    return Scope.objects.filter(owner_id=owner_pk(owner), external_id__isnull=False).order_by(
+        "external_id"
+    )
 
 
 def scopes_of_owner(*, owner_id: int, limit: int = 100) -> list[list[str]]:
-    """The owner's scopes, the most recently created first."""
+    """The paths of the owner's scopes (not its global memories'), newest first."""
     return list(
-        EndUser.objects.filter(owner_id=owner_id)
+        Scope.objects.filter(owner_id=owner_id)
+        .exclude(path=[])
         .order_by("-created_at", "-id")
-        .values_list("scope", flat=True)[:limit]
+        .values_list("path", flat=True)[:limit]
     )
 
 
-def memory_list(*, end_user: EndUser) -> QuerySet[Vector]:
-    """The memories linked to this user, newest first (globals are not linked)."""
-    return (
-        Vector.objects.filter(owner_id=end_user.owner_id, links__end_user=end_user)
-        .defer("embedding")
-        .order_by("-created_at", "id")
-    )
-
-
-def memory_get(*, end_user: EndUser, vector_id: uuid.UUID | str) -> Vector:
-    """Raises Vector.DoesNotExist unless the vector is linked to this user."""
-    return memory_list(end_user=end_user).get(pk=vector_id)
-
-
-def memories_by_id(*, end_user: EndUser, ids: list[str]) -> dict[str, Vector]:
-    """The user's memories with these ids (one query), by id."""
-    return {str(v.pk): v for v in memory_list(end_user=end_user).filter(pk__in=ids)}
-
-
-def personal_count(*, end_user: EndUser) -> int:
-    return scope_fact_count(scope_id=end_user.pk)
-
-
-def global_memory_list(*, owner: User) -> QuerySet[Vector]:
-    return (
-        Vector.objects.filter(owner=owner, type=Vector.Type.GLOBAL)
-        .defer("embedding")
-        .order_by("-created_at")
-    )
-
-
-def memory_history(*, end_user: EndUser, vector_id: uuid.UUID | str) -> QuerySet[MemoryUpdate]:
-    """Audit rows of this user that created, replaced, changed or removed the vector."""
-    return (
-        MemoryUpdate.objects.filter(end_user=end_user)
-        .filter(Q(old_vector_id=vector_id) | Q(new_vector_id=vector_id))
-        .order_by("created_at", "id")
-    )
-
-
-def memory_search(
-    *,
-    owner_id: int,
-    end_user: EndUser | None,
-    vector: Sequence[float],
-    embedding_model: str,
-    top_k: int,
-    threshold: float | None = None,
-    include_globals: bool = False,
-    half_life_days: float | None = None,
-    query: str | None = None,
-    relative_threshold: float | None = None,
-) -> list[MemoryHit]:
-    """Nearest memories of ``end_user`` (and global ones when asked), best first.
-
-    The user's facts are read from their scope's range of its 16-bit copies
-    (``scope_vector_ranking``: exact cosine, whatever the owner's other users hold),
-    the owner's global memories by an exact scan of their own. With ``query`` (the
-    text ``vector`` embeds) the ranking is hybrid: BM25 over the same memories (the
-    user's: ``scope_keyword_ranking``, the engine's keyword leg and its statistics;
-    with the globals: ``bm25_adhoc``, statistics over that set), fused with the cosine
-    ranking as knowledge search fuses its legs (``knowledge.fusion.weighted_scores``),
-    and ``score`` is the fused score.
-    ``threshold`` applies to the raw similarity; decay (``score * 0.5 ** (age /
-    half_life)``, age from when the fact was said) reorders what passes it;
-    ``relative_threshold`` then drops hits scoring under that share of the best one's.
-    """
-    pool = top_k if not (half_life_days or query) else max(top_k * 5, 50)
-    cosine: list[tuple[uuid.UUID, float]] = []
-    if end_user is not None:
-        cosine += scope_vector_ranking(
-            scope_id=end_user.pk, vector=vector, embedding_model=embedding_model, limit=pool
-        )
-    globals_ = Vector.objects.filter(
-        owner_id=owner_id,
-        type=Vector.Type.GLOBAL,
-        embedding_model=embedding_model,
-        dimensions=len(vector),
-    )
-    distance = CosineDistance("embedding", list(map(float, vector)))
-    if include_globals:
-        rows = globals_.annotate(distance=distance).order_by("distance", "id")
-        cosine += [(pk, 1.0 - float(d)) for pk, d in rows.values_list("id", "distance")[:pool]]
-    cosine.sort(key=lambda r: (-r[1], str(r[0])))
-    cosine = cosine[:pool]
-    fused: dict[uuid.UUID, float] | None = None
-    if query:
-        scope: Any = Q(pk__in=[])
-        if end_user is not None:
-            scope |= Q(scope_id=end_user.pk) | Exists(
-                UserVector.objects.filter(end_user=end_user, shared=True, vector=OuterRef("pk"))
-            )
-        if include_globals:
-            scope |= Q(type=Vector.Type.GLOBAL)
-        base = Vector.objects.filter(
-            owner_id=owner_id, embedding_model=embedding_model, dimensions=len(vector)
-        ).filter(scope)
-        if end_user is not None and not include_globals:
-            # The scope's BM25 with its statistics kept on its row (the engine's leg).
-            keyword = scope_keyword_ranking(
-                scope_id=end_user.pk, text=query, limit=pool, embedding_model=embedding_model,
-                dimensions=len(vector),
-            )  # fmt: skip
-        else:
-            # With the owner's global memories (a user with few facts of their own):
-            # statistics over that set, computed here (no scope's row covers them).
-            docs = base.annotate(text=F("content")).values("id", "text")
-            sql, params = docs.query.sql_with_params()
-            keyword = bm25_adhoc(sql, list(params), "english", query, pool)
-        seen = {pk for pk, _ in cosine}
-        missing = [pk for pk, _ in keyword if pk not in seen]
-        extra = base.filter(pk__in=missing).annotate(distance=distance)
-        cosine += [(pk, 1.0 - float(d)) for pk, d in extra.values_list("id", "distance")]
-        fused = weighted_scores(cosine, keyword, settings.SEARCH_VECTOR_WEIGHT)
-    ranked = [(pk, sim) for pk, sim in cosine if threshold is None or sim >= threshold]
-    rows_by_id = {
-        v.pk: v for v in Vector.objects.filter(pk__in=[r[0] for r in ranked]).defer("embedding")
-    }
-    now = timezone.now()
-    hits = []
-    for pk, similarity in ranked:
-        row = rows_by_id.get(pk)
-        if row is None:
-            continue
-        score = similarity if fused is None else fused[row.pk]
-        if half_life_days:
-            score = score * decay(row.observed_at, half_life_days, now=now)
-        hits.append(
-            MemoryHit(
-                id=row.pk,
-                content=row.content,
-                type=row.type,
-                created_at=row.created_at,
-                observed_at=row.observed_at,
-                similarity=similarity,
-                score=score,
-            )
-        )
-    # Best first; equal scores: the newer fact first, then the id (as the engine's search).
-    hits.sort(key=lambda h: str(h.id))
-    hits.sort(key=lambda h: h.observed_at, reverse=True)
-    hits.sort(key=lambda h: -h.score)
-    if relative_threshold and hits:
-        hits = [h for h in hits if h.score >= relative_threshold * hits[0].score]
-    return hits[:top_k]
-
-
-# --- Core facts of a scope (the engine's core tier) ----------------------------------
-# A scope's facts are the vectors whose ``scope`` is that scope plus the shared ones
-# reached through its ``shared`` links (few). The scope's own facts are ranked from its
-# range of ``memories_vector_half`` (migration 0008: the columns ranking reads and a
-# 16-bit copy of the vector, one index range: no heap visit per fact, whose rows lie
-# scattered among every other scope's), the candidates re-ranked from their 32-bit
-# vectors (``_exact_ctes``). Both legs are exact.
-
-_SHARED_JOIN = (
-    "memories_uservector uv JOIN memories_vector v ON v.id = uv.vector_id "
-    "WHERE uv.end_user_id = %s AND uv.shared AND v.scope_id IS NULL"
-)
-
-# The exact distance of one fact by its id: a subquery per candidate, so its row is
-# always found through the primary key (a join could be planned as a scan of the table).
-_EXACT_D = "(SELECT v.embedding <=> (SELECT qv FROM q) FROM memories_vector v WHERE v.id = {id})"
-# Vectors of at most this many dimensions have a 16-bit copy (migration 0008's
-# trigger: 2 kB of halfvec, within a btree tuple's 2,704 bytes).
-HALF_MAX_DIMENSIONS = 1024
-# Twice the most the 16-bit copies' ranking distance can differ from the cosine
-# distance of the 32-bit vectors. The copies are unit vectors rounded to 11
-# significant bits, each within r = 2^-11 + 2^-25 sqrt(n) of the exact unit vector, so
-# their inner product is within 2r + r^2 (< 0.00098 up to 1,024 dimensions) of the
-# cosine; float32 sums add at most n x 2^-24 per sum (< 0.00025 for both distances):
-# 0.0013 < 0.002.
-HALF_MARGIN = 0.004
-
-
-@functools.cache
-def _half_table() -> bool:
-    """Whether ``memories_vector_half`` exists (not on pgvector < 0.7: migration 0008)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT to_regclass('memories_vector_half') IS NOT NULL")
-        row = cur.fetchone()
-    return bool(row and row[0])
-
-
-def _exact_ctes(
-    *, scope_id: int, dims: int, embedding_model: str, where: str, fparams: list[Any],
-    pool: int, gate: str = "true", rerank: bool = True,
-) -> tuple[str, list[Any]]:  # fmt: skip
-    """CTEs ending in ``ev`` (id, d, o, x): the ``pool`` facts of the scope itself
-    nearest to ``q.qv`` by the cosine distance of their stored vectors, ordered by (d,
-    id), as an exact scan ranks them; ``o`` is ``observed_at``; ``x`` says ``d`` is
-    exact (always, unless ``rerank`` is False: then ``ev`` is the band below with the
-    copies' distances, each within ``HALF_MARGIN`` / 2 of the exact one: every fact that
-    can be among the ``pool`` nearest). ``gate``: an uncorrelated condition (a one-time
-    filter: false reads nothing).
-
-    With a 16-bit copy (``HALF_MAX_DIMENSIONS``): ``hv`` ranks the scope's range of
-    ``memories_vector_half`` by ``hd``, minus the inner product of the copies (unit
-    vectors: the cosine distance less 1), and keeps the best ``n``; every fact whose
-    exact distance can make the ``pool`` best has ``hd`` within ``HALF_MARGIN`` of the
-    ``pool``-th best ``hd`` (the ``pool`` best by ``hd`` are each within half the margin
-    of their own exact distance); those (``band``) are re-ranked from their 32-bit
-    vectors, a few more rows than ``pool``. When the band runs past the ``n`` kept
-    (distances closer than the margin, as near duplicates are), the range is read
-    again for the whole band. Without a copy: an exact scan of the scope's facts in the
-    table."""
-    if not (dims <= HALF_MAX_DIMENSIONS and _half_table()):
-        sql = (
-            "ev AS MATERIALIZED (SELECT id, embedding <=> (SELECT qv FROM q) AS d,"
-            " observed_at AS o, true AS x FROM memories_vector WHERE scope_id = %s"
-            f" AND dimensions = {dims} AND embedding_model = %s{where} AND {gate}"
-            f" ORDER BY d, id LIMIT {int(pool)}), "
-        )
-        return sql, [scope_id, embedding_model, *fparams]
-    n = 2 * pool + 100
-    half = "half <#> (SELECT l2_normalize(qv)::halfvec FROM q)"  # (-(inner product))
-    rows = (
-        f"FROM memories_vector_half WHERE scope_id = %s AND dimensions = {dims}"
-        f" AND embedding_model = %s{where} AND {gate}"
-    )
-    sql = (
-        f"hv AS MATERIALIZED (SELECT id, {half} AS hd, observed_at AS o {rows}"
-        f" ORDER BY hd LIMIT {n}), "
-        f"cut AS MATERIALIZED (SELECT t, (SELECT count(*) FROM hv) = {n}"
-        " AND (SELECT max(hd) FROM hv) <= t AS more FROM (SELECT coalesce((SELECT hd"
-        f" FROM hv ORDER BY hd OFFSET {pool - 1} LIMIT 1) + %s, 'NaN') AS t) x), "
-        "band AS (SELECT id, hd, o FROM hv WHERE hd <= (SELECT t FROM cut)"
-        " AND NOT (SELECT more FROM cut) UNION ALL"
-        f" SELECT id, {half}, observed_at {rows} AND (SELECT more FROM cut)"
-        f" AND {half} <= (SELECT t FROM cut)), "
-    )
-    params = [scope_id, embedding_model, *fparams, HALF_MARGIN, scope_id, embedding_model,
-              *fparams]  # fmt: skip
-    if not rerank:
-        return sql + "ev AS (SELECT id, 1.0 + hd AS d, o, false AS x FROM band), ", params
-    sql += (
-        f"ev AS MATERIALIZED (SELECT b.id, {_EXACT_D.format(id='b.id')} AS d, b.o, true AS x"
-        f" FROM band b ORDER BY d, b.id LIMIT {int(pool)}), "
-    )
-    return sql, params
-
-
-@dataclass
-class FactFilter:
-    categories: list[str] | None = None
-    min_confidence: float | None = None
-
-    def sql(self, alias: str = "") -> tuple[str, list[Any]]:
-        parts: list[str] = []
-        params: list[Any] = []
-        if self.categories:
-            parts.append(f"{alias}category = ANY(%s)")
-            params.append(list(self.categories))
-        if self.min_confidence is not None:
-            parts.append(f"{alias}confidence >= %s")
-            params.append(self.min_confidence)
-        return "".join(f" AND {p}" for p in parts), params
-
-
-def scope_vector_ranking(
-    *,
-    scope_id: int,
-    vector: Sequence[float],
-    embedding_model: str,
-    limit: int,
-    filter: FactFilter | None = None,
-) -> list[tuple[uuid.UUID, float]]:
-    """[(fact id, cosine similarity)] of the scope's facts, most similar first (exact)."""
-    where, fparams = (filter or FactFilter()).sql()
-    vwhere, vparams = (filter or FactFilter()).sql("v.")
-    text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
-    exact, exact_params = _exact_ctes(
-        scope_id=scope_id, dims=len(vector), embedding_model=embedding_model, where=where,
-        fparams=fparams, pool=limit,
-    )  # fmt: skip
-    sql = (
-        f"WITH q AS MATERIALIZED (SELECT %s::vector AS qv), {exact[:-2]} "
-        "SELECT id, d FROM ("
-        " SELECT id, d FROM ev"
-        " UNION ALL"
-        f" SELECT v.id, v.embedding <=> (SELECT qv FROM q) FROM {_SHARED_JOIN}"
-        f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere}"
-        ") ranked ORDER BY d, id LIMIT %s"
-    )
-    params = [text, *exact_params, scope_id, len(vector), embedding_model, *vparams, limit]
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
-
-
-@functools.cache
-def _iterative_scan() -> bool:
-    return pgvector_supports_iterative_scan(pgvector_version())
-
-
-def scope_fact_count(*, scope_id: int) -> int:
-    """Facts linked to the scope: its row's ``fact_count``, kept by the database on
-    every link written (migration 0009)."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT fact_count FROM memories_enduser WHERE id = %s", [scope_id])
-        row = cur.fetchone()
-    return int(row[0]) if row else 0
-
-
-def scope_is_large(*, scope_id: int, above: int) -> bool:
-    """Whether the scope has more than ``above`` facts."""
-    return scope_fact_count(scope_id=scope_id) > above
-
-
-def scope_nearest_indexed(
-    *, scope_id: int, vector: Sequence[float], embedding_model: str
-) -> tuple[uuid.UUID, float] | None:
-    """The scope's own fact nearest to ``vector`` through the HNSW index (see
-    ``scope_vector_ranking_indexed``); None when the index finds nothing (the caller
-    then scans exactly). A near duplicate is near: the approximation does not miss it."""
-    ranked = scope_vector_ranking_indexed(
-        scope_id=scope_id, vector=vector, embedding_model=embedding_model, limit=1
-    )
-    return ranked[0] if ranked else None
-
-
-@functools.cache
-def _index_type(dims: int) -> str | None:
-    """``halfvec`` (migration 0007, pgvector >= 0.7), else ``vector`` (0006), or None."""
-    return index_type("vector_hnsw", dims)
-
-
-def _hnsw_settings(limit: int) -> tuple[str, list[Any]]:
-    """The SELECT that sets an HNSW walk's settings for the rest of the transaction
-    (``ef_search`` at least pgvector's default 40, at most its maximum 1000; the
-    iterative scan walks on, in strict order, until the scope's ``limit`` rows are
-    found or the scan cap)."""
-    ef = str(min(1000, max(40, limit)))  # (pgvector's bounds; the iterative scan goes on)
-    if _iterative_scan():
-        return (
-            "SELECT set_config('hnsw.ef_search', %s, true), "
-            "set_config('hnsw.iterative_scan', 'strict_order', true), "
-            "set_config('hnsw.max_scan_tuples', %s, true)",
-            [ef, str(settings.SEARCH_MAX_SCAN_TUPLES)],
-        )
-    return "SELECT set_config('hnsw.ef_search', %s, true)", [ef]
-
-
-def _after_settings(settings_sql: str, settings_params: list[Any], sql: str,
-                    params: list[Any]) -> list[tuple[Any, ...]]:  # fmt: skip
-    """Rows of ``sql`` run after ``settings_sql`` (``set_config(..., true)``: local to
-    the transaction) in one round trip: one query string on a client-binding cursor
-    (Django's default; a multi-statement string is one implicit transaction), the
-    caller's transaction if it holds one; else (a server-binding cursor) two
-    statements in a transaction of their own."""
-    with connection.cursor() as cur:
-        if isinstance(cur.cursor, psycopg.ClientCursor):
-            cur.execute(f"{settings_sql}; {sql}", [*settings_params, *params])
-            cur.nextset()
-            return cur.fetchall()
-        with transaction.atomic(savepoint=False):
-            cur.execute(settings_sql, settings_params)
-            cur.execute(sql, params)
-            return cur.fetchall()
-
-
-def scope_vector_ranking_indexed(
-    *,
-    scope_id: int,
-    vector: Sequence[float],
-    embedding_model: str,
-    limit: int,
-    filter: FactFilter | None = None,
-) -> list[tuple[uuid.UUID, float]]:
-    """``scope_vector_ranking`` for large scopes: the scope's own facts through the HNSW
-    index of the dimension, filtered to the scope (pgvector's iterative scan, strict
-    order, walks on until ``limit`` facts of the scope are found; approximate: the index
-    ranks by its type, ``halfvec``, the distance handed back is the exact one), plus its
-    shared facts ranked exactly (few). Fewer than ``limit`` rows only when the scope
-    has fewer facts or the walk hit ``SEARCH_MAX_SCAN_TUPLES``: callers then rank
-    exactly. Empty for a dimension without an index."""
-    dims = len(vector)
-    kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
-    if kind is None:
-        return []
-    where, fparams = (filter or FactFilter()).sql()
-    vwhere, vparams = (filter or FactFilter()).sql("v.")
-    text = "[" + ",".join(repr(float(x)) for x in vector) + "]"
-    sql = (
-        "WITH q AS MATERIALIZED (SELECT %s::vector AS qv) "
-        "SELECT id, d FROM ("
-        f" (SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d"
-        f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
-        f" AND embedding_model = %s{where}"
-        f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q) LIMIT %s)"
-        " UNION ALL"
-        f" (SELECT v.id, v.embedding <=> (SELECT qv FROM q) FROM {_SHARED_JOIN}"
-        f" AND v.dimensions = %s AND v.embedding_model = %s{vwhere})"
-        ") ranked ORDER BY d, id LIMIT %s"
-    )
-    params = [text, scope_id, embedding_model, *fparams, limit,
-              scope_id, dims, embedding_model, *vparams, limit]  # fmt: skip
-    rows = _after_settings(*_hnsw_settings(limit), sql, params)
-    return [(row[0], 1.0 - float(row[1])) for row in rows]
-
-
-# --- The keyword leg: BM25 over the scope's facts --------------------------------------
-# The query's lexemes (English stemming and stop words, as ``search_vector``) and their
-# OR; ``{qv}``: the query vector's expression. Parameters: the scope's lexeme
-# (``~scope:<id>``), then the text.
-_QUERY = (
-    "SELECT {qv} AS qv, coalesce((SELECT string_agg(quote_literal(l), ' | ') FROM unnest(x.ls)"
-    " l), '')::tsquery AS words, x.ls AS lexemes, quote_literal(%s)::tsquery AS scope"
-    " FROM (SELECT tsvector_to_array(to_tsvector('english'::regconfig, %s)) AS ls) x"
-)
-
-
-def _keyword_ctes(
-    *, scope_id: int, pool: int, where: str, fparams: list[Any], vwhere: str, vparams: list[Any]
-) -> tuple[str, list[Any]]:
-    """CTEs (after ``q``: ``words``, ``lexemes``, ``scope``) ending in ``kw`` (id, r, o):
-    the ``pool`` facts of the scope that hold a query lexeme and pass the filter
-    (``where``, ``vwhere`` for the shared facts: " AND ..."), best first by their BM25
-    score ``r`` (ties: newer ``o`` = ``observed_at`` first, then id)::
-
-        r = sum over the query's lexemes t in the fact of
-            idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
-        idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))
-
-    over the scope's facts (its own, ``scope_id``, and its shared ones), whatever the
-    filter: N facts, ``df`` of them holding t, ``tf`` the occurrences of t in the fact,
-    ``dl`` its length in distinct lexemes (``length(search_vector) - 1``: the scope's
-    own lexeme is not text), ``avgdl`` the scope's mean; k1 and b are the knowledge
-    side's (``SEARCH_BM25_K1``, ``SEARCH_BM25_B``). Unlike ``ts_rank``, a word few of
-    the scope's facts hold (a name) weighs more than one most of them hold.
-
-    Where the figures come from: every fact holding a query lexeme (``km``: one GIN
-    lookup of the lexemes and the scope's ``~scope:<id>``) is read to be scored, so the
-    document frequencies are counted from those rows (``kt``), exact and at no extra
-    read; N and the total length are the scope row's ``text_facts`` and
-    ``text_lexemes`` (migration 0010's triggers) plus its shared facts' (few, counted
-    here): one row read, where a count of a 10,000-fact scope's lengths would read
-    every one of its rows (BENCHMARKS.md, "Memory engine, fifth pass")."""
-    k1, b = repr(float(settings.SEARCH_BM25_K1)), repr(float(settings.SEARCH_BM25_B))
-    sql = (
-        "km AS MATERIALIZED (SELECT id, search_vector AS tv, observed_at AS o,"
-        f" (true{where}) AS ok FROM memories_vector, q"
-        " WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope)"
-        " UNION ALL"
-        f" SELECT v.id, v.search_vector, v.observed_at, (true{vwhere}) FROM q, {_SHARED_JOIN}"
-        " AND numnode(q.words) > 0 AND v.search_vector @@ q.words), "
-        # (the query's lexemes among the fact's: ``search_vector`` holds weight D only)
-        "kt AS MATERIALIZED (SELECT m.id, u.lexeme, coalesce(array_length(u.positions, 1), 1)"
-        "::float8 AS tf FROM km m, q, unnest(ts_filter(setweight(m.tv, 'A', q.lexemes),"
-        " '{a}')) u), "
-        "ks AS MATERIALIZED (SELECT (e.n + s.n)::float8 AS n, greatest(e.l + s.l, 1)::float8"
-        " / greatest(e.n + s.n, 1)::float8 AS avgdl FROM (SELECT coalesce(sum(text_facts), 0)"
-        " AS n, coalesce(sum(text_lexemes), 0) AS l FROM memories_enduser WHERE id = %s) e,"
-        " (SELECT count(*) AS n, coalesce(sum(length(v.search_vector) - 1), 0) AS l"
-        f" FROM {_SHARED_JOIN}) s WHERE EXISTS (SELECT 1 FROM km)), "
-        "ki AS MATERIALIZED (SELECT t.lexeme, ln(1::float8 + (k.n - count(*) + 0.5::float8)"
-        " / (count(*) + 0.5::float8)) AS idf FROM kt t, ks k GROUP BY t.lexeme, k.n), "
-        f"kw AS MATERIALIZED (SELECT m.id, sum(i.idf * t.tf * ({k1}::float8 + 1::float8) / (t.tf"
-        f" + {k1}::float8 * (1::float8 - {b}::float8 + {b}::float8 * (length(m.tv) - 1)"
-        " / k.avgdl))) AS r, m.o FROM km m JOIN kt t ON t.id = m.id JOIN ki i"
-        " ON i.lexeme = t.lexeme CROSS JOIN ks k WHERE m.ok GROUP BY m.id, m.o"
-        f" ORDER BY r DESC, m.o DESC, m.id LIMIT {int(pool)}), "
-    )
-    return sql, [*fparams, *vparams, scope_id, scope_id, scope_id]
-
-
-def scope_keyword_ranking(
-    *,
-    scope_id: int,
-    text: str,
-    limit: int,
-    filter: FactFilter | None = None,
-    embedding_model: str | None = None,
-    dimensions: int | None = None,
-) -> list[tuple[uuid.UUID, float]]:
-    """[(fact id, BM25 score)] of the scope's facts holding a word of ``text``, best
-    first (ties: newer first, then id), as the engine's search ranks its keyword leg
-    (``_keyword_ctes``); ``embedding_model`` and ``dimensions``, when given, keep only
-    the facts of that embedder (the statistics stay the scope's).
-
-    Any query word matches (an OR of its English lexemes); the GIN lookup intersects
-    them with the scope's own lexeme (``~scope:<id>``, see migration 0003), so it reads
-    the scope's matches only, however many facts other scopes hold.
-    """
-    where, fparams = (filter or FactFilter()).sql()
-    vwhere, vparams = (filter or FactFilter()).sql("v.")
-    for column, value in (("embedding_model", embedding_model), ("dimensions", dimensions)):
-        if value is not None:
-            where, vwhere = f"{where} AND {column} = %s", f"{vwhere} AND v.{column} = %s"
-            fparams, vparams = [*fparams, value], [*vparams, value]
-    keyword, keyword_params = _keyword_ctes(
-        scope_id=scope_id, pool=limit, where=where, fparams=fparams, vwhere=vwhere,
-        vparams=vparams,
-    )  # fmt: skip
-    sql = (
-        f"WITH q AS MATERIALIZED ({_QUERY.format(qv='NULL::vector')}), {keyword[:-2]} "
-        "SELECT id, r FROM kw ORDER BY r DESC, o DESC, id"
-    )
-    rows, _ = prepared.fetch(sql, [f"~scope:{scope_id}", text, *keyword_params])
-    return [(row[0], float(row[1])) for row in rows]
-
-
-_HIT_COLUMNS = (
-    "v.id, v.content, v.category, v.confidence, v.source_kind, v.source_ref, v.observed_at, "
-    "v.created_at, v.updated_at"
-)
-
-
-@dataclass(frozen=True)
-class Ranking:
-    """How candidates are scored and which of them come back: ``weight`` x cosine
-    similarity (negative counts as 0) + (1 - ``weight``) x the BM25 score over the best
-    keyword candidate's (``_keyword_ctes``), times ``0.5 ** (age in days / half_life)``
-    (the age from ``observed_at`` to ``now``, never negative; ``half_life`` 0: no
-    decay), best first (equal scores: the newer ``observed_at`` first, then the id, so
-    the order does not depend on the random ids); ``limit`` of them from ``offset``.
-    The score as ``core.scoring.decay`` and the merge it replaces computed it, in the
-    same order of float operations."""
-
-    weight: float
-    half_life: float
-    now: datetime
-    limit: int
-    offset: int = 0
-
-
-@dataclass(frozen=True)
-class Statement:
-    """A search statement: its SQL, parameters, and the ``set_config`` SELECT (with its
-    parameters) to run before it in the same transaction, if any."""
-
-    sql: str
-    params: list[Any]
-    settings: tuple[str, list[Any]] | None = None
-
-
-@dataclass(frozen=True)
-class ScopeHits:
-    """A search's hits: rows of ``_HIT_COLUMNS`` + (cosine similarity or None,
-    BM25 score or None, score), best first; ``vector_path`` says how the vector leg
-    ranked: "index" (HNSW walk), "exact" (a scan of the scope), "" (no vector leg)."""
-
-    rows: list[tuple[Any, ...]]
-    vector_path: str
-
-
-def _scored(ranking: Ranking, pool: int) -> tuple[str, list[Any]]:
-    """The CTEs and final SELECT over ``vec0`` (id, d, o, x: the vector candidates,
-    ``x`` when ``d`` is exact, else within ``HALF_MARGIN`` / 2 of it) and ``kw``.
-
-    The vector leg is the ``pool`` nearest of ``vec0`` by exact (d, id). Each candidate
-    is in it for sure, out of it for sure, or, within the margin of the ``pool``-th
-    distance, ambiguous (``m`` 1, 0, 2). A candidate's score lies between bounds
-    (``lo``, ``hi``) from its distance's error and membership; one whose ``hi`` is
-    below the (offset + limit)-th best ``lo`` cannot come back. The others (``cont``:
-    the hits and the few within the margin of them) get their exact distance from
-    their row (``exd``), and the ambiguous ones all do when one of them is a
-    contender, to settle who is in the leg (``pin``). Then the contenders are scored
-    exactly: the hits, their order and their figures are those of the exact ranking,
-    for a few rows read instead of every candidate's."""
-    e = HALF_MARGIN / 2
-    decay = (
-        "power(0.5::float8, greatest(0::float8, extract(epoch FROM (%s::timestamptz - o))"
-        "::float8 / 86400) / %s::float8)"
-        if ranking.half_life
-        else "1::float8"
-    )
-    decay_params = [ranking.now, ranking.half_life] if ranking.half_life else []
-    doubt = "EXISTS (SELECT 1 FROM cont WHERE m = 2)"
-    sql = (
-        f"pc AS MATERIALIZED (SELECT (SELECT d FROM vec0 ORDER BY d OFFSET {pool - 1} LIMIT 1)"
-        f" AS t, CASE WHEN coalesce(bool_and(x), true) THEN 0 ELSE {e} END AS e FROM vec0), "
-        "b AS MATERIALIZED (SELECT id, d, x, m, r, kn, dk, o, CASE WHEN m = 1 THEN"
-        " (%s::float8 * greatest(1.0 - d - e, 0) + kn) * dk ELSE kn * dk END AS lo,"
-        " CASE WHEN m = 0 THEN kn * dk ELSE (%s::float8 * greatest(1.0 - d + e, 0) + kn)"
-        f" * dk END AS hi FROM (SELECT id, d, x, m, r, e, kn, o, {decay} AS dk FROM ("
-        " SELECT coalesce(v.id, kw.id) AS id, v.d, coalesce(v.x, true) AS x,"
-        " CASE WHEN v.id IS NULL THEN 0 WHEN p.t IS NULL THEN 1 WHEN v.d + v.e < p.t - p.e"
-        " THEN 1 WHEN v.d - v.e > p.t + p.e THEN 0 ELSE 2 END AS m, kw.r, v.e,"
-        " coalesce(v.o, kw.o) AS o, %s::float8 * coalesce(kw.r::float8, 0) / (SELECT"
-        " coalesce(nullif(max(r), 0), 1)::float8 FROM kw) AS kn"
-        f" FROM (SELECT id, d, o, x, CASE WHEN x THEN 0 ELSE {e} END AS e FROM vec0) v"
-        " FULL JOIN kw ON kw.id = v.id CROSS JOIN pc p) z WHERE m <> 0 OR r IS NOT NULL) y), "
-        "cont AS MATERIALIZED (SELECT * FROM b WHERE hi >= coalesce((SELECT lo FROM b"
-        f" ORDER BY lo DESC OFFSET {ranking.offset + ranking.limit - 1} LIMIT 1), '-infinity')), "
-        f"exd AS MATERIALIZED (SELECT b.id, {_EXACT_D.format(id='b.id')} AS d FROM b"
-        f" WHERE NOT b.x AND b.m <> 0 AND (b.id IN (SELECT id FROM cont) OR (b.m = 2 AND {doubt}))), "
-        "pin AS MATERIALIZED (SELECT a.id FROM (SELECT b.id, coalesce(exd.d, b.d) AS d"
-        f" FROM b LEFT JOIN exd ON exd.id = b.id WHERE b.m = 2 AND {doubt}) a"
-        f" ORDER BY a.d, a.id LIMIT greatest({pool} - (SELECT count(*) FROM b WHERE m = 1),"
-        " 0)), "
-        "c AS (SELECT t.id, CASE WHEN t.m = 1 OR t.id IN (SELECT id FROM pin)"
-        " THEN 1.0 - coalesce(exd.d, t.d) END AS sim, t.r, t.kn, t.dk, t.o"
-        " FROM cont t LEFT JOIN exd ON exd.id = t.id), "
-        "s AS (SELECT c.id, c.sim, c.r, (%s::float8 * greatest(coalesce(c.sim, 0), 0)"
-        " + c.kn) * c.dk AS score, c.o FROM c ORDER BY score DESC, o DESC, id"
-        f" LIMIT {int(ranking.limit)} OFFSET {int(ranking.offset)}) "
-        f"SELECT {_HIT_COLUMNS}, s.sim, s.r, s.score, (SELECT NOT yes FROM redo) "
-        "FROM s JOIN memories_vector v ON v.id = s.id ORDER BY s.score DESC, s.o DESC, s.id"
-    )
-    w = ranking.weight
-    params = [w, w, *decay_params, 1 - w, w]
-    return sql, params
-
-
-def candidates_statement(
-    *,
-    scope_id: int,
-    text: str,
-    vector: Sequence[float] | None,
-    embedding_model: str | None,
-    pool: int,
-    index_above: int,
-    ranking: Ranking,
-    filter: FactFilter | None = None,
-    walk_share: float = 0.0,
-    exact_cap: int = 0,
-) -> Statement:
-    """A scope's whole search in one statement: both legs, the merge, the decay, and
-    the rows of the hits that come back (``Ranking``).
-
-    Keyword leg: the ``pool`` best facts by BM25 among those sharing a word with
-    ``text``, with the scope's statistics (``_keyword_ctes``, as
-    ``scope_keyword_ranking``). Vector leg (when ``vector`` is given): the ``pool`` most
-    similar facts; a scope of more than ``index_above`` facts (its row's
-    ``fact_count``) that also holds ``walk_share`` of the table's rows
-    (``pg_class.reltuples``) or more than ``exact_cap`` facts is walked through the
-    HNSW index of the dimension (``scope_vector_ranking_indexed``; a walk filtered to a
-    scope visits about as many graph nodes as the scope is rare in the table, an exact
-    ranking reads the scope's range of its 16-bit copies: the rarer scope is scanned,
-    the larger share walked), and when that walk comes back short (a filter few facts
-    pass, the scan cap) or the scope is small, the scope is ranked exactly
-    (``_exact_ctes``, as ``scope_vector_ranking``): the branch not needed is gated off
-    by the planner (a one-time filter), so it reads nothing. Candidates are scored from
-    what the legs read (the copies hold ``observed_at``), so only the hits returned and
-    the exact ranking's few candidates visit the table.
-    The walk's settings (``Statement.settings``) run before it in the same round trip
-    (``scope_fact_search``). The last column says whether the walk's answer was kept.
-    ``pool``, the limit and the offset are written into the SQL (integers): with them
-    as parameters PostgreSQL's generic plan guessed a tenth of the rows for each
-    LIMIT, cost more than a custom plan for a small scope and lost to one, so every
-    search of a small scope was planned anew (1.5-1.9 ms); known, the cached generic
-    plan is chosen (a few texts: the pool follows the limit).
-    """
-    where, fparams = (filter or FactFilter()).sql()
-    vwhere, vparams = (filter or FactFilter()).sql("v.")
-    keyword, keyword_params = _keyword_ctes(
-        scope_id=scope_id, pool=pool, where=where, fparams=fparams, vwhere=vwhere,
-        vparams=vparams,
-    )  # fmt: skip
-    scored, scored_params = _scored(ranking, pool)
-    if vector is None or embedding_model is None:
-        sql = (
-            f"WITH q AS MATERIALIZED ({_QUERY.format(qv='NULL::vector')}), {keyword}"
-            "redo AS (SELECT true AS yes), "
-            "vec0 AS (SELECT NULL::uuid AS id, NULL::float8 AS d, NULL::timestamptz AS o,"
-            " true AS x WHERE false), "
-            f"{scored}"
-        )
-        return Statement(sql, [f"~scope:{scope_id}", text, *keyword_params, *scored_params])
-    dims = len(vector)
-    kind = _index_type(dims) if dims in INDEXED_DIMENSIONS else None
-    literal = "[" + ",".join(repr(float(x)) for x in vector) + "]"
-    walk, walk_params = "", []
-    if kind is not None:
-        walk = (
-            "lim AS MATERIALIZED (SELECT greatest(%s::float8, least(%s::float8, (SELECT "
-            "reltuples FROM pg_class WHERE oid = 'memories_vector'::regclass) * %s::float8))"
-            "::int8 AS n), "
-            "big AS MATERIALIZED (SELECT coalesce((SELECT fact_count > (SELECT n FROM lim)"
-            " FROM memories_enduser WHERE id = %s), false) AS yes), "
-            "iv AS MATERIALIZED ("
-            f"SELECT id, embedding::vector({dims}) <=> (SELECT qv FROM q) AS d, observed_at AS o"
-            f" FROM memories_vector WHERE dimensions = {dims} AND scope_id = %s"
-            f" AND embedding_model = %s{where} AND (SELECT yes FROM big)"
-            f" ORDER BY embedding::{kind}({dims}) <=> (SELECT qv::{kind}({dims}) FROM q)"
-            f" LIMIT {int(pool)}), "
-        )
-        walk_params = [index_above, max(exact_cap, index_above), walk_share, scope_id,
-                       scope_id, embedding_model, *fparams]  # fmt: skip
-        redo = (
-            "redo AS MATERIALIZED (SELECT NOT (SELECT yes FROM big) OR "
-            f"(SELECT count(*) FROM iv) + (SELECT count(*) FROM sv) < {int(pool)} AS yes), "
-        )
-        redo_params: list[Any] = []
-        walked = "SELECT id, d, o, true AS x FROM iv WHERE NOT (SELECT yes FROM redo) UNION ALL "
-    else:
-        redo, redo_params, walked = "redo AS (SELECT true AS yes), ", [], ""
-    exact, exact_params = _exact_ctes(
-        scope_id=scope_id, dims=dims, embedding_model=embedding_model, where=where,
-        fparams=fparams, pool=pool, gate="(SELECT yes FROM redo)", rerank=False,
-    )  # fmt: skip
-    sql = (
-        f"WITH q AS MATERIALIZED ({_QUERY.format(qv='%s::vector')}), "
-        f"{walk}"
-        "sv AS MATERIALIZED (SELECT v.id, v.embedding <=> (SELECT qv FROM q) AS d,"
-        f" v.observed_at AS o FROM {_SHARED_JOIN} AND v.dimensions = %s"
-        f" AND v.embedding_model = %s{vwhere}), "
-        f"{redo}"
-        f"{exact}"
-        f"vec0 AS MATERIALIZED ({walked}SELECT id, d, o, x FROM ev"
-        " UNION ALL SELECT id, d, o, true FROM sv), "
-        f"{keyword}"
-        f"{scored}"
-    )
-    params = [literal, f"~scope:{scope_id}", text, *walk_params,
-              scope_id, dims, embedding_model, *vparams, *redo_params,
-              *exact_params, *keyword_params, *scored_params]  # fmt: skip
-    return Statement(sql, params, None if kind is None else _hnsw_settings(pool))
-
-
-def scope_fact_search(
-    *,
-    scope_id: int,
-    text: str,
-    vector: Sequence[float] | None,
-    embedding_model: str | None,
-    pool: int,
-    index_above: int,
-    ranking: Ranking,
-    filter: FactFilter | None = None,
-    walk_share: float = 0.0,
-    exact_cap: int = 0,
-) -> ScopeHits:
-    """A scope's search (``candidates_statement``), one round trip, prepared.
-
-    Outside a transaction it runs on its generic plan with sequential scans off, both
-    local to its own (implicit) transaction: every table it reads is read through an
-    index by design, and a plan made without the scope's size could otherwise scan the
-    copies of a scope holding much of the table (a few scopes, one large) for every
-    scope; planning it per search cost 1.5-4 ms (BENCHMARKS.md, "Memory engine, fourth
-    pass"). Inside a caller's transaction the settings would outlast the statement: it
-    is planned as usual there (as ``knowledge.search`` does)."""
-    statement = candidates_statement(
-        scope_id=scope_id, text=text, vector=vector, embedding_model=embedding_model, pool=pool,
-        index_above=index_above, ranking=ranking, filter=filter, walk_share=walk_share,
-        exact_cap=exact_cap,
-    )  # fmt: skip
-    before = statement.settings
-    if not connection.in_atomic_block:
-        pinned = "set_config('plan_cache_mode', 'force_generic_plan', true), " + (
-            "set_config('enable_seqscan', 'off', true)"
-        )
-        before = (f"{before[0]}, {pinned}", before[1]) if before else (f"SELECT {pinned}", [])
-    rows, _ = prepared.fetch(statement.sql, statement.params, before=before)
-    path = "" if vector is None else "index" if rows and rows[0][-1] else "exact"
-    if vector is not None and not rows:  # (no row to carry the flag: ask the scope)
-        path = "index" if scope_is_large(scope_id=scope_id, above=index_above) else "exact"
-    return ScopeHits([row[:-1] for row in rows], path)
-
-
-def core_fact_count(*, scope: EndUser) -> int:
-    """Facts linked to the scope (``scope_fact_count``)."""
+def fact_count(*, scope: Scope) -> int:
+    """Facts linked to the scope (its row's ``fact_count``, kept by the database)."""
     return scope_fact_count(scope_id=scope.pk)
 
 
-def core_fact_list(*, scope: EndUser, filter: FactFilter | None = None) -> QuerySet[Vector]:
-    """The scope's facts, highest confidence first, then newest."""
-    qs = Vector.objects.filter(owner_id=scope.owner_id, links__end_user=scope).defer("embedding")
+# --- Facts ----------------------------------------------------------------------------
+
+
+def fact_list(*, scope: Scope, filter: FactFilter | None = None) -> QuerySet[Fact]:
+    """The scope's facts, highest confidence first, then the most recently changed."""
+    qs = Fact.objects.filter(owner_id=scope.owner_id, links__scope=scope).defer("embedding")
     if filter is not None and filter.categories:
         qs = qs.filter(category__in=filter.categories)
     if filter is not None and filter.min_confidence is not None:
@@ -823,15 +68,91 @@ def core_fact_list(*, scope: EndUser, filter: FactFilter | None = None) -> Query
     return qs.order_by("-confidence", "-updated_at", "id")
 
 
+def fact_get(*, scope: Scope, fact_id: uuid.UUID | str) -> Fact:
+    """One of the scope's facts; ``FactNotFound`` (404) unless the scope holds it."""
+    try:
+        return fact_list(scope=scope).get(pk=fact_id)
+    except (Fact.DoesNotExist, ValueError, TypeError):
+        raise FactNotFound("no such fact") from None
+
+
+def fact_find(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str | None) -> Fact | None:
+    """The owner's fact with this id, if there is one (whatever its scope)."""
+    if not fact_id:
+        return None
+    try:
+        return Fact.objects.defer("embedding").filter(owner_id=owner_pk(owner), pk=fact_id).first()
+    except (ValueError, TypeError):
+        return None
+
+
+def facts_by_id(*, scope: Scope, ids: list[str]) -> dict[str, Fact]:
+    """The scope's facts with these ids (one query), by id."""
+    return {str(f.pk): f for f in fact_list(scope=scope).filter(pk__in=ids)}
+
+
+def fact_scopes(*, fact: Fact) -> list[Scope]:
+    """The scopes a fact is linked to."""
+    return list(Scope.objects.filter(links__fact=fact).order_by("id"))
+
+
+def fact_resolve(
+    *,
+    owner: AbstractBaseUser | int,
+    fact_id: uuid.UUID | str,
+    scope: ScopePath | Scope | None = None,
+) -> tuple[Fact, Scope]:
+    """The owner's fact and the scope a change applies to: ``scope`` (a path or a row)
+    when given, else the one scope linking it. Another owner's fact, one the given
+    scope does not hold, or a global memory asked for without its scope, is
+    ``FactNotFound`` (404). A fact shared by several scopes needs ``scope``
+    (``scope_required``, 400)."""
+    try:
+        fact = Fact.objects.defer("embedding").get(owner_id=owner_pk(owner), pk=fact_id)
+    except (Fact.DoesNotExist, ValueError, TypeError):
+        raise FactNotFound("no such fact") from None
+    if scope is not None:
+        row = scope if isinstance(scope, Scope) else _owned(owner, scope)
+        if row is None or not FactLink.objects.filter(scope=row, fact=fact).exists():
+            raise FactNotFound("no such fact in this scope")
+        return fact, row
+    scopes = [fact.scope] if fact.scope_id is not None else fact_scopes(fact=fact)
+    scopes = [s for s in scopes if s is not None and not s.is_global]
+    if len(scopes) == 1:
+        return fact, scopes[0]
+    if not scopes:
+        raise FactNotFound("no such fact")
+    raise InvalidInput(
+        "this fact is shared by several scopes: name the scope",
+        code="scope_required",
+        details={"scopes": [s.path for s in scopes]},
+    )
+
+
+def _owned(owner: AbstractBaseUser | int, path: ScopePath) -> Scope | None:
+    return scope_find(owner=owner, scope=scope_parse(list(path)))
+
+
+def fact_history(*, scope: Scope, fact_id: uuid.UUID | str) -> QuerySet[FactChange]:
+    """The scope's audit rows that created, replaced, changed or removed the fact."""
+    return (
+        FactChange.objects.filter(scope=scope)
+        .filter(Q(old_fact_id=fact_id) | Q(new_fact_id=fact_id))
+        .order_by("created_at", "id")
+    )
+
+
 @dataclass(frozen=True)
 class FactRow:
-    """A fact as plain values (no model instance: injection reads hundreds at once)."""
+    """A fact as plain values (no model instance: injection reads hundreds at once).
+    ``tokens``: its injection line's, counted when it was written (None: not counted,
+    a row written by something other than the write service)."""
 
     id: uuid.UUID
     content: str
     category: str
     confidence: float
-    type: str
+    tokens: int | None
     observed_at: datetime
     created_at: datetime
     updated_at: datetime
@@ -841,39 +162,55 @@ class FactRow:
         return self.id
 
 
-_ROW_FIELDS = ("id", "content", "category", "confidence", "type", "observed_at", "created_at",
+_ROW_FIELDS = ("id", "content", "category", "confidence", "tokens", "observed_at", "created_at",
                "updated_at")  # fmt: skip
 
 
-def core_fact_rows(*, scope: EndUser) -> list[FactRow]:
+def fact_rows(*, scope: Scope) -> list[FactRow]:
     """The scope's facts as ``FactRow``, highest confidence first, then newest."""
-    rows = core_fact_list(scope=scope).values_list(*_ROW_FIELDS)
+    rows = fact_list(scope=scope).values_list(*_ROW_FIELDS)
     return [FactRow(*row) for row in rows]
 
 
-def core_fact_get(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) -> Vector:
-    """One of the owner's facts (not a global memory); raises Vector.DoesNotExist."""
-    owner_id = int(owner if isinstance(owner, int) else owner.pk)
-    return Vector.objects.defer("embedding").get(
-        owner_id=owner_id, type=Vector.Type.MEMORY, pk=fact_id
-    )
+def facts_snapshot(*, scope: Scope) -> list[dict[str, Any]]:
+    """The scope's facts as plain values (id, content, category, confidence, source,
+    times), highest confidence first: what a consolidation reads and can restore."""
+    return [
+        {
+            "id": str(f.pk),
+            "content": f.content,
+            "category": f.category,
+            "confidence": f.confidence,
+            "source_kind": f.source_kind,
+            "source_ref": f.source_ref,
+            "observed_at": f.observed_at.isoformat(),
+            "created_at": f.created_at.isoformat(),
+            "updated_at": f.updated_at.isoformat(),
+        }  # fmt: skip
+        for f in fact_list(scope=scope)
+    ]
 
 
-def fact_scopes(*, fact: Vector) -> list[EndUser]:
-    """The scopes a fact is linked to."""
-    return list(EndUser.objects.filter(links__vector=fact).order_by("id"))
+def global_fact_list(*, owner: AbstractBaseUser | int) -> QuerySet[Fact]:
+    """The owner's global memories (the facts of its global scope), newest first."""
+    return (
+        Fact.objects.filter(owner_id=owner_pk(owner), links__scope__owner_id=owner_pk(owner),
+                            links__scope__path=[])
+        .defer("embedding")
+        .order_by("-created_at", "id")
+    )  # fmt: skip
 
 
 # --- /metrics (core.metrics: the gauges this room declares) --------------------------
 
 
 def links_count() -> int:
-    return UserVector.objects.count()
+    return FactLink.objects.count()
 
 
 def facts_count() -> int:
-    return Vector.objects.count()
+    return Fact.objects.count()
 
 
 def scopes_count() -> int:
-    return EndUser.objects.count()
+    return Scope.objects.count()

@@ -11,29 +11,25 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
 from typing import Any, cast
 
-import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from core.json_text import JsonText
-from core.providers.embeddings import get_embedder
 from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
 from core.providers.relay import SSEEvent
-from core.providers.tokens import count_tokens
 from core.queue import enqueue_on_commit
 from memories.conversations.services import MessageIn, flow_ensure, messages_store
-from memories.facts.models import EndUser
-from memories.facts.search import format_for_injection
-from memories.facts.selectors import FactRow, MemoryHit, memory_search, personal_count
-from memories.facts.services import end_user_ensure
+from memories.facts.injection import format_for_injection
+from memories.facts.models import Scope
+from memories.facts.scopes import end_user_ensure
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +40,31 @@ MEMORY_BLOCK_HEADER = (
 )
 
 
+@dataclass(frozen=True)
+class InjectedMemory:
+    """A fact the block holds, as the answer's ``memories`` lists it: the fact's id,
+    content, category and confidence; ``type`` (``memory``, or ``global`` for one of the
+    owner's global memories); ``relevant`` (the search found it relevant to the message:
+    then its search ``score`` and ``similarity``; the others fill the budget by
+    confidence and have neither)."""
+
+    id: uuid.UUID
+    content: str
+    category: str
+    confidence: float
+    type: str
+    relevant: bool
+    score: float | None
+    similarity: float | None
+
+
 @dataclass
 class PreparedChat:
     # the request for the upstream: the client's body as it came, edited in place
     request: JsonText
     owner_id: int = 0
-    memories: list[MemoryHit] = field(default_factory=list)
-    end_user: EndUser | None = None
+    memories: list[InjectedMemory] = field(default_factory=list)
+    end_user: Scope | None = None
     user_text: str = ""
     received_at: datetime = field(default_factory=timezone.now)
     # Open WebUI's forwarded headers: the chat becomes a conversation (history, summaries)
@@ -126,92 +140,46 @@ def chat_prepare(
     return prepared
 
 
-def memory_block(*, owner_id: int, end_user: EndUser, query: str) -> tuple[str, list[MemoryHit]]:
-    """The system-prompt block within ``MEMORY_PROMPT_MAX_TOKENS``: the user's core facts
-    as the engine injects them (``format_for_injection``: corrections' share, then the
-    facts relevant to ``query``, then the rest by confidence). Relevant is what the
-    hybrid ranking keeps (``memory_search``: cosine fused with BM25 when
-    ``MEMORY_HYBRID``, ``MEMORY_SCORE_THRESHOLD`` on the similarity,
-    ``MEMORY_RELATIVE_THRESHOLD`` of the best score); for a user with few memories the
-    relevant global memories follow while they fit. An embedder failure leaves the
-    ranking keyword-only, never the answer."""
-    embedder = get_embedder()
-    try:
-        vector: list[float] | None = [float(x) for x in embedder.embed([query])[0]]
-    except Exception:  # the answer does not depend on memories
-        logger.warning("chat proxy: the embedder failed; memories ranked by keyword", exc_info=True)
-        vector = None
-    budget = settings.MEMORY_PROMPT_MAX_TOKENS
-    cold = personal_count(end_user=end_user) < settings.MEMORY_GLOBAL_MIN_PERSONAL
-    found: list[MemoryHit] = []
-    if vector is not None:
-        found = memory_search(
-            owner_id=owner_id,
-            end_user=end_user,
-            vector=vector,
-            embedding_model=embedder.model,
-            top_k=settings.MEMORY_TOP_K,
-            threshold=settings.MEMORY_SCORE_THRESHOLD,
-            include_globals=cold,
-            query=query if settings.MEMORY_HYBRID else None,
-            relative_threshold=settings.MEMORY_RELATIVE_THRESHOLD or None,
-        )
-    personal = [(h.id, h.similarity) for h in found if h.type != "global"]
+def memory_block(*, owner_id: int, end_user: Scope, query: str) -> tuple[str, list[InjectedMemory]]:
+    """The system-prompt block within ``MEMORY_PROMPT_MAX_TOKENS``: the user's facts as
+    the engine injects them (``format_for_injection``: corrections' share, then the
+    facts the one search finds relevant to ``query`` in its order, then the rest by
+    confidence); for a user with fewer than ``MEMORY_GLOBAL_MIN_PERSONAL`` facts, the
+    owner's global memories relevant to it follow while they fit. An embedder failure
+    leaves the search keyword-only, never the answer."""
     injection = format_for_injection(
-        owner=owner_id,
-        scope=end_user,
-        max_tokens=budget,
-        query=query,
-        header=MEMORY_BLOCK_HEADER,
-        embedder=embedder if vector is not None else _Failed(),
-        ranked=personal if vector is not None else None,
-    )
-    hits = [_hit(f, injection.similarity.get(f.pk)) for f in injection.facts]
-    text, added = _append_globals(injection.text, [h for h in found if h.type == "global"], budget)
-    return text, hits + added
-
-
-class _Failed:
-    """An embedder that already failed for this request: search goes keyword-only."""
-
-    provider, model, dimensions = "failed", "", 0
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        raise RuntimeError("the embedder failed for this request")
-
-
-def _hit(fact: FactRow, similarity: float | None) -> MemoryHit:
-    return MemoryHit(
-        id=fact.pk, content=fact.content, type=fact.type, created_at=fact.created_at,
-        observed_at=fact.observed_at, similarity=similarity if similarity is not None else 0.0,
-        score=similarity if similarity is not None else 0.0, relevant=similarity is not None,
+        owner=owner_id, scope=end_user, max_tokens=settings.MEMORY_PROMPT_MAX_TOKENS,
+        query=query, header=MEMORY_BLOCK_HEADER, with_globals=True,
     )  # fmt: skip
-
-
-def _append_globals(
-    text: str, globals_: list[MemoryHit], budget: int
-) -> tuple[str, list[MemoryHit]]:
-    lines = text.splitlines() if text else [MEMORY_BLOCK_HEADER]
-    kept: list[MemoryHit] = []
-    for hit in globals_:
-        candidate = [*lines, f"- [global] {hit.content}"]
-        if count_tokens("\n".join(candidate)) > budget:
-            break
-        lines = candidate
-        kept.append(hit)
-    return ("\n".join(lines) if len(lines) > 1 else ""), kept
+    memories = []
+    for fact in injection.facts:
+        hit = injection.relevant.get(fact.pk)
+        memories.append(InjectedMemory(
+            fact.pk, fact.content, fact.category, fact.confidence, "memory", hit is not None,
+            hit.score if hit else None, hit.similarity if hit else None,
+        ))  # fmt: skip
+    memories += [
+        InjectedMemory(
+            h.id, h.content, h.category, h.confidence, "global", True, h.score, h.similarity
+        )  # fmt: skip
+        for h in injection.globals
+    ]
+    return injection.text, memories
 
 
 def memories_payload(prepared: PreparedChat) -> list[dict[str, Any]]:
     return [
         {
-            "id": str(h.id),
-            "content": h.content,
-            "type": h.type,
-            "relevant": h.relevant,
-            "score": round(h.similarity, 4) if h.relevant else None,
+            "id": str(m.id),
+            "content": m.content,
+            "category": m.category,
+            "confidence": m.confidence,
+            "type": m.type,
+            "relevant": m.relevant,
+            "score": m.score,
+            "similarity": m.similarity,
         }  # fmt: skip
-        for h in prepared.memories
+        for m in prepared.memories
     ]
 
 

@@ -9,7 +9,8 @@ import pytest
 from django.apps import apps
 
 from knowledge.services import knowledge_base_create
-from memories.facts.services import end_user_ensure, memory_add
+from memories.facts.scopes import end_user_ensure
+from tests.memories.facts.seed import seed
 
 pytestmark = pytest.mark.django_db
 
@@ -50,8 +51,8 @@ def kb(alice):
 @pytest.fixture
 def existing_memory(alice):
     end_user = end_user_ensure(owner=alice, external_id="u1")
-    vector, _ = memory_add(end_user=end_user, content="likes tea", reason="test")
-    return vector
+    (fact,) = seed(end_user, "likes tea", reason="test")
+    return fact
 
 
 NUL = "a\u0000b"

@@ -39,7 +39,6 @@ class FixtureEmbedder:
 @pytest.fixture
 def fixture_embedder(settings):
     settings.MEMORY_SCORE_THRESHOLD = 0.3
-    settings.MEMORY_CONFLICT_MIN_SIMILARITY = 0.3
     settings.MEMORY_DEDUP_THRESHOLD = 0.9
     embedder = FixtureEmbedder(settings.EMBEDDING_MODEL)
     key = (
@@ -57,32 +56,14 @@ def fixture_embedder(settings):
         embeddings._cache[key] = previous
 
 
-def scripted_llm(
-    extractions: dict[str, list[str]], conflicts: dict[str, dict] | None = None, answer: str = "ok"
-):
-    """A chat_fn for the fake server: extraction prompts answer the facts listed for the
-    user message they contain; conflict prompts answer by the new fact; anything else
-    is the chat answer."""
+def scripted_llm(extractions: dict[str, list[str]], answer: str = "ok"):
+    """A chat_fn for the fake server: the engine's extraction prompt answers the facts
+    listed for the user message it holds (confidence 0.9, category context); anything
+    else is the chat answer (streamed when asked)."""
     from tests.fakes.openai_server import Scripted, chat_body, chat_chunks
-
-    conflicts = conflicts or {}
 
     def respond(payload):
         content = " ".join(str(m.get("content")) for m in payload.get("messages", []))
-        if "expert memory archivist" in content:
-            for message, facts in extractions.items():
-                if f"User Message: {message}" in content:
-                    return Scripted(
-                        body=chat_body(
-                            json.dumps({"memories": facts}),
-                            usage={
-                                "prompt_tokens": 200,
-                                "completion_tokens": 20,
-                                "total_tokens": 220,
-                            },
-                        )
-                    )
-            return Scripted(body=chat_body('{"memories": []}'))
         if "You maintain the long-term memory" in content:  # the engine's debounced updates
             facts = [
                 {"content": f, "category": "context", "confidence": 0.9}
@@ -91,16 +72,6 @@ def scripted_llm(
                 for f in listed
             ]
             return Scripted(body=chat_body(json.dumps({"newFacts": facts, "factsToRemove": []})))
-        if "Compare the New Fact" in content:
-            for fact, decision in conflicts.items():
-                if f"New: {fact}\n" in content:
-                    decision = dict(decision)
-                    if "target" in decision:
-                        target = decision.pop("target")
-                        line = next(ln for ln in content.splitlines() if f'"{target}"' in ln)
-                        decision["target_id"] = line.split("id=")[1].split(":")[0]
-                    return Scripted(body=chat_body(json.dumps(decision)))
-            return Scripted(body=chat_body('{"action": "add", "reason": "unrelated"}'))
         if payload.get("stream"):
             return Scripted(
                 stream_chunks=chat_chunks([answer[: len(answer) // 2], answer[len(answer) // 2 :]])

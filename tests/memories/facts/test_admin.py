@@ -1,7 +1,8 @@
 import pytest
 
-from memories.facts.models import EndUser, Vector
-from memories.facts.services import end_user_ensure, memory_add
+from memories.facts.models import Fact, FactChange, Scope
+from memories.facts.scopes import end_user_ensure, global_scope_ensure
+from tests.memories.facts.seed import seed
 
 pytestmark = pytest.mark.django_db
 
@@ -13,12 +14,12 @@ def _embedder(fixture_embedder):
 
 def test_end_user_page_shows_memories_audit_and_counters(admin_client, alice):
     end_user = end_user_ensure(owner=alice, external_id="u1")
-    memory_add(end_user=end_user, content="User plays the violin", reason="told us")
-    listing = admin_client.get("/admin/memories/enduser/").content.decode()
+    seed(end_user, "User plays the violin", reason="told us")
+    listing = admin_client.get("/admin/memories/scope/").content.decode()
     assert (
         "u1" in listing and "memory_total_count" in listing and "memory_additions_total" in listing
     )
-    detail = admin_client.get(f"/admin/memories/enduser/{end_user.pk}/change/").content.decode()
+    detail = admin_client.get(f"/admin/memories/scope/{end_user.pk}/change/").content.decode()
     assert "User plays the violin" in detail
     assert "told us" in detail  # the audit trail inline
     assert "embedding" not in detail.lower()
@@ -26,17 +27,17 @@ def test_end_user_page_shows_memories_audit_and_counters(admin_client, alice):
 
 def test_erase_action(admin_client, alice):
     end_user = end_user_ensure(owner=alice, external_id="u1")
-    memory_add(end_user=end_user, content="User plays the violin")
+    seed(end_user, "User plays the violin")
     asked = admin_client.post(
-        "/admin/memories/enduser/", {"action": "erase", "_selected_action": [end_user.pk]}
+        "/admin/memories/scope/", {"action": "erase", "_selected_action": [end_user.pk]}
     )
-    assert "Erase these end users?" in asked.content.decode()
-    assert EndUser.objects.exists() and Vector.objects.exists()  # only asked so far
+    assert "Erase these scopes?" in asked.content.decode()
+    assert Scope.objects.exists() and Fact.objects.exists()  # only asked so far
     admin_client.post(
-        "/admin/memories/enduser/",
+        "/admin/memories/scope/",
         {"action": "erase", "_selected_action": [end_user.pk], "confirmed": "yes"},
     )
-    assert not EndUser.objects.exists() and not Vector.objects.exists()
+    assert not Scope.objects.exists() and not Fact.objects.exists()
 
 
 def test_global_memory_created_through_admin_is_embedded(admin_client, alice):
@@ -46,5 +47,18 @@ def test_global_memory_created_through_admin_is_embedded(admin_client, alice):
         follow=True,
     )
     assert response.status_code == 200
-    vector = Vector.objects.get()
-    assert (vector.type, vector.owner, vector.dimensions) == ("global", alice, 384)
+    fact = Fact.objects.get()
+    assert (fact.scope.path, fact.owner, fact.dimensions) == ([], alice, 384)
+    assert (fact.source_kind, fact.source_ref, fact.tokens) == ("api", "admin", 19)
+    (change,) = FactChange.objects.all()
+    assert (change.action, change.scope, change.reason) == ("add", fact.scope, "added in the admin")
+    listed = admin_client.get("/admin/memories/globalmemory/").content.decode()
+    assert "The API rate limit is 100 requests per minute" in listed
+
+
+def test_global_memory_deleted_through_admin_is_audited(admin_client, alice):
+    scope = global_scope_ensure(owner=alice)
+    (fact,) = seed(scope, "The support team is available on weekdays from 9 to 5")
+    admin_client.post(f"/admin/memories/globalmemory/{fact.pk}/delete/", {"post": "yes"})
+    assert not Fact.objects.exists()
+    assert [c.action for c in FactChange.objects.order_by("created_at")] == ["add", "delete"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memories.facts.models import Vector
+from memories.facts.models import Fact
 
 pytestmark = pytest.mark.django_db
 BASE = "/api/v1/users/u1/memories"
@@ -50,7 +50,7 @@ def test_bad_content_is_a_plain_400_and_stores_nothing(alice_client, body, messa
     response = alice_client.post(BASE, {**body, "infer": False}, format="json")
     assert response.status_code == 400
     assert response.json()["error"]["message"] == message
-    assert not Vector.objects.exists()
+    assert not Fact.objects.exists()
 
 
 def test_content_and_text_may_agree(alice_client):
@@ -60,6 +60,6 @@ def test_content_and_text_may_agree(alice_client):
         "infer": False,
     }
     assert alice_client.post(BASE, body, format="json").status_code == 201
-    assert list(Vector.objects.values_list("content", flat=True)) == [
+    assert list(Fact.objects.values_list("content", flat=True)) == [
         "User drinks green tea every morning"
     ]

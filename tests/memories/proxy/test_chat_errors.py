@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memories.facts.models import EndUser, Vector
+from memories.facts.models import Fact, Scope
 
 pytestmark = pytest.mark.django_db
 
@@ -59,7 +59,7 @@ def test_malformed_requests(alice_client, configured, body, param, message):
     )
     assert error["message"] == message  # a plain sentence naming the field, no reprs
     assert configured.requests == []
-    assert not EndUser.objects.exists()
+    assert not Scope.objects.exists()
 
 
 def test_invalid_user_id(alice_client, configured):
@@ -71,7 +71,7 @@ def test_invalid_user_id(alice_client, configured):
     )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_user"
-    assert not EndUser.objects.exists() and configured.requests == []
+    assert not Scope.objects.exists() and configured.requests == []
 
 
 def test_oversized_body_is_413_openai_style(alice_client, configured, settings):
@@ -97,7 +97,7 @@ def test_no_llm_configured_is_503_naming_the_variable(alice_client, settings):
     assert response.status_code == 503
     error = response.json()["error"]
     assert (error["code"], error["details"]) == ("not_configured", {"variable": "LLM_BASE_URL"})
-    assert not EndUser.objects.exists() and not Vector.objects.exists()
+    assert not Scope.objects.exists() and not Fact.objects.exists()
 
 
 def test_unauthenticated_is_401_openai_style(anon_client, configured):

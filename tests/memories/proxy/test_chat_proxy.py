@@ -10,10 +10,11 @@ import pytest
 from django.utils import timezone
 
 from core.services import api_key_create
-from memories.facts.models import EndUser, UserVector, Vector
-from memories.facts.services import end_user_ensure, global_memory_create, memory_add
+from memories.facts.models import Fact, FactLink, Scope
+from memories.facts.scopes import end_user_ensure, global_scope_ensure
 from tests.fakes.openai_server import Scripted, chat_body
 from tests.memories.facts.conftest import scripted_llm
+from tests.memories.facts.seed import seed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUESTION = "Which JavaScript runtime should I use for my server?"
@@ -40,17 +41,12 @@ def _client(live_server, owner, user_id=None, **kwargs):
 
 def _seed(owner, user_id, *facts):
     end_user = end_user_ensure(owner=owner, external_id=user_id)
-    at = timezone.now() - timedelta(hours=1)
-    return [memory_add(end_user=end_user, content=f, observed_at=at)[0] for f in facts]
+    return seed(end_user, *facts, observed_at=timezone.now() - timedelta(hours=1))
 
 
 def _chat_requests(upstream):
     return [
-        r
-        for r in upstream.requests
-        if "expert memory archivist" not in str(r["json"])
-        and "Compare the New Fact" not in str(r["json"])
-        and "You maintain the long-term memory" not in str(r["json"])
+        r for r in upstream.requests if "You maintain the long-term memory" not in str(r["json"])
     ]
 
 
@@ -72,8 +68,15 @@ def test_non_streaming_injects_memories_and_returns_upstream_answer(live_server,
         (str(node.pk), "User uses Node.js", True),
         (str(_peanuts.pk), "User is allergic to peanuts", False),
     ]
-    assert memories[0]["score"] == pytest.approx(0.441, abs=0.002)
-    assert memories[1]["score"] is None
+    # The search's figures, as /api/v1/engine/search gives them (hybrid score, cosine).
+    assert memories[0]["similarity"] == pytest.approx(0.441, abs=0.002)
+    assert memories[0]["score"] > memories[0]["similarity"]
+    assert (memories[1]["score"], memories[1]["similarity"]) == (None, None)
+    assert set(memories[0]) == {"id", "content", "category", "confidence", "type", "relevant",
+                                "score", "similarity"}  # fmt: skip
+    assert (memories[0]["category"], memories[0]["confidence"], memories[0]["type"]) == (
+        "context", 1.0, "memory",
+    )  # fmt: skip
     (sent,) = _chat_requests(upstream)
     system = sent["json"]["messages"][0]
     assert system["role"] == "system" and system["content"].startswith(
@@ -95,10 +98,10 @@ def test_formation_runs_after_the_answer(live_server, alice, upstream):
     client.chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": message}]
     )
-    end_user = EndUser.objects.get(owner=alice, external_id="u1")
-    assert list(
-        Vector.objects.filter(links__end_user=end_user).values_list("content", flat=True)
-    ) == ["User drinks green tea every morning"]
+    end_user = Scope.objects.get(owner=alice, external_id="u1")
+    assert list(Fact.objects.filter(links__scope=end_user).values_list("content", flat=True)) == [
+        "User drinks green tea every morning"
+    ]
 
 
 def test_streaming_relays_chunks_and_forms_memories(live_server, alice, upstream):
@@ -110,7 +113,7 @@ def test_streaming_relays_chunks_and_forms_memories(live_server, alice, upstream
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert "".join(pieces) == "Lovely hobbies!"
     assert _chat_requests(upstream)[0]["json"]["stream"] is True
-    assert Vector.objects.filter(content="User plays the violin").count() == 1
+    assert Fact.objects.filter(content="User plays the violin").count() == 1
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -132,7 +135,7 @@ def test_facts_learned_in_a_recorded_chat_name_the_recorded_message(
     if stream:
         assert "".join(c.choices[0].delta.content or "" for c in answer if c.choices) == "Lovely!"
     recorded = Message.objects.get(role="user", session_id="chat-1")
-    fact = Vector.objects.get(content="User plays the violin")
+    fact = Fact.objects.get(content="User plays the violin")
     assert (fact.source_kind, fact.source_ref) == ("message", str(recorded.pk))
 
 
@@ -153,13 +156,11 @@ def test_anonymous_mode_no_retrieval_no_formation(live_server, alice, upstream):
     assert completion.model_extra["memories"] == []
     assert len(upstream.requests) == 1  # the answer only: no extraction call
     assert upstream.requests[0]["json"]["messages"] == [{"role": "user", "content": QUESTION}]
-    assert EndUser.objects.count() == 1  # only the seeded user
+    assert Scope.objects.count() == 1  # only the seeded user
 
 
 def test_cold_start_globals_until_five_personal_memories(live_server, alice, upstream):
-    global_memory_create(
-        owner=alice, content="The support team is available on weekdays from 9 to 5"
-    )
+    seed(global_scope_ensure(owner=alice), "The support team is available on weekdays from 9 to 5")
     client = _client(live_server, alice, "newcomer")
     question = "When can I reach support?"
     cold = client.chat.completions.create(
@@ -217,7 +218,7 @@ def test_isolation_between_users_and_owners(live_server, alice, bob, upstream):
         model="fake-model", messages=[{"role": "user", "content": QUESTION}]
     )
     assert other_owner.model_extra["memories"] == []  # bob's "u1" is not alice's "u1"
-    assert EndUser.objects.filter(external_id="u1").count() == 2
+    assert Scope.objects.filter(external_id="u1").count() == 2
 
 
 @pytest.mark.parametrize(
@@ -253,7 +254,7 @@ def test_upstream_errors_map_to_openai_errors_and_write_nothing(
     assert info.value.status_code == status
     body = info.value.body
     assert set(body) >= {"message", "type", "code"}
-    assert not Vector.objects.exists() and not UserVector.objects.exists()
+    assert not Fact.objects.exists() and not FactLink.objects.exists()
     assert len(upstream.requests) == 1  # no formation after a failed answer
 
 
@@ -267,7 +268,7 @@ def test_upstream_timeout_is_504(live_server, alice, upstream, llm_settings):
         )
     assert info.value.status_code == 504
     assert info.value.body["type"] == "api_error"
-    assert not Vector.objects.exists()
+    assert not Fact.objects.exists()
 
 
 def test_streaming_upstream_error_before_first_chunk_is_json_error(
@@ -281,4 +282,4 @@ def test_streaming_upstream_error_before_first_chunk_is_json_error(
                 model="m", messages=[{"role": "user", "content": QUESTION}], stream=True
             )
         )
-    assert not Vector.objects.exists()
+    assert not Fact.objects.exists()

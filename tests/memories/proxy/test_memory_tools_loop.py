@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from core.services import api_key_create
-from memories.facts.models import Vector
+from memories.facts.models import Fact
 from memories.facts.scopes import scope_find
-from memories.facts.selectors import core_fact_list
+from memories.facts.selectors import fact_list
 from tests.fakes.openai_server import Scripted, chat_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -75,7 +75,7 @@ def _client(live_server, owner) -> openai.OpenAI:
 
 def _facts(owner) -> list[str]:
     row = scope_find(owner=owner, scope=("user", "alice"))
-    return [] if row is None else sorted(v.content for v in core_fact_list(scope=row))
+    return [] if row is None else sorted(v.content for v in fact_list(scope=row))
 
 
 def _sent(server) -> list[dict]:
@@ -137,7 +137,7 @@ def test_a_failed_tool_call_goes_back_to_the_model(live_server, alice, llm_setti
     error = "id is required to delete a memory; call search_memory to find the id of the memory you mean"
     assert answer.model_extra["memory_tool_calls"][0]["error"] == error
     assert json.loads(_sent(openai_server)[1]["messages"][-1]["content"]) == {"error": error}
-    assert Vector.objects.count() == 0
+    assert Fact.objects.count() == 0
 
 
 def test_streamed_answer_after_memory_tools(live_server, alice, llm_settings, openai_server):
