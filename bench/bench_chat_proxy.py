@@ -1,4 +1,4 @@
-"""Chat proxy overhead and memory-formation cost.
+"""Chat proxy overhead.
 
     EMBEDDED_DB_NAME=bench_chat EMBEDDING_PROVIDER=hashing .venv/bin/python bench/bench_chat_proxy.py
 
@@ -8,15 +8,14 @@
    127.0.0.1) against the
    openai client calling the same upstream directly. Embedding the query is
    timed separately and subtracted: the figure is the service's own cost.
-2. Formation cost: LLM calls and tokens per user message, with a scripted
-   upstream that answers like a model would (facts, conflict decisions); tokens
-   are counted with tiktoken over exactly what the service sends and receives.
+
+(What learning costs per message, the LLM calls of the debounced updates, is
+``bench/bench_engine_updates.py``'s.)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -45,11 +44,9 @@ from django.test import Client  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from core.providers import embeddings  # noqa: E402
-from core.providers.tokens import count_message_tokens, count_tokens  # noqa: E402
 from core.services import api_key_create  # noqa: E402
-from memories.personal.formation import memory_formation_run  # noqa: E402
-from memories.personal.models import EndUser, MetricCounter  # noqa: E402
-from memories.personal.services import end_user_ensure, end_user_erase, memory_add  # noqa: E402
+from memories.facts.scopes import end_user_ensure  # noqa: E402
+from memories.facts.services import FactIn, fact_add  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
 
 TOPICS = [
@@ -70,16 +67,6 @@ TOPICS = [
     "coffee",
     "Lisbon",
 ]
-MESSAGES = [
-    "I just moved to Lisbon and I'm learning Portuguese.",
-    "Can you write me a haiku about autumn?",
-    "I switched from Python to Rust for my side project.",
-    "My daughter started violin lessons this week.",
-    "What's the capital of Australia?",
-    "I'm vegetarian now, so no more sushi with fish for me.",
-    "I run 10 km every Sunday morning.",
-    "Thanks, that's all for today!",
-]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -91,12 +78,9 @@ def overhead(server: FakeOpenAIServer, owner, requests: int) -> None:
     end_user = end_user_ensure(owner=owner, external_id="bench-user")
     if not end_user.links.exists():
         at = timezone.now() - timedelta(days=1)
-        for i in range(200):
-            memory_add(
-                end_user=end_user,
-                content=f"User likes {TOPICS[i % len(TOPICS)]} (fact {i})",
-                observed_at=at,
-            )
+        facts = [FactIn(f"User likes {TOPICS[i % len(TOPICS)]} (fact {i})", observed_at=at)
+                 for i in range(200)]  # fmt: skip
+        fact_add(owner=owner, scope=end_user, facts=facts, dedup_threshold=1.01, reason="bench")
     _, key = api_key_create(owner=owner, name="bench")
     server.default_chat = Scripted(
         body=chat_body("Sure, here is an answer of moderate length. " * 4)
@@ -167,76 +151,6 @@ def overhead(server: FakeOpenAIServer, owner, requests: int) -> None:
     )
 
 
-def formation(server: FakeOpenAIServer, owner) -> None:
-    facts = {
-        MESSAGES[0]: ["User lives in Lisbon", "User is learning Portuguese"],
-        MESSAGES[2]: ["User uses Rust for their side project"],
-        MESSAGES[3]: ["User has a daughter who takes violin lessons"],
-        MESSAGES[5]: ["User is vegetarian"],
-        MESSAGES[6]: ["User runs 10 km every Sunday morning"],
-    }
-    sent_tokens = received_tokens = 0
-
-    def respond(payload):
-        nonlocal sent_tokens, received_tokens
-        messages = payload["messages"]
-        content = " ".join(str(m.get("content")) for m in messages)
-        if "expert memory archivist" in content:
-            found = next((f for m, f in facts.items() if f"User Message: {m}" in content), [])
-            answer = json.dumps({"memories": found})
-        elif "Compare the New Fact" in content:
-            answer = json.dumps({"action": "add", "reason": "unrelated to the existing memories"})
-        else:
-            answer = "ok"
-        sent_tokens += count_message_tokens(messages)
-        received_tokens += count_tokens(answer)
-        usage = {
-            "prompt_tokens": count_message_tokens(messages),
-            "completion_tokens": count_tokens(answer),
-        }
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return Scripted(body=chat_body(answer, usage=usage))
-
-    server.chat_fn = respond
-    server.default_chat = None
-    existing = EndUser.objects.filter(owner=owner, external_id="formation-user").first()
-    if existing:
-        end_user_erase(end_user=existing)
-    seed = end_user_ensure(owner=owner, external_id="formation-user")
-    at = timezone.now() - timedelta(days=1)
-    for topic in TOPICS[:8]:
-        memory_add(end_user=seed, content=f"User enjoys {topic}", observed_at=at)
-    before = dict(MetricCounter.objects.values_list("name", "value"))
-    calls_before = len(server.requests)
-    decisions = []
-    t = time.perf_counter()
-    for message in MESSAGES:
-        decisions += memory_formation_run(
-            owner_id=owner.pk,
-            external_id="formation-user",
-            message=message,
-            message_at=timezone.now(),
-        )
-    elapsed = time.perf_counter() - t
-    after = dict(MetricCounter.objects.values_list("name", "value"))
-    calls = len(server.requests) - calls_before
-    n = len(MESSAGES)
-    print(
-        f"messages: {n} (5 with facts, 3 chatter); facts extracted: {len(decisions)}; "
-        f"actions: {sorted({d.action for d in decisions})}"
-    )
-    print(
-        f"LLM calls per message: {calls / n:.2f} (counter: {(after.get('memory_llm_calls_total', 0) - before.get('memory_llm_calls_total', 0)) / n:.2f})"
-    )
-    print(
-        f"tokens per message: {(sent_tokens + received_tokens) / n:.0f} "
-        f"(prompt {sent_tokens / n:.0f}, completion {received_tokens / n:.0f})"
-    )
-    print(
-        f"formation wall time per message (scripted LLM, {embeddings.get_embedder().provider} embedder): {elapsed / n * 1000:.1f} ms"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300)
@@ -254,8 +168,6 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores; embedder: {embeddings.get_embedder().provider}")
     print("== proxy overhead ==")
     overhead(server, owner, args.requests)
-    print("== formation cost ==")
-    formation(server, owner)
     server.stop()
     # The identified requests queued formation tasks that no worker ran here.
     from django_q.models import OrmQ

@@ -19,7 +19,7 @@ embedding is excluded from every timing) with 3 vocabulary words as text.
 
 Reported (p50/p99 over ``--queries`` calls, after 10 warm-up calls):
 
-* search: ``core_fact_search`` hybrid, limit 10, decay on, in the 10k scope and in
+* search: ``fact_search`` hybrid, limit 10, decay on, in the 10k scope and in
   100-fact scopes; rows returned (must be min(10, matching));
 * "before": the personal-memory search as it was (exact cosine over every fact of
   the owner, filtered by an EXISTS on the user's links), same scopes, fewer calls;
@@ -28,7 +28,7 @@ Reported (p50/p99 over ``--queries`` calls, after 10 warm-up calls):
 * ``--paired-before DIR``: the search against the search statement of another checkout
   (e.g. a worktree of main), call by call alternated on the same data (to measure a
   change of the statement: run this checkout's migrations first);
-* add: ``core_fact_add`` of one new fact (embedding precomputed) into a 100-fact and
+* add: ``fact_add`` of one new fact (embedding precomputed) into a 100-fact and
   the 10,000-fact scope (dedup checks included), then removed again.
 """
 
@@ -68,10 +68,12 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete  # noqa: E402
-from memories.personal.models import EndUser  # noqa: E402
-from memories.personal.retrieval import core_fact_search, format_for_injection  # noqa: E402
-from memories.personal.scopes import scope_ensure  # noqa: E402
+from core.providers.tokens import count_tokens  # noqa: E402
+from memories.facts.injection import format_for_injection  # noqa: E402
+from memories.facts.models import Scope  # noqa: E402
+from memories.facts.scopes import scope_ensure  # noqa: E402
+from memories.facts.search import fact_search  # noqa: E402
+from memories.facts.services import FactIn, fact_add, fact_delete  # noqa: E402
 
 DIMS = 384
 MODEL = settings.EMBEDDING_MODEL
@@ -114,26 +116,28 @@ def load(owner_id: int, scopes: list[tuple[int, int]]) -> None:
             vecs = unit(len(part))
             ids = [uuid.uuid4() for _ in part]
             with pg.cursor().copy(
-                "COPY memories_vector (id, owner_id, content, normalized, type, embedding, "
+                "COPY memories_fact (id, owner_id, content, normalized, tokens, embedding, "
                 "embedding_model, dimensions, metadata, observed_at, created_at, updated_at, "
                 "scope_id, category, confidence, source_kind, source_ref) FROM STDIN (FORMAT BINARY)"
             ) as copy:
                 copy.set_types(
-                    ["uuid", "integer", "text", "text", "varchar", "vector", "varchar", "smallint",
+                    ["uuid", "integer", "text", "text", "integer", "vector", "varchar", "smallint",
                      "jsonb", "timestamptz", "timestamptz", "timestamptz", "bigint", "varchar",
                      "double precision", "varchar", "varchar"]
                 )  # fmt: skip
                 for vid, sid, vec in zip(ids, part, vecs, strict=True):
                     content = text()
                     at = now - timedelta(days=prng.uniform(0, 120))
+                    category = prng.choice(["preference", "knowledge", "context", "goal"])
+                    confidence = round(prng.uniform(0.7, 1.0), 3)
+                    # (the tokens of its injection line, as the write service counts them)
+                    tokens = count_tokens(f"- [{category} | {confidence:.2f}] {content}")
                     copy.write_row(
-                        (vid, owner_id, content, content, "memory", vec, MODEL, DIMS, Jsonb({}),
-                         at, at, at, int(sid),
-                         prng.choice(["preference", "knowledge", "context", "goal"]),
-                         round(prng.uniform(0.7, 1.0), 3), "import", "")
+                        (vid, owner_id, content, content, tokens, vec, MODEL, DIMS, Jsonb({}),
+                         at, at, at, int(sid), category, confidence, "import", "")
                     )  # fmt: skip
             with pg.cursor().copy(
-                "COPY memories_uservector (end_user_id, vector_id, shared, created_at) FROM STDIN"
+                "COPY memories_factlink (scope_id, fact_id, shared, created_at) FROM STDIN"
             ) as copy:
                 for vid, sid in zip(ids, part, strict=True):
                     copy.write_row((int(sid), vid, False, now))
@@ -149,7 +153,7 @@ def without_hnsw(maintenance_work_mem: str) -> Callable[[], None]:
     each graph per row); returns the function that builds them again."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_vector' "
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_fact' "
             "AND indexdef LIKE '%USING hnsw%'"
         )
         indexes = cur.fetchall()
@@ -173,11 +177,11 @@ def without_hnsw(maintenance_work_mem: str) -> Callable[[], None]:
 
 def fix_times() -> None:
     with connection.cursor() as cur:
-        cur.execute("VACUUM ANALYZE memories_vector")
-        cur.execute("VACUUM ANALYZE memories_uservector")
-        cur.execute("SELECT to_regclass('memories_vector_half') IS NOT NULL")
+        cur.execute("VACUUM ANALYZE memories_fact")
+        cur.execute("VACUUM ANALYZE memories_factlink")
+        cur.execute("SELECT to_regclass('memories_fact_half') IS NOT NULL")
         if cur.fetchone()[0]:  # (the 16-bit copies, migration 0008)
-            cur.execute("VACUUM ANALYZE memories_vector_half")
+            cur.execute("VACUUM ANALYZE memories_fact_half")
 
 
 def timed(fn: Callable[[], Any], calls: int, warmup: int = 10) -> tuple[float, float, Any]:
@@ -194,9 +198,9 @@ def timed(fn: Callable[[], Any], calls: int, warmup: int = 10) -> tuple[float, f
 
 
 OLD_SEARCH = (
-    "SELECT id, embedding <=> %s::vector AS d FROM memories_vector v "
+    "SELECT id, embedding <=> %s::vector AS d FROM memories_fact v "
     "WHERE owner_id = %s AND embedding_model = %s AND dimensions = %s AND EXISTS ("
-    "SELECT 1 FROM memories_uservector uv WHERE uv.end_user_id = %s AND uv.vector_id = v.id) "
+    "SELECT 1 FROM memories_factlink uv WHERE uv.scope_id = %s AND uv.fact_id = v.id) "
     "ORDER BY d, id LIMIT 10"
 )
 
@@ -215,20 +219,20 @@ LITERAL = re.compile(r"'\[[^]]*\]'")
 def explain(label: str, scope_id: int, q: np.ndarray, words: str = "w1 w2 w3") -> None:
     """EXPLAIN (ANALYZE, BUFFERS) of the search's one statement and of the duplicate
     check's nearest-fact lookup for one scope: what each reads."""
-    from memories.personal import selectors
+    from memories.facts import ranking
 
     pool = max(50, 5 * 10)
-    statement = selectors.candidates_statement(
+    statement = ranking.candidates_statement(
         scope_id=scope_id, text=words, vector=q.tolist(), embedding_model=MODEL, pool=pool,
         index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool),
         walk_share=settings.ENGINE_WALK_MIN_SHARE, exact_cap=settings.ENGINE_EXACT_CAP_FACTS,
-        ranking=selectors.Ranking(settings.ENGINE_VECTOR_WEIGHT, settings.ENGINE_HALF_LIFE_DAYS,
+        ranking=ranking.Ranking(settings.ENGINE_VECTOR_WEIGHT, settings.ENGINE_HALF_LIFE_DAYS,
                                   datetime.now(UTC), 10),
     )  # fmt: skip
-    kind = selectors._index_type(DIMS)
+    kind = ranking._index_type(DIMS)
     text = "[" + ",".join(repr(float(x)) for x in q) + "]"
     nearest = (
-        f"SELECT id, embedding::vector({DIMS}) <=> %s::vector({DIMS}) AS d FROM memories_vector "
+        f"SELECT id, embedding::vector({DIMS}) <=> %s::vector({DIMS}) AS d FROM memories_fact "
         f"WHERE dimensions = {DIMS} AND scope_id = %s AND embedding_model = %s "
         f"ORDER BY embedding::{kind}({DIMS}) <=> %s::{kind}({DIMS}) LIMIT 1"
     )
@@ -250,14 +254,14 @@ def report(label: str, p50: float, p99: float, extra: str = "") -> None:
     print(f"{label:<62} p50 {p50:8.2f} ms   p99 {p99:8.2f} ms  {extra}", flush=True)
 
 
-def bench_search(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+def bench_search(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
     queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
     counts = []
 
     def one() -> Any:
         q, words = prng.choice(queries)
         row = prng.choice(rows)
-        result = core_fact_search(
+        result = fact_search(
             owner=owner, scope=row, query=words, limit=10, query_vector=q, embedder=FixedEmbedder()
         )
         counts.append(len(result.hits))
@@ -272,11 +276,11 @@ def bench_search(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
     )
 
 
-def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+def bench_paired(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
     """The one statement against the search it replaced (three statements and the merge
     in Python, ``reference_search`` in the tests, on the same indexes), call by call
     alternated with the same query: medians and the median of the paired ratios."""
-    from memories.personal import selectors
+    from memories.facts import ranking
     from tests.memories.engine.test_search_statement import reference_search
 
     class Given:
@@ -295,13 +299,13 @@ def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
         row = prng.choice(rows)
         pair = []
         for fn in (
-            lambda row=row, words=words, q=q: core_fact_search(
+            lambda row=row, words=words, q=q: fact_search(
                 owner=owner, scope=row, query=words, limit=10, query_vector=q,
                 embedder=FixedEmbedder()),
             lambda row=row, words=words, q=q: reference_search(
-                owner, list(row.scope), words, embedder=Given(q), limit=10,
+                owner, list(row.path), words, embedder=Given(q), limit=10,
                 half_life=settings.ENGINE_HALF_LIFE_DAYS,
-                vector_ranking=selectors.scope_vector_ranking),
+                vector_ranking=ranking.scope_vector_ranking),
         ):  # fmt: skip
             t = time.perf_counter()
             fn()
@@ -314,7 +318,7 @@ def bench_paired(owner: Any, rows: list[EndUser], calls: int, label: str) -> Non
           f"p50 {statistics.median(old):.2f} ms, paired ratio {ratio:.2f}", flush=True)  # fmt: skip
 
 
-def bench_paired_table(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+def bench_paired_table(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
     """The search ranking the scope exactly through its 16-bit copies (migration 0008)
     against the same search scanning the fact table instead (``_half_table`` False:
     what vectors of more than 1,024 dimensions do; the search as it was before 0008
@@ -322,46 +326,46 @@ def bench_paired_table(owner: Any, rows: list[EndUser], calls: int, label: str) 
     dimensions, embedding_model, observed_at, confidence, category)`` and no
     ``vector_scope``: see BENCHMARKS.md), call by call alternated with the same query:
     medians, the median of the paired ratios, and how many answers differed."""
-    from memories.personal import selectors
+    from memories.facts import ranking
 
-    real = selectors._half_table
+    real = ranking._half_table
 
     def use(copies: bool) -> None:
-        selectors._half_table = real if copies else lambda: False  # type: ignore[assignment]
+        ranking._half_table = real if copies else lambda: False  # type: ignore[assignment]
 
     _alternated(owner, rows, calls, use, f"paired, {label}", ("copies", "table"))
 
 
 def bench_paired_before(
-    owner: Any, rows: list[EndUser], calls: int, label: str, before: Path
+    owner: Any, rows: list[Scope], calls: int, label: str, before: Path
 ) -> None:
     """This checkout's search against another checkout's search statement (``before``:
-    its ``memories/personal/selectors.py``, loaded as a module of its own; the same
-    database, connection and ``core_fact_search`` around it), call by call alternated
+    its ``memories/facts/ranking.py``, loaded as a module of its own; the same
+    database, connection and ``fact_search`` around it), call by call alternated
     as ``bench_paired_table``."""
     import importlib.util
 
-    from memories.personal import retrieval
+    from memories.facts import search
 
     spec = importlib.util.spec_from_file_location(
-        "before_selectors", before / "memories" / "personal" / "selectors.py"
+        "before_ranking", before / "memories" / "facts" / "ranking.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its dataclasses look their module up there)
     spec.loader.exec_module(module)
-    real = retrieval.scope_fact_search
+    real = search.scope_fact_search
 
     def use(mine: bool) -> None:
-        search = real if mine else module.scope_fact_search
-        retrieval.scope_fact_search = search  # type: ignore[assignment]
+        chosen = real if mine else module.scope_fact_search
+        search.scope_fact_search = chosen  # type: ignore[assignment]
 
     _alternated(owner, rows, calls, use, f"paired, {label}", ("this checkout", str(before)))
 
 
 def _alternated(
     owner: Any,
-    rows: list[EndUser],
+    rows: list[Scope],
     calls: int,
     use: Callable[[bool], None],
     label: str,
@@ -383,7 +387,7 @@ def _alternated(
             for variant in (i % 2 == 0, i % 2 == 1):
                 use(variant)
                 t = time.perf_counter()
-                found = core_fact_search(owner=owner, scope=row, query=words, limit=10,
+                found = fact_search(owner=owner, scope=row, query=words, limit=10,
                                          query_vector=q, embedder=FixedEmbedder())  # fmt: skip
                 if i >= 10:
                     times[variant].append((time.perf_counter() - t) * 1000)
@@ -398,12 +402,12 @@ def _alternated(
           f"answers differing {differ}/{calls + 10}", flush=True)  # fmt: skip
 
 
-def bench_old(owner: Any, rows: list[EndUser], calls: int, label: str) -> None:
+def bench_old(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
     p50, p99, last = timed(lambda: old_search(owner.pk, prng.choice(rows).pk, unit(1)[0]), calls, 2)
     report(f"before (owner-wide exact scan), {label}", p50, p99, f"rows {len(last)}")
 
 
-def bench_injection(owner: Any, row: EndUser, calls: int) -> None:
+def bench_injection(owner: Any, row: Scope, calls: int) -> None:
     p50, p99, last = timed(
         lambda: format_for_injection(owner=owner, scope=row, max_tokens=600), calls
     )
@@ -424,12 +428,12 @@ def bench_injection(owner: Any, row: EndUser, calls: int) -> None:
     report("injection with a query, 500 facts, 600 tokens", p50, p99, f"{len(last.facts)} facts")
 
 
-def bench_add(owner: Any, row: EndUser, calls: int, label: str) -> None:
+def bench_add(owner: Any, row: Scope, calls: int, label: str) -> None:
     added: list[str] = []
     embedder = FixedEmbedder()
 
     def one() -> Any:
-        [d] = core_fact_add(
+        [d] = fact_add(
             owner=owner, scope=row, facts=[FactIn(text(), confidence=0.9)], max_facts=10**7,
             embedder=embedder,
         )  # fmt: skip
@@ -441,21 +445,24 @@ def bench_add(owner: Any, row: EndUser, calls: int, label: str) -> None:
     report(f"add one fact, {label}", p50, p99)
     for fact_id in added:
         if fact_id:
-            core_fact_delete(owner=owner, fact_id=fact_id, reason="bench cleanup")
+            fact_delete(owner=owner, fact_id=fact_id, reason="bench cleanup")
 
 
-def bench_nearest(row: EndUser, calls: int, label: str) -> None:
-    """The duplicate check alone (the scope's nearest fact), as ``core_fact_add`` runs
+def bench_nearest(row: Scope, calls: int, label: str) -> None:
+    """The duplicate check alone (the scope's nearest fact), as ``fact_add`` runs
     it, and the exact scan of the scope for comparison."""
-    from memories.personal import facts, selectors
+    from memories.facts import ranking, services
 
     queries = [unit(1)[0] for _ in range(64)]
     p50, p99, _ = timed(
-        lambda: facts._nearest_in_scope(row, prng.choice(queries).tolist(), MODEL), calls
+        lambda: services._nearest_in_scope(
+            row, prng.choice(queries).tolist(), MODEL, ranking.scope_fact_count(scope_id=row.pk)
+        ),
+        calls,
     )
     report(f"duplicate check (nearest fact), {label}", p50, p99)
     p50, p99, _ = timed(
-        lambda: selectors.scope_vector_ranking(
+        lambda: ranking.scope_vector_ranking(
             scope_id=row.pk, vector=prng.choice(queries).tolist(), embedding_model=MODEL, limit=1
         ),
         calls,
@@ -508,7 +515,7 @@ def main() -> None:
     phase_b(args, owner, big)
 
 
-def phase_a(args: argparse.Namespace, owner: Any, big: EndUser, inj: EndUser) -> None:
+def phase_a(args: argparse.Namespace, owner: Any, big: Scope, inj: Scope) -> None:
     print(f"\nphase A: owner holds {owner_facts(owner.pk):,} facts", flush=True)
     explain("10k facts in one scope", big.pk, unit(1)[0])
     bench_search(owner, [big], args.queries, "10k facts in one scope")
@@ -532,16 +539,16 @@ def phase_a(args: argparse.Namespace, owner: Any, big: EndUser, inj: EndUser) ->
     bench_add(owner, big, 50, "scope of 10,000 facts")
 
 
-def phase_b(args: argparse.Namespace, owner: Any, big: EndUser) -> None:
-    smalls = list(EndUser.objects.filter(owner=owner, scope__0="s").order_by("id"))
+def phase_b(args: argparse.Namespace, owner: Any, big: Scope) -> None:
+    smalls = list(Scope.objects.filter(owner=owner, path__0="s").order_by("id"))
     if len(smalls) < args.scopes:
         print(f"creating {args.scopes:,} scopes", flush=True)
         have = {tuple(r.scope) for r in smalls}
-        EndUser.objects.bulk_create(
-            [EndUser(owner=owner, scope=["s", str(i)]) for i in range(args.scopes)
+        Scope.objects.bulk_create(
+            [Scope(owner=owner, path=["s", str(i)]) for i in range(args.scopes)
              if ("s", str(i)) not in have]
         )  # fmt: skip
-        smalls = list(EndUser.objects.filter(owner=owner, scope__0="s").order_by("id"))
+        smalls = list(Scope.objects.filter(owner=owner, path__0="s").order_by("id"))
     empty = [r for r in smalls if not r.links.exists()]
     if empty:
         print(
@@ -579,7 +586,7 @@ def phase_b(args: argparse.Namespace, owner: Any, big: EndUser) -> None:
 
 def owner_facts(owner_id: int) -> int:
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM memories_vector WHERE owner_id = %s", [owner_id])
+        cur.execute("SELECT count(*) FROM memories_fact WHERE owner_id = %s", [owner_id])
         return int(cur.fetchone()[0])
 
 

@@ -9,9 +9,10 @@ user's message for memory formation (django-q2 in sync mode here, so the queued 
 runs in the request). Counted: the LLM requests the upstream receives for memory
 (not the chat answers), per user message, for
 
-- before: the per-message formation this service ran before the engine
-  (``memory_formation_run``: one extraction per message, then one conflict check per
-  extracted fact with related memories), called once per message as the proxy did;
+(The per-message formation this service ran before the engine, one extraction per
+message then one conflict check per extracted fact with related memories, is gone;
+its figure, 1.6-2.3 calls per message, is in BENCHMARKS.md.)
+
 - MEMORY_UPDATE_DEBOUNCE_SECONDS=0: the engine queue with the debounce off (one
   extraction per message);
 - MEMORY_UPDATE_DEBOUNCE_SECONDS=30: the debounced queue. The pause is simulated:
@@ -50,9 +51,8 @@ from core.services import api_key_create  # noqa: E402
 from ingestion.updates import updates_run  # noqa: E402
 from memories.engine.models import PendingUpdate  # noqa: E402
 from memories.engine.updates import due_scopes  # noqa: E402
-from memories.personal.formation import memory_formation_run  # noqa: E402
-from memories.personal.models import EndUser  # noqa: E402
-from memories.personal.services import end_user_erase  # noqa: E402
+from memories.facts.models import Scope  # noqa: E402
+from memories.facts.services import scope_erase  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
 
 BURSTS = [
@@ -74,28 +74,19 @@ def upstream(server: FakeOpenAIServer) -> None:
             found = [{"content": f, "category": "context", "confidence": 0.9}
                      for m, f in FACTS.items() if f"user: {m}" in content]  # fmt: skip
             return Scripted(body=chat_body(json.dumps({"newFacts": found, "factsToRemove": []})))
-        if "expert memory archivist" in content:  # the per-message formation
-            found = [f for m, f in FACTS.items() if f"User Message: {m}" in content]
-            return Scripted(body=chat_body(json.dumps({"memories": found})))
-        if "Compare the New Fact" in content:
-            return Scripted(body=chat_body('{"action": "add", "reason": "unrelated"}'))
         return Scripted(body=chat_body("Sure."))
 
     server.chat_fn = respond
 
 
 def memory_calls(server: FakeOpenAIServer, since: int) -> int:
-    markers = (
-        "You maintain the long-term memory",
-        "expert memory archivist",
-        "Compare the New Fact",
-    )
-    return sum(any(m in str(r["json"]) for m in markers) for r in server.requests[since:])
+    marker = "You maintain the long-term memory"
+    return sum(marker in str(r["json"]) for r in server.requests[since:])
 
 
 def reset(owner, users: int) -> None:
-    for end_user in EndUser.objects.filter(owner=owner):
-        end_user_erase(end_user=end_user)
+    for end_user in Scope.objects.filter(owner=owner):
+        scope_erase(scope=end_user)
     PendingUpdate.objects.filter(owner=owner).delete()
 
 
@@ -122,17 +113,6 @@ def through_proxy(server, owner, key: str, users: int, debounce: float) -> tuple
     return memory_calls(server, since), messages, elapsed
 
 
-def per_message_formation(server, owner, users: int) -> tuple[int, int]:
-    since, messages = len(server.requests), 0
-    for burst in BURSTS:
-        for user in range(users):
-            for text in burst:
-                memory_formation_run(owner_id=owner.pk, external_id=f"u{user}", message=text,
-                                     message_at=timezone.now())  # fmt: skip
-                messages += 1
-    return memory_calls(server, since), messages
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=20)
@@ -150,11 +130,6 @@ def main() -> None:
     _, key = api_key_create(owner=owner, name="bench")
     print(f"machine: {os.cpu_count()} cores; users: {args.users}; bursts of "
           f"{len(BURSTS[0])} messages: {len(BURSTS)} per user")  # fmt: skip
-    reset(owner, args.users)
-    calls, n = per_message_formation(server, owner, args.users)
-    print(
-        f"before (per-message formation)      {calls / n:.2f} memory LLM calls per user message ({calls}/{n})"
-    )
     for debounce in (0.0, 30.0):
         reset(owner, args.users)
         calls, n, _ = through_proxy(server, owner, key, args.users, debounce)

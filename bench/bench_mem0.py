@@ -73,10 +73,10 @@ class GivenEmbedder:
 def scope_facts(scope: list[str]) -> list[tuple[str, str]]:
     with psycopg.connect(f"{BASE} dbname=bench_engine") as conn:
         return conn.execute(
-            "SELECT v.content, v.embedding::text FROM memories_vector v "
-            "JOIN memories_enduser s ON s.id = v.scope_id "
+            "SELECT v.content, v.embedding::text FROM memories_fact v "
+            "JOIN memories_scope s ON s.id = v.scope_id "
             "JOIN auth_user u ON u.id = s.owner_id "
-            "WHERE u.username = 'bench-engine' AND s.scope = %s",
+            "WHERE u.username = 'bench-engine' AND s.path = %s",
             [scope],
         ).fetchall()
 
@@ -167,7 +167,7 @@ def load_large(m, maintenance_work_mem: str) -> None:
     src = psycopg.connect(f"{BASE} dbname=bench_engine")
     dst = psycopg.connect(f"{BASE} dbname={DB}", autocommit=True)
     total = src.execute(
-        "SELECT count(*) FROM memories_vector v JOIN auth_user u ON u.id = v.owner_id "
+        "SELECT count(*) FROM memories_fact v JOIN auth_user u ON u.id = v.owner_id "
         "WHERE u.username = 'bench-engine'"
     ).fetchone()[0]
     have = dst.execute(f"SELECT count(*) FROM {COLLECTION}").fetchone()[0]
@@ -189,8 +189,8 @@ def load_large(m, maintenance_work_mem: str) -> None:
     ):
         cur.itersize = 20_000
         cur.execute(
-            "SELECT v.id, v.embedding::text, v.content, s.scope FROM memories_vector v "
-            "JOIN memories_enduser s ON s.id = v.scope_id "
+            "SELECT v.id, v.embedding::text, v.content, s.path FROM memories_fact v "
+            "JOIN memories_scope s ON s.id = v.scope_id "
             "JOIN auth_user u ON u.id = v.owner_id WHERE u.username = 'bench-engine'"
         )
         for n, (vid, vec, text, scope) in enumerate(cur, 1):

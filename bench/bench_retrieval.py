@@ -27,10 +27,10 @@ are the API's own parameters; ``--set NAME=VALUE`` overrides a ``SEARCH_*`` sett
 process (and in the served instance's environment), for tuning.
 
 ``--facts`` adds the personal-memory yardstick: every session's ``observation`` facts are
-stored (``memories.personal.services.memory_add``) as personal memories of end users named after
+stored (``memories.facts.services.fact_add``, as given) as personal memories of end users named after
 the speakers (one owner per conversation), with their turn ids in metadata. Each question
-is then asked as the chat proxy asks it (``memories.personal.chat.chat_prepare``: the proxy's
-retrieval at MEMORY_SCORE_THRESHOLD and MEMORY_TOP_K, then its token budget), as each
+is then asked as the chat proxy asks it (``memories.proxy.chat.chat_prepare``: the one
+search of facts, relevant at MEMORY_SCORE_THRESHOLD or a query word, then its token budget), as each
 speaker the question names (both when it names neither or both). Printed: fact recall@k
 (share of the evidence turns covered by the top-k facts, no threshold), the share of
 questions with at least one evidence fact injected, and the mean number of facts injected.
@@ -499,41 +499,42 @@ def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
 # --- personal facts ----------------------------------------------------------------------
 def ensure_facts(conv: Conversation, fresh: bool) -> Any:
     from core.providers.embeddings import get_embedder
-    from memories.personal.models import EndUser, Vector
-    from memories.personal.services import end_user_ensure, end_user_erase, memory_add
+    from memories.engine.llm import PrecomputedEmbedder
+    from memories.facts.models import Fact, Scope
+    from memories.facts.scopes import end_user_ensure
+    from memories.facts.services import FactIn, fact_add, scope_erase
 
     owner = bench_owner(f"bench-facts-{conv.sample_id}")
     embedder = get_embedder()
-    stored = Vector.objects.filter(owner=owner, embedding_model=embedder.model).count()
+    stored = Fact.objects.filter(owner=owner, embedding_model=embedder.model).count()
     if stored == len(conv.facts) and not fresh:
         return owner
-    for end_user in EndUser.objects.filter(owner=owner):
-        end_user_erase(end_user=end_user)
-    Vector.objects.filter(owner=owner).delete()
-    vectors = embedder.embed([fact for _, fact, _ in conv.facts])
-    for (speaker, fact, ids), vector in zip(conv.facts, vectors):
-        end_user = end_user_ensure(owner=owner, external_id=speaker)
-        memory_add(
-            end_user=end_user,
-            content=fact,
-            embedding=[float(x) for x in vector],
-            embedder=embedder,
-            metadata={"dia_ids": sorted(ids)},
-        )
+    for end_user in Scope.objects.filter(owner=owner):
+        scope_erase(scope=end_user)
+    Fact.objects.filter(owner=owner).delete()
+    given = PrecomputedEmbedder(embedder, [fact for _, fact, _ in conv.facts])
+    by_speaker: dict[str, list[Any]] = defaultdict(list)
+    for speaker, fact, ids in conv.facts:
+        by_speaker[speaker].append(FactIn(fact, metadata={"dia_ids": sorted(ids)}))
+    for speaker, facts in by_speaker.items():
+        # As given: each observation is a fact (only the same text is a duplicate).
+        fact_add(owner=owner, scope=end_user_ensure(owner=owner, external_id=speaker),
+                 facts=facts, reason="locomo observation", dedup_threshold=1.01,
+                 max_facts=10**6, embedder=given)  # fmt: skip
     return owner
 
 
 def fact_questions(args: argparse.Namespace, convs: list[Conversation]) -> Any:
     """(owner, fact id -> its turn ids, question, the end users asking it): each question
     asked as the speaker it names, or as both when it names neither or both."""
-    from memories.personal.models import EndUser, Vector
+    from memories.facts.models import Fact, Scope
 
     for conv in convs:
         owner = ensure_facts(conv, args.fresh)
         ids_of = {
-            v.pk: set(v.metadata.get("dia_ids", [])) for v in Vector.objects.filter(owner=owner)
+            v.pk: set(v.metadata.get("dia_ids", [])) for v in Fact.objects.filter(owner=owner)
         }
-        users = {u.external_id: u for u in EndUser.objects.filter(owner=owner)}
+        users = {u.external_id: u for u in Scope.objects.filter(owner=owner)}
         for question in conv.questions:
             named = [s for s in conv.speakers if re.search(rf"\b{re.escape(s)}\b", question.text)]
             askers = [users[s] for s in (named if len(named) == 1 else conv.speakers)]
@@ -542,8 +543,8 @@ def fact_questions(args: argparse.Namespace, convs: list[Conversation]) -> Any:
 
 def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     from core.providers.embeddings import get_embedder
-    from memories.personal.chat import chat_prepare
-    from memories.personal.selectors import memory_search
+    from memories.facts.search import fact_search
+    from memories.proxy.chat import chat_prepare
 
     embedder = get_embedder()
     rows, injected_any, injected_counts, latencies = [], [], [], []
@@ -551,15 +552,9 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     for owner, ids_of, question, askers in fact_questions(args, convs):
         vector = embedder.embed([question.text])[0]
         ranked = []
-        for speaker in askers:
-            ranked += memory_search(
-                owner_id=owner.pk,
-                end_user=speaker,
-                vector=vector,
-                embedding_model=embedder.model,
-                top_k=max(KS),
-                query=question.text if settings.MEMORY_HYBRID else None,
-            )
+        for speaker in askers:  # the one search of facts, as every door makes it
+            ranked += fact_search(owner=owner, scope=speaker, query=question.text,
+                                  limit=max(KS), query_vector=vector).hits  # fmt: skip
         ranked.sort(key=lambda h: -h.score)
         covered = [ids_of.get(h.id, set()) for h in ranked]
         scores = {
@@ -585,9 +580,7 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     report(f"fact recall (personal memories, {settings.EMBEDDING_PROVIDER} embedder)", rows)
     print(
         f"  questions with an evidence fact injected: {statistics.fmean(injected_any):.3f} "
-        f"(threshold {settings.MEMORY_SCORE_THRESHOLD}, relative "
-        f"{settings.MEMORY_RELATIVE_THRESHOLD}, hybrid {settings.MEMORY_HYBRID}, "
-        f"top_k {settings.MEMORY_TOP_K}); "
+        f"(relevant: similarity >= {settings.MEMORY_SCORE_THRESHOLD} or a query word); "
         f"facts injected per question: mean {statistics.fmean(injected_counts):.2f}, "
         f"share with none {statistics.fmean(c == 0 for c in injected_counts):.3f}"
     )
@@ -609,7 +602,7 @@ TS_RANK_SQL = (
     "WITH q AS (SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') "
     "FROM unnest(tsvector_to_array(to_tsvector('english'::regconfig, %s))) l), '')"
     "::tsquery AS words, quote_literal(%s)::tsquery AS scope) "
-    "SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_vector, q"
+    "SELECT id, ts_rank(search_vector, q.words) AS r FROM memories_fact, q"
     " WHERE numnode(q.words) > 0 AND search_vector @@ (q.words && q.scope)"
     " ORDER BY r DESC, id LIMIT %s"
 )
@@ -627,16 +620,16 @@ def engine_rankings(
     owner: Any, user: Any, query: str, vector: list[float], model: str, k: int
 ) -> dict[str, list[tuple[Any, float]]]:
     """The scope's top ``k`` (fact id, score) three ways: the engine's own search
-    (``core_fact_search``, no decay: BM25 keyword leg), its merge replayed in Python over
+    (``fact_search``, no decay: BM25 keyword leg), its merge replayed in Python over
     the same two legs (w x cosine + (1 - w) x BM25 / best BM25, the keyword leg from
     ``scope_keyword_ranking``: must agree with it), and the same merge with the keyword
     leg the engine had before (``ts_rank``, ``TS_RANK_SQL``). Equal scores: newer first,
     then id, as the engine orders them."""
-    from memories.personal.models import Vector
-    from memories.personal.retrieval import _pool, core_fact_search
-    from memories.personal.selectors import scope_keyword_ranking, scope_vector_ranking
+    from memories.facts.models import Fact
+    from memories.facts.ranking import scope_keyword_ranking, scope_vector_ranking
+    from memories.facts.search import _pool, fact_search
 
-    engine = core_fact_search(
+    engine = fact_search(
         owner=owner, scope=user, query=query, limit=k, half_life_days=0, query_vector=vector
     )
     pool = _pool(k, 0)
@@ -651,7 +644,7 @@ def engine_rankings(
     LEG_MS["ts_rank"].append((middle - started) * 1000)
     LEG_MS["bm25"].append((time.perf_counter() - middle) * 1000)
     observed = dict(
-        Vector.objects.filter(pk__in={*cosine, *ts_rank, *bm25}).values_list("id", "observed_at")
+        Fact.objects.filter(pk__in={*cosine, *ts_rank, *bm25}).values_list("id", "observed_at")
     )
     out = {"engine": [(h.id, h.score) for h in engine.hits]}
     for name, keyword in {"bm25": bm25, "ts_rank": ts_rank}.items():
@@ -692,7 +685,7 @@ def run_engine_facts(args: argparse.Namespace, convs: list[Conversation]) -> Non
             }
             rows[name].append((question, scores))
     titles = {
-        "engine": "the engine's search (core_fact_search: BM25 keyword leg, no decay)",
+        "engine": "the engine's search (fact_search: BM25 keyword leg, no decay)",
         "bm25": "replayed in Python: w x cosine + (1 - w) x BM25 / best",
         "ts_rank": "the same merge, keyword leg ts_rank (the engine before BM25)",
     }

@@ -34,9 +34,9 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from core.services import api_key_create  # noqa: E402
-from memories.personal.facts import FactIn, core_fact_add  # noqa: E402
-from memories.personal.scopes import scope_find  # noqa: E402
-from memories.personal.selectors import core_fact_count  # noqa: E402
+from memories.facts.scopes import scope_find  # noqa: E402
+from memories.facts.selectors import fact_count  # noqa: E402
+from memories.facts.services import FactIn, fact_add  # noqa: E402
 from memories.tools.registry import tool_call  # noqa: E402
 
 SCOPE = ["user", "bench"]
@@ -64,14 +64,14 @@ def _timed(call: Callable[[], object], n: int) -> list[float]:
 
 def _seed(owner: object, facts: int) -> None:
     row = scope_find(owner=owner, scope=tuple(SCOPE))  # type: ignore[arg-type]
-    if row is not None and core_fact_count(scope=row) >= facts:
+    if row is not None and fact_count(scope=row) >= facts:
         return
     topics = ["green tea", "black coffee", "jazz", "Lisbon", "violin", "dark mode", "Rust"]
     batch = [
         FactIn(f"User note {i}: likes {topics[i % len(topics)]} ({i})", category="context")
         for i in range(facts)
     ]
-    core_fact_add(owner=owner, scope=tuple(SCOPE), facts=batch, reason="bench")  # type: ignore[arg-type]
+    fact_add(owner=owner, scope=tuple(SCOPE), facts=batch, reason="bench")  # type: ignore[arg-type]
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Erasure of a memory scope, across the rooms that keep something of it.
 
-The room that owns scopes (``memories.personal``: an end user is the scope
+The room that owns scopes (``memories.facts``: an end user is the scope
 ``["user", <id>]``) erases its facts and its scope row; rooms above it keep more of a
 scope (the engine: pending updates, running summaries, the journal, ``MEMORY.md``,
 dream diaries) but cannot be imported from below. So the owner of the scope sends

@@ -31,3 +31,14 @@ class APIKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class MetricCounter(models.Model):
+    """Monotonic counters shared by every process, exported at /metrics
+    (``core.metrics``: each app declares its counters)."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    value = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"

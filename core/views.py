@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from core.api.errors import json_error_response
 from core.authentication import api_key_from_header
 from core.health import health_report
+from core.metrics import render_metrics
 
 
 def _trusted(request: HttpRequest) -> bool:
@@ -41,3 +44,25 @@ def healthz(request: HttpRequest) -> JsonResponse:
     if "error" in report:  # the database is unreachable
         response["Retry-After"] = str(settings.DATABASE_RETRY_AFTER)
     return response
+
+
+def metrics_allowed(request: HttpRequest) -> bool:
+    """``Authorization: Bearer <METRICS_TOKEN>`` (compared in constant time) or a staff
+    session. Without METRICS_TOKEN only staff sessions get in: the counts span tenants."""
+    token = settings.METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").encode("latin-1", "replace")
+        if hmac.compare_digest(given, f"Bearer {token}".encode()):
+            return True
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_staff)
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    if not metrics_allowed(request):
+        hint = "" if settings.METRICS_TOKEN else " (METRICS_TOKEN is not set: /metrics is closed)"
+        response = json_error_response(401, f"Send Authorization: Bearer <METRICS_TOKEN>{hint}.")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(render_metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -12,7 +12,7 @@ from ingestion import memory_bases, updates
 from memories.conversations.node_memory import node_memory_delete_idle
 from memories.engine.dreams import dream_scheduled, dreams_daily
 from memories.engine.updates import update_record
-from memories.personal.scopes import user_scope
+from memories.facts.scopes import user_scope
 
 
 def ingest_session(job_id: str) -> str:

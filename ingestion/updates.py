@@ -25,6 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.llm import ChatLLM, get_llm
@@ -41,17 +42,10 @@ from memories.engine.updates import (
     update_record,
     validate_messages,
 )
-from memories.personal.facts import (
-    FactDecision,
-    FactIn,
-    FactNotFound,
-    core_fact_add,
-    core_fact_delete,
-)
-from memories.personal.models import CATEGORIES, EndUser
-from memories.personal.scopes import Scope, scope_ensure
-from memories.personal.selectors import core_fact_list
-from memories.personal.services import MAX_MEMORY_CHARS, counter_add
+from memories.facts.models import CATEGORIES, Scope
+from memories.facts.scopes import ScopePath, scope_ensure
+from memories.facts.selectors import FactNotFound, fact_list
+from memories.facts.services import MAX_FACT_CHARS, FactDecision, FactIn, fact_add, fact_delete
 
 logger = logging.getLogger("memories.decisions")
 
@@ -127,8 +121,8 @@ def _source_ref(named: Any, refs: list[str]) -> str:
     return out
 
 
-def _fact_lines(scope: EndUser) -> tuple[str, dict[str, str]]:
-    facts = list(core_fact_list(scope=scope)[:FACTS_IN_PROMPT])
+def _fact_lines(scope: Scope) -> tuple[str, dict[str, str]]:
+    facts = list(fact_list(scope=scope)[:FACTS_IN_PROMPT])
     lines = [f"{f.pk} | {f.category} | {f.confidence:.2f} | {f.content}" for f in facts]
     return ("\n".join(lines) or "(none yet)"), {str(f.pk): f.content for f in facts}
 
@@ -153,7 +147,7 @@ def parse_extraction(
     for item in raw if isinstance(raw, list) else []:
         if not isinstance(item, dict):
             continue
-        content = str(item.get("content") or "").strip()[:MAX_MEMORY_CHARS]
+        content = str(item.get("content") or "").strip()[:MAX_FACT_CHARS]
         confidence = _confidence(item.get("confidence"))
         if not content or confidence is None:
             continue
@@ -197,7 +191,7 @@ def updates_run(
 def updates_now(
     *,
     owner: Any,
-    scope: Scope | EndUser,
+    scope: ScopePath | Scope,
     messages: Any,
     source: str = "api",
     wait_seconds: float | None = None,
@@ -216,7 +210,7 @@ def updates_now(
     sweep's retries (status ``failed``, the error on the flush)."""
     checked = validate_messages(messages)
     llm = llm or get_llm(feature=FEATURE)
-    row = scope if isinstance(scope, EndUser) else scope_ensure(owner=owner, scope=scope)
+    row = scope if isinstance(scope, Scope) else scope_ensure(owner=owner, scope=scope)
     wait = INLINE_WAIT_SECONDS if wait_seconds is None else wait_seconds
     with scope_run_lock_waiting(row.pk, wait) as taken:
         update = update_record(owner=row.owner_id, scope=row, messages=checked, source=source,
@@ -240,14 +234,14 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
         listing, known = _fact_lines(scope)
         conversation, refs = _conversation(rows)
         prompt = EXTRACTION_PROMPT.format(
-            scope="/".join(scope.scope), facts=listing, conversation=conversation
+            scope="/".join(scope.path), facts=listing, conversation=conversation
         )
         try:
             parsed = calls.json([{"role": "system", "content": prompt}], what="engine_extraction")
         finally:
             result.llm_calls = calls.count
-            counter_add("memory_llm_calls_total", calls.count)
-            counter_add("memory_llm_tokens_total", calls.tokens)
+            counter_add("engine_llm_calls_total", calls.count)
+            counter_add("engine_llm_tokens_total", calls.tokens)
         facts, removed = parse_extraction(parsed, known, refs)
         pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in facts])
     except ProviderError as exc:  # not configured, down, timed out: retried later
@@ -255,7 +249,7 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
     for row in rows:  # before the commit; a re-run finds them (same hash)
         at = parse_datetime(row.messages[-1].get("at") or "") or row.created_at
         result.journal_entries += files.journal_append(
-            owner_id=scope.owner_id, scope=scope.scope, messages=row.messages, at=at,
+            owner_id=scope.owner_id, scope=scope.path, messages=row.messages, at=at,
             source=row.source,
         )  # fmt: skip
     reason = f"debounced update {result.batch_id} ({len(rows)} flushes)"
@@ -266,12 +260,12 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
         )
         if len(still) != len(ids):  # cannot happen under the run lock; never write twice
             return UpdateRun(scope.pk, "empty")
-        result.decisions = core_fact_add(
+        result.decisions = fact_add(
             owner=scope.owner_id, scope=scope, facts=facts, reason=reason, embedder=pre
         ) if facts else []  # fmt: skip
         for fact_id in removed:
             try:
-                core_fact_delete(owner=scope.owner_id, fact_id=fact_id, reason=reason)
+                fact_delete(owner=scope.owner_id, fact_id=fact_id, reason=reason)
                 result.removed.append(fact_id)
                 result.removed_content[fact_id] = known[fact_id]
             except FactNotFound:  # gone meanwhile
@@ -316,9 +310,9 @@ def _failed(
     return result
 
 
-def _log(scope: EndUser, result: UpdateRun) -> None:
+def _log(scope: Scope, result: UpdateRun) -> None:
     logger.info(json.dumps({
-        "event": "engine_update", "scope": scope.scope, "owner_id": scope.owner_id,
+        "event": "engine_update", "scope": scope.path, "owner_id": scope.owner_id,
         "batch_id": result.batch_id, "updates": result.updates, "llm_calls": result.llm_calls,
         "decisions": [{"action": d.action, "content": d.content, "fact_id": d.fact_id}
                       for d in result.decisions],

@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 
+from core.metrics import Gauge
 from core.schedules import ScheduleSpec
 
 
@@ -13,6 +14,13 @@ class KnowledgeConfig(AppConfig):
             "index-pending-chunks", "knowledge.tasks.index_pending_chunks", "I", minutes=5
         ),
         ScheduleSpec("ingest-jobs-sweep", "knowledge.tasks.ingest_jobs_sweep", "I", minutes=5),
+    )
+    metrics = (
+        Gauge(
+            "knowledge_chunks_index_pending",
+            "Chunks waiting for the background HNSW indexer (searched exactly meanwhile).",
+            "knowledge.services.knowledge_pending_count",
+        ),
     )
 
     def ready(self) -> None:

@@ -64,7 +64,7 @@ INSTALLED_APPS = [
     "knowledge",
     "memories.conversations",
     "memories.bases",
-    "memories.personal",
+    "memories.facts",
     "memories.stores",
     "memories.engine",
     "memories.tools",
@@ -215,7 +215,7 @@ SPECTACULAR_SETTINGS = {
     "AUTHENTICATION_WHITELIST": ["core.authentication.APIKeyAuthentication"],
     "PARSER_WHITELIST": ["core.api.parsers.JSONParser"],
     "ENUM_NAME_OVERRIDES": {
-        "ChatRoleEnum": "memories.personal.api.serializers.CHAT_ROLES",
+        "ChatRoleEnum": "core.api.fields.CHAT_ROLES",
         "MessageRoleEnum": "memories.conversations.models.Message.Role",
         "JobStatusEnum": "core.jobs.Job.Status",
         "UpdateStatusEnum": "memories.engine.models.PendingUpdate.Status",
@@ -387,27 +387,18 @@ MEMORY_STORE_PROMPT_MAX_TOKENS = env_int("MEMORY_STORE_PROMPT_MAX_TOKENS", 1000,
 
 # --- Personal memories ----------------------------------------------------------------
 MEMORY_USER_HEADER = env_str("MEMORY_USER_HEADER", "X-OpenWebUI-User-Id")
-# Cosine similarity a memory needs to be injected. The seed's 0.8 was for mistral-embed;
-# all-MiniLM-L6-v2 puts related facts around 0.2-0.6 ("Where do I live?" against "User
-# lives in Lisbon ..." is 0.236), OpenAI's text-embedding-3 models around 0.3-0.5, and
-# the hashing embedder only scores word overlap. The relative threshold below does the
-# sorting; this floor only keeps out what is unrelated.
+# Cosine similarity that makes a fact relevant to a query in an injection (a query word
+# does too: the one search of facts ranks both ways). The seed's 0.8 was for
+# mistral-embed; all-MiniLM-L6-v2 puts related facts around 0.2-0.6 ("Where do I live?"
+# against "User lives in Lisbon ..." is 0.236), OpenAI's text-embedding-3 models around
+# 0.3-0.5, and the hashing embedder only scores word overlap.
 _MEMORY_DEFAULTS = {
-    "local": {"score": 0.2, "dedup": 0.9, "conflict": 0.3},
-    "openai": {"score": 0.3, "dedup": 0.9, "conflict": 0.3},
-    "hashing": {"score": 0.2, "dedup": 0.9, "conflict": 0.2},
+    "local": {"score": 0.2, "dedup": 0.9},
+    "openai": {"score": 0.3, "dedup": 0.9},
+    "hashing": {"score": 0.2, "dedup": 0.9},
 }[EMBEDDING_PROVIDER]
 MEMORY_SCORE_THRESHOLD = env_float("MEMORY_SCORE_THRESHOLD", _MEMORY_DEFAULTS["score"])
 MEMORY_DEDUP_THRESHOLD = env_float("MEMORY_DEDUP_THRESHOLD", _MEMORY_DEFAULTS["dedup"])
-MEMORY_CONFLICT_MIN_SIMILARITY = env_float(
-    "MEMORY_CONFLICT_MIN_SIMILARITY", _MEMORY_DEFAULTS["conflict"]
-)
-MEMORY_CONFLICT_CANDIDATES = env_int("MEMORY_CONFLICT_CANDIDATES", 3, minimum=1)
-MEMORY_TOP_K = env_int("MEMORY_TOP_K", 10, minimum=1)
-# The chat proxy ranks a user's memories by cosine and BM25 fused (as knowledge search
-# does), and injects those scoring at least MEMORY_RELATIVE_THRESHOLD x the best (0: off).
-MEMORY_HYBRID = env_bool("MEMORY_HYBRID", True)
-MEMORY_RELATIVE_THRESHOLD = env_float("MEMORY_RELATIVE_THRESHOLD", 0.3, minimum=0.0)
 MEMORY_PROMPT_MAX_TOKENS = env_int("MEMORY_PROMPT_MAX_TOKENS", 600, minimum=50)
 MEMORY_GLOBAL_MIN_PERSONAL = env_int("MEMORY_GLOBAL_MIN_PERSONAL", 5, minimum=0)
 MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MODEL

@@ -2,21 +2,17 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from core.views import healthz
-from memories.personal.api.openai_views import ModelsView
-from memories.personal.metrics import metrics
-from memories.tools.api.proxy import MemoryToolsChatView
+from core.views import healthz, metrics
 from memories.tools.mcp_http import MCPSlashView, MCPView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
-    path("v1/chat/completions", MemoryToolsChatView.as_view(), name="chat-completions"),
-    path("v1/models", ModelsView.as_view(), name="models"),
+    path("", include("memories.proxy.api.urls")),
     path("mcp", MCPView.as_view(), name="mcp"),
     path("mcp/", MCPSlashView.as_view()),
-    path("api/v1/", include("memories.personal.api.urls")),
+    path("api/v1/", include("memories.facts.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
     path("api/v1/", include("core.api.urls")),

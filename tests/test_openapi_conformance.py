@@ -13,10 +13,11 @@ from django.db import close_old_connections
 
 from core.services import api_key_create
 from knowledge.services import DocumentIn, knowledge_documents_submit
-from memories.personal.services import end_user_ensure, memory_add
+from memories.facts.scopes import end_user_ensure
 from memoryproject.wsgi import application
 from scripts.faults.fuzz import fuzz
 from tests.conftest import record
+from tests.memories.facts.seed import seed
 
 pytestmark = pytest.mark.django_db
 EXAMPLES = 5  # per operation and pass: ~1,100 requests, about a minute
@@ -44,7 +45,7 @@ def _known_ids(alice, memory_base) -> dict[str, object]:
         background=False,
     )
     end_user = end_user_ensure(owner=alice, external_id="u1")
-    memory, _ = memory_add(end_user=end_user, content="likes tea", reason="test")
+    (memory,) = seed(end_user, "likes tea", reason="test")
     key, _ = api_key_create(owner=alice, name="another")
     return {
         "flow_id": flow.pk,

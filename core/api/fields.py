@@ -8,6 +8,9 @@ from typing import Any
 from django.http import QueryDict
 from rest_framework import serializers
 
+# OpenAI's chat message roles: what the chat proxy and the memory APIs' messages take.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
 # The largest magnitude a pgvector (float4) component holds.
 FLOAT4_MAX = 3.4028234663852886e38
 

@@ -58,12 +58,12 @@ class DeletedSerializer(serializers.Serializer):
 
 
 ROOM_TAGS = {
-    "memories.personal.api.openai_views": "Chat proxy (OpenAI-compatible)",
+    "memories.proxy": "Chat proxy (OpenAI-compatible)",
     "core": "Accounts",
     "knowledge": "Knowledge bases",
     "memories.conversations": "Conversations",
     "memories.bases": "Memory bases",
-    "memories.personal": "Personal memories",
+    "memories.facts": "Personal memories",
     "memories.stores": "Memory stores",
     "memories.engine": "Memory engine",
     "ingestion": "Capture",

@@ -1,6 +1,6 @@
 """``POST /api/v1/users/{user_id}/memories``: the direct memory API's add, on the engine's
-paths. ``infer: false`` stores the texts as given (``core_fact_add``, in the personal
-room's view); ``infer: true`` records the messages as a flush of the scope
+paths. ``infer: false`` stores the texts as given (``fact_add``, in the facts room's
+view); ``infer: true`` records the messages as a flush of the scope
 ``["user", <id>]`` and runs the scope's debounced update at once (``updates_now``),
 answering with the decisions as this endpoint always has."""
 
@@ -15,13 +15,13 @@ from rest_framework.response import Response
 
 from ingestion.updates import UpdateRun, updates_now
 from memories.engine.api.background import PendingUpdateOutputSerializer
-from memories.personal.api import views as personal
-from memories.personal.api.serializers import (
-    DecisionSerializer,
+from memories.facts.api import views as facts_views
+from memories.facts.api.serializers import (
+    InferredDecisionSerializer,
     MemoryAddResultSerializer,
     MemoryAddSerializer,
 )
-from memories.personal.scopes import user_scope
+from memories.facts.scopes import user_scope
 
 # The direct API takes OpenAI's roles; a flush takes these.
 ROLE_OF = {"developer": "system", "function": "tool"}
@@ -30,13 +30,13 @@ ROLE_OF = {"developer": "system", "function": "tool"}
 class InferOutputSerializer(serializers.Serializer):
     """Schema only: what the extraction decided, and the flush it ran as."""
 
-    decisions = DecisionSerializer(many=True)
+    decisions = InferredDecisionSerializer(many=True)
     update = PendingUpdateOutputSerializer()  # type: ignore[assignment]  # the field is named update
 
 
 def _messages(values: dict[str, Any]) -> list[dict[str, str]]:
-    if values.get("text"):
-        return [{"role": "user", "content": values["text"]}]
+    if values.get("content"):
+        return [{"role": "user", "content": values["content"]}]
     return [
         {"role": ROLE_OF.get(m["role"], m["role"]), "content": m["content"]}
         for m in values["messages"]
@@ -45,19 +45,20 @@ def _messages(values: dict[str, Any]) -> list[dict[str, str]]:
 
 def _decisions(run: UpdateRun) -> list[dict[str, Any]]:
     out = [
-        {"fact": d.content, "action": d.action, "reason": d.reason, "target_id": d.target_id,
-         "memory_id": d.fact_id}
+        {"content": d.content, "action": d.action, "reason": d.reason, "fact_id": d.fact_id,
+         "target_id": d.target_id}
         for d in run.decisions
     ]  # fmt: skip
     out += [
-        {"fact": run.removed_content.get(fact_id, ""), "action": "delete",
-         "reason": "no longer true", "target_id": fact_id, "memory_id": None}
+        {"content": run.removed_content.get(fact_id, ""), "action": "delete",
+         "reason": "no longer true", "fact_id": None, "target_id": fact_id}
         for fact_id in run.removed
     ]  # fmt: skip
-    return out
+    # (and the older names, which clients read: fact for content, memory_id for fact_id)
+    return [{**d, "fact": d["content"], "memory_id": d["fact_id"]} for d in out]
 
 
-class UserMemoriesView(personal.UserMemoriesView):
+class UserMemoriesView(facts_views.UserMemoriesView):
     @extend_schema(
         summary="Add memories (extracted by the LLM, or stored as given)",
         request=MemoryAddSerializer,
@@ -77,7 +78,7 @@ class UserMemoriesView(personal.UserMemoriesView):
         "run of the scope held it past 30 s: the sweep runs it).",
     )
     def post(self, request: Request, user_id: str) -> Response:
-        external_id = personal._user_id(user_id)
+        external_id = facts_views._user_id(user_id)
         data = MemoryAddSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data

@@ -40,8 +40,6 @@ import math
 import re
 from typing import Any
 
-from django.db import connection
-
 from knowledge.retrieval.db import fetch
 from knowledge.retrieval.engine import Leg, Scope
 
@@ -360,53 +358,6 @@ def one_statement_sql(
         query_terms=_QUERY_TERMS,
     )
     return sql, [kb_ids, language, text, kb_ids, *scope_params, tokens, limit * EXACT_FACTOR, limit]
-
-
-# The exact score of the rows of ``c`` (columns id, tv, dl) for the lexemes of ``w``.
-_SCORED = """
-SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / {avgdl})))
-    AS score
-FROM {source}
-CROSS JOIN LATERAL (
-    SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(c.tv)
-) u
-JOIN w ON w.lexeme = u.lexeme
-GROUP BY c.id
-ORDER BY score DESC, c.id
-LIMIT %s
-"""
-
-_ADHOC_SQL = """
-WITH docs AS MATERIALIZED (
-    SELECT d.id, tv, length(tv)::float8 AS dl
-    FROM ({docs}) d, to_tsvector(%s::regconfig, d.text) tv
-),
-tot AS (
-    SELECT count(*)::float8 AS n, greatest(coalesce(avg(length(tv)), 1), 1) AS avgdl FROM docs
-),
-q AS (SELECT DISTINCT lexeme FROM unnest(to_tsvector(%s::regconfig, %s))),
-w AS MATERIALIZED (
-    SELECT q.lexeme, ln(1 + (tot.n - count(d.id) + 0.5) / (count(d.id) + 0.5)) AS idf
-    FROM q CROSS JOIN tot LEFT JOIN docs d ON d.tv @@ quote_literal(q.lexeme)::tsquery
-    GROUP BY q.lexeme, tot.n
-)
-{scored}"""
-
-
-def bm25_adhoc(
-    docs_sql: str, docs_params: list[Any], language: str, text: str, limit: int
-) -> list[tuple[Any, float]]:
-    """BM25 over a small set of texts with no stored statistics (a user's memories).
-
-    ``docs_sql`` selects ``id`` and ``text``; the statistics (N, df, average length)
-    are computed over that set on the fly, so it should stay small (hundreds of rows).
-    """
-    k1, b = K1, B
-    scored = _SCORED.format(source="tot, docs c", k1=repr(k1), b=repr(b), avgdl="tot.avgdl")
-    sql = _ADHOC_SQL.format(docs=docs_sql, scored=scored)
-    with connection.cursor() as cur:
-        cur.execute(sql, [*docs_params, language, language, text, limit])
-        return [(row[0], float(row[1])) for row in cur.fetchall()]
 
 
 # --- BM25 with statistics counted as it goes (facts, store items) -----------------------

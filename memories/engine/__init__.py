@@ -1,4 +1,4 @@
 """The tiered memory engine (seed 004): ``MemoryEngine`` in process
 (``memories.engine.facade``), ``/api/v1/engine/`` over REST. Its core tier is the
-personal-memory store generalised to scopes (``memories.personal.facts`` and
-``memories.personal.retrieval``)."""
+personal-memory store generalised to scopes (``memories.facts.facts`` and
+``memories.facts.search``)."""

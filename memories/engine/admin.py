@@ -93,7 +93,7 @@ class ScopeJournalAdmin(admin.ModelAdmin):
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
     list_filter = ["owner"]
-    fields = ("owner", "scope", "journal", "memory_md")
+    fields = ("owner", "path", "journal", "memory_md")
     readonly_fields = fields
     actions = ["dream_now"]
 
@@ -106,9 +106,9 @@ class ScopeJournalAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a view of the scope's files; the actions call the services
 
-    @admin.display(description="scope", ordering="scope")
+    @admin.display(description="scope", ordering="path")
     def scope_path(self, scope: ScopeJournal) -> str:
-        return "/".join(scope.scope)
+        return "/".join(scope.path)
 
     def get_urls(self) -> list[Any]:
         view = self.admin_site.admin_view(self.journal_view)
@@ -122,17 +122,17 @@ class ScopeJournalAdmin(admin.ModelAdmin):
             return HttpResponse(status=404)
         try:
             text = files.journal_read(
-                owner_id=scope.owner_id, scope=scope.scope, day=files.parse_day(day)
+                owner_id=scope.owner_id, scope=scope.path, day=files.parse_day(day)
             )
         except ServiceError:
             return HttpResponse(status=404)
         if request.GET.get("download"):
-            return markdown_download(text, f"journal-{'-'.join(scope.scope)}-{day}.md")
+            return markdown_download(text, f"journal-{'-'.join(scope.path)}-{day}.md")
         return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
     @admin.display(description="journal days")
     def journal(self, scope: ScopeJournal) -> str:
-        days: list[date] = files.journal_days(owner_id=scope.owner_id, scope=scope.scope)
+        days: list[date] = files.journal_days(owner_id=scope.owner_id, scope=scope.path)
         if not days:
             return "no journal yet"
 

@@ -1,10 +1,21 @@
 from django.apps import AppConfig
 
+from core.metrics import Counter
+
 
 class MemoryEngineConfig(AppConfig):
     name = "memories.engine"
     label = "memory_engine"
     verbose_name = "Memory engine"
+    metrics = (
+        Counter("engine_update_runs_total", "Debounced update runs (one extraction each)."),
+        Counter("engine_updates_processed_total", "Flushes processed by the update runs."),
+        Counter("engine_dreams_total", "Deep Dreams applied."),
+        Counter("engine_dream_undos_total", "Deep Dreams undone."),
+        Counter("engine_llm_calls_total", "LLM calls of the extraction and the dreams."),
+        Counter("engine_llm_tokens_total", "LLM tokens of the extraction and the dreams."),
+        Counter("engine_llm_malformed_total", "LLM answers that stayed malformed JSON after a retry."),
+    )  # fmt: skip
 
     def ready(self) -> None:
         from core.erasure import scope_erased

@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, NotFound, ServiceError, Unprocessable
+from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderBadResponse
 from core.providers.llm import ChatLLM
@@ -39,18 +40,18 @@ from memories.engine import files
 from memories.engine.llm import PrecomputedEmbedder, json_calls
 from memories.engine.locks import ScopeBusy, scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import Dream, EngineSettings, PendingUpdate
-from memories.personal.facts import (
+from memories.facts.models import CATEGORIES, FactChange, Scope
+from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
+from memories.facts.selectors import FactNotFound, ScopeNotFound, facts_snapshot
+from memories.facts.services import (
+    MAX_FACT_CHARS,
     FactIn,
-    FactNotFound,
-    core_fact_add,
-    core_fact_delete,
-    core_fact_update,
-    core_facts_snapshot,
+    fact_add,
+    fact_delete,
+    fact_restore,
+    fact_update,
+    normalize_fact,
 )
-from memories.personal.models import CATEGORIES, EndUser, MemoryUpdate
-from memories.personal.restore import core_fact_restore
-from memories.personal.scopes import Scope, owner_pk, scope_find, scope_parse
-from memories.personal.services import MAX_MEMORY_CHARS, counter_add, normalize_fact
 
 logger = logging.getLogger("memories.decisions")
 FEATURE = "Deep Dream (POST /api/v1/engine/dream)"
@@ -85,10 +86,6 @@ class DreamNotFound(NotFound):
     code = "dream_not_found"
 
 
-class ScopeNotFound(NotFound):
-    code = "scope_not_found"
-
-
 class DreamTooLossy(Unprocessable):
     code = "dream_too_lossy"
 
@@ -104,11 +101,11 @@ class DreamOutcome:
 
 
 # --- MEMORY.md ----------------------------------------------------------------------
-def render_memory_md(scope: EndUser, facts: list[dict[str, Any]]) -> str:
+def render_memory_md(scope: Scope, facts: list[dict[str, Any]]) -> str:
     """The scope's facts as Markdown, by category, highest confidence first, then the
     most recently said. No clock in it, and nothing an undo does not put back (not the
     update time): the same facts render the same text (and hash)."""
-    lines = [f"# MEMORY · {'/'.join(scope.scope)}", "", f"{len(facts)} facts.", ""]
+    lines = [f"# MEMORY · {'/'.join(scope.path)}", "", f"{len(facts)} facts.", ""]
     facts = sorted(facts, key=lambda f: f["id"])
     facts.sort(key=lambda f: f["observed_at"], reverse=True)
     facts.sort(key=lambda f: f["confidence"], reverse=True)
@@ -122,34 +119,34 @@ def render_memory_md(scope: EndUser, facts: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def memory_md_sync(scope: EndUser) -> str:
+def memory_md_sync(scope: Scope) -> str:
     """Bring the scope's stored files up to date, for a caller holding the scope's run
     lock: the diary entries of dreams (and undos) a crash left unwritten, then
     ``MEMORY.md`` rendered from the facts, rewritten when it differs. Returns the text."""
     dream_files_recover(scope)
-    text = render_memory_md(scope, core_facts_snapshot(scope=scope))
-    name = files.memory_md_path(scope.owner_id, scope.scope)
+    text = render_memory_md(scope, facts_snapshot(scope=scope))
+    name = files.memory_md_path(scope.owner_id, scope.path)
     if files.read_text(name) != text:
         files.write_text(name, text)
     return text
 
 
-def memory_md_read(scope: EndUser) -> str:
+def memory_md_read(scope: Scope) -> str:
     """The scope's ``MEMORY.md`` as it is now: rendered from its facts on every read.
     The stored file is brought up to date too (``memory_md_sync``) unless a run of the
     scope holds its lock (that run writes it)."""
     with scope_run_lock(scope.pk) as taken:
         if taken:
             return memory_md_sync(scope)
-    return render_memory_md(scope, core_facts_snapshot(scope=scope))
+    return render_memory_md(scope, facts_snapshot(scope=scope))
 
 
 # --- reading ------------------------------------------------------------------------
-def _journal(scope: EndUser, today: date, lookback: int) -> tuple[list[str], str]:
+def _journal(scope: Scope, today: date, lookback: int) -> tuple[list[str], str]:
     days, parts = [], []
     for back in range(lookback - 1, -1, -1):
         day = today - timedelta(days=back)
-        text = files.read_text(files.journal_path(scope.owner_id, scope.scope, day))
+        text = files.read_text(files.journal_path(scope.owner_id, scope.path, day))
         if text is not None:
             days.append(day.isoformat())
             parts.append(text)
@@ -172,8 +169,8 @@ def _lookback(value: Any) -> int:
     return lookback
 
 
-def _scope_row(owner: AbstractBaseUser | int, scope: Scope | EndUser) -> EndUser:
-    if isinstance(scope, EndUser):
+def _scope_row(owner: AbstractBaseUser | int, scope: ScopePath | Scope) -> Scope:
+    if isinstance(scope, Scope):
         return scope
     row = scope_find(owner=owner, scope=scope_parse(list(scope)))
     if row is None:
@@ -181,7 +178,7 @@ def _scope_row(owner: AbstractBaseUser | int, scope: Scope | EndUser) -> EndUser
     return row
 
 
-def latest_dream(scope: EndUser) -> Dream | None:
+def latest_dream(scope: Scope) -> Dream | None:
     return (
         Dream.objects.filter(scope=scope, status=Dream.Status.APPLIED)
         .order_by("-created_at")
@@ -201,8 +198,8 @@ class DreamInputs:
     unchanged_since: Dream | None  # the last dream, when these inputs are the same as its
 
 
-def dream_inputs(scope: EndUser, *, lookback: int, today: date) -> DreamInputs:
-    facts = core_facts_snapshot(scope=scope)
+def dream_inputs(scope: Scope, *, lookback: int, today: date) -> DreamInputs:
+    facts = facts_snapshot(scope=scope)
     memory_md = render_memory_md(scope, facts)
     days, journal = _journal(scope, today, lookback)
     input_hash = _hash(memory_md, journal, lookback)
@@ -214,7 +211,7 @@ def dream_inputs(scope: EndUser, *, lookback: int, today: date) -> DreamInputs:
 def dream_preview(
     *,
     owner: AbstractBaseUser | int,
-    scope: Scope | EndUser,
+    scope: ScopePath | Scope,
     lookback_days: int | None = None,
     today: date | None = None,
 ) -> DreamInputs:
@@ -250,7 +247,7 @@ def _plan(
     for item in raw:
         if not isinstance(item, dict) or not str(item.get("content") or "").strip():
             continue
-        content = str(item["content"]).strip()[:MAX_MEMORY_CHARS]
+        content = str(item["content"]).strip()[:MAX_FACT_CHARS]
         category = item.get("category") if item.get("category") in CATEGORIES else None
         try:
             confidence = min(1.0, max(0.0, float(item["confidence"])))
@@ -291,7 +288,7 @@ def _check_loss(before: list[dict[str, Any]], plan: list[dict[str, Any]]) -> Non
 
 
 def _apply(
-    scope: EndUser, dream: Dream, plan: list[dict[str, Any]], embedder: Embedder
+    scope: Scope, dream: Dream, plan: list[dict[str, Any]], embedder: Embedder
 ) -> list[dict[str, Any]]:
     reason = f"dream {dream.pk}"
     by_id = {f["id"]: f for f in dream.facts_before}
@@ -299,11 +296,11 @@ def _apply(
     for change in plan:
         action = change["action"]
         if action == "update":
-            core_fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
+            fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=scope,
                              reason=reason, **change["after"])  # fmt: skip
             applied.append(change)
         elif action == "delete":
-            core_fact_delete(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
+            fact_delete(owner=scope.owner_id, fact_id=change["fact_id"], scope=scope,
                              reason=reason)  # fmt: skip
             applied.append(change)
         else:  # add or replace: thresholded like every new fact
@@ -311,7 +308,7 @@ def _apply(
             fact = FactIn(content=change["content"], category=change["category"],
                           confidence=change["confidence"], source_kind="journal" if day else "dream",
                           source_ref=day or str(dream.pk), replaces=change.get("fact_id"))  # fmt: skip
-            [decision] = core_fact_add(owner=scope.owner_id, scope=scope, facts=[fact], reason=reason,
+            [decision] = fact_add(owner=scope.owner_id, scope=scope, facts=[fact], reason=reason,
                                        embedder=embedder)  # fmt: skip
             applied.append({**change, "result": decision.action, "new_id": decision.fact_id})
             # max_facts trimmed the scope: those facts come back on undo too
@@ -323,7 +320,7 @@ def _apply(
 def dream_run(
     *,
     owner: AbstractBaseUser | int,
-    scope: Scope | EndUser,
+    scope: ScopePath | Scope,
     lookback_days: int | None = None,
     trigger: str = Dream.Trigger.API,
     today: date | None = None,
@@ -358,12 +355,12 @@ def dream_run(
         )
         if inputs.unchanged_since is not None:
             return DreamOutcome(inputs.unchanged_since, skipped=True)
-        prompt = DREAM_PROMPT.format(scope="/".join(row.scope), memory_md=memory_md,
+        prompt = DREAM_PROMPT.format(scope="/".join(row.path), memory_md=memory_md,
                                      days=lookback, journal=journal or "(no entries)")  # fmt: skip
         try:
             parsed = calls.json([{"role": "system", "content": prompt}], what="dream")
         finally:
-            counter_add("memory_llm_calls_total", calls.count)
+            counter_add("engine_llm_calls_total", calls.count)
         plan, diary = _plan(before, parsed, days)
         _check_loss(before, plan)
         pre = PrecomputedEmbedder(embedder or get_embedder(),
@@ -375,18 +372,18 @@ def dream_run(
                 memory_md_before=memory_md, llm_calls=calls.count,
             )  # fmt: skip
             dream.changes = _apply(row, dream, plan, pre)
-            dream.memory_md_after = render_memory_md(row, core_facts_snapshot(scope=row))
+            dream.memory_md_after = render_memory_md(row, facts_snapshot(scope=row))
             dream.result_hash = _hash(dream.memory_md_after, journal, lookback)
             dream.diary = _diary(row, dream, diary)
             dream.save(update_fields=["changes", "memory_md_after", "result_hash", "diary"])
         _write_files(row, dream, dream.memory_md_after)
     counter_add("engine_dreams_total")
-    logger.info(json.dumps({"event": "engine_dream", "dream_id": str(dream.pk), "scope": row.scope,
+    logger.info(json.dumps({"event": "engine_dream", "dream_id": str(dream.pk), "scope": row.path,
                             "changes": [c["action"] for c in dream.changes]}))  # fmt: skip
     return DreamOutcome(dream)
 
 
-def _diary(scope: EndUser, dream: Dream, account: str) -> str:
+def _diary(scope: Scope, dream: Dream, account: str) -> str:
     counts: dict[str, int] = {}
     for change in dream.changes:
         counts[change["action"]] = counts.get(change["action"], 0) + 1
@@ -397,29 +394,29 @@ def _diary(scope: EndUser, dream: Dream, account: str) -> str:
             f"{summary}.\n\n{account or '(no account given)'}\n")  # fmt: skip
 
 
-def _write_files(scope: EndUser, dream: Dream, memory_md: str) -> None:
+def _write_files(scope: Scope, dream: Dream, memory_md: str) -> None:
     """After the commit: ``MEMORY.md`` replaced, the diary entries appended, and the
     dream marked as having its files. A process that dies before the mark leaves
     ``files_written`` false: the next run or read of the scope writes them
     (``dream_files_recover``)."""
-    files.write_text(files.memory_md_path(scope.owner_id, scope.scope), memory_md)
+    files.write_text(files.memory_md_path(scope.owner_id, scope.path), memory_md)
     _diary_entries(scope, dream)
     Dream.objects.filter(pk=dream.pk).update(files_written=True)
     dream.files_written = True
 
 
-def _diary_append(scope: EndUser, day: date, mark: str, entry: str) -> None:
+def _diary_append(scope: Scope, day: date, mark: str, entry: str) -> None:
     """Append ``entry`` to the day's diary unless ``mark`` is already in it (each dream,
     and each undo, is written once)."""
-    name = files.diary_path(scope.owner_id, scope.scope, day)
+    name = files.diary_path(scope.owner_id, scope.path, day)
     current = (
-        files.read_text(name) or f"# Dream diary · {'/'.join(scope.scope)} · {day.isoformat()}\n\n"
+        files.read_text(name) or f"# Dream diary · {'/'.join(scope.path)} · {day.isoformat()}\n\n"
     )
     if mark not in current:
         files.write_text(name, current + entry + "\n")
 
 
-def _diary_entries(scope: EndUser, dream: Dream) -> None:
+def _diary_entries(scope: Scope, dream: Dream) -> None:
     _diary_append(scope, dream.created_at.date(), f"## Dream {dream.pk} ", dream.diary)
     if dream.status == Dream.Status.UNDONE and dream.undone_at is not None:
         _diary_append(scope, dream.undone_at.date(), f"## Undo of dream {dream.pk} ",
@@ -442,7 +439,7 @@ def _undo_entry(dream: Dream) -> str:
             f"{dream.created_at:%Y-%m-%d %H:%M:%S} UTC).\n")  # fmt: skip
 
 
-def dream_files_recover(scope: EndUser) -> int:
+def dream_files_recover(scope: Scope) -> int:
     """Write the files of the scope's dreams (and undos) whose process died between
     their commit and their files: their diary entries, then ``MEMORY.md`` rendered
     from the facts as they are now. For a caller holding the scope's run lock.
@@ -451,8 +448,8 @@ def dream_files_recover(scope: EndUser) -> int:
     for dream in pending:
         _diary_entries(scope, dream)
     if pending:
-        text = render_memory_md(scope, core_facts_snapshot(scope=scope))
-        files.write_text(files.memory_md_path(scope.owner_id, scope.scope), text)
+        text = render_memory_md(scope, facts_snapshot(scope=scope))
+        files.write_text(files.memory_md_path(scope.owner_id, scope.path), text)
         Dream.objects.filter(pk__in=[d.pk for d in pending]).update(files_written=True)
     return len(pending)
 
@@ -465,7 +462,7 @@ def dream_get(*, owner: AbstractBaseUser | int, dream_id: Any) -> Dream:
         raise DreamNotFound("no such dream") from None
 
 
-def dream_list(*, owner: AbstractBaseUser | int, scope: EndUser) -> Any:
+def dream_list(*, owner: AbstractBaseUser | int, scope: Scope) -> Any:
     return Dream.objects.filter(owner_id=owner_pk(owner), scope=scope).order_by("-created_at")
 
 
@@ -512,23 +509,23 @@ def dream_undo(
     return dream
 
 
-def _revert(scope: EndUser, change: dict[str, Any], embedding_of: dict[str, list[float]],
+def _revert(scope: Scope, change: dict[str, Any], embedding_of: dict[str, list[float]],
             embedder: Embedder, reason: str) -> None:  # fmt: skip
     action = change["action"]
     if action in ("add", "replace") and change.get("result") in ("add", "replace", "evicted"):
         try:
-            core_fact_delete(owner=scope.owner_id, fact_id=change["new_id"], scope=tuple(scope.scope),
+            fact_delete(owner=scope.owner_id, fact_id=change["new_id"], scope=scope,
                              reason=reason)  # fmt: skip
         except FactNotFound:  # deleted since
             pass
     if action in ("replace", "delete"):
         before = change["before"]
-        core_fact_restore(scope=scope, fact=before, embedding=embedding_of[before["id"]],
+        fact_restore(scope=scope, fact=before, embedding=embedding_of[before["id"]],
                           embedder=embedder, reason=reason)  # fmt: skip
     elif action == "update":
         before = change["before"]
         try:
-            core_fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=tuple(scope.scope),
+            fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=scope,
                              category=before["category"], confidence=before["confidence"],
                              reason=reason)  # fmt: skip
         except FactNotFound:
@@ -559,7 +556,7 @@ def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
     now = now or timezone.now()
     last = Dream.objects.filter(scope=OuterRef("pk")).order_by("-created_at").values("created_at")
     changed = (
-        MemoryUpdate.objects.filter(end_user=OuterRef("pk"), created_at__gt=OuterRef("since"),
+        FactChange.objects.filter(scope=OuterRef("pk"), created_at__gt=OuterRef("since"),
                                     created_at__lte=now)
         .exclude(reason__regex=OWN_REASONS)
     )  # fmt: skip
@@ -568,7 +565,7 @@ def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
         processed_at__gt=OuterRef("since"), processed_at__lte=now,
     )  # fmt: skip
     rows = (
-        EndUser.objects.annotate(since=Coalesce(Subquery(last[:1]), Value(EPOCH)))
+        Scope.objects.annotate(since=Coalesce(Subquery(last[:1]), Value(EPOCH)))
         .filter(Exists(changed) | Exists(journal))
         .order_by("pk")
         .values_list("owner_id", "pk")
@@ -596,7 +593,7 @@ def dream_scheduled(*, scope_id: int, day: date) -> str:
     next day's schedule finds the scope still changed). ``off`` when the owner turned
     the schedule off since, ``gone`` for an erased scope, ``failed`` (logged) when the
     dream is refused or the LLM fails; ``dreamed`` otherwise."""
-    row = EndUser.objects.filter(pk=scope_id).first()
+    row = Scope.objects.filter(pk=scope_id).first()
     if row is None:
         return "gone"
     if not dream_schedule_enabled(owner=row.owner_id):

@@ -6,8 +6,8 @@
     engine.format_for_injection(["user", "alice"], max_tokens=600, query="which theme?")
 
 Scopes may be templates (``["memories", "{user_id}"]``) filled from ``values``; a
-missing value is ``ScopeValueMissing`` (400). The core tier is the personal-memory
-store generalised to scopes (``memories.personal.facts`` / ``retrieval``): a fact
+missing value is ``ScopeValueMissing`` (400). The core tier is the facts room
+(``memories.facts``: its one write service, its one search, its injection): a fact
 managed here for ``["user", "alice"]`` is one of alice's personal memories.
 
 ``flush`` (debounced updates, daily journal) and ``dream`` (consolidation) are the
@@ -24,26 +24,23 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 
 from core.errors import InvalidInput
-from memories.engine.dreams import DreamOutcome, ScopeNotFound, dream_run
+from memories.engine.dreams import DreamOutcome, dream_run
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
-from memories.personal.facts import (
+from memories.facts.injection import Injection, format_for_injection
+from memories.facts.models import Fact, Scope
+from memories.facts.ranking import FactFilter
+from memories.facts.scopes import ScopePath, scope_fill, scope_find
+from memories.facts.search import SearchResult, fact_search
+from memories.facts.selectors import ScopeNotFound
+from memories.facts.services import (
     FactDecision,
     FactIn,
-    core_fact_add,
-    core_fact_delete,
-    core_fact_update,
+    fact_add,
+    fact_delete,
+    fact_update,
+    scope_erase,
 )
-from memories.personal.models import EndUser, Vector
-from memories.personal.retrieval import (
-    Injection,
-    SearchResult,
-    core_fact_search,
-    format_for_injection,
-)
-from memories.personal.scopes import Scope, scope_fill, scope_find
-from memories.personal.selectors import FactFilter
-from memories.personal.services import end_user_erase
 
 ACTIONS = ("create", "update", "delete")
 
@@ -53,7 +50,7 @@ class ManageResult:
     action: str  # what happened: add, replace, duplicate, below_threshold, evicted, update, delete
     fact_id: str | None
     decision: FactDecision | None = None
-    fact: Vector | None = None
+    fact: Fact | None = None
 
 
 def fact_filter(value: Mapping[str, Any] | None) -> FactFilter | None:
@@ -76,7 +73,7 @@ class MemoryEngine:
         self.owner = owner
         self.values = dict(values or {})
 
-    def scope(self, scope: Sequence[Any]) -> Scope:
+    def scope(self, scope: Sequence[Any]) -> ScopePath:
         """The scope with its template placeholders filled from ``values``."""
         return scope_fill(list(scope), self.values)
 
@@ -92,6 +89,7 @@ class MemoryEngine:
         reason: str = "",
         source_kind: str = "api",
         source_ref: str = "",
+        metadata: dict[str, Any] | None = None,
     ) -> ManageResult:
         """Create, update or delete one core fact of ``scope`` (audited with ``reason``).
 
@@ -104,11 +102,12 @@ class MemoryEngine:
             if not content:
                 raise InvalidInput("content is required to create a fact",
                                    details={"content": "required"})  # fmt: skip
-            [decision] = core_fact_add(
+            [decision] = fact_add(
                 owner=self.owner, scope=target, reason=reason or "created through the engine",
                 facts=[FactIn(content, category=category or "context",
                               confidence=1.0 if confidence is None else confidence,
-                              source_kind=source_kind, source_ref=source_ref)],
+                              source_kind=source_kind, source_ref=source_ref,
+                              metadata=metadata or {})],
             )  # fmt: skip
             return ManageResult(decision.action, decision.fact_id, decision)
         if action not in ACTIONS:
@@ -117,30 +116,30 @@ class MemoryEngine:
         if id is None:
             raise InvalidInput(f"id is required to {action} a fact", details={"id": "required"})
         if action == "update":
-            fact = core_fact_update(
+            fact = fact_update(
                 owner=self.owner, fact_id=id, scope=target, content=content, category=category,
                 confidence=confidence, reason=reason or "edited",
             )  # fmt: skip
             return ManageResult("update", str(fact.pk), fact=fact)
-        core_fact_delete(owner=self.owner, fact_id=id, scope=target, reason=reason or "deleted")
+        fact_delete(owner=self.owner, fact_id=id, scope=target, reason=reason or "deleted")
         return ManageResult("delete", str(id))
 
     def add_facts(
         self, scope: Sequence[Any], facts: Sequence[FactIn], *, reason: str, **options: Any
     ) -> list[FactDecision]:
-        """A batch of facts (extraction, consolidation): ``core_fact_add``."""
-        return core_fact_add(
+        """A batch of facts (extraction, consolidation): ``fact_add``."""
+        return fact_add(
             owner=self.owner, scope=self.scope(scope), facts=facts, reason=reason, **options
         )
 
-    def existing(self, scope: Sequence[Any]) -> EndUser:
+    def existing(self, scope: Sequence[Any]) -> Scope:
         """The owner's row of ``scope``; ``ScopeNotFound`` (404) if the owner has none."""
         row = scope_find(owner=self.owner, scope=self.scope(scope))
         if row is None:
             raise ScopeNotFound("no such scope")
         return row
 
-    def _target(self, scope: Sequence[Any], must_exist: bool) -> Scope | EndUser:
+    def _target(self, scope: Sequence[Any], must_exist: bool) -> ScopePath | Scope:
         return self.existing(scope) if must_exist else self.scope(scope)
 
     def search(
@@ -157,7 +156,7 @@ class MemoryEngine:
         """Hybrid keyword + vector search of the scope's facts with decay. A scope the
         owner does not have finds nothing, or is ``ScopeNotFound`` with ``must_exist``
         (what the REST API answers; the agent tools search a scope not written yet)."""
-        return core_fact_search(
+        return fact_search(
             owner=self.owner, scope=self._target(scope, must_exist), query=query, limit=limit,
             offset=offset, filter=fact_filter(filter), half_life_days=half_life_days,
         )  # fmt: skip
@@ -182,7 +181,7 @@ class MemoryEngine:
         engine keeps of it (pending updates, dreams, conversation summaries, journal,
         ``MEMORY.md``, diaries; ``memories.engine.erasure``). Returns the facts removed;
         an unknown scope is a 404 (``ScopeNotFound``) and changes nothing."""
-        return end_user_erase(end_user=self.existing(scope))
+        return scope_erase(scope=self.existing(scope))
 
     # --- The background half (issue 12, second part) ----------------------------------
 

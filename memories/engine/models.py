@@ -1,8 +1,8 @@
 """The engine's background state: debounced updates waiting for their extraction,
 dreams (with the snapshot that undoes them) and the per-owner switches.
 
-Facts themselves are the personal-memory store's (``memories.personal``); these
-tables point at its scopes (``EndUser``).
+Facts themselves are the personal-memory store's (``memories.facts``); these
+tables point at its scopes (``Scope``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from memories.personal.models import EndUser
+from memories.facts.models import Scope
 
 
 class PendingUpdate(models.Model):
@@ -33,7 +33,7 @@ class PendingUpdate(models.Model):
     id = models.BigAutoField(primary_key=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     scope = models.ForeignKey(
-        "memories.EndUser", on_delete=models.CASCADE, related_name="pending_updates"
+        "memories.Scope", on_delete=models.CASCADE, related_name="pending_updates"
     )
     messages = models.JSONField(help_text='[{"role", "content", "at"?}]')
     source = models.CharField(max_length=16, default="api")  # api | chat | engine
@@ -87,7 +87,7 @@ class Dream(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    scope = models.ForeignKey("memories.EndUser", on_delete=models.CASCADE, related_name="dreams")
+    scope = models.ForeignKey("memories.Scope", on_delete=models.CASCADE, related_name="dreams")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.APPLIED)
     trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.API)
     lookback_days = models.PositiveSmallIntegerField()
@@ -114,7 +114,7 @@ class Dream(models.Model):
     def __str__(self) -> str:
         # As the admin names it (its list and the undo confirmation): scope, day, status.
         day = self.created_at.date().isoformat() if self.created_at else "(not saved)"
-        return f"dream of {'/'.join(self.scope.scope)} on {day} ({self.status})"
+        return f"dream of {'/'.join(self.scope.path)} on {day} ({self.status})"
 
 
 class EngineSettings(models.Model):
@@ -135,7 +135,7 @@ class EngineSettings(models.Model):
         return f"engine settings of {self.owner_id}"
 
 
-class ScopeJournal(EndUser):
+class ScopeJournal(Scope):
     """Admin handle for a scope's journal, MEMORY.md and dreams (no table of its own)."""
 
     class Meta:

@@ -25,8 +25,8 @@ from core.errors import InvalidInput
 from core.providers.llm import get_llm
 from core.queue import enqueue_on_commit
 from memories.engine.models import PendingUpdate
-from memories.personal.models import EndUser
-from memories.personal.scopes import Scope, owner_pk, scope_ensure
+from memories.facts.models import Scope
+from memories.facts.scopes import ScopePath, owner_pk, scope_ensure
 
 RUN_TASK = "ingestion.tasks.engine_updates_run"
 ROLES = ("user", "assistant", "system", "tool")
@@ -87,7 +87,7 @@ def _message_id(value: Any, index: int) -> str:
 def update_record(
     *,
     owner: AbstractBaseUser | int,
-    scope: Scope | EndUser,
+    scope: ScopePath | Scope,
     messages: Any,
     source: str = "api",
     now: datetime | None = None,
@@ -110,7 +110,7 @@ def update_record(
     now = now or timezone.now()
     debounce = settings.MEMORY_UPDATE_DEBOUNCE_SECONDS if debounce is None else debounce
     with transaction.atomic():
-        row = scope if isinstance(scope, EndUser) else scope_ensure(owner=owner, scope=scope)
+        row = scope if isinstance(scope, Scope) else scope_ensure(owner=owner, scope=scope)
         oldest = pending_of(row.pk).aggregate(first=Min("created_at"))["first"] or now
         due = min(
             now + timedelta(seconds=debounce),
@@ -162,5 +162,5 @@ def due_scopes(*, now: datetime | None = None) -> list[int]:
     return [r["scope_id"] for r in rows]
 
 
-def update_list(*, owner: AbstractBaseUser | int, scope: EndUser) -> QuerySet[PendingUpdate]:
+def update_list(*, owner: AbstractBaseUser | int, scope: Scope) -> QuerySet[PendingUpdate]:
     return PendingUpdate.objects.filter(owner_id=owner_pk(owner), scope=scope).order_by("-id")

@@ -12,9 +12,10 @@ from core.errors import NotFound
 from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_get
 from memories.engine.facade import MemoryEngine
-from memories.personal.models import CATEGORIES
-from memories.personal.retrieval import FactHit
-from memories.personal.scopes import owner_pk
+from memories.facts.api.serializers import HitSerializer
+from memories.facts.models import CATEGORIES
+from memories.facts.scopes import owner_pk
+from memories.facts.search import FactHit
 from memories.stores.models import STAGES
 from memories.stores.runtime import node_memory_retrieve, node_memory_write
 from memories.tools.registry import Tool, ToolContext, ToolError, parse_uuid, register
@@ -33,10 +34,6 @@ SEARCH_DESCRIPTION = (
     "Search the long-term memories of this scope by meaning and keywords; best matches "
     "first, each with its id (for manage_memory), content, category and confidence."
 )
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 # --- manage_memory ------------------------------------------------------------------
@@ -155,15 +152,8 @@ register(
 
 # --- search_memory ------------------------------------------------------------------
 def _hit(hit: FactHit) -> dict[str, Any]:
-    return {
-        "id": str(hit.id),
-        "content": hit.content,
-        "category": hit.category,
-        "confidence": hit.confidence,
-        "score": round(hit.score, 4),
-        "created_at": _iso(hit.created_at),
-        "updated_at": _iso(hit.updated_at),
-    }
+    """A hit in the shape every door answers (``memories.facts.api.serializers``)."""
+    return dict(HitSerializer(hit).data)
 
 
 def search_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:

@@ -46,12 +46,12 @@ from mcp.types import (
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.dreams import memory_md_read
-from memories.personal.scopes import Scope, scope_find, scope_parse
-from memories.personal.selectors import scopes_of_owner
+from memories.facts.scopes import ScopePath, scope_find, scope_parse
+from memories.facts.selectors import scopes_of_owner
 from memories.tools.registry import Tool, ToolError, ToolNotFound, tool_call, tool_get, tool_list
 
 current_owner: ContextVar[int | None] = ContextVar("mcp_owner", default=None)
-served_scope: ContextVar[Scope | None] = ContextVar("mcp_scope", default=None)
+served_scope: ContextVar[ScopePath | None] = ContextVar("mcp_scope", default=None)
 current_values: ContextVar[dict[str, Any]] = ContextVar("mcp_values", default={})  # noqa: B039
 
 MAX_LISTED_SCOPES = 100

@@ -28,7 +28,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ObjectDoesNotExist
 
 from core.errors import ServiceError
-from memories.personal.scopes import Scope, scope_fill
+from memories.facts.scopes import ScopePath, scope_fill
 
 
 class ToolError(ServiceError):
@@ -66,7 +66,7 @@ class ToolContext:
     scope: Sequence[Any] | None = None
     values: Mapping[str, Any] = field(default_factory=dict)
 
-    def filled_scope(self) -> Scope:
+    def filled_scope(self) -> ScopePath:
         if not self.scope:
             raise ToolError(
                 "this tool works in a memory scope and none was given: pass scope, a list "

@@ -131,8 +131,8 @@ def _victim(inst: Instance, secret: str) -> dict[str, Any]:
         "from datetime import timedelta\n"
         "from django.utils import timezone\n"
         "from memories.engine.models import Dream, PendingUpdate\n"
-        "from memories.personal.models import EndUser\n"
-        "u = EndUser.objects.get(owner__username='fault', scope=['user', 'u1'])\n"
+        "from memories.facts.models import Scope\n"
+        "u = Scope.objects.get(owner__username='fault', path=['user', 'u1'])\n"
         "PendingUpdate.objects.create(owner_id=u.owner_id, scope=u, source='api', "
         f"messages=[{{'role': 'user', 'content': 'I like {secret}'}}], "
         "due_at=timezone.now() + timedelta(days=1))\n"
@@ -213,12 +213,13 @@ def _rest(v: dict[str, Any]) -> list[Probe]:
         rows += [("GET", at), ("PATCH", at, {"content": "taken"}), ("DELETE", at)]
     rows.append(("GET", f"/api/v1/users/u1/memories/{v['memory']}/history"))
     out += _probes("users' memories", rows)
-    # The intruder's own end user "u1" (another person than the victim's "u1").
-    empty = {"expect": "own", "allowed": (200,), "check": _empty("results")}
+    # The intruder's own end user "u1" (another person than the victim's "u1"), which the
+    # intruder does not have: 404 scope_not_found, as for the engine's scopes.
     out += _probes("users' memories", [("GET", "/api/v1/users/u1/memories"),
-                                       ("GET", "/api/v1/users/u1/memories/search?q=likes")],
-                   **empty)  # fmt: skip
-    out += _probes("users' memories", [("DELETE", "/api/v1/users/u1/memories")], expect="own")
+                                       ("GET", "/api/v1/users/u1/memories/search?q=likes"),
+                                       ("POST", "/api/v1/users/u1/memories/search",
+                                        {"query": "likes"}),
+                                       ("DELETE", "/api/v1/users/u1/memories")])  # fmt: skip
     return out + _stores(v) + _engine(v) + _tools(v)
 
 
@@ -369,7 +370,6 @@ LISTS = (
     "/api/v1/memory-bases",
     "/api/v1/memories",
     "/api/v1/memory-stores",
-    "/api/v1/users/u1/memories",
     "/api/v1/global-memories",
     "/api/v1/messages",
     "/api/v1/api-keys",

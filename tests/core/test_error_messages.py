@@ -57,7 +57,8 @@ def _cases(flow, memory_base, kb) -> list[tuple[str, str, dict, str]]:
             {"messages": [{"role": "x", "content": "a"}]},
             "messages[0].role",
         ),
-        ("get", "/api/v1/users/u1/memories/search", {}, "q"),
+        ("get", "/api/v1/users/u1/memories/search", {}, "query"),
+        ("post", "/api/v1/users/u1/memories/search", {}, "query"),
         ("post", "/api/v1/global-memories", {}, "content"),
         (
             "post",

@@ -9,7 +9,8 @@ import pytest
 from django.apps import apps
 
 from knowledge.services import knowledge_base_create
-from memories.personal.services import end_user_ensure, memory_add
+from memories.facts.scopes import end_user_ensure
+from tests.memories.facts.seed import seed
 
 pytestmark = pytest.mark.django_db
 
@@ -50,8 +51,8 @@ def kb(alice):
 @pytest.fixture
 def existing_memory(alice):
     end_user = end_user_ensure(owner=alice, external_id="u1")
-    vector, _ = memory_add(end_user=end_user, content="likes tea", reason="test")
-    return vector
+    (fact,) = seed(end_user, "likes tea", reason="test")
+    return fact
 
 
 NUL = "a\u0000b"
@@ -307,7 +308,7 @@ def test_chat_proxy_500_is_openai_shaped(alice_client, llm_settings, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("unexpected")
 
-    monkeypatch.setattr("memories.personal.api.openai_views.chat_complete", boom)
+    monkeypatch.setattr("memories.proxy.api.views.chat_complete", boom)
     alice_client.raise_request_exception = False
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     response = alice_client.post("/v1/chat/completions", body, format="json")

@@ -9,7 +9,7 @@ import pytest
 from ingestion.capture import messages_record
 from memories.conversations.models import Message
 from memories.conversations.services import MessageIn
-from memories.personal.models import EndUser
+from memories.facts.models import Scope
 
 pytestmark = pytest.mark.django_db
 
@@ -102,7 +102,7 @@ def test_end_user_paths(alice_client, written):
     created = alice_client.post(base, {"content": "likes green tea", "infer": False}, format="json")
     assert created.status_code == 201, created.content
     (memory,) = created.json()["memories"]
-    assert EndUser.objects.get().external_id == USER
+    assert Scope.objects.get().external_id == USER
     assert alice_client.get(base).json()["count"] == 1
     search = alice_client.get(f"{base}/search?q=green tea")
     assert [hit["id"] for hit in search.json()["results"]] == [memory["id"]]
@@ -114,7 +114,7 @@ def test_end_user_paths(alice_client, written):
     assert patched.status_code == 200
     assert alice_client.delete(f"{base}/{patched.json()['id']}").status_code == 204
     assert alice_client.delete(base).status_code == 200
-    assert not EndUser.objects.exists()
+    assert not Scope.objects.exists()
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from ingestion.updates import updates_run, updates_sweep
 from memories.engine import files
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import schedule_name, update_record
-from memories.personal.models import MemoryUpdate, Vector
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_list
+from memories.facts.models import Fact, FactChange
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import fact_list
 from tests.fakes.openai_server import Scripted
 from tests.ingestion.conftest import DARK, RUST, TEA
 from tests.memories.engine.scripted import fact, scope_held
@@ -28,7 +28,7 @@ SCOPE = ("user", "alice")
 def _facts(owner):
     row = scope_find(owner=owner, scope=SCOPE)
     return sorted(
-        (v.content, v.category, v.confidence, v.source_kind) for v in core_fact_list(scope=row)
+        (v.content, v.category, v.confidence, v.source_kind) for v in fact_list(scope=row)
     )
 
 
@@ -69,13 +69,13 @@ def test_three_flushes_in_the_window_cost_one_extraction(alice, engine_llm):
     assert [d.action for d in run.decisions] == ["add", "add", "below_threshold", "add"]
     rows = PendingUpdate.objects.order_by("id")
     assert {(r.status, str(r.batch_id), r.attempts) for r in rows} == {("done", run.batch_id, 1)}
-    reasons = set(MemoryUpdate.objects.values_list("reason", flat=True))
+    reasons = set(FactChange.objects.values_list("reason", flat=True))
     assert reasons == {f"debounced update {run.batch_id} (3 flushes)"}
 
     # a second run (a duplicate delivery) finds nothing to do and calls nothing
     again = updates_run(scope_id=updates[0].scope_id, now=t0 + timedelta(minutes=5), force=True)
     assert (again.status, engine_llm.calls["extraction"]) == ("empty", 1)
-    assert Vector.objects.count() == 3
+    assert Fact.objects.count() == 3
 
 
 def test_the_journal_gets_one_entry_per_flush_and_never_twice(alice, engine_llm, settings):
@@ -95,17 +95,17 @@ def test_the_journal_gets_one_entry_per_flush_and_never_twice(alice, engine_llm,
     assert run.journal_entries == 2  # the retried flush has the same hash
     row = scope_find(owner=alice, scope=SCOPE)
     day = PendingUpdate.objects.first().created_at.date()
-    text = files.journal_read(owner_id=alice.pk, scope=row.scope, day=day)
+    text = files.journal_read(owner_id=alice.pk, scope=row.path, day=day)
     assert text.startswith(f"# Journal · user/alice · {day.isoformat()}\n\n## ")
     assert text.count("<!-- entry ") == 2
     assert f"- **user**: {TEA}\n- **assistant**: Noted.\n" in text
     assert f"- **user**: {RUST}\n" in text
     # appending the same entry again (a re-run after a crash) changes nothing
     at = PendingUpdate.objects.first().created_at
-    assert not files.journal_append(owner_id=alice.pk, scope=row.scope, at=at, source="api",
+    assert not files.journal_append(owner_id=alice.pk, scope=row.path, at=at, source="api",
                                     messages=[{"role": "user", "content": TEA},
                                               {"role": "assistant", "content": "Noted."}])  # fmt: skip
-    assert files.journal_read(owner_id=alice.pk, scope=row.scope, day=day) == text
+    assert files.journal_read(owner_id=alice.pk, scope=row.path, day=day) == text
 
 
 def test_debounce_zero_runs_at_once(
@@ -161,7 +161,7 @@ def test_sweep_runs_due_scopes_only(alice, bob, engine_llm):
     assert _facts(alice)[0][0] == "User drinks green tea every morning"
     assert (
         scope_find(owner=bob, scope=SCOPE) is not None
-        and Vector.objects.filter(owner=bob).count() == 0
+        and Fact.objects.filter(owner=bob).count() == 0
     )
     # a week later the processed flush is forgotten; the pending one is not
     updates_sweep(now=timezone.now() + timedelta(days=7, minutes=1))
@@ -183,7 +183,7 @@ def test_llm_failure_keeps_the_flushes_and_backs_off_then_gives_up(
     update.refresh_from_db()
     assert first.status == "failed" and (update.status, update.attempts) == ("pending", 1)
     assert update.due_at == now + timedelta(seconds=60) and "down" in update.error
-    assert Vector.objects.count() == 0 and MemoryUpdate.objects.count() == 0
+    assert Fact.objects.count() == 0 and FactChange.objects.count() == 0
     second = updates_run(scope_id=update.scope_id, now=now + timedelta(seconds=61))
     update.refresh_from_db()
     assert second.status == "gave_up" and (update.status, update.attempts) == ("failed", 2)
@@ -241,7 +241,7 @@ def test_facts_name_the_messages_they_come_from(alice, engine_llm):
     prompt = engine_llm.prompts["extraction"][0]
     assert f"[m-2] user: {TEA}" in prompt and f"[flush:{bare.pk}] user: {RUST}" in prompt
     row = scope_find(owner=alice, scope=SCOPE)
-    sources = {v.content: (v.source_kind, v.source_ref) for v in core_fact_list(scope=row)}
+    sources = {v.content: (v.source_kind, v.source_ref) for v in fact_list(scope=row)}
     assert sources == {
         "User drinks green tea every morning": ("message", "m-2"),
         "User prefers dark mode": ("message", f"m-1,m-2,3,flush:{bare.pk}"),

@@ -20,8 +20,8 @@ from ingestion import updates as pipeline
 from memories.engine import files
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
-from memories.personal.models import MemoryUpdate, Vector
-from memories.personal.scopes import scope_find
+from memories.facts.models import Fact, FactChange
+from memories.facts.scopes import scope_find
 from tests.ingestion.test_job_lifecycle import _wait
 from tests.memories.engine.scripted import EngineLLM, fact
 
@@ -103,7 +103,7 @@ def test_worker_killed_mid_extraction_then_restarted(
     assert first.returncode == -signal.SIGKILL
     # killed before its commit: every flush still pending, no fact, no audit row
     assert list(PendingUpdate.objects.values_list("status", flat=True)) == ["pending"] * 3
-    assert Vector.objects.count() == 0 and MemoryUpdate.objects.count() == 0
+    assert Fact.objects.count() == 0 and FactChange.objects.count() == 0
 
     hang["on"] = False
     second = _worker(openai_server.base_url, engine_storage)  # the restarted worker
@@ -112,21 +112,21 @@ def test_worker_killed_mid_extraction_then_restarted(
     assert "swept 1" in out  # its sweep found the abandoned scope (the lock died with the worker)
 
     assert _extraction_requests(openai_server) == 2  # the killed one and the one that finished
-    assert sorted(Vector.objects.values_list("content", flat=True)) == [
+    assert sorted(Fact.objects.values_list("content", flat=True)) == [
         "User drinks green tea every morning", "User is learning Rust", "User prefers dark mode",
     ]  # fmt: skip
     rows = list(PendingUpdate.objects.values_list("status", "batch_id", "attempts"))
     assert len({r[1] for r in rows}) == 1 and {(r[0], r[2]) for r in rows} == {("done", 1)}
-    assert MemoryUpdate.objects.filter(action="add").count() == 3
+    assert FactChange.objects.filter(action="add").count() == 3
     row = scope_find(owner=alice, scope=SCOPE)
-    journal = files.journal_read(owner_id=alice.pk, scope=row.scope, day=timezone.now().date())
+    journal = files.journal_read(owner_id=alice.pk, scope=row.path, day=timezone.now().date())
     assert journal.count("<!-- entry ") == 3
 
     # a third worker (or a duplicate delivery) finds nothing to do
     third = _worker(openai_server.base_url, engine_storage)
     out, err = third.communicate(timeout=120)
     assert "swept 0" in out, err
-    assert _extraction_requests(openai_server) == 2 and Vector.objects.count() == 3
+    assert _extraction_requests(openai_server) == 2 and Fact.objects.count() == 3
 
 
 def test_a_crash_between_the_journal_and_the_commit_is_redone_once(alice, openai_server, engine_storage,
@@ -137,18 +137,18 @@ def test_a_crash_between_the_journal_and_the_commit_is_redone_once(alice, openai
     def crash(**kwargs):
         raise KeyboardInterrupt  # what a dying worker looks like from inside the run
 
-    monkeypatch.setattr(pipeline, "core_fact_add", crash)
+    monkeypatch.setattr(pipeline, "fact_add", crash)
     with pytest.raises(KeyboardInterrupt):
         pipeline.updates_run(scope_id=scope_id)
     row = scope_find(owner=alice, scope=SCOPE)
     day = PendingUpdate.objects.first().created_at.date()
-    before = files.journal_read(owner_id=alice.pk, scope=row.scope, day=day)
+    before = files.journal_read(owner_id=alice.pk, scope=row.path, day=day)
     assert before.count("<!-- entry ") == 3  # written before the commit
     assert set(PendingUpdate.objects.values_list("status", flat=True)) == {"pending"}
-    assert Vector.objects.count() == 0
+    assert Fact.objects.count() == 0
 
     monkeypatch.undo()
     run = pipeline.updates_run(scope_id=scope_id)
     assert (run.status, run.journal_entries) == ("done", 0)  # each entry already there
-    assert files.journal_read(owner_id=alice.pk, scope=row.scope, day=day) == before
-    assert Vector.objects.count() == 3
+    assert files.journal_read(owner_id=alice.pk, scope=row.path, day=day) == before
+    assert Fact.objects.count() == 3

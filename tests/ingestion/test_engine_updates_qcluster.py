@@ -182,8 +182,8 @@ def test_worker_killed_with_updates_pending_and_running_then_restarted(instance,
 
     # --- nothing lost, nothing done twice --------------------------------------------
     rows = instance.query(
-        "SELECT s.scope, p.status, p.attempts, p.batch_id FROM memory_engine_pendingupdate p "
-        "JOIN memories_enduser s ON s.id = p.scope_id"
+        "SELECT s.path, p.status, p.attempts, p.batch_id FROM memory_engine_pendingupdate p "
+        "JOIN memories_scope s ON s.id = p.scope_id"
     )
     assert len(rows) == 12 and {(r[1], r[2]) for r in rows} == {("done", 1)}
     per_scope: dict[tuple[str, ...], set[str]] = {}
@@ -197,9 +197,9 @@ def test_worker_killed_with_updates_pending_and_running_then_restarted(instance,
         facts = sorted(
             r[0]
             for r in instance.query(
-                "SELECT v.content FROM memories_vector v JOIN memories_uservector l "
-                "ON l.vector_id = v.id JOIN memories_enduser s ON s.id = l.end_user_id "
-                "WHERE s.owner_id = %s AND s.scope = %s",
+                "SELECT v.content FROM memories_fact v JOIN memories_factlink l "
+                "ON l.fact_id = v.id JOIN memories_scope s ON s.id = l.scope_id "
+                "WHERE s.owner_id = %s AND s.path = %s",
                 [owner_id, scope],
             )
         )
@@ -207,7 +207,7 @@ def test_worker_killed_with_updates_pending_and_running_then_restarted(instance,
         assert sorted(_journal_lines(instance, owner_id, scope)) == sorted(
             f"{tag} likes {thing}" for thing in told[tag]
         )  # each flush's entry once
-    adds = instance.query("SELECT count(*) FROM memories_memoryupdate WHERE action = 'add'")[0][0]
+    adds = instance.query("SELECT count(*) FROM memories_factchange WHERE action = 'add'")[0][0]
     assert adds == 12
     # LLM calls: one per scope and phase that committed, plus the ones the kills cut
     # short (at most one per killed worker process); none for a scope already done

@@ -11,7 +11,7 @@ from ingestion import updates as pipeline
 from ingestion.tasks import form_memories
 from ingestion.updates import updates_sweep
 from memories.engine.models import PendingUpdate
-from memories.personal.models import Vector
+from memories.facts.models import Fact
 from tests.fakes.openai_server import Scripted
 from tests.ingestion.conftest import DARK, TEA
 from tests.memories.engine.scripted import scope_held
@@ -40,7 +40,7 @@ def test_infer_runs_the_scopes_pending_flushes_in_one_extraction(alice, alice_cl
     # nothing left for the sweep or the pending schedule: no second extraction
     assert updates_sweep() == 0
     assert pipeline.updates_run(scope_id=body_scope_id(), force=True).status == "empty"
-    assert engine_llm.calls["extraction"] == 1 and Vector.objects.count() == 2
+    assert engine_llm.calls["extraction"] == 1 and Fact.objects.count() == 2
 
 
 def body_scope_id() -> int:
@@ -62,7 +62,7 @@ def test_infer_while_another_run_holds_the_scope_leaves_the_flush_queued(
     assert updates_sweep() == 1  # due at once: the next sweep (or its queued run) does it
     assert PendingUpdate.objects.get(pk=body["update"]["id"]).status == "done"
     assert engine_llm.calls["extraction"] == 2
-    assert sorted(Vector.objects.values_list("content", flat=True)) == [
+    assert sorted(Fact.objects.values_list("content", flat=True)) == [
         "User drinks green tea every morning", "User prefers dark mode",
     ]  # fmt: skip
 
@@ -77,4 +77,4 @@ def test_infer_when_the_llm_fails_keeps_the_flush_for_a_retry(
     assert body["decisions"] == []
     assert (body["update"]["status"], body["update"]["attempts"]) == ("pending", 1)
     assert body["update"]["error"]
-    assert Vector.objects.count() == 0
+    assert Fact.objects.count() == 0

@@ -19,7 +19,7 @@ from core.db import _lock_id
 from knowledge import search, tasks
 from knowledge.models import Chunk
 from knowledge.search import SearchRequest, search_chunks
-from knowledge.services import indexing, knowledge_index_pending, knowledge_pending_count
+from knowledge.services import knowledge_index_pending, knowledge_pending_count
 from knowledge.services.indexing import INDEXER_LOCK
 from tests.knowledge.factories import ingest, make_kb
 
@@ -107,8 +107,10 @@ def test_ingestion_queues_the_indexer_after_commit(alice, django_capture_on_comm
 
 
 def test_a_run_out_of_time_queues_its_successor(alice, monkeypatch):
-    monkeypatch.setattr(indexing, "INDEX_BATCH", 2)
-    monkeypatch.setattr(indexing, "INDEX_RUN_SECONDS", 0)  # one batch per run
+    # (the constants the indexer the task calls reads)
+    constants = tasks.knowledge_index_pending.__globals__
+    monkeypatch.setitem(constants, "INDEX_BATCH", 2)
+    monkeypatch.setitem(constants, "INDEX_RUN_SECONDS", 0)  # one batch per run
     kb = make_kb(alice)
     ingest(kb, *_docs(5))
     runs = []

@@ -1,4 +1,4 @@
-"""Vector search returns exactly the brute-force ranking of the rows its filter keeps.
+"""Fact search returns exactly the brute-force ranking of the rows its filter keeps.
 
 Two properties of ``knowledge.search.search_chunks`` in ``mode="vector"``:
 

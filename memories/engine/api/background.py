@@ -42,8 +42,8 @@ from memories.engine.dreams import (
 )
 from memories.engine.models import Dream, PendingUpdate
 from memories.engine.updates import pending_of, update_list
-from memories.personal.models import EndUser
-from memories.personal.scopes import Scope, scope_find
+from memories.facts.models import Scope
+from memories.facts.scopes import ScopePath, scope_find
 
 
 # --- input --------------------------------------------------------------------------
@@ -51,12 +51,12 @@ def _owner(request: Request) -> int:
     return int(cast(Any, request.user).pk)
 
 
-def scope_row(request: Request) -> EndUser:
+def scope_row(request: Request) -> Scope:
     """The caller's scope named by the query string (``?scope=user&scope=alice`` or a
     JSON list, templates filled from the other parameters); 404 if it has none."""
     engine = _engine(request, dict(request.query_params.items()))
     scope = _query_scope(request, engine, required=True)
-    row = scope_find(owner=_owner(request), scope=cast(Scope, scope))
+    row = scope_find(owner=_owner(request), scope=cast(ScopePath, scope))
     if row is None:
         raise ScopeNotFound("no such scope")
     return row
@@ -119,7 +119,7 @@ class PendingUpdateOutputSerializer(serializers.ModelSerializer):
                   "created_at", "processed_at"]  # fmt: skip
 
     def get_scope(self, update: PendingUpdate) -> list[str]:
-        return list(update.scope.scope)
+        return list(update.scope.path)
 
 
 class DreamOutputSerializer(serializers.ModelSerializer):
@@ -132,7 +132,7 @@ class DreamOutputSerializer(serializers.ModelSerializer):
                   "created_at", "undone_at"]  # fmt: skip
 
     def get_scope(self, dream: Dream) -> list[str]:
-        return list(dream.scope.scope)
+        return list(dream.scope.path)
 
 
 class DreamListSerializer(DreamOutputSerializer):
@@ -191,13 +191,13 @@ class JournalView(APIView):
         file); without a date: the days the scope has a journal for."""
         row = scope_row(request)
         if "date" not in request.query_params:
-            days = files.journal_days(owner_id=row.owner_id, scope=row.scope)
-            return Response({"scope": row.scope, "days": [d.isoformat() for d in days]})
+            days = files.journal_days(owner_id=row.owner_id, scope=row.path)
+            return Response({"scope": row.path, "days": [d.isoformat() for d in days]})
         day = files.parse_day(request.query_params["date"])
-        text = files.journal_read(owner_id=row.owner_id, scope=row.scope, day=day)
+        text = files.journal_read(owner_id=row.owner_id, scope=row.path, day=day)
         if request.query_params.get("download") in ("1", "true"):
-            return markdown_download(text, f"journal-{'-'.join(row.scope)}-{day.isoformat()}.md")
-        return Response({"scope": row.scope, "date": day.isoformat(), "markdown": text})
+            return markdown_download(text, f"journal-{'-'.join(row.path)}-{day.isoformat()}.md")
+        return Response({"scope": row.path, "date": day.isoformat(), "markdown": text})
 
 
 def markdown_download(text: str, filename: str) -> HttpResponse:

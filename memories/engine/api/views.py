@@ -26,14 +26,15 @@ from memories.engine.api.serializers import (
     HitSerializer,
     InjectionSerializer,
     ScopedSerializer,
+    SearchOutputSerializer,
     SearchSerializer,
     user_header_value,
 )
 from memories.engine.facade import MemoryEngine
-from memories.personal.facts import core_fact_resolve
-from memories.personal.retrieval import injection_payload
-from memories.personal.scopes import Scope
-from memories.personal.selectors import FactFilter, core_fact_get, core_fact_list
+from memories.facts.injection import injection_payload
+from memories.facts.ranking import FactFilter
+from memories.facts.scopes import ScopePath
+from memories.facts.selectors import fact_find, fact_list, fact_resolve
 
 SCOPE_PARAMETER = OpenApiParameter(
     "scope",
@@ -64,14 +65,6 @@ class ScopedFactSerializer(FactOutputSerializer):
         fields = [*FactOutputSerializer.Meta.fields, "scope"]
 
 
-class EngineSearchOutputSerializer(serializers.Serializer):
-    """Schema only: the scope searched, how (mode) and the hits."""
-
-    scope = serializers.ListField(child=StrictCharField())
-    mode = StrictCharField()
-    results = HitSerializer(many=True)
-
-
 def _owner(request: Request) -> AbstractBaseUser:
     return cast(AbstractBaseUser, request.user)  # authenticated: the API's default permission
 
@@ -84,7 +77,7 @@ def _engine(request: Request, values: dict[str, Any] | None = None) -> MemoryEng
     return MemoryEngine(owner=_owner(request), values=filled)
 
 
-def _query_scope(request: Request, engine: MemoryEngine, *, required: bool) -> Scope | None:
+def _query_scope(request: Request, engine: MemoryEngine, *, required: bool) -> ScopePath | None:
     """``?scope=user&scope=alice`` or ``?scope=["user","alice"]``."""
     raw = request.query_params.getlist("scope")
     if not raw:
@@ -113,9 +106,9 @@ class FactsView(APIView):
     )
     def get(self, request: Request) -> Response:
         engine = _engine(request, dict(request.query_params.items()))
-        row = engine.existing(cast(Scope, _query_scope(request, engine, required=True)))
+        row = engine.existing(cast(ScopePath, _query_scope(request, engine, required=True)))
         categories = request.query_params.getlist("category") or None
-        qs = core_fact_list(scope=row, filter=FactFilter(categories=categories))
+        qs = fact_list(scope=row, filter=FactFilter(categories=categories))
         return paginated_response(self, request, qs, FactOutputSerializer)
 
     @extend_schema(
@@ -132,10 +125,9 @@ class FactsView(APIView):
             data["scope"], data["content"], category=data["category"],
             confidence=data["confidence"], reason=data["reason"],
             source_kind=data["source_kind"], source_ref=data["source_ref"],
+            metadata=data["metadata"],
         )  # fmt: skip
-        fact = (
-            core_fact_get(owner=_owner(request), fact_id=result.fact_id) if result.fact_id else None
-        )
+        fact = fact_find(owner=_owner(request), fact_id=result.fact_id)
         body = {
             "decision": DecisionSerializer(result.decision).data,
             "fact": FactOutputSerializer(fact).data if fact is not None else None,
@@ -145,7 +137,7 @@ class FactsView(APIView):
 
 
 class FactDetailView(APIView):
-    def _scope(self, request: Request) -> Scope | None:
+    def _scope(self, request: Request) -> ScopePath | None:
         engine = _engine(request, dict(request.query_params.items()))
         return _query_scope(request, engine, required=False)
 
@@ -153,10 +145,8 @@ class FactDetailView(APIView):
         summary="Get a fact", parameters=[SCOPE_OPTIONAL], responses=ScopedFactSerializer
     )
     def get(self, request: Request, fact_id: uuid.UUID) -> Response:
-        fact, row = core_fact_resolve(
-            owner=_owner(request), fact_id=fact_id, scope=self._scope(request)
-        )
-        return Response({**FactOutputSerializer(fact).data, "scope": row.scope})
+        fact, row = fact_resolve(owner=_owner(request), fact_id=fact_id, scope=self._scope(request))
+        return Response({**FactOutputSerializer(fact).data, "scope": row.path})
 
     @extend_schema(
         summary="Change a fact",
@@ -167,20 +157,18 @@ class FactDetailView(APIView):
     def patch(self, request: Request, fact_id: uuid.UUID) -> Response:
         scope = self._scope(request)
         data = _validated(FactUpdateSerializer, request.data)
-        _, row = core_fact_resolve(owner=_owner(request), fact_id=fact_id, scope=scope)
+        _, row = fact_resolve(owner=_owner(request), fact_id=fact_id, scope=scope)
         result = _engine(request).manage(
-            row.scope, data.get("content"), action="update", id=fact_id,
+            row.path, data.get("content"), action="update", id=fact_id,
             category=data.get("category"), confidence=data.get("confidence"),
             reason=data["reason"],
         )  # fmt: skip
-        return Response({**FactOutputSerializer(result.fact).data, "scope": row.scope})
+        return Response({**FactOutputSerializer(result.fact).data, "scope": row.path})
 
     @extend_schema(summary="Delete a fact", parameters=[SCOPE_OPTIONAL], responses={204: None})
     def delete(self, request: Request, fact_id: uuid.UUID) -> Response:
-        _, row = core_fact_resolve(
-            owner=_owner(request), fact_id=fact_id, scope=self._scope(request)
-        )
-        _engine(request).manage(row.scope, action="delete", id=fact_id)
+        _, row = fact_resolve(owner=_owner(request), fact_id=fact_id, scope=self._scope(request))
+        _engine(request).manage(row.path, action="delete", id=fact_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -188,7 +176,7 @@ class SearchView(APIView):
     @extend_schema(
         summary="Search a scope's facts",
         request=SearchSerializer,
-        responses={200: EngineSearchOutputSerializer, 404: ERROR},
+        responses={200: SearchOutputSerializer, 404: ERROR},
     )
     def post(self, request: Request) -> Response:
         data = _validated(SearchSerializer, request.data)

@@ -10,7 +10,7 @@ from core.models import APIKey
 from knowledge.models import Chunk, KnowledgeBase
 from memories.bases import services
 from memories.bases.models import MemoryBase, MemoryBaseJob
-from memories.personal.models import EndUser
+from memories.facts.models import Scope
 from tests.conftest import record
 from tests.knowledge.factories import make_kb
 
@@ -114,7 +114,7 @@ def test_regenerate_asks_first_on_the_page_and_in_the_list(admin_client, flow, m
             "Delete these knowledge bases?",
         ),
         ("/admin/core/apikey/", "revoke_keys", "key", "Revoke these API keys?"),
-        ("/admin/memories/enduser/", "erase", "end_user", "Erase these end users?"),
+        ("/admin/memories/scope/", "erase", "end_user", "Erase these scopes?"),
     ],
 )
 def test_every_destructive_action_asks_first(
@@ -124,8 +124,8 @@ def test_every_destructive_action_asks_first(
         "memory_base": lambda: memory_base,
         "kb": lambda: make_kb(alice, name="notes"),
         "key": lambda: APIKey.objects.create(owner=alice, name="k", prefix="p", digest="d"),
-        "end_user": lambda: EndUser.objects.create(
-            owner=alice, external_id="u1", scope=["user", "u1"]
+        "end_user": lambda: Scope.objects.create(
+            owner=alice, external_id="u1", path=["user", "u1"]
         ),
     }
     obj = objects[make]()

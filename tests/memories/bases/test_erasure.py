@@ -13,7 +13,8 @@ from memories.bases.models import MemoryBaseSession
 from memories.bases.services import memory_base_create
 from memories.conversations.models import Message
 from memories.conversations.services import MessageIn, flow_create
-from memories.personal.services import end_user_ensure, end_user_erase
+from memories.facts.scopes import end_user_ensure
+from memories.facts.services import scope_erase
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,7 +43,7 @@ def test_erasing_a_user_purges_the_memory_base_chunks_of_their_chats(alice, bob,
     _chat(bobs_flow, "u1", "bobs-chat-of-u1")  # bob's end user u1 is another person
     assert _sessions(Chunk) == ["bobs-chat-of-u1", "chat-of-u1", "chat-of-u2"]
 
-    end_user_erase(end_user=end_user_ensure(owner=alice, external_id="u1"))
+    scope_erase(scope=end_user_ensure(owner=alice, external_id="u1"))
 
     assert _sessions(Chunk) == ["bobs-chat-of-u1", "chat-of-u2"]
     assert _sessions(Message) == ["bobs-chat-of-u1", "chat-of-u2"]
@@ -56,7 +57,7 @@ def test_a_rolled_back_erasure_keeps_the_chunks(alice, settings):
     chunks = sorted(Chunk.objects.values_list("pk", flat=True))
     user = end_user_ensure(owner=alice, external_id="u1")
     with pytest.raises(RuntimeError), transaction.atomic():
-        end_user_erase(end_user=user)
+        scope_erase(scope=user)
         raise RuntimeError("the caller fails after the erasure")
     assert sorted(Chunk.objects.values_list("pk", flat=True)) == chunks
     assert _sessions(Message) == ["chat-of-u1"]

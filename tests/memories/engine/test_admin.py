@@ -8,8 +8,8 @@ from django.utils import timezone
 from ingestion.updates import updates_run
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.models import Vector
+from memories.facts.models import Fact
+from memories.facts.services import FactIn, fact_add
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db
@@ -23,7 +23,7 @@ def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_sett
         dream=lambda prompt: {"facts": [], "diary": "cleared"},
     )
     llm_settings.ENGINE_DREAM_MAX_DROP = 1.0
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User uses vim", "behavior", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User uses vim", "behavior", 0.9)])
     update = update_record(
         owner=alice, scope=SCOPE, messages=[{"role": "user", "content": "I like tea"}]
     )
@@ -52,7 +52,7 @@ def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_sett
     admin_client.post("/admin/memory_engine/scopejournal/",
                       {"action": "dream_now", "_selected_action": [scope_id]})  # fmt: skip
     dream = Dream.objects.get()
-    assert dream.trigger == "admin" and Vector.objects.filter(owner=alice).count() == 0
+    assert dream.trigger == "admin" and Fact.objects.filter(owner=alice).count() == 0
     assert "MEMORY · user/alice" in admin_client.get(
         f"/admin/memory_engine/scopejournal/{scope_id}/change/").content.decode()  # fmt: skip
     assert admin_client.get(f"/admin/memory_engine/dream/{dream.pk}/change/").status_code == 200
@@ -65,7 +65,7 @@ def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_sett
     admin_client.post("/admin/memory_engine/dream/", {**chosen, "confirmed": "yes"})
     dream.refresh_from_db()
     assert dream.status == "undone"
-    assert sorted(Vector.objects.filter(owner=alice).values_list("content", flat=True)) == [
+    assert sorted(Fact.objects.filter(owner=alice).values_list("content", flat=True)) == [
         "User likes tea", "User uses vim"]  # fmt: skip
     assert admin_client.get("/admin/memory_engine/pendingupdate/").status_code == 200
     assert admin_client.get("/admin/memory_engine/enginesettings/").status_code == 200

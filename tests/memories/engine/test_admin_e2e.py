@@ -10,8 +10,8 @@ from django.utils import timezone
 from ingestion.updates import updates_run
 from memories.engine.models import Dream, EngineSettings
 from memories.engine.updates import update_record
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.models import Vector
+from memories.facts.models import Fact
+from memories.facts.services import FactIn, fact_add
 from tests.browser import fits_the_window, login, messages, row_cells, shot
 from tests.memories.engine.scripted import EngineLLM, fact
 
@@ -50,7 +50,7 @@ def test_operator_reads_the_journal_dreams_and_undoes(
         },  # fmt: skip
     )
     llm_settings.ENGINE_DREAM_MAX_DROP = 1.0
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User uses vim", "behavior", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User uses vim", "behavior", 0.9)])
     update = update_record(
         owner=alice,
         scope=SCOPE,
@@ -88,7 +88,7 @@ def test_operator_reads_the_journal_dreams_and_undoes(
     assert "alice: dream" in messages(browser) and "changes" in messages(browser)
     shot(browser, "admin-engine-dreamed")
     dream = Dream.objects.get()
-    assert sorted(Vector.objects.filter(owner=alice).values_list("content", flat=True)) == [
+    assert sorted(Fact.objects.filter(owner=alice).values_list("content", flat=True)) == [
         "User drinks green tea every morning"
     ]
     browser.find_element(By.LINK_TEXT, "alice").click()
@@ -115,7 +115,7 @@ def test_operator_reads_the_journal_dreams_and_undoes(
     WebDriverWait(browser, 30).until(lambda b: f"undid dream {dream.pk}" in messages(b))
     dream.refresh_from_db()
     assert dream.status == Dream.Status.UNDONE
-    assert sorted(Vector.objects.filter(owner=alice).values_list("content", flat=True)) == [
+    assert sorted(Fact.objects.filter(owner=alice).values_list("content", flat=True)) == [
         "User likes green tea in the morning",
         "User uses vim",
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memories.personal.models import EndUser, MemoryUpdate, Vector
+from memories.facts.models import Fact, FactChange, Scope
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +41,7 @@ def test_create_list_get_patch_delete(alice_client, fixture_embedder):
     assert r.status_code == 200 and r.json()["confidence"] == 0.75
     assert alice_client.delete(f"/api/v1/engine/facts/{fact['id']}").status_code == 204
     assert alice_client.get(f"/api/v1/engine/facts/{fact['id']}").status_code == 404
-    assert list(MemoryUpdate.objects.order_by("created_at").values_list("action", flat=True)) == [
+    assert list(FactChange.objects.order_by("created_at").values_list("action", flat=True)) == [
         "add", "update", "delete",
     ]  # fmt: skip
 
@@ -78,17 +78,17 @@ def test_another_owner_gets_404_and_nothing_changes(
     assert [(r.status_code, r.json()["error"]["code"]) for r in reads] == [
         (404, "scope_not_found")
     ] * 6
-    assert not EndUser.objects.filter(owner__username="bob").exists()  # reads created nothing
-    v = Vector.objects.get(pk=fact["id"])
+    assert not Scope.objects.filter(owner__username="bob").exists()  # reads created nothing
+    v = Fact.objects.get(pk=fact["id"])
     assert (v.confidence, v.content) == (1.0, "User prefers dark mode")
-    assert MemoryUpdate.objects.count() == 1
+    assert FactChange.objects.count() == 1
 
 
 def test_templates_fill_from_values_and_header_missing_is_400(alice_client, fixture_embedder):
     r = _create(alice_client, ["memories", "{user_id}"], "User plays the violin")
     assert r.status_code == 400 and r.json()["error"]["code"] == "scope_value_missing"
     assert r.json()["error"]["details"]["missing"] == ["user_id"]
-    assert Vector.objects.count() == 0
+    assert Fact.objects.count() == 0
     r = _create(alice_client, ["memories", "{user_id}"], "User plays the violin",
                 scope_values={"user_id": "u9"})  # fmt: skip
     assert r.status_code == 201
@@ -115,7 +115,7 @@ def test_templates_fill_from_values_and_header_missing_is_400(alice_client, fixt
 def test_invalid_create_is_400_and_writes_nothing(alice_client, fixture_embedder, body):
     r = alice_client.post("/api/v1/engine/facts", body, format="json")
     assert r.status_code == 400 and r.json()["error"]["code"] in ("invalid",)
-    assert Vector.objects.count() == 0
+    assert Fact.objects.count() == 0
 
 
 def test_duplicate_and_below_threshold_answer_200(alice_client, fixture_embedder):
@@ -124,7 +124,7 @@ def test_duplicate_and_below_threshold_answer_200(alice_client, fixture_embedder
     assert r.status_code == 200 and r.json()["decision"]["action"] == "duplicate"
     r = _create(alice_client, ["user", "u1"], "User uses Bun", confidence=0.5)
     assert r.status_code == 200 and r.json()["decision"]["action"] == "below_threshold"
-    assert r.json()["fact"] is None and Vector.objects.count() == 1
+    assert r.json()["fact"] is None and Fact.objects.count() == 1
 
 
 def test_search_and_injection(alice_client, fixture_embedder):

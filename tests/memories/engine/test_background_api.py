@@ -9,7 +9,7 @@ from django.utils import timezone
 from ingestion.updates import updates_run
 from memories.engine.facade import MemoryEngine
 from memories.engine.models import Dream, PendingUpdate
-from memories.personal.models import Vector
+from memories.facts.models import Fact
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db
@@ -169,17 +169,17 @@ def test_dream_undo_and_settings_over_rest(alice, alice_client, bob_client, engi
     assert body["skipped"] is False and body["lookback_days"] == 2
     assert sorted(c["action"] for c in body["changes"]) == ["add", "delete", "delete"]
     assert "- [0.90] User likes hot drinks" in body["memory_md_after"]
-    assert Vector.objects.filter(owner=alice).count() == 1
+    assert Fact.objects.filter(owner=alice).count() == 1
 
     dream_id = body["id"]
     assert bob_client.post(f"/api/v1/engine/dreams/{dream_id}/undo").status_code == 404
     assert bob_client.get(f"/api/v1/engine/dreams/{dream_id}").status_code == 404
-    assert Vector.objects.filter(owner=alice).count() == 1
+    assert Fact.objects.filter(owner=alice).count() == 1
     listed = alice_client.get("/api/v1/engine/dreams", {"scope": SCOPE}).json()["results"]
     assert [d["id"] for d in listed] == [dream_id]
     undone = alice_client.post(f"/api/v1/engine/dreams/{dream_id}/undo")
     assert undone.status_code == 200 and undone.json()["status"] == "undone"
-    assert sorted(Vector.objects.filter(owner=alice).values_list("content", flat=True)) == [
+    assert sorted(Fact.objects.filter(owner=alice).values_list("content", flat=True)) == [
         "User likes coffee", "User likes tea"]  # fmt: skip
     again = alice_client.post(f"/api/v1/engine/dreams/{dream_id}/undo")
     assert again.status_code == 409 and again.json()["error"]["code"] == "dream_not_undoable"

@@ -24,9 +24,10 @@ from memories.engine.dreams import (
 )
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
-from memories.personal.facts import FactIn, core_fact_add, core_facts_snapshot
-from memories.personal.models import MemoryUpdate
-from memories.personal.scopes import scope_find
+from memories.facts.models import FactChange
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import facts_snapshot
+from memories.facts.services import FactIn, fact_add
 from tests.memories.engine.scripted import EngineLLM
 
 pytestmark = pytest.mark.django_db
@@ -36,7 +37,7 @@ KEYS = ("id", "content", "category", "confidence", "source_kind", "source_ref", 
 
 def _state(owner):
     row = scope_find(owner=owner, scope=SCOPE)
-    return sorted(tuple(f[k] for k in KEYS) for f in core_facts_snapshot(scope=row))
+    return sorted(tuple(f[k] for k in KEYS) for f in facts_snapshot(scope=row))
 
 
 def _ids(prompt: str) -> dict[str, str]:
@@ -72,7 +73,7 @@ def keep_all(prompt: str) -> dict:
 def dreaming(alice, llm_settings, openai_server, engine_storage):
     script = EngineLLM({"I moved to Berlin and I work remotely now": []}, dream=consolidate)
     openai_server.chat_fn = script
-    core_fact_add(owner=alice, scope=SCOPE, reason="seed", facts=[
+    fact_add(owner=alice, scope=SCOPE, reason="seed", facts=[
         FactIn("User likes tea", "preference", 0.8), FactIn("User likes green tea", "preference", 0.9),
         FactIn("User lives in Paris", "context", 0.9), FactIn("User uses vim", "behavior", 0.8),
     ])  # fmt: skip
@@ -91,14 +92,14 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
     assert "- [0.90] User lives in Paris (id: " in prompt
     assert "- **user**: I moved to Berlin and I work remotely now" in prompt  # the journal
     after = sorted((f["content"], f["category"], f["confidence"], f["source_kind"])
-                   for f in core_facts_snapshot(scope=dream.scope))  # fmt: skip
+                   for f in facts_snapshot(scope=dream.scope))  # fmt: skip
     assert after == [
         ("User drinks green tea every morning", "behavior", 0.95, "dream"),
         ("User lives in Berlin", "context", 0.9, "dream"),
         ("User uses vim", "behavior", 0.95, "api"),
         ("User works remotely", "context", 0.8, "journal"),  # learned from the journal
     ]
-    remote = next(f for f in core_facts_snapshot(scope=dream.scope) if "remotely" in f["content"])
+    remote = next(f for f in facts_snapshot(scope=dream.scope) if "remotely" in f["content"])
     assert remote["source_ref"] == timezone.now().date().isoformat()  # the day it read
     assert sorted(c["action"] for c in dream.changes) == [
         "add",
@@ -107,7 +108,7 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
         "replace",
         "update",
     ]
-    audit = MemoryUpdate.objects.filter(reason=f"dream {dream.pk}")
+    audit = FactChange.objects.filter(reason=f"dream {dream.pk}")
     assert sorted(audit.values_list("action", flat=True)) == [
         "add",
         "delete",
@@ -147,7 +148,7 @@ def test_dream_additions_honour_the_threshold_and_name_their_journal_day(alice, 
     dream = dream_run(owner=alice, scope=SCOPE, lookback_days=2).dream
     assert dream.journal_days == [yesterday.isoformat(), today.isoformat()]
     new = {f["content"]: (f["confidence"], f["source_kind"], f["source_ref"])
-           for f in core_facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"}  # fmt: skip
+           for f in facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"}  # fmt: skip
     assert new == {
         "User has a cat": (0.9, "journal", yesterday.isoformat()),
         # no confidence given: the threshold (ENGINE_MIN_CONFIDENCE), not 1.0; no day
@@ -160,7 +161,7 @@ def test_dream_additions_honour_the_threshold_and_name_their_journal_day(alice, 
     ]  # fmt: skip
     undone = dream_undo(owner=alice, dream_id=dream.pk)
     assert undone.status == "undone"
-    assert not [f for f in core_facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"]
+    assert not [f for f in facts_snapshot(scope=dream.scope) if f["source_kind"] != "api"]
 
 
 def test_unchanged_inputs_skip_the_llm(alice, dreaming):
@@ -179,7 +180,7 @@ def test_undo_restores_the_facts_and_memory_md(alice, dreaming):
     assert _state(alice) == before  # same ids, texts, categories, confidences, sources, times
     md = files.read_text(files.memory_md_path(alice.pk, list(SCOPE)))
     assert md == dream.memory_md_before
-    assert set(MemoryUpdate.objects.filter(reason=f"undo of dream {dream.pk}").values_list(
+    assert set(FactChange.objects.filter(reason=f"undo of dream {dream.pk}").values_list(
         "action", flat=True)) <= {"add", "delete", "update"}  # fmt: skip
     with pytest.raises(ServiceError) as twice:
         dream_undo(owner=alice, dream_id=dream.pk)
@@ -190,7 +191,7 @@ def test_undo_restores_the_facts_and_memory_md(alice, dreaming):
 def test_undo_keeps_what_was_learned_after_the_dream(alice, dreaming):
     before = _state(alice)
     dream = dream_run(owner=alice, scope=SCOPE).dream
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
     dream_undo(owner=alice, dream_id=dream.pk)
     now = _state(alice)
     assert [f for f in now if f[1] != "User has a cat"] == before
@@ -199,7 +200,7 @@ def test_undo_keeps_what_was_learned_after_the_dream(alice, dreaming):
 
 def test_only_the_latest_dream_can_be_undone_and_not_by_another_owner(alice, bob, dreaming):
     first = dream_run(owner=alice, scope=SCOPE).dream
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
     dreaming.dream = keep_all
     second = dream_run(owner=alice, scope=SCOPE).dream
     with pytest.raises(ServiceError) as older:
@@ -266,10 +267,8 @@ def test_daily_schedule_fans_out_one_task_per_changed_scope(alice, bob, dreaming
     monkeypatch.setattr(dreams, "enqueue", lambda *a, **k: (queued.append((a, k)), real(*a, **k)))
     dreaming.dream = keep_all
     engine = ("org", "acme")
-    core_fact_add(
-        owner=alice, scope=engine, facts=[FactIn("Acme ships on Fridays", "context", 0.9)]
-    )
-    core_fact_add(owner=bob, scope=SCOPE, facts=[FactIn("Bob's alice likes tea", "context", 0.9)])
+    fact_add(owner=alice, scope=engine, facts=[FactIn("Acme ships on Fridays", "context", 0.9)])
+    fact_add(owner=bob, scope=SCOPE, facts=[FactIn("Bob's alice likes tea", "context", 0.9)])
     engine_settings_update(owner=bob, dream_schedule=False)
     acme = scope_find(owner=alice, scope=engine)
     alices = scope_find(owner=alice, scope=SCOPE)
@@ -284,11 +283,11 @@ def test_daily_schedule_fans_out_one_task_per_changed_scope(alice, bob, dreaming
         [(acme.pk, "schedule"), (alices.pk, "schedule")]
     )
     # a fact added through the API since: that scope only
-    core_fact_add(owner=alice, scope=engine, facts=[FactIn("Acme has 40 staff", "context", 0.9)])
+    fact_add(owner=alice, scope=engine, facts=[FactIn("Acme has 40 staff", "context", 0.9)])
     queued.clear()
     assert dreams_daily() == 1 and [a[1] for a, _ in queued] == [acme.pk]
     # only a dream's own audit reason ("dream <id>") is left out, not any text like it
-    core_fact_add(owner=alice, scope=SCOPE, reason="dream job, said in passing",
+    fact_add(owner=alice, scope=SCOPE, reason="dream job, said in passing",
                   facts=[FactIn("User wants to be a pilot", "goal", 0.9)])  # fmt: skip
     queued.clear()
     assert dreams_daily() == 1 and [a[1] for a, _ in queued] == [alices.pk]
@@ -311,7 +310,7 @@ def test_a_scheduled_dream_is_safe_to_run_twice_and_never_beside_another(
     assert engine_dream_scope(row.pk, day) == "skipped"  # a second delivery: same inputs
     assert Dream.objects.count() == 1 and dreaming.calls["dream"] == 1
     dreaming.dream = lambda prompt: {"facts": [], "diary": "Forgot everything."}
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
     assert engine_dream_scope(row.pk, day) == "failed"  # refused (too lossy), logged
     assert Dream.objects.count() == 1
     assert engine_dream_scope(999_999, day) == "gone"
@@ -340,13 +339,13 @@ def test_memory_md_is_rendered_on_read_and_rewritten_by_update_runs(alice, dream
     dream = dream_run(owner=alice, scope=SCOPE).dream
     assert _memory_md(alice) == dream.memory_md_after
     row = dream.scope
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
     assert "User has a cat" not in _memory_md(alice)  # an API write leaves the file behind
     text = memory_md_read(row)  # a read renders it from the database, and stores it
     assert "- [0.90] User has a cat (id: " in text and _memory_md(alice) == text
-    assert text == render_memory_md(row, core_facts_snapshot(scope=row))
+    assert text == render_memory_md(row, facts_snapshot(scope=row))
 
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a dog", "context", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a dog", "context", 0.9)])
     dreaming.extractions["I got a parrot"] = [
         {"content": "User has a parrot", "category": "context", "confidence": 0.9}
     ]
@@ -355,7 +354,7 @@ def test_memory_md_is_rendered_on_read_and_rewritten_by_update_runs(alice, dream
     updates_run(scope_id=update.scope_id, force=True)  # rewrites it after its commit
     stored = _memory_md(alice)
     assert "User has a parrot" in stored and "User has a dog" in stored
-    assert stored == render_memory_md(row, core_facts_snapshot(scope=row))
+    assert stored == render_memory_md(row, facts_snapshot(scope=row))
 
 
 def test_a_crash_after_the_dream_commits_leaves_files_the_next_read_writes(
@@ -388,7 +387,7 @@ def test_a_crash_after_the_dream_commits_leaves_files_the_next_read_writes(
 
 def test_undo_writes_back_the_saved_memory_md_and_a_diary_entry(alice, dreaming):
     dream = dream_run(owner=alice, scope=SCOPE).dream
-    core_fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
+    fact_add(owner=alice, scope=SCOPE, facts=[FactIn("User has a cat", "context", 0.9)])
     undone = dream_undo(owner=alice, dream_id=dream.pk)
     # the text saved before the dream, as it was (not rebuilt: the cat came later)
     assert _memory_md(alice) == dream.memory_md_before and "cat" not in dream.memory_md_before

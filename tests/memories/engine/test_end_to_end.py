@@ -16,7 +16,7 @@ from django_q.scheduler import scheduler
 
 from memories.engine import files
 from memories.engine.models import PendingUpdate
-from memories.personal.models import Vector
+from memories.facts.models import Fact
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db
@@ -186,7 +186,7 @@ def test_a_conversation_through_every_tier(alice, alice_client, bob_client, scri
     assert script.calls == {"extraction": 2, "dream": 1, "summary": 2, "chat": 0}
 
     # --- another owner: 404 on every read of alice's scope and dream, nothing changed --
-    facts_before = sorted(Vector.objects.values_list("id", "content", "confidence"))
+    facts_before = sorted(Fact.objects.values_list("id", "content", "confidence"))
     for reply in (
         bob_client.get("/api/v1/engine/facts", Q),
         bob_client.get("/api/v1/engine/journal", {**Q, "date": today}),
@@ -198,5 +198,5 @@ def test_a_conversation_through_every_tier(alice, alice_client, bob_client, scri
         bob_client.post("/api/v1/engine/dream", Q, format="json"),
     ):
         assert reply.status_code == 404, reply.json()
-    assert sorted(Vector.objects.values_list("id", "content", "confidence")) == facts_before
+    assert sorted(Fact.objects.values_list("id", "content", "confidence")) == facts_before
     assert script.calls["dream"] == 1

@@ -17,9 +17,9 @@ from memories.engine import files
 from memories.engine.dreams import memory_md_read
 from memories.engine.models import Dream, PendingUpdate
 from memories.engine.updates import schedule_name, update_record
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.models import EndUser, MemoryUpdate, UserVector, Vector
-from memories.personal.scopes import scope_ensure
+from memories.facts.models import Fact, FactChange, FactLink, Scope
+from memories.facts.scopes import scope_ensure
+from memories.facts.services import FactIn, fact_add
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AT = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
@@ -31,11 +31,11 @@ def _storage(engine_storage, fixture_embedder, settings):
     return engine_storage
 
 
-def _fill(owner, scope: tuple[str, ...], fact: str) -> EndUser:
+def _fill(owner, scope: tuple[str, ...], fact: str) -> Scope:
     """Everything the engine keeps of a scope: a fact, a pending update (and its
     schedule), a dream, a conversation summary, a journal day, MEMORY.md, a diary."""
     row = scope_ensure(owner=owner, scope=scope)
-    core_fact_add(owner=owner, scope=row, facts=[FactIn(fact, confidence=0.9)])
+    fact_add(owner=owner, scope=row, facts=[FactIn(fact, confidence=0.9)])
     update_record(
         owner=owner, scope=row, messages=[{"role": "user", "content": fact}], require_llm=False
     )
@@ -60,10 +60,10 @@ def _files(root: Path) -> set[str]:
 def _left_of(row_id: int, owner_id: int, scope: list[str]) -> dict[str, int]:
     prefix = scope_conversation_key(scope, "")
     return {
-        "scope": EndUser.objects.filter(pk=row_id).count(),
-        "facts": Vector.objects.filter(scope_id=row_id).count(),
-        "links": UserVector.objects.filter(end_user_id=row_id).count(),
-        "audit": MemoryUpdate.objects.filter(end_user_id=row_id).count(),
+        "scope": Scope.objects.filter(pk=row_id).count(),
+        "facts": Fact.objects.filter(scope_id=row_id).count(),
+        "links": FactLink.objects.filter(scope_id=row_id).count(),
+        "audit": FactChange.objects.filter(scope_id=row_id).count(),
         "pending": PendingUpdate.objects.filter(scope_id=row_id).count(),
         "schedule": Schedule.objects.filter(name=schedule_name(row_id)).count(),
         "dreams": Dream.objects.filter(scope_id=row_id).count(),
@@ -90,7 +90,8 @@ def test_erasing_an_end_user_removes_every_trace_of_the_scope(
     mine = {f for f in before if f"/{alice.pk}/user/u1/" in f}
     assert len(mine) == 3  # journal day, MEMORY.md, diary
     response = alice_client.delete("/api/v1/users/u1/memories")
-    assert response.status_code == 200 and response.json() == {"deleted": 1}
+    assert response.status_code == 200
+    assert response.json() == {"scope": ["user", "u1"], "facts_removed": 1, "deleted": 1}
     assert _left_of(erased.pk, alice.pk, ["user", "u1"]) == NOTHING
     assert _files(engine_storage) == before - mine
     # The scope's folders went too (their names hold the end user's id).
@@ -127,13 +128,13 @@ def test_engine_erase_keeps_nested_and_other_scopes(
 
 
 def test_a_failed_erasure_keeps_rows_and_files(alice, engine_storage):
-    from memories.personal.services import end_user_erase
+    from memories.facts.services import scope_erase
 
     row = _fill(alice, ("user", "u1"), "User plays the violin")
     row_id = row.pk  # (a deleted instance loses its pk, even when rolled back)
     before = _files(engine_storage)
     with pytest.raises(RuntimeError), transaction.atomic():
-        end_user_erase(end_user=row)
+        scope_erase(scope=row)
         raise RuntimeError("the caller's transaction fails after the erasure")
     assert _left_of(row_id, alice.pk, ["user", "u1"]) == ONE_EACH
     assert _files(engine_storage) == before

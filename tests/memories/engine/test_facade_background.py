@@ -23,7 +23,7 @@ def test_flush_and_dream_in_process(alice, llm_settings, openai_server, engine_s
     )  # fmt: skip
     engine = MemoryEngine(owner=alice, values={"user_id": "alice"})
     update = engine.flush(["user", "{user_id}"], [{"role": "user", "content": "I am vegetarian"}])
-    assert (update.status, update.source, update.scope.scope) == (
+    assert (update.status, update.source, update.scope.path) == (
         "pending",
         "engine",
         ["user", "alice"],
@@ -33,7 +33,7 @@ def test_flush_and_dream_in_process(alice, llm_settings, openai_server, engine_s
         "User is vegetarian"
     ]
     outcome = engine.dream(["user", "{user_id}"], lookback_days=1)
-    assert not outcome.skipped and outcome.dream.scope.scope == ["user", "alice"]
+    assert not outcome.skipped and outcome.dream.scope.path == ["user", "alice"]
     assert engine.dream(["user", "alice"], lookback_days=1).skipped
 
 

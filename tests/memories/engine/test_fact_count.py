@@ -9,12 +9,13 @@ import importlib
 import pytest
 from django.db import connection
 
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete
-from memories.personal.models import EndUser, UserVector, Vector
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_count, scope_is_large
-from memories.personal.services import end_user_erase, memory_link
+from memories.facts.models import Fact, FactLink, Scope
+from memories.facts.ranking import scope_is_large
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import fact_count
+from memories.facts.services import FactIn, fact_add, fact_delete, fact_share, scope_erase
 from tests.memories.engine.test_vector_half import Dims, add_facts
+from tests.memories.facts.old_schema import old_schema
 
 pytestmark = pytest.mark.django_db
 
@@ -23,8 +24,8 @@ def counts() -> dict[int, tuple[int, int]]:
     """Per scope: (its fact_count, its links counted)."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT e.id, e.fact_count, (SELECT count(*) FROM memories_uservector u "
-            "WHERE u.end_user_id = e.id) FROM memories_enduser e"
+            "SELECT e.id, e.fact_count, (SELECT count(*) FROM memories_factlink u "
+            "WHERE u.scope_id = e.id) FROM memories_scope e"
         )
         return {row[0]: (row[1], row[2]) for row in cur.fetchall()}
 
@@ -37,36 +38,34 @@ def assert_counts_true() -> None:
 def test_the_count_follows_every_link_written(alice, bob):
     e = Dims(384)
     facts = [FactIn(f"alice fact {i}", confidence=0.9) for i in range(6)]
-    core_fact_add(owner=alice, scope=("org", "a"), facts=facts, embedder=e)
-    core_fact_add(owner=alice, scope=("org", "b"), facts=facts[:2], embedder=e)
-    core_fact_add(owner=bob, scope=("org", "a"), facts=facts[:3], embedder=e)
+    fact_add(owner=alice, scope=("org", "a"), facts=facts, embedder=e)
+    fact_add(owner=alice, scope=("org", "b"), facts=facts[:2], embedder=e)
+    fact_add(owner=bob, scope=("org", "a"), facts=facts[:3], embedder=e)
     a, b = (scope_find(owner=alice, scope=("org", x)) for x in "ab")
-    assert (core_fact_count(scope=a), core_fact_count(scope=b)) == (6, 2)
+    assert (fact_count(scope=a), fact_count(scope=b)) == (6, 2)
     assert_counts_true()
     # Evicted past max_facts, shared with another scope, deleted, bulk-linked, erased.
-    core_fact_add(owner=alice, scope=a, facts=[FactIn("one more", confidence=0.95)],
+    fact_add(owner=alice, scope=a, facts=[FactIn("one more", confidence=0.95)],
                   embedder=e, max_facts=5)  # fmt: skip
-    assert core_fact_count(scope=a) == 5
-    shared = Vector.objects.filter(scope=a).first()
-    memory_link(end_user=b, vector=shared)
-    assert (core_fact_count(scope=a), core_fact_count(scope=b)) == (5, 3)
-    core_fact_delete(owner=alice, fact_id=shared.pk, scope=("org", "a"))
-    assert (core_fact_count(scope=a), core_fact_count(scope=b)) == (4, 3)
-    c = EndUser.objects.create(owner=alice, scope=["org", "c"])
-    UserVector.objects.bulk_create(
-        [UserVector(end_user=c, vector=v) for v in Vector.objects.filter(scope=a)]
-    )
-    assert core_fact_count(scope=c) == 4 and scope_is_large(scope_id=c.pk, above=3)
+    assert fact_count(scope=a) == 5
+    shared = Fact.objects.filter(scope=a).first()
+    fact_share(scope=b, fact=shared)
+    assert (fact_count(scope=a), fact_count(scope=b)) == (5, 3)
+    fact_delete(owner=alice, fact_id=shared.pk, scope=("org", "a"))
+    assert (fact_count(scope=a), fact_count(scope=b)) == (4, 3)
+    c = Scope.objects.create(owner=alice, path=["org", "c"])
+    FactLink.objects.bulk_create([FactLink(scope=c, fact=v) for v in Fact.objects.filter(scope=a)])
+    assert fact_count(scope=c) == 4 and scope_is_large(scope_id=c.pk, above=3)
     assert not scope_is_large(scope_id=c.pk, above=4)
-    UserVector.objects.filter(end_user=c).update(shared=True)  # (no scope changed)
-    assert core_fact_count(scope=c) == 4
+    FactLink.objects.filter(scope=c).update(shared=True)  # (no scope changed)
+    assert fact_count(scope=c) == 4
     assert_counts_true()
-    end_user_erase(end_user=a)
+    scope_erase(scope=a)
     assert_counts_true()
     # Django never writes the column: a save of the scope leaves the count as it is.
     b.last_seen_at = b.created_at
     b.save()
-    assert core_fact_count(scope=b) == 3
+    assert fact_count(scope=b) == 3
     assert_counts_true()
 
 
@@ -74,10 +73,10 @@ def test_a_deleted_fact_leaves_every_scope_counted(alice):
     """A fact shared by three scopes, deleted: its links go in one statement (three
     scopes' rows, locked in id order)."""
     e = Dims(384)
-    core_fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice likes tea")], embedder=e)
-    fact = Vector.objects.get(content="alice likes tea")
+    fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice likes tea")], embedder=e)
+    fact = Fact.objects.get(content="alice likes tea")
     for name in ("b", "c"):
-        memory_link(end_user=EndUser.objects.create(owner=alice, scope=["org", name]), vector=fact)
+        fact_share(scope=Scope.objects.create(owner=alice, path=["org", name]), fact=fact)
     assert sorted(v[0] for v in counts().values()) == [1, 1, 1]
     fact.delete()
     assert sorted(v[0] for v in counts().values()) == [0, 0, 0]
@@ -86,12 +85,12 @@ def test_a_deleted_fact_leaves_every_scope_counted(alice):
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_counts_the_links_already_there_and_a_truncate_zeroes(alice):
     add_facts(alice, ("org", "a"), 5)
-    migration = importlib.import_module("memories.personal.migrations.0009_scope_fact_count")
-    with connection.cursor() as cur:
+    migration = importlib.import_module("memories.facts.migrations.0009_scope_fact_count")
+    with old_schema(), connection.cursor() as cur:
         cur.execute(migration.DROP)
         cur.execute(migration.Migration.operations[0].sql)
     assert [v[0] for v in counts().values()] == [5]
     assert_counts_true()
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE memories_uservector")
+        cur.execute("TRUNCATE memories_factlink")
     assert [v[0] for v in counts().values()] == [0]

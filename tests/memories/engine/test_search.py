@@ -11,8 +11,9 @@ from core.providers import embeddings
 from core.providers.errors import ProviderError
 from core.providers.tokens import count_tokens
 from memories.engine.facade import MemoryEngine
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.retrieval import core_fact_search, format_for_injection
+from memories.facts.injection import format_for_injection
+from memories.facts.search import fact_search
+from memories.facts.services import FactIn, fact_add
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +25,7 @@ FACTS = [
 
 
 def _seed(owner, scope=("user", "u1"), facts=FACTS, **kw):
-    return core_fact_add(owner=owner, scope=scope, facts=[FactIn(f, **kw) for f in facts])
+    return fact_add(owner=owner, scope=scope, facts=[FactIn(f, **kw) for f in facts])
 
 
 class Broken:
@@ -36,18 +37,18 @@ class Broken:
 
 def test_hybrid_search_ranks_by_meaning_and_returns_min_limit_matching(alice, fixture_embedder):
     _seed(alice)
-    result = core_fact_search(
+    result = fact_search(
         owner=alice, scope=("user", "u1"), query="What snacks should I avoid?", limit=3,
         half_life_days=0,
     )  # fmt: skip
     assert result.mode == "hybrid"
     assert result.hits[0].content == "User is allergic to peanuts"
     assert len(result.hits) == 3
-    everything = core_fact_search(
+    everything = fact_search(
         owner=alice, scope=("user", "u1"), query="Hello, how are you?", limit=50
     )
     assert len(everything.hits) == len(FACTS)  # every fact matches a vector query
-    page = core_fact_search(
+    page = fact_search(
         owner=alice, scope=("user", "u1"), query="What snacks should I avoid?", limit=3, offset=1,
         half_life_days=0,
     )  # fmt: skip
@@ -57,7 +58,7 @@ def test_hybrid_search_ranks_by_meaning_and_returns_min_limit_matching(alice, fi
 def test_keyword_leg_lifts_word_matches(alice, fixture_embedder, settings):
     _seed(alice)
     settings.ENGINE_VECTOR_WEIGHT = 0.0  # keyword only in the score
-    result = core_fact_search(
+    result = fact_search(
         owner=alice, scope=("user", "u1"), query="My dog is called Rex", limit=2, half_life_days=0
     )
     assert result.hits[0].content == "User has a dog named Rex"
@@ -66,13 +67,13 @@ def test_keyword_leg_lifts_word_matches(alice, fixture_embedder, settings):
 
 def test_decay_prefers_the_newer_of_two_equally_relevant_facts(alice, fixture_embedder):
     now = timezone.now()
-    core_fact_add(owner=alice, scope=("user", "u1"),
+    fact_add(owner=alice, scope=("user", "u1"),
                   facts=[FactIn("User lives in New York", observed_at=now - timedelta(days=60))])  # fmt: skip
-    core_fact_add(owner=alice, scope=("user", "u1"),
+    fact_add(owner=alice, scope=("user", "u1"),
                   facts=[FactIn("User moved to Los Angeles", observed_at=now - timedelta(days=1))])  # fmt: skip
     query = "I moved to Los Angeles"
-    plain = core_fact_search(owner=alice, scope=("user", "u1"), query=query, half_life_days=0)
-    decayed = core_fact_search(owner=alice, scope=("user", "u1"), query=query, half_life_days=30)
+    plain = fact_search(owner=alice, scope=("user", "u1"), query=query, half_life_days=0)
+    decayed = fact_search(owner=alice, scope=("user", "u1"), query=query, half_life_days=30)
     la, ny = (
         next(h for h in plain.hits if h.content.startswith(p)) for p in ("User moved", "User lives")
     )
@@ -89,9 +90,7 @@ def test_keyword_only_when_the_embedder_raises(alice, fixture_embedder, settings
     key = (settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL, settings.EMBEDDING_DIMENSIONS,
            settings.EMBEDDING_BASE_URL)  # fmt: skip
     embeddings._cache[key] = Broken()
-    result = core_fact_search(
-        owner=alice, scope=("user", "u1"), query="my dog Rex and hiking", limit=5
-    )
+    result = fact_search(owner=alice, scope=("user", "u1"), query="my dog Rex and hiking", limit=5)
     assert result.mode == "keyword" and "embedding service down" in result.embedder_error
     assert sorted(h.content for h in result.hits) == [
         "User enjoys hiking in the mountains", "User has a dog named Rex",
@@ -104,15 +103,15 @@ def test_search_is_scoped(alice, bob, fixture_embedder):
     _seed(alice, scope=("user", "u2"), facts=["User plays the violin"])
     _seed(bob, scope=("user", "u1"), facts=["User drinks green tea every morning"])
     hello = "Hello, how are you?"
-    hits = core_fact_search(owner=alice, scope=("user", "u2"), query=hello, limit=50).hits
+    hits = fact_search(owner=alice, scope=("user", "u2"), query=hello, limit=50).hits
     assert [h.content for h in hits] == ["User plays the violin"]
-    hits = core_fact_search(owner=bob, scope=("user", "u1"), query=hello, limit=50).hits
+    hits = fact_search(owner=bob, scope=("user", "u1"), query=hello, limit=50).hits
     assert [h.content for h in hits] == ["User drinks green tea every morning"]
-    assert core_fact_search(owner=bob, scope=("user", "nobody"), query="dog").hits == []
+    assert fact_search(owner=bob, scope=("user", "nobody"), query="dog").hits == []
 
 
 def test_injection_orders_by_confidence_and_keeps_the_budget(alice, fixture_embedder):
-    core_fact_add(owner=alice, scope=("user", "u1"), facts=[
+    fact_add(owner=alice, scope=("user", "u1"), facts=[
         FactIn("User uses Bun", category="knowledge", confidence=0.75),
         FactIn("User prefers dark mode", category="preference", confidence=0.95),
         FactIn("User works as a nurse", category="context", confidence=0.85),
@@ -133,7 +132,7 @@ def test_injection_orders_by_confidence_and_keeps_the_budget(alice, fixture_embe
 
 def test_injection_gives_corrections_their_own_share(alice, fixture_embedder, settings):
     settings.ENGINE_CORRECTION_SHARE = 0.5
-    core_fact_add(owner=alice, scope=("user", "u1"), facts=[
+    fact_add(owner=alice, scope=("user", "u1"), facts=[
         FactIn(f, category="preference", confidence=0.99) for f in FACTS
     ] + [FactIn("User drinks green tea every morning", category="correction", confidence=0.71)])  # fmt: skip
     one_line = count_tokens("- [preference | 0.99] User prefers dark mode") + 1
@@ -145,7 +144,7 @@ def test_injection_gives_corrections_their_own_share(alice, fixture_embedder, se
 
 
 def test_injection_with_a_query_puts_relevant_facts_first(alice, fixture_embedder):
-    core_fact_add(owner=alice, scope=("user", "u1"), facts=[
+    fact_add(owner=alice, scope=("user", "u1"), facts=[
         FactIn("User prefers dark mode", category="preference", confidence=0.99),
         FactIn("User is allergic to peanuts", category="context", confidence=0.72),
     ])  # fmt: skip
@@ -178,7 +177,7 @@ def test_facade_manage_search_inject(alice, bob, fixture_embedder):
         engine.format_for_injection(["memories", "u7"], 100).text
         == "- [behavior | 0.80] User plays the violin"
     )
-    from memories.personal.facts import FactNotFound
+    from memories.facts.selectors import FactNotFound
 
     with pytest.raises(FactNotFound):
         MemoryEngine(owner=bob).manage(["memories", "u7"], action="delete", id=created.fact_id)
@@ -207,12 +206,12 @@ class _SeededEmbedder:
 def test_large_scopes_search_through_the_hnsw_index_with_the_same_answer(alice, settings):
     embedder = _SeededEmbedder()
     facts = [FactIn(f"fact number {i} about topic {i % 7}", confidence=0.9) for i in range(80)]
-    core_fact_add(owner=alice, scope=("org", "big"), facts=facts, embedder=embedder)
-    core_fact_add(owner=alice, scope=("org", "other"), facts=facts[:20], embedder=embedder)
+    fact_add(owner=alice, scope=("org", "big"), facts=facts, embedder=embedder)
+    fact_add(owner=alice, scope=("org", "other"), facts=facts[:20], embedder=embedder)
     query = embedder.embed(["what about topic 3"])[0]
 
     def search():
-        result = core_fact_search(
+        result = fact_search(
             owner=alice, scope=("org", "big"), query="what about topic 3", limit=10,
             embedder=embedder, query_vector=query, half_life_days=0,
         )  # fmt: skip

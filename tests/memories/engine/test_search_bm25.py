@@ -16,14 +16,21 @@ from django.utils import timezone
 
 from knowledge.retrieval import bm25
 from memories.engine.facade import MemoryEngine
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
-from memories.personal.models import EndUser, UserVector, Vector
-from memories.personal.retrieval import core_fact_search
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import FactFilter, scope_keyword_ranking
-from memories.personal.services import end_user_erase, memory_link
+from memories.facts.models import Fact, FactLink, Scope
+from memories.facts.ranking import FactFilter, scope_keyword_ranking
+from memories.facts.scopes import scope_find
+from memories.facts.search import fact_search
+from memories.facts.services import (
+    FactIn,
+    fact_add,
+    fact_delete,
+    fact_share,
+    fact_update,
+    scope_erase,
+)
 from tests.memories.engine.test_search_statement import Broken
 from tests.memories.engine.test_vector_half import Dims
+from tests.memories.facts.old_schema import old_schema
 
 pytestmark = pytest.mark.django_db
 
@@ -44,12 +51,12 @@ def lexemes(text: str) -> dict[str, int]:
         return dict(cur.fetchall())
 
 
-def python_bm25(scope: EndUser, query: str) -> dict:
+def python_bm25(scope: Scope, query: str) -> dict:
     """{fact id: BM25 score} of the scope's facts holding a query lexeme, computed here
     from each fact's lexemes: N, df and the mean length over the scope's facts (its
     own and the ones shared with it), k1 and b the knowledge side's."""
     k1, b = bm25.K1, bm25.B
-    docs = {v.pk: lexemes(v.content) for v in Vector.objects.filter(links__end_user=scope)}
+    docs = {v.pk: lexemes(v.content) for v in Fact.objects.filter(links__scope=scope)}
     terms = set(lexemes(query))
     n = len(docs)
     avgdl = max(sum(len(d) for d in docs.values()), 1) / max(n, 1)
@@ -70,9 +77,9 @@ def stats() -> dict[int, tuple[int, int, int, int]]:
     the facts whose scope it is."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT e.id, e.text_facts, e.text_lexemes, (SELECT count(*) FROM memories_vector v "
+            "SELECT e.id, e.text_facts, e.text_lexemes, (SELECT count(*) FROM memories_fact v "
             "WHERE v.scope_id = e.id), (SELECT coalesce(sum(length(v.search_vector) - 1), 0) "
-            "FROM memories_vector v WHERE v.scope_id = e.id) FROM memories_enduser e"
+            "FROM memories_fact v WHERE v.scope_id = e.id) FROM memories_scope e"
         )
         return {row[0]: tuple(row[1:]) for row in cur.fetchall()}
 
@@ -96,24 +103,24 @@ FACTS = [
 ]
 
 
-def seed(owner) -> EndUser:
+def seed(owner) -> Scope:
     """FACTS in ("user", "alice") over ten days; a fact of ("user", "bob") shared with
     her; more coffee in bob's scope (which must not change her statistics)."""
     now = timezone.now()
     e = Dims(384)
-    core_fact_add(
+    fact_add(
         owner=owner, scope=("user", "alice"), embedder=e,
         facts=[FactIn(t, confidence=0.9, observed_at=now - timedelta(days=i),
                       category=["preference", "knowledge"][i % 2])
                for i, t in enumerate(FACTS)],
     )  # fmt: skip
-    core_fact_add(
+    fact_add(
         owner=owner, scope=("user", "bob"), embedder=e,
         facts=[FactIn(f"Bob drinks coffee number {i}", confidence=0.9) for i in range(6)]
         + [FactIn("Alice and Bob share a coffee machine in Lisbon", confidence=0.9)],
     )  # fmt: skip
     alice = scope_find(owner=owner, scope=("user", "alice"))
-    memory_link(end_user=alice, vector=Vector.objects.get(content__startswith="Alice and Bob"))
+    fact_share(scope=alice, fact=Fact.objects.get(content__startswith="Alice and Bob"))
     return alice
 
 
@@ -131,7 +138,7 @@ def test_the_keyword_leg_is_bm25_as_computed_in_python(alice):
             assert score == pytest.approx(want[pk], rel=REL), (query, pk)
         # Keyword-only search (the embedder down, no decay): the same figures, the
         # score each one's share of the best.
-        result = core_fact_search(owner=alice, scope=scope, query=query, limit=100,
+        result = fact_search(owner=alice, scope=scope, query=query, limit=100,
                                   embedder=Broken(), half_life_days=0)  # fmt: skip
         assert result.mode == "keyword"
         assert {h.id: h.keyword_score for h in result.hits} == pytest.approx(want, rel=REL)
@@ -142,7 +149,7 @@ def test_the_keyword_leg_is_bm25_as_computed_in_python(alice):
     bob = scope_find(owner=alice, scope=("user", "bob"))
     mine = dict(scope_keyword_ranking(scope_id=scope.pk, text="coffee", limit=100))
     his = dict(scope_keyword_ranking(scope_id=bob.pk, text="coffee", limit=100))
-    shared = Vector.objects.get(content__startswith="Alice and Bob").pk
+    shared = Fact.objects.get(content__startswith="Alice and Bob").pk
     assert mine[shared] != his[shared]
     assert his == pytest.approx(python_bm25(bob, "coffee"), rel=REL)
 
@@ -156,23 +163,23 @@ def test_a_rare_word_outranks_a_common_one(alice):
              ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")]  # fmt: skip
     facts += [FactIn("coffee trip planned", confidence=0.9),
               FactIn("lisbon trip planned", confidence=0.9)]  # fmt: skip
-    core_fact_add(owner=alice, scope=("user", "alice"), facts=facts, embedder=e)
-    common = Vector.objects.get(content="coffee trip planned")
-    rare = Vector.objects.get(content="lisbon trip planned")
+    fact_add(owner=alice, scope=("user", "alice"), facts=facts, embedder=e)
+    common = Fact.objects.get(content="coffee trip planned")
+    rare = Fact.objects.get(content="lisbon trip planned")
     with connection.cursor() as cur:
         cur.execute(
             "SELECT ts_rank(search_vector, to_tsquery('english', 'coffee | lisbon')) "
-            "FROM memories_vector WHERE id = ANY(%s)",
+            "FROM memories_fact WHERE id = ANY(%s)",
             [[common.pk, rare.pk]],
         )
         assert len({r[0] for r in cur.fetchall()}) == 1  # alike for ts_rank
-    result = core_fact_search(owner=alice, scope=("user", "alice"), query="coffee or lisbon?",
+    result = fact_search(owner=alice, scope=("user", "alice"), query="coffee or lisbon?",
                               embedder=Broken(), limit=3, half_life_days=0)  # fmt: skip
     assert result.hits[0].id == rare.pk
     assert result.hits[0].score == 1.0
     assert result.hits[0].keyword_score > 2 * result.hits[1].keyword_score
     # Hybrid (the seeded vectors say nothing about the words): still first.
-    hybrid = core_fact_search(owner=alice, scope=("user", "alice"), query="coffee or lisbon?",
+    hybrid = fact_search(owner=alice, scope=("user", "alice"), query="coffee or lisbon?",
                               embedder=e, limit=3)  # fmt: skip
     assert hybrid.mode == "hybrid" and hybrid.hits[0].id == rare.pk
 
@@ -181,47 +188,47 @@ def test_filters_choose_the_facts_not_the_statistics(alice):
     scope = seed(alice)
     everything = dict(scope_keyword_ranking(scope_id=scope.pk, text="coffee Alice", limit=100))
     knowledge = FactFilter(categories=["knowledge"])
-    result = core_fact_search(owner=alice, scope=scope, query="coffee Alice", limit=100,
+    result = fact_search(owner=alice, scope=scope, query="coffee Alice", limit=100,
                               filter=knowledge, embedder=Broken(), half_life_days=0)  # fmt: skip
     expected = {
         pk: score
         for pk, score in everything.items()
-        if Vector.objects.get(pk=pk).category == "knowledge"
+        if Fact.objects.get(pk=pk).category == "knowledge"
     }
     assert len(expected) >= 3 and len(expected) < len(everything)
     assert {h.id: h.keyword_score for h in result.hits} == expected  # the same floats
     assert all(h.category == "knowledge" for h in result.hits)
     confident = FactFilter(min_confidence=0.95)
-    assert core_fact_search(owner=alice, scope=scope, query="coffee Alice", filter=confident,
+    assert fact_search(owner=alice, scope=scope, query="coffee Alice", filter=confident,
                             embedder=Broken()).hits == []  # fmt: skip
 
 
 def test_statistics_follow_every_write(alice, bob):
     scope = seed(alice)
-    core_fact_add(owner=bob, scope=("user", "alice"), facts=[FactIn("bob's alice")],
+    fact_add(owner=bob, scope=("user", "alice"), facts=[FactIn("bob's alice")],
                   embedder=Dims(384))  # fmt: skip
     assert_stats_true()
-    fact = Vector.objects.get(content=FACTS[0])
+    fact = Fact.objects.get(content=FACTS[0])
     # A new text (its lexemes change), a confidence (nothing to change), a deletion.
-    core_fact_update(owner=alice, fact_id=fact.pk, content="Alice drinks espresso")
-    core_fact_update(owner=alice, fact_id=Vector.objects.get(content=FACTS[1]).pk,
+    fact_update(owner=alice, fact_id=fact.pk, content="Alice drinks espresso")
+    fact_update(owner=alice, fact_id=Fact.objects.get(content=FACTS[1]).pk,
                      confidence=0.8)  # fmt: skip
-    core_fact_delete(owner=alice, fact_id=Vector.objects.get(content=FACTS[2]).pk)
+    fact_delete(owner=alice, fact_id=Fact.objects.get(content=FACTS[2]).pk)
     assert_stats_true()
     for query in QUERIES:
         got = dict(scope_keyword_ranking(scope_id=scope.pk, text=query, limit=100))
         assert got == pytest.approx(python_bm25(scope, query), rel=REL)
     # Shared with another scope (it then has no scope of its own), evicted, erased.
-    other = EndUser.objects.create(owner=alice, scope=["org", "other"])
-    memory_link(end_user=other, vector=Vector.objects.get(content=FACTS[3]))
+    other = Scope.objects.create(owner=alice, path=["org", "other"])
+    fact_share(scope=other, fact=Fact.objects.get(content=FACTS[3]))
     assert_stats_true()
     got = dict(scope_keyword_ranking(scope_id=scope.pk, text="Lisbon", limit=100))
     assert got == pytest.approx(python_bm25(scope, "Lisbon"), rel=REL)
-    core_fact_add(owner=alice, scope=scope, facts=[FactIn("Alice reads", confidence=0.95)],
+    fact_add(owner=alice, scope=scope, facts=[FactIn("Alice reads", confidence=0.95)],
                   embedder=Dims(384), max_facts=5)  # fmt: skip
     assert_stats_true()
-    UserVector.objects.filter(end_user=other).delete()
-    end_user_erase(end_user=scope)
+    FactLink.objects.filter(scope=other).delete()
+    scope_erase(scope=scope)
     assert_stats_true()
     # Django never writes the columns: a save of the scope leaves them as they are.
     bob_scope = scope_find(owner=alice, scope=("user", "bob"))
@@ -234,15 +241,15 @@ def test_statistics_follow_every_write(alice, bob):
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_counts_the_facts_already_there_and_a_truncate_zeroes(alice):
     seed(alice)
-    migration = importlib.import_module("memories.personal.migrations.0010_scope_text_stats")
-    with connection.cursor() as cur:
+    migration = importlib.import_module("memories.facts.migrations.0010_scope_text_stats")
+    with old_schema(), connection.cursor() as cur:
         cur.execute(migration.DROP)
         cur.execute(migration.COLUMNS)
         cur.execute(migration.CREATE)
     assert sorted(v[0] for v in stats().values()) == [6, 10]  # (bob's shared one: no scope)
     assert_stats_true()
     with connection.cursor() as cur:
-        cur.execute("TRUNCATE memories_vector CASCADE")
+        cur.execute("TRUNCATE memories_fact CASCADE")
     assert {v[:2] for v in stats().values()} == {(0, 0)}
 
 
@@ -274,13 +281,13 @@ def test_equal_scores_come_back_newer_first_then_by_id(alice, mode):
     at = [now - timedelta(days=3), now - timedelta(days=1), now - timedelta(days=2),
           now - timedelta(days=2), now - timedelta(days=2)]  # fmt: skip
     embedder = Axes(texts)
-    core_fact_add(owner=alice, scope=("user", "alice"), embedder=embedder,
+    fact_add(owner=alice, scope=("user", "alice"), embedder=embedder,
                   facts=[FactIn(t, confidence=0.9, observed_at=a) for t, a in zip(texts, at)])  # fmt: skip
-    by_text = {v.content: v for v in Vector.objects.filter(owner=alice)}
+    by_text = {v.content: v for v in Fact.objects.filter(owner=alice)}
     same_day = sorted((by_text[t].pk for t in texts[2:]), key=str)
     expected = [by_text["garden tea"].pk, *same_day, by_text["tea garden"].pk]
     for half_life in (0.0, 30.0):
-        result = core_fact_search(
+        result = fact_search(
             owner=alice, scope=("user", "alice"), query="tea garden?", limit=10,
             half_life_days=half_life, embedder=embedder if mode == "hybrid" else Broken(),
         )  # fmt: skip
@@ -289,7 +296,7 @@ def test_equal_scores_come_back_newer_first_then_by_id(alice, mode):
         if half_life == 0:
             assert len({h.score for h in result.hits}) == 1  # all tied
         # (with decay the newer one scores higher anyway; the same-day ones still tie)
-        page = core_fact_search(
+        page = fact_search(
             owner=alice, scope=("user", "alice"), query="tea garden?", limit=2, offset=1,
             half_life_days=half_life, embedder=embedder if mode == "hybrid" else Broken(),
         )  # fmt: skip

@@ -15,17 +15,16 @@ from django.utils import timezone
 
 from core.scoring import decay
 from knowledge.retrieval import hnsw
-from memories.personal.facts import FactIn, core_fact_add
-from memories.personal.models import Vector
-from memories.personal.retrieval import _pool, core_fact_search
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import (
+from memories.facts.models import Fact
+from memories.facts.ranking import (
     FactFilter,
     scope_is_large,
     scope_keyword_ranking,
     scope_vector_ranking_indexed,
 )
-from memories.personal.services import memory_link
+from memories.facts.scopes import scope_find
+from memories.facts.search import _pool, fact_search
+from memories.facts.services import FactIn, fact_add, fact_share
 from tests.memories.engine.test_search import _SeededEmbedder as Seeded
 
 pytestmark = pytest.mark.django_db
@@ -50,9 +49,9 @@ def exact_vector_ranking(*, scope_id, vector, embedding_model, limit, filter=Non
     with connection.cursor() as cur:
         cur.execute(
             "SELECT id, d FROM (SELECT v.id, v.embedding <=> %s::vector AS d "
-            f"FROM memories_vector v WHERE v.scope_id = %s{where} UNION ALL "
-            "SELECT v.id, v.embedding <=> %s::vector FROM memories_uservector uv "
-            "JOIN memories_vector v ON v.id = uv.vector_id WHERE uv.end_user_id = %s "
+            f"FROM memories_fact v WHERE v.scope_id = %s{where} UNION ALL "
+            "SELECT v.id, v.embedding <=> %s::vector FROM memories_factlink uv "
+            "JOIN memories_fact v ON v.id = uv.fact_id WHERE uv.scope_id = %s "
             f"AND uv.shared AND v.scope_id IS NULL{where}) r ORDER BY d, id LIMIT %s",
             [text, scope_id, *params, text, scope_id, *params, limit],
         )
@@ -99,7 +98,7 @@ def reference_search(
     weight = 0.0 if vector is None else min(1.0, django_settings.ENGINE_VECTOR_WEIGHT)
     now = timezone.now()
     scored = []
-    for pk, observed in Vector.objects.filter(pk__in=set(similarity) | set(keyword)).values_list(
+    for pk, observed in Fact.objects.filter(pk__in=set(similarity) | set(keyword)).values_list(
         "id", "observed_at"
     ):
         sim, kw = similarity.get(pk), keyword.get(pk)
@@ -132,13 +131,13 @@ def _seed(owner, embedder):
         )
         for i in range(120)
     ]
-    core_fact_add(owner=owner, scope=("org", "big"), facts=facts, embedder=embedder,
+    fact_add(owner=owner, scope=("org", "big"), facts=facts, embedder=embedder,
                   max_facts=1000)  # fmt: skip
     others = [FactIn(f"other {i} likes {TOPICS[i % 7]}", confidence=0.9) for i in range(20)]
-    decisions = core_fact_add(owner=owner, scope=("org", "other"), facts=others, embedder=embedder)
+    decisions = fact_add(owner=owner, scope=("org", "other"), facts=others, embedder=embedder)
     big = scope_find(owner=owner, scope=("org", "big"))
     for decision in decisions[:3]:
-        memory_link(end_user=big, vector=Vector.objects.get(pk=decision.fact_id))
+        fact_share(scope=big, fact=Fact.objects.get(pk=decision.fact_id))
 
 
 QUERIES = ["coffee and chess", "what about sailing number3", "piano", "nothing matches zzz"]
@@ -163,7 +162,7 @@ def test_one_statement_ranks_as_the_three_statements_did(alice, settings, exact_
             half_life = case.pop("half_life")
             expected = reference_search(alice, ("org", "big"), query, embedder=embedder,
                                         half_life=half_life, **case)  # fmt: skip
-            result = core_fact_search(
+            result = fact_search(
                 owner=alice, scope=("org", "big"), query=query, embedder=embedder,
                 half_life_days=half_life, **case,
             )  # fmt: skip
@@ -190,23 +189,23 @@ def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(
     settings.ENGINE_EXACT_MAX_FACTS = 10
     monkeypatch.setattr(hnsw, "MAX_SCAN_TUPLES", 1000)  # the lowest cap: walks stop early
     rare = FactFilter(min_confidence=0.95, categories=["goal"])  # i % 3 == 2 and i % 4 == 3
-    matching = Vector.objects.filter(scope__scope=["org", "big"], category="goal",
+    matching = Fact.objects.filter(scope__path=["org", "big"], category="goal",
                                      confidence__gte=0.95).count()  # fmt: skip
     assert 0 < matching < 20
     for limit in (5, 50):
-        result = core_fact_search(
+        result = fact_search(
             owner=alice, scope=("org", "big"), query="sailing", limit=limit, filter=rare,
             embedder=embedder,
         )  # fmt: skip
         assert len(result.hits) == min(limit, matching)
         assert result.vector_path == "exact"  # the walk came back short: redone exactly
         assert all(h.category == "goal" and h.confidence >= 0.95 for h in result.hits)
-    everything = core_fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=200,
+    everything = fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=200,
                                   embedder=embedder)  # fmt: skip
     assert len(everything.hits) == 123  # 120 of its own + 3 shared: every fact matches
     # A pool past pgvector's largest ef_search (1000): the walk's settings stay valid.
     settings.ENGINE_EXACT_MAX_FACTS = 2000
-    huge = core_fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=300,
+    huge = fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=300,
                             embedder=embedder)  # fmt: skip
     assert len(huge.hits) == 123
 
@@ -215,13 +214,13 @@ def test_keyword_only_when_the_embedder_fails_in_one_statement(alice, settings):
     _seed(alice, Seeded())
     settings.ENGINE_EXACT_MAX_FACTS = 10
     with CaptureQueriesContext(connection) as queries:
-        result = core_fact_search(
+        result = fact_search(
             owner=alice, scope=("org", "big"), query="sailing chess", limit=200, embedder=Broken()
         )
     assert result.mode == "keyword" and "embedding service down" in result.embedder_error
     assert result.vector_path == ""
     assert {h.content for h in result.hits} == set(
-        Vector.objects.filter(scope__scope=["org", "big"])
+        Fact.objects.filter(scope__path=["org", "big"])
         .filter(content__regex=r"\m(sailing|chess)\M")
         .values_list("content", flat=True)
     )
@@ -241,9 +240,9 @@ def test_search_is_one_round_trip_and_opens_no_transaction(alice, settings, exac
     settings.ENGINE_EXACT_MAX_FACTS = exact_max
     row = scope_find(owner=alice, scope=("org", "big"))
     vector = embedder.embed(["piano"])[0]
-    core_fact_search(owner=alice, scope=row, query="piano", embedder=embedder, query_vector=vector)
+    fact_search(owner=alice, scope=row, query="piano", embedder=embedder, query_vector=vector)
     with CaptureQueriesContext(connection) as queries:
-        result = core_fact_search(
+        result = fact_search(
             owner=alice, scope=row, query="piano", embedder=embedder, query_vector=vector
         )
     assert len(result.hits) == 10
@@ -259,7 +258,7 @@ def test_the_walks_settings_end_with_the_search(alice, settings):
     _seed(alice, embedder)
     settings.ENGINE_EXACT_MAX_FACTS = 10
     assert connection.get_autocommit()
-    result = core_fact_search(owner=alice, scope=("org", "big"), query="chess", embedder=embedder)
+    result = fact_search(owner=alice, scope=("org", "big"), query="chess", embedder=embedder)
     assert result.vector_path == "index" and len(result.hits) == 10
     with connection.cursor() as cur:
         cur.execute(
@@ -275,15 +274,15 @@ def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, settings):
     embedder = Seeded()
     _seed(alice, embedder)
     with connection.cursor() as cur:
-        cur.execute("ANALYZE memories_vector")
-        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'memories_vector'")
+        cur.execute("ANALYZE memories_fact")
+        cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'memories_fact'")
         rows = cur.fetchone()[0]
     assert 140 <= rows < 200  # 123 facts of ("org", "big") + 20 of ("org", "other")
     settings.ENGINE_EXACT_MAX_FACTS = 10
 
     def path(share, cap=20000):
         settings.ENGINE_WALK_MIN_SHARE, settings.ENGINE_EXACT_CAP_FACTS = share, cap
-        result = core_fact_search(owner=alice, scope=("org", "big"), query="chess",
+        result = fact_search(owner=alice, scope=("org", "big"), query="chess",
                                   embedder=embedder)  # fmt: skip
         assert len(result.hits) == 10
         return result.vector_path
@@ -306,7 +305,7 @@ def test_the_search_runs_on_its_generic_plan_through_indexes(alice, settings, ex
     answers = []
     for i in range(8):
         query = TOPICS[i % len(TOPICS)]
-        result = core_fact_search(owner=alice, scope=("org", "big"), query=query, embedder=embedder)
+        result = fact_search(owner=alice, scope=("org", "big"), query=query, embedder=embedder)
         assert len(result.hits) == 10
         answers.append([h.id for h in result.hits])
     with connection.cursor() as cur:
@@ -320,6 +319,6 @@ def test_the_search_runs_on_its_generic_plan_through_indexes(alice, settings, ex
     with transaction.atomic():  # (planned as usual in a caller's transaction)
         for i in range(8):
             query = TOPICS[i % len(TOPICS)]
-            result = core_fact_search(owner=alice, scope=("org", "big"), query=query,
+            result = fact_search(owner=alice, scope=("org", "big"), query=query,
                                       embedder=embedder)  # fmt: skip
             assert [h.id for h in result.hits] == answers[i]

@@ -1,4 +1,4 @@
-"""The 16-bit copies of scoped facts' vectors (``memories_vector_half``, migration 0008):
+"""The 16-bit copies of scoped facts' vectors (``memories_fact_half``, migration 0008):
 kept by the database on every write, and the exact ranking read through them equal to
 an exact scan of the 32-bit vectors, near ties and long bands included; facts of 768
 and 1,536 dimensions stored and ranked (the old covering index could not hold them)."""
@@ -17,18 +17,25 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from memories.personal.facts import FactIn, core_fact_add, core_fact_delete, core_fact_update
-from memories.personal.models import EndUser, UserVector, Vector
-from memories.personal.retrieval import core_fact_search
-from memories.personal.scopes import scope_ensure, scope_find
-from memories.personal.selectors import (
+from memories.facts.models import Fact, FactLink, Scope
+from memories.facts.ranking import (
     HALF_MARGIN,
     HALF_MAX_DIMENSIONS,
     FactFilter,
     scope_vector_ranking,
 )
-from memories.personal.services import end_user_erase, memory_link
+from memories.facts.scopes import scope_ensure, scope_find
+from memories.facts.search import fact_search
+from memories.facts.services import (
+    FactIn,
+    fact_add,
+    fact_delete,
+    fact_share,
+    fact_update,
+    scope_erase,
+)
 from tests.memories.engine.test_search_statement import exact_vector_ranking, reference_search
+from tests.memories.facts.old_schema import old_schema
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +63,7 @@ class Dims:
 def add_facts(owner, scope: tuple[str, ...], count: int, dims: int = 384) -> None:
     """``count`` facts "alice fact <i>" in ``scope``, embedded in ``dims`` dimensions."""
     facts = [FactIn(f"alice fact {i}") for i in range(count)]
-    core_fact_add(owner=owner, scope=scope, facts=facts, embedder=Dims(dims))
+    fact_add(owner=owner, scope=scope, facts=facts, embedder=Dims(dims))
 
 
 def out_of_sync() -> list[tuple]:
@@ -64,19 +71,19 @@ def out_of_sync() -> list[tuple]:
     with connection.cursor() as cur:
         cur.execute(
             f"WITH want AS (SELECT {COPIED}, l2_normalize(embedding)::halfvec::text AS half "
-            "FROM memories_vector WHERE scope_id IS NOT NULL "
+            "FROM memories_fact WHERE scope_id IS NOT NULL "
             f"AND dimensions <= {HALF_MAX_DIMENSIONS}), "
-            f"have AS (SELECT {COPIED}, half::text FROM memories_vector_half) "
+            f"have AS (SELECT {COPIED}, half::text FROM memories_fact_half) "
             "(SELECT 'missing', * FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM have) a) "
             "UNION ALL (SELECT 'stale', * FROM (SELECT * FROM have EXCEPT ALL SELECT * FROM want) b)"
         )
         return cur.fetchall()
 
 
-def copies(scope: EndUser) -> dict[uuid.UUID, tuple]:
+def copies(scope: Scope) -> dict[uuid.UUID, tuple]:
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT id, xmin::text, confidence, category FROM memories_vector_half "
+            "SELECT id, xmin::text, confidence, category FROM memories_fact_half "
             "WHERE scope_id = %s",
             [scope.pk],
         )
@@ -86,106 +93,106 @@ def copies(scope: EndUser) -> dict[uuid.UUID, tuple]:
 def test_the_copy_follows_every_write(alice):
     e384, e768, e1536 = Dims(384), Dims(768), Dims(1536)
     a = [FactIn(f"alice likes {t}", confidence=0.9) for t in TOPICS]
-    core_fact_add(owner=alice, scope=("org", "a"), facts=a, embedder=e384)
-    core_fact_add(owner=alice, scope=("org", "b"), facts=a[:2], embedder=e768)
-    core_fact_add(owner=alice, scope=("org", "c"), facts=a[:2], embedder=e1536)
+    fact_add(owner=alice, scope=("org", "a"), facts=a, embedder=e384)
+    fact_add(owner=alice, scope=("org", "b"), facts=a[:2], embedder=e768)
+    fact_add(owner=alice, scope=("org", "c"), facts=a[:2], embedder=e1536)
     sa, sb, sc = (scope_find(owner=alice, scope=("org", x)) for x in "abc")
     assert out_of_sync() == []
     assert (len(copies(sa)), len(copies(sb)), len(copies(sc))) == (5, 2, 0)  # 1536: no copy
-    facts = {f.content: f for f in Vector.objects.filter(scope=sa)}
+    facts = {f.content: f for f in Fact.objects.filter(scope=sa)}
 
     # An edit of the text (re-embedded) replaces the copy; of the confidence, too.
     tea = facts["alice likes tea"]
     before = copies(sa)
-    core_fact_update(owner=alice, fact_id=tea.pk, content="alice loves green tea")
-    core_fact_update(owner=alice, fact_id=facts["alice likes chess"].pk, confidence=0.75)
+    fact_update(owner=alice, fact_id=tea.pk, content="alice loves green tea")
+    fact_update(owner=alice, fact_id=facts["alice likes chess"].pk, confidence=0.75)
     assert out_of_sync() == []
     after = copies(sa)
     assert after[facts["alice likes chess"].pk][1:] == (0.75, "context")
     # ... and a write that changes nothing copied (updated_at) leaves the copy as it was.
     piano = facts["alice likes piano"].pk
-    Vector.objects.filter(pk=piano).update(updated_at=timezone.now() + timedelta(days=1))
+    Fact.objects.filter(pk=piano).update(updated_at=timezone.now() + timedelta(days=1))
     assert copies(sa)[piano] == before[piano]
 
     # Shared with another scope: no scope of its own, so no copy (read through links).
     sailing = facts["alice likes sailing"]
-    memory_link(end_user=sb, vector=sailing)
-    assert Vector.objects.get(pk=sailing.pk).scope_id is None
+    fact_share(scope=sb, fact=sailing)
+    assert Fact.objects.get(pk=sailing.pk).scope_id is None
     assert sailing.pk not in copies(sa) and out_of_sync() == []
 
     # Deleted, bulk-created, erased with its scope.
-    core_fact_delete(owner=alice, fact_id=facts["alice likes rust"].pk)
+    fact_delete(owner=alice, fact_id=facts["alice likes rust"].pk)
     assert facts["alice likes rust"].pk not in copies(sa)
     vectors = e384.embed(["one", "two"])
-    made = Vector.objects.bulk_create(
+    made = Fact.objects.bulk_create(
         [
-            Vector(owner=alice, content=t, normalized=t, embedding=v.tolist(),
+            Fact(owner=alice, content=t, normalized=t, embedding=v.tolist(),
                    embedding_model=e384.model, dimensions=384, observed_at=timezone.now(),
                    scope=sa, category="goal", confidence=0.8)
             for t, v in zip(["one", "two"], vectors, strict=True)
         ]
     )  # fmt: skip
-    UserVector.objects.bulk_create([UserVector(end_user=sa, vector=v) for v in made])
+    FactLink.objects.bulk_create([FactLink(scope=sa, fact=v) for v in made])
     assert {v.pk for v in made} <= set(copies(sa)) and out_of_sync() == []
-    end_user_erase(end_user=sa)
+    scope_erase(scope=sa)
     assert copies(sa) == {} and out_of_sync() == []
     assert len(copies(sb)) == 2
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_truncate_of_the_facts_empties_the_copy(alice):
-    core_fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice likes tea")],
+    fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice likes tea")],
                   embedder=Dims(384))  # fmt: skip
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM memories_vector_half")
+        cur.execute("SELECT count(*) FROM memories_fact_half")
         assert cur.fetchone()[0] == 1
-        cur.execute("TRUNCATE memories_vector CASCADE")
-        cur.execute("SELECT count(*) FROM memories_vector_half")
+        cur.execute("TRUNCATE memories_fact CASCADE")
+        cur.execute("SELECT count(*) FROM memories_fact_half")
         assert cur.fetchone()[0] == 0
 
 
-def exact(scope: EndUser, q: np.ndarray, model: str, limit: int, filter=None) -> list:
+def exact(scope: Scope, q: np.ndarray, model: str, limit: int, filter=None) -> list:
     """The reference: the plain exact scan of the table."""
     return exact_vector_ranking(scope_id=scope.pk, vector=q, embedding_model=model,
                                 limit=limit, filter=filter)  # fmt: skip
 
 
-def by_copy(scope: EndUser, q: np.ndarray, limit: int) -> list:
+def by_copy(scope: Scope, q: np.ndarray, limit: int) -> list:
     """The order of the 16-bit copies alone (what the margin must correct)."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT id FROM memories_vector_half WHERE scope_id = %s "
+            "SELECT id FROM memories_fact_half WHERE scope_id = %s "
             "ORDER BY half <=> l2_normalize(%s::vector)::halfvec, id LIMIT %s",
             [scope.pk, q.tolist(), limit],
         )
         return [row[0] for row in cur.fetchall()]
 
 
-def write(owner, name: str, vectors: np.ndarray) -> EndUser:
+def write(owner, name: str, vectors: np.ndarray) -> Scope:
     """A scope holding these vectors as facts ("<name> <i> ..." said i % 97 days ago,
     some sharing a word), written in bulk (as a COPY would: no duplicate check)."""
     scope = scope_ensure(owner=owner, scope=("crowd", name))
     now = timezone.now()
     rows = [
-        Vector(owner=owner, content=f"{name} {i} {TOPICS[i % 5]}", normalized=f"{name} {i}",
+        Fact(owner=owner, content=f"{name} {i} {TOPICS[i % 5]}", normalized=f"{name} {i}",
                embedding=v.astype(np.float32).tolist(), embedding_model="crowd",
                dimensions=len(v), scope=scope, observed_at=now - timedelta(days=i % 97),
                category=["goal", "context"][i % 2], confidence=0.7 + (i % 4) * 0.1)
         for i, v in enumerate(vectors)
     ]  # fmt: skip
-    Vector.objects.bulk_create(rows)
-    UserVector.objects.bulk_create([UserVector(end_user=scope, vector=v) for v in rows])
+    Fact.objects.bulk_create(rows)
+    FactLink.objects.bulk_create([FactLink(scope=scope, fact=v) for v in rows])
     return scope
 
 
-def crowd(owner, name: str, base: np.ndarray, spread: float, count: int, seed: int) -> EndUser:
+def crowd(owner, name: str, base: np.ndarray, spread: float, count: int, seed: int) -> Scope:
     """``count`` facts around ``base``, ``spread`` away in random directions."""
     rng = np.random.default_rng(seed)
     vectors = base + spread * rng.standard_normal((count, len(base)))
     return write(owner, name, vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
 
 
-def ring(owner, name: str, base: np.ndarray, distances: np.ndarray, seed: int) -> EndUser:
+def ring(owner, name: str, base: np.ndarray, distances: np.ndarray, seed: int) -> Scope:
     """Facts at these cosine distances from ``base``, in random directions."""
     rng = np.random.default_rng(seed)
     u = rng.standard_normal((len(distances), len(base)))
@@ -208,7 +215,7 @@ def rescanned(fn) -> bool:
     scans = []
 
     def walk(node):
-        if node.get("Relation Name") == "memories_vector_half":
+        if node.get("Relation Name") == "memories_fact_half":
             scans.append(node["Actual Loops"])
         for child in node.get("Plans", []):
             walk(child)
@@ -270,7 +277,7 @@ def test_a_band_past_the_candidates_kept_is_read_again(alice):
     with connection.cursor() as cur:
         cur.execute(
             "SELECT max(hd) - min(hd) FROM (SELECT half <=> l2_normalize(%s::vector)::halfvec "
-            "AS hd FROM memories_vector_half WHERE scope_id = %s ORDER BY hd LIMIT 10) x",
+            "AS hd FROM memories_fact_half WHERE scope_id = %s ORDER BY hd LIMIT 10) x",
             [q.tolist(), loose.pk],
         )
         assert cur.fetchone()[0] > HALF_MARGIN  # the ten best are further apart
@@ -295,16 +302,16 @@ class Given:
         return [self.vector for _ in texts]
 
 
-def searched(scope: EndUser, q: np.ndarray, query: str, **options) -> list:
-    result = core_fact_search(owner=scope.owner_id, scope=scope, query=query,
+def searched(scope: Scope, q: np.ndarray, query: str, **options) -> list:
+    result = fact_search(owner=scope.owner_id, scope=scope, query=query,
                               embedder=Given(q), **options)  # fmt: skip
     assert result.vector_path == "exact"
     return [(h.id, h.similarity, h.keyword_score, h.score) for h in result.hits]
 
 
-def reference(scope: EndUser, q: np.ndarray, query: str, limit=10, offset=0, filter=None,
+def reference(scope: Scope, q: np.ndarray, query: str, limit=10, offset=0, filter=None,
               half_life_days=30.0) -> list:  # fmt: skip
-    rows = reference_search(scope.owner, tuple(scope.scope), query, embedder=Given(q),
+    rows = reference_search(scope.owner, tuple(scope.path), query, embedder=Given(q),
                             limit=limit, offset=offset, filter=filter,
                             half_life=half_life_days)  # fmt: skip
     return [(pk, sim, kw, score) for pk, score, sim, kw in rows]
@@ -336,7 +343,7 @@ def test_the_search_through_the_copies_is_the_exact_search(alice):
             case = {"limit": 10, "half_life_days": 30.0, **case}
             query = case.pop("query")
             got, want = searched(scope, q, query, **case), reference(scope, q, query, **case)
-            assert [g[:3] for g in got] == [w[:3] for w in want], (scope.scope, query, case)
+            assert [g[:3] for g in got] == [w[:3] for w in want], (scope.path, query, case)
             # (scores to 1e-6: the decay's "now" is a few ms later in the second call)
             assert [g[3] for g in got] == pytest.approx([w[3] for w in want], abs=1e-6)
 
@@ -348,18 +355,18 @@ def test_facts_of_larger_dimensions_are_stored_and_searched(alice, dims):
     ranked; beyond, the scope's rows in the table."""
     embedder = Dims(dims)
     facts = [FactIn(f"fact {i} about topic {i % 5}", confidence=0.9) for i in range(40)]
-    decisions = core_fact_add(owner=alice, scope=("org", "wide"), facts=facts,
+    decisions = fact_add(owner=alice, scope=("org", "wide"), facts=facts,
                               embedder=embedder)  # fmt: skip
     assert [d.action for d in decisions] == ["add"] * 40
     scope = scope_find(owner=alice, scope=("org", "wide"))
     assert len(copies(scope)) == (40 if dims <= HALF_MAX_DIMENSIONS else 0)
     q = embedder.embed(["what about topic 3"])[0]
-    result = core_fact_search(owner=alice, scope=scope, query="zzz", limit=10, embedder=embedder,
+    result = fact_search(owner=alice, scope=scope, query="zzz", limit=10, embedder=embedder,
                               query_vector=q, half_life_days=0)  # fmt: skip
     want = exact(scope, q, embedder.model, 10)
     assert [(h.id, h.similarity) for h in result.hits] == want
     # A duplicate is still found (the add's nearest-fact check reads the same ranking).
-    again = core_fact_add(owner=alice, scope=scope, facts=[FactIn("a sentence never seen")],
+    again = fact_add(owner=alice, scope=scope, facts=[FactIn("a sentence never seen")],
                           embedder=embedder, dedup_threshold=-1.0)  # fmt: skip
     assert again[0].action == "duplicate" and again[0].match == "semantic"
 
@@ -370,9 +377,9 @@ def test_the_migration_copies_the_facts_already_there(alice, monkeypatch):
     facts each here), every fact of a scope and of at most 1,024 dimensions."""
     add_facts(alice, ("org", "a"), 8)
     add_facts(alice, ("org", "b"), 2, dims=1536)
-    migration = importlib.import_module("memories.personal.migrations.0008_vector_half")
+    migration = importlib.import_module("memories.facts.migrations.0008_vector_half")
     monkeypatch.setattr(migration, "BATCH", 3)
-    with connection.schema_editor(atomic=False) as editor:
+    with old_schema(), connection.schema_editor(atomic=False) as editor:
         migration.backward(None, editor)
         with connection.cursor() as cur:
             cur.execute("SELECT to_regclass('memories_vector_half')")
@@ -380,9 +387,9 @@ def test_the_migration_copies_the_facts_already_there(alice, monkeypatch):
         migration.forward(None, editor)
     assert out_of_sync() == []
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM memories_vector_half")
+        cur.execute("SELECT count(*) FROM memories_fact_half")
         assert cur.fetchone()[0] == 8
     # ... and the triggers are back.
-    core_fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice fact 9")],
+    fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice fact 9")],
                   embedder=Dims(384))  # fmt: skip
     assert out_of_sync() == [] and len(copies(scope_find(owner=alice, scope=("org", "a")))) == 9

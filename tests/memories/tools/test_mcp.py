@@ -20,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from core.services import api_key_create
 from memories.engine import files
-from memories.personal.models import Vector
+from memories.facts.models import Fact
 from memories.tools.callables import memory_tools
 from memories.tools.mcp_server import scope_uri
 from memories.tools.registry import openai_tools
@@ -148,7 +148,7 @@ def test_call_each_tool_errors_and_resources_over_http(live_server, alice, flow,
     assert "- **user**: I moved to Lisbon" in out["journal"]
     assert out["bad_uri"] == (-32602, "Unknown resource: memory://scope/user,alice/OTHER.md")
     assert out["deleted"]["action"] == "deleted"
-    assert Vector.objects.filter(links__end_user__owner=alice).count() == 0
+    assert Fact.objects.filter(links__scope__owner=alice).count() == 0
 
 
 def test_another_owner_sees_nothing_and_a_wrong_key_is_refused(live_server, alice, bob):
@@ -176,7 +176,7 @@ def test_another_owner_sees_nothing_and_a_wrong_key_is_refused(live_server, alic
         f"no memory with id {fact_id} in scope ['user', 'alice']; call search_memory to find "
         "the id of the memory you mean",
     )
-    assert Vector.objects.filter(pk=fact_id).exists()
+    assert Fact.objects.filter(pk=fact_id).exists()
     with pytest.raises(BaseException) as err:  # an ExceptionGroup from the client's task group
         _run(live_server, "mem_wrong", work)
     raised = err.value
@@ -261,12 +261,12 @@ def test_a_body_not_sent_as_json_is_a_415_in_the_error_shape(live_server, alice,
     if content_type:
         headers["Content-Type"] = content_type
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
-    before = Vector.objects.count()
+    before = Fact.objects.count()
     response = httpx.post(live_server.url + "/mcp", content=body, headers=headers, timeout=30)
     assert response.status_code == 415
     assert response.headers["content-type"] == "application/json"
     assert response.json()["error"]["code"] == "unsupported_media_type"
-    assert Vector.objects.count() == before
+    assert Fact.objects.count() == before
 
 
 def test_a_post_without_a_body_is_a_400_in_the_error_shape(live_server, alice):

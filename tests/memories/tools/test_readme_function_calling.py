@@ -12,8 +12,8 @@ import json
 import pytest
 
 from core.services import api_key_create
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_list
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import fact_list
 from tests.fakes.openai_server import Scripted, chat_body
 from tests.readme import readme_block
 
@@ -64,4 +64,4 @@ def test_the_readme_function_calling_example_runs_as_written(
         "details": {"limit": "0 is less than the minimum of 1"},
     }  # an error goes back to the model too
     row = scope_find(owner=alice, scope=("user", "alice"))
-    assert [f.content for f in core_fact_list(scope=row)] == ["User prefers dark mode"]
+    assert [f.content for f in fact_list(scope=row)] == ["User prefers dark mode"]

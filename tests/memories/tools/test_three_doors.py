@@ -75,14 +75,17 @@ def _fill(arguments: dict[str, Any], created: str | None, flow: str) -> dict[str
 
 def _normal(answers: list[dict[str, Any]], flow: str) -> list[Any]:
     """The run's answers with each id it made named by its order of appearance, the flow
-    named <flow>, and timestamps dropped."""
+    named <flow>, timestamps dropped and scores rounded."""
     text = json.dumps(answers).replace(flow, "<flow>")
     labels: dict[str, str] = {}
     text = UUID.sub(lambda m: labels.setdefault(m[0], f"<uuid {len(labels)}>"), text)
     value = json.loads(text)
     for answer in value:
         for hit in answer.get("result", {}).get("results", []):
-            hit.pop("created_at", None), hit.pop("updated_at", None)
+            for name in ("created_at", "updated_at", "observed_at"):
+                hit.pop(name, None)
+            if "score" in hit:  # (the decay moves with the time of each call)
+                hit["score"] = round(hit["score"], 6)
         for store in answer.get("result", {}).get("stores", []):
             for hit in store["hits"]:
                 hit["id"] = "<item>"

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from memories.personal.models import MemoryUpdate, Vector
-from memories.personal.scopes import scope_find
-from memories.personal.selectors import core_fact_list
+from memories.facts.models import Fact, FactChange
+from memories.facts.scopes import scope_find
+from memories.facts.selectors import fact_list
 from memories.stores.models import MemoryItem
 from memories.tools.callables import memory_tools, node_memory_tools
 from memories.tools.registry import ToolError, openai_tools, tool_call
@@ -19,7 +19,7 @@ SCOPE = ["user", "alice"]
 
 def _facts(owner, scope=SCOPE):
     row = scope_find(owner=owner, scope=tuple(scope))
-    return [] if row is None else sorted(v.content for v in core_fact_list(scope=row))
+    return [] if row is None else sorted(v.content for v in fact_list(scope=row))
 
 
 def test_manage_and_search_in_process_follow_langmem(alice):
@@ -49,9 +49,7 @@ def test_manage_and_search_in_process_follow_langmem(alice):
     }  # fmt: skip
     assert _facts(alice) == []
     assert search_memory("dark mode")["results"] == []
-    actions = list(
-        MemoryUpdate.objects.filter(end_user__owner=alice).values_list("action", flat=True)
-    )
+    actions = list(FactChange.objects.filter(scope__owner=alice).values_list("action", flat=True))
     assert sorted(actions) == ["add", "delete", "update"]
 
 
@@ -75,7 +73,7 @@ def test_manage_errors_say_what_to_do_and_change_nothing(alice, arguments, messa
     with pytest.raises(ToolError) as err:
         tool_call(owner=alice, name="manage_memory", arguments=arguments, scope=SCOPE)
     assert (str(err.value), err.value.status_code) == (message, status)
-    assert Vector.objects.count() == 0 and MemoryUpdate.objects.count() == 0
+    assert Fact.objects.count() == 0 and FactChange.objects.count() == 0
 
 
 def test_another_scope_or_owner_cannot_touch_a_memory(alice, bob):
@@ -192,7 +190,7 @@ def test_http_errors_are_json_with_an_actionable_message(
     assert error["code"] == code
     if message is not None:
         assert error["message"] == message
-    assert Vector.objects.count() == 0
+    assert Fact.objects.count() == 0
 
 
 def test_node_store_tools(alice, bob, alice_client, flow):

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ServiceError
-from memories.personal.scopes import scope_parse
+from memories.facts.scopes import scope_parse
 from memories.tools.mcp_server import build_server, current_owner, served_scope
 
 

@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html, format_html_join
+
+from core.admin_confirm import confirm_first
+from core.metrics import counter_values
+from memories.facts.models import Fact, FactChange, FactLink, GlobalMemory, Scope
+from memories.facts.scopes import global_scope_ensure
+from memories.facts.selectors import links_count
+from memories.facts.services import FactIn, fact_add, fact_delete, scope_erase
+
+
+class FactChangeInline(admin.TabularInline):
+    model = FactChange
+    extra = 0
+    can_delete = False
+    fields = ["created_at", "action", "old_content", "new_content", "reason"]
+    readonly_fields = tuple(fields)
+    ordering = ["-created_at"]
+    verbose_name_plural = "audit trail"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Scope)
+class ScopeAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "owner", "memory_count", "last_seen_at", "created_at"]
+    list_select_related = ["owner"]
+    search_fields = ["external_id", "owner__username"]
+    list_filter = ["owner"]
+    readonly_fields = ["owner", "path", "external_id", "created_at", "last_seen_at", "memories"]
+    inlines = [FactChangeInline]
+    actions = ["erase"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Scope]:
+        return super().get_queryset(request).annotate(_memories=Count("links"))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.display(description="memories", ordering="_memories")
+    def memory_count(self, scope: Scope) -> int:
+        return scope._memories  # type: ignore[attr-defined]  # annotated by get_queryset
+
+    @admin.display(description="memories (links)")
+    def memories(self, scope: Scope) -> str:
+        links = (
+            FactLink.objects.filter(scope=scope)
+            .select_related("fact")
+            .annotate(shared_with=Count("fact__links"))
+            .order_by("-created_at")
+        )
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    link.fact.content,
+                    link.fact.observed_at,
+                    link.created_at,
+                    link.shared_with - 1,
+                )
+                for link in links
+            ),
+        )
+        return format_html(
+            "<table><thead><tr><th>memory</th><th>said at</th><th>linked at</th><th>shared with</th></tr>"
+            "</thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        counters = [("memory_total_count", links_count()), *counter_values()]
+        return super().changelist_view(
+            request, {**(extra_context or {}), "memory_counters": counters}
+        )
+
+    @admin.action(description="Erase selected scopes (memories, links and audit trail)")
+    @confirm_first(
+        title="Erase these scopes?",
+        consequences=[
+            "delete their memory links, the memories nobody else shares, their audit trail "
+            "and the scopes themselves (this cannot be undone).",
+        ],
+        button="Yes, erase",
+    )
+    def erase(self, request: HttpRequest, queryset: QuerySet[Scope]) -> None:
+        removed = sum(scope_erase(scope=scope) for scope in list(queryset))
+        self.message_user(request, f"Erased; {removed} memory link(s) removed.")
+
+
+class GlobalMemoryForm(forms.ModelForm):
+    owner = forms.ModelChoiceField(queryset=get_user_model().objects.all())
+
+    class Meta:
+        model = GlobalMemory
+        fields = ["owner", "content"]
+
+
+@admin.register(GlobalMemory)
+class GlobalMemoryAdmin(admin.ModelAdmin):
+    """The owners' global memories (the facts of their global scopes), added and
+    deleted through the write service as through ``/api/v1/global-memories``."""
+
+    form = GlobalMemoryForm
+    list_display = ["content", "owner", "created_at"]
+    list_select_related = ["owner"]
+    search_fields = ["content", "owner__username"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Fact]:
+        return super().get_queryset(request).filter(scope__path=[]).defer("embedding")
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: GlobalMemory, form: Any, change: bool) -> None:
+        owner = form.cleaned_data["owner"]
+        [decision] = fact_add(
+            owner=owner, scope=global_scope_ensure(owner=owner), reason="added in the admin",
+            facts=[FactIn(form.cleaned_data["content"], source_kind="api", source_ref="admin")],
+        )  # fmt: skip
+        obj.pk = decision.fact_id
+
+    def delete_model(self, request: HttpRequest, obj: Fact) -> None:
+        fact_delete(
+            owner=obj.owner_id, fact_id=obj.pk, scope=obj.scope, reason="deleted in the admin"
+        )
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Fact]) -> None:
+        for fact in queryset:
+            self.delete_model(request, fact)
+
+
+@admin.register(FactChange)
+class FactChangeAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "scope", "action", "old_content", "new_content", "reason"]
+    list_filter = ["action"]
+    list_select_related = ["scope"]
+    search_fields = ["scope__external_id", "old_content", "new_content", "reason"]
+    raw_id_fields = ["scope"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

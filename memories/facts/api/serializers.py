@@ -1,0 +1,330 @@
+"""One shape and one vocabulary for a fact at every door (the personal memories API,
+global memories, the engine's API; the tools and MCP answer the same fields).
+
+A fact: ``id``, ``content``, ``category``, ``confidence``, ``source`` (``{"kind",
+"ref"}``), ``metadata``, ``observed_at``, ``created_at``, ``updated_at``; a search hit
+adds ``score``, ``similarity`` and ``keyword_score``. Older names stay as documented
+aliases: accepted on input (``text`` for ``content``, ``q`` for ``query``, ``top_k``
+for ``limit``) and echoed where clients read them (``type`` on the personal doors,
+``old_vector``/``new_vector`` in a fact's history, ``deleted`` when an end user is
+erased, ``fact``/``memory_id`` in the decisions of an inferred add).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
+from rest_framework import serializers
+
+from core.api.fields import CHAT_ROLES, StrictBooleanField, StrictCharField
+from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange
+from memories.facts.services import MAX_FACT_CHARS
+
+
+class AliasesMixin:
+    """Input fields with an older name: ``aliases = {"text": "content"}`` folds ``text``
+    into ``content`` (both given and different: a 400 naming them)."""
+
+    aliases: dict[str, str] = {}
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for alias, name in self.aliases.items():
+            if alias not in attrs:
+                continue
+            value = attrs.pop(alias)
+            if name in attrs and attrs[name] != value:
+                raise serializers.ValidationError(
+                    {name: f"Give {name} or {alias} (the same field), not both."}
+                )
+            attrs.setdefault(name, value)
+        return super().validate(attrs)  # type: ignore[misc]
+
+
+class SourceSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=SOURCE_KINDS)
+    ref = StrictCharField(allow_blank=True)
+
+
+def _source(obj: Any) -> dict[str, str]:
+    return {"kind": obj.source_kind, "ref": obj.source_ref}
+
+
+@extend_schema_serializer(component_name="Fact")
+class FactOutputSerializer(serializers.ModelSerializer):
+    """A fact, as every door answers it."""
+
+    # (declared fields leave the class namespace: this does not shadow Field.source)
+    source = serializers.SerializerMethodField()  # type: ignore[assignment]
+
+    class Meta:
+        model = Fact
+        fields = [
+            "id", "content", "category", "confidence", "source", "metadata", "observed_at",
+            "created_at", "updated_at",
+        ]  # fmt: skip
+
+    @extend_schema_field(SourceSerializer)
+    def get_source(self, obj: Fact) -> dict[str, str]:
+        return _source(obj)
+
+
+class MemoryOutputSerializer(FactOutputSerializer):
+    """A fact at the personal doors (``/users/{id}/memories``, ``/global-memories``),
+    with ``type``, the older field clients read: ``global`` for a global memory, else
+    ``memory``."""
+
+    type = serializers.SerializerMethodField(help_text="Deprecated: memory or global.")
+
+    class Meta(FactOutputSerializer.Meta):
+        fields = [*FactOutputSerializer.Meta.fields, "type"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["memory", "global"]))
+    def get_type(self, obj: Fact) -> str:
+        return "global" if self.context.get("global") else "memory"
+
+
+@extend_schema_serializer(component_name="FactHit")
+class HitSerializer(serializers.Serializer):
+    """A search hit: the fact and how it matched (``similarity``: cosine, null when the
+    search was keyword-only; ``keyword_score``: BM25, null without a query word)."""
+
+    id = serializers.UUIDField()
+    content = StrictCharField()
+    category = StrictCharField()
+    confidence = serializers.FloatField()
+    source = serializers.SerializerMethodField()  # type: ignore[assignment]  # (as above)
+    metadata = serializers.JSONField()
+    score = serializers.FloatField()
+    similarity = serializers.FloatField(allow_null=True)
+    keyword_score = serializers.FloatField(allow_null=True)
+    observed_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    @extend_schema_field(SourceSerializer)
+    def get_source(self, obj: Any) -> dict[str, str]:
+        return _source(obj)
+
+
+class MemoryHitSerializer(HitSerializer):
+    """A hit at the personal search door, with ``type`` (deprecated: memory or global)."""
+
+    type = serializers.SerializerMethodField(help_text="Deprecated: memory or global.")
+
+    @extend_schema_field(serializers.ChoiceField(choices=["memory", "global"]))
+    def get_type(self, obj: Any) -> str:
+        return "global" if not obj.scope_path else "memory"
+
+
+class SearchOutputSerializer(serializers.Serializer):
+    """Schema only: the scope searched, how (``mode``: hybrid, or keyword when the query
+    could not be embedded) and the hits, best first."""
+
+    scope = serializers.ListField(child=StrictCharField())
+    mode = StrictCharField()
+    results = HitSerializer(many=True)
+
+
+class MemorySearchOutputSerializer(SearchOutputSerializer):
+    """Schema only: ``SearchOutputSerializer`` with the personal door's hits."""
+
+    results = MemoryHitSerializer(many=True)  # type: ignore[assignment]
+
+
+class FactFilterSerializer(serializers.Serializer):
+    category = serializers.ListField(
+        child=serializers.ChoiceField(choices=CATEGORIES), required=False, min_length=1
+    )
+    min_confidence = serializers.FloatField(min_value=0, max_value=1, required=False)
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("category"), str):
+            data = {**data, "category": [data["category"]]}
+        return super().to_internal_value(data)
+
+
+class FactSearchSerializer(AliasesMixin, serializers.Serializer):
+    """What a search of facts takes, at every door."""
+
+    aliases = {"q": "query", "top_k": "limit"}
+
+    query = StrictCharField(max_length=10_000, required=False)
+    q = StrictCharField(max_length=10_000, required=False, help_text="Another name for query.")
+    limit = serializers.IntegerField(min_value=1, max_value=100, required=False)
+    top_k = serializers.IntegerField(
+        min_value=1, max_value=100, required=False, help_text="Another name for limit."
+    )
+    offset = serializers.IntegerField(min_value=0, max_value=10_000, default=0)
+    filter = FactFilterSerializer(required=False)
+    half_life_days = serializers.FloatField(min_value=0, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if "query" not in attrs:
+            raise serializers.ValidationError({"query": "This field is required."})
+        attrs.setdefault("limit", 10)
+        return attrs
+
+
+@extend_schema_serializer(component_name="MemorySearch")
+class MemorySearchSerializer(FactSearchSerializer):
+    """The personal search door: the search of every door, plus the owner's global
+    memories on request and the older similarity floor."""
+
+    include_globals = StrictBooleanField(
+        required=False, default=False,
+        help_text="The owner's global memories fill what the user's hits leave of limit.",
+    )  # fmt: skip
+    threshold = serializers.FloatField(
+        min_value=-1, max_value=1, required=False,
+        help_text="Deprecated: hits with a lower similarity are left out of the page.",
+    )  # fmt: skip
+
+
+class FactUpdateSerializer(AliasesMixin, serializers.Serializer):
+    aliases = {"text": "content"}
+
+    content = StrictCharField(max_length=MAX_FACT_CHARS, required=False)
+    text = StrictCharField(
+        max_length=MAX_FACT_CHARS, required=False, help_text="Another name for content."
+    )
+    category = serializers.ChoiceField(choices=CATEGORIES, required=False)
+    confidence = serializers.FloatField(min_value=0, max_value=1, required=False)
+    reason = StrictCharField(max_length=1000, required=False, default="edited")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if not {"content", "category", "confidence"} & set(attrs):
+            raise serializers.ValidationError(
+                {"content": "Give at least one of content, category, confidence."}
+            )
+        return attrs
+
+
+class InputMessageSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=CHAT_ROLES)
+    content = StrictCharField(max_length=100_000)
+
+
+class MemoryAddSerializer(AliasesMixin, serializers.Serializer):
+    aliases = {"text": "content"}
+
+    content = StrictCharField(
+        required=False, max_length=100_000, help_text="The text to learn from (or store)."
+    )
+    text = StrictCharField(
+        required=False, max_length=100_000, help_text="Another name for content."
+    )
+    messages = InputMessageSerializer(  # type: ignore[call-arg]  # ListSerializer takes it
+        many=True, required=False, allow_empty=False, max_length=200
+    )
+    infer = StrictBooleanField(default=True)
+    category = serializers.ChoiceField(
+        choices=CATEGORIES, default="context", help_text="infer=false: the facts' category."
+    )
+    confidence = serializers.FloatField(
+        min_value=0, max_value=1, default=1.0, help_text="infer=false: the facts' confidence."
+    )
+    metadata = serializers.DictField(required=False, default=dict)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if bool(attrs.get("content", "").strip()) == bool(attrs.get("messages")):
+            raise serializers.ValidationError(
+                {"content": "Give either a non-empty content or messages."}
+            )
+        if not attrs["infer"]:
+            texts = (
+                [attrs["content"]]
+                if attrs.get("content")
+                else [m["content"] for m in attrs["messages"] if m["role"] == "user"]
+            )
+            if not texts:
+                raise serializers.ValidationError({"messages": "No user message to store."})
+            if any(len(text.strip()) > MAX_FACT_CHARS for text in texts):
+                raise serializers.ValidationError(
+                    {"content": f"A memory stored as given is at most {MAX_FACT_CHARS} characters."}
+                )
+            attrs["texts"] = texts
+        return attrs
+
+
+class GlobalMemoryInSerializer(AliasesMixin, serializers.Serializer):
+    aliases = {"text": "content"}
+
+    content = StrictCharField(max_length=MAX_FACT_CHARS, required=False)
+    text = StrictCharField(
+        max_length=MAX_FACT_CHARS, required=False, help_text="Another name for content."
+    )
+    category = serializers.ChoiceField(choices=CATEGORIES, default="context")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if not attrs.get("content"):
+            raise serializers.ValidationError({"content": "This field is required."})
+        return attrs
+
+
+class MemoryAddResultSerializer(serializers.Serializer):
+    """Schema only: memories stored as given, those that were already stored, and the
+    ids of the user's memories trimmed by ``ENGINE_MAX_FACTS`` to make room."""
+
+    memories = MemoryOutputSerializer(many=True)
+    duplicates = MemoryOutputSerializer(many=True)
+    evicted = serializers.ListField(child=serializers.UUIDField())
+
+
+class HistorySerializer(serializers.ModelSerializer):
+    """An audit row of a fact (``old_vector``/``new_vector``: deprecated names of
+    ``old_fact``/``new_fact``)."""
+
+    old_vector = serializers.UUIDField(
+        source="old_fact_id", allow_null=True, help_text="Deprecated: old_fact."
+    )
+    new_vector = serializers.UUIDField(
+        source="new_fact_id", allow_null=True, help_text="Deprecated: new_fact."
+    )
+
+    class Meta:
+        model = FactChange
+        fields = [
+            "id", "action", "old_fact", "new_fact", "old_content", "new_content", "reason",
+            "created_at", "old_vector", "new_vector",
+        ]  # fmt: skip
+
+
+class DecisionSerializer(serializers.Serializer):
+    """What the engine decided for one fact."""
+
+    content = StrictCharField()
+    action = StrictCharField()
+    reason = StrictCharField(allow_blank=True)
+    fact_id = StrictCharField(allow_null=True)
+    target_id = StrictCharField(allow_null=True)
+    match = StrictCharField(allow_null=True)
+    similarity = serializers.FloatField(allow_null=True)
+    evicted_ids = serializers.ListField(child=StrictCharField())
+
+
+class InferredDecisionSerializer(serializers.Serializer):
+    """A decision of an inferred add (``POST /users/{id}/memories``, ``infer: true``):
+    the decision's fields, and ``fact`` / ``memory_id``, the older names of ``content``
+    / ``fact_id``."""
+
+    content = StrictCharField()
+    action = StrictCharField()
+    reason = StrictCharField(allow_blank=True)
+    fact_id = StrictCharField(allow_null=True)
+    target_id = StrictCharField(allow_null=True)
+    fact = StrictCharField(help_text="Deprecated: content.")
+    memory_id = StrictCharField(allow_null=True, help_text="Deprecated: fact_id.")
+
+
+class ErasedSerializer(serializers.Serializer):
+    """Schema only: the scope erased and how many facts it held (``deleted``: the older
+    name of ``facts_removed``)."""
+
+    scope = serializers.ListField(child=StrictCharField())
+    facts_removed = serializers.IntegerField()
+    deleted = serializers.IntegerField(help_text="Deprecated: facts_removed.")

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from pgvector.django import VectorField
+
+CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", "correction")
+SOURCE_KINDS = ("message", "journal", "api", "dream", "import")
+
+
+class Scope(models.Model):
+    """A memory scope inside an owner's tenant: its ``path`` is ``["user", "alice"]``,
+    ``["org", "acme", "agent-alpha"]``...
+
+    An end user of the owner's application is the scope ``["user", <id>]`` and keeps
+    its id in ``external_id`` (the id the client sends; two owners' "alice" are two
+    rows); other scopes have no ``external_id``. The owner's global memories are the
+    facts of its owner-level scope, the empty path ``[]`` (``GLOBAL``: no client can
+    name it, every path a client sends has 1-8 segments).
+
+    The database keeps three more columns on the row, which the model does not
+    declare (so Django never writes them back): ``fact_count`` (its links, migration
+    0009) and ``text_facts`` / ``text_lexemes`` (the keyword leg's statistics, 0010).
+    """
+
+    GLOBAL: tuple[str, ...] = ()
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_scopes"
+    )
+    # NULL (not "") for scopes that are not end users: the (owner, external_id)
+    # uniqueness holds for end users only.
+    external_id = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    path = ArrayField(models.CharField(max_length=255), blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "scope"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "external_id"], name="scope_external_id_unique"
+            ),
+            models.UniqueConstraint(fields=["owner", "path"], name="scope_path_unique"),
+            models.CheckConstraint(
+                condition=models.Q(external_id__isnull=True)
+                | models.Q(path__len=2, path__0="user"),
+                name="scope_external_id_is_user_path",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.external_id or "/".join(self.path) or "(global memories)"
+
+    @property
+    def is_global(self) -> bool:
+        return not self.path
+
+
+class Fact(models.Model):
+    """One fact: its text, embedding, category, confidence and source.
+
+    Visible in every scope linked to it (``FactLink``). ``scope`` is set while exactly
+    one scope links it (the usual case), so a scope's facts are read from one index
+    range instead of a join over its links; a shared fact has no ``scope`` and its
+    links are marked ``shared``. ``tokens``: what its injection line costs
+    (``search.fact_line``), counted by the write service when it writes the fact.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    content = models.TextField()
+    normalized = models.TextField(help_text="Normalised text, for exact duplicate checks.")
+    # Indexed by fact_scope (below).
+    scope = models.ForeignKey(
+        Scope, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        db_index=False,
+    )  # fmt: skip
+    category = models.CharField(
+        max_length=16, choices=[(c, c) for c in CATEGORIES], default="context"
+    )
+    confidence = models.FloatField(default=1.0)
+    # Where the fact came from: "message", "journal" (ref = the day), "api", "dream"...
+    source_kind = models.CharField(max_length=16, default="message")
+    source_ref = models.CharField(max_length=255, blank=True, default="")
+    embedding = VectorField()
+    embedding_model = models.CharField(max_length=200)
+    dimensions = models.PositiveSmallIntegerField()
+    metadata = models.JSONField(default=dict, blank=True)
+    tokens = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    # When the user said it (the message time), which the flip-flop guard compares;
+    # created_at is when the background job stored it.
+    observed_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["owner", "normalized"], name="fact_owner_normalized"),
+            # A scope's facts (its foreign key, Django's cascade). What ranking reads
+            # is the scope's range of ``memories_fact_half`` (migration 0008: the
+            # columns ranking needs and a 16-bit copy of the vector, kept by triggers).
+            models.Index(fields=["scope"], name="fact_scope"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(confidence__gte=0, confidence__lte=1),
+                name="fact_confidence_0_1",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(category__in=CATEGORIES), name="fact_category_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.content[:80]
+
+
+class FactLink(models.Model):
+    """The (scope, fact) link: what a scope holds. Primary key on the pair."""
+
+    pk = models.CompositePrimaryKey("scope_id", "fact_id")
+    scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="links")
+    fact = models.ForeignKey(Fact, on_delete=models.CASCADE, related_name="links")
+    # True once the fact is linked to more than one scope (it then has no
+    # ``Fact.scope``): a scope's shared facts are found through these links.
+    shared = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["fact"], name="factlink_fact"),
+            models.Index(fields=["scope"], condition=models.Q(shared=True), name="factlink_shared"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope_id} -> {self.fact_id}"
+
+
+class FactChange(models.Model):
+    """The audit trail: one row per change of a scope's facts. Never read by search."""
+
+    class Action(models.TextChoices):
+        ADD = "add"
+        REPLACE = "replace"
+        UPDATE = "update"
+        DELETE = "delete"
+        EVICT = "evict"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="changes")
+    # Plain references (no constraint): the trail keeps naming a fact after it is deleted.
+    old_fact = models.ForeignKey(
+        Fact,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    new_fact = models.ForeignKey(
+        Fact,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    # Snapshots, so the trail still reads after a fact is deleted.
+    old_content = models.TextField(blank=True, default="")
+    new_content = models.TextField(blank=True, default="")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["scope", "-created_at"], name="factchange_scope_time")]
+
+    def __str__(self) -> str:
+        return f"{self.action}: {self.old_content[:40]!r} -> {self.new_content[:40]!r}"
+
+
+class GlobalMemory(Fact):
+    """Admin handle for global (community/system) memories: the facts of owners'
+    global scopes."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "global memory"
+        verbose_name_plural = "global memories"

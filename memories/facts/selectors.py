@@ -1,0 +1,216 @@
+"""Reads of facts and scopes, always scoped by owner (and scope). The search of facts
+is ``memories.facts.search``; its SQL is ``memories.facts.ranking``."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Q, QuerySet
+
+from core.errors import InvalidInput, NotFound
+from memories.facts.models import Fact, FactChange, FactLink, Scope
+from memories.facts.ranking import FactFilter, scope_fact_count
+from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
+
+
+class FactNotFound(NotFound):
+    code = "fact_not_found"
+
+
+class ScopeNotFound(NotFound):
+    code = "scope_not_found"
+
+
+# --- Scopes ---------------------------------------------------------------------------
+
+
+def end_user_find(*, owner: AbstractBaseUser | int, external_id: str) -> Scope | None:
+    """The owner's end user ``external_id`` (the scope ``["user", <id>]``), if any."""
+    return Scope.objects.filter(owner_id=owner_pk(owner), external_id=external_id).first()
+
+
+def end_user_list(*, owner: AbstractBaseUser | int) -> QuerySet[Scope]:
+    """The owner's end users (the ``["user", <id>]`` scopes)."""
+    return Scope.objects.filter(owner_id=owner_pk(owner), external_id__isnull=False).order_by(
+        "external_id"
+    )
+
+
+def scopes_of_owner(*, owner_id: int, limit: int = 100) -> list[list[str]]:
+    """The paths of the owner's scopes (not its global memories'), newest first."""
+    return list(
+        Scope.objects.filter(owner_id=owner_id)
+        .exclude(path=[])
+        .order_by("-created_at", "-id")
+        .values_list("path", flat=True)[:limit]
+    )
+
+
+def fact_count(*, scope: Scope) -> int:
+    """Facts linked to the scope (its row's ``fact_count``, kept by the database)."""
+    return scope_fact_count(scope_id=scope.pk)
+
+
+# --- Facts ----------------------------------------------------------------------------
+
+
+def fact_list(*, scope: Scope, filter: FactFilter | None = None) -> QuerySet[Fact]:
+    """The scope's facts, highest confidence first, then the most recently changed."""
+    qs = Fact.objects.filter(owner_id=scope.owner_id, links__scope=scope).defer("embedding")
+    if filter is not None and filter.categories:
+        qs = qs.filter(category__in=filter.categories)
+    if filter is not None and filter.min_confidence is not None:
+        qs = qs.filter(confidence__gte=filter.min_confidence)
+    return qs.order_by("-confidence", "-updated_at", "id")
+
+
+def fact_get(*, scope: Scope, fact_id: uuid.UUID | str) -> Fact:
+    """One of the scope's facts; ``FactNotFound`` (404) unless the scope holds it."""
+    try:
+        return fact_list(scope=scope).get(pk=fact_id)
+    except (Fact.DoesNotExist, ValueError, TypeError):
+        raise FactNotFound("no such fact") from None
+
+
+def fact_find(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str | None) -> Fact | None:
+    """The owner's fact with this id, if there is one (whatever its scope)."""
+    if not fact_id:
+        return None
+    try:
+        return Fact.objects.defer("embedding").filter(owner_id=owner_pk(owner), pk=fact_id).first()
+    except (ValueError, TypeError):
+        return None
+
+
+def facts_by_id(*, scope: Scope, ids: list[str]) -> dict[str, Fact]:
+    """The scope's facts with these ids (one query), by id."""
+    return {str(f.pk): f for f in fact_list(scope=scope).filter(pk__in=ids)}
+
+
+def fact_scopes(*, fact: Fact) -> list[Scope]:
+    """The scopes a fact is linked to."""
+    return list(Scope.objects.filter(links__fact=fact).order_by("id"))
+
+
+def fact_resolve(
+    *,
+    owner: AbstractBaseUser | int,
+    fact_id: uuid.UUID | str,
+    scope: ScopePath | Scope | None = None,
+) -> tuple[Fact, Scope]:
+    """The owner's fact and the scope a change applies to: ``scope`` (a path or a row)
+    when given, else the one scope linking it. Another owner's fact, one the given
+    scope does not hold, or a global memory asked for without its scope, is
+    ``FactNotFound`` (404). A fact shared by several scopes needs ``scope``
+    (``scope_required``, 400)."""
+    try:
+        fact = Fact.objects.defer("embedding").get(owner_id=owner_pk(owner), pk=fact_id)
+    except (Fact.DoesNotExist, ValueError, TypeError):
+        raise FactNotFound("no such fact") from None
+    if scope is not None:
+        row = scope if isinstance(scope, Scope) else _owned(owner, scope)
+        if row is None or not FactLink.objects.filter(scope=row, fact=fact).exists():
+            raise FactNotFound("no such fact in this scope")
+        return fact, row
+    scopes = [fact.scope] if fact.scope_id is not None else fact_scopes(fact=fact)
+    scopes = [s for s in scopes if s is not None and not s.is_global]
+    if len(scopes) == 1:
+        return fact, scopes[0]
+    if not scopes:
+        raise FactNotFound("no such fact")
+    raise InvalidInput(
+        "this fact is shared by several scopes: name the scope",
+        code="scope_required",
+        details={"scopes": [s.path for s in scopes]},
+    )
+
+
+def _owned(owner: AbstractBaseUser | int, path: ScopePath) -> Scope | None:
+    return scope_find(owner=owner, scope=scope_parse(list(path)))
+
+
+def fact_history(*, scope: Scope, fact_id: uuid.UUID | str) -> QuerySet[FactChange]:
+    """The scope's audit rows that created, replaced, changed or removed the fact."""
+    return (
+        FactChange.objects.filter(scope=scope)
+        .filter(Q(old_fact_id=fact_id) | Q(new_fact_id=fact_id))
+        .order_by("created_at", "id")
+    )
+
+
+@dataclass(frozen=True)
+class FactRow:
+    """A fact as plain values (no model instance: injection reads hundreds at once).
+    ``tokens``: its injection line's, counted when it was written (None: not counted,
+    a row written by something other than the write service)."""
+
+    id: uuid.UUID
+    content: str
+    category: str
+    confidence: float
+    tokens: int | None
+    observed_at: datetime
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def pk(self) -> uuid.UUID:
+        return self.id
+
+
+_ROW_FIELDS = ("id", "content", "category", "confidence", "tokens", "observed_at", "created_at",
+               "updated_at")  # fmt: skip
+
+
+def fact_rows(*, scope: Scope) -> list[FactRow]:
+    """The scope's facts as ``FactRow``, highest confidence first, then newest."""
+    rows = fact_list(scope=scope).values_list(*_ROW_FIELDS)
+    return [FactRow(*row) for row in rows]
+
+
+def facts_snapshot(*, scope: Scope) -> list[dict[str, Any]]:
+    """The scope's facts as plain values (id, content, category, confidence, source,
+    times), highest confidence first: what a consolidation reads and can restore."""
+    return [
+        {
+            "id": str(f.pk),
+            "content": f.content,
+            "category": f.category,
+            "confidence": f.confidence,
+            "source_kind": f.source_kind,
+            "source_ref": f.source_ref,
+            "observed_at": f.observed_at.isoformat(),
+            "created_at": f.created_at.isoformat(),
+            "updated_at": f.updated_at.isoformat(),
+        }  # fmt: skip
+        for f in fact_list(scope=scope)
+    ]
+
+
+def global_fact_list(*, owner: AbstractBaseUser | int) -> QuerySet[Fact]:
+    """The owner's global memories (the facts of its global scope), newest first."""
+    return (
+        Fact.objects.filter(owner_id=owner_pk(owner), links__scope__owner_id=owner_pk(owner),
+                            links__scope__path=[])
+        .defer("embedding")
+        .order_by("-created_at", "id")
+    )  # fmt: skip
+
+
+# --- /metrics (core.metrics: the gauges this room declares) --------------------------
+
+
+def links_count() -> int:
+    return FactLink.objects.count()
+
+
+def facts_count() -> int:
+    return Fact.objects.count()
+
+
+def scopes_count() -> int:
+    return Scope.objects.count()

@@ -1,0 +1,592 @@
+"""The one write service of facts: add (a batch, each with the exact and the semantic
+duplicate check, replacements, the flip-flop guard), update, delete, eviction, sharing,
+restore and erasure, each audited. Every door writes through it: the personal memories
+API, global memories, the engine's API and facade, the tools and MCP, the chat proxy's
+learning (the extraction), the dreams and the admin.
+
+Concurrency: the writes of one scope take the scope's transaction-scoped advisory lock
+and re-check duplicates under it, so concurrent writers of one scope leave one fact per
+meaning. Every change writes a ``FactChange`` audit row with its reason, evictions
+included. Embeddings are computed before the transaction (a provider failure raises
+and writes nothing); invalid input raises ``InvalidInput`` before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import unicodedata
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from core.db import advisory_xact_lock
+from core.erasure import send_scope_erased
+from core.errors import InvalidInput
+from core.metrics import counter_add
+from core.providers.embeddings import Embedder, get_embedder
+from core.providers.tokens import count_tokens
+from knowledge.models import INDEXED_DIMENSIONS
+from memories.conversations.selectors import flow_find, session_ids_with_sender
+from memories.conversations.services import sessions_delete_rows
+from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange, FactLink, Scope
+from memories.facts.ranking import scope_fact_count, scope_nearest_indexed, scope_vector_ranking
+from memories.facts.scopes import ScopePath, scope_ensure
+from memories.facts.selectors import fact_resolve
+
+logger = logging.getLogger("memories.decisions")
+
+MAX_FACT_CHARS = 2000
+
+
+@dataclass
+class FactIn:
+    """One fact to add. ``replaces``: the id of a fact of the same scope it contradicts
+    or refines (decided by the caller, e.g. the extraction LLM); that fact is unlinked
+    and the replacement audited with ``reason``."""
+
+    content: str
+    category: str = "context"
+    confidence: float = 1.0
+    source_kind: str = "api"
+    source_ref: str = ""
+    observed_at: datetime | None = None
+    replaces: uuid.UUID | str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FactDecision:
+    """What ``fact_add`` did with one input, in input order.
+
+    ``action``: ``add``, ``replace`` (``target_id`` unlinked), ``duplicate`` (``fact_id``
+    is the existing fact; ``match`` is "exact" or "semantic"), ``below_threshold``
+    (nothing written), ``evicted`` (added, then trimmed at once by ``max_facts``),
+    ``flip_flop`` (a replacement that would bring back a text the same fact replaced
+    within the last ``ENGINE_FLIP_FLOP_WINDOW`` replacements of the scope, without a
+    higher confidence: nothing written, ``fact_id`` is the fact kept).
+    ``evicted_ids`` on the last decision of a batch lists every fact trimmed.
+    """
+
+    content: str
+    action: str
+    reason: str = ""
+    fact_id: str | None = None
+    target_id: str | None = None
+    match: str | None = None
+    similarity: float | None = None
+    evicted_ids: list[str] = field(default_factory=list)
+
+
+# --- Validation -------------------------------------------------------------------------
+
+
+def normalize_fact(text: str) -> str:
+    """Lower-case, NFKC, collapsed whitespace, no trailing punctuation: the exact-dup key."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = re.sub(r"\s+", " ", text).strip()
+    return text.rstrip(" .!?;:")
+
+
+def validate_content(content: str) -> str:
+    content = (content or "").strip()
+    if not content:
+        raise InvalidInput("fact content may not be blank", details={"content": "blank"})
+    if len(content) > MAX_FACT_CHARS:
+        raise InvalidInput(
+            f"fact content is longer than {MAX_FACT_CHARS} characters",
+            details={"content": f"at most {MAX_FACT_CHARS} characters"},
+        )
+    return content
+
+
+def _validate_category(category: str) -> None:
+    if category not in CATEGORIES:
+        raise InvalidInput(
+            f"category must be one of {', '.join(CATEGORIES)}",
+            details={"category": f"{category!r} is not a category"},
+        )
+
+
+def _validate_confidence(confidence: Any) -> float:
+    if not isinstance(confidence, int | float) or not 0 <= confidence <= 1:
+        raise InvalidInput(
+            "confidence must be a number from 0 to 1", details={"confidence": confidence}
+        )
+    return float(confidence)
+
+
+def validate_fact(fact: FactIn) -> FactIn:
+    fact.content = validate_content(fact.content)
+    _validate_category(fact.category)
+    fact.confidence = _validate_confidence(fact.confidence)
+    if fact.source_kind not in SOURCE_KINDS:
+        raise InvalidInput(
+            f"source_kind must be one of {', '.join(SOURCE_KINDS)}",
+            details={"source_kind": fact.source_kind},
+        )
+    return fact
+
+
+def fact_line(fact: Any) -> str:
+    """A fact as injection writes it (``memories.facts.injection``); what ``tokens`` counts."""
+    return f"- [{fact.category} | {fact.confidence:.2f}] {fact.content}"
+
+
+# --- Pieces of every write ---------------------------------------------------------------
+
+
+def _lock(scope: Scope) -> None:
+    advisory_xact_lock(f"memories:{scope.pk}")
+
+
+def _audit(scope: Scope, action: str, reason: str, *, old: Fact | None = None,
+           new: Fact | None = None, new_content: str = "") -> None:  # fmt: skip
+    FactChange.objects.create(
+        scope=scope, action=action, reason=reason, old_fact=old, new_fact=new,
+        old_content=old.content if old is not None else "",
+        new_content=new_content or (new.content if new is not None else ""),
+    )  # fmt: skip
+
+
+def _new_fact(scope: Scope, content: str, embedding: Sequence[float], model: str,
+              **fields: Any) -> Fact:  # fmt: skip
+    """A new fact of ``scope``, linked to it (its only scope: ``Fact.scope`` set)."""
+    fields.setdefault("observed_at", None)
+    fields["observed_at"] = fields["observed_at"] or timezone.now()
+    fact = Fact(
+        owner_id=scope.owner_id, content=content, normalized=normalize_fact(content),
+        scope=scope, embedding=list(embedding), embedding_model=model,
+        dimensions=len(embedding), **fields,
+    )  # fmt: skip
+    fact.tokens = count_tokens(fact_line(fact))
+    fact.save(force_insert=True)
+    FactLink.objects.create(scope=scope, fact=fact)
+    return fact
+
+
+def _delete_if_orphan(fact: Fact) -> None:
+    if not FactLink.objects.filter(fact=fact).exists():
+        Fact.objects.filter(pk=fact.pk).delete()
+
+
+def _exact_in_scope(scope: Scope, normalized: str) -> Fact | None:
+    # (owner, normalized) index: a handful of rows whatever the scope's size.
+    return (
+        Fact.objects.filter(owner_id=scope.owner_id, normalized=normalized, links__scope=scope)
+        .defer("embedding")
+        .first()
+    )
+
+
+def _nearest_in_scope(
+    scope: Scope, embedding: Sequence[float], model: str, count: int
+) -> tuple[uuid.UUID, float] | None:
+    """The scope's fact nearest to ``embedding`` (``count``: the scope's facts): an
+    exact ranking of the scope's range up to ``ENGINE_EXACT_MAX_FACTS`` facts, the HNSW
+    index of the dimension beyond (so the check costs the same however large the scope
+    grows)."""
+    if len(embedding) in INDEXED_DIMENSIONS and count > settings.ENGINE_EXACT_MAX_FACTS:
+        found = scope_nearest_indexed(scope_id=scope.pk, vector=embedding, embedding_model=model)
+        if found is not None:
+            return found
+    ranked = scope_vector_ranking(
+        scope_id=scope.pk, vector=embedding, embedding_model=model, limit=1
+    )
+    return ranked[0] if ranked else None
+
+
+def _evict(scope: Scope, max_facts: int, reason: str, count: int) -> list[str]:
+    """Trim the scope to ``max_facts`` (``count``: its facts now): lowest confidence
+    first, then oldest (audited)."""
+    excess = count - max_facts
+    if excess <= 0:
+        return []
+    victims = list(
+        Fact.objects.filter(owner_id=scope.owner_id, links__scope=scope)
+        .defer("embedding")
+        .order_by("confidence", "observed_at", "id")[:excess]
+    )
+    why = f"max_facts {max_facts} reached" + (f" ({reason})" if reason else "")
+    for victim in victims:
+        FactLink.objects.filter(scope=scope, fact=victim).delete()
+        _audit(scope, FactChange.Action.EVICT, why, old=victim)
+        _delete_if_orphan(victim)
+    counter_add("memory_evictions_total", len(victims))
+    return [str(v.pk) for v in victims]
+
+
+# --- Add --------------------------------------------------------------------------------
+
+
+def fact_add(
+    *,
+    owner: AbstractBaseUser | int,
+    scope: ScopePath | Scope,
+    facts: Sequence[FactIn],
+    reason: str = "",
+    min_confidence: float | None = None,
+    max_facts: int | None = None,
+    dedup_threshold: float | None = None,
+    embedder: Embedder | None = None,
+) -> list[FactDecision]:
+    """Add a batch of facts to a scope (a path, created on first use, or a row); one
+    ``FactDecision`` per input, in order.
+
+    Facts below ``min_confidence`` (``ENGINE_MIN_CONFIDENCE``, 0.7) are not written.
+    A fact whose normalised text, or whose meaning (cosine >= ``dedup_threshold``,
+    ``MEMORY_DEDUP_THRESHOLD``; above 1: the text only), the scope already holds is a
+    duplicate: nothing is written. A fact with ``replaces`` supersedes that fact of the
+    scope. Then the scope is trimmed to ``max_facts`` (``ENGINE_MAX_FACTS``, 500) by
+    confidence then age. Every write is audited with ``reason``. Embeddings are
+    computed before the transaction (one call for the batch).
+    """
+    checked = [validate_fact(f) for f in facts]
+    threshold = settings.ENGINE_MIN_CONFIDENCE if min_confidence is None else min_confidence
+    limit = settings.ENGINE_MAX_FACTS if max_facts is None else max_facts
+    dedup = settings.MEMORY_DEDUP_THRESHOLD if dedup_threshold is None else dedup_threshold
+    target = scope if isinstance(scope, Scope) else scope_ensure(owner=owner, scope=scope)
+    decisions: list[FactDecision | None] = [None] * len(checked)
+    pending: list[int] = []
+    for i, fact in enumerate(checked):
+        if fact.confidence < threshold:
+            decisions[i] = FactDecision(
+                fact.content, "below_threshold", f"confidence {fact.confidence} < {threshold}"
+            )
+        elif (
+            not fact.replaces
+            and (found := _exact_in_scope(target, normalize_fact(fact.content))) is not None
+        ):  # cheap check first: no embedding needed
+            decisions[i] = _duplicate(fact, found.pk, "exact", 1.0)
+        else:
+            pending.append(i)
+    if pending:
+        embedder = embedder or get_embedder()
+        vectors = embedder.embed([checked[i].content for i in pending])
+        embeddings = {i: [float(x) for x in vec] for i, vec in zip(pending, vectors, strict=True)}
+        with transaction.atomic():
+            _lock(target)
+            count = scope_fact_count(scope_id=target.pk)
+            for i in pending:
+                decisions[i], added = _add_one(
+                    target, checked[i], embeddings[i], embedder.model, dedup, reason, count
+                )
+                count += added
+            evicted = _evict(target, limit, reason, count)
+        _mark_evicted(decisions, evicted)
+    out = [d for d in decisions if d is not None]
+    _count(out)  # (after the commit: the counters' rows are shared by every scope)
+    return out
+
+
+def _duplicate(fact: FactIn, found: Any, match: str, similarity: float) -> FactDecision:
+    return FactDecision(
+        fact.content, "duplicate", f"{match} duplicate", fact_id=str(found), match=match,
+        similarity=similarity,
+    )  # fmt: skip
+
+
+def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, dedup: float,
+             reason: str, count: int) -> tuple[FactDecision, int]:  # fmt: skip
+    """One fact of a batch, under the scope's lock: its decision and how many facts it
+    added to the scope (0 or 1)."""
+    old: Fact | None = None
+    if fact.replaces:
+        old = _replaced(scope, fact.replaces)
+        if old is None:
+            reason = f"{reason}; the fact to replace is gone, kept as new".lstrip("; ")
+    if old is not None and (undone := _flip_flop(scope, old, fact)) is not None:
+        return FactDecision(
+            fact.content,
+            "flip_flop",
+            f"would restore the text replaced by {undone.created_at:%Y-%m-%d %H:%M} "
+            f"({undone.reason or 'no reason'}) without a higher confidence "
+            f"({fact.confidence} <= {old.confidence}): kept the newer fact",
+            fact_id=str(old.pk),
+            target_id=str(old.pk),
+        ), 0
+    if old is None:
+        found = _exact_in_scope(scope, normalize_fact(fact.content))
+        if found is not None:  # re-checked under the lock
+            return _duplicate(fact, found.pk, "exact", 1.0), 0
+        nearest = _nearest_in_scope(scope, embedding, model, count) if dedup <= 1 else None
+        if nearest is not None and nearest[1] >= dedup:
+            return _duplicate(fact, nearest[0], "semantic", nearest[1]), 0
+    new = _new_fact(
+        scope, fact.content, embedding, model, observed_at=fact.observed_at,
+        metadata=fact.metadata, category=fact.category, confidence=fact.confidence,
+        source_kind=fact.source_kind, source_ref=fact.source_ref,
+    )  # fmt: skip
+    if old is None:
+        _audit(scope, FactChange.Action.ADD, reason, new=new)
+        return FactDecision(fact.content, "add", reason, fact_id=str(new.pk)), 1
+    FactLink.objects.filter(scope=scope, fact=old).delete()
+    _audit(scope, FactChange.Action.REPLACE, reason, old=old, new=new)
+    _delete_if_orphan(old)
+    decision = FactDecision(fact.content, "replace", reason, fact_id=str(new.pk),
+                            target_id=str(old.pk))  # fmt: skip
+    return decision, 0
+
+
+def _replaced(scope: Scope, fact_id: uuid.UUID | str) -> Fact | None:
+    try:
+        return (
+            Fact.objects.filter(pk=fact_id, links__scope=scope, owner_id=scope.owner_id)
+            .defer("embedding")
+            .first()
+        )
+    except (ValueError, TypeError):  # not a fact id at all
+        return None
+
+
+def _flip_flop(scope: Scope, old: Fact, fact: FactIn) -> FactChange | None:
+    """The flip-flop guard of replacements (A -> B -> A from noisy extraction).
+
+    Replacing ``old`` (B) with ``fact`` (A) is refused when one of the scope's last
+    ``ENGINE_FLIP_FLOP_WINDOW`` replacements (an extraction or a dream each makes a
+    few) made B out of the same text A, unless A now comes with a strictly higher
+    confidence than B has: the newer fact is kept, and a user who really changed their
+    mind back says it with conviction (a stated correction scores higher than the
+    noise). Returns that earlier replacement when the guard holds."""
+    window = settings.ENGINE_FLIP_FLOP_WINDOW
+    if window <= 0 or fact.confidence > old.confidence:
+        return None
+    wanted = normalize_fact(fact.content)
+    recent = FactChange.objects.filter(scope=scope, action=FactChange.Action.REPLACE).order_by(
+        "-created_at", "-id"
+    )[:window]
+    for change in recent:
+        if change.new_fact_id == old.pk and normalize_fact(change.old_content) == wanted:
+            return change
+    return None
+
+
+def _mark_evicted(decisions: list[FactDecision | None], evicted: list[str]) -> None:
+    if not evicted:
+        return
+    gone = set(evicted)
+    last = None
+    for decision in decisions:
+        if decision is None:
+            continue
+        last = decision
+        if decision.action in ("add", "replace") and decision.fact_id in gone:
+            decision.action, decision.reason = "evicted", "added, then trimmed by max_facts"
+    if last is not None:
+        last.evicted_ids = evicted
+
+
+def _count(decisions: list[FactDecision]) -> None:
+    by_action: dict[str, int] = {}
+    for decision in decisions:
+        by_action[decision.action] = by_action.get(decision.action, 0) + 1
+    counter_add("memory_additions_total", by_action.get("add", 0))
+    counter_add("memory_replacements_total", by_action.get("replace", 0))
+    counter_add("memory_dedup_total", by_action.get("duplicate", 0))
+    counter_add("memory_flipflop_total", by_action.get("flip_flop", 0))
+
+
+# --- Update, delete, share --------------------------------------------------------------
+
+
+def fact_update(
+    *,
+    owner: AbstractBaseUser | int,
+    fact_id: uuid.UUID | str,
+    scope: ScopePath | Scope | None = None,
+    content: str | None = None,
+    category: str | None = None,
+    confidence: float | None = None,
+    reason: str = "edited",
+    embedder: Embedder | None = None,
+) -> Fact:
+    """Change a fact's text (re-embedded, outside the transaction), category or
+    confidence, audited with ``reason``. A fact shared with other scopes is not changed
+    under them: this scope gets a new fact instead (copy on write). The fact is the
+    owner's, in ``scope`` when given (``fact_resolve``: else 404)."""
+    content = validate_content(content) if content is not None else None
+    if category is not None:
+        _validate_category(category)
+    if confidence is not None:
+        confidence = _validate_confidence(confidence)
+    fact, row = fact_resolve(owner=owner, fact_id=fact_id, scope=scope)
+    embedding: list[float] | None = None
+    if content is not None:
+        embedder = embedder or get_embedder()
+        embedding = [float(x) for x in embedder.embed([content])[0]]
+    changes = {
+        k: v for k, v in (("category", category), ("confidence", confidence)) if v is not None
+    }
+    with transaction.atomic():
+        _lock(row)
+        fact = Fact.objects.get(pk=fact.pk)  # as it is now, under the lock
+        old_content = fact.content
+        text = content if content is not None else fact.content
+        if FactLink.objects.filter(fact=fact).exclude(scope=row).exists():
+            new = _copy_for(row, fact, text, embedding, embedder, changes)
+        else:
+            new = _change(fact, text, embedding, embedder, changes)
+        FactChange.objects.create(
+            scope=row, old_fact=fact, new_fact=new, old_content=old_content, new_content=text,
+            action=FactChange.Action.UPDATE, reason=reason,
+        )  # fmt: skip
+    return new
+
+
+def _copy_for(scope: Scope, fact: Fact, text: str, embedding: list[float] | None,
+              embedder: Embedder | None, changes: dict[str, Any]) -> Fact:  # fmt: skip
+    """A shared fact changed for one scope: that scope's own copy, the others keep it."""
+    FactLink.objects.filter(scope=scope, fact=fact).delete()
+    keep = {"category": fact.category, "confidence": fact.confidence, "metadata": fact.metadata,
+            "source_kind": fact.source_kind, "source_ref": fact.source_ref}  # fmt: skip
+    vector = embedding if embedding is not None else list(fact.embedding)
+    model = (
+        embedder.model if embedder is not None and embedding is not None else fact.embedding_model
+    )
+    return _new_fact(scope, text, vector, model, **{**keep, **changes})
+
+
+def _change(fact: Fact, text: str, embedding: list[float] | None, embedder: Embedder | None,
+            changes: dict[str, Any]) -> Fact:  # fmt: skip
+    fields = dict(changes)
+    if embedding is not None and embedder is not None:
+        fields.update(
+            content=text, normalized=normalize_fact(text), embedding=embedding,
+            embedding_model=embedder.model, dimensions=len(embedding), observed_at=timezone.now(),
+        )  # fmt: skip
+    for name, value in fields.items():
+        setattr(fact, name, value)
+    fields["tokens"] = fact.tokens = count_tokens(fact_line(fact))
+    Fact.objects.filter(pk=fact.pk).update(**fields, updated_at=timezone.now())
+    fact.refresh_from_db()
+    return fact
+
+
+def fact_delete(
+    *,
+    owner: AbstractBaseUser | int,
+    fact_id: uuid.UUID | str,
+    scope: ScopePath | Scope | None = None,
+    reason: str = "deleted",
+) -> None:
+    """Unlink a fact from its scope (audited); the fact goes when no scope links it.
+    The fact is the owner's, in ``scope`` when given (``fact_resolve``: else 404)."""
+    fact, row = fact_resolve(owner=owner, fact_id=fact_id, scope=scope)
+    with transaction.atomic():
+        _lock(row)
+        removed, _ = FactLink.objects.filter(scope=row, fact=fact).delete()
+        if removed:
+            _audit(row, FactChange.Action.DELETE, reason, old=fact)
+            _delete_if_orphan(fact)
+
+
+def fact_share(*, scope: Scope, fact: Fact, reason: str = "shared") -> None:
+    """Share an existing fact with another scope of the same owner (audited)."""
+    if fact.owner_id != scope.owner_id:
+        raise InvalidInput("unknown fact", details={"fact": str(fact.pk)})
+    with transaction.atomic():
+        _lock(scope)
+        _, created = FactLink.objects.get_or_create(scope=scope, fact=fact)
+        if created:
+            # Linked to two scopes or more now: found through its links, not its scope.
+            Fact.objects.filter(pk=fact.pk).update(scope=None)
+            FactLink.objects.filter(fact=fact).update(shared=True)
+            _audit(scope, FactChange.Action.ADD, reason, new=fact)
+
+
+def fact_restore(
+    *,
+    scope: Scope,
+    fact: dict[str, Any],
+    embedding: Sequence[float],
+    embedder: Embedder,
+    reason: str,
+) -> Fact:
+    """Put back one snapshot fact (``selectors.facts_snapshot``: ``{"id", "content",
+    "category", "confidence", "source_kind", "source_ref", "observed_at"}``) in
+    ``scope`` with the same id, audited with ``reason`` (what undoing a dream needs).
+
+    ``embedding`` is the content's vector, computed by the caller before its
+    transaction. Idempotent: a fact already there with these values changes nothing.
+    """
+    values = {
+        "content": fact["content"], "normalized": normalize_fact(fact["content"]),
+        "category": fact["category"], "confidence": fact["confidence"],
+        "source_kind": fact.get("source_kind") or "message",
+        "source_ref": fact.get("source_ref") or "",
+    }  # fmt: skip
+    observed_at = parse_datetime(fact.get("observed_at") or "")
+    with transaction.atomic():
+        _lock(scope)
+        found = Fact.objects.filter(pk=fact["id"], owner_id=scope.owner_id).first()
+        if found is None:
+            kept = {k: v for k, v in values.items() if k not in ("content", "normalized")}
+            found = Fact(
+                id=fact["id"], owner_id=scope.owner_id, content=fact["content"],
+                normalized=values["normalized"], scope=scope, embedding=list(embedding),
+                embedding_model=embedder.model, dimensions=len(embedding),
+                observed_at=observed_at or timezone.now(), **kept,
+            )  # fmt: skip
+            found.tokens = count_tokens(fact_line(found))
+            found.save(force_insert=True)
+        else:
+            _put_back(found, values, embedding, embedder)
+        _, linked = FactLink.objects.get_or_create(scope=scope, fact=found)
+        if linked or found.content != fact["content"]:
+            _audit(scope, FactChange.Action.ADD, reason, new=found, new_content=fact["content"])
+    return found
+
+
+def _put_back(found: Fact, values: dict[str, Any], embedding: Sequence[float],
+              embedder: Embedder) -> None:  # fmt: skip
+    changed = {k: v for k, v in values.items() if getattr(found, k) != v}
+    if "content" in changed:
+        changed.update(embedding=list(embedding), embedding_model=embedder.model,
+                       dimensions=len(embedding))  # fmt: skip
+    if changed:
+        for name, value in changed.items():
+            setattr(found, name, value)
+        changed["tokens"] = count_tokens(fact_line(found))
+        Fact.objects.filter(pk=found.pk).update(**changed)
+
+
+# --- Erasure ----------------------------------------------------------------------------
+
+
+def scope_erase(*, scope: Scope) -> int:
+    """Erasure: remove every link of the scope, the facts no other scope links, the
+    audit trail and the scope row, and what other rooms keep of the scope
+    (``core.erasure.scope_erased``: the engine's pending updates, summaries, journal,
+    MEMORY.md and dream diaries), and for an end user the chats the chat proxy recorded
+    for them (``CHAT_PROXY_FLOW``). Returns the number of facts the scope held."""
+    with transaction.atomic():
+        _lock(scope)
+        send_scope_erased(
+            sender=Scope, owner_id=scope.owner_id, scope_id=scope.pk, scope=list(scope.path)
+        )
+        _chats_erase(scope)
+        fact_ids = list(FactLink.objects.filter(scope=scope).values_list("fact_id", flat=True))
+        FactLink.objects.filter(scope=scope).delete()
+        Fact.objects.filter(pk__in=fact_ids).exclude(
+            pk__in=FactLink.objects.values("fact_id")
+        ).delete()
+        FactChange.objects.filter(scope=scope).delete()
+        scope.delete()
+    return len(fact_ids)
+
+
+def _chats_erase(scope: Scope) -> None:
+    flow = flow_find(owner_id=scope.owner_id, name=settings.CHAT_PROXY_FLOW)
+    if flow is None or not scope.external_id:
+        return
+    chats = session_ids_with_sender(flow=flow, sender=scope.external_id[:100])
+    if chats:
+        sessions_delete_rows(flow=flow, session_ids=chats)

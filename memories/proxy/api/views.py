@@ -1,0 +1,200 @@
+"""The OpenAI-compatible proxy's doors: ``POST /v1/chat/completions`` (the end user's
+facts injected, the server-side memory tools on request) and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse, StreamingHttpResponse
+from django.http.request import RawPostDataException
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.errors import openai_exception_handler
+from core.api.schema import OpenAIErrorSerializer
+from core.errors import InvalidInput
+from core.json_text import JsonText
+from core.providers.errors import ProviderError, ProviderNotConfigured
+from core.providers.llm import get_llm
+from core.validation import validate_end_user_id, validate_session_id
+from memories.proxy.api.serializers import ChatCompletionSerializer, ModelListSerializer
+from memories.proxy.chat import PreparedChat, chat_complete, chat_prepare, chat_stream
+from memories.proxy.tool_loop import loop_complete, loop_stream
+
+logger = logging.getLogger(__name__)
+
+
+def _header(request: Request, name: str) -> str:
+    return str(request.headers.get(name) or "").strip()
+
+
+class ChatCompletionsView(APIView):
+    """OpenAI-compatible ``POST /v1/chat/completions`` with per-user memories."""
+
+    throttle_setting = "CHAT_THROTTLE_RATE"  # core.api.throttling
+
+    def get_exception_handler(self):  # type: ignore[no-untyped-def]
+        return openai_exception_handler
+
+    def _external_id(self, request: Request, body: dict[str, Any]) -> str | None:
+        external_id = _header(request, settings.MEMORY_USER_HEADER) or body.get("user") or None
+        if external_id is None:
+            return None
+        return validate_end_user_id(external_id)
+
+    def _chat_id(self, request: Request) -> str | None:
+        chat_id = _header(request, settings.MEMORY_CHAT_HEADER)
+        return validate_session_id(chat_id) if chat_id else None
+
+    def _body(self, request: Request) -> JsonText:
+        """The client's body, validated where the proxy relies on it; it goes upstream
+        byte for byte as sent (``stream_options`` only with ``stream``)."""
+        raw = _raw_body(request)  # before request.data: DRF's parser consumes the stream
+        if not isinstance(request.data, dict):
+            raise InvalidInput("The body must be a JSON object.")
+        checked = ChatCompletionSerializer(data=request.data)
+        checked.is_valid(raise_exception=True)
+        body = _as_sent(raw, request.data)
+        if not checked.validated_data["stream"] and "stream_options" in body.data:
+            body = body.remove(("stream_options",))
+        return body
+
+    @extend_schema(
+        summary="Chat completion with the end user's memories",
+        request=ChatCompletionSerializer,
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "text/event-stream"): OpenApiTypes.STR,
+            502: OpenAIErrorSerializer,
+            504: OpenAIErrorSerializer,
+        },
+        description="OpenAI's chat completion (the upstream's answer plus a memories "
+        "array), or server-sent events with stream=true. Errors in OpenAI's shape.",
+    )
+    def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
+        body = self._body(request)
+        prepared = self.prepare(request, body)
+        return self.answer(prepared)
+
+    def prepare(self, request: Request, body: JsonText) -> PreparedChat:
+        external_id = self._external_id(request, body.data)
+        chat_id = self._chat_id(request)
+        if not settings.LLM_BASE_URL:
+            raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")
+        common = {
+            "owner_id": request.user.pk,
+            "body": body,
+            "chat_id": chat_id,
+            "user_name": _header(request, settings.MEMORY_USER_NAME_HEADER),
+            "user_email": _header(request, settings.MEMORY_USER_EMAIL_HEADER),
+        }
+        try:
+            return chat_prepare(external_id=external_id, **common)
+        except ProviderError:
+            # Retrieval needs the embedder; without it the answer still goes through.
+            logger.exception("memory retrieval failed; answering without memories")
+            return chat_prepare(external_id=None, **common)
+
+    def answer(self, prepared: PreparedChat) -> HttpResponse | StreamingHttpResponse:
+        if prepared.body.get("stream"):
+            return event_stream(chat_stream(prepared))
+        return json_answer(chat_complete(prepared))
+
+
+def _raw_body(request: Request) -> bytes | None:
+    try:
+        return request._request.body
+    except RawPostDataException:  # read as a stream already (a parser ran first)
+        return None
+
+
+def _as_sent(raw: bytes | None, data: dict[str, Any]) -> JsonText:
+    """The body's own text when it is the JSON the parser read (else, say a form post
+    or another charset, ``data`` written as JSON)."""
+    try:
+        sent = JsonText.parse(raw) if raw is not None else None
+    except ValueError:
+        sent = None
+    return sent if sent is not None and isinstance(sent.data, dict) else JsonText.of(data)
+
+
+def json_answer(content: bytes) -> HttpResponse:
+    """A JSON answer's bytes as they are (no renderer encodes them again)."""
+    return HttpResponse(content, content_type="application/json")
+
+
+def event_stream(events: Any) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+class ModelsView(APIView):
+    """OpenAI-compatible ``GET /v1/models``: the upstream's list as it came; when the
+    upstream lists none (or has no such endpoint), ``CHAT_MODELS`` (default LLM_MODEL)."""
+
+    def get_exception_handler(self):  # type: ignore[no-untyped-def]
+        return openai_exception_handler
+
+    @extend_schema(responses=ModelListSerializer)
+    def get(self, request: Request) -> Response:
+        if not settings.LLM_BASE_URL:
+            raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")
+        try:
+            listed = get_llm(feature="The chat proxy").models()
+        except ProviderError as exc:  # no such endpoint, or down: clients still list ours
+            logger.warning("the upstream lists no models (%s); answering CHAT_MODELS", exc)
+            listed = None
+        if isinstance(listed, dict) and isinstance(listed.get("data"), list) and listed["data"]:
+            return Response(listed)
+        ids = settings.CHAT_MODELS or [settings.LLM_MODEL]
+        created = int(time.time())
+        return Response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": i, "object": "model", "created": created, "owned_by": "memory-service"}
+                    for i in ids
+                    if i
+                ],
+            }
+        )
+
+
+class MemoryToolsChatView(ChatCompletionsView):
+    """The personal-memory proxy; with ``"memory_tools": true`` in the request (or
+    ``CHAT_MEMORY_TOOLS`` on and the request not saying false) and an end user, the
+    proxy also offers the model manage_memory/search_memory and runs them itself.
+    ``memory_tools`` is this service's own field and never goes upstream."""
+
+    def _opt_in(self, body: JsonText) -> tuple[bool | None, JsonText]:
+        value = body.data.get("memory_tools")
+        if value is not None and not isinstance(value, bool):
+            raise InvalidInput(
+                "memory_tools: Must be a boolean.", details={"memory_tools": "boolean"}
+            )
+        return value, body.remove(("memory_tools",)) if "memory_tools" in body.data else body
+
+    @extend_schema(request=ChatCompletionSerializer, responses={200: dict})
+    def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
+        opt_in, body = self._opt_in(self._body(request))
+        if opt_in and not self._external_id(request, body.data):
+            raise InvalidInput(
+                "memory_tools needs an end user: send the X-OpenWebUI-User-Id header or the "
+                "user field",
+                details={"memory_tools": "no end user"},
+            )
+        prepared = self.prepare(request, body)
+        wanted = settings.CHAT_MEMORY_TOOLS if opt_in is None else opt_in
+        if not wanted or prepared.end_user is None:
+            return self.answer(prepared)
+        if prepared.body.get("stream"):
+            return event_stream(loop_stream(prepared))
+        return json_answer(loop_complete(prepared))
