@@ -63,8 +63,7 @@ CHUNKS = Collection(
     index_prefix="chunk_hnsw",
     id_type="bigint",
     details=", ".join(f"t.{col}" for col in _DETAILS.split(", ")),
-    # Every chunk has a source timestamp (ingestion stamps one when its metadata has none).
-    time="coalesce(t.source_timestamp, t.created_at)",
+    time="coalesce(source_timestamp, created_at)",
     tiebreak="coalesce({top}.vrank, 1000000000), coalesce({top}.krank, 1000000000), {top}.id",
     fusion="minmax",
     vector_weight=0.4,

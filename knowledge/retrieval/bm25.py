@@ -112,20 +112,20 @@ t AS MATERIALIZED (
     FROM w
 ),
 c AS MATERIALIZED (
-    SELECT id, tv, length(tv)::float8 AS dl FROM ({matches}
+    SELECT id, tv, length(tv)::float8 AS dl, o FROM ({matches}
     ) m, t
     ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(tv) / t.avgdl)) DESC, id
     LIMIT %s
 )
 SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / t.avgdl)))
-    AS score
+    AS score, c.o
 FROM c CROSS JOIN t
 CROSS JOIN LATERAL (
     SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf
     FROM unnest({query_terms})
 ) u
 JOIN w ON w.lexeme = u.lexeme
-GROUP BY c.id
+GROUP BY c.id, c.o
 ORDER BY score DESC, c.id
 LIMIT %s
 """
@@ -143,7 +143,8 @@ SCOPED_TEXT = (
     "'se ' || knowledge_base_id::text || ' ' || session_id]))"
 )
 _MATCHES = """
-        SELECT id, search_vector AS tv FROM knowledge_chunk, t
+        SELECT id, search_vector AS tv, coalesce(source_timestamp, created_at) AS o
+        FROM knowledge_chunk, t
         WHERE ({scope}) IS TRUE AND {scoped_text} @@ (%s::tsquery && t.q)"""
 # The query's lexemes among a chunk's, with their positions (``search_vector`` holds weight
 # D only: the query's lexemes are marked A and kept). Unnesting the whole tsvector and
@@ -391,7 +392,7 @@ ki AS MATERIALIZED (
     FROM kt t, ks k GROUP BY t.lexeme, k.n
 )
 SELECT m.id, sum(i.idf * t.tf * ({k1}::float8 + 1::float8) / (t.tf + {k1}::float8
-       * (1::float8 - {b}::float8 + {b}::float8 * (length(m.tv) - 1) / k.avgdl))) AS score
+       * (1::float8 - {b}::float8 + {b}::float8 * (length(m.tv) - 1) / k.avgdl))) AS score, m.o
 FROM km m JOIN kt t ON t.id = m.id JOIN ki i ON i.lexeme = t.lexeme CROSS JOIN ks k
 WHERE m.ok GROUP BY m.id, m.o ORDER BY score DESC, m.o DESC, m.id LIMIT {pool}"""
 

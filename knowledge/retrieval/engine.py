@@ -64,8 +64,9 @@ class Collection:
 
     ``exact_max``, ``walk_min_share``, ``exact_cap``: which scopes the vector leg scans
     exactly (``vectors``). ``pending``: a boolean column marking rows the background
-    indexer has not put in the HNSW index yet. ``time``: the expression a row's age is
-    counted from. ``details``: what is read of each hit (columns of ``t``).
+    indexer has not put in the HNSW index yet. ``time``: the column a row's age is
+    counted from (every leg carries it, as ``o``). ``details``: what is read of each hit
+    (columns of ``t``).
     """
 
     name: str
@@ -73,8 +74,8 @@ class Collection:
     index_prefix: str
     id_type: str
     details: str
-    time: str
-    tiebreak: str  # after the score, over ``top`` (ranks) and ``t`` (the row)
+    time: str  # a row's time, its age counted from it (its columns, in its copies too)
+    tiebreak: str  # after the score, over ``{top}``'s ranks, time (o) and id
     fusion: str = "minmax"
     vector_weight: float = 0.4
     context: Context | None = None
@@ -107,8 +108,9 @@ class Scope:
 
 @dataclass
 class Leg:
-    """A statement giving (id, value) best first, the settings it needs, and how its
-    vector leg ran ("exact", "index", "filtered"; "" for a keyword leg)."""
+    """A statement giving rows best first, the settings it needs, and how its vector leg
+    ran ("exact", "index", "filtered"; "" for a keyword leg). Rows: (id, distance,
+    walked, time) of a vector leg, (id, score, time) of a keyword leg."""
 
     sql: str
     params: list[Any]
@@ -153,20 +155,33 @@ def _pinned() -> list[Setting]:
     return [("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off")]
 
 
-def _given(c: Collection, value: str, rows: list[tuple[Any, ...]]) -> tuple[str, list[Any]]:
+def _given(
+    c: Collection, value: str, rows: list[tuple[Any, ...]], at: int
+) -> tuple[str, list[Any]]:
     """A leg's rows as the statement's arrays (literals: psycopg's list adapter cost
-    0.17 ms for four of them; a float's repr reads back as the same float8)."""
+    0.17 ms for four of them; a float's repr reads back as the same float8); ``at``: the
+    column of a row's time, when the rows have it."""
     ids = "{" + ",".join(str(r[0]) for r in rows) + "}"
     values = "{" + ",".join(repr(float(r[1])) for r in rows) + "}"
-    sql = f"SELECT * FROM unnest(%s::{c.id_type}[], %s::float8[]) AS g(id, {value})"
-    return sql, [ids, values]
+    times = "{" + ",".join(
+        f'"{r[at].isoformat()}"' if len(r) > at and r[at] is not None else "NULL" for r in rows
+    ) + "}"  # fmt: skip
+    sql = (
+        f"SELECT * FROM unnest(%s::{c.id_type}[], %s::float8[], %s::timestamptz[])"
+        f" AS g(id, {value}, o)"
+    )
+    return sql, [ids, values, times]
 
 
-def _leg_sql(c: Collection, leg: Leg | None, value: str) -> tuple[str, list[Any]]:
+def _leg_sql(c: Collection, leg: Leg | None, value: str, at: int) -> tuple[str, list[Any]]:
     if leg is None:
-        return f"SELECT NULL::{c.id_type} AS id, NULL::float8 AS {value} WHERE false", []
+        return (
+            f"SELECT NULL::{c.id_type} AS id, NULL::float8 AS {value},"
+            " NULL::timestamptz AS o WHERE false",
+            [],
+        )
     if leg.rows is not None:
-        return _given(c, value, leg.rows)
+        return _given(c, value, leg.rows, at)
     return leg.sql, leg.params
 
 
@@ -218,7 +233,7 @@ best AS (
 bonus AS (SELECT id, sum(power(%s::float8, dist) * score) AS bonus FROM best GROUP BY id),
 ranked AS (
     SELECT coalesce(c.id, x.id) AS id, coalesce(c.score, 0) + coalesce(x.bonus, 0) AS score,
-           c.vrank, c.krank, c.vscore, c.kscore, c.id IS NOT NULL AS candidate
+           c.vrank, c.krank, c.vscore, c.kscore, c.o, c.id IS NOT NULL AS candidate
     FROM cand c FULL JOIN bonus x ON x.id = c.id
 )"""
 
@@ -243,8 +258,8 @@ def _fuse_sql(
 ) -> tuple[str, list[Any]]:
     """The statement fusing the legs (inline, or their rows as arrays), with context and
     decay, giving the page wanted with its rows' details, best first."""
-    vsql, vparams = _leg_sql(c, vector, "d")
-    ksql, kparams = _leg_sql(c, keyword, "score")
+    vsql, vparams = _leg_sql(c, vector, "d", 3)
+    ksql, kparams = _leg_sql(c, keyword, "score", 2)
     cut, cut_params = "", []
     if r.max_distance is not None:
         cut, cut_params = " WHERE d <= %s", [r.max_distance]
@@ -252,12 +267,13 @@ def _fuse_sql(
     ctes = [
         f"v AS MATERIALIZED ({vsql})",
         f"k AS MATERIALIZED ({ksql})",
-        "vr AS (SELECT id, 1.0::float8 - d AS s, (row_number() OVER (ORDER BY d, id))::int"
+        "vr AS (SELECT id, 1.0::float8 - d AS s, o, (row_number() OVER (ORDER BY d, id))::int"
         f" AS rank FROM v{cut})",
-        "kr AS (SELECT id, score AS s, (row_number() OVER (ORDER BY score DESC, id))::int"
+        "kr AS (SELECT id, score AS s, o, (row_number() OVER (ORDER BY score DESC, id))::int"
         " AS rank FROM k)",
         f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, {fusion} AS score, vr.rank AS vrank,"
-        " kr.rank AS krank, vr.s AS vscore, kr.s AS kscore FROM vr FULL JOIN kr ON kr.id = vr.id"
+        " kr.rank AS krank, vr.s AS vscore, kr.s AS kscore, coalesce(vr.o, kr.o) AS o"
+        " FROM vr FULL JOIN kr ON kr.id = vr.id"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
     ]
@@ -273,19 +289,24 @@ def _fuse_sql(
         keep, keep_params = "true", []
     score = "r.score"
     if r.half_life:
-        # (PostgreSQL raises on a power that underflows to 0, Python gives 0)
+        # The age from the row's time, carried by the legs (read here for a neighbour
+        # that only earned context). PostgreSQL raises on a power that underflows to 0,
+        # Python gives 0.
+        time = f"coalesce(r.o, (SELECT {c.time} FROM {c.table} a WHERE a.id = r.id))"
         halvings = (
-            "greatest(0::float8, extract(epoch FROM (%s::timestamptz - "
-            f"{c.time}))::float8 / 86400) / %s::float8"
+            f"greatest(0::float8, extract(epoch FROM (%s::timestamptz - {time}))::float8"
+            " / 86400) / %s::float8"
         )
-        score = f"r.score * (SELECT CASE WHEN h < 1074 THEN power(0.5::float8, h) ELSE 0 END FROM (SELECT {halvings} AS h) x)"
+        score = (
+            "r.score * (SELECT CASE WHEN h < 1074 THEN power(0.5::float8, h) ELSE 0 END"
+            f" FROM (SELECT {halvings} AS h) x)"
+        )
         params += [r.now, float(r.half_life)]
-    # The rows are read here only when the page depends on them (a row's time, a
-    # tie broken by a column, a neighbour's filters).
-    join = f" JOIN {c.table} t ON t.id = r.id" if "t." in score + keep + c.tiebreak else ""
+    # The rows are read here only to check a neighbour against the search's filters.
+    join = f" JOIN {c.table} t ON t.id = r.id" if keep != "true" else ""
     where = f"(r.candidate OR {keep})" + (" AND r.vscore IS NOT NULL" if r.vector_required else "")
     ctes.append(
-        f"top AS (SELECT r.id, {score} AS score, r.vrank, r.krank, r.vscore, r.kscore"
+        f"top AS (SELECT r.id, {score} AS score, r.vrank, r.krank, r.vscore, r.kscore, r.o"
         f" FROM ranked r{join} WHERE {where}"
         f" ORDER BY 2 DESC, {c.tiebreak.format(top='r')} LIMIT {int(r.limit)}"
         f" OFFSET {int(r.offset)})"

@@ -63,31 +63,34 @@ def _exact(c: Collection, scope: Scope, dims: int, pool: int, gate: str) -> tupl
     d = f"{c.embedding} <=> (SELECT q FROM qv)"
     if not _copies(c, dims):
         sql = (
-            f"e AS MATERIALIZED (SELECT id, {d} AS d FROM {c.table} WHERE {scope.sql}"
-            f" AND {gate} ORDER BY d, id LIMIT {pool})"
+            f"e AS MATERIALIZED (SELECT id, {d} AS d, {c.time} AS o FROM {c.table}"
+            f" WHERE {scope.sql} AND {gate} ORDER BY d, id LIMIT {pool})"
         )
         return sql, list(scope.params)
     n = 2 * pool + 100
     half = "half <#> (SELECT l2_normalize(q)::halfvec FROM qv)"
     rows = f"FROM {c.copies} WHERE {scope.sql} AND {gate}"
     sql = (
-        f"hv AS MATERIALIZED (SELECT id, {half} AS hd {rows} ORDER BY hd LIMIT {n}),\n"
+        f"hv AS MATERIALIZED (SELECT id, {half} AS hd, {c.time} AS o {rows} ORDER BY hd"
+        f" LIMIT {n}),\n"
         f"cut AS MATERIALIZED (SELECT t, (SELECT count(*) FROM hv) = {n}"
         " AND (SELECT max(hd) FROM hv) <= t AS more FROM (SELECT coalesce((SELECT hd"
         f" FROM hv ORDER BY hd OFFSET {pool - 1} LIMIT 1) + {COPY_MARGIN}, 'NaN') AS t) x),\n"
-        "band AS (SELECT id FROM hv WHERE hd <= (SELECT t FROM cut) AND NOT (SELECT more FROM cut)"
-        f" UNION ALL SELECT id {rows} AND (SELECT more FROM cut) AND {half} <= (SELECT t FROM cut)),\n"
-        f"e AS MATERIALIZED (SELECT b.id, (SELECT {d} FROM {c.table} r WHERE r.id = b.id) AS d"
-        f" FROM band b ORDER BY d, b.id LIMIT {pool})"
+        "band AS (SELECT id, o FROM hv WHERE hd <= (SELECT t FROM cut)"
+        f" AND NOT (SELECT more FROM cut) UNION ALL SELECT id, {c.time} {rows}"
+        f" AND (SELECT more FROM cut) AND {half} <= (SELECT t FROM cut)),\n"
+        f"e AS MATERIALIZED (SELECT b.id, (SELECT {d} FROM {c.table} r WHERE r.id = b.id) AS d,"
+        f" b.o FROM band b ORDER BY d, b.id LIMIT {pool})"
     )
     return sql, [*scope.params, *scope.params]
 
 
 def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -> Leg:
-    """A statement giving (id, cosine distance, walked) of the ``pool`` rows of ``scope``
-    nearest ``vector``, nearest first (ties by id); distances are those of the stored
-    vectors; ``walked``: the row came from the index walk (false: an exact scan, the rows
-    waiting for the indexer, or the scope's ``extra`` rows, always ranked exactly)."""
+    """A statement giving (id, cosine distance, walked, time) of the ``pool`` rows of
+    ``scope`` nearest ``vector``, nearest first (ties by id); distances are those of the
+    stored vectors; ``walked``: the row came from the index walk (false: an exact scan,
+    the rows waiting for the indexer, or the scope's ``extra`` rows, always ranked
+    exactly); time: the collection's ``time`` column."""
     ctes = ["qv AS MATERIALIZED (SELECT %s::vector AS q)"]
     params: list[Any] = [VectorParam(vector)]
     kind = hnsw.index_type(c.index_prefix, dims)
@@ -121,20 +124,20 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
         # large here, and a plan made without its values (a generic one) must still walk.
         ctes.append(
             f"i AS MATERIALIZED (SELECT id, {c.embedding}::vector({dims}) <=> (SELECT q FROM qv)"
-            f" AS d FROM {c.table} WHERE {c.dims_column} = {dims}{pending}"
+            f" AS d, {c.time} AS o FROM {c.table} WHERE {c.dims_column} = {dims}{pending}"
             f" AND ({scope.sql}) IS TRUE{gate} ORDER BY {c.embedding}::{kind}({dims})"
             f" <=> (SELECT q::{kind}({dims}) FROM qv) LIMIT {pool})"
         )
         params += scope.params
-        found = "SELECT id, d, true AS walked FROM i"
+        found = "SELECT id, d, true AS walked, o FROM i"
         if c.pending:
             ctes.append(
-                f"p AS MATERIALIZED (SELECT id, {c.embedding} <=> (SELECT q FROM qv) AS d"
-                f" FROM {c.table} WHERE {scope.sql} AND {c.pending}{gate}"
+                f"p AS MATERIALIZED (SELECT id, {c.embedding} <=> (SELECT q FROM qv) AS d,"
+                f" {c.time} AS o FROM {c.table} WHERE {scope.sql} AND {c.pending}{gate}"
                 f" ORDER BY d, id LIMIT {pool})"
             )
             params += scope.params
-            found += " UNION ALL SELECT id, d, false FROM p"
+            found += " UNION ALL SELECT id, d, false, o FROM p"
         found = f"SELECT * FROM ({found}) w WHERE (SELECT count(*) FROM i) >= {pool} UNION ALL "
     exact, exact_params = _exact(
         c, scope, dims, pool, "true" if walk is False else f"(SELECT count(*) FROM i) < {pool}"
@@ -144,15 +147,15 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
     also = ""
     if scope.extra is not None:
         ctes.append(
-            f"x AS MATERIALIZED (SELECT id, {c.embedding} <=> (SELECT q FROM qv) AS d"
-            f" FROM {c.table} WHERE {c.dims_column} = {dims} AND {scope.extra[0]})"
+            f"x AS MATERIALIZED (SELECT id, {c.embedding} <=> (SELECT q FROM qv) AS d,"
+            f" {c.time} AS o FROM {c.table} WHERE {c.dims_column} = {dims} AND {scope.extra[0]})"
         )
         params += scope.extra[1]
-        also = " UNION ALL SELECT id, d, false FROM x"
+        also = " UNION ALL SELECT id, d, false, o FROM x"
     path = "exact" if walk is False else "index" if walk else "filtered"
     sql = (
         f"/* vector leg, {path} */WITH " + ",\n".join(ctes)
-        + f"\n{found}SELECT id, d, false AS walked FROM e{also} ORDER BY d, id LIMIT {pool}"
+        + f"\n{found}SELECT id, d, false AS walked, o FROM e{also} ORDER BY d, id LIMIT {pool}"
     )  # fmt: skip
     if walk is False:
         return Leg(sql, params, [], path)

@@ -32,7 +32,7 @@ ITEMS = Collection(
     index_prefix="memoryitem_hnsw",
     id_type="bigint",
     details="t.id, t.content_summary, t.metadata, t.created_at",
-    time="t.created_at",
+    time="created_at",
     tiebreak="{top}.id",
     fusion="max",
     vector_weight=0.7,
@@ -97,7 +97,7 @@ class ItemSearch:
             vector = vector_leg(ITEMS, scope, self.dims, values, pool)
         keyword = counted_leg(
             table=TABLE, token=f"~store:{self.store_id}", text=self.text, pool=pool,
-            totals=(_TOTALS, [self.store_id]),
+            totals=(_TOTALS, [self.store_id]), newest="created_at",
         )  # fmt: skip
         ranking = Ranking(
             limit=self.top_k,
