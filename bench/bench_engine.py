@@ -4,8 +4,7 @@ Run from the repository root, against a private database (reused between runs):
 
     EMBEDDED_DB_NAME=bench_engine .venv/bin/python bench/bench_engine.py [--fresh] \\
         [--scopes 10000 --per-scope 100] [--queries 200] [--skip-large | --large] \\
-        [--search-only] [--paired | --paired-table] [--paired-before DIR] \\
-        [--maintenance-work-mem 3GB]
+        [--search-only] [--maintenance-work-mem 3GB]
 
 Data (one owner): scope ``["bench", "big"]`` with 10,000 facts, ``["bench", "inj"]``
 with 500, then (unless ``--skip-large``) 10,000 scopes ``["s", "<i>"]`` of 100 facts
@@ -25,11 +24,13 @@ Reported (p50/p99 over ``--queries`` calls, after 10 warm-up calls):
   the owner, filtered by an EXISTS on the user's links), same scopes, fewer calls;
 * injection: ``format_for_injection`` over the 500-fact scope, 600 tokens, without
   and with a query;
-* ``--paired-before DIR``: the search against the search statement of another checkout
-  (e.g. a worktree of main), call by call alternated on the same data (to measure a
-  change of the statement: run this checkout's migrations first);
+* the duplicate check alone (the scope's nearest fact);
 * add: ``fact_add`` of one new fact (embedding precomputed) into a 100-fact and
   the 10,000-fact scope (dedup checks included), then removed again.
+
+To compare two versions of the code, run each checkout's copy of this script in turn
+on a copy of the same database (``CREATE DATABASE ... TEMPLATE``), several times each,
+alternated: the machine's load then hits both alike.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import statistics
 import sys
 import time
@@ -66,7 +66,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 
 from core.providers.tokens import count_tokens  # noqa: E402
 from memories.facts.injection import format_for_injection  # noqa: E402
@@ -213,41 +213,30 @@ def old_search(owner_id: int, scope_id: int, q: np.ndarray) -> list[Any]:
         return cur.fetchall()
 
 
-LITERAL = re.compile(r"'\[[^]]*\]'")
-
-
-def explain(label: str, scope_id: int, q: np.ndarray, words: str = "w1 w2 w3") -> None:
-    """EXPLAIN (ANALYZE, BUFFERS) of the search's one statement and of the duplicate
-    check's nearest-fact lookup for one scope: what each reads."""
-    from memories.facts import ranking
+def explain(label: str, scope: Scope, q: np.ndarray, words: str = "w1 w2 w3") -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of the search's statement and of the duplicate check's
+    nearest-fact lookup for one scope: what each reads."""
+    from knowledge.retrieval.db import fetch
+    from knowledge.retrieval.engine import Ranking, statement
+    from memories.facts import search
 
     pool = max(50, 5 * 10)
-    statement = ranking.candidates_statement(
-        scope_id=scope_id, text=words, vector=q.tolist(), embedding_model=MODEL, pool=pool,
-        index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool),
-        walk_share=settings.ENGINE_WALK_MIN_SHARE, exact_cap=settings.ENGINE_EXACT_CAP_FACTS,
-        ranking=ranking.Ranking(settings.ENGINE_VECTOR_WEIGHT, settings.ENGINE_HALF_LIFE_DAYS,
-                                  datetime.now(UTC), 10),
-    )  # fmt: skip
-    kind = ranking._index_type(DIMS)
-    text = "[" + ",".join(repr(float(x)) for x in q) + "]"
-    nearest = (
-        f"SELECT id, embedding::vector({DIMS}) <=> %s::vector({DIMS}) AS d FROM memories_fact "
-        f"WHERE dimensions = {DIMS} AND scope_id = %s AND embedding_model = %s "
-        f"ORDER BY embedding::{kind}({DIMS}) <=> %s::{kind}({DIMS}) LIMIT 1"
+    vector = q.tolist()
+    legs = (
+        search.fact_vector_leg(scope, vector, MODEL, pool),
+        search.fact_keyword_leg(scope, words, pool),
     )
-    with transaction.atomic(), connection.cursor() as cur:
-        if statement.settings:
-            cur.execute(*statement.settings)
-        for name, sql, params in (
-            ("search, the one statement", statement.sql, statement.params),
-            ("duplicate check (HNSW walk)", nearest, [text, scope_id, MODEL, text]),
-        ):
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params)
-            plan = [row[0] for row in cur.fetchall()]
-            print(f"  EXPLAIN {name}, {label}:")
-            for line in plan:
-                print("    " + LITERAL.sub("'[...]'", line))
+    ranking = Ranking(limit=10, half_life=search.HALF_LIFE_DAYS, now=datetime.now(UTC))
+    one = statement(search.FACTS, *legs, ranking)
+    nearest = search.fact_vector_leg(scope, vector, MODEL, 1)
+    for name, sql, params, local in (
+        ("search, the one statement", one.sql, one.params, one.local),
+        ("duplicate check (nearest fact)", nearest.sql, nearest.params, nearest.local),
+    ):
+        plan, _ = fetch("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql, params, False, local)
+        print(f"  EXPLAIN {name}, {label}:")
+        for (line,) in plan:
+            print("    " + line)
 
 
 def report(label: str, p50: float, p99: float, extra: str = "") -> None:
@@ -274,132 +263,6 @@ def bench_search(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
         p99,
         f"rows min {min(counts)} median {statistics.median(counts)}",
     )
-
-
-def bench_paired(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
-    """The one statement against the search it replaced (three statements and the merge
-    in Python, ``reference_search`` in the tests, on the same indexes), call by call
-    alternated with the same query: medians and the median of the paired ratios."""
-    from memories.facts import ranking
-    from tests.memories.engine.test_search_statement import reference_search
-
-    class Given:
-        model = MODEL
-
-        def __init__(self, q: np.ndarray) -> None:
-            self.q = q
-
-        def embed(self, texts: Any) -> list[np.ndarray]:
-            return [self.q]
-
-    queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
-    new, old = [], []
-    for i in range(calls + 10):
-        q, words = prng.choice(queries)
-        row = prng.choice(rows)
-        pair = []
-        for fn in (
-            lambda row=row, words=words, q=q: fact_search(
-                owner=owner, scope=row, query=words, limit=10, query_vector=q,
-                embedder=FixedEmbedder()),
-            lambda row=row, words=words, q=q: reference_search(
-                owner, list(row.path), words, embedder=Given(q), limit=10,
-                half_life=settings.ENGINE_HALF_LIFE_DAYS,
-                vector_ranking=ranking.scope_vector_ranking),
-        ):  # fmt: skip
-            t = time.perf_counter()
-            fn()
-            pair.append((time.perf_counter() - t) * 1000)
-        if i >= 10:
-            new.append(pair[0])
-            old.append(pair[1])
-    ratio = statistics.median(a / b for a, b in zip(new, old, strict=True))
-    print(f"paired, {label}: one statement p50 {statistics.median(new):.2f} ms, three statements "
-          f"p50 {statistics.median(old):.2f} ms, paired ratio {ratio:.2f}", flush=True)  # fmt: skip
-
-
-def bench_paired_table(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
-    """The search ranking the scope exactly through its 16-bit copies (migration 0008)
-    against the same search scanning the fact table instead (``_half_table`` False:
-    what vectors of more than 1,024 dimensions do; the search as it was before 0008
-    when the table has the old covering index ``(scope) INCLUDE (id, embedding,
-    dimensions, embedding_model, observed_at, confidence, category)`` and no
-    ``vector_scope``: see BENCHMARKS.md), call by call alternated with the same query:
-    medians, the median of the paired ratios, and how many answers differed."""
-    from memories.facts import ranking
-
-    real = ranking._half_table
-
-    def use(copies: bool) -> None:
-        ranking._half_table = real if copies else lambda: False  # type: ignore[assignment]
-
-    _alternated(owner, rows, calls, use, f"paired, {label}", ("copies", "table"))
-
-
-def bench_paired_before(
-    owner: Any, rows: list[Scope], calls: int, label: str, before: Path
-) -> None:
-    """This checkout's search against another checkout's search statement (``before``:
-    its ``memories/facts/ranking.py``, loaded as a module of its own; the same
-    database, connection and ``fact_search`` around it), call by call alternated
-    as ``bench_paired_table``."""
-    import importlib.util
-
-    from memories.facts import search
-
-    spec = importlib.util.spec_from_file_location(
-        "before_ranking", before / "memories" / "facts" / "ranking.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    real = search.scope_fact_search
-
-    def use(mine: bool) -> None:
-        chosen = real if mine else module.scope_fact_search
-        search.scope_fact_search = chosen  # type: ignore[assignment]
-
-    _alternated(owner, rows, calls, use, f"paired, {label}", ("this checkout", str(before)))
-
-
-def _alternated(
-    owner: Any,
-    rows: list[Scope],
-    calls: int,
-    use: Callable[[bool], None],
-    label: str,
-    names: tuple[str, str],
-) -> None:
-    """``calls`` (+ 10 warm-up) pairs of the same search (scope and query drawn for the
-    pair) with ``use(True)``, the variant measured, and ``use(False)``, the one it is
-    measured against, which goes first alternating (``use(True)`` again at the end):
-    prints the medians of each (``names``), the median of the paired ratios and how many
-    pairs' answers differed."""
-    queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
-    times: dict[bool, list[float]] = {True: [], False: []}
-    differ = 0
-    try:
-        for i in range(calls + 10):
-            q, words = prng.choice(queries)
-            row = prng.choice(rows)
-            ids = {}
-            for variant in (i % 2 == 0, i % 2 == 1):
-                use(variant)
-                t = time.perf_counter()
-                found = fact_search(owner=owner, scope=row, query=words, limit=10,
-                                         query_vector=q, embedder=FixedEmbedder())  # fmt: skip
-                if i >= 10:
-                    times[variant].append((time.perf_counter() - t) * 1000)
-                ids[variant] = [h.id for h in found.hits]
-            differ += ids[True] != ids[False]
-    finally:
-        use(True)
-    new, old = times[True], times[False]
-    ratio = statistics.median(a / b for a, b in zip(new, old, strict=True))
-    print(f"{label}: {names[0]} p50 {statistics.median(new):.2f} ms, {names[1]} p50 "
-          f"{statistics.median(old):.2f} ms, paired ratio {ratio:.2f}, "
-          f"answers differing {differ}/{calls + 10}", flush=True)  # fmt: skip
 
 
 def bench_old(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
@@ -449,25 +312,12 @@ def bench_add(owner: Any, row: Scope, calls: int, label: str) -> None:
 
 
 def bench_nearest(row: Scope, calls: int, label: str) -> None:
-    """The duplicate check alone (the scope's nearest fact), as ``fact_add`` runs
-    it, and the exact scan of the scope for comparison."""
-    from memories.facts import ranking, services
+    """The duplicate check alone (the scope's nearest fact), as ``fact_add`` runs it."""
+    from memories.facts.search import fact_nearest
 
     queries = [unit(1)[0] for _ in range(64)]
-    p50, p99, _ = timed(
-        lambda: services._nearest_in_scope(
-            row, prng.choice(queries).tolist(), MODEL, ranking.scope_fact_count(scope_id=row.pk)
-        ),
-        calls,
-    )
+    p50, p99, _ = timed(lambda: fact_nearest(row, prng.choice(queries).tolist(), MODEL), calls)
     report(f"duplicate check (nearest fact), {label}", p50, p99)
-    p50, p99, _ = timed(
-        lambda: ranking.scope_vector_ranking(
-            scope_id=row.pk, vector=prng.choice(queries).tolist(), embedding_model=MODEL, limit=1
-        ),
-        calls,
-    )
-    report(f"  the same by an exact scan of the scope, {label}", p50, p99)
 
 
 def main() -> None:
@@ -478,21 +328,10 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--skip-large", action="store_true")
     parser.add_argument("--large", action="store_true", help="the 1M phase only")
-    parser.add_argument(
-        "--paired", action="store_true", help="also the one statement against three, alternated"
-    )
     parser.add_argument("--maintenance-work-mem", default="3GB")
     parser.add_argument(
         "--search-only", action="store_true", help="searches only (no injection, adds, before)"
     )
-    parser.add_argument(
-        "--paired-table", action="store_true",
-        help="also the search through the 16-bit copies against a scan of the table, alternated",
-    )  # fmt: skip
-    parser.add_argument(
-        "--paired-before", type=Path, metavar="DIR",
-        help="also the search against another checkout's statement (DIR: its root), alternated",
-    )  # fmt: skip
     parser.add_argument(
         "--pool", type=int, default=0, help="also time the 10k scope with this vector pool"
     )
@@ -517,18 +356,9 @@ def main() -> None:
 
 def phase_a(args: argparse.Namespace, owner: Any, big: Scope, inj: Scope) -> None:
     print(f"\nphase A: owner holds {owner_facts(owner.pk):,} facts", flush=True)
-    explain("10k facts in one scope", big.pk, unit(1)[0])
+    explain("10k facts in one scope", big, unit(1)[0])
     bench_search(owner, [big], args.queries, "10k facts in one scope")
     bench_search(owner, [inj], args.queries, "500 facts in one scope")
-    if args.paired:
-        bench_paired(owner, [big], args.queries, "10k facts in one scope")
-        bench_paired(owner, [inj], args.queries, "500 facts in one scope")
-    if args.paired_table:
-        bench_paired_table(owner, [big], args.queries, "10k facts in one scope")
-        bench_paired_table(owner, [inj], args.queries, "500 facts in one scope")
-    if args.paired_before:
-        for rows, label in (([big], "10k facts in one scope"), ([inj], "500 facts in one scope")):
-            bench_paired_before(owner, rows, args.queries, label, args.paired_before)
     if args.search_only:
         return
     bench_old(owner, [big], 20, "10k facts in one scope")
@@ -560,22 +390,10 @@ def phase_b(args: argparse.Namespace, owner: Any, big: Scope) -> None:
         build()
         fix_times()
     print(f"\nphase B: owner holds {owner_facts(owner.pk):,} facts", flush=True)
-    explain("10k-fact scope, owner holds 1M", big.pk, unit(1)[0])
-    explain(f"{args.per_scope}-fact scope, owner holds 1M", smalls[0].pk, unit(1)[0])
+    explain("10k-fact scope, owner holds 1M", big, unit(1)[0])
+    explain(f"{args.per_scope}-fact scope, owner holds 1M", smalls[0], unit(1)[0])
     bench_search(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
     bench_search(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, owner holds 1M")
-    if args.paired:
-        bench_paired(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
-        bench_paired(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, owner holds 1M")
-    if args.paired_table:
-        bench_paired_table(owner, [big], args.queries, "10k-fact scope, owner holds 1M")
-        bench_paired_table(owner, smalls, args.queries,
-                           f"{args.per_scope}-fact scopes, owner holds 1M")  # fmt: skip
-    if args.paired_before:
-        bench_paired_before(owner, [big], args.queries, "10k-fact scope, owner holds 1M",
-                            args.paired_before)  # fmt: skip
-        bench_paired_before(owner, smalls, args.queries, f"{args.per_scope}-fact scopes, "
-                            "owner holds 1M", args.paired_before)  # fmt: skip
     if args.search_only:
         return
     bench_old(owner, [big], 5, "10k-fact scope, owner holds 1M")

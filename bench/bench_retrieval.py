@@ -23,8 +23,10 @@ one, the local MiniLM by default, and no LLM is used.) The measurement is the on
 Searches go through ``knowledge.search.search_chunks`` in process, or with ``--http``
 through ``POST /api/v1/knowledge-bases/{id}/search`` of an instance this script serves on
 127.0.0.1 (``manage.py serve --no-worker``, same database). ``--mode`` and ``--rrf-k``
-are the API's own parameters; ``--set NAME=VALUE`` overrides a ``SEARCH_*`` setting in
-process (and in the served instance's environment), for tuning.
+are the API's own parameters; ``--set NAME=VALUE`` changes a ranking constant in process,
+for tuning: a collection's option (``chunks.vector_weight=0.5``, ``facts.exact_max=10``)
+or a constant of the retrieval package (``hnsw.EF_SEARCH=40``, ``bm25.B=0.5``); not
+with ``--http``.
 
 ``--facts`` adds the personal-memory yardstick: every session's ``observation`` facts are
 stored (``memories.facts.services.fact_add``, as given) as personal memories of end users named after
@@ -293,20 +295,16 @@ def strip_question_words(text: str) -> str:
 
 
 def patch_keyword_query() -> None:
-    """The keyword leg (both paths: one statement and legs apart) sees the query without
-    ``QUESTION_WORDS``; the vector leg embeds it whole."""
-    from knowledge import bm25, search
+    """The keyword leg sees the query without ``QUESTION_WORDS``; the vector leg embeds it
+    whole."""
+    from knowledge.retrieval import bm25
 
-    one, ranking = bm25.one_statement_sql, search.bm25_ranking
+    leg = bm25.chunk_leg
 
-    def one_statement_sql(language: str, text: str, *rest: Any) -> Any:
-        return one(language, strip_question_words(text), *rest)
+    def chunk_leg(kb_ids: Any, language: str, text: str, *rest: Any, **options: Any) -> Any:
+        return leg(kb_ids, language, strip_question_words(text), *rest, **options)
 
-    def bm25_ranking(kb_ids: Any, language: str, text: str, *rest: Any) -> Any:
-        return ranking(kb_ids, language, strip_question_words(text), *rest)
-
-    bm25.one_statement_sql = one_statement_sql  # type: ignore[assignment]
-    search.bm25_ranking = bm25_ranking  # type: ignore[assignment]
+    bm25.chunk_leg = chunk_leg  # type: ignore[assignment]
 
 
 def cache_rewrites(path: Path) -> None:
@@ -367,7 +365,7 @@ class OverHTTP:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        env = {**os.environ, **{k: str(v) for k, v in args.overrides.items()}}
+        env = dict(os.environ)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -622,25 +620,29 @@ def engine_rankings(
     """The scope's top ``k`` (fact id, score) three ways: the engine's own search
     (``fact_search``, no decay: BM25 keyword leg), its merge replayed in Python over
     the same two legs (w x cosine + (1 - w) x BM25 / best BM25, the keyword leg from
-    ``scope_keyword_ranking``: must agree with it), and the same merge with the keyword
+    ``fact_keyword_leg``: must agree with it), and the same merge with the keyword
     leg the engine had before (``ts_rank``, ``TS_RANK_SQL``). Equal scores: newer first,
     then id, as the engine orders them."""
     from memories.facts.models import Fact
-    from memories.facts.ranking import scope_keyword_ranking, scope_vector_ranking
-    from memories.facts.search import _pool, fact_search
+    from memories.facts.search import (
+        FACTS,
+        _pool,
+        fact_keyword_leg,
+        fact_search,
+        fact_vector_leg,
+    )
 
     engine = fact_search(
         owner=owner, scope=user, query=query, limit=k, half_life_days=0, query_vector=vector
     )
     pool = _pool(k, 0)
-    weight = min(1.0, settings.ENGINE_VECTOR_WEIGHT)
-    cosine = dict(
-        scope_vector_ranking(scope_id=user.pk, vector=vector, embedding_model=model, limit=pool)
-    )
+    weight = FACTS.vector_weight
+    cosine = {r[0]: 1.0 - float(r[1]) for r in fact_vector_leg(user, vector, model, pool).run()}
     started = time.perf_counter()
     ts_rank = dict(ts_rank_ranking(user.pk, query, pool))
     middle = time.perf_counter()
-    bm25 = dict(scope_keyword_ranking(scope_id=user.pk, text=query, limit=pool))
+    leg = fact_keyword_leg(user, query, pool)
+    bm25 = {r[0]: float(r[1]) for r in leg.run()} if leg is not None else {}
     LEG_MS["ts_rank"].append((middle - started) * 1000)
     LEG_MS["bm25"].append((time.perf_counter() - middle) * 1000)
     observed = dict(
@@ -689,9 +691,11 @@ def run_engine_facts(args: argparse.Namespace, convs: list[Conversation]) -> Non
         "bm25": "replayed in Python: w x cosine + (1 - w) x BM25 / best",
         "ts_rank": "the same merge, keyword leg ts_rank (the engine before BM25)",
     }
-    weight = settings.ENGINE_VECTOR_WEIGHT
+    from memories.facts.search import FACTS
+
+    weight = FACTS.vector_weight
     for name, title in titles.items():
-        report(f"fact recall, {title}, ENGINE_VECTOR_WEIGHT {weight}", rows[name])
+        report(f"fact recall, {title}, facts' vector_weight {weight}", rows[name])
     agree = statistics.fmean(
         a[1] == b[1] for a, b in zip(rows["engine"], rows["bm25"], strict=True)
     )
@@ -699,20 +703,48 @@ def run_engine_facts(args: argparse.Namespace, convs: list[Conversation]) -> Non
     print(f"  three rankings per asker: p50 {statistics.median(latencies):.1f} ms")
     print(
         "  keyword leg alone, p50: ts_rank (before) "
-        f"{statistics.median(LEG_MS['ts_rank']):.1f} ms, BM25 (scope_keyword_ranking) "
+        f"{statistics.median(LEG_MS['ts_rank']):.1f} ms, BM25 (fact_keyword_leg) "
         f"{statistics.median(LEG_MS['bm25']):.1f} ms"
     )
 
 
 def parse_overrides(values: list[str]) -> dict[str, Any]:
+    """``--set`` values as {"chunks.vector_weight": 0.5, ...}, checked and typed."""
     out: dict[str, Any] = {}
     for value in values:
         name, _, raw = value.partition("=")
-        if not name.startswith(("SEARCH_", "MEMORY_", "ENGINE_")) or not hasattr(settings, name):
-            raise SystemExit(f"--set {value}: not a SEARCH_*/MEMORY_*/ENGINE_* setting")
-        current = getattr(settings, name)
+        target, _, attr = name.partition(".")
+        current = getattr(
+            _override_target(target), attr.lower() if target in ("chunks", "facts") else attr, None
+        )
+        if current is None:
+            raise SystemExit(f"--set {value}: not a collection option or a retrieval constant")
         out[name] = type(current)(raw) if not isinstance(current, bool) else raw == "1"
     return out
+
+
+def _override_target(target: str) -> Any:
+    from knowledge import search as chunks
+    from knowledge.retrieval import bm25, hnsw
+    from memories.facts import search as facts
+
+    return {"chunks": chunks.CHUNKS, "facts": facts.FACTS, "hnsw": hnsw, "bm25": bm25}.get(target)
+
+
+def apply_overrides(overrides: dict[str, Any]) -> None:
+    from dataclasses import replace
+
+    from knowledge import search as chunks
+    from memories.facts import search as facts
+
+    for name, value in overrides.items():
+        target, _, attr = name.partition(".")
+        if target == "chunks":
+            chunks.CHUNKS = replace(chunks.CHUNKS, **{attr: value})
+        elif target == "facts":
+            facts.FACTS = replace(facts.FACTS, **{attr: value})
+        else:
+            setattr(_override_target(target), attr, value)
 
 
 def main() -> None:
@@ -758,7 +790,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="override a SEARCH_*/MEMORY_* setting",
+        help="change a ranking constant: chunks.<option>, facts.<option>, hnsw.<NAME>, bm25.<NAME>",
     )
     parser.add_argument("--http", action="store_true", help="search through a served instance")
     parser.add_argument("--facts", action="store_true", help="also the personal-memory yardstick")
@@ -774,8 +806,9 @@ def main() -> None:
     args.mode_given = args.mode is not None
     args.mode = args.mode or "hybrid"
     args.overrides = parse_overrides(args.overrides)
-    for name, value in args.overrides.items():
-        setattr(settings, name, value)
+    if args.overrides and args.http:
+        raise SystemExit("--set changes constants in this process: not with --http")
+    apply_overrides(args.overrides)
     call_command("migrate", verbosity=0)
     if args.question_words:
         patch_keyword_query()

@@ -29,9 +29,8 @@ from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
 from memories.facts.injection import Injection, format_for_injection
 from memories.facts.models import Fact, Scope
-from memories.facts.ranking import FactFilter
 from memories.facts.scopes import ScopePath, scope_fill, scope_find
-from memories.facts.search import SearchResult, fact_search
+from memories.facts.search import FactFilter, SearchResult, fact_search
 from memories.facts.selectors import ScopeNotFound
 from memories.facts.services import (
     FactDecision,

@@ -21,10 +21,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from core.providers.embeddings import Embedder
 from core.providers.tokens import count_tokens
 from memories.facts.models import Scope
-from memories.facts.ranking import scope_fact_count
 from memories.facts.scopes import ScopePath, global_scope_find, scope_find, scope_parse
 from memories.facts.search import FactHit, QueryVector, query_embed, scope_search
-from memories.facts.selectors import FactRow, fact_rows
+from memories.facts.selectors import FactRow, fact_rows, scope_fact_count
 from memories.facts.services import fact_line
 
 MIN_LINE_TOKENS = 8  # "- [goal | 0.90] x" is 10 tokens: below this nothing fits

@@ -3,11 +3,13 @@
 of ``/api/v1/engine/injection`` and of the chat proxy, the tools and MCP), so the same
 query on the same scope returns the same facts in the same order whichever door asks.
 
-It ranks the scope's facts by cosine similarity (exactly, or through the HNSW index
-past ``ENGINE_EXACT_MAX_FACTS``) and by keyword (any query word, BM25 with the scope's
-statistics), merges them (``ENGINE_VECTOR_WEIGHT`` x similarity + the rest x keyword
-score normalised to the best match) and multiplies by the decay of the fact's age (as
-``core.scoring.decay``), all in one statement (``ranking.candidates_statement``); equal
+Facts are a collection of the retrieval engine (``knowledge.retrieval``, ``FACTS``): a
+scope's own facts (``scope_id``) and the few it shares with other scopes (its ``shared``
+links), ranked by cosine similarity (exactly through the facts' 16-bit copies, or
+through the HNSW index for a scope past ``exact_max`` that also holds a good share of the
+table or more than ``exact_cap`` facts) and by keyword (any query word, BM25 with the
+scope's statistics), fused as ``VECTOR_WEIGHT`` x similarity + the rest x the keyword
+score over the best one's, times the decay of the fact's age (when it was said); equal
 scores: the newer fact first, then the id. When the embedder fails the search is
 keyword-only, never an error.
 """
@@ -22,13 +24,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
 from core.providers.embeddings import Embedder, get_embedder
+from knowledge.retrieval.bm25 import counted_leg
+from knowledge.retrieval.engine import Collection, Leg, Ranking, rank
+from knowledge.retrieval.engine import Scope as Rows
+from knowledge.retrieval.vectors import vector_leg
 from memories.facts.models import Scope
-from memories.facts.ranking import FactFilter, Ranking, scope_fact_search
 from memories.facts.scopes import ScopePath, global_scope_find, scope_find, scope_parse
 
 logger = logging.getLogger(__name__)
@@ -65,7 +69,103 @@ class SearchResult:
     hits: list[FactHit]
     mode: str  # "hybrid" or "keyword" (the embedder failed or there was no vector)
     embedder_error: str | None = None
-    vector_path: str = ""  # "index" (HNSW walk), "exact" (scan of the scope), "" (none)
+
+
+@dataclass
+class FactFilter:
+    categories: list[str] | None = None
+    min_confidence: float | None = None
+
+    def sql(self, alias: str = "") -> tuple[str, list[Any]]:
+        parts: list[str] = []
+        params: list[Any] = []
+        if self.categories:
+            parts.append(f"{alias}category = ANY(%s)")
+            params.append(list(self.categories))
+        if self.min_confidence is not None:
+            parts.append(f"{alias}confidence >= %s")
+            params.append(self.min_confidence)
+        return "".join(f" AND {p}" for p in parts), params
+
+
+FACTS = Collection(
+    name="facts",
+    table="memories_fact",
+    index_prefix="fact_hnsw",
+    id_type="uuid",
+    details=(
+        "t.id, t.content, t.category, t.confidence, t.source_kind, t.source_ref, t.metadata, "
+        "t.observed_at, t.created_at, t.updated_at"
+    ),
+    time="observed_at",
+    tiebreak="{top}.o DESC, {top}.id",
+    fusion="max",
+    # w, tuned on LoCoMo facts (BENCHMARKS.md, "The engine's keyword leg is BM25 now").
+    vector_weight=0.5,
+    copies="memories_fact_half",  # (migration 0008)
+    # Past 2,000 facts a scope walks the HNSW index if it also holds 5% of the table or
+    # more than 20,000 facts (a walk filtered to a rare scope visits many nodes of other
+    # scopes: 10,000 facts among 1M are ranked faster exactly).
+    exact_max=2000,
+    walk_min_share=0.05,
+    exact_cap=20_000,
+)
+# Decay: a fact's score halves every this many days of its age (0: no decay).
+HALF_LIFE_DAYS = 30.0
+# The facts a scope shares with others (linked to several scopes: no ``scope_id``).
+_SHARED = "SELECT fact_id FROM memories_factlink WHERE scope_id = %s AND shared"
+_SIZE = "SELECT fact_count FROM memories_scope WHERE id = %s"  # (kept by triggers: 0009)
+_TOTALS = (
+    "SELECT e.n + s.n, e.l + s.l FROM (SELECT coalesce(sum(text_facts), 0) AS n,"
+    " coalesce(sum(text_lexemes), 0) AS l FROM memories_scope WHERE id = %s) e,"
+    " (SELECT count(*) AS n, coalesce(sum(length(search_vector) - 1), 0) AS l"
+    f" FROM memories_fact WHERE id IN ({_SHARED}) AND scope_id IS NULL) s"
+)
+
+
+def fact_vector_leg(
+    row: Scope, vector: Sequence[float], model: str, pool: int, filter: FactFilter | None = None
+) -> Leg:
+    """The vector leg of a scope's facts of ``model``: (id, distance, walked, time)."""
+    where, params = (filter or FactFilter()).sql()
+    dims = len(vector)
+    scope = Rows(
+        f"scope_id = %s AND dimensions = {dims} AND embedding_model = %s{where}",
+        [row.pk, model, *params],
+        size=(_SIZE, [row.pk]),
+        extra=(
+            f"id IN ({_SHARED}) AND scope_id IS NULL AND embedding_model = %s{where}",
+            [row.pk, model, *params],
+        ),
+    )
+    return vector_leg(FACTS, scope, dims, vector, pool)
+
+
+def fact_keyword_leg(
+    row: Scope, text: str, pool: int, filter: FactFilter | None = None
+) -> Leg | None:
+    """The keyword leg of a scope's facts: (id, BM25 score, time), the statistics the
+    whole scope's whatever the filter (None for a text without words)."""
+    where, params = (filter or FactFilter()).sql()
+    shared_where, _ = (filter or FactFilter()).sql("v.")
+    shared = (
+        f"SELECT v.id, v.search_vector, v.observed_at, (true{shared_where}) FROM q,"
+        f" memories_fact v WHERE v.id IN ({_SHARED}) AND v.scope_id IS NULL"
+        " AND numnode(q.words) > 0 AND v.search_vector @@ q.words"
+    )
+    return counted_leg(
+        table="memories_fact", token=f"~scope:{row.pk}", text=text, pool=pool,
+        newest="observed_at", filter=("true" + where, params),
+        extra=(shared, [*params, row.pk]), totals=(_TOTALS, [row.pk, row.pk]),
+    )  # fmt: skip
+
+
+def fact_nearest(row: Scope, vector: Sequence[float], model: str) -> tuple[uuid.UUID, float] | None:
+    """The scope's fact of ``model`` nearest ``vector`` and its similarity (the semantic
+    duplicate check): exact, or through the index for a large scope (a near duplicate is
+    near: the walk does not miss it)."""
+    rows = fact_vector_leg(row, vector, model, 1).run()
+    return (rows[0][0], 1.0 - float(rows[0][1])) if rows else None
 
 
 @dataclass(frozen=True)
@@ -155,25 +255,31 @@ def scope_search(
     if row is None:
         return SearchResult([], mode, q.error)
     pool = _pool(limit, offset)
-    half_life = settings.ENGINE_HALF_LIFE_DAYS if half_life_days is None else half_life_days
-    weight = 0.0 if q.vector is None else min(1.0, settings.ENGINE_VECTOR_WEIGHT)
-    # Past ENGINE_EXACT_MAX_FACTS (and the pool), and past ENGINE_WALK_MIN_SHARE of the
-    # table or ENGINE_EXACT_CAP_FACTS, the vector leg walks the HNSW index; a short walk
-    # (a filter few facts pass, the scan cap) is redone exactly: all in SQL, with the
-    # merge and the decay.
-    found = scope_fact_search(
-        scope_id=row.pk, text=query, vector=q.vector, embedding_model=q.model, pool=pool,
-        index_above=max(settings.ENGINE_EXACT_MAX_FACTS, pool), filter=filter,
-        walk_share=settings.ENGINE_WALK_MIN_SHARE, exact_cap=settings.ENGINE_EXACT_CAP_FACTS,
-        ranking=Ranking(weight, half_life, timezone.now(), limit, offset),
+    half_life = HALF_LIFE_DAYS if half_life_days is None else half_life_days
+    vector = Leg("", [], [], rows=[])  # keyword-only: the keyword score alone, over the best
+    if q.vector is not None and q.model is not None:
+        vector = fact_vector_leg(row, q.vector, q.model, pool, filter)
+    keyword = fact_keyword_leg(row, query, pool, filter) or Leg("", [], [], rows=[])
+    ranking = Ranking(
+        limit=limit, offset=offset, half_life=half_life, now=timezone.now(),
+        vector_weight=None if q.vector is not None else 0.0,
     )  # fmt: skip
     path = tuple(row.path)
-    hits = [_hit(hit, path) for hit in found.rows]
-    return SearchResult(hits, mode, q.error, found.vector_path)
+    hits = [_hit(hit, path) for hit in rank(FACTS, vector, keyword, ranking)]
+    return SearchResult(hits, mode, q.error)
 
 
-def _hit(row: tuple[Any, ...], path: tuple[str, ...]) -> FactHit:
-    hit = FactHit(*row, scope_path=path)
-    if isinstance(hit.metadata, str):  # (Django's connections load jsonb as its text)
-        hit.metadata = json.loads(hit.metadata)
-    return hit
+def _hit(row: dict[str, Any], path: tuple[str, ...]) -> FactHit:
+    metadata = row["metadata"]
+    if isinstance(metadata, str):  # (Django's connections load jsonb as its text)
+        metadata = json.loads(metadata)
+    vscore, kscore = row["vscore"], row["kscore"]
+    return FactHit(
+        id=row["id"], content=row["content"], category=row["category"],
+        confidence=row["confidence"], source_kind=row["source_kind"],
+        source_ref=row["source_ref"], metadata=metadata, observed_at=row["observed_at"],
+        created_at=row["created_at"], updated_at=row["updated_at"],
+        similarity=None if vscore is None else float(vscore),
+        keyword_score=None if kscore is None else float(kscore), score=float(row["score"]),
+        scope_path=path,
+    )  # fmt: skip

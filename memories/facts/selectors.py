@@ -1,5 +1,5 @@
 """Reads of facts and scopes, always scoped by owner (and scope). The search of facts
-is ``memories.facts.search``; its SQL is ``memories.facts.ranking``."""
+is ``memories.facts.search`` (the retrieval engine's facts collection)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection
 from django.db.models import Q, QuerySet
 
 from core.errors import InvalidInput, NotFound
 from memories.facts.models import Fact, FactChange, FactLink, Scope
-from memories.facts.ranking import FactFilter, scope_fact_count
 from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
+from memories.facts.search import FactFilter
 
 
 class FactNotFound(NotFound):
@@ -53,6 +54,15 @@ def scopes_of_owner(*, owner_id: int, limit: int = 100) -> list[list[str]]:
 def fact_count(*, scope: Scope) -> int:
     """Facts linked to the scope (its row's ``fact_count``, kept by the database)."""
     return scope_fact_count(scope_id=scope.pk)
+
+
+def scope_fact_count(*, scope_id: int) -> int:
+    """Facts linked to the scope: its row's ``fact_count``, kept by the database on every
+    link written (migration 0009)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT fact_count FROM memories_scope WHERE id = %s", [scope_id])
+        row = cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 # --- Facts ----------------------------------------------------------------------------

@@ -34,13 +34,12 @@ from core.errors import InvalidInput
 from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.tokens import count_tokens
-from knowledge.models import INDEXED_DIMENSIONS
 from memories.conversations.selectors import flow_find, session_ids_with_sender
 from memories.conversations.services import sessions_delete_rows
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange, FactLink, Scope
-from memories.facts.ranking import scope_fact_count, scope_nearest_indexed, scope_vector_ranking
 from memories.facts.scopes import ScopePath, scope_ensure
-from memories.facts.selectors import fact_resolve
+from memories.facts.search import fact_nearest
+from memories.facts.selectors import fact_resolve, scope_fact_count
 
 logger = logging.getLogger("memories.decisions")
 
@@ -187,23 +186,6 @@ def _exact_in_scope(scope: Scope, normalized: str) -> Fact | None:
     )
 
 
-def _nearest_in_scope(
-    scope: Scope, embedding: Sequence[float], model: str, count: int
-) -> tuple[uuid.UUID, float] | None:
-    """The scope's fact nearest to ``embedding`` (``count``: the scope's facts): an
-    exact ranking of the scope's range up to ``ENGINE_EXACT_MAX_FACTS`` facts, the HNSW
-    index of the dimension beyond (so the check costs the same however large the scope
-    grows)."""
-    if len(embedding) in INDEXED_DIMENSIONS and count > settings.ENGINE_EXACT_MAX_FACTS:
-        found = scope_nearest_indexed(scope_id=scope.pk, vector=embedding, embedding_model=model)
-        if found is not None:
-            return found
-    ranked = scope_vector_ranking(
-        scope_id=scope.pk, vector=embedding, embedding_model=model, limit=1
-    )
-    return ranked[0] if ranked else None
-
-
 def _evict(scope: Scope, max_facts: int, reason: str, count: int) -> list[str]:
     """Trim the scope to ``max_facts`` (``count``: its facts now): lowest confidence
     first, then oldest (audited)."""
@@ -317,7 +299,7 @@ def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, ded
         found = _exact_in_scope(scope, normalize_fact(fact.content))
         if found is not None:  # re-checked under the lock
             return _duplicate(fact, found.pk, "exact", 1.0), 0
-        nearest = _nearest_in_scope(scope, embedding, model, count) if dedup <= 1 else None
+        nearest = fact_nearest(scope, embedding, model) if dedup <= 1 else None
         if nearest is not None and nearest[1] >= dedup:
             return _duplicate(fact, nearest[0], "semantic", nearest[1]), 0
     new = _new_fact(

@@ -32,8 +32,8 @@ from memories.engine.api.serializers import (
 )
 from memories.engine.facade import MemoryEngine
 from memories.facts.injection import injection_payload
-from memories.facts.ranking import FactFilter
 from memories.facts.scopes import ScopePath
+from memories.facts.search import FactFilter
 from memories.facts.selectors import fact_find, fact_list, fact_resolve
 
 SCOPE_PARAMETER = OpenApiParameter(

@@ -29,9 +29,8 @@ from memories.facts.api.serializers import (
     MemorySearchSerializer,
 )
 from memories.facts.models import Scope
-from memories.facts.ranking import FactFilter
 from memories.facts.scopes import end_user_ensure, global_scope_ensure, global_scope_find
-from memories.facts.search import fact_search
+from memories.facts.search import FactFilter, fact_search
 from memories.facts.selectors import (
     FactNotFound,
     ScopeNotFound,

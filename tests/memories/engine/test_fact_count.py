@@ -10,9 +10,8 @@ import pytest
 from django.db import connection
 
 from memories.facts.models import Fact, FactLink, Scope
-from memories.facts.ranking import scope_is_large
 from memories.facts.scopes import scope_find
-from memories.facts.selectors import fact_count
+from memories.facts.selectors import fact_count, scope_fact_count
 from memories.facts.services import FactIn, fact_add, fact_delete, fact_share, scope_erase
 from tests.memories.engine.test_vector_half import Dims, add_facts
 from tests.memories.facts.old_schema import old_schema
@@ -55,8 +54,7 @@ def test_the_count_follows_every_link_written(alice, bob):
     assert (fact_count(scope=a), fact_count(scope=b)) == (4, 3)
     c = Scope.objects.create(owner=alice, path=["org", "c"])
     FactLink.objects.bulk_create([FactLink(scope=c, fact=v) for v in Fact.objects.filter(scope=a)])
-    assert fact_count(scope=c) == 4 and scope_is_large(scope_id=c.pk, above=3)
-    assert not scope_is_large(scope_id=c.pk, above=4)
+    assert fact_count(scope=c) == 4 == scope_fact_count(scope_id=c.pk)
     FactLink.objects.filter(scope=c).update(shared=True)  # (no scope changed)
     assert fact_count(scope=c) == 4
     assert_counts_true()

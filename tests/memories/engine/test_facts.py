@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.errors import InvalidInput
+from memories.facts import search
 from memories.facts.models import Fact, FactChange, FactLink, Scope
 from memories.facts.scopes import ScopeValueMissing, end_user_ensure, scope_fill, scope_find
 from memories.facts.selectors import FactNotFound, fact_list
@@ -205,11 +207,11 @@ def test_shared_fact_is_found_from_both_scopes_and_copied_on_write(alice, fixtur
 
 
 def test_a_large_scope_finds_semantic_duplicates_through_the_hnsw_index(
-    alice, fixture_embedder, settings
+    alice, fixture_embedder, monkeypatch
 ):
-    """Beyond ENGINE_EXACT_MAX_FACTS the duplicate check walks the HNSW index of the
+    """Beyond the facts' exact_max the duplicate check walks the HNSW index of the
     dimension, filtered to the scope (adds stay flat as the scope grows): same answer."""
-    settings.ENGINE_EXACT_MAX_FACTS = 2
+    monkeypatch.setattr(search, "FACTS", replace(search.FACTS, exact_max=2))
     scope = ("user", "u1")
     facts = ["User has a dog named Rex", "User plays the violin", "User works as a nurse"]
     fact_add(owner=alice, scope=scope, facts=[FactIn(f) for f in facts])
@@ -223,8 +225,8 @@ def test_a_large_scope_finds_semantic_duplicates_through_the_hnsw_index(
     assert (decision.action, decision.match) == ("duplicate", "semantic")
     assert decision.similarity == pytest.approx(0.9039, abs=1e-3)
     assert (Fact.objects.count(), FactChange.objects.count()) == before
-    nearest = [q["sql"] for q in queries.captured_queries if "::vector(384)" in q["sql"]]
-    assert len(nearest) == 1  # (which plan it gets at scale: BENCHMARKS.md)
+    nearest = [q["sql"] for q in queries.captured_queries if "::halfvec(384)" in q["sql"]]
+    assert len(nearest) == 1  # the walk (which plan it gets at scale: BENCHMARKS.md)
     # A new fact of the large scope is added as usual.
     [added] = fact_add(owner=alice, scope=scope, facts=[FactIn("User prefers dark mode")])
     assert added.action == "add"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,9 @@ from core.providers import embeddings
 from core.providers.errors import ProviderError
 from core.providers.tokens import count_tokens
 from memories.engine.facade import MemoryEngine
+from memories.facts import search
 from memories.facts.injection import format_for_injection
+from memories.facts.scopes import scope_find
 from memories.facts.search import fact_search
 from memories.facts.services import FactIn, fact_add
 
@@ -55,9 +58,9 @@ def test_hybrid_search_ranks_by_meaning_and_returns_min_limit_matching(alice, fi
     assert [h.id for h in page.hits] == [h.id for h in result.hits[1:]] + [page.hits[-1].id]
 
 
-def test_keyword_leg_lifts_word_matches(alice, fixture_embedder, settings):
+def test_keyword_leg_lifts_word_matches(alice, fixture_embedder, monkeypatch):
     _seed(alice)
-    settings.ENGINE_VECTOR_WEIGHT = 0.0  # keyword only in the score
+    monkeypatch.setattr(search, "FACTS", replace(search.FACTS, vector_weight=0.0))  # keyword only
     result = fact_search(
         owner=alice, scope=("user", "u1"), query="My dog is called Rex", limit=2, half_life_days=0
     )
@@ -203,24 +206,27 @@ class _SeededEmbedder:
         return np.asarray(out, dtype=np.float32)
 
 
-def test_large_scopes_search_through_the_hnsw_index_with_the_same_answer(alice, settings):
+def test_large_scopes_search_through_the_hnsw_index_with_the_same_answer(alice, monkeypatch):
     embedder = _SeededEmbedder()
     facts = [FactIn(f"fact number {i} about topic {i % 7}", confidence=0.9) for i in range(80)]
     fact_add(owner=alice, scope=("org", "big"), facts=facts, embedder=embedder)
     fact_add(owner=alice, scope=("org", "other"), facts=facts[:20], embedder=embedder)
     query = embedder.embed(["what about topic 3"])[0]
 
-    def search():
+    def run_search():
         result = fact_search(
             owner=alice, scope=("org", "big"), query="what about topic 3", limit=10,
             embedder=embedder, query_vector=query, half_life_days=0,
         )  # fmt: skip
-        indexed = result.vector_path == "index"
+        row = scope_find(owner=alice, scope=("org", "big"))
+        leg = search.fact_vector_leg(row, [float(x) for x in query], embedder.model, 50)
+        indexed = all(r[2] for r in leg.run())
         return [(h.id, round(h.score, 6)) for h in result.hits], indexed
 
-    settings.ENGINE_EXACT_MAX_FACTS = 10  # 80 facts: past it and past the pool of 50
-    through_index, indexed = search()
+    # 80 facts: past exact_max and past the pool of 50
+    monkeypatch.setattr(search, "FACTS", replace(search.FACTS, exact_max=10))
+    through_index, indexed = run_search()
     assert indexed and len(through_index) == 10
-    settings.ENGINE_EXACT_MAX_FACTS = 2000
-    exact, indexed = search()
+    monkeypatch.setattr(search, "FACTS", replace(search.FACTS, exact_max=2000))
+    exact, indexed = run_search()
     assert not indexed and through_index == exact

@@ -17,9 +17,8 @@ from django.utils import timezone
 from knowledge.retrieval import bm25
 from memories.engine.facade import MemoryEngine
 from memories.facts.models import Fact, FactLink, Scope
-from memories.facts.ranking import FactFilter, scope_keyword_ranking
 from memories.facts.scopes import scope_find
-from memories.facts.search import fact_search
+from memories.facts.search import FactFilter, fact_keyword_leg, fact_search
 from memories.facts.services import (
     FactIn,
     fact_add,
@@ -38,6 +37,12 @@ pytestmark = pytest.mark.django_db
 # operations; only the order of the sum's terms may differ: a few units in the last
 # place).
 REL = 1e-12
+
+
+def keyword_ranking(scope: Scope, text: str, limit: int = 100, filter=None):
+    """[(fact id, BM25 score)] of the scope's keyword leg run alone, best first."""
+    leg = fact_keyword_leg(scope, text, limit, filter)
+    return [] if leg is None else [(row[0], float(row[1])) for row in leg.run()]
 
 
 def lexemes(text: str) -> dict[str, int]:
@@ -132,7 +137,7 @@ def test_the_keyword_leg_is_bm25_as_computed_in_python(alice):
     assert_stats_true()
     for query in QUERIES:
         want = python_bm25(scope, query)
-        got = scope_keyword_ranking(scope_id=scope.pk, text=query, limit=100)
+        got = keyword_ranking(scope, query, limit=100)
         assert {pk for pk, _ in got} == set(want), query
         for pk, score in got:
             assert score == pytest.approx(want[pk], rel=REL), (query, pk)
@@ -147,8 +152,8 @@ def test_the_keyword_leg_is_bm25_as_computed_in_python(alice):
             assert hit.score == pytest.approx(want[hit.id] / best, rel=REL)
     # Bob's own coffee facts count in his scope, not in hers: his statistics differ.
     bob = scope_find(owner=alice, scope=("user", "bob"))
-    mine = dict(scope_keyword_ranking(scope_id=scope.pk, text="coffee", limit=100))
-    his = dict(scope_keyword_ranking(scope_id=bob.pk, text="coffee", limit=100))
+    mine = dict(keyword_ranking(scope, "coffee", limit=100))
+    his = dict(keyword_ranking(bob, "coffee", limit=100))
     shared = Fact.objects.get(content__startswith="Alice and Bob").pk
     assert mine[shared] != his[shared]
     assert his == pytest.approx(python_bm25(bob, "coffee"), rel=REL)
@@ -186,7 +191,7 @@ def test_a_rare_word_outranks_a_common_one(alice):
 
 def test_filters_choose_the_facts_not_the_statistics(alice):
     scope = seed(alice)
-    everything = dict(scope_keyword_ranking(scope_id=scope.pk, text="coffee Alice", limit=100))
+    everything = dict(keyword_ranking(scope, "coffee Alice", limit=100))
     knowledge = FactFilter(categories=["knowledge"])
     result = fact_search(owner=alice, scope=scope, query="coffee Alice", limit=100,
                               filter=knowledge, embedder=Broken(), half_life_days=0)  # fmt: skip
@@ -216,13 +221,13 @@ def test_statistics_follow_every_write(alice, bob):
     fact_delete(owner=alice, fact_id=Fact.objects.get(content=FACTS[2]).pk)
     assert_stats_true()
     for query in QUERIES:
-        got = dict(scope_keyword_ranking(scope_id=scope.pk, text=query, limit=100))
+        got = dict(keyword_ranking(scope, query, limit=100))
         assert got == pytest.approx(python_bm25(scope, query), rel=REL)
     # Shared with another scope (it then has no scope of its own), evicted, erased.
     other = Scope.objects.create(owner=alice, path=["org", "other"])
     fact_share(scope=other, fact=Fact.objects.get(content=FACTS[3]))
     assert_stats_true()
-    got = dict(scope_keyword_ranking(scope_id=scope.pk, text="Lisbon", limit=100))
+    got = dict(keyword_ranking(scope, "Lisbon", limit=100))
     assert got == pytest.approx(python_bm25(scope, "Lisbon"), rel=REL)
     fact_add(owner=alice, scope=scope, facts=[FactIn("Alice reads", confidence=0.95)],
                   embedder=Dims(384), max_facts=5)  # fmt: skip

@@ -1,29 +1,31 @@
-"""The engine search as one statement: the same ranking as the search it replaced
-(three statements and a merge in Python), min(limit, matching) on a large scope, the
-keyword-only fallback, one round trip."""
+"""The facts' search as the retrieval engine runs it: the same ranking as its definition
+(each leg run alone, merged in Python), min(limit, matching) on a large scope, the
+keyword-only fallback, one round trip, the walk's settings and plan for its own
+transaction only."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from core.scoring import decay
 from knowledge.retrieval import hnsw
+from memories.facts import search
 from memories.facts.models import Fact
-from memories.facts.ranking import (
-    FactFilter,
-    scope_is_large,
-    scope_keyword_ranking,
-    scope_vector_ranking_indexed,
-)
 from memories.facts.scopes import scope_find
-from memories.facts.search import _pool, fact_search
+from memories.facts.search import (
+    FactFilter,
+    _pool,
+    fact_keyword_leg,
+    fact_search,
+    fact_vector_leg,
+)
 from memories.facts.services import FactIn, fact_add, fact_share
 from tests.memories.engine.test_search import _SeededEmbedder as Seeded
 
@@ -58,23 +60,25 @@ def exact_vector_ranking(*, scope_id, vector, embedding_model, limit, filter=Non
         return [(row[0], 1.0 - float(row[1])) for row in cur.fetchall()]
 
 
-def reference_search(
-    owner,
-    scope,
-    query,
-    *,
-    embedder,
-    limit,
-    offset=0,
-    filter=None,
-    half_life,
-    vector_ranking=exact_vector_ranking,
-):
-    """The search as it was before the one statement (main at 5ffec20): vector leg,
-    keyword leg (BM25, ``scope_keyword_ranking``) and the candidates' rows as three
-    statements, merged in Python; equal scores ordered newer first, then by id; its
-    exact ranking is the plain scan (``exact_vector_ranking``) unless ``vector_ranking``
-    says otherwise (the benchmark times it with ``selectors.scope_vector_ranking``)."""
+def walked(owner, scope, query, embedder, pool, filter=None) -> bool:
+    """Whether the search's vector leg, run alone, walked the HNSW index."""
+    row = scope_find(owner=owner, scope=scope)
+    vector = [float(x) for x in embedder.embed([query])[0]]
+    rows = fact_vector_leg(row, vector, embedder.model, pool, filter).run()
+    return bool(rows) and all(r[2] for r in rows if r[0] not in _shared(row))
+
+
+def _shared(row) -> set:
+    return set(
+        Fact.objects.filter(links__scope=row, links__shared=True).values_list("id", flat=True)
+    )
+
+
+def reference_search(owner, scope, query, *, embedder, limit, offset=0, filter=None, half_life):
+    """The definition of the search: its vector leg (the exact scan of the table, or when
+    the scope is walked the walk run alone) and its keyword leg (run alone) merged in
+    Python: w x similarity (negative: 0) + (1 - w) x BM25 over the best, times the decay;
+    equal scores ordered newer first, then by id."""
     row = scope_find(owner=owner, scope=scope)
     pool = _pool(limit, offset)
     try:
@@ -83,19 +87,18 @@ def reference_search(
         vector, model = None, None
     vector_hits: list[tuple[uuid.UUID, float]] = []
     if vector is not None:
-        large = max(django_settings.ENGINE_EXACT_MAX_FACTS, pool)
-        if scope_is_large(scope_id=row.pk, above=large):
-            vector_hits = scope_vector_ranking_indexed(
+        rows = fact_vector_leg(row, vector, model, pool, filter).run()
+        if any(r[2] for r in rows):  # walked: the walk is the leg's definition
+            vector_hits = [(r[0], 1.0 - float(r[1])) for r in rows]
+        else:
+            vector_hits = exact_vector_ranking(
                 scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
             )
-        if len(vector_hits) < pool:
-            vector_hits = vector_ranking(
-                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
-            )
-    keyword_hits = scope_keyword_ranking(scope_id=row.pk, text=query, limit=pool, filter=filter)
+    leg = fact_keyword_leg(row, query, pool, filter)
+    keyword_hits = [] if leg is None else [(r[0], float(r[1])) for r in leg.run()]
     similarity, keyword = dict(vector_hits), dict(keyword_hits)
     best = max(keyword.values(), default=0.0) or 1.0
-    weight = 0.0 if vector is None else min(1.0, django_settings.ENGINE_VECTOR_WEIGHT)
+    weight = 0.0 if vector is None else search.FACTS.vector_weight
     now = timezone.now()
     scored = []
     for pk, observed in Fact.objects.filter(pk__in=set(similarity) | set(keyword)).values_list(
@@ -143,11 +146,15 @@ def _seed(owner, embedder):
 QUERIES = ["coffee and chess", "what about sailing number3", "piano", "nothing matches zzz"]
 
 
+def _tune(monkeypatch, **changes):
+    monkeypatch.setattr(search, "FACTS", replace(search.FACTS, **changes))
+
+
 @pytest.mark.parametrize("exact_max", [2000, 10])
-def test_one_statement_ranks_as_the_three_statements_did(alice, settings, exact_max):
+def test_the_statement_ranks_as_the_definition(alice, monkeypatch, exact_max):
     embedder = Seeded()
     _seed(alice, embedder)
-    settings.ENGINE_EXACT_MAX_FACTS = exact_max  # 10: past it, the HNSW walk
+    _tune(monkeypatch, exact_max=exact_max, walk_min_share=0.0)  # 10: past it, the walk
     cases = [
         dict(limit=10, half_life=30.0),
         dict(limit=5, offset=3, half_life=0.0),
@@ -171,22 +178,22 @@ def test_one_statement_ranks_as_the_three_statements_did(alice, settings, exact_
             assert got == [(pk, sim, kw) for pk, _, sim, kw in expected], (query, case)
             scores = [s for _, s, _, _ in expected]
             assert [h.score for h in result.hits] == pytest.approx(scores, abs=1e-6)
-            if exact_max == 2000 or _pool(case["limit"], case.get("offset", 0)) >= 123:
-                assert result.vector_path == "exact"  # small, or the pool is the whole scope
+            pool = _pool(case["limit"], case.get("offset", 0))
+            path = walked(alice, ("org", "big"), query, embedder, pool, case.get("filter"))
+            if exact_max == 2000 or pool >= 123:
+                assert not path  # small, or the pool is the whole scope: exact
             elif "filter" not in case:
-                assert result.vector_path == "index"
+                assert path
             compared += 1
     assert compared == len(QUERIES) * len(cases)
 
 
-def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(
-    alice, settings, monkeypatch
-):
+def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(alice, monkeypatch):
     """A filter only 4 facts of the scope pass: the walk (strict order, scan cap) may
     come back short; the search then ranks the scope exactly and still returns all 4."""
     embedder = Seeded()
     _seed(alice, embedder)
-    settings.ENGINE_EXACT_MAX_FACTS = 10
+    _tune(monkeypatch, exact_max=10, walk_min_share=0.0)
     monkeypatch.setattr(hnsw, "MAX_SCAN_TUPLES", 1000)  # the lowest cap: walks stop early
     rare = FactFilter(min_confidence=0.95, categories=["goal"])  # i % 3 == 2 and i % 4 == 3
     matching = Fact.objects.filter(scope__path=["org", "big"], category="goal",
@@ -198,27 +205,28 @@ def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(
             embedder=embedder,
         )  # fmt: skip
         assert len(result.hits) == min(limit, matching)
-        assert result.vector_path == "exact"  # the walk came back short: redone exactly
+        # the walk came back short: redone exactly
+        assert not walked(alice, ("org", "big"), "sailing", embedder, _pool(limit, 0), rare)
         assert all(h.category == "goal" and h.confidence >= 0.95 for h in result.hits)
     everything = fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=200,
                                   embedder=embedder)  # fmt: skip
     assert len(everything.hits) == 123  # 120 of its own + 3 shared: every fact matches
     # A pool past pgvector's largest ef_search (1000): the walk's settings stay valid.
-    settings.ENGINE_EXACT_MAX_FACTS = 2000
+    _tune(monkeypatch, exact_max=2000)
     huge = fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=300,
                             embedder=embedder)  # fmt: skip
     assert len(huge.hits) == 123
 
 
-def test_keyword_only_when_the_embedder_fails_in_one_statement(alice, settings):
+def test_keyword_only_when_the_embedder_fails_in_one_statement(alice, monkeypatch):
     _seed(alice, Seeded())
-    settings.ENGINE_EXACT_MAX_FACTS = 10
+    _tune(monkeypatch, exact_max=10)
     with CaptureQueriesContext(connection) as queries:
         result = fact_search(
             owner=alice, scope=("org", "big"), query="sailing chess", limit=200, embedder=Broken()
         )
     assert result.mode == "keyword" and "embedding service down" in result.embedder_error
-    assert result.vector_path == ""
+    assert "vector leg" not in queries.captured_queries[-1]["sql"]
     assert {h.content for h in result.hits} == set(
         Fact.objects.filter(scope__path=["org", "big"])
         .filter(content__regex=r"\m(sailing|chess)\M")
@@ -234,10 +242,10 @@ def test_keyword_only_when_the_embedder_fails_in_one_statement(alice, settings):
 
 
 @pytest.mark.parametrize("exact_max", [2000, 10])
-def test_search_is_one_round_trip_and_opens_no_transaction(alice, settings, exact_max):
+def test_search_is_one_round_trip_and_opens_no_transaction(alice, monkeypatch, exact_max):
     embedder = Seeded()
     _seed(alice, embedder)
-    settings.ENGINE_EXACT_MAX_FACTS = exact_max
+    _tune(monkeypatch, exact_max=exact_max, walk_min_share=0.0)
     row = scope_find(owner=alice, scope=("org", "big"))
     vector = embedder.embed(["piano"])[0]
     fact_search(owner=alice, scope=row, query="piano", embedder=embedder, query_vector=vector)
@@ -251,15 +259,15 @@ def test_search_is_one_round_trip_and_opens_no_transaction(alice, settings, exac
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_walks_settings_end_with_the_search(alice, settings):
+def test_the_walks_settings_end_with_the_search(alice, monkeypatch):
     """Outside a transaction the settings and the statement form one implicit
     transaction (pipelined): the connection's settings are as they were after it."""
     embedder = Seeded()
     _seed(alice, embedder)
-    settings.ENGINE_EXACT_MAX_FACTS = 10
+    _tune(monkeypatch, exact_max=10, walk_min_share=0.0)
     assert connection.get_autocommit()
     result = fact_search(owner=alice, scope=("org", "big"), query="chess", embedder=embedder)
-    assert result.vector_path == "index" and len(result.hits) == 10
+    assert walked(alice, ("org", "big"), "chess", embedder, 50) and len(result.hits) == 10
     with connection.cursor() as cur:
         cur.execute(
             "SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan'), "
@@ -268,9 +276,9 @@ def test_the_walks_settings_end_with_the_search(alice, settings):
         assert cur.fetchone() == ("40", "off", "auto", "on")
 
 
-def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, settings):
-    """Past ENGINE_EXACT_MAX_FACTS the walk needs the scope to hold ENGINE_WALK_MIN_SHARE
-    of the table (planner statistics) or more than ENGINE_EXACT_CAP_FACTS facts."""
+def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, monkeypatch):
+    """Past ``exact_max`` the walk needs the scope to hold ``walk_min_share`` of the table
+    (planner statistics) or more than ``exact_cap`` facts."""
     embedder = Seeded()
     _seed(alice, embedder)
     with connection.cursor() as cur:
@@ -278,29 +286,28 @@ def test_a_rare_scope_is_ranked_exactly_a_large_share_walked(alice, settings):
         cur.execute("SELECT reltuples FROM pg_class WHERE relname = 'memories_fact'")
         rows = cur.fetchone()[0]
     assert 140 <= rows < 200  # 123 facts of ("org", "big") + 20 of ("org", "other")
-    settings.ENGINE_EXACT_MAX_FACTS = 10
 
     def path(share, cap=20000):
-        settings.ENGINE_WALK_MIN_SHARE, settings.ENGINE_EXACT_CAP_FACTS = share, cap
+        _tune(monkeypatch, exact_max=10, walk_min_share=share, exact_cap=cap)
         result = fact_search(owner=alice, scope=("org", "big"), query="chess",
                                   embedder=embedder)  # fmt: skip
         assert len(result.hits) == 10
-        return result.vector_path
+        return walked(alice, ("org", "big"), "chess", embedder, 50)
 
-    assert path(0.5) == "index"  # 123 facts are more than half of the table
-    assert path(0.95) == "exact"  # ... but less than 95% of it
-    assert path(0.95, cap=60) == "index"  # more than the cap: walked whatever the share
+    assert path(0.5)  # 123 facts are more than half of the table
+    assert not path(0.95)  # ... but less than 95% of it
+    assert path(0.95, cap=60)  # more than the cap: walked whatever the share
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("exact_max", [2000, 10])
-def test_the_search_runs_on_its_generic_plan_through_indexes(alice, settings, exact_max):
+def test_the_search_runs_on_its_generic_plan_through_indexes(alice, monkeypatch, exact_max):
     """Outside a transaction the search statement is planned once per connection (its
     generic plan, from the first run) with sequential scans off, both for its own
     transaction only; the answers are those of the search planned each time."""
     embedder = Seeded()
     _seed(alice, embedder)
-    settings.ENGINE_EXACT_MAX_FACTS = exact_max
+    _tune(monkeypatch, exact_max=exact_max, walk_min_share=0.0)
     assert connection.get_autocommit()
     answers = []
     for i in range(8):
@@ -311,7 +318,7 @@ def test_the_search_runs_on_its_generic_plan_through_indexes(alice, settings, ex
     with connection.cursor() as cur:
         cur.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-            "WHERE statement LIKE 'WITH q AS MATERIALIZED%%'"
+            "WHERE statement LIKE '/* facts search */%%'"
         )
         assert cur.fetchall() == [(8, 0)]
         cur.execute("SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan')")

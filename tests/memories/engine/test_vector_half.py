@@ -14,18 +14,13 @@ from datetime import timedelta
 import numpy as np
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from knowledge.retrieval.db import fetch
+from knowledge.retrieval.vectors import COPY_MARGIN as HALF_MARGIN
 from memories.facts.models import Fact, FactLink, Scope
-from memories.facts.ranking import (
-    HALF_MARGIN,
-    HALF_MAX_DIMENSIONS,
-    FactFilter,
-    scope_vector_ranking,
-)
 from memories.facts.scopes import scope_ensure, scope_find
-from memories.facts.search import fact_search
+from memories.facts.search import FACTS, FactFilter, fact_search, fact_vector_leg
 from memories.facts.services import (
     FactIn,
     fact_add,
@@ -38,6 +33,16 @@ from tests.memories.engine.test_search_statement import exact_vector_ranking, re
 from tests.memories.facts.old_schema import old_schema
 
 pytestmark = pytest.mark.django_db
+HALF_MAX_DIMENSIONS = FACTS.copies_max_dims
+
+
+def scope_vector_ranking(*, scope_id, vector, embedding_model, limit, filter=None):
+    """[(fact id, similarity)] of the scope's vector leg run alone (exact: a small scope)."""
+    row = Scope.objects.get(pk=scope_id)
+    rows = fact_vector_leg(row, [float(x) for x in vector], embedding_model, limit, filter).run()
+    assert not any(r[2] for r in rows)  # no walk
+    return [(r[0], 1.0 - float(r[1])) for r in rows]
+
 
 COPIED = "scope_id, id, dimensions, embedding_model, observed_at, confidence, category"
 TOPICS = ["tea", "chess", "sailing", "piano", "rust"]
@@ -202,15 +207,12 @@ def ring(owner, name: str, base: np.ndarray, distances: np.ndarray, seed: int) -
     return write(owner, name, c[:, None] * base + np.sqrt(1.0 - c * c)[:, None] * u)
 
 
-def rescanned(fn) -> bool:
-    """Whether the ranking ``fn`` runs read the scope's copies a second time (the band
-    ran past the candidates kept): EXPLAIN ANALYZE of the statement it sent."""
-    with CaptureQueriesContext(connection) as queries:
-        fn()
-    [sql] = [q["sql"] for q in queries.captured_queries if "hv AS" in q["sql"]]
-    with connection.cursor() as cur:
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
-        plan = cur.fetchone()[0]
+def rescanned(scope: Scope, q: np.ndarray, limit: int) -> bool:
+    """Whether the scope's vector leg for ``q`` reads its copies a second time (the band
+    ran past the candidates kept): EXPLAIN ANALYZE of the leg's statement."""
+    leg = fact_vector_leg(scope, [float(x) for x in q], "crowd", limit)
+    assert "hv AS" in leg.sql
+    [(plan,)], _ = fetch("EXPLAIN (ANALYZE, FORMAT JSON) " + leg.sql, leg.params, prepare=False)
     plan = json.loads(plan) if isinstance(plan, str) else plan
     scans = []
 
@@ -272,7 +274,7 @@ def test_a_band_past_the_candidates_kept_is_read_again(alice):
                                         limit=limit)  # fmt: skip
 
         assert rank() == exact(tight, q, "crowd", limit)
-        assert rescanned(rank)
+        assert rescanned(tight, q, limit)
     loose = crowd(alice, "loose", base, 1.0, 300, seed=3)  # random directions
     with connection.cursor() as cur:
         cur.execute(
@@ -287,7 +289,7 @@ def test_a_band_past_the_candidates_kept_is_read_again(alice):
                                     limit=10)  # fmt: skip
 
     assert rank_loose() == exact(loose, q, "crowd", 10)
-    assert not rescanned(rank_loose)
+    assert not rescanned(loose, q, 10)
 
 
 class Given:
@@ -305,7 +307,6 @@ class Given:
 def searched(scope: Scope, q: np.ndarray, query: str, **options) -> list:
     result = fact_search(owner=scope.owner_id, scope=scope, query=query,
                               embedder=Given(q), **options)  # fmt: skip
-    assert result.vector_path == "exact"
     return [(h.id, h.similarity, h.keyword_score, h.score) for h in result.hits]
 
 
