@@ -35,8 +35,9 @@ def third_person(sentence: str) -> str | None:
 def extraction(prompt: str) -> dict[str, Any]:
     facts = []
     for line in prompt.splitlines():
-        if line.startswith("user: "):
-            for sentence in re.split(r"(?<=[.!?])\s+", line.removeprefix("user: ")):
+        said = re.match(r"^(?:\[[^\]]*\] )?user: (.*)$", line)  # "[<message ref>] user: ..."
+        if said:
+            for sentence in re.split(r"(?<=[.!?])\s+", said.group(1)):
                 fact = third_person(sentence)
                 if fact:
                     facts.append({"content": fact, "category": "context", "confidence": 0.9})
