@@ -32,6 +32,7 @@ class PendingUpdateAdmin(admin.ModelAdmin):
         "due_at",
         "attempts",
         "processed_at",
+        "outcome",
     ]
     list_filter = ["status", "source"]
     list_select_related = ["scope", "owner"]
@@ -41,6 +42,12 @@ class PendingUpdateAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description="outcome")
+    def outcome(self, update: PendingUpdate) -> str:
+        """What the run learned (done), or why its answer could not be read (malformed)
+        or the provider failed."""
+        return (update.error or update.note)[:120]
 
 
 @admin.register(Dream)
