@@ -1,52 +1,17 @@
-"""Every LLM answer the service reads goes through this one parser.
-
-Models answer in many shapes: code fences, prose around the JSON, a ``<think>`` block
-first, trailing commas or single quotes, JSON cut off at the token limit, the list
-under another key (``facts``, ``memories``...), a bare list, one object where a list
-was asked, strings for objects, numbers as strings, fields missing or extra, the
-prompt's own example copied back. ``parse_json`` finds the JSON in an answer;
-``read_answer`` reads it against a ``Shape`` (what the caller asked for) and says
-what it found: ``ok``, ``empty`` (well formed, nothing in it) or ``malformed`` (with
-the reason). ``complete_answer`` asks the model (with the response format the
-provider takes, ``core.providers.response_format``), reads the answer, and asks once
-more with the strict format when it could not be read. ``read_text`` does the same
-for free-text answers (summaries).
-"""
+"""Reading an answer against what the caller asked for (a ``Shape``): the documented
+keys and the variants models write, coerced, placeholders left out; ``ok``, ``empty``
+or ``malformed`` with the reason."""
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import json_repair
-
-from core.providers import response_format
-from core.providers.errors import ProviderBadResponse
-from core.providers.llm import ChatLLM, ChatResult
-
-logger = logging.getLogger(__name__)
+from core.providers.json_answer.parse import REFUSAL, Parsed, parse_json, strip_thinking
 
 EXCERPT_CHARS = 500
-REPAIR_PROMPT = (
-    "Your previous answer was not valid JSON. Answer again with only the JSON object, "
-    "no prose, no code fences."
-)
-_THINK_TAGS = "think|thinking|reasoning"
-_THINK_BLOCK = re.compile(rf"<({_THINK_TAGS})>.*?</\1>", re.S | re.I)
-_THINK_CLOSE = re.compile(rf"</(?:{_THINK_TAGS})>", re.I)
-_THINK_OPEN = re.compile(rf"<(?:{_THINK_TAGS})>", re.I)
-_FENCE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)```", re.S)
-_OPEN_FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?")
-_REFUSAL = re.compile(
-    r"^\W*(i'?m sorry|i am sorry|sorry|i can'?t|i cannot|i can not|i'?m unable|i am unable|"
-    r"i won'?t|i will not|as an ai|unfortunately,? i)\b",
-    re.I,
-)
-MAX_OPENINGS = 64  # where JSON may start in an answer: enough for any prose before it
 GENERIC_PLACEHOLDERS = frozenset(
     {"n/a", "na", "none", "null", "nil", "todo", "tbd", "example", "string", "text", "fact",
      "content", "placeholder", "your fact here", "fact here", "lorem ipsum", "sentence"}
@@ -54,180 +19,6 @@ GENERIC_PLACEHOLDERS = frozenset(
 CONFIDENCE_WORDS = {"very high": 0.95, "high": 0.9, "medium": 0.75, "moderate": 0.75, "low": 0.5}
 
 
-# --- finding the JSON ---------------------------------------------------------------
-def strip_thinking(text: str) -> str:
-    """The answer without a reasoning model's ``<think>`` blocks (also ``<thinking>``,
-    ``<reasoning>``): closed ones go; a closing tag without its opening (servers that
-    drop it) leaves what follows it; an opening tag never closed (cut off while
-    thinking) leaves what precedes it."""
-    text = _THINK_BLOCK.sub("", text or "")
-    closings = list(_THINK_CLOSE.finditer(text))
-    if closings:
-        text = text[closings[-1].end() :]
-    opening = _THINK_OPEN.search(text)
-    if opening:
-        text = text[: opening.start()]
-    return text.strip()
-
-
-@dataclass
-class Parsed:
-    """The JSON found in an answer: its first value, the values that follow it (JSON
-    Lines), and how it was found (``notes``); ``truncated`` when it was cut off."""
-
-    value: Any
-    more: list[Any] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    truncated: bool = False
-
-
-def parse_json(text: str) -> Parsed | None:
-    """The JSON in an answer, or None. Tried in order: the answer as it is, the inside
-    of its code fences, JSON cut off at the token limit (cut back to its last complete
-    element and closed), the longest JSON value found after prose, then a repair
-    (trailing commas, single quotes, unquoted keys, comments)."""
-    body = strip_thinking(text)
-    candidates = [m.group(1) for m in _FENCE.finditer(body)]
-    if body.lstrip().startswith("```") and body.count("```") == 1:  # a fence never closed
-        candidates.append(_OPEN_FENCE.sub("", body.lstrip()))
-    candidates.append(body)
-    for candidate in candidates:
-        parsed = _decode(candidate.strip())
-        if parsed is not None:
-            if candidate is not body:
-                parsed.notes.insert(0, "in a code fence")
-            return parsed
-    return None
-
-
-def _decode(text: str) -> Parsed | None:
-    if not text:
-        return None
-    try:
-        return Parsed(json.loads(text))
-    except ValueError:
-        pass
-    openings = [m.start() for m in re.finditer(r"[\[{]", text)][:MAX_OPENINGS]
-    if not openings:
-        return None
-    cut = _truncation_cut(text, openings[0])
-    if cut is not None:
-        value = _repaired(cut)
-        if value is not None:
-            return Parsed(value, notes=["truncated: cut back to its last complete element"],
-                          truncated=True)  # fmt: skip
-    found = _longest_value(text, openings)
-    if found is not None:
-        return found
-    value = _repaired(text[openings[0] :])
-    return Parsed(value, notes=["repaired"]) if value is not None else None
-
-
-def _longest_value(text: str, openings: list[int]) -> Parsed | None:
-    """The longest JSON value starting at one of ``openings`` (then the values right
-    after it, JSON Lines); trailing commas forgiven."""
-    best: tuple[int, Parsed] | None = None
-    decoder = json.JSONDecoder()
-    for variant in (text, re.sub(r",\s*([}\]])", r"\1", text)):
-        for start in _openings_of(variant, openings, text):
-            try:
-                value, end = decoder.raw_decode(variant, start)
-            except ValueError:
-                continue
-            if best is None or end - start > best[0]:
-                more, _ = _following(variant, end)
-                notes = ["prose around it"] if start or variant[end:].strip() else []
-                best = (end - start, Parsed(value, more, notes))
-        if best is not None:
-            return best[1]
-    return None
-
-
-def _openings_of(variant: str, openings: list[int], original: str) -> list[int]:
-    if variant is original:
-        return openings
-    return [m.start() for m in re.finditer(r"[\[{]", variant)][:MAX_OPENINGS]
-
-
-def _following(text: str, end: int) -> tuple[list[Any], int]:
-    """JSON values right after ``end``, separated by whitespace or commas only."""
-    decoder, values = json.JSONDecoder(), list[Any]()
-    while True:
-        match = re.compile(r"[\s,]*").match(text, end)
-        start = match.end() if match else end
-        if start >= len(text) or text[start] not in "[{":
-            return values, end
-        try:
-            value, end = decoder.raw_decode(text, start)
-        except ValueError:
-            return values, end
-        values.append(value)
-
-
-def _truncation_cut(text: str, start: int) -> str | None:
-    """When the JSON value at ``start`` is never closed (the answer was cut off), the
-    text up to its last complete element (a closed object or list, or a string in a
-    list); None when the value closes."""
-    stack: list[str] = []
-    in_string = escaped = False
-    last = start + 1
-    for index in range(start, len(text)):
-        char = text[index]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-                if stack and stack[-1] == "[":
-                    last = index + 1
-            continue
-        if char == '"':
-            in_string = True
-        elif char in "[{":
-            stack.append(char)
-            last = index + 1
-        elif char in "]}":
-            if stack:
-                stack.pop()
-            if not stack:
-                return None  # the value closed: not cut off
-            last = index + 1
-    return text[start:last]
-
-
-def _repaired(text: str) -> Any:
-    try:
-        value = json_repair.repair_json(text, return_objects=True, skip_json_loads=True)
-    except Exception:  # noqa: BLE001 - a repair that fails is no JSON
-        return None
-    return value if isinstance(value, dict | list) else None
-
-
-def parse_json_object(text: str, *, list_key: str) -> dict[str, Any] | None:
-    """The first JSON object of an answer (``parse_json``); a bare list is taken as
-    ``{list_key: list}``; None when there is neither."""
-    parsed = parse_json(text or "")
-    if parsed is None:
-        return None
-    if isinstance(parsed.value, list):
-        return {list_key: parsed.value}
-    return parsed.value if isinstance(parsed.value, dict) else None
-
-
-def parse_arguments(raw: Any) -> dict[str, Any] | None:
-    """A tool call's arguments: an object as it came, or the JSON object in its text
-    (``parse_json``); no text is no arguments (``{}``); None when it holds no object."""
-    if isinstance(raw, dict):
-        return raw
-    if raw is None or (isinstance(raw, str) and not strip_thinking(raw)):
-        return {}
-    parsed = parse_json(str(raw))
-    return parsed.value if parsed is not None and isinstance(parsed.value, dict) else None
-
-
-# --- what the caller asked for ------------------------------------------------------
 @dataclass(frozen=True)
 class Field:
     """One field of an item. ``kind``: ``text``, ``number`` (0 to 1: a confidence),
@@ -331,13 +122,13 @@ def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", str(name).casefold())
 
 
-def _no_json_reason(text: str) -> str:
+def no_json_reason(text: str) -> str:
     body = strip_thinking(text)
     if not (text or "").strip():
         return "the answer is empty"
     if not body:
         return "the answer holds only a <think> block, no answer after it"
-    if _REFUSAL.match(body):
+    if REFUSAL.match(body):
         return f"the model declined: {body.splitlines()[0][:200]}"
     return "no JSON in the answer"
 
@@ -348,7 +139,7 @@ def read_answer(text: str, shape: Shape, *, source: str = "", truncated: bool = 
     ``truncated``: the provider said the answer was cut off (``finish_reason: length``)."""
     parsed = parse_json(text)
     if parsed is None:
-        return Reading("malformed", reason=_no_json_reason(text), answer=text or "")
+        return Reading("malformed", reason=no_json_reason(text), answer=text or "")
     reader = _Reader(shape, source, text or "", parsed)
     return reader.read(truncated or parsed.truncated)
 
@@ -594,135 +385,3 @@ def _choice(spec: Field, text: str) -> str | None:
         if candidate in spec.synonyms:
             return spec.synonyms[candidate]
     return spec.default
-
-
-# --- free text ----------------------------------------------------------------------
-@dataclass
-class TextReading:
-    text: str
-    reason: str = ""
-    answer: str = ""
-
-    @property
-    def malformed(self) -> bool:
-        return bool(self.reason)
-
-
-def read_text(text: str) -> TextReading:
-    """A free-text answer (a summary): without its ``<think>`` blocks and a code fence
-    around it all; malformed when nothing is left or it is a refusal."""
-    body = strip_thinking(text)
-    fenced = re.fullmatch(r"```[\w+-]*[ \t]*\n?(.*?)```", body, re.S)
-    if fenced:
-        body = fenced.group(1).strip()
-    if not body or (len(body) < 300 and _REFUSAL.match(body)):
-        return TextReading("", _no_json_reason(text).replace("no JSON in", "nothing in"), text)
-    return TextReading(body, answer=text)
-
-
-class MalformedAnswer(ProviderBadResponse):
-    """An LLM answer that could not be read, even asked again: the reason and the first
-    500 characters of the answer are in ``details``."""
-
-    code = "llm_answer_malformed"
-
-    def __init__(self, what: str, reason: str, answer: str):
-        self.reason, self.answer = reason, answer
-        super().__init__(
-            f"the model's {what} answer could not be read: {reason}",
-            details={"reason": reason, "answer": answer[:EXCERPT_CHARS]},
-        )
-
-
-# --- asking -------------------------------------------------------------------------
-@dataclass
-class Answer:
-    """The reading of the last answer and the completions it took."""
-
-    reading: Reading
-    results: list[ChatResult] = field(default_factory=list)
-
-
-def repair_prompt(shape: Shape, reason: str) -> str:
-    return (
-        f"Your previous answer was not valid JSON in the expected shape ({reason}). "
-        f"Answer again with only the JSON object, no prose, no code fences, like: {shape.example}"
-    )
-
-
-def complete_answer(
-    llm: ChatLLM,
-    messages: list[dict[str, str]],
-    *,
-    shape: Shape,
-    what: str,
-    source: str = "",
-    event: str = "llm_malformed_answer",
-    log: logging.Logger = logger,
-    **kwargs: Any,
-) -> Answer:
-    """One completion (``kwargs`` passed on: model, temperature, ...) asked in the
-    response format the provider takes (``response_format``) and read as ``shape``
-    (``read_answer``). An answer that cannot be read is logged at warning as ``event``
-    on ``log`` and asked again once, with the model's own answer, the reason and the
-    strict format. Provider errors are raised (``ProviderError``)."""
-    model = str(kwargs.get("model") or llm.model)
-    schema = {"name": shape.name, "schema": json_schema(shape)}
-    fmt = response_format.first_format(llm, model)
-    answer = Answer(Reading("malformed"))
-    for attempt in range(2):
-        result = response_format.complete(llm, messages, schema=schema, fmt=fmt, **kwargs)
-        answer.results.append(result)
-        text = result.content or result.refusal
-        answer.reading = read_answer(text, shape, source=source,
-                                     truncated=result.finish_reason == "length")  # fmt: skip
-        if not answer.reading.malformed:
-            return answer
-        log.warning(json.dumps({"event": event, "what": what, "attempt": attempt + 1,
-                                "reason": answer.reading.reason, "answer": text[:EXCERPT_CHARS]},
-                               ensure_ascii=False))  # fmt: skip
-        messages = [
-            *messages,
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": repair_prompt(shape, answer.reading.reason)},
-        ]
-        fmt = response_format.strict_format(llm, model)
-    return answer
-
-
-@dataclass
-class JsonAnswer:
-    """The parsed object (None when neither answer parsed) and the completions it took."""
-
-    value: dict[str, Any] | None
-    results: list[ChatResult] = field(default_factory=list)
-
-
-def complete_json(
-    llm: ChatLLM,
-    messages: list[dict[str, str]],
-    *,
-    list_key: str,
-    what: str,
-    event: str = "llm_malformed_json",
-    log: logging.Logger = logger,
-    **kwargs: Any,
-) -> JsonAnswer:
-    """One completion parsed as a JSON object of no particular shape
-    (``parse_json_object``), asked again once with ``REPAIR_PROMPT`` when none is
-    found. Callers that know their answer's shape use ``complete_answer``."""
-    answer = JsonAnswer(None)
-    for attempt in range(2):
-        result = llm.complete(messages, **kwargs)
-        answer.results.append(result)
-        answer.value = parse_json_object(result.content, list_key=list_key)
-        if answer.value is not None:
-            return answer
-        log.warning(json.dumps({"event": event, "what": what, "attempt": attempt + 1,
-                                "answer": result.content[:EXCERPT_CHARS]}))  # fmt: skip
-        messages = [
-            *messages,
-            {"role": "assistant", "content": result.content},
-            {"role": "user", "content": REPAIR_PROMPT},
-        ]
-    return answer
