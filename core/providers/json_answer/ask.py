@@ -47,9 +47,26 @@ def read_text(text: str) -> TextReading:
     fenced = re.fullmatch(r"```[\w+-]*[ \t]*\n?(.*?)```", body, re.S)
     if fenced:
         body = fenced.group(1).strip()
+    body = _text_in_json(body)
     if not body or (len(body) < 300 and REFUSAL.match(body)):
         return TextReading("", no_json_reason(text).replace("no JSON in", "nothing in"), text)
     return TextReading(body, answer=text)
+
+
+TEXT_KEYS = ("summary", "text", "content", "answer", "result")
+
+
+def _text_in_json(body: str) -> str:
+    """A model that answers free text as a JSON object (``{"summary": "..."}``): the
+    text under its first text key; anything else as it is."""
+    if not body.startswith("{"):
+        return body
+    parsed = parse_json_object(body, list_key="_")
+    if parsed is None:
+        return body
+    keys = {str(k).casefold(): v for k, v in parsed.items()}
+    found = next((keys[k] for k in TEXT_KEYS if isinstance(keys.get(k), str)), None)
+    return found.strip() if found else body
 
 
 class MalformedAnswer(ProviderBadResponse):

@@ -135,10 +135,10 @@ def _following(text: str, end: int) -> tuple[list[Any], int]:
 
 def _truncation_cut(text: str, start: int) -> str | None:
     """When the JSON value at ``start`` is never closed (the answer was cut off), the
-    text up to its last complete element (a closed object or list, or a string in a
-    list); None when the value closes."""
+    text up to its last complete element (a closed object or list, a string in a list,
+    a string value in an object); None when the value closes."""
     stack: list[str] = []
-    in_string = escaped = False
+    in_string = escaped = value_next = False
     last = start + 1
     for index in range(start, len(text)):
         char = text[index]
@@ -149,14 +149,18 @@ def _truncation_cut(text: str, start: int) -> str | None:
                 escaped = True
             elif char == '"':
                 in_string = False
-                if stack and stack[-1] == "[":
-                    last = index + 1
+                if stack and (stack[-1] == "[" or value_next):
+                    last, value_next = index + 1, False
             continue
         if char == '"':
             in_string = True
+        elif char == ":":
+            value_next = True
+        elif char == ",":
+            value_next = False
         elif char in "[{":
             stack.append(char)
-            last = index + 1
+            last, value_next = index + 1, False
         elif char in "]}":
             if stack:
                 stack.pop()
