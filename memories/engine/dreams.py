@@ -237,6 +237,13 @@ def dream_inputs(scope: EndUser, *, lookback: int, today: date) -> DreamInputs:
     return DreamInputs(facts, memory_md, days, journal, input_hash, last if same else None)
 
 
+def dream_messages(scope: EndUser, inputs: DreamInputs, lookback: int) -> list[dict[str, str]]:
+    """The dream asked of the LLM: the scope's MEMORY.md and journal in ``DREAM_PROMPT``."""
+    prompt = DREAM_PROMPT.format(scope="/".join(scope.scope), memory_md=inputs.memory_md,
+                                 days=lookback, journal=inputs.journal or "(no entries)")  # fmt: skip
+    return [{"role": "system", "content": prompt}]
+
+
 def dream_preview(
     *,
     owner: AbstractBaseUser | int,
@@ -380,10 +387,8 @@ def dream_run(
         )
         if inputs.unchanged_since is not None:
             return DreamOutcome(inputs.unchanged_since, skipped=True)
-        prompt = DREAM_PROMPT.format(scope="/".join(row.scope), memory_md=memory_md,
-                                     days=lookback, journal=journal or "(no entries)")  # fmt: skip
         try:
-            reading = calls.read([{"role": "system", "content": prompt}], shape=DREAM,
+            reading = calls.read(dream_messages(row, inputs, lookback), shape=DREAM,
                                  what="dream", source=f"{memory_md}\n{journal}")  # fmt: skip
         finally:
             counter_add("memory_llm_calls_total", calls.count)
