@@ -1,7 +1,7 @@
-"""The README's Open WebUI demo output, reproduced: ``scripts/openwebui/run.sh`` as it
+"""The Open WebUI demo output of docs/tools.md, reproduced: ``scripts/openwebui/run.sh`` as it
 is (the demo model, the memory service on a database of its own, ``demo.py``), with a
 stand-in for Open WebUI (``openwebui_stand_in.py``: the part of its API the demo
-drives, relayed to the proxy as Open WebUI does). Every line of the README's output
+drives, relayed to the proxy as Open WebUI does). Every line of the docs' output
 block comes out, in order."""
 
 from __future__ import annotations
