@@ -12,7 +12,7 @@ from memories.conversations.services import MessageIn, flow_create
 from tests.browser import browser  # noqa: F401  (the admin's end-to-end tests' fixture)
 from tests.factories import UserFactory
 from tests.fakes.openai_server import FakeOpenAIServer
-from tests.served import SERVED_MODULES, served, served_stop  # noqa: F401  (tests/served.py)
+from tests.served import SERVED_MODULES, served_stop, shared_served  # noqa: F401  (tests/served.py)
 
 # `make test` runs the suite on several test processes (pytest-xdist). Tests go out by
 # unit: a module (its tests run on one process, in their order, as they would alone:
@@ -51,10 +51,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         units.setdefault(_unit(item.nodeid), []).append(item)
-        if "served" in getattr(item, "fixturenames", ()) and _unit(item.nodeid) != "served":
-            raise pytest.UsageError(
-                f"{item.nodeid} uses `served`: add its module to SERVED_MODULES"
-            )
+        if "shared_served" in getattr(item, "fixturenames", ()) and _unit(item.nodeid) != "served":
+            raise pytest.UsageError(f"{item.nodeid}: add its module to SERVED_MODULES")
     ordered = sorted(units.values(), key=_rank)  # stable: collection order within a rank
     items[:] = [item for unit in ordered for item in unit]
 

@@ -1,6 +1,6 @@
 """One served instance for the tests that only talk to the service over HTTP.
 
-``served`` is ``manage.py serve`` (gunicorn with the worker class of production, and the
+``shared_served`` is ``manage.py serve`` (gunicorn with the worker class of production, and the
 supervised worker cluster) on a free loopback port, with its own data directory and so
 its own embedded PostgreSQL (``scripts.faults.harness.Instance``). It runs as the fault
 suite's does, with the defaults of a fresh machine: no chat LLM (the attackers'
@@ -13,15 +13,15 @@ would pay for). A test of another module asking for it is refused at collection 
 
 How a new process test reuses it (rather than starting a server of its own):
 
-- add the module to ``SERVED_MODULES``, mark it ``slow`` and take the ``served``
-  fixture;
-- talk to it over HTTP: ``served.get(path)``, ``served.post(path, body)``,
-  ``served.raw(...)`` (bytes as given), ``served.base_url``, ``served.port``; make the
-  test's own users and keys with ``served.key_for("<a username of its own>")``, so
-  tests never see each other's objects (``served.ensure_key()`` is the fault suite's
+- add the module to ``SERVED_MODULES``, mark it ``slow`` and take the
+  fixture ``shared_served``;
+- talk to it over HTTP: ``shared_served.get(path)``, ``shared_served.post(path, body)``,
+  ``shared_served.raw(...)`` (bytes as given), ``.base_url``, ``.port``; make the
+  test's own users and keys with ``shared_served.key_for("<a username of its own>")``, so
+  tests never see each other's objects (``.ensure_key()`` is the fault suite's
   user, whose objects the attackers' sections create);
-- read its database with ``served.query(sql)``; run commands in its environment with
-  ``served.manage(...)`` or ``served.env``;
+- read its database with ``shared_served.query(sql)``; run commands in its environment with
+  ``.manage(...)`` or ``.env``;
 - leave background work finished when the test ends: the attackers' sections compare
   every row of every project table and would see it land;
 - leave it running and its settings alone. A test that kills or stops processes, or
@@ -50,7 +50,7 @@ _stopping: list[threading.Thread] = []
 
 
 @pytest.fixture
-def served() -> Instance:
+def shared_served() -> Instance:
     """The shared instance, healthy (web and worker) when the test starts."""
     if not settings.EMBEDDED_DATABASE:
         pytest.skip("runs an instance on an embedded server of its own")

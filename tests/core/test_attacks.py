@@ -15,8 +15,8 @@ from scripts.faults.tenancy import cross_tenant
 pytestmark = pytest.mark.slow
 
 
-def test_hostile_input(served):
-    figures = hostile_input(served)
+def test_hostile_input(shared_served):
+    figures = hostile_input(shared_served)
     assert figures["requests"] >= 100
     assert figures["server_errors_5xx"] == 0
     assert figures["bad"] == []
@@ -24,8 +24,8 @@ def test_hostile_input(served):
     assert figures["tables_changed"] == []
 
 
-def test_cross_tenant_sweep(served):
-    figures = cross_tenant(served)
+def test_cross_tenant_sweep(shared_served):
+    figures = cross_tenant(shared_served)
     assert figures["requests"] >= 143  # the attack sent 143
     assert set(figures["by_family"]) == {
         "memory bases and sessions",

@@ -40,8 +40,8 @@ def _raw(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
         (b"NOT A REQUEST LINE\r\n\r\n", 400, "bad_request"),
     ],
 )
-def test_gunicorn_refusals_are_json(served, request_bytes, status, code):
-    got, headers, body = _raw(served.port, request_bytes)
+def test_gunicorn_refusals_are_json(shared_served, request_bytes, status, code):
+    got, headers, body = _raw(shared_served.port, request_bytes)
     assert got == status
     assert headers["content-type"] == "application/json"
     error = json.loads(body)["error"]
@@ -50,9 +50,10 @@ def test_gunicorn_refusals_are_json(served, request_bytes, status, code):
     assert set(error) == {"code", "message", "details", "type", "param"}
 
 
-def test_django_answers_through_the_same_worker(served):
+def test_django_answers_through_the_same_worker(shared_served):
     got, headers, body = _raw(
-        served.port, b"GET /api/v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        shared_served.port,
+        b"GET /api/v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     assert got == 404
     assert json.loads(body)["error"]["code"] == "not_found"

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 INTERVALS = [2.0, 2.0, 2.5, 5.0]  # a 2 s poll, and httpx's 5 s idle keep-alive
 
 
-def test_polling_a_job_over_one_kept_alive_connection(served):
-    connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=15)
+def test_polling_a_job_over_one_kept_alive_connection(shared_served):
+    connection = http.client.HTTPConnection("127.0.0.1", shared_served.port, timeout=15)
     path = f"/api/v1/jobs/{uuid.uuid4()}"
     answers = []
     sockets = set()
