@@ -29,3 +29,10 @@ os.environ["CONN_MAX_AGE"] = "0"
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from memoryproject.settings import *  # noqa: E402,F403
+
+# `manage.py serve`, which process tests start beside the in-process tests, rewrites
+# STATIC_ROOT (collectstatic); WhiteNoise indexes STATIC_ROOT when a test first builds the
+# middleware, and met files being replaced (FileNotFoundError). The in-process tests get a
+# directory nobody writes (WhiteNoise serves them from the finders).
+STATIC_ROOT = BASE_DIR / "test-artifacts" / "static-root"  # noqa: F405
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
