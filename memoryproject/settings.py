@@ -111,8 +111,6 @@ if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=CONN_MAX_AGE)}
     EMBEDDED_DATABASE = False
 else:
-    from core.embedded_pg import ensure_embedded_postgres
-
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
     # 100,000-chunk table: searches and inserts then page index blocks in and out of
     # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval").
@@ -123,16 +121,19 @@ else:
             "maintenance_work_mem": env_str("EMBEDDED_DB_MAINTENANCE_WORK_MEM", "512MB"),
         },
     }
-    # The running service starts it again the same way if it stops (core.db_recovery).
-    _server = ensure_embedded_postgres(DATA_DIR, **EMBEDDED_DB_OPTIONS)
+    # Reading the settings starts nothing: the backend starts (or attaches to) the server
+    # when the process first connects, and fills in HOST and PORT then. The running
+    # service starts it again the same way if it stops (core.db_recovery).
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": _server.dbname,
-            "USER": _server.user,
-            "HOST": _server.socket_dir,
-            "PORT": str(_server.port),
+            "ENGINE": "core.db_backend",
+            "NAME": EMBEDDED_DB_OPTIONS["dbname"],
+            "USER": "postgres",
+            "HOST": "",
+            "PORT": "",
             "CONN_MAX_AGE": CONN_MAX_AGE,
+            # core.db_backend's own key (Django keeps keys it does not know)
+            "EMBEDDED": {"data_dir": DATA_DIR, **EMBEDDED_DB_OPTIONS},  # type: ignore[typeddict-unknown-key]
         }
     }
     EMBEDDED_DATABASE = True

@@ -8,6 +8,7 @@ Thin views: input serializer -> service -> output serializer. Errors are the ser
 from __future__ import annotations
 
 from typing import Any, cast
+from uuid import UUID
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -242,7 +243,7 @@ class DreamListView(APIView):
 
 class DreamDetailView(APIView):
     @extend_schema(summary="Get a dream", responses=DreamOutputSerializer)
-    def get(self, request: Request, dream_id: str) -> Response:
+    def get(self, request: Request, dream_id: UUID) -> Response:
         return Response(
             DreamOutputSerializer(dream_get(owner=_owner(request), dream_id=dream_id)).data
         )
@@ -252,7 +253,7 @@ class DreamUndoView(APIView):
     @extend_schema(
         summary="Undo a dream", request=None, responses={200: DreamOutputSerializer, 409: ERROR}
     )
-    def post(self, request: Request, dream_id: str) -> Response:
+    def post(self, request: Request, dream_id: UUID) -> Response:
         """Restore the facts and MEMORY.md as they were before the dream."""
         dream = dream_undo(owner=_owner(request), dream_id=dream_id)
         return Response(DreamOutputSerializer(dream).data)
