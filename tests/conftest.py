@@ -12,6 +12,71 @@ from memories.conversations.services import MessageIn, flow_create
 from tests.browser import browser  # noqa: F401  (the admin's end-to-end tests' fixture)
 from tests.factories import UserFactory
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.served import SERVED_MODULES, served_stop, shared_served  # noqa: F401  (tests/served.py)
+
+# `make test` runs the suite on several test processes (pytest-xdist). Tests go out by
+# unit: a module (its tests run on one process, in their order, as they would alone:
+# module fixtures are set up once, and no test finds another module's state where it
+# used to find its own module's), or the modules sharing the served instance
+# (tests/served.py). What waits longest starts first, so that its waiting overlaps the
+# rest: these modules, then every unit with a process test (``slow``), the browser tests,
+# the rest, each rank in collection order.
+START_FIRST = (
+    "tests/ingestion/test_engine_updates_qcluster.py",  # django-q2's scheduler looks every 30 s
+    "tests/core/test_self_healing.py",
+    "tests/test_openapi_conformance.py",  # ~1,100 requests in one test
+    "tests/core/test_local_minilm.py",
+)
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return "served" if module in SERVED_MODULES else module
+
+
+def _rank(items: list[pytest.Item]) -> int:
+    unit = _unit(items[0].nodeid)
+    if unit in START_FIRST:
+        return START_FIRST.index(unit)
+    if any(item.get_closest_marker("slow") for item in items):
+        return len(START_FIRST)
+    if any(item.get_closest_marker("browser") for item in items):
+        return len(START_FIRST) + 1
+    return len(START_FIRST) + 2
+
+
+@pytest.hookimpl(wrapper=True)  # after pytest-django's order (Django's) within a module
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+    yield
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(_unit(item.nodeid), []).append(item)
+        if "shared_served" in getattr(item, "fixturenames", ()) and _unit(item.nodeid) != "served":
+            raise pytest.UsageError(f"{item.nodeid}: add its module to SERVED_MODULES")
+    ordered = sorted(units.values(), key=_rank)  # stable: collection order within a rank
+    items[:] = [item for unit in ordered for item in unit]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Hand out whole units, in the order above (xdist's loadgroup cannot: it names its
+    groups in a node id that pytest 9 no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or _unit(nextitem.nodeid) != "served":
+        served_stop()  # the served modules' last test: nothing after it needs the instance
+
+
+def pytest_sessionfinish() -> None:
+    served_stop(wait=True)
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 migrates and writes an embedded database of its own (``<work>/memory-data``), never the
 data directory (or ``DATABASE_URL``) the environment names, and stops that database at
 the end. Open WebUI is a stand-in here (answers its health check, refuses the demo's
-sign-up), so the run stops at the demo's first step; the real one is in the README."""
+sign-up), so the run stops at the demo's first step; the real one is in docs/tools.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every third-party package the code, the tests or the README's examples import is pinned
+"""Every third-party package the code, the tests or the docs' examples import is pinned
 exactly in requirements*.txt (at the version installed), and none of them reaches into a
 package's private modules (``mcp.shared._httpx_utils`` breaks on any SDK release)."""
 
@@ -33,15 +33,18 @@ def _imports(source: str) -> list[str]:
 
 
 def _sources() -> list[tuple[str, str]]:
-    """(where, source): the repository's Python files and the README's Python blocks."""
+    """(where, source): the repository's Python files and the Python blocks of README.md
+    and docs/*.md."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         relative = path.relative_to(ROOT)
         if any(part.startswith(".") or part == "node_modules" for part in relative.parts):
             continue
         found.append((relative.parts[0], path.read_text()))
-    readme = (ROOT / "README.md").read_text()
-    found += [("README.md", textwrap.dedent(block)) for _, block in PYTHON_BLOCK.findall(readme)]
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks = PYTHON_BLOCK.findall(page.read_text())
+        where = page.relative_to(ROOT).as_posix()  # not runtime code: dev pins count
+        found += [(where, textwrap.dedent(block)) for _, block in blocks]
     return found
 
 

@@ -27,6 +27,8 @@ class ChatResult:
     model: str
     usage: dict[str, int] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = ""  # "length": cut off at the token limit
+    refusal: str = ""  # a structured-output refusal (OpenAI's message.refusal)
 
 
 class ChatLLM:
@@ -41,6 +43,7 @@ class ChatLLM:
         backoff: float,
     ):
         self.model = model
+        self.base_url = base_url
         self.max_retries = max_retries
         self.backoff = backoff
         self.client = openai.OpenAI(
@@ -65,12 +68,16 @@ class ChatLLM:
     def complete(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
         raw = self.create(messages=messages, **kwargs)
         try:
-            content = raw["choices"][0]["message"].get("content") or ""
+            choice = raw["choices"][0]
+            message = choice["message"]
+            content = message.get("content") or ""
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ProviderBadResponse(f"chat response has no message content: {exc}") from exc
         return ChatResult(
-            content=content, model=raw.get("model", ""), usage=raw.get("usage") or {}, raw=raw
-        )
+            content=content, model=raw.get("model", ""), usage=raw.get("usage") or {}, raw=raw,
+            finish_reason=str(choice.get("finish_reason") or ""),
+            refusal=str(message.get("refusal") or ""),
+        )  # fmt: skip
 
     def stream(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
         """Stream chunks as dicts. Retries happen only before the first chunk arrives."""

@@ -74,7 +74,9 @@ class UserMemoriesView(facts_views.UserMemoriesView):
         "duplicates), and the ids evicted by ENGINE_MAX_FACTS. infer=true: the messages "
         "go through the scope's debounced updates with a window of zero (one extraction, "
         "this flush and any pending one of the user's scope): 200 with the decisions and "
-        "the flush (status done; pending, with its error, when the LLM failed or another "
+        'the flush (status done, its note saying what was learned or "nothing to learn"; '
+        "malformed, with the reason and the answer's start, when the LLM's answer could not "
+        "be read even asked again; pending, with its error, when the LLM failed or another "
         "run of the scope held it past 30 s: the sweep runs it).",
     )
     def post(self, request: Request, user_id: str) -> Response:

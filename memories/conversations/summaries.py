@@ -17,6 +17,7 @@ running summary enters the answer as one system message in front.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -25,6 +26,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from core.errors import InvalidInput
+from core.providers.json_answer import MalformedAnswer, read_text
 from core.providers.llm import ChatLLM, get_llm
 from core.providers.tokens import count_tokens, truncate_to_tokens
 from core.validation import validate_session_id
@@ -42,6 +44,7 @@ from memories.conversations.history import (
 )
 from memories.conversations.models import ConversationSummary, Flow
 
+logger = logging.getLogger(__name__)
 FEATURE = "Context summaries"
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 MAX_FOLD_ATTEMPTS = 3
@@ -204,17 +207,30 @@ def summary_fold(
     raise SummaryInputError("this conversation's summary keeps changing; try again")
 
 
-def _summarise(
-    llm: ChatLLM | None, summary: str, to_fold: list[SummaryMessage], budget: int
-) -> str:
+def summary_messages(summary: str, to_fold: list[SummaryMessage]) -> list[dict[str, str]]:
+    """The fold asked of the LLM: a first summary, or the stored one extended."""
     conversation = _transcript(to_fold)
     prompt = (EXTEND_PROMPT.format(summary=summary, conversation=conversation) if summary
               else FIRST_PROMPT.format(conversation=conversation))  # fmt: skip
+    return [{"role": "user", "content": prompt}]
+
+
+def _summarise(
+    llm: ChatLLM | None, summary: str, to_fold: list[SummaryMessage], budget: int
+) -> str:
+    """The new summary text (``read_text``: a ``<think>`` block or a fence around it
+    taken off). An empty answer or a refusal raises ``MalformedAnswer`` (502): the
+    stored summary stays as it was."""
     answer = (llm or get_llm(feature=FEATURE)).complete(
-        [{"role": "user", "content": prompt}], max_tokens=budget, temperature=0
+        summary_messages(summary, to_fold), max_tokens=budget, temperature=0
     )
+    reading = read_text(answer.content)
+    if reading.malformed:
+        logger.warning(json.dumps({"event": "summary_malformed", "reason": reading.reason,
+                                   "answer": answer.content[:500]}, ensure_ascii=False))  # fmt: skip
+        raise MalformedAnswer("summary", reading.reason, answer.content)
     # The budget holds even for a model that ignores max_tokens.
-    return truncate_to_tokens(answer.content.strip(), budget)
+    return truncate_to_tokens(reading.text, budget)
 
 
 def _store(owner_id: int, key: str, state: ConversationSummary | None, text: str,

@@ -18,7 +18,13 @@ from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.api.background import markdown_download
 from memories.engine.dreams import dream_run, dream_undo, memory_md_read
-from memories.engine.models import Dream, EngineSettings, PendingUpdate, ScopeJournal
+from memories.engine.models import (
+    Dream,
+    EngineSettings,
+    FormationRun,
+    PendingUpdate,
+    ScopeJournal,
+)
 
 
 @admin.register(PendingUpdate)
@@ -32,12 +38,34 @@ class PendingUpdateAdmin(admin.ModelAdmin):
         "due_at",
         "attempts",
         "processed_at",
+        "outcome",
     ]
     list_filter = ["status", "source"]
     list_select_related = ["scope", "owner"]
     search_fields = ["scope__external_id", "owner__username", "batch_id"]
     raw_id_fields = ["scope", "owner"]
     readonly_fields = [f.name for f in PendingUpdate._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="outcome")
+    def outcome(self, update: PendingUpdate) -> str:
+        """What the run learned (done), or why its answer could not be read (malformed)
+        or the provider failed."""
+        return (update.error or update.note)[:120]
+
+
+@admin.register(FormationRun)
+class FormationRunAdmin(admin.ModelAdmin):
+    """Each update run and how it ended (what the index's formation health counts)."""
+
+    list_display = ["created_at", "scope", "owner", "status", "updates", "facts_learned"]
+    list_filter = ["status"]
+    list_select_related = ["scope", "owner"]
+    search_fields = ["scope__external_id", "owner__username", "batch_id"]
+    raw_id_fields = ["scope", "owner"]
+    readonly_fields = [f.name for f in FormationRun._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

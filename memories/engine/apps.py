@@ -16,6 +16,8 @@ class MemoryEngineConfig(AppConfig):
         Counter("engine_llm_tokens_total", "LLM tokens of the extraction and the dreams."),
         Counter("engine_llm_malformed_total", "LLM answers that stayed malformed JSON after a retry."),
     )  # fmt: skip
+    # /healthz sections (core.health.app_health): per owner, how formation goes.
+    health_sections = {"formation": "memories.engine.health.formation_health"}
 
     def ready(self) -> None:
         from core.erasure import scope_erased

@@ -34,10 +34,18 @@ from core.errors import Conflict, InvalidInput, NotFound, ServiceError, Unproces
 from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderBadResponse
+from core.providers.json_answer import Field, ListSpec, MalformedAnswer, Shape
 from core.providers.llm import ChatLLM
 from core.queue import enqueue
 from memories.engine import files
-from memories.engine.llm import PrecomputedEmbedder, json_calls
+from memories.engine.llm import (
+    CATEGORY,
+    CONFIDENCE,
+    CONTENT,
+    FACT_PLACEHOLDERS,
+    PrecomputedEmbedder,
+    json_calls,
+)
 from memories.engine.locks import ScopeBusy, scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import Dream, EngineSettings, PendingUpdate
 from memories.facts.models import CATEGORIES, FactChange, Scope
@@ -80,6 +88,24 @@ Rewrite the list of facts:
 
 Answer with the JSON object only:
 {{"facts": [{{"id": "<id or null>", "content": "...", "category": "preference", "confidence": 0.9, "day": null}}], "diary": "a short Markdown account of what you changed and why"}}"""
+
+
+# The dream answer: the documented shape, and the variants models write.
+DREAM = Shape(
+    "memory_dream",
+    (
+        ListSpec(
+            "facts",
+            ("memories", "newFacts", "new_facts", "facts_list", "items", "results", "entries"),
+            (Field("id", "ref", ("fact_id", "memory_id")), CONTENT, CATEGORY, CONFIDENCE,
+             Field("day", "ref", ("date", "journal_day", "source_day"))),
+        ),
+    ),
+    texts=(Field("diary", aliases=("account", "summary", "notes", "changes_summary")),),
+    example='{"facts": [{"id": "<id or null>", "content": "...", "category": "preference", '
+    '"confidence": 0.9, "day": null}], "diary": "..."}',
+    placeholders=FACT_PLACEHOLDERS,
+)  # fmt: skip
 
 
 class DreamNotFound(NotFound):
@@ -208,6 +234,13 @@ def dream_inputs(scope: Scope, *, lookback: int, today: date) -> DreamInputs:
     return DreamInputs(facts, memory_md, days, journal, input_hash, last if same else None)
 
 
+def dream_messages(scope: Scope, inputs: DreamInputs, lookback: int) -> list[dict[str, str]]:
+    """The dream asked of the LLM: the scope's MEMORY.md and journal in ``DREAM_PROMPT``."""
+    prompt = DREAM_PROMPT.format(scope="/".join(scope.path), memory_md=inputs.memory_md,
+                                 days=lookback, journal=inputs.journal or "(no entries)")  # fmt: skip
+    return [{"role": "system", "content": prompt}]
+
+
 def dream_preview(
     *,
     owner: AbstractBaseUser | int,
@@ -231,8 +264,9 @@ def _source_day(item: dict[str, Any], days: list[str]) -> str | None:
 def _plan(
     before: list[dict[str, Any]], parsed: dict[str, Any] | None, days: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], str]:
-    """What the answer changes: [{action, ...}] with ``update`` (category or confidence),
-    ``replace`` (new text), ``add`` and ``delete``; and the diary text.
+    """What the answer (``DREAM``'s value, read) changes: [{action, ...}] with
+    ``update`` (category or confidence), ``replace`` (new text), ``add`` and ``delete``;
+    and the diary text.
 
     A new fact without a confidence gets ``ENGINE_MIN_CONFIDENCE`` (kept, but the first
     to go when ``max_facts`` trims the scope), and its source is the journal day it
@@ -245,14 +279,9 @@ def _plan(
     kept: set[str] = set()
     plan: list[dict[str, Any]] = []
     for item in raw:
-        if not isinstance(item, dict) or not str(item.get("content") or "").strip():
-            continue
-        content = str(item["content"]).strip()[:MAX_FACT_CHARS]
-        category = item.get("category") if item.get("category") in CATEGORIES else None
-        try:
-            confidence = min(1.0, max(0.0, float(item["confidence"])))
-        except (KeyError, TypeError, ValueError):
-            confidence = None
+        content = item["content"][:MAX_FACT_CHARS]
+        category = item.get("category")
+        confidence = item.get("confidence")
         # a fact given back without its id but with its text is that fact, kept
         old = by_id.get(str(item.get("id") or "")) or by_text.get(normalize_fact(content))
         if old is None or old["id"] in kept:  # new (or a second use of one id): an addition
@@ -355,13 +384,14 @@ def dream_run(
         )
         if inputs.unchanged_since is not None:
             return DreamOutcome(inputs.unchanged_since, skipped=True)
-        prompt = DREAM_PROMPT.format(scope="/".join(row.path), memory_md=memory_md,
-                                     days=lookback, journal=journal or "(no entries)")  # fmt: skip
         try:
-            parsed = calls.json([{"role": "system", "content": prompt}], what="dream")
+            reading = calls.read(dream_messages(row, inputs, lookback), shape=DREAM,
+                                 what="dream", source=f"{memory_md}\n{journal}")  # fmt: skip
         finally:
             counter_add("engine_llm_calls_total", calls.count)
-        plan, diary = _plan(before, parsed, days)
+        if reading.malformed:  # nothing changes: a 502 with the reason and the answer
+            raise MalformedAnswer("dream", reading.reason, reading.answer)
+        plan, diary = _plan(before, reading.value, days)
         _check_loss(before, plan)
         pre = PrecomputedEmbedder(embedder or get_embedder(),
                                   [c["content"] for c in plan if "content" in c])  # fmt: skip

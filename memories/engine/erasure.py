@@ -1,5 +1,5 @@
 """What the engine keeps of a scope goes when the scope is erased (``core.erasure``):
-its pending updates and their run schedule, its dreams, the running summaries of its
+its pending updates, their run schedule and run records, its dreams, the running summaries of its
 conversations (rows, in the erasure's transaction) and its journal, ``MEMORY.md`` and
 dream diaries (files, once the erasure commits)."""
 
@@ -12,7 +12,7 @@ from django.db import transaction
 
 from memories.conversations.summaries import scope_summaries_delete
 from memories.engine import files
-from memories.engine.models import Dream, PendingUpdate
+from memories.engine.models import Dream, FormationRun, PendingUpdate
 from memories.engine.updates import schedule_name
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ def scope_erase_engine_data(
 
     counts = {
         "pending_updates": PendingUpdate.objects.filter(scope_id=scope_id).delete()[0],
+        "formation_runs": FormationRun.objects.filter(scope_id=scope_id).delete()[0],
         "dreams": Dream.objects.filter(scope_id=scope_id).delete()[0],
         "summaries": scope_summaries_delete(owner_id=owner_id, scope=scope),
     }

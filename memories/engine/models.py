@@ -23,12 +23,18 @@ class PendingUpdate(models.Model):
     ``MEMORY_UPDATE_DEBOUNCE_SECONDS`` old (``due_at``). A run marks its rows done
     (``batch_id``, ``processed_at``) in the transaction that writes their facts, so a
     crash leaves them pending and the next run does them once.
+
+    A run whose LLM answer could not be read (even asked again) marks its rows
+    ``malformed``, with the reason in ``error`` and the start of the answer in
+    ``answer_excerpt``; the messages stay (and are in the journal). ``note`` says what
+    a done run learned ("nothing to learn" for a well-formed empty answer).
     """
 
     class Status(models.TextChoices):
         PENDING = "pending"
         DONE = "done"
         FAILED = "failed"
+        MALFORMED = "malformed"
 
     id = models.BigAutoField(primary_key=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
@@ -41,6 +47,10 @@ class PendingUpdate(models.Model):
     due_at = models.DateTimeField()
     attempts = models.PositiveSmallIntegerField(default=0)
     error = models.TextField(blank=True, default="")
+    answer_excerpt = models.TextField(
+        blank=True, default="", help_text="the first 500 characters of an unreadable answer"
+    )
+    note = models.CharField(max_length=255, blank=True, default="")
     batch_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     processed_at = models.DateTimeField(null=True, blank=True)
@@ -69,6 +79,34 @@ class PendingUpdate(models.Model):
 
     def __str__(self) -> str:
         return f"update {self.pk} ({self.status})"
+
+
+class FormationRun(models.Model):
+    """One run of a scope's debounced updates (one extraction) and how it ended: what
+    the formation health (``/healthz``, the admin's index) counts. Kept
+    ``MEMORY_UPDATE_KEEP_DAYS`` like the flushes."""
+
+    class Status(models.TextChoices):
+        DONE = "done"
+        MALFORMED = "malformed"
+        FAILED = "failed"  # the provider failed (retried later, or given up)
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    scope = models.ForeignKey(
+        "memories.Scope", on_delete=models.CASCADE, related_name="formation_runs"
+    )
+    batch_id = models.UUIDField()
+    status = models.CharField(max_length=16, choices=Status.choices)
+    updates = models.PositiveIntegerField(default=0)
+    facts_learned = models.PositiveIntegerField(default=0, help_text="facts added or replaced")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "created_at"], name="formationrun_owner_time")]
+
+    def __str__(self) -> str:
+        return f"formation run {self.batch_id} ({self.status})"
 
 
 class Dream(models.Model):

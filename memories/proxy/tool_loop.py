@@ -32,6 +32,7 @@ from django.conf import settings
 from core.errors import InvalidInput
 from core.json_text import JsonText
 from core.providers.errors import ProviderError
+from core.providers.json_answer import parse_arguments
 from core.providers.llm import get_llm
 from core.providers.relay import SSEEvent
 from memories.facts.scopes import user_scope
@@ -80,17 +81,18 @@ def run_calls(prepared: PreparedChat, calls: list[dict[str, Any]]) -> list[dict[
     for call in calls:
         function = call.get("function") or {}
         record: dict[str, Any] = {"name": function.get("name")}
+        # Read by the one parser (fences, prose, a <think> block, trailing commas,
+        # JSON cut off): what it cannot read goes back to the model as an error.
+        arguments = parse_arguments(function.get("arguments"))
         try:
-            arguments = json.loads(function.get("arguments") or "{}")
+            if arguments is None:
+                raise ToolError("the arguments are not valid JSON; send a JSON object")
             record["arguments"] = arguments
             record["result"] = tool_call(
                 owner=prepared.owner_id, name=str(function.get("name")), arguments=arguments,
                 scope=user_scope(prepared.end_user.external_id),
             )  # fmt: skip
             content = record["result"]
-        except ValueError as exc:  # not JSON
-            record["error"] = f"the arguments are not valid JSON ({exc}); send a JSON object"
-            content = {"error": record["error"]}
         except ToolError as exc:
             record["error"] = str(exc)
             content = {"error": str(exc)}

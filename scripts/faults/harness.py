@@ -178,14 +178,9 @@ class Instance:
         raise RuntimeError(f"never healthy: {body}\n{self.log()[-3000:]}")
 
     def ensure_key(self) -> str:
+        """The suite's own key (user ``fault``), made once."""
         if not self.key:
-            self.manage(
-                "shell",
-                "-c",
-                "from django.contrib.auth import get_user_model as g; "
-                "g().objects.get_or_create(username='fault')",
-            )
-            self.key = self.manage("create_api_key", "fault").strip().splitlines()[-1]
+            self.key = self.key_for("fault")
         return self.key
 
     def stop(self, timeout: float = 60) -> int | None:

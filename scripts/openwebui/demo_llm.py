@@ -1,7 +1,17 @@
 """A scripted OpenAI-compatible model for the Open WebUI demo (no model download, no
-network): ``GET /v1/models`` lists ``demo-model``; a chat gets a short canned answer; the
-memory engine's extraction prompt gets the user's first-person sentences back as facts
-("I drink green tea every morning." -> "User drinks green tea every morning").
+network): ``GET /v1/models`` lists ``demo-model``; it answers the prompts the memory
+service builds as a model would (recognised by ``prompt_kind``), and a chat with a short
+canned answer quoting the memory block:
+
+- the engine's extraction: the user's first-person sentences as facts, each naming the
+  message it comes from ("[m1] user: I drink green tea every morning." -> "User drinks
+  green tea every morning", sources ["m1"]); current facts are not repeated;
+- a deep dream: every fact of MEMORY.md kept as it is;
+- a context summary: the first words of each line folded;
+- query rewriting: the question's words as one query, and without its question words.
+
+``tests/scripts/test_demo_model.py`` renders each prompt from the code and checks the
+answer is understood, so a prompt change that this model no longer follows fails there.
 
     python scripts/openwebui/demo_llm.py 8771
 """
@@ -16,6 +26,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 IRREGULAR = {"am": "is", "have": "has", "do": "does", "go": "goes", "'m": "is"}
+QUESTION_WORDS = {"what", "when", "where", "who", "why", "how", "which", "do", "does", "did",
+                  "is", "are", "was", "i", "my", "the", "a"}  # fmt: skip
+# How each prompt of the service starts or says what it wants (memories/engine, ingestion,
+# knowledge/rewrite.py, memories/conversations/summaries.py).
+MARKERS = (
+    ("extraction", "You maintain the long-term memory"),
+    ("dream", 'a "deep dream"'),
+    ("summary", "Create a summary of the conversation below"),
+    ("summary", "This is the summary of the conversation so far"),
+    ("rewrite", "You help a search engine find passages"),
+)
 
 
 def third_person(sentence: str) -> str | None:
@@ -32,15 +53,70 @@ def third_person(sentence: str) -> str | None:
     return f"User {verb} {rest}"
 
 
+def prompt_kind(messages: list[dict[str, Any]]) -> str:
+    text = "\n".join(str(m.get("content")) for m in messages)
+    return next((kind for kind, marker in MARKERS if marker in text), "chat")
+
+
 def extraction(prompt: str) -> dict[str, Any]:
+    """Conversation lines are ``[<ref>] <role>: <text>``; current facts ``id | category |
+    confidence | content``."""
+    current = {line.rsplit(" | ", 1)[-1] for line in prompt.splitlines() if line.count(" | ") >= 3}
     facts = []
-    for line in prompt.splitlines():
-        if line.startswith("user: "):
-            for sentence in re.split(r"(?<=[.!?])\s+", line.removeprefix("user: ")):
-                fact = third_person(sentence)
-                if fact:
-                    facts.append({"content": fact, "category": "context", "confidence": 0.9})
+    for match in re.finditer(r"^\[([^\]]+)\] user: (.*)$", prompt, re.M):
+        ref, text = match.groups()
+        for sentence in re.split(r"(?<=[.!?])\s+", text):
+            fact = third_person(sentence)
+            if fact and fact not in current:
+                facts.append({"content": fact, "category": "context", "confidence": 0.9,
+                              "replaces": None, "sources": [ref]})  # fmt: skip
     return {"newFacts": facts, "factsToRemove": []}
+
+
+def dream(prompt: str) -> dict[str, Any]:
+    """MEMORY.md lines are ``- [<confidence>] <content> (id: <id>)`` under ``## <category>``."""
+    facts, category = [], "context"
+    for line in prompt.splitlines():
+        if line.startswith("## "):
+            category = line[3:].strip()
+        match = re.match(r"^- \[([0-9.]+)\] (.*) \(id: ([^)]+)\)$", line)
+        if match:
+            confidence, content, fact_id = match.groups()
+            facts.append({"id": fact_id, "content": content, "category": category,
+                          "confidence": float(confidence), "day": None})  # fmt: skip
+    return {"facts": facts, "diary": f"Kept the {len(facts)} facts as they were."}
+
+
+def summary(prompt: str) -> str:
+    lines = re.findall(r"^(user|assistant|system|tool): (.*)$", prompt, re.M)
+    return "Summary: " + "; ".join(f"{role}: {' '.join(text.split()[:6])}" for role, text in lines)
+
+
+def rewrite(question: str) -> dict[str, Any]:
+    words = re.findall(r"[\w'-]+", question)
+    keywords = [w for w in words if w.casefold() not in QUESTION_WORDS]
+    return {"queries": [" ".join(words), " ".join(keywords)]}
+
+
+def answer(body: dict[str, Any]) -> str:
+    messages = body.get("messages") or []
+    text = "\n".join(str(m.get("content")) for m in messages)
+    kind = prompt_kind(messages)
+    if kind == "extraction":
+        return json.dumps(extraction(text))
+    if kind == "dream":
+        return json.dumps(dream(text))
+    if kind == "summary":
+        return summary(text)
+    if kind == "rewrite":
+        return json.dumps(rewrite(str(messages[-1].get("content"))))
+    system = next((m["content"] for m in messages if m.get("role") == "system"), "")
+    remembered = [ln[2:] for ln in str(system).splitlines() if ln.startswith("- [")]
+    last = str(messages[-1].get("content")) if messages else ""
+    reply = f"(demo model) You said: {last}"
+    if remembered:
+        reply += " | I remember: " + "; ".join(remembered)
+    return reply
 
 
 def completion(content: str, model: str) -> dict[str, Any]:
@@ -53,20 +129,6 @@ def completion(content: str, model: str) -> dict[str, Any]:
                      "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
     }  # fmt: skip
-
-
-def answer(body: dict[str, Any]) -> str:
-    messages = body.get("messages") or []
-    text = " ".join(str(m.get("content")) for m in messages)
-    if "You maintain the long-term memory" in text:
-        return json.dumps(extraction(text))
-    system = next((m["content"] for m in messages if m.get("role") == "system"), "")
-    remembered = [ln[2:] for ln in str(system).splitlines() if ln.startswith("- [")]
-    last = str(messages[-1].get("content")) if messages else ""
-    reply = f"(demo model) You said: {last}"
-    if remembered:
-        reply += " | I remember: " + "; ".join(remembered)
-    return reply
 
 
 class Handler(BaseHTTPRequestHandler):

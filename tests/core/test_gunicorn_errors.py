@@ -1,17 +1,13 @@
-"""What gunicorn answers itself (before Django sees the request) is JSON too: a real
-gunicorn with the worker class `manage.py serve` and the Dockerfile use."""
+"""What gunicorn answers itself (before Django sees the request) is JSON too: the real
+gunicorn that `manage.py serve` starts (the shared served instance, tests/served.py),
+with the worker class the Dockerfile uses too."""
 
 from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
-import time
 
 import pytest
-
-from tests.core.test_serve import ROOT, serve_env  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -26,41 +22,6 @@ def _raw(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
     lines = head.decode("latin-1").split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines[1:])
     return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
-
-
-@pytest.fixture
-def gunicorn(serve_env):  # noqa: F811
-    port = int(serve_env["PORT"])
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "memoryproject.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "1",
-            "--worker-class",
-            "core.gunicorn_worker.JSONErrorThreadWorker",
-        ],
-        cwd=ROOT,
-        env=serve_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert proc.poll() is None
-            time.sleep(0.2)
-    yield port
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 @pytest.mark.parametrize(
@@ -79,8 +40,8 @@ def gunicorn(serve_env):  # noqa: F811
         (b"NOT A REQUEST LINE\r\n\r\n", 400, "bad_request"),
     ],
 )
-def test_gunicorn_refusals_are_json(gunicorn, request_bytes, status, code):
-    got, headers, body = _raw(gunicorn, request_bytes)
+def test_gunicorn_refusals_are_json(shared_served, request_bytes, status, code):
+    got, headers, body = _raw(shared_served.port, request_bytes)
     assert got == status
     assert headers["content-type"] == "application/json"
     error = json.loads(body)["error"]
@@ -89,9 +50,10 @@ def test_gunicorn_refusals_are_json(gunicorn, request_bytes, status, code):
     assert set(error) == {"code", "message", "details", "type", "param"}
 
 
-def test_django_answers_through_the_same_worker(gunicorn):
+def test_django_answers_through_the_same_worker(shared_served):
     got, headers, body = _raw(
-        gunicorn, b"GET /api/v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        shared_served.port,
+        b"GET /api/v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
     )
     assert got == 404
     assert json.loads(body)["error"]["code"] == "not_found"

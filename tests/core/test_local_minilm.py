@@ -95,6 +95,7 @@ def test_fixture_matches_bundled_weights_and_covers_edge_cases(reference, ref_te
     assert "a" in ref_texts
 
 
+@pytest.mark.slow  # starts a process
 def test_module_does_not_pull_torch_or_hub(tmp_path):
     code = (
         "import sys\n"

@@ -77,3 +77,33 @@ def test_error_family_carries_code_status_and_details():
         "taken",
     )
     assert ServiceError("m", code="custom").code == "custom"
+
+
+def _route_names(resolver) -> list[str]:
+    from django.urls import URLPattern, URLResolver
+
+    names: list[str] = []
+    for entry in resolver.url_patterns:
+        if isinstance(entry, URLResolver):
+            if entry.namespace != "admin":  # the admin's own names, namespaced
+                names += _route_names(entry)
+        elif isinstance(entry, URLPattern) and entry.name:
+            names.append(entry.name)
+    return names
+
+
+def test_every_route_has_a_name_of_its_own():
+    from collections import Counter
+
+    from django.urls import get_resolver, reverse
+
+    names = Counter(_route_names(get_resolver()))
+    assert [name for name, count in names.items() if count > 1] == []
+    assert names["conversation-node-memory"] == names["node-memory-attachments"] == 1
+    flow = "3f1c2d4e-0000-4000-8000-000000000001"
+    assert reverse("conversation-node-memory", kwargs={"session_id": "s1", "node_id": "n1"}) == (
+        "/api/v1/conversations/s1/nodes/n1"
+    )
+    assert reverse("node-memory-attachments", kwargs={"flow_id": flow, "node_id": "n1"}) == (
+        f"/api/v1/flows/{flow}/nodes/n1/memory"
+    )

@@ -49,6 +49,7 @@ def test_hashing_similar_texts_are_closer():
     assert float(a @ c) < 0.3
 
 
+@pytest.mark.slow  # starts a process
 def test_hashing_is_deterministic_across_processes():
     code = (
         "from core.providers.embeddings import HashingEmbedder;"
@@ -248,6 +249,7 @@ def test_llm_streaming(llm_settings, openai_server):
 
 
 # --- tokens -------------------------------------------------------------------------
+@pytest.mark.slow  # starts a process
 def test_token_counting_works_offline(tmp_path):
     # A fresh, empty tiktoken cache: nothing may be downloaded.
     code = (

@@ -133,7 +133,8 @@ def test_malformed_json_is_repaired_by_one_more_ask(alice_client, kb, llm_settin
         ([Scripted(status=400, body={"error": {"message": "bad model"}})], "answered 400"),
         ([Scripted(body=chat_body("no")), Scripted(body=chat_body("still no"))], "not JSON"),
         ([_answer("holiday", "  HOLIDAY ", "", "?!")], "no usable query"),
-        ([Scripted(body=chat_body('{"queries": "Crete"}'))], "no usable query"),
+        # (a string for the list is one query: tests/contract/test_llm_answers.py)
+        ([Scripted(body=chat_body('{"queries": []}'))], "no usable query"),
         ([Scripted(body={"choices": []})], "no message content"),
     ],
 )

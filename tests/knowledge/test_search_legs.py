@@ -70,6 +70,7 @@ def test_inside_a_transaction_both_legs_see_its_writes(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # starts a process
 def test_a_forked_child_gets_its_own_pool(monkeypatch):
     """gunicorn and qcluster fork workers: the pool's threads do not survive a fork."""
     import os

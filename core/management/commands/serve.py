@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
@@ -37,7 +40,8 @@ class Command(BaseCommand):
     def _prepare(self) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         call_command("createcachetable", verbosity=0)
-        call_command("collectstatic", interactive=False, verbosity=0)
+        with _locked(settings.STATIC_ROOT):
+            call_command("collectstatic", interactive=False, verbosity=0)
         username = os.environ.get("ADMIN_USERNAME", "admin")
         password = admin_ensure(username=username, password=os.environ.get("ADMIN_PASSWORD"))
         if password:
@@ -78,3 +82,18 @@ class Command(BaseCommand):
             programs.append(QclusterProgram(stall_seconds=settings.WORKER_STALL_SECONDS))
         self.stdout.write(f"Serving on http://{bind}/ (admin at /admin/, API docs at /api/docs/)")
         return programs
+
+
+@contextmanager
+def _locked(directory: Any) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (flock on the directory itself: no file
+    that the static files server would serve). Two ``serve`` commands starting at once
+    in one checkout (two instances, a restart overlapping the old one's start) write the
+    same STATIC_ROOT, and the manifest storage's post-processing of one deleted files the
+    other was writing (FileNotFoundError, serve exits)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

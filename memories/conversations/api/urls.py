@@ -22,7 +22,7 @@ urlpatterns = [
     path(
         "conversations/<session:session_id>/nodes/<str:node_id>",
         views.NodeMemoryView.as_view(),
-        name="node-memory",
+        name="conversation-node-memory",
     ),
     path(
         "conversations/<session:session_id>/history",

@@ -8,6 +8,7 @@ Thin views: input serializer -> service -> output serializer. Errors are the ser
 from __future__ import annotations
 
 from typing import Any, cast
+from uuid import UUID
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -115,8 +116,8 @@ class PendingUpdateOutputSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = PendingUpdate
-        fields = ["id", "scope", "status", "source", "due_at", "attempts", "error", "batch_id",
-                  "created_at", "processed_at"]  # fmt: skip
+        fields = ["id", "scope", "status", "source", "due_at", "attempts", "error", "note",
+                  "answer_excerpt", "batch_id", "created_at", "processed_at"]  # fmt: skip
 
     def get_scope(self, update: PendingUpdate) -> list[str]:
         return list(update.scope.path)
@@ -166,7 +167,9 @@ class UpdatesView(APIView):
         responses={200: paginated(PendingUpdateOutputSerializer), 404: ERROR},
     )
     def get(self, request: Request) -> Response:
-        """The scope's flushes, newest first: pending, done (with their batch) or failed."""
+        """The scope's flushes, newest first: pending, done (with their batch and what it
+        learned, ``note``), malformed (the LLM's answer could not be read: ``error`` says
+        why, ``answer_excerpt`` shows its first 500 characters) or failed."""
         row = scope_row(request)
         qs = update_list(owner=_owner(request), scope=row).select_related("scope")
         return paginated_response(self, request, qs, PendingUpdateOutputSerializer)
@@ -240,7 +243,7 @@ class DreamListView(APIView):
 
 class DreamDetailView(APIView):
     @extend_schema(summary="Get a dream", responses=DreamOutputSerializer)
-    def get(self, request: Request, dream_id: str) -> Response:
+    def get(self, request: Request, dream_id: UUID) -> Response:
         return Response(
             DreamOutputSerializer(dream_get(owner=_owner(request), dream_id=dream_id)).data
         )
@@ -250,7 +253,7 @@ class DreamUndoView(APIView):
     @extend_schema(
         summary="Undo a dream", request=None, responses={200: DreamOutputSerializer, 409: ERROR}
     )
-    def post(self, request: Request, dream_id: str) -> Response:
+    def post(self, request: Request, dream_id: UUID) -> Response:
         """Restore the facts and MEMORY.md as they were before the dream."""
         dream = dream_undo(owner=_owner(request), dream_id=dream_id)
         return Response(DreamOutputSerializer(dream).data)

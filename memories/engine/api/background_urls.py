@@ -10,8 +10,8 @@ urlpatterns = [
     path("journal", views.JournalView.as_view(), name="engine-journal"),
     path("dream", views.DreamView.as_view(), name="engine-dream"),
     path("dreams", views.DreamListView.as_view(), name="engine-dreams"),
-    path("dreams/<str:dream_id>", views.DreamDetailView.as_view(), name="engine-dream-detail"),
-    path("dreams/<str:dream_id>/undo", views.DreamUndoView.as_view(), name="engine-dream-undo"),
+    path("dreams/<uuid:dream_id>", views.DreamDetailView.as_view(), name="engine-dream-detail"),
+    path("dreams/<uuid:dream_id>/undo", views.DreamUndoView.as_view(), name="engine-dream-undo"),
     path("settings", views.EngineSettingsView.as_view(), name="engine-settings"),
     path("summaries", views.SummariesView.as_view(), name="engine-summaries"),
 ]

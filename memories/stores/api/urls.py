@@ -29,7 +29,7 @@ urlpatterns = [
     path(
         "flows/<uuid:flow_id>/nodes/<str:node_id>/memory",
         views.NodeMemoryView.as_view(),
-        name="node-memory",
+        name="node-memory-attachments",
     ),
     path(
         "flows/<uuid:flow_id>/nodes/<str:node_id>/memory/retrieve",

@@ -218,3 +218,23 @@ def test_summaries_endpoint_keeps_a_running_summary(alice, alice_client, bob_cli
     both = alice_client.post("/api/v1/engine/summaries", {**payload, "conversation": {
         "flow": "00000000-0000-0000-0000-000000000000", "session_id": "s"}}, format="json")  # fmt: skip
     assert both.status_code == 400
+
+
+@pytest.mark.parametrize("bad", ["not-a-uuid", "42", "00000000-0000-0000-0000-00000000000g"])
+def test_a_malformed_dream_id_is_a_json_404_and_undoes_nothing(alice, alice_client, bad):
+    from memories.facts.scopes import scope_ensure
+
+    row = scope_ensure(owner=alice, scope=SCOPE)
+    dream = Dream.objects.create(owner=alice, scope=row, lookback_days=1, input_hash="x" * 64)
+    not_found = {"error": {"code": "not_found", "message": "Not found.", "details": None}}
+    for response in (
+        alice_client.get(f"/api/v1/engine/dreams/{bad}"),
+        alice_client.post(f"/api/v1/engine/dreams/{bad}/undo"),
+    ):
+        assert response.status_code == 404
+        assert response.json() == not_found
+    dream.refresh_from_db()
+    assert dream.status == Dream.Status.APPLIED
+    assert list(Dream.objects.values_list("pk", flat=True)) == [dream.pk]
+    # A well-formed id reaches the view.
+    assert alice_client.get(f"/api/v1/engine/dreams/{dream.pk}").json()["id"] == str(dream.pk)

@@ -1,7 +1,7 @@
-"""The README's OpenAI function-calling example, run as written: its Python block (after
-the ``<!-- function-calling: ... -->`` marker) is executed unchanged against a live
-server, with the model it calls (``OpenAI()`` reads ``OPENAI_BASE_URL``) the scripted
-fake on 127.0.0.1, which asks for two tool calls at once and then answers."""
+"""docs/tools.md's OpenAI function-calling example, run as written: its Python block
+(marked ``<!-- run: function-calling -->``) is executed unchanged against a live server,
+with the model it calls (``OpenAI()`` reads ``OPENAI_BASE_URL``) the scripted fake on
+127.0.0.1, which asks for two tool calls at once and then answers."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.fakes.openai_server import Scripted, chat_body
 from tests.readme import readme_block
 
 pytestmark = pytest.mark.django_db(transaction=True)
+RUNS = {"function-calling"}  # the docs' blocks this module runs (tests/test_docs.py)
 CALLS = [
     {"id": "call_a", "type": "function", "function": {
         "name": "manage_memory", "arguments": '{"content": "User prefers dark mode"}'}},
@@ -40,7 +41,7 @@ def test_the_readme_function_calling_example_runs_as_written(
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(
-            compile(readme_block("function-calling", "python"), "README.md", "exec"),
+            compile(readme_block("function-calling", "python"), "docs/tools.md", "exec"),
             {"__name__": "readme"},
         )
 

@@ -1,0 +1,1 @@
+from tests.memories.engine.scripted import engine_storage  # noqa: F401
