@@ -1,7 +1,7 @@
 """The one decay function: exponential, halving every ``half_life_days``.
 
 (The engine's search computes the same in SQL, with the same float operations:
-``memories.facts.selectors.Ranking``.)"""
+``memories.facts.ranking.Ranking``.)"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ plans for the first five runs, then a generic one if it costs no more). The sear
 statements take their values as parameters, so a few distinct texts cover every
 search; the engine's search writes its row counts (limit, offset, pool) into the text,
 because a LIMIT left unknown made the generic plan lose to a new custom plan each time
-(``memories.facts.selectors.candidates_statement``).
+(``memories.facts.ranking.candidates_statement``).
 
 Errors go through Django's wrapper (so an outage marks the connection unusable as any
 query would), and statements are logged where Django logs its own (``CaptureQueriesContext``

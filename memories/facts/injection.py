@@ -96,7 +96,9 @@ def format_for_injection(
     (``ENGINE_CORRECTION_SHARE``; always included while they fit in it, highest
     confidence first). The rest of the budget (plus what corrections left unused)
     goes to the other facts: with ``query``, those the one search finds relevant
-    (``relevant_hits``) first, in its order, then the others by confidence, then newest.
+    (``relevant_hits``) among its first ``budget / MIN_LINE_TOKENS`` hits (no more lines
+    fit) first, in its order, then the others by confidence, then the most recently
+    changed.
     ``with_globals`` (the chat proxy): for a scope with fewer than
     ``MEMORY_GLOBAL_MIN_PERSONAL`` facts, the owner's global memories relevant to the
     query follow as ``- [global] content`` lines while they fit.
@@ -118,8 +120,9 @@ def format_for_injection(
     if query and query.strip() and (others or with_globals):
         q = query_embed(query, embedder, query_vector)
     if q is not None and others and query:
-        # The search every door makes (its defaults), over every fact the block may hold.
-        found = scope_search(row, query, q, limit=len(facts))
+        # The search every door makes (its defaults and order), as far as a block can
+        # go: no more than budget / MIN_LINE_TOKENS lines fit in it.
+        found = scope_search(row, query, q, limit=min(len(facts), budget // MIN_LINE_TOKENS))
         wanted = {f.pk for f in others}
         relevant = {
             h.id: h for h in relevant_hits(found.hits, relevance_threshold) if h.id in wanted
