@@ -26,6 +26,13 @@ def advisory_xact_lock(key: str, *, shared: bool = False) -> None:
         cur.execute(f"SELECT {function}(%s)", [_lock_id(key)])
 
 
+def advisory_xact_lock_statement(key: str) -> tuple[str, list[int]]:
+    """The statement (SQL, parameters) that takes ``advisory_xact_lock(key)``, for a
+    caller that sends it with its next statement in one round trip (a pipeline: the
+    next statement starts, and takes its snapshot, once the lock is held)."""
+    return "SELECT pg_advisory_xact_lock(%s)", [_lock_id(key)]
+
+
 def try_advisory_xact_lock(key: str) -> bool:
     """Like ``advisory_xact_lock`` but without waiting: whether the lock was taken."""
     with connection.cursor() as cur:

@@ -1,7 +1,7 @@
 """The one decay function: exponential, halving every ``half_life_days``.
 
 (The engine's search computes the same in SQL, with the same float operations:
-``memories.facts.selectors.Ranking``.)"""
+``knowledge.retrieval.engine``, its fusion SQL.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the memory bases keep of an erased end user goes with them (``core.erasure``).
 
-The personal room erases the chats the chat proxy recorded for an end user (the
+The facts room erases the chats the chat proxy recorded for an end user (the
 sessions of the owner's ``CHAT_PROXY_FLOW`` where the user sent a message), but it
 cannot import this room; a memory base attached to that flow keeps chunks of those
 chats. This receiver purges them, with the sessions' messages and jobs, inside the

@@ -579,8 +579,9 @@ def engine_settings_update(
 
 
 def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
-    """(owner id, scope id) of every scope whose facts or journal changed since its last
-    dream (ever, for a scope never dreamed), of owners with the daily dream on. A fact
+    """(owner id, scope id) of every scope (not an owner's global memories) whose facts
+    or journal changed since its last dream (ever, for a scope never dreamed), of owners
+    with the daily dream on. A fact
     change is any audit row but a dream's own changes and their undo (a REST write, an
     update run, an eviction...); a journal change is a flush processed since."""
     now = now or timezone.now()
@@ -595,7 +596,8 @@ def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
         processed_at__gt=OuterRef("since"), processed_at__lte=now,
     )  # fmt: skip
     rows = (
-        Scope.objects.annotate(since=Coalesce(Subquery(last[:1]), Value(EPOCH)))
+        Scope.objects.exclude(path=[])  # (global memories are not consolidated)
+        .annotate(since=Coalesce(Subquery(last[:1]), Value(EPOCH)))
         .filter(Exists(changed) | Exists(journal))
         .order_by("pk")
         .values_list("owner_id", "pk")

@@ -30,7 +30,7 @@ from memories.engine.updates import update_record
 from memories.facts.injection import Injection, format_for_injection
 from memories.facts.models import Fact, Scope
 from memories.facts.scopes import ScopePath, scope_fill, scope_find
-from memories.facts.search import FactFilter, SearchResult, fact_search
+from memories.facts.search import SearchResult, fact_filter, fact_search
 from memories.facts.selectors import ScopeNotFound
 from memories.facts.services import (
     FactDecision,
@@ -50,21 +50,6 @@ class ManageResult:
     fact_id: str | None
     decision: FactDecision | None = None
     fact: Fact | None = None
-
-
-def fact_filter(value: Mapping[str, Any] | None) -> FactFilter | None:
-    """``{"category": "goal" | [...], "min_confidence": 0.8}`` -> FactFilter."""
-    if not value:
-        return None
-    unknown = set(value) - {"category", "min_confidence"}
-    if unknown:
-        raise InvalidInput(
-            "filter takes category and min_confidence",
-            details={"filter": f"unknown keys: {', '.join(sorted(unknown))}"},
-        )
-    category = value.get("category")
-    categories = [category] if isinstance(category, str) else category
-    return FactFilter(categories=categories, min_confidence=value.get("min_confidence"))
 
 
 class MemoryEngine:

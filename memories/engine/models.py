@@ -1,8 +1,8 @@
 """The engine's background state: debounced updates waiting for their extraction,
 dreams (with the snapshot that undoes them) and the per-owner switches.
 
-Facts themselves are the personal-memory store's (``memories.facts``); these
-tables point at its scopes (``Scope``).
+Facts themselves are the facts room's (``memories.facts``); these tables point at
+its scopes (``Scope``).
 """
 
 from __future__ import annotations

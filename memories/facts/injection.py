@@ -67,6 +67,18 @@ def _fill(
     return kept, used
 
 
+def _most_lines(facts: Sequence[FactRow], budget: int) -> int:
+    """How many of ``facts`` a block of ``budget`` tokens can hold at most: as many of
+    the shortest lines as fit (each but the first with its newline)."""
+    used = count = 0
+    for cost in sorted(_line_tokens(f) for f in facts):
+        used += cost + (1 if count else 0)
+        if used > budget:
+            break
+        count += 1
+    return max(1, count)
+
+
 def relevant_hits(hits: Sequence[FactHit], threshold: float | None = None) -> list[FactHit]:
     """The hits relevant to their query, in search order: a query word, or a similarity
     of at least ``threshold`` (``MEMORY_SCORE_THRESHOLD``)."""
@@ -95,7 +107,9 @@ def format_for_injection(
     (``ENGINE_CORRECTION_SHARE``; always included while they fit in it, highest
     confidence first). The rest of the budget (plus what corrections left unused)
     goes to the other facts: with ``query``, those the one search finds relevant
-    (``relevant_hits``) first, in its order, then the others by confidence, then newest.
+    (``relevant_hits``) among its first hits, as many as the block can hold lines
+    (``_most_lines``), first, in its order, then the others by confidence, then the
+    most recently changed.
     ``with_globals`` (the chat proxy): for a scope with fewer than
     ``MEMORY_GLOBAL_MIN_PERSONAL`` facts, the owner's global memories relevant to the
     query follow as ``- [global] content`` lines while they fit.
@@ -117,8 +131,8 @@ def format_for_injection(
     if query and query.strip() and (others or with_globals):
         q = query_embed(query, embedder, query_vector)
     if q is not None and others and query:
-        # The search every door makes (its defaults), over every fact the block may hold.
-        found = scope_search(row, query, q, limit=len(facts))
+        # The search every door makes (its defaults and order), as far as a block can go.
+        found = scope_search(row, query, q, limit=_most_lines(others, budget))
         wanted = {f.pk for f in others}
         relevant = {
             h.id: h for h in relevant_hits(found.hits, relevance_threshold) if h.id in wanted

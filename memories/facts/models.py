@@ -72,7 +72,10 @@ class Fact(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    # Indexed by fact_owner_normalized (below): every index is paid by every add.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
     content = models.TextField()
     normalized = models.TextField(help_text="Normalised text, for exact duplicate checks.")
     # Indexed by fact_scope (below).
@@ -124,8 +127,9 @@ class FactLink(models.Model):
     """The (scope, fact) link: what a scope holds. Primary key on the pair."""
 
     pk = models.CompositePrimaryKey("scope_id", "fact_id")
-    scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="links")
-    fact = models.ForeignKey(Fact, on_delete=models.CASCADE, related_name="links")
+    # Indexed by the primary key and factlink_fact (below).
+    scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="links", db_index=False)
+    fact = models.ForeignKey(Fact, on_delete=models.CASCADE, related_name="links", db_index=False)
     # True once the fact is linked to more than one scope (it then has no
     # ``Fact.scope``): a scope's shared facts are found through these links.
     shared = models.BooleanField(default=False)
@@ -152,7 +156,10 @@ class FactChange(models.Model):
         EVICT = "evict"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="changes")
+    # Indexed by factchange_scope_time (below).
+    scope = models.ForeignKey(
+        Scope, on_delete=models.CASCADE, related_name="changes", db_index=False
+    )
     # Plain references (no constraint): the trail keeps naming a fact after it is deleted.
     old_fact = models.ForeignKey(
         Fact,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
+from core.errors import InvalidInput
 from core.providers.embeddings import Embedder, get_embedder
 from knowledge.retrieval.bm25 import counted_leg
 from knowledge.retrieval.engine import Collection, Leg, Ranking, rank
@@ -191,6 +192,21 @@ def query_embed(
     except Exception as exc:  # any embedder failure: keyword-only, never an error
         logger.warning("fact search is keyword-only: the embedder failed: %s", exc)
         return QueryVector(None, None, f"{type(exc).__name__}: {exc}")
+
+
+def fact_filter(value: Mapping[str, Any] | None) -> FactFilter | None:
+    """``{"category": "goal" | [...], "min_confidence": 0.8}`` -> FactFilter."""
+    if not value:
+        return None
+    unknown = set(value) - {"category", "min_confidence"}
+    if unknown:
+        raise InvalidInput(
+            "filter takes category and min_confidence",
+            details={"filter": f"unknown keys: {', '.join(sorted(unknown))}"},
+        )
+    category = value.get("category")
+    categories = [category] if isinstance(category, str) else category
+    return FactFilter(categories=categories, min_confidence=value.get("min_confidence"))
 
 
 def _pool(limit: int, offset: int) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -154,30 +153,28 @@ def fact_history(*, scope: Scope, fact_id: uuid.UUID | str) -> QuerySet[FactChan
 
 @dataclass(frozen=True)
 class FactRow:
-    """A fact as plain values (no model instance: injection reads hundreds at once).
-    ``tokens``: its injection line's, counted when it was written (None: not counted,
-    a row written by something other than the write service)."""
+    """A fact as injection reads it: plain values, and no time (reading hundreds of
+    timestamps at once cost more than the rest of an injection). ``tokens``: its
+    injection line's, counted when it was written (None: not counted, a row written by
+    something other than the write service)."""
 
     id: uuid.UUID
     content: str
     category: str
     confidence: float
     tokens: int | None
-    observed_at: datetime
-    created_at: datetime
-    updated_at: datetime
 
     @property
     def pk(self) -> uuid.UUID:
         return self.id
 
 
-_ROW_FIELDS = ("id", "content", "category", "confidence", "tokens", "observed_at", "created_at",
-               "updated_at")  # fmt: skip
+_ROW_FIELDS = ("id", "content", "category", "confidence", "tokens")
 
 
 def fact_rows(*, scope: Scope) -> list[FactRow]:
-    """The scope's facts as ``FactRow``, highest confidence first, then newest."""
+    """The scope's facts as ``FactRow``, highest confidence first, then the most
+    recently changed."""
     rows = fact_list(scope=scope).values_list(*_ROW_FIELDS)
     return [FactRow(*row) for row in rows]
 

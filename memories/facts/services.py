@@ -27,19 +27,21 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from psycopg.types.json import Jsonb
 
-from core.db import advisory_xact_lock
+from core.db import advisory_xact_lock, advisory_xact_lock_statement
 from core.erasure import send_scope_erased
 from core.errors import InvalidInput
-from core.metrics import counter_add
+from core.metrics import counter_add, counters_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.tokens import count_tokens
+from knowledge.retrieval import db
 from memories.conversations.selectors import flow_find, session_ids_with_sender
 from memories.conversations.services import sessions_delete_rows
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange, FactLink, Scope
 from memories.facts.scopes import ScopePath, scope_ensure
 from memories.facts.search import fact_nearest
-from memories.facts.selectors import fact_resolve, scope_fact_count
+from memories.facts.selectors import fact_resolve
 
 logger = logging.getLogger("memories.decisions")
 
@@ -143,8 +145,67 @@ def fact_line(fact: Any) -> str:
 # --- Pieces of every write ---------------------------------------------------------------
 
 
+def _lock_key(scope: Scope) -> str:
+    return f"memories:{scope.pk}"
+
+
 def _lock(scope: Scope) -> None:
-    advisory_xact_lock(f"memories:{scope.pk}")
+    advisory_xact_lock(_lock_key(scope))
+
+
+# The scope's fact count and its fact with this normalised text, if any ((owner,
+# normalized) index: a handful of rows whatever the scope's size), in one round trip.
+_CHECK = (
+    "SELECT (SELECT fact_count FROM memories_scope WHERE id = %s), (SELECT f.id FROM "
+    "memories_fact f JOIN memories_factlink l ON l.fact_id = f.id AND l.scope_id = %s "
+    "WHERE f.owner_id = %s AND f.normalized = %s LIMIT 1)"
+)
+
+
+def _check(scope: Scope, normalized: str, *, lock: bool = False) -> tuple[int, uuid.UUID | None]:
+    """(the scope's facts, its fact of this normalised text or None). ``lock``: the
+    scope's lock is taken first, in the same round trip (pipelined: the check starts,
+    and reads, once the lock is held)."""
+    check = db.Statement(_CHECK, [scope.pk, scope.pk, scope.owner_id, normalized])
+    if not lock:
+        rows, _ = db.fetch_all([check])[0]
+    else:
+        rows, _ = db.fetch_all([db.Statement(*advisory_xact_lock_statement(_lock_key(scope))),
+                                check])[1]  # fmt: skip
+    return int(rows[0][0] or 0), rows[0][1]
+
+
+# A new fact of one scope, its link and its audit row: one statement.
+_INSERT = (
+    "WITH f AS (INSERT INTO memories_fact (id, owner_id, content, normalized, scope_id, "
+    "category, confidence, source_kind, source_ref, embedding, embedding_model, dimensions, "
+    "metadata, tokens, observed_at, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, "
+    "%s, %s, %s, %s::vector, %s, %s, %s, %s, %s, %s, %s) RETURNING id), "
+    "l AS (INSERT INTO memories_factlink (scope_id, fact_id, shared, created_at) "
+    "SELECT %s, id, false, %s FROM f) "
+    "INSERT INTO memories_factchange (id, scope_id, old_fact_id, new_fact_id, old_content, "
+    "new_content, action, reason, created_at) SELECT %s, %s, %s, id, %s, %s, %s, %s, %s FROM f "
+    "RETURNING new_fact_id"
+)
+
+
+def _insert(scope: Scope, fact: FactIn, embedding: list[float], model: str, action: str,
+            reason: str, old: Fact | None = None) -> uuid.UUID:  # fmt: skip
+    """``fact`` as a new fact of ``scope`` (its only scope), linked and audited
+    (``action``, replacing ``old``): ``_new_fact`` and ``_audit`` in one statement."""
+    now = timezone.now()
+    fact_id = uuid.uuid4()
+    tokens = count_tokens(fact_line(fact))
+    db.fetch(_INSERT, [
+        fact_id, scope.owner_id, fact.content, normalize_fact(fact.content), scope.pk,
+        fact.category, fact.confidence, fact.source_kind, fact.source_ref,
+        db.VectorParam(embedding), model, len(embedding), Jsonb(fact.metadata or {}),
+        tokens, fact.observed_at or now, now, now,
+        scope.pk, now,
+        uuid.uuid4(), scope.pk, old.pk if old is not None else None,
+        old.content if old is not None else "", fact.content, action, reason, now,
+    ])  # fmt: skip
+    return fact_id
 
 
 def _audit(scope: Scope, action: str, reason: str, *, old: Fact | None = None,
@@ -175,15 +236,6 @@ def _new_fact(scope: Scope, content: str, embedding: Sequence[float], model: str
 def _delete_if_orphan(fact: Fact) -> None:
     if not FactLink.objects.filter(fact=fact).exists():
         Fact.objects.filter(pk=fact.pk).delete()
-
-
-def _exact_in_scope(scope: Scope, normalized: str) -> Fact | None:
-    # (owner, normalized) index: a handful of rows whatever the scope's size.
-    return (
-        Fact.objects.filter(owner_id=scope.owner_id, normalized=normalized, links__scope=scope)
-        .defer("embedding")
-        .first()
-    )
 
 
 def _evict(scope: Scope, max_facts: int, reason: str, count: int) -> list[str]:
@@ -245,9 +297,9 @@ def fact_add(
             )
         elif (
             not fact.replaces
-            and (found := _exact_in_scope(target, normalize_fact(fact.content))) is not None
+            and (found := _check(target, normalize_fact(fact.content))[1]) is not None
         ):  # cheap check first: no embedding needed
-            decisions[i] = _duplicate(fact, found.pk, "exact", 1.0)
+            decisions[i] = _duplicate(fact, found, "exact", 1.0)
         else:
             pending.append(i)
     if pending:
@@ -255,13 +307,11 @@ def fact_add(
         vectors = embedder.embed([checked[i].content for i in pending])
         embeddings = {i: [float(x) for x in vec] for i, vec in zip(pending, vectors, strict=True)}
         with transaction.atomic():
-            _lock(target)
-            count = scope_fact_count(scope_id=target.pk)
-            for i in pending:
-                decisions[i], added = _add_one(
-                    target, checked[i], embeddings[i], embedder.model, dedup, reason, count
+            count = 0
+            for n, i in enumerate(pending):  # the lock is taken with the first check
+                decisions[i], count = _add_one(
+                    target, checked[i], embeddings[i], embedder.model, dedup, reason, n == 0
                 )
-                count += added
             evicted = _evict(target, limit, reason, count)
         _mark_evicted(decisions, evicted)
     out = [d for d in decisions if d is not None]
@@ -277,9 +327,10 @@ def _duplicate(fact: FactIn, found: Any, match: str, similarity: float) -> FactD
 
 
 def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, dedup: float,
-             reason: str, count: int) -> tuple[FactDecision, int]:  # fmt: skip
-    """One fact of a batch, under the scope's lock: its decision and how many facts it
-    added to the scope (0 or 1)."""
+             reason: str, lock: bool) -> tuple[FactDecision, int]:  # fmt: skip
+    """One fact of a batch, under the scope's lock (``lock``: take it first): its
+    decision and the scope's facts after it."""
+    count, found = _check(scope, normalize_fact(fact.content), lock=lock)
     old: Fact | None = None
     if fact.replaces:
         old = _replaced(scope, fact.replaces)
@@ -294,28 +345,21 @@ def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, ded
             f"({fact.confidence} <= {old.confidence}): kept the newer fact",
             fact_id=str(old.pk),
             target_id=str(old.pk),
-        ), 0
+        ), count
     if old is None:
-        found = _exact_in_scope(scope, normalize_fact(fact.content))
-        if found is not None:  # re-checked under the lock
-            return _duplicate(fact, found.pk, "exact", 1.0), 0
+        if found is not None:  # (re-)checked under the lock
+            return _duplicate(fact, found, "exact", 1.0), count
         nearest = fact_nearest(scope, embedding, model) if dedup <= 1 else None
         if nearest is not None and nearest[1] >= dedup:
-            return _duplicate(fact, nearest[0], "semantic", nearest[1]), 0
-    new = _new_fact(
-        scope, fact.content, embedding, model, observed_at=fact.observed_at,
-        metadata=fact.metadata, category=fact.category, confidence=fact.confidence,
-        source_kind=fact.source_kind, source_ref=fact.source_ref,
-    )  # fmt: skip
-    if old is None:
-        _audit(scope, FactChange.Action.ADD, reason, new=new)
-        return FactDecision(fact.content, "add", reason, fact_id=str(new.pk)), 1
+            return _duplicate(fact, nearest[0], "semantic", nearest[1]), count
+        new_id = _insert(scope, fact, embedding, model, FactChange.Action.ADD, reason)
+        return FactDecision(fact.content, "add", reason, fact_id=str(new_id)), count + 1
     FactLink.objects.filter(scope=scope, fact=old).delete()
-    _audit(scope, FactChange.Action.REPLACE, reason, old=old, new=new)
+    new_id = _insert(scope, fact, embedding, model, FactChange.Action.REPLACE, reason, old)
     _delete_if_orphan(old)
-    decision = FactDecision(fact.content, "replace", reason, fact_id=str(new.pk),
+    decision = FactDecision(fact.content, "replace", reason, fact_id=str(new_id),
                             target_id=str(old.pk))  # fmt: skip
-    return decision, 0
+    return decision, count
 
 
 def _replaced(scope: Scope, fact_id: uuid.UUID | str) -> Fact | None:
@@ -366,14 +410,17 @@ def _mark_evicted(decisions: list[FactDecision | None], evicted: list[str]) -> N
         last.evicted_ids = evicted
 
 
+COUNTERS = {"add": "memory_additions_total", "replace": "memory_replacements_total",
+            "duplicate": "memory_dedup_total", "flip_flop": "memory_flipflop_total"}  # fmt: skip
+
+
 def _count(decisions: list[FactDecision]) -> None:
-    by_action: dict[str, int] = {}
+    amounts: dict[str, int] = {}
     for decision in decisions:
-        by_action[decision.action] = by_action.get(decision.action, 0) + 1
-    counter_add("memory_additions_total", by_action.get("add", 0))
-    counter_add("memory_replacements_total", by_action.get("replace", 0))
-    counter_add("memory_dedup_total", by_action.get("duplicate", 0))
-    counter_add("memory_flipflop_total", by_action.get("flip_flop", 0))
+        if decision.action in COUNTERS:
+            name = COUNTERS[decision.action]
+            amounts[name] = amounts.get(name, 0) + 1
+    counters_add(amounts)
 
 
 # --- Update, delete, share --------------------------------------------------------------

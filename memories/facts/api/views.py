@@ -30,7 +30,7 @@ from memories.facts.api.serializers import (
 )
 from memories.facts.models import Scope
 from memories.facts.scopes import end_user_ensure, global_scope_ensure, global_scope_find
-from memories.facts.search import FactFilter, fact_search
+from memories.facts.search import fact_filter, fact_search
 from memories.facts.selectors import (
     FactNotFound,
     ScopeNotFound,
@@ -130,7 +130,7 @@ class UserMemorySearchView(APIView):
         end_user = existing_user(request, user_id)
         found = fact_search(
             owner=request.user, scope=end_user, query=params["query"], limit=params["limit"],
-            offset=params["offset"], filter=_filter(params.get("filter")),
+            offset=params["offset"], filter=fact_filter(params.get("filter")),
             half_life_days=params.get("half_life_days"),
             include_globals=params["include_globals"],
         )  # fmt: skip
@@ -164,12 +164,6 @@ class UserMemorySearchView(APIView):
     )
     def get(self, request: Request, user_id: str) -> Response:
         return self._search(request, user_id, request.query_params)
-
-
-def _filter(value: dict[str, Any] | None) -> FactFilter | None:
-    if not value:
-        return None
-    return FactFilter(categories=value.get("category"), min_confidence=value.get("min_confidence"))
 
 
 class UserMemoryDetailView(APIView):

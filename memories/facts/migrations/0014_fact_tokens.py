@@ -4,7 +4,9 @@ writes the fact, where injection counted every fact on every call. The facts alr
 there are counted here, in batches of 2,000 (each its own transaction; a batch writes
 only rows still as it read them, so a fact changed meanwhile keeps the count its
 writer set). A fact left uncounted (NULL: written by something other than the write
-service, a COPY) is counted by injection as before.
+service, a COPY) is counted by injection as before. Then the table is vacuumed: the
+count rewrote every row, and searches would otherwise read the dead versions (and their
+index entries) until autovacuum got to them.
 """
 
 from django.db import migrations, models
@@ -45,6 +47,7 @@ def backfill(apps, schema_editor):
             tokens = [count_tokens(_line(*row[1:])) for row in rows]
             cur.execute(WRITE, [ids, contents, categories, confidences, tokens])
             last = rows[-1][0]
+    schema_editor.execute("VACUUM (ANALYZE) memories_fact")
 
 
 class Migration(migrations.Migration):

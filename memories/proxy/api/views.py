@@ -169,7 +169,7 @@ class ModelsView(APIView):
 
 
 class MemoryToolsChatView(ChatCompletionsView):
-    """The personal-memory proxy; with ``"memory_tools": true`` in the request (or
+    """The chat proxy; with ``"memory_tools": true`` in the request (or
     ``CHAT_MEMORY_TOOLS`` on and the request not saying false) and an end user, the
     proxy also offers the model manage_memory/search_memory and runs them itself.
     ``memory_tools`` is this service's own field and never goes upstream."""

@@ -25,10 +25,11 @@ from memories.engine.dreams import (
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
 from memories.facts.models import FactChange
-from memories.facts.scopes import scope_find
+from memories.facts.scopes import global_scope_ensure, scope_find
 from memories.facts.selectors import facts_snapshot
 from memories.facts.services import FactIn, fact_add
 from tests.memories.engine.scripted import EngineLLM
+from tests.memories.facts.seed import seed
 
 pytestmark = pytest.mark.django_db
 SCOPE = ("user", "alice")
@@ -241,6 +242,8 @@ def test_malformed_dream_answers_change_nothing(alice, dreaming):
 
 
 def test_daily_schedule_dreams_changed_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming):
+    # (an owner's global memories changed too: they are not consolidated)
+    seed(global_scope_ensure(owner=alice), "The support team is available on weekdays from 9 to 5")
     assert dreams_daily() == 1  # one task queued (run at once in tests)
     assert Dream.objects.get().trigger == "schedule"
     assert dreams_daily() == 0  # nothing changed since (the dream's own changes do not count)
