@@ -157,6 +157,10 @@ def _fuzz_operation(
     @hypothesis.seed(seed)
     def run(case: Any) -> None:
         kwargs = {"base_url": base_url} if base_url else {}
+        # The caller's headers (its valid key) replace what was generated: the case says
+        # so, or a negative case whose invalid part was only its Authorization header
+        # (never sent) would count as invalid data accepted.
+        case.headers = {**(case.headers or {}), **headers}
         try:
             response = case.call(headers=headers, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a transport error is a finding too
