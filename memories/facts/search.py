@@ -230,7 +230,7 @@ def fact_search(
     """The scope's facts best matching ``query``: min(limit, matching) of them from
     ``offset``. Hybrid when the query can be embedded (every fact of the embedding model
     matches), keyword-only when the embedder fails (facts sharing a word match).
-    ``half_life_days`` (``ENGINE_HALF_LIFE_DAYS`` when None, 0 = none) decays the score
+    ``half_life_days`` (``HALF_LIFE_DAYS`` when None, 0 = none) decays the score
     by the age of the fact (when it was said). A scope path the owner does not have
     finds nothing. ``include_globals``: the owner's global memories, searched the same
     way in their own scope (same query, limit and offset), fill what the scope's hits

@@ -107,7 +107,6 @@ class Instance:
             MEMORY_DATA_DIR=str(self.data_dir),
             EMBEDDED_DB_NAME="memory",
             EMBEDDED_DB_SHARED_BUFFERS="128MB",
-            EMBEDDED_DB_MAINTENANCE_WORK_MEM="64MB",
             EMBEDDING_PROVIDER="hashing",
             SECRET_KEY="fault-suite-secret-key-not-for-production",
             ADMIN_PASSWORD="fault-suite-password",
