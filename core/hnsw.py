@@ -1,12 +1,10 @@
-"""HNSW indexes on 16-bit floats (``halfvec``): the migrations that build them and the
-check of which one a search should order by."""
+"""HNSW indexes on 16-bit floats (``halfvec``): the migrations that build them (which
+one a search orders by is ``knowledge.retrieval.hnsw.index_type``'s answer)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from django.db import connection
 
 
 def supports_halfvec(schema_editor: Any) -> bool:
@@ -42,15 +40,3 @@ def halfvec_swap(
         build(schema_editor, "vector", prefix, 64, f"{prefix}_half")
 
     return forward, backward
-
-
-def index_type(prefix: str, dims: int) -> str | None:
-    """The type the HNSW index of ``dims`` is built on: ``halfvec`` when
-    ``<prefix>_half_<dims>`` exists, else ``vector`` when ``<prefix>_<dims>`` does."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
-            [f"{prefix}_half_{dims}", f"{prefix}_{dims}"],
-        )
-        row = cur.fetchone()
-    return "halfvec" if row and row[0] else "vector" if row and row[1] else None
