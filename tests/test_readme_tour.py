@@ -133,6 +133,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
         MEMORY_STORE_FILE_ROOTS=str(ROOT),  # docs/memory-stores.md's file store reads docs/
         OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="sk-test",  # and its embedding block
     )  # fmt: skip
+    _drop_databases(RESTORED_DB)  # left by a run that was killed before its clean-up
     proc = _serve(env)
     base = f"http://127.0.0.1:{env['PORT']}"
     try:
@@ -142,12 +143,16 @@ def served(tmp_path_factory) -> Iterator[Served]:
     finally:
         _stop(proc)
         llm.stop()
-        db = settings.DATABASES["default"]
-        with psycopg.connect(
-            host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
-        ) as conn:
-            for name in (dbname, RESTORED_DB):
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop_databases(dbname, RESTORED_DB)
+
+
+def _drop_databases(*names: str) -> None:
+    db = settings.DATABASES["default"]
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
+    ) as conn:
+        for name in names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --- running a page ------------------------------------------------------------------------
