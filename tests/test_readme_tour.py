@@ -35,6 +35,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from core.db_backend.base import embedded_server
 from core.providers.embeddings import HashingEmbedder
 from scripts.openwebui import demo_llm
 from tests.core.test_serve import _free_port, _serve, _stop, _wait_healthy
@@ -148,6 +149,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
 
 def _drop_databases(*names: str) -> None:
     db = settings.DATABASES["default"]
+    embedded_server(db)  # its HOST and PORT are filled on a process's first connection
     with psycopg.connect(
         host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
     ) as conn:
