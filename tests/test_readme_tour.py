@@ -35,6 +35,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from core.db_backend.base import embedded_server
 from core.providers.embeddings import HashingEmbedder
 from scripts.openwebui import demo_llm
 from tests.core.test_serve import _free_port, _serve, _stop, _wait_healthy
@@ -143,6 +144,9 @@ def served(tmp_path_factory) -> Iterator[Served]:
         _stop(proc)
         llm.stop()
         db = settings.DATABASES["default"]
+        # This process may never have connected: the backend fills HOST and PORT on a
+        # first connection (core.db_backend), so find the server the same way first.
+        embedded_server(db)
         with psycopg.connect(
             host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
         ) as conn:
