@@ -365,3 +365,41 @@ def test_a_file_stores_threshold_and_pending_chunks(with_files, monkeypatch):
     assert [h.id for h in got] == [f"chunk:{h.chunk_id}" for h in want]
     strict = RetrieveQuery("deploy the database", 3, 0.999, "", QueryVectors("q"))
     assert all(h.similarity is None for h in backend_for(with_files).retrieve(strict))
+
+
+def test_past_its_sample_the_keyword_leg_scores_the_newest_matches(stores, monkeypatch):
+    """A query most of a scope matches: only the ``COUNTED_SAMPLE`` newest matching rows
+    are read and scored (here by id, the call giving no time), a word's document frequency
+    estimated from them (x matches / sample); N and the lengths stay the scope's."""
+    from knowledge.retrieval import bm25
+
+    monkeypatch.setattr(bm25, "COUNTED_SAMPLE", 20)
+    store, text = stores["a"], "number question"  # every item holds both words
+    leg = store_search.counted_leg(
+        table=store_search.TABLE, token=f"~store:{store.pk}", text=text, pool=100,
+        totals=(store_search._TOTALS, [str(store.pk)]),
+    )  # fmt: skip
+    got = [(row[0], float(row[1])) for row in leg.run()]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT i.id, u.lexeme, coalesce(array_length(u.positions, 1), 1), "
+            "length(i.search_vector) - 1 FROM memory_stores_memoryitem i, "
+            "unnest(i.search_vector) u WHERE i.store_id = %s AND u.lexeme NOT LIKE '~%%'",
+            [store.pk],
+        )
+        rows = cur.fetchall()
+    lengths = {i: dl for i, _, _, dl in rows}
+    n, avgdl = len(lengths), sum(lengths.values()) / len(lengths)
+    assert n == 60
+    sample = set(sorted(lengths, reverse=True)[:20])  # every item matches: the newest ids
+    query = {"number", "question"}
+    df = {t: sum(1 for i, lex, _, _ in rows if lex == t and i in sample) * 60 / 20 for t in query}
+    scores: dict[int, float] = {}
+    for i, lex, tf, dl in rows:
+        if lex in query and i in sample:
+            idf = math.log(1 + (n - df[lex] + 0.5) / (df[lex] + 0.5))
+            scores[i] = scores.get(i, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.7 + 0.3 * dl / avgdl))
+    want = sorted(scores.items(), key=lambda r: (-r[1], r[0]))
+    assert len(got) == 20 and {i for i, _ in got} == sample
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)
+    assert [i for i, _ in got] == [i for i, _ in want]
