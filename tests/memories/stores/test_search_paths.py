@@ -89,9 +89,8 @@ def stores(alice, flow) -> dict[str, MemoryStore]:
     return found
 
 
-def _bm25(store: MemoryStore, text: str) -> list[tuple[int, float]]:
-    """BM25 of the store's items for ``text``, computed here from their lexemes (with
-    positions) and the formula: k1 1.2, b 0.3, idf over the store's items."""
+def _item_lexemes(store: MemoryStore) -> list[tuple[int, str, int, int]]:
+    """(item id, lexeme, tf, the item's length) for every lexeme of the store's items."""
     with connection.cursor() as cur:
         cur.execute(
             "SELECT i.id, u.lexeme, coalesce(array_length(u.positions, 1), 1), "
@@ -99,7 +98,14 @@ def _bm25(store: MemoryStore, text: str) -> list[tuple[int, float]]:
             "unnest(i.search_vector) u WHERE i.store_id = %s AND u.lexeme NOT LIKE '~%%'",
             [store.pk],
         )
-        rows = cur.fetchall()
+        return cur.fetchall()
+
+
+def _bm25(store: MemoryStore, text: str) -> list[tuple[int, float]]:
+    """BM25 of the store's items for ``text``, computed here from their lexemes (with
+    positions) and the formula: k1 1.2, b 0.3, idf over the store's items."""
+    rows = _item_lexemes(store)
+    with connection.cursor() as cur:
         cur.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [text])
         query = set(cur.fetchone()[0])
     lengths = {i: dl for i, _, _, dl in rows}
@@ -380,14 +386,7 @@ def test_past_its_sample_the_keyword_leg_scores_the_newest_matches(stores, monke
         totals=(store_search._TOTALS, [str(store.pk)]),
     )  # fmt: skip
     got = [(row[0], float(row[1])) for row in leg.run()]
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT i.id, u.lexeme, coalesce(array_length(u.positions, 1), 1), "
-            "length(i.search_vector) - 1 FROM memory_stores_memoryitem i, "
-            "unnest(i.search_vector) u WHERE i.store_id = %s AND u.lexeme NOT LIKE '~%%'",
-            [store.pk],
-        )
-        rows = cur.fetchall()
+    rows = _item_lexemes(store)
     lengths = {i: dl for i, _, _, dl in rows}
     n, avgdl = len(lengths), sum(lengths.values()) / len(lengths)
     assert n == 60
