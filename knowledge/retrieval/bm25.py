@@ -271,8 +271,8 @@ def chunk_leg(
             language, text, scope.sql, scope.params, kb_ids, limit, tokens
         )
         return Leg("/* keyword leg */" + sql, params, [])
-    found = _pruned(kb_ids, language, text, scope.sql, scope.params, limit)
-    return Leg("", [], [], rows=found)
+    return Leg("", [], [], produce=lambda: _pruned(kb_ids, language, text, scope.sql,
+                                                   scope.params, limit))  # fmt: skip
 
 
 def _pruned(

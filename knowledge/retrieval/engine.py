@@ -34,6 +34,7 @@ operations). Ties: the collection's ``tiebreak``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -118,9 +119,14 @@ class Leg:
     path: str = ""
     prepare: bool = True
     rows: list[tuple[Any, ...]] | None = None  # its rows, once run apart
+    # A leg computed in Python (statements of its own, e.g. the pruned BM25 leg): called
+    # by ``run``, so a split search runs it beside the other leg rather than before it.
+    produce: Callable[[], list[tuple[Any, ...]]] | None = None
 
     def run(self) -> list[tuple[Any, ...]]:
-        if self.rows is None:
+        if self.rows is None and self.produce is not None:
+            self.rows = self.produce()
+        elif self.rows is None:
             self.rows = fetch(self.sql, self.params, self.prepare, self.local + _pinned())[0]
         return self.rows
 
@@ -180,8 +186,8 @@ def _leg_sql(c: Collection, leg: Leg | None, value: str, at: int) -> tuple[str, 
             " NULL::timestamptz AS o WHERE false",
             [],
         )
-    if leg.rows is not None:
-        return _given(c, value, leg.rows, at)
+    if leg.rows is not None or leg.produce is not None:
+        return _given(c, value, leg.run(), at)
     return leg.sql, leg.params
 
 

@@ -120,3 +120,29 @@ def test_row_count_reads_the_planner_statistics(alice):
     assert hnsw.row_count("chunk_hnsw_half_999") == 0.0  # no such index
     assert hnsw.index_type("chunk_hnsw", 999) is None  # no index of that dimension
     hnsw._row_counts.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_pruned_keyword_leg_runs_beside_the_vector_leg(monkeypatch):
+    """The pruned BM25 leg (its own statements, computed in Python) is run by the split,
+    on the pool's thread while the vector leg runs here, not while the search is planned:
+    the same answer as the one statement."""
+    from knowledge.retrieval import bm25
+
+    kb = make_kb(UserFactory(username="pia"))
+    ingest(kb, *_docs())
+    monkeypatch.setattr(bm25, "PRUNE_MIN_ROWS", 0)
+    ran: list[str] = []
+    original = bm25._pruned
+
+    def recording(*args, **kwargs):
+        ran.append(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bm25, "_pruned", recording)
+    one, _ = _run(kb, monkeypatch, split_min_rows=10**9)
+    assert ran == [threading.current_thread().name]  # one statement: run here, first
+    ran.clear()
+    split, _ = _run(kb, monkeypatch, split_min_rows=0)
+    assert split == one and len(split) == 5
+    assert len(ran) == 1 and ran[0].startswith("search-leg")
