@@ -3,7 +3,8 @@ vectors (no embedding model: both sides get precomputed vectors).
 
 Runs in mem0's own virtualenv (mem0ai and its dependencies are not this project's),
 against the embedded server of this worktree, after ``bench/bench_engine.py`` loaded
-its data (database ``bench_engine``)::
+its data (database ``bench_engine``, or ``ENGINE_DB``; the server's socket directory is
+``PG_SOCKET``, by default this worktree's ``.data/pgdata``)::
 
     /work/scratch-mem0/venv/bin/python bench/bench_mem0.py [--queries 100] [--fresh] [--large]
 
@@ -48,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOCKET = os.environ.get("PG_SOCKET", str(ROOT / ".data" / "pgdata"))
 BASE = f"host={SOCKET} port={os.environ.get('PG_PORT', '5432')} user=postgres"
 COLLECTION = "bench_facts"
+ENGINE_DB = os.environ.get("ENGINE_DB", "bench_engine")
 rng = np.random.default_rng(11)
 prng = random.Random(11)
 VOCAB = [f"w{i}" for i in range(5000)]
@@ -71,7 +73,7 @@ class GivenEmbedder:
 
 
 def scope_facts(scope: list[str]) -> list[tuple[str, str]]:
-    with psycopg.connect(f"{BASE} dbname=bench_engine") as conn:
+    with psycopg.connect(f"{BASE} dbname={ENGINE_DB}") as conn:
         return conn.execute(
             "SELECT v.content, v.embedding::text FROM memories_fact v "
             "JOIN memories_scope s ON s.id = v.scope_id "
@@ -164,7 +166,7 @@ def load_large(m, maintenance_work_mem: str) -> None:
     ``s<i>``), by COPY without mem0's indexes, which are then built again as mem0
     defines them. Skipped when the collection already holds that many rows."""
     m.vector_store._ensure_collection()
-    src = psycopg.connect(f"{BASE} dbname=bench_engine")
+    src = psycopg.connect(f"{BASE} dbname={ENGINE_DB}")
     dst = psycopg.connect(f"{BASE} dbname={DB}", autocommit=True)
     total = src.execute(
         "SELECT count(*) FROM memories_fact v JOIN auth_user u ON u.id = v.owner_id "
@@ -244,7 +246,7 @@ def main() -> None:
         return
     m = memory(args.fresh)
     big, inj = scope_facts(["bench", "big"]), scope_facts(["bench", "inj"])
-    print(f"facts from bench_engine: big {len(big):,}, inj {len(inj):,}", flush=True)
+    print(f"facts from {ENGINE_DB}: big {len(big):,}, inj {len(inj):,}", flush=True)
     load(m, "big", big)
     load(m, "inj", inj)
     queries = [(unit(), " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]

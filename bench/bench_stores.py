@@ -27,7 +27,7 @@ max_items = --items). Also: ``three-simple`` with the node's three searches in o
 query string against one statement per store, interleaved; recall@15 of the HNSW path
 against the exact scan for store s1 at ef_search 40-200, and both paths' latency for
 one store; recall@5 of the file store's chunk search through the chunks' HNSW index
-(its path above ``MEMORY_STORE_EXACT_MAX_ITEMS``) against its exact scan.
+(its path above the chunks' ``exact_max``) against its exact scan.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,6 +52,7 @@ os.environ.setdefault("EMBEDDED_DB_NAME", "bench_stores")
 os.environ.setdefault("EMBEDDING_PROVIDER", "hashing")
 
 import django
+import numpy as np
 
 django.setup()
 
@@ -60,15 +63,17 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from core.providers.embeddings import get_embedder
+from knowledge import search as chunk_search
+from knowledge.retrieval import hnsw
 from knowledge.services import knowledge_index_pending
 from memories.conversations.models import Flow
 from memories.conversations.services import flow_create
 from memories.stores import runtime
-from memories.stores.backends import sql
-from memories.stores.backends.sql import SearchBatch
+from memories.stores import search as store_search
 from memories.stores.config import memory_config_apply
 from memories.stores.models import MemoryItem, MemoryStore
 from memories.stores.runtime import node_memory_retrieve, node_memory_write
+from memories.stores.search import ChunkSearch, ItemSearch, SearchBatch
 from memories.stores.services import memory_store_delete, memory_store_load
 from memories.stores.text import summary_hash, turn_summary
 
@@ -228,7 +233,6 @@ def main() -> None:
         position["i"] += 1
         return queries[position["i"] % len(queries)]
 
-    default_ef = settings.MEMORY_STORE_EF_SEARCH
     embedder = get_embedder()
     embed = timed(lambda: embedder.embed([next_query()]), args.calls)
     log(f"query embedding (hashing, 384 d):       {percentiles(embed)}")
@@ -263,41 +267,56 @@ def main() -> None:
     ratio = statistics.median(batched_ms) / statistics.median(alone_ms)
     log(f"  ratio of p50s: {ratio:.2f}")
 
-    # Recall of the index path against the exact scan (the 15 candidates of store s1),
-    # and one store's search both ways, interleaved so that load hits both alike.
+    # Recall of the index path against the exact scan (the 15 candidates of store s1, its
+    # vector leg alone), and one store's search both ways, interleaved so that load hits
+    # both alike. The walk's ef_search is the retrieval package's constant
+    # (``hnsw.EF_SEARCH``); the exact scan is the collection with ``exact_max`` above the
+    # store's size.
+    items, chunks, default_ef = store_search.ITEMS, chunk_search.CHUNKS, hnsw.EF_SEARCH
+
+    def store_run(search: ItemSearch, exactly: bool) -> list[Any]:
+        store_search.ITEMS = replace(items, exact_max=10**9) if exactly else items
+        try:
+            return store_search.run([search])[0]
+        finally:
+            store_search.ITEMS = items
+
     s1 = MemoryStore.objects.get(owner=flow.owner, name="s1")
-    searches = [sql.Nearest.of(s1.pk, embedder.embed([q])[0], 15, None, 384) for q in queries[:50]]
-    exact = [{h.id for h in sql._run([(s, "exact")])[0]} for s in searches]
+    searches = [ItemSearch.of(s1, "", embedder.embed([q])[0], 15, None, 0.0) for q in queries[:50]]
+    exact = [{h.id for h in store_run(s, True)} for s in searches]
     exact_ms: list[float] = []
     for ef in (40, 60, 80, 100, 200):
-        settings.MEMORY_STORE_EF_SEARCH = ef
+        hnsw.EF_SEARCH = ef
         found, index_ms = 0, []
-        for wanted, search in zip(exact, searches):
+        for wanted, search in zip(exact, searches, strict=True):
             started = time.perf_counter()
-            found += len(wanted & {h.id for h in sql._run([(search, "index")])[0]})
+            found += len(wanted & {h.id for h in store_run(search, False)})
             index_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            sql._run([(search, "exact")])
+            store_run(search, True)
             exact_ms.append((time.perf_counter() - started) * 1000)
         recall = found / sum(len(w) for w in exact)
         log(f"one store, HNSW ef_search {ef:3}: recall@15 {recall:.3f}, {percentiles(index_ms)}")
-    settings.MEMORY_STORE_EF_SEARCH = default_ef
+    hnsw.EF_SEARCH = default_ef
     log(f"one store, exact scan of {counts['s1']} items:  {percentiles(exact_ms)}")
 
-    # The file store of node ``mixed``: recall@5 of the chunks' HNSW path (the path its
-    # retrieve takes above MEMORY_STORE_EXACT_MAX_ITEMS) against the exact scan.
+    # The file store of node ``mixed``: recall@5 of the chunks' HNSW path against the
+    # exact scan (the chunks' collection with ``exact_max`` 0, then above the base's size).
     files = MemoryStore.objects.select_related("knowledge_base").get(owner=flow.owner, name="files")
     kb = files.knowledge_base
-    chunk_searches = [
-        sql.ChunkNearest.of(kb.pk, embedder.embed([q])[0], 5, None, 384, kb.chunk_count)
-        for q in queries[:50]
-    ]
     found = 0
-    for search in chunk_searches:
-        by_index = sql._run_all([], [(search, True)])[1][0] or []
-        exactly = sql._run_all([], [(search, False)])[1][0] or []
-        found += len({h.id for h in by_index} & {h.id for h in exactly})
-    recall = found / (5 * len(chunk_searches))
+    for q in queries[:50]:
+        vector = np.asarray(embedder.embed([q])[0], dtype=np.float64).tobytes()
+        search = ChunkSearch(kb, q, vector, 5, None)
+        got = []
+        for cap in (0, 10**9):
+            chunk_search.CHUNKS = replace(chunks, exact_max=cap)
+            try:
+                got.append({h.chunk_id for h in store_search.run([search])[0]})
+            finally:
+                chunk_search.CHUNKS = chunks
+        found += len(got[0] & got[1])
+    recall = found / (5 * 50)
     log(f"file store, chunks' HNSW ef_search {default_ef}: recall@5 {recall:.3f} against exact")
     with connection.cursor() as cur:
         cur.execute(
