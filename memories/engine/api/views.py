@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from django.contrib.auth.models import AbstractBaseUser
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -56,6 +56,7 @@ class FactDecisionSerializer(serializers.Serializer):
     fact = FactOutputSerializer(allow_null=True)
 
 
+@extend_schema_serializer(component_name="ScopedFact")
 class ScopedFactSerializer(FactOutputSerializer):
     """Schema only: a fact with the scope it belongs to."""
 
@@ -209,8 +210,19 @@ class InjectionView(APIView):
         return Response({"scope": list(engine.scope(data["scope"])), **injection_payload(block)})
 
 
+class ErasedScopeSerializer(serializers.Serializer):
+    """Schema only: the scope erased and how many facts it held."""
+
+    scope = serializers.ListField(child=StrictCharField())
+    facts_removed = serializers.IntegerField()
+
+
 class EraseView(APIView):
-    @extend_schema(request=ScopedSerializer)
+    @extend_schema(
+        summary="Erase a scope",
+        request=ScopedSerializer,
+        responses={200: ErasedScopeSerializer, 404: ERROR},
+    )
     def post(self, request: Request) -> Response:
         """Erase a scope and everything of it (facts, audit, pending updates, dreams,
         summaries, journal, MEMORY.md, diaries)."""

@@ -69,6 +69,7 @@ class FactOutputSerializer(serializers.ModelSerializer):
         return _source(obj)
 
 
+@extend_schema_serializer(component_name="Memory")
 class MemoryOutputSerializer(FactOutputSerializer):
     """A fact at the personal doors (``/users/{id}/memories``, ``/global-memories``),
     with ``type``, the older field clients read: ``global`` for a global memory, else
@@ -107,6 +108,7 @@ class HitSerializer(serializers.Serializer):
         return _source(obj)
 
 
+@extend_schema_serializer(component_name="MemoryHit")
 class MemoryHitSerializer(HitSerializer):
     """A hit at the personal search door, with ``type`` (deprecated: memory or global)."""
 
