@@ -1,0 +1,22 @@
+"""The OpenAPI schema is generated without errors and without two serializers published
+under one component name (drf-spectacular then keeps one of them: the schema silently
+lost the fields of the other, e.g. ``type`` at the personal doors)."""
+
+from __future__ import annotations
+
+from drf_spectacular.drainage import GENERATOR_STATS
+from drf_spectacular.generators import SchemaGenerator
+
+
+def test_every_component_is_one_serializer_and_no_view_is_skipped(capsys):
+    GENERATOR_STATS.reset()
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    printed = capsys.readouterr().err
+    assert "identical names" not in printed
+    assert "Error" not in printed, printed
+    components = schema["components"]["schemas"]
+    assert "type" in components["Memory"]["properties"]
+    assert "type" in components["MemoryHit"]["properties"]
+    assert "scope" in components["ScopedFact"]["properties"]
+    erase = schema["paths"]["/api/v1/engine/erase"]["post"]["responses"]["200"]
+    assert erase["content"]["application/json"]["schema"]["$ref"].endswith("/ErasedScope")
