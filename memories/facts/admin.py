@@ -32,7 +32,7 @@ class FactChangeInline(admin.TabularInline):
 
 @admin.register(Scope)
 class ScopeAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "owner", "memory_count", "last_seen_at", "created_at"]
+    list_display = ["__str__", "scope_path", "owner", "memory_count", "last_seen_at", "created_at"]
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
     list_filter = ["owner"]
@@ -50,6 +50,11 @@ class ScopeAdmin(admin.ModelAdmin):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
+
+    @admin.display(description="path", ordering="path")
+    def scope_path(self, scope: Scope) -> str:
+        # The name alone is ambiguous: user/alice and agent/alice are two scopes.
+        return "/".join(scope.path) or "(global)"
 
     @admin.display(description="memories", ordering="_memories")
     def memory_count(self, scope: Scope) -> int:
