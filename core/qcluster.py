@@ -25,6 +25,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -40,6 +41,8 @@ _BUSY_GRACE = 30.0  # seconds past Q_TIMEOUT before a "busy" worker stops counti
 # cluster, or to refresh its heartbeat (django-q2 publishes it every 0.5 s for 3 s).
 STARTUP_SECONDS = 60.0
 HEARTBEAT_SECONDS = 15.0
+# How often the cluster looks for due schedules (django-q2 itself: every 30 s).
+SCHEDULES_SECONDS = 1.0
 
 
 # --- inside the cluster process --------------------------------------------------------
@@ -131,8 +134,53 @@ def run_cluster() -> None:
     post_execute_in_worker.connect(_on_task_end, dispatch_uid="core.qcluster.end")
     cluster = Cluster(broker=_tracked_broker())
     cluster.start()
-    while cluster.sentinel is not None and cluster.sentinel.is_alive():
-        cluster.sentinel.join(1)
+    # After the cluster's forks: a thread never crosses a fork (the sentinel forks its
+    # workers, this process forks nothing more).
+    stop = threading.Event()
+    threading.Thread(target=look_at_schedules, args=(stop,), name="schedules", daemon=True).start()
+    try:
+        while cluster.sentinel is not None and cluster.sentinel.is_alive():
+            cluster.sentinel.join(1)
+    finally:
+        stop.set()
+
+
+def look_at_schedules(stop: threading.Event, every: float = SCHEDULES_SECONDS) -> None:
+    """Fire due schedules within a second of their time.
+
+    django-q2's sentinel looks at the schedules every 30 s, so a debounced memory update
+    (a one-off schedule per scope) started up to 30 s after it was due. This thread
+    asks every ``every`` seconds whether a schedule is due and, if one is, runs
+    django-q2's own scheduler: it locks the due rows (``SELECT ... FOR UPDATE``) and
+    queues each task (the ORM broker: a row in the same database) in the transaction
+    that moves or deletes its schedule, so a schedule fires once however many clusters
+    (on however many hosts) look at the same moment.
+    """
+    from django.db import connection
+    from django_q.brokers import get_broker
+    from django_q.scheduler import scheduler
+
+    broker = get_broker()
+    failing = False
+    while not stop.wait(every):
+        try:
+            if any_schedule_due():
+                scheduler(broker=broker)
+            failing = False
+        except Exception:  # noqa: BLE001 - the database may be restarting: look again
+            if not failing:
+                logger.warning("schedules could not be read; trying every second", exc_info=True)
+            failing = True
+            connection.close()
+
+
+def any_schedule_due() -> bool:
+    """The question django-q2's scheduler asks first (its ``next_run__lt=now`` and
+    ``repeats != 0``), without a transaction or a lock: most seconds nothing is due."""
+    from django.utils import timezone
+    from django_q.models import Schedule
+
+    return Schedule.objects.exclude(repeats=0).filter(next_run__lt=timezone.now()).exists()
 
 
 # --- in the supervisor -----------------------------------------------------------------

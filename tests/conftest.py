@@ -3,8 +3,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from django.db import connections, transaction
+from django.test import TransactionTestCase
 from rest_framework.test import APIClient
 
+from core.schedules import register_schedules
 from core.services import api_key_create
 from ingestion.capture import messages_record
 from memories.bases.services import memory_base_create
@@ -77,6 +80,35 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_sessionfinish() -> None:
     served_stop(wait=True)
+
+
+# Rows that Django's flush truncates and post_migrate then writes back the same: kept.
+_KEPT_TABLES = {"django_migrations", "django_content_type", "auth_permission"}
+
+
+def _empty_every_table(self: TransactionTestCase) -> None:
+    """The teardown of a transaction test (``TransactionTestCase._fixture_teardown``),
+    in a tenth of the time.
+
+    Django's flush truncates every table (each gets new files, its indexes rebuilt
+    empty) and then runs post_migrate, which writes the content types, permissions and
+    schedules back: about 0.5 s a test, for about 300 tests. Here one statement deletes
+    the rows of every table of the schema (the trigger-kept side tables too, which
+    Django's TRUNCATE empties through their TRUNCATE triggers), with triggers and
+    foreign-key checks off for it (``session_replication_role``); the content types and
+    permissions stay, and the schedules are registered again, as post_migrate would.
+    """
+    for name in self._databases_names(include_mirrors=False):
+        connection = connections[name]
+        with transaction.atomic(using=name), connection.cursor() as cursor:
+            cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+            tables = sorted({row[0] for row in cursor.fetchall()} - _KEPT_TABLES)
+            cursor.execute("SET LOCAL session_replication_role = replica")
+            cursor.execute(";".join(f"DELETE FROM {connection.ops.quote_name(t)}" for t in tables))
+        register_schedules(using=name)
+
+
+TransactionTestCase._fixture_teardown = _empty_every_table  # type: ignore[method-assign]
 
 
 @pytest.fixture

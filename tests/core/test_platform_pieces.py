@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from django_q.models import Schedule
+from django_q.conf import Conf
+from django_q.models import OrmQ, Schedule
 
 from core.errors import Conflict, NameTaken, ServiceError
+from core.qcluster import any_schedule_due, look_at_schedules
 from core.schedules import declared_schedules, register_schedules
 from core.scoring import decay
 from core.validation import validate_end_user_id, validate_node_id, validate_session_id
@@ -37,6 +41,43 @@ def test_schedules_are_registered_once_by_name_and_follow_their_declaration():
         5,
         -1,
     )
+
+
+@pytest.mark.django_db(transaction=True)  # the looking threads read committed rows
+def test_a_due_schedule_is_queued_within_a_second_once_however_many_look(monkeypatch):
+    monkeypatch.setattr(Conf, "SYNC", False)  # queue on the broker, as a worker does
+    Schedule.objects.all().delete()
+    now = timezone.now()
+    Schedule.objects.create(
+        name="later",
+        func="math.floor",
+        args="1.5",
+        schedule_type=Schedule.ONCE,
+        next_run=now + timedelta(hours=1),
+    )
+    assert not any_schedule_due()
+    Schedule.objects.create(
+        name="due",
+        func="math.floor",
+        args="2.5",
+        schedule_type=Schedule.ONCE,
+        next_run=now - timedelta(seconds=1),
+    )
+    assert any_schedule_due()
+    stop = threading.Event()
+    lookers = [threading.Thread(target=look_at_schedules, args=(stop, 0.05)) for _ in range(3)]
+    for looker in lookers:
+        looker.start()
+    deadline = time.monotonic() + 5
+    while Schedule.objects.filter(name="due").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # every looker has looked again since the schedule fired
+    stop.set()
+    for looker in lookers:
+        looker.join(5)
+    queued = [(task.func(), task.args(), task.group()) for task in OrmQ.objects.all()]
+    assert queued == [("math.floor", (2.5,), "due")]  # once, though three looked
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["later"]  # untouched
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,11 @@ class FakeOpenAIServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # shutdown() waits for the loop's next look (0.5 s by default): a test's teardown
+        # paid it, 300 times a run.
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
 
     def _default_for(self, path: str, payload: dict[str, Any]) -> Scripted:
         if path.endswith("/embeddings") and self.embed_fn is not None:

@@ -4,16 +4,15 @@ cluster), killed with updates pending and running, then restarted.
 One instance with its own embedded PostgreSQL (``scripts.faults.harness``): the web
 server alone (``serve --no-worker``) takes the flushes over HTTP, and a separate
 ``manage.py worker`` runs them, its scripted LLM a server on 127.0.0.1 that answers an
-extraction after 8 s, so the kills land mid-extraction.
+extraction after 4 s, so the kills land mid-extraction.
 
 How the runs fire under the cluster: a flush writes (or pushes back) its scope's
-one-off schedule; django-q2's scheduler runs inside the cluster's sentinel and looks at
-the schedules about every 30 s (first 30 s after the cluster starts), so a scope's run
-starts up to ~30 s after its 2 s window closes. A run lost with a killed worker is
-picked up by the minute sweep (``engine-updates-sweep``, itself a schedule) or by the
-broker's redelivery after ``Q_RETRY`` (45 s here; a redelivered run of a done scope
-finds nothing pending). Every wait below is bounded by those periods plus the LLM's 8 s
-and the cluster's start.
+one-off schedule; the cluster looks for due schedules every second (``core.qcluster``:
+django-q2's own look is every 30 s), so a scope's run starts about a second after its
+2 s window closes. A run lost with a killed worker is picked up by the minute sweep
+(``engine-updates-sweep``, itself a schedule) or by the broker's redelivery after
+``Q_RETRY`` (20 s here; a redelivered run of a done scope finds nothing pending). Every
+wait below is bounded by those periods plus the LLM's 4 s and the cluster's start.
 
 Phase 1 SIGKILLs the cluster's worker processes (the sentinel starts new ones) while
 extractions are in flight; phase 2 SIGKILLs the whole worker (supervisor, cluster,
@@ -43,7 +42,7 @@ from tests.fakes.openai_server import Scripted, chat_body
 pytestmark = pytest.mark.slow
 
 SCOPES = {"u1": ["user", "u1"], "u2": ["user", "u2"], "acme": ["org", "acme"]}
-LLM_DELAY = 8.0
+LLM_DELAY = 4.0
 PROMPT_SCOPE = re.compile(r"long-term memory of one scope \(([^)]*)\)")
 SAID = re.compile(r"^\[[^\]]+\] user: (\S+) likes (\S+)$", re.M)
 
@@ -84,7 +83,7 @@ def instance(openai_server):
     inst = Instance(env_overrides={
         "LLM_BASE_URL": openai_server.base_url, "LLM_MODEL": "fake-model",
         "LLM_API_KEY": "sk-test", "LLM_TIMEOUT": "60", "LLM_MAX_RETRIES": "0",
-        "MEMORY_UPDATE_DEBOUNCE_SECONDS": "2", "Q_TIMEOUT": "30", "Q_RETRY": "45",
+        "MEMORY_UPDATE_DEBOUNCE_SECONDS": "2", "Q_TIMEOUT": "15", "Q_RETRY": "20",
         "LOG_LEVEL": "INFO",
     })  # fmt: skip
     yield inst
@@ -147,15 +146,15 @@ def test_worker_killed_with_updates_pending_and_running_then_restarted(instance,
 
         # --- phase 1: the cluster's worker processes die mid-extraction ---------------
         told = _flush(instance, 1)
-        # the one-off schedules fire at the scheduler's next look (<= ~30 s after the
-        # window): wait for two extractions in flight (the two worker processes)
+        # the one-off schedules fire about a second after the window: wait for two
+        # extractions in flight (the two worker processes)
         assert _wait(lambda: llm.count() >= 2, 75), instance.log()[-3000:]
         killed = _kill_workers(instance, worker.pid)
         assert len(killed) == 2
         assert _pending(instance) >= 2  # the flushes of the runs cut short: still pending
         # new worker processes (the sentinel's); the sweep or the redelivery runs them
         # (up to the stall limit, 60 s, more if a kill froze the cluster's own queues:
-        # the supervisor then restarts it, and its scheduler looks 30 s after its start)
+        # the supervisor then restarts it)
         assert _wait(lambda: _pending(instance) == 0, 240), instance.log()[-4000:]
         time.sleep(LLM_DELAY + 2)  # a second run of a done scope would call the LLM now
         phase_1 = llm.scopes()
@@ -171,7 +170,7 @@ def test_worker_killed_with_updates_pending_and_running_then_restarted(instance,
         assert cut_2 and len(set(cut_2)) == len(cut_2)
         assert _batches(instance) == 3 and _pending(instance) == 6
         worker = instance.spawn("worker")
-        # the new cluster's start, its scheduler's first look (30 s), the run's 8 s
+        # the new cluster's start, the sweep or the redelivery, the run's 4 s
         assert _wait(lambda: _pending(instance) == 0, 180), instance.log()[-4000:]
         time.sleep(LLM_DELAY + 2)  # a second run of a done scope would call the LLM now
     finally:
