@@ -7,9 +7,15 @@ PIP    := $(BIN)/pip --disable-pip-version-check -q
 
 .PHONY: install run test check lint bench db-stop clean
 
+# Python caches what it compiles (__pycache__, pytest's rewritten test modules too) even
+# where the shell sets PYTHONDONTWRITEBYTECODE: without the cache every process (each
+# test process, every served instance, every manage.py the tests start) compiles its
+# imports again (collecting the suite: 10 s instead of 4.6 s).
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# No bytecode for every file of every package: Python compiles what it imports.
+	# No bytecode for every file of every package: Python compiles what it imports (once).
 	$(PIP) install --no-compile -r requirements-dev.txt
 	# The model package's declared dependency pulls several GB of CUDA torch; we run
 	# the model without torch, so take its files only.

@@ -23,6 +23,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from core.db_backend.base import embedded_server
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "upgrade"
@@ -52,6 +54,7 @@ def _dump_counts(dump: Path) -> dict[str, int]:
 
 def _admin(sql: str) -> None:
     db = settings.DATABASES["default"]
+    embedded_server(db)  # its HOST and PORT are filled on a process's first connection
     with psycopg.connect(
         host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
     ) as conn:
@@ -74,6 +77,7 @@ def migrated():
         pytest.skip("runs against the embedded server; DATABASE_URL is set")
     made: list[str] = []
     db = settings.DATABASES["default"]
+    embedded_server(db)
 
     def load(name: str) -> tuple[dict[str, int], dict]:
         dump = FIXTURES / f"schema_{name}.sql"

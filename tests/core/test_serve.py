@@ -19,6 +19,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from core.db_backend.base import embedded_server
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,6 +53,7 @@ def serve_env():
     )
     yield env
     db = settings.DATABASES["default"]
+    embedded_server(db)  # its HOST and PORT are filled on a process's first connection
     with psycopg.connect(
         host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
     ) as conn:
