@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PIP    := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: install run test check lint bench db-stop clean
+.PHONY: install run test check lint lint-quick bench db-stop clean
 
 # Python caches what it compiles (__pycache__, pytest's rewritten test modules too) even
 # where the shell sets PYTHONDONTWRITEBYTECODE: without the cache every process (each
@@ -30,24 +30,39 @@ run: install
 # The style machines: lint, format, types, migrations in step with the models, and
 # imports that run one way (ingestion -> memories -> knowledge -> core).
 # mypy reads the settings without a database (a DATABASE_URL it never connects to).
-lint: install
+MYPY := DATABASE_URL=postgres://lint@127.0.0.1:9/lint $(BIN)/mypy
+
+lint: lint-quick
+	$(MYPY)
+
+# Everything of lint but the types (2 s where mypy takes 15 s on one core).
+lint-quick: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	DATABASE_URL=postgres://lint@127.0.0.1:9/lint $(BIN)/mypy
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/lint-imports
 
 # The suite runs on TEST_PROCESSES test processes (pytest-xdist; 0: in pytest's own).
 TEST_PROCESSES ?= 2
 
+# pytest with mypy beside it: mypy's 15 s on one core overlap the tests' first seconds
+# (starting servers, waiting on them); either failing fails the target, mypy's report
+# printed after the tests'.
+define PYTEST_BESIDE_MYPY
+	$(MYPY) > $(VENV)/mypy.log 2>&1 & types=$$!; \
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) $(1); tests=$$?; \
+	wait $$types; typed=$$?; cat $(VENV)/mypy.log; \
+	test $$tests -eq 0 -a $$typed -eq 0
+endef
+
 # Everything, as CI runs it: lint, then every test, the process and browser tests too.
-test: lint
+test: lint-quick
 	bash scripts/ensure-chromium.sh
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES)
+	$(call PYTEST_BESIDE_MYPY,)
 
 # The quick loop: lint, then the tests that start no process, server or browser.
-check: lint
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) -m "not slow and not browser"
+check: lint-quick
+	$(call PYTEST_BESIDE_MYPY,-m "not slow and not browser")
 
 db-stop: install
 	$(BIN)/python -c "from pathlib import Path; import os; from core.embedded_pg import stop_embedded_postgres; print('stopped' if stop_embedded_postgres(Path(os.environ.get('MEMORY_DATA_DIR', '.data'))) else 'not running')"

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import openai
 from django.conf import settings
 
 from core.providers.errors import ProviderBadResponse, ProviderError, ProviderNotConfigured
@@ -111,6 +110,8 @@ class OpenAIEmbedder:
         self.send_dimensions = send_dimensions
         # The SDK's own retries also cover 408/409 and refused connections; ours
         # retry only timeouts, 429 and 5xx, so the SDK's are switched off.
+        import openai  # here, not at import: half a second every process would pay
+
         self.client = openai.OpenAI(
             base_url=base_url or None,
             api_key=api_key or "not-needed",

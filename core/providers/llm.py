@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import openai
 from django.conf import settings
 
 from core.json_text import JsonText
@@ -46,6 +45,8 @@ class ChatLLM:
         self.base_url = base_url
         self.max_retries = max_retries
         self.backoff = backoff
+        import openai  # here, not at import: half a second every process would pay
+
         self.client = openai.OpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
         )
@@ -88,6 +89,8 @@ class ChatLLM:
             max_retries=self.max_retries,
             backoff=self.backoff,
         )
+        import openai
+
         try:
             for chunk in stream:
                 yield chunk.model_dump(exclude_unset=True)

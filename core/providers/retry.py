@@ -8,8 +8,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import openai
-
 from core.providers.errors import (
     ProviderBadResponse,
     ProviderError,
@@ -19,7 +17,6 @@ from core.providers.errors import (
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-RETRYABLE = (openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError)
 MAX_RETRY_AFTER_SECONDS = 30.0
 
 
@@ -36,6 +33,8 @@ def _retry_after(exc: Exception) -> float | None:
 
 def translate_error(exc: Exception) -> ProviderError:
     """Map an openai exception to our provider errors, keeping the message."""
+    import openai  # imported where a provider is called: not by every process that starts
+
     if isinstance(exc, openai.APITimeoutError):
         return ProviderTimeout(f"provider timed out: {exc}")
     if isinstance(exc, openai.RateLimitError):
@@ -63,11 +62,14 @@ def call_with_retries(
     proxy's relay raises those itself) is retried as the first kind. Every failure
     leaves as a ``ProviderError``.
     """
+    import openai
+
+    retryable = (openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError)
     attempt = 0
     while True:
         try:
             return fn()
-        except RETRYABLE as exc:
+        except retryable as exc:
             error, delay = translate_error(exc), _retry_after(exc)
             error.__cause__ = exc
         except ProviderError as exc:

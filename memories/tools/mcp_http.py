@@ -28,12 +28,9 @@ from django.conf import settings
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.views import APIView
-
-from memories.tools.mcp_server import build_server, current_owner, current_values
 
 ENVIRON_OWNER = "memory.mcp_owner_id"
 ENVIRON_VALUES = "memory.mcp_values"
@@ -57,6 +54,8 @@ class OwnerFromEnviron:
             await send({"type": "http.response.start", "status": 401, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
+        from memories.tools.mcp_server import current_owner, current_values
+
         owner_token = current_owner.set(owner)
         values_token = current_values.set(environ.get(ENVIRON_VALUES) or {})
         try:
@@ -78,6 +77,12 @@ class _Bridge:
             return self._wsgi
 
     def _start(self) -> ASGIMiddleware:
+        # The SDK on the first MCP request, not when the URLs load: half a second that
+        # every process serving the API (and every manage.py check) would pay.
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        from memories.tools.mcp_server import build_server
+
         app = build_server().streamable_http_app(
             streamable_http_path="/mcp",
             stateless_http=True,
