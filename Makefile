@@ -55,14 +55,16 @@ define PYTEST_BESIDE_MYPY
 	test $$tests -eq 0 -a $$typed -eq 0
 endef
 
-# Everything, as CI runs it: lint, then every test, the process and browser tests too.
+# Everything, as CI runs it: lint, then every test, the process and browser tests too,
+# on test databases built afresh through the migrations.
 test: lint-quick
 	bash scripts/ensure-chromium.sh
-	$(call PYTEST_BESIDE_MYPY,)
+	$(call PYTEST_BESIDE_MYPY,--create-db)
 
-# The quick loop: lint, then the tests that start no process, server or browser.
+# The quick loop: lint, then the tests that start no process, server or browser. The
+# test databases of the last run are kept (Django still applies any new migration).
 check: lint-quick
-	$(call PYTEST_BESIDE_MYPY,-m "not slow and not browser")
+	$(call PYTEST_BESIDE_MYPY,--reuse-db -m "not slow and not browser")
 
 db-stop: install
 	$(BIN)/python -c "from pathlib import Path; import os; from core.embedded_pg import stop_embedded_postgres; print('stopped' if stop_embedded_postgres(Path(os.environ.get('MEMORY_DATA_DIR', '.data'))) else 'not running')"

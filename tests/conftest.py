@@ -92,23 +92,35 @@ def _empty_every_table(self: TransactionTestCase) -> None:
 
     Django's flush truncates every table (each gets new files, its indexes rebuilt
     empty) and then runs post_migrate, which writes the content types, permissions and
-    schedules back: about 0.5 s a test, for about 300 tests. Here one statement deletes
-    the rows of every table of the schema (the trigger-kept side tables too, which
-    Django's TRUNCATE empties through their TRUNCATE triggers), with triggers and
-    foreign-key checks off for it (``session_replication_role``); the content types and
-    permissions stay, and the schedules are registered again, as post_migrate would.
+    schedules back. Here one statement deletes the rows of every table of the schema
+    (the trigger-kept side tables too, which Django's TRUNCATE empties through their
+    TRUNCATE triggers), with triggers and foreign-key checks off for it
+    (``session_replication_role``); the content types and permissions stay, and the
+    schedules are registered again, as post_migrate would.
     """
     for name in self._databases_names(include_mirrors=False):
-        connection = connections[name]
-        with transaction.atomic(using=name), connection.cursor() as cursor:
-            cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
-            tables = sorted({row[0] for row in cursor.fetchall()} - _KEPT_TABLES)
-            cursor.execute("SET LOCAL session_replication_role = replica")
-            cursor.execute(";".join(f"DELETE FROM {connection.ops.quote_name(t)}" for t in tables))
-        register_schedules(using=name)
+        empty_database(name)
+
+
+def empty_database(name: str) -> None:
+    connection = connections[name]
+    with transaction.atomic(using=name), connection.cursor() as cursor:
+        cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        tables = sorted({row[0] for row in cursor.fetchall()} - _KEPT_TABLES)
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(";".join(f"DELETE FROM {connection.ops.quote_name(t)}" for t in tables))
+    register_schedules(using=name)
 
 
 TransactionTestCase._fixture_teardown = _empty_every_table  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):  # noqa: F811 (pytest-django's)
+    """A test database kept from the last run (``make check``: ``--reuse-db``) starts
+    empty too: a run stopped inside a transaction test left its rows."""
+    with django_db_blocker.unblock():
+        empty_database("default")
 
 
 @pytest.fixture
