@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from core.errors import Conflict, InvalidInput, NameTaken
+from core.errors import Conflict, InvalidInput, NameTaken, NotFound
 from core.queue import enqueue_on_commit
 from core.validation import validate_session_id
 from knowledge.services import (
@@ -31,7 +31,11 @@ from knowledge.services import (
 )
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.conversations.models import Flow
-from memories.conversations.selectors import outputs_after, session_ids_with_outputs
+from memories.conversations.selectors import (
+    outputs_after,
+    session_has_messages,
+    session_ids_with_outputs,
+)
 from memories.conversations.services import session_messages_delete_rows
 
 logger = logging.getLogger(__name__)
@@ -347,6 +351,7 @@ def memory_base_flush(
     then nothing is queued."""
     if session_id is not None:
         validate_session_id(session_id)
+        _require_session(memory_base, session_id)
         sessions = [memory_base_session_ensure(memory_base=memory_base, session_id=session_id)]
     else:
         _discover_sessions(memory_base)
@@ -361,6 +366,19 @@ def memory_base_flush(
         if job is not None:
             jobs.append(job)
     return jobs
+
+
+def _require_session(memory_base: MemoryBase, session_id: str) -> None:
+    """A session the memory base knows or its flow has messages in; else ``NotFound``
+    (a flush of a mistyped session used to create it, empty, and answer 202)."""
+    if memory_base.sessions.filter(session_id=session_id).exists():
+        return
+    if not session_has_messages(flow_id=memory_base.flow_id, session_id=session_id):
+        raise NotFound(
+            "no such session in this memory base's flow",
+            code="session_not_found",
+            details={"session_id": session_id},
+        )
 
 
 def _discover_sessions(memory_base: MemoryBase) -> None:
@@ -384,6 +402,9 @@ def memory_base_regenerate(
     With ``run_with`` the jobs run here (management command), reporting progress
     per session; otherwise they are queued.
     """
+    if session_id is not None:
+        validate_session_id(session_id)
+        _require_session(memory_base, session_id)
     _discover_sessions(memory_base)
     scope = memory_base.sessions.order_by("session_id")
     if session_id is not None:

@@ -95,6 +95,10 @@ def outputs_in_scope(
     )
 
 
+def session_has_messages(*, flow_id: Any, session_id: str) -> bool:
+    return Message.objects.filter(flow_id=flow_id, session_id=session_id).exists()
+
+
 def session_ids_with_outputs(*, flow_id: Any) -> set[str]:
     return set(
         Message.objects.filter(flow_id=flow_id, is_output=True)

@@ -419,9 +419,14 @@ def _diary(scope: Scope, dream: Dream, account: str) -> str:
         counts[change["action"]] = counts.get(change["action"], 0) + 1
     summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "no change"
     at = dream.created_at.strftime("%H:%M:%S")
+    facts, days = len(dream.facts_before), len(dream.journal_days)
     return (f"## Dream {dream.pk} · {at} UTC\n\n"
-            f"Read {len(dream.facts_before)} facts and {len(dream.journal_days)} journal days; "
+            f"Read {_count(facts, 'fact')} and {_count(days, 'journal day')}; "
             f"{summary}.\n\n{account or '(no account given)'}\n")  # fmt: skip
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _write_files(scope: Scope, dream: Dream, memory_md: str) -> None:

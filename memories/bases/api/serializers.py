@@ -32,7 +32,16 @@ class MemoryBaseCreateSerializer(serializers.Serializer):
         return value.strip()
 
 
+# Fixed at creation: a change is refused (400) when it differs from the base's, so a GET
+# body sent back unchanged is fine; the answer's computed fields are ignored likewise.
+IMMUTABLE_MB_FIELDS = ("flow", "knowledge_base", "kb_name")
+READ_ONLY_MB_FIELDS = ("id", "sessions", "total_processed", "last_sync_at", "active_jobs",
+                       "chunks", "mismatch", "created_at")  # fmt: skip
+
+
 class MemoryBaseUpdateSerializer(serializers.Serializer):
+    """Needs ``context={"memory_base": mb}``."""
+
     name = StrictCharField(max_length=200, required=False)
     threshold = serializers.IntegerField(min_value=1, max_value=100000, required=False)
     auto_capture = StrictBooleanField(required=False)
@@ -40,6 +49,23 @@ class MemoryBaseUpdateSerializer(serializers.Serializer):
     preprocess_model = StrictCharField(max_length=200, required=False, allow_blank=True)
     preprocess_instructions = StrictCharField(required=False, allow_blank=True, max_length=10000)
     preprocess_kill_phrase = StrictCharField(max_length=200, required=False, allow_blank=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        mb: MemoryBase = self.context["memory_base"]
+        current = {"flow": str(mb.flow_id), "knowledge_base": str(mb.knowledge_base_id),
+                   "kb_name": mb.kb_name}  # fmt: skip
+        errors = {}
+        for key, value in self.initial_data.items():
+            if key in IMMUTABLE_MB_FIELDS and str(value) != current[key]:
+                errors[key] = (
+                    f"{key} cannot be changed after the memory base is created: create a new "
+                    "memory base for another flow or knowledge base."
+                )
+            elif key not in self.fields and key not in IMMUTABLE_MB_FIELDS + READ_ONLY_MB_FIELDS:
+                errors[key] = f"Unknown field {key}."
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
 
 
 class MemoryBaseOutputSerializer(serializers.ModelSerializer):

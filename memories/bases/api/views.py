@@ -90,11 +90,11 @@ class MemoryBaseDetailView(APIView):
     @extend_schema(
         summary="Update a memory base",
         request=MemoryBaseUpdateSerializer,
-        responses={200: MemoryBaseOutputSerializer, 409: ERROR},
+        responses={200: MemoryBaseOutputSerializer, 400: ERROR, 409: ERROR},
     )
     def patch(self, request: Request, mb_id: Any) -> Response:
         mb = _memory_base(request, mb_id)
-        data = MemoryBaseUpdateSerializer(data=request.data)
+        data = MemoryBaseUpdateSerializer(data=request.data, context={"memory_base": mb})
         data.is_valid(raise_exception=True)
         memory_base_update(memory_base=mb, **data.validated_data)
         # Committed: re-read, or answer with the counters read before the update.
@@ -128,7 +128,7 @@ class MemoryBaseJobsView(APIView):
 
     @extend_schema(
         request=FlushInSerializer,
-        responses={202: wrapped("jobs", JobOutputSerializer), 409: ERROR},
+        responses={202: wrapped("jobs", JobOutputSerializer), 404: ERROR, 409: ERROR},
     )
     def post(self, request: Request, mb_id: Any) -> Response:
         mb = _memory_base(request, mb_id)

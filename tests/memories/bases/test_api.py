@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from knowledge.models import Chunk, KnowledgeBase
 from memories.bases import services
-from memories.bases.models import MemoryBase, MemoryBaseJob
+from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.conversations.models import Flow, Message
 from memories.conversations.services import flow_create
 from tests.conftest import record
@@ -183,6 +185,25 @@ def test_flush_is_202_with_jobs_then_409_while_active(alice_client, flow, memory
     assert alice_client.get(f"/api/v1/jobs/{job['id']}").json()["status"] == "queued"
 
 
+@pytest.mark.parametrize("action", ["flush", "update", "regenerate"])
+def test_a_session_nobody_wrote_to_is_a_404_and_creates_nothing(
+    alice_client, flow, memory_base, action, monkeypatch
+):
+    monkeypatch.setattr(services, "_dispatch", lambda job: None)
+    record(flow, "s1", "m1")
+    url = f"/api/v1/memories/{memory_base.pk}/{action}"
+    response = alice_client.post(url, {"session_id": "s-typo"}, format="json")
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert (error["code"], error["details"]) == ("session_not_found", {"session_id": "s-typo"})
+    assert not MemoryBaseSession.objects.filter(session_id="s-typo").exists()
+    assert MemoryBaseJob.objects.count() == 0
+    # a session of the flow that the memory base has no row for yet is known
+    known = alice_client.post(url, {"session_id": "s1"}, format="json")
+    assert known.status_code == 202
+    assert [j["session_id"] for j in known.json()["jobs"]] == ["s1"]
+
+
 def test_mismatch_reported_and_regenerate_endpoint_restores(alice_client, flow, memory_base):
     record(flow, "s1", "m1", "m2", "m3")
     Chunk.objects.all().delete()
@@ -210,6 +231,26 @@ def test_patch_threshold_and_delete(alice_client, flow, memory_base):
     assert memory_base.threshold == 7
     assert alice_client.delete(f"/api/v1/memories/{memory_base.pk}").status_code == 204
     assert not MemoryBase.objects.exists() and not KnowledgeBase.objects.exists()
+
+
+def test_patch_refuses_what_was_fixed_at_creation_and_changes_nothing(
+    alice_client, flow, memory_base
+):
+    url = f"/api/v1/memories/{memory_base.pk}"
+    other = str(uuid.uuid4())
+    for body in ({"flow": other, "threshold": 7}, {"knowledge_base": other},
+                 {"kb_name": "renamed"}, {"colour": "red"}):  # fmt: skip
+        response = alice_client.patch(url, body, format="json")
+        assert response.status_code == 400, body
+        error = response.json()["error"]
+        assert error["code"] == "invalid"
+        assert set(error["details"]) == set(body) - {"threshold"}
+    memory_base.refresh_from_db()
+    assert (memory_base.flow_id, memory_base.threshold) == (flow.pk, 3)
+    # the answer of a GET sent back with one change: the fixed fields equal, so accepted
+    sent = alice_client.get(url).json() | {"threshold": 9}
+    response = alice_client.patch(url, sent, format="json")
+    assert response.status_code == 200 and response.json()["threshold"] == 9
 
 
 def test_delete_session_messages_endpoint(alice_client, flow, memory_base):

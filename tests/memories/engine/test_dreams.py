@@ -126,7 +126,7 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
     assert "- [0.90] User lives in Berlin (id: " in md and "Paris" not in md
     diary = files.read_text(files.diary_path(alice.pk, list(SCOPE), timezone.now().date()))
     assert f"## Dream {dream.pk}" in diary
-    assert "Read 4 facts and 1 journal days; 1 add, 1 delete, 2 replace, 1 update." in diary
+    assert "Read 4 facts and 1 journal day; 1 add, 1 delete, 2 replace, 1 update." in diary
     assert "Merged the two tea facts; Alice moved to Berlin." in diary
 
 
