@@ -1,3 +1,4 @@
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from django.urls import reverse
@@ -58,3 +59,26 @@ class JobOutputBase(serializers.ModelSerializer):
 
     def get_url(self, job: Any) -> str:
         return reverse("job-detail", kwargs={"job_id": job.pk})
+
+
+def refuse_changes(
+    data: Mapping[str, Any],
+    *,
+    changeable: Collection[str],
+    fixed: Mapping[str, Any],
+    ignored: Collection[str],
+    why_fixed: str,
+    unknown: str,
+) -> None:
+    """A PATCH body's checks beyond its fields: a field in ``fixed`` whose value differs
+    from the object's (``why_fixed``), and a field that is neither ``changeable``,
+    ``fixed`` nor ``ignored`` (the answer's computed fields: ``unknown``), each named in
+    one 400. A GET body sent back unchanged passes."""
+    errors = {}
+    for key, value in data.items():
+        if key in fixed and str(value) != str(fixed[key]):
+            errors[key] = why_fixed.format(key=key)
+        elif key not in changeable and key not in fixed and key not in ignored:
+            errors[key] = unknown.format(key=key)
+    if errors:
+        raise serializers.ValidationError(errors)

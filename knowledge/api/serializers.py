@@ -7,7 +7,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from core.api.fields import QueryVectorField, StrictBooleanField, StrictCharField
-from core.api.serializers import JOB_FIELDS, JobOutputBase
+from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes
 from knowledge.models import FTS_LANGUAGES, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
 
@@ -83,17 +83,15 @@ class KnowledgeBaseUpdateSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         kb: KnowledgeBase = self.context["knowledge_base"]
-        errors = {}
-        for key, value in self.initial_data.items():
-            if key in IMMUTABLE_KB_FIELDS and value != getattr(kb, key):
-                errors[key] = (
-                    f"{key} cannot be changed after the knowledge base is created (its chunks "
-                    "were made with it): create a new knowledge base and ingest again."
-                )
-            elif key not in self.fields and key not in IMMUTABLE_KB_FIELDS + READ_ONLY_KB_FIELDS:
-                errors[key] = f"Unknown field {key}: only name and description can be changed."
-        if errors:
-            raise serializers.ValidationError(errors)
+        refuse_changes(
+            self.initial_data,
+            changeable=self.fields,
+            fixed={key: getattr(kb, key) for key in IMMUTABLE_KB_FIELDS},
+            ignored=READ_ONLY_KB_FIELDS,
+            why_fixed="{key} cannot be changed after the knowledge base is created (its "
+            "chunks were made with it): create a new knowledge base and ingest again.",
+            unknown="Unknown field {key}: only name and description can be changed.",
+        )
         return attrs
 
 

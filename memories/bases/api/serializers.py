@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField
-from core.api.serializers import JOB_FIELDS, JobOutputBase
+from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes
 from core.validation import SessionIdField
 from memories.bases.models import MemoryBase, MemoryBaseJob
 from memories.bases.selectors import session_status
@@ -32,9 +32,7 @@ class MemoryBaseCreateSerializer(serializers.Serializer):
         return value.strip()
 
 
-# Fixed at creation: a change is refused (400) when it differs from the base's, so a GET
-# body sent back unchanged is fine; the answer's computed fields are ignored likewise.
-IMMUTABLE_MB_FIELDS = ("flow", "knowledge_base", "kb_name")
+# The answer's computed fields: a GET body sent back unchanged passes (refuse_changes).
 READ_ONLY_MB_FIELDS = ("id", "sessions", "total_processed", "last_sync_at", "active_jobs",
                        "chunks", "mismatch", "created_at")  # fmt: skip
 
@@ -52,19 +50,19 @@ class MemoryBaseUpdateSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         mb: MemoryBase = self.context["memory_base"]
-        current = {"flow": str(mb.flow_id), "knowledge_base": str(mb.knowledge_base_id),
-                   "kb_name": mb.kb_name}  # fmt: skip
-        errors = {}
-        for key, value in self.initial_data.items():
-            if key in IMMUTABLE_MB_FIELDS and str(value) != current[key]:
-                errors[key] = (
-                    f"{key} cannot be changed after the memory base is created: create a new "
-                    "memory base for another flow or knowledge base."
-                )
-            elif key not in self.fields and key not in IMMUTABLE_MB_FIELDS + READ_ONLY_MB_FIELDS:
-                errors[key] = f"Unknown field {key}."
-        if errors:
-            raise serializers.ValidationError(errors)
+        refuse_changes(
+            self.initial_data,
+            changeable=self.fields,
+            fixed={
+                "flow": mb.flow_id,
+                "knowledge_base": mb.knowledge_base_id,
+                "kb_name": mb.kb_name,
+            },  # fmt: skip
+            ignored=READ_ONLY_MB_FIELDS,
+            why_fixed="{key} cannot be changed after the memory base is created: create a "
+            "new memory base for another flow or knowledge base.",
+            unknown="Unknown field {key}.",
+        )
         return attrs
 
 
