@@ -336,9 +336,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {"expected_503": {"()": "core.log_filters.ServiceUnavailableIsAWarning"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        "django.request": {"filters": ["expected_503"]},
         "pgserver": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
         "django-q": {"level": "WARNING"},

@@ -110,6 +110,9 @@ def test_serve_runs_web_and_worker_and_stops_cleanly(serve_env):
             if part.split('"')[0].endswith(".css")
         )
         assert _get(base + css)[0] == 200  # Swagger UI assets are served locally
+        # gunicorn's control socket is this instance's, not the user's shared one
+        control = settings.DATA_DIR / f"gunicorn-{serve_env['PORT']}.ctl"
+        assert control.is_socket()
     finally:
         output = _stop(proc)
     assert proc.returncode == 0, output

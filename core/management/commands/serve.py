@@ -77,11 +77,21 @@ class Command(BaseCommand):
             "--access-logfile",
             "-",
         ]
+        web += _control_socket(options["port"])
         programs: list[Program] = [Program("web", web)]
         if not options["no_worker"]:
             programs.append(QclusterProgram(stall_seconds=settings.WORKER_STALL_SECONDS))
         self.stdout.write(f"Serving on http://{bind}/ (admin at /admin/, API docs at /api/docs/)")
         return programs
+
+
+def _control_socket(port: int) -> list[str]:
+    """gunicorn's control socket, one per instance: by default it is one path per user
+    (``~/.gunicorn/gunicorn.ctl``) that every instance on the machine takes over from
+    the one before. Here it lies in the data directory, named by the port; off when that
+    path is too long for a Unix socket (108 bytes)."""
+    path = settings.DATA_DIR / f"gunicorn-{port}.ctl"
+    return ["--control-socket", str(path)] if len(str(path)) < 100 else ["--no-control-socket"]
 
 
 @contextmanager

@@ -3,6 +3,8 @@ settings, summaries; owners isolated, invalid input 400 with nothing written, no
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.utils import timezone
 
@@ -82,6 +84,17 @@ def test_scope_templates_fill_from_values(alice, alice_client, engine_llm):
         "scope": ["memories", "{user_id}"], "scope_values": {"user_id": "u-9"},
         "messages": [{"role": "user", "content": SAID}]}, format="json")  # fmt: skip
     assert response.status_code == 202 and response.json()["scope"] == ["memories", "u-9"]
+
+
+def test_an_expected_503_is_logged_as_a_warning_not_an_error(
+    alice_client, settings, engine_storage, caplog
+):
+    settings.LLM_BASE_URL = ""
+    with caplog.at_level(logging.INFO, logger="django.request"):
+        response = alice_client.post("/api/v1/engine/dream", {"scope": SCOPE}, format="json")
+    assert response.status_code == 503
+    logged = [(r.levelname, r.status_code) for r in caplog.records if r.name == "django.request"]
+    assert logged == [("WARNING", 503)]
 
 
 def test_without_an_llm_flush_and_dream_are_503_and_the_rest_works(
