@@ -120,7 +120,10 @@ def _orm(fn: Callable[[], T]) -> Callable[[], T]:
 
 def _mcp_tool(tool: Tool) -> MCPTool:
     schema = dict(tool.parameters)
-    if tool.scoped:
+    # A server started for one scope (stdio ``--scope``) does not offer the choice: a
+    # model shown a ``scope`` property fills it in (an explicit scope equal to the served
+    # one is still accepted, any other is refused).
+    if tool.scoped and served_scope.get() is None:
         schema["properties"] = {"scope": SCOPE_SCHEMA, **schema["properties"]}
     return MCPTool(
         name=tool.name,

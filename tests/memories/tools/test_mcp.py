@@ -223,18 +223,23 @@ def test_stdio_server_for_one_owner_and_scope(alice, bob):
         async with stdio_client(_stdio("--owner", "alice", "--scope", "user", "alice")) as (r, w):
             async with ClientSession(r, w) as session:
                 await session.initialize()
-                names = [t.name for t in (await session.list_tools()).tools]
+                tools = (await session.list_tools()).tools
+                names = [t.name for t in tools]
+                offered = {t.name: sorted(t.input_schema["properties"]) for t in tools}
                 found = await session.call_tool("search_memory", {"query": "plays"})
                 other = await session.call_tool(
                     "search_memory", {"scope": ["user", "carol"], "query": "plays"}
                 )
                 text = (await session.read_resource(scope_uri(SCOPE))).contents[0].text
-                return {"names": names, "found": found.structured_content,
+                return {"names": names, "offered": offered, "found": found.structured_content,
                         "other": (other.is_error, other.content[0].text), "md": text}  # fmt: skip
 
     out = asyncio.run(work())
     assert sorted(out["names"]) == ["manage_memory", "retrieve_node_memory", "search_memory",
                                     "write_node_memory"]  # fmt: skip
+    # one scope served: no tool offers a scope to choose
+    assert not [name for name, props in out["offered"].items() if "scope" in props]
+    assert "query" in out["offered"]["search_memory"]
     assert [h["id"] for h in out["found"]["results"]] == [fact_id]  # not bob's drums
     assert out["other"] == (True, "scope ['user', 'carol'] is not open to this server; it "
                             "serves ['user', 'alice'] (leave scope out)")  # fmt: skip
