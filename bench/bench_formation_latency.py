@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,16 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.faults.harness import Instance  # noqa: E402
+from scripts.faults.harness import Instance, free_port  # noqa: E402
 
 SAID = "I drink green tea every morning."
 FACT = "User drinks green tea every morning"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _learned(inst: Instance, user: str) -> bool:
@@ -51,7 +44,7 @@ def main() -> None:
     parser.add_argument("--debounce", type=float, default=2.0)
     args = parser.parse_args()
 
-    port = _free_port()
+    port = free_port()
     model = subprocess.Popen([sys.executable, str(ROOT / "scripts/openwebui/demo_llm.py"),
                               str(port)])  # fmt: skip
     inst = Instance(env_overrides={

@@ -316,6 +316,18 @@ class Instance:
     def tree(self) -> list[psutil.Process]:
         return descendants(self.proc.pid) if self.proc else []
 
+    def whole_tree(self, expect: int = 8, timeout: float = 60) -> list[psutil.Process]:
+        """serve's tree once it has ``expect`` processes (gunicorn 1+2, cluster main,
+        sentinel, 2+2), or as it is after ``timeout``: /healthz answers ok before the
+        cluster has spawned every worker on a loaded machine, and can say so from the
+        previous serve's heartbeat (a data directory shared by several starts)."""
+        deadline = time.monotonic() + timeout
+        tree = self.tree()
+        while len(tree) < expect and time.monotonic() < deadline:
+            time.sleep(0.5)
+            tree = self.tree()
+        return tree
+
     def cluster_main(self, supervisor: int | None = None) -> psutil.Process | None:
         """The worker cluster's main process (a child of serve, or of ``supervisor``)."""
         pid = supervisor or (self.proc.pid if self.proc else None)

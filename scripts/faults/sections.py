@@ -210,14 +210,9 @@ def worker_main_kill(inst: Instance, *, bound: float = 30.0) -> dict[str, Any]:
 
 def serve_sigterm(inst: Instance, *, bound: float = 40.0, expect: int = 8) -> dict[str, Any]:
     """SIGTERM to serve: it exits and no process of its tree is left. The tree is
-    counted once it has ``expect`` processes (or after 60 s): /healthz answers ok
-    before the cluster has spawned every worker on a loaded machine."""
+    counted whole (``Instance.whole_tree``)."""
     inst.wait_healthy()
-    deadline = time.monotonic() + 60
-    tree = inst.tree()
-    while len(tree) < expect and time.monotonic() < deadline:
-        time.sleep(0.5)
-        tree = inst.tree()
+    tree = inst.whole_tree(expect)
     started = time.monotonic()
     code = inst.stop(timeout=bound)
     seconds = time.monotonic() - started

@@ -175,19 +175,10 @@ def test_sigterm_to_serve_leaves_no_process(served):
 def test_kill_9_of_serve_leaves_no_process(instance):
     instance.start()
     instance.wait_healthy()
-
-    def whole_tree():
-        # /healthz may say the worker is ok from the last serve's heartbeat (the data
-        # directory is shared by this module) before this serve's cluster has forked and
-        # named its processes: wait for the whole tree (gunicorn 1+2, cluster main,
-        # sentinel, 2+2), so the kill is checked against every process.
-        tree = instance.tree()
-        web = any("gunicorn" in title(p) for p in tree)
-        cluster = any(title(p).startswith("qcluster") for p in tree)
-        return tree if web and cluster and len(tree) >= 8 else None
-
-    tree = _wait(whole_tree, 60)
-    assert tree, [title(p) for p in instance.tree()]
+    tree = instance.whole_tree()
+    assert len(tree) >= 8, [title(p) for p in tree]
+    assert any("gunicorn" in title(p) for p in tree)
+    assert any(title(p).startswith("qcluster") for p in tree)
     instance.proc.kill()
     instance.proc.wait()
     instance.proc = None

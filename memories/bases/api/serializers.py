@@ -57,7 +57,7 @@ class MemoryBaseUpdateSerializer(serializers.Serializer):
                 "flow": mb.flow_id,
                 "knowledge_base": mb.knowledge_base_id,
                 "kb_name": mb.kb_name,
-            },  # fmt: skip
+            },
             ignored=READ_ONLY_MB_FIELDS,
             why_fixed="{key} cannot be changed after the memory base is created: create a "
             "new memory base for another flow or knowledge base.",
