@@ -4,7 +4,7 @@ Run from the repository root, against a private database (reused between runs):
 
     EMBEDDED_DB_NAME=bench_engine .venv/bin/python bench/bench_engine.py [--fresh] \\
         [--scopes 10000 --per-scope 100] [--queries 200] [--skip-large | --large] \\
-        [--search-only] [--maintenance-work-mem 3GB]
+        [--search-only] [--maintenance-work-mem 3GB] [--history 5]
 
 Data (one owner): scope ``["bench", "big"]`` with 10,000 facts, ``["bench", "inj"]``
 with 500, then (unless ``--skip-large``) 10,000 scopes ``["s", "<i>"]`` of 100 facts
@@ -27,6 +27,15 @@ Reported (p50/p99 over ``--queries`` calls, after 10 warm-up calls):
 * the duplicate check alone (the scope's nearest fact);
 * add: ``fact_add`` of one new fact (embedding precomputed) into a 100-fact and
   the 10,000-fact scope (dedup checks included), then removed again.
+
+``--history N`` (issue 27): before phase A, every fact of the owner is edited N times
+(N + 1 versions each; once per database: a database already edited is not edited
+again), by the write service's own statements in bulk: each round closes every fact's
+version into ``memories_factversion`` (the INSERT ... SELECT of ``services._CLOSE``) and
+changes its text in place (its words rotated: the same lexemes, another order), one
+hour apart; then phase A also times a search ``as_of`` the middle round. Compare with a
+copy of the same database without ``--history`` (``CREATE DATABASE b TEMPLATE a`` before
+the edits), alternated.
 
 To compare two versions of the code, run each checkout's copy of this script in turn
 on a copy of the same database (``CREATE DATABASE ... TEMPLATE``), several times each,
@@ -243,7 +252,53 @@ def report(label: str, p50: float, p99: float, extra: str = "") -> None:
     print(f"{label:<62} p50 {p50:8.2f} ms   p99 {p99:8.2f} ms  {extra}", flush=True)
 
 
-def bench_search(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
+def edit_history(owner_id: int, rounds: int) -> Any:
+    """Every fact of the owner edited ``rounds`` times (see the module); returns the
+    time of the middle round's versions, to search as of it."""
+    from memories.facts.timeline import At
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT max(recorded_to) FROM memories_factversion WHERE owner_id = %s",
+                    [owner_id])  # fmt: skip
+        done = cur.fetchone()[0]
+        start = datetime.now(UTC) - timedelta(hours=rounds + 1)
+        if done is None:
+            for r in range(rounds):
+                at = start + timedelta(hours=r + 1)
+                t0 = time.perf_counter()
+                cur.execute(CLOSE_ALL, [at, at, owner_id])
+                cur.execute(EDIT_ALL, [at, at, owner_id])
+                print(f"  edit round {r + 1}: {time.perf_counter() - t0:.1f} s", flush=True)
+            cur.execute("VACUUM ANALYZE memories_factversion")
+            fix_times()
+            done = start + timedelta(hours=rounds)
+        cur.execute("SELECT count(*) FROM memories_factversion WHERE owner_id = %s", [owner_id])
+        print(f"  {cur.fetchone()[0]:,} closed versions", flush=True)
+    return At(as_of=done - timedelta(hours=rounds // 2, minutes=30))
+
+
+# The write service's close (``memories.facts.services._CLOSE``) and an edit in place, for
+# every fact of an owner at once.
+CLOSE_ALL = (
+    "INSERT INTO memories_factversion (id, fact_id, owner_id, scope_id, content, category, "
+    "confidence, source_kind, source_ref, metadata, embedding, embedding_model, dimensions, "
+    "tokens, observed_at, valid_from, valid_to, recorded_from, recorded_to, created_at, "
+    "updated_at, successor_id, action, reason, source, superseded) "
+    "SELECT gen_random_uuid(), f.id, f.owner_id, f.scope_id, f.content, f.category, "
+    "f.confidence, f.source_kind, f.source_ref, f.metadata, f.embedding, f.embedding_model, "
+    "f.dimensions, f.tokens, f.observed_at, f.valid_from, f.valid_to, "
+    "least(coalesce(f.recorded_at, f.created_at), %s), %s, f.created_at, f.updated_at, f.id, "
+    "'update', "
+    "'bench edit', '{\"kind\": \"bench\"}', false FROM memories_fact f WHERE f.owner_id = %s"
+)
+EDIT_ALL = (
+    "UPDATE memories_fact SET content = regexp_replace(content, '^(\\S+) (.*)$', '\\2 \\1'), "
+    "normalized = regexp_replace(normalized, '^(\\S+) (.*)$', '\\2 \\1'), "
+    "recorded_at = %s, updated_at = %s WHERE owner_id = %s"
+)
+
+
+def bench_search(owner: Any, rows: list[Scope], calls: int, label: str, at: Any = None) -> None:
     queries = [(unit(1)[0], " ".join(prng.choice(VOCAB) for _ in range(3))) for _ in range(64)]
     counts = []
 
@@ -251,8 +306,9 @@ def bench_search(owner: Any, rows: list[Scope], calls: int, label: str) -> None:
         q, words = prng.choice(queries)
         row = prng.choice(rows)
         result = fact_search(
-            owner=owner, scope=row, query=words, limit=10, query_vector=q, embedder=FixedEmbedder()
-        )
+            owner=owner, scope=row, query=words, limit=10, query_vector=q,
+            embedder=FixedEmbedder(), at=at,
+        )  # fmt: skip
         counts.append(len(result.hits))
         return result
 
@@ -335,6 +391,7 @@ def main() -> None:
     parser.add_argument(
         "--pool", type=int, default=0, help="also time the 10k scope with this vector pool"
     )
+    parser.add_argument("--history", type=int, default=0, help="edit every fact N times first")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     user_model = get_user_model()
@@ -347,8 +404,12 @@ def main() -> None:
         print("loading the 10k scope and the 500-fact scope", flush=True)
         load(owner.pk, [(big.pk, 10_000), (inj.pk, 500)])
         fix_times()
+    as_of = edit_history(owner.pk, args.history) if args.history else None
     if not args.large:
         phase_a(args, owner, big, inj)
+    if as_of is not None:
+        bench_search(owner, [big], args.queries, "10k facts in one scope, as_of", as_of)
+        bench_search(owner, [inj], args.queries, "500 facts in one scope, as_of", as_of)
     if args.skip_large:
         return
     phase_b(args, owner, big)

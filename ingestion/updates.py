@@ -16,14 +16,14 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
+from django.utils.dateparse import parse_date, parse_datetime
 
 from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
@@ -78,9 +78,10 @@ Instructions:
 5. A fact that contradicts or refines a current fact names that fact's id in "replaces". Do not repeat a current fact.
 6. Ids of current facts the conversation shows are no longer true go in "factsToRemove".
 7. "sources" lists the references (the bracketed ones) of the messages a fact comes from.
+8. "valid_from" is the date (YYYY-MM-DD) from which a fact is true in the world when the conversation says so ("I moved to Porto in March 2026": "2026-03-01"), else null.
 
 Answer with the JSON object only:
-{{"newFacts": [{{"content": "...", "category": "preference", "confidence": 0.9, "replaces": null, "sources": ["..."]}}], "factsToRemove": []}}"""
+{{"newFacts": [{{"content": "...", "category": "preference", "confidence": 0.9, "replaces": null, "sources": ["..."], "valid_from": null}}], "factsToRemove": []}}"""
 
 
 # The extraction answer: the documented shape, and the variants models write (list keys,
@@ -96,7 +97,8 @@ EXTRACTION = Shape(
             (CONTENT, CATEGORY, CONFIDENCE,
              Field("replaces", "ref", ("replace", "replaces_id", "replaced_id", "supersedes")),
              Field("sources", "texts", ("source", "refs", "references", "source_refs",
-                                        "message_ids", "evidence"))),
+                                        "message_ids", "evidence")),
+             Field("valid_from", "ref", ("valid_since", "since", "valid_at", "true_from"))),
         ),
         ListSpec(
             "factsToRemove",
@@ -106,7 +108,7 @@ EXTRACTION = Shape(
         ),
     ),
     example='{"newFacts": [{"content": "...", "category": "preference", "confidence": 0.9, '
-    '"replaces": null, "sources": ["..."]}], "factsToRemove": []}',
+    '"replaces": null, "sources": ["..."], "valid_from": null}], "factsToRemove": []}',
     placeholders=FACT_PLACEHOLDERS,
     examples=(("User prefers TypeScript", "typescript"),),
 )  # fmt: skip
@@ -193,6 +195,24 @@ class Extracted:
     defaulted: int = 0  # facts given no confidence: ENGINE_MIN_CONFIDENCE used
 
 
+def _valid_from(value: Any) -> datetime | None:
+    """A fact's ``valid_from`` as the model wrote it (a date or a time), None when it is
+    missing or unreadable (the fact is kept without it)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        when = parse_datetime(value.strip()) or _midnight(parse_date(value.strip()))
+    except ValueError:
+        return None
+    if when is None or when.year < 1900:
+        return None
+    return when if timezone.is_aware(when) else timezone.make_aware(when, UTC)
+
+
+def _midnight(day: date | None) -> datetime | None:
+    return None if day is None else datetime(day.year, day.month, day.day)
+
+
 def parse_extraction(
     value: dict[str, Any], known: set[str] | dict[str, str], refs: list[str] | None = None
 ) -> Extracted:
@@ -210,7 +230,8 @@ def parse_extraction(
                             category=item.get("category") or "context",
                             confidence=settings.ENGINE_MIN_CONFIDENCE if confidence is None else confidence,
                             source_kind="message", source_ref=_source_ref(item.get("sources"), refs or []),
-                            replaces=replaces if replaces in known else None))  # fmt: skip
+                            replaces=replaces if replaces in known else None,
+                            valid_from=_valid_from(item.get("valid_from"))))  # fmt: skip
     removed = [r for r in dict.fromkeys(value.get("factsToRemove") or []) if r in known]
     defaulted = sum(1 for item in items if item.get("confidence") is None)
     return Extracted(facts, removed, defaulted)
@@ -314,12 +335,14 @@ def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
         ids = [r.pk for r in rows]
         if not _still_pending(scope.pk, ids):  # cannot happen under the run lock
             return UpdateRun(scope.pk, "empty")
+        source = {"kind": "flush", "ref": result.batch_id, "flushes": ids}
         result.decisions = fact_add(
-            owner=scope.owner_id, scope=scope, facts=extracted.facts, reason=reason, embedder=pre
+            owner=scope.owner_id, scope=scope, facts=extracted.facts, reason=reason, embedder=pre,
+            source=source,
         ) if extracted.facts else []  # fmt: skip
         for fact_id in extracted.removed:
             try:
-                fact_delete(owner=scope.owner_id, fact_id=fact_id, reason=reason)
+                fact_delete(owner=scope.owner_id, fact_id=fact_id, reason=reason, source=source)
                 result.removed.append(fact_id)
                 result.removed_content[fact_id] = prompt.known[fact_id]
             except FactNotFound:  # gone meanwhile

@@ -59,6 +59,7 @@ from memories.facts.services import (
     fact_restore,
     fact_update,
     normalize_fact,
+    version_vector,
 )
 
 logger = logging.getLogger("memories.decisions")
@@ -320,17 +321,18 @@ def _apply(
     scope: Scope, dream: Dream, plan: list[dict[str, Any]], embedder: Embedder
 ) -> list[dict[str, Any]]:
     reason = f"dream {dream.pk}"
+    source = {"kind": "dream", "ref": str(dream.pk)}
     by_id = {f["id"]: f for f in dream.facts_before}
     applied: list[dict[str, Any]] = []
     for change in plan:
         action = change["action"]
         if action == "update":
             fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=scope,
-                             reason=reason, **change["after"])  # fmt: skip
+                             reason=reason, source=source, **change["after"])  # fmt: skip
             applied.append(change)
         elif action == "delete":
             fact_delete(owner=scope.owner_id, fact_id=change["fact_id"], scope=scope,
-                             reason=reason)  # fmt: skip
+                             reason=reason, source=source)  # fmt: skip
             applied.append(change)
         else:  # add or replace: thresholded like every new fact
             day = change.get("day")
@@ -338,7 +340,7 @@ def _apply(
                           confidence=change["confidence"], source_kind="journal" if day else "dream",
                           source_ref=day or str(dream.pk), replaces=change.get("fact_id"))  # fmt: skip
             [decision] = fact_add(owner=scope.owner_id, scope=scope, facts=[fact], reason=reason,
-                                       embedder=embedder)  # fmt: skip
+                                       embedder=embedder, source=source)  # fmt: skip
             applied.append({**change, "result": decision.action, "new_id": decision.fact_id})
             # max_facts trimmed the scope: those facts come back on undo too
             applied += [{"action": "delete", "fact_id": gone, "before": by_id[gone], "evicted": True}
@@ -527,7 +529,11 @@ def dream_undo(
                     "latest_dream": str(latest.pk) if latest else None,
                 },
             )
+        # Facts it dropped or rewrote come back through their closed versions (their
+        # vectors kept); only a fact with no version of that text is embedded again.
         back = [c["before"] for c in dream.changes if c["action"] in ("replace", "delete")]
+        back = [f for f in back if version_vector(scope=scope, fact_id=f["id"],
+                                                  content=f["content"]) is None]  # fmt: skip
         embedder = embedder or get_embedder()
         vectors: Any = embedder.embed([f["content"] for f in back]) if back else []
         embedding_of = {f["id"]: [float(x) for x in v] for f, v in zip(back, vectors, strict=True)}
@@ -535,7 +541,14 @@ def dream_undo(
         dream_files_recover(scope)
         with transaction.atomic():
             for change in reversed(dream.changes):
-                _revert(scope, change, embedding_of, embedder, reason)
+                _revert(
+                    scope,
+                    change,
+                    embedding_of,
+                    embedder,
+                    reason,
+                    {"kind": "dream_undo", "ref": str(dream.pk)},
+                )
             dream.status, dream.undone_at = Dream.Status.UNDONE, timezone.now()
             dream.files_written = False
             dream.save(update_fields=["status", "undone_at", "files_written"])
@@ -545,24 +558,24 @@ def dream_undo(
 
 
 def _revert(scope: Scope, change: dict[str, Any], embedding_of: dict[str, list[float]],
-            embedder: Embedder, reason: str) -> None:  # fmt: skip
+            embedder: Embedder, reason: str, source: dict[str, str]) -> None:  # fmt: skip
     action = change["action"]
     if action in ("add", "replace") and change.get("result") in ("add", "replace", "evicted"):
         try:
             fact_delete(owner=scope.owner_id, fact_id=change["new_id"], scope=scope,
-                             reason=reason)  # fmt: skip
+                             reason=reason, source=source)  # fmt: skip
         except FactNotFound:  # deleted since
             pass
     if action in ("replace", "delete"):
         before = change["before"]
-        fact_restore(scope=scope, fact=before, embedding=embedding_of[before["id"]],
+        fact_restore(scope=scope, fact=before, embedding=embedding_of.get(before["id"]),
                           embedder=embedder, reason=reason)  # fmt: skip
     elif action == "update":
         before = change["before"]
         try:
             fact_update(owner=scope.owner_id, fact_id=change["fact_id"], scope=scope,
                              category=before["category"], confidence=before["confidence"],
-                             reason=reason)  # fmt: skip
+                             reason=reason, source=source)  # fmt: skip
         except FactNotFound:
             pass
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -40,6 +41,7 @@ from memories.facts.services import (
     fact_update,
     scope_erase,
 )
+from memories.facts.timeline import At
 
 ACTIONS = ("create", "update", "delete")
 
@@ -74,13 +76,18 @@ class MemoryEngine:
         source_kind: str = "api",
         source_ref: str = "",
         metadata: dict[str, Any] | None = None,
+        validity: Mapping[str, datetime | None] | None = None,
+        source: Mapping[str, Any] | None = None,
     ) -> ManageResult:
         """Create, update or delete one core fact of ``scope`` (audited with ``reason``).
 
         create: ``content`` (+ category, default ``context``; confidence, default 1.0),
         deduplicated and thresholded like every fact; update: ``id`` and any of content,
         category, confidence; delete: ``id``. Another owner's or scope's id is a 404.
+        ``validity``: ``valid_from`` / ``valid_to`` (create, update); ``source``: who
+        made the change, kept with the version it closes.
         """
+        validity = dict(validity or {})
         target = self.scope(scope)
         if action == "create":
             if not content:
@@ -91,7 +98,9 @@ class MemoryEngine:
                 facts=[FactIn(content, category=category or "context",
                               confidence=1.0 if confidence is None else confidence,
                               source_kind=source_kind, source_ref=source_ref,
-                              metadata=metadata or {})],
+                              metadata=metadata or {}, valid_from=validity.get("valid_from"),
+                              valid_to=validity.get("valid_to"))],
+                source=source,
             )  # fmt: skip
             return ManageResult(decision.action, decision.fact_id, decision)
         if action not in ACTIONS:
@@ -102,10 +111,12 @@ class MemoryEngine:
         if action == "update":
             fact = fact_update(
                 owner=self.owner, fact_id=id, scope=target, content=content, category=category,
-                confidence=confidence, reason=reason or "edited",
+                confidence=confidence, reason=reason or "edited", source=source,
+                validity=validity,
             )  # fmt: skip
             return ManageResult("update", str(fact.pk), fact=fact)
-        fact_delete(owner=self.owner, fact_id=id, scope=target, reason=reason or "deleted")
+        fact_delete(owner=self.owner, fact_id=id, scope=target, reason=reason or "deleted",
+                    source=source)  # fmt: skip
         return ManageResult("delete", str(id))
 
     def add_facts(
@@ -136,13 +147,15 @@ class MemoryEngine:
         *,
         half_life_days: float | None = None,
         must_exist: bool = False,
+        at: At | None = None,
     ) -> SearchResult:
         """Hybrid keyword + vector search of the scope's facts with decay. A scope the
         owner does not have finds nothing, or is ``ScopeNotFound`` with ``must_exist``
-        (what the REST API answers; the agent tools search a scope not written yet)."""
+        (what the REST API answers; the agent tools search a scope not written yet).
+        ``at``: the facts believed (``as_of``) or true (``valid_at``) then."""
         return fact_search(
             owner=self.owner, scope=self._target(scope, must_exist), query=query, limit=limit,
-            offset=offset, filter=fact_filter(filter), half_life_days=half_life_days,
+            offset=offset, filter=fact_filter(filter), half_life_days=half_life_days, at=at,
         )  # fmt: skip
 
     def format_for_injection(
@@ -152,12 +165,13 @@ class MemoryEngine:
         query: str | None = None,
         *,
         must_exist: bool = False,
+        at: At | None = None,
     ) -> Injection:
-        """The scope's facts as a prompt block within ``max_tokens`` (``must_exist``: as
-        ``search``)."""
+        """The scope's facts as a prompt block within ``max_tokens`` (``must_exist``,
+        ``at``: as ``search``)."""
         return format_for_injection(
             owner=self.owner, scope=self._target(scope, must_exist), max_tokens=max_tokens,
-            query=query,
+            query=query, at=at,
         )  # fmt: skip
 
     def erase(self, scope: Sequence[Any]) -> int:

@@ -7,11 +7,12 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from core.admin_confirm import confirm_first
 from core.metrics import counter_values
-from memories.facts.models import Fact, FactChange, FactLink, GlobalMemory, Scope
+from memories.facts.models import Fact, FactChange, FactLink, FactVersion, GlobalMemory, Scope
 from memories.facts.scopes import global_scope_ensure
 from memories.facts.selectors import links_count
 from memories.facts.services import FactIn, fact_add, fact_delete, scope_erase
@@ -70,20 +71,23 @@ class ScopeAdmin(admin.ModelAdmin):
         )
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            '<td><a href="{}?q={}">history</a></td></tr>',
             (
                 (
                     link.fact.content,
                     link.fact.observed_at,
                     link.created_at,
                     link.shared_with - 1,
+                    reverse("admin:memories_factversion_changelist"),
+                    link.fact_id,
                 )
                 for link in links
             ),
         )
         return format_html(
-            "<table><thead><tr><th>memory</th><th>said at</th><th>linked at</th><th>shared with</th></tr>"
-            "</thead><tbody>{}</tbody></table>",
+            "<table><thead><tr><th>memory</th><th>said at</th><th>linked at</th><th>shared with</th>"
+            "<th>earlier versions</th></tr></thead><tbody>{}</tbody></table>",
             rows,
         )
 
@@ -141,12 +145,44 @@ class GlobalMemoryAdmin(admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: Fact) -> None:
         fact_delete(
-            owner=obj.owner_id, fact_id=obj.pk, scope=obj.scope, reason="deleted in the admin"
-        )
+            owner=obj.owner_id, fact_id=obj.pk, scope=obj.scope, reason="deleted in the admin",
+            source={"kind": "admin", "user": request.user.get_username()},
+        )  # fmt: skip
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Fact]) -> None:
         for fact in queryset:
             self.delete_model(request, fact)
+
+
+@admin.register(FactVersion)
+class FactVersionAdmin(admin.ModelAdmin):
+    """A fact's earlier versions (read only): what the service believed, when, and the
+    change that closed each. Searching a fact's id lists its own closed versions and the
+    ones it replaced."""
+
+    list_display = ["recorded_to", "scope", "content", "action", "reason", "closed_by",
+                    "recorded_from", "valid_from", "valid_to"]  # fmt: skip
+    list_filter = ["action", "superseded"]
+    list_select_related = ["scope"]
+    search_fields = ["=fact_id", "=successor_id", "content"]
+    ordering = ["-recorded_to"]
+    exclude = ["embedding"]
+    verbose_name_plural = "fact versions (history)"
+
+    @admin.display(description="source")
+    def closed_by(self, version: FactVersion) -> str:
+        source = version.source or {}
+        return " ".join(str(v) for v in (source.get("kind"), source.get("ref") or
+                                         source.get("user")) if v)  # fmt: skip
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(FactChange)

@@ -25,6 +25,7 @@ from memories.facts.scopes import ScopePath, global_scope_find, scope_find, scop
 from memories.facts.search import FactHit, QueryVector, query_embed, scope_search
 from memories.facts.selectors import FactRow, fact_rows, scope_fact_count
 from memories.facts.services import fact_line
+from memories.facts.timeline import At
 
 MIN_LINE_TOKENS = 8  # "- [goal | 0.90] x" is 10 tokens: below this nothing fits
 
@@ -99,6 +100,7 @@ def format_for_injection(
     embedder: Embedder | None = None,
     query_vector: Sequence[float] | None = None,
     with_globals: bool = False,
+    at: At | None = None,
 ) -> Injection:
     """The scope's facts as ``- [category | confidence] content`` lines within
     ``max_tokens`` (tiktoken, offline; ``header`` and newlines included).
@@ -112,7 +114,8 @@ def format_for_injection(
     most recently changed.
     ``with_globals`` (the chat proxy): for a scope with fewer than
     ``MEMORY_GLOBAL_MIN_PERSONAL`` facts, the owner's global memories relevant to the
-    query follow as ``- [global] content`` lines while they fit.
+    query follow as ``- [global] content`` lines while they fit. ``at``: the facts of
+    that time (``timeline``), not the current ones.
     """
     row = (
         scope
@@ -123,7 +126,7 @@ def format_for_injection(
     budget = max_tokens - header_cost
     if budget <= 0:
         return Injection("", 0)
-    facts = fact_rows(scope=row) if row is not None else []
+    facts = fact_rows(scope=row, at=at) if row is not None else []
     corrections = [f for f in facts if f.category == "correction"]
     others = [f for f in facts if f.category != "correction"]
     relevant: dict[uuid.UUID, FactHit] = {}
@@ -132,7 +135,7 @@ def format_for_injection(
         q = query_embed(query, embedder, query_vector)
     if q is not None and others and query:
         # The search every door makes (its defaults and order), as far as a block can go.
-        found = scope_search(row, query, q, limit=_most_lines(others, budget))
+        found = scope_search(row, query, q, limit=_most_lines(others, budget), at=at)
         wanted = {f.pk for f in others}
         relevant = {
             h.id: h for h in relevant_hits(found.hits, relevance_threshold) if h.id in wanted
@@ -152,16 +155,17 @@ def format_for_injection(
         and query
         and len(facts) < settings.MEMORY_GLOBAL_MIN_PERSONAL
     ):
-        globals_ = _globals(owner, row, query, q, relevance_threshold)
+        globals_ = _globals(owner, row, query, q, relevance_threshold, at)
     return _block(lines, kept, globals_, max_tokens, header, relevant)
 
 
 def _globals(owner: AbstractBaseUser | int, row: Scope | None, query: str, q: QueryVector,
-             threshold: float | None) -> list[FactHit]:  # fmt: skip
+             threshold: float | None, at: At | None) -> list[FactHit]:  # fmt: skip
     glob = global_scope_find(owner=owner)
     if glob is None or (row is not None and glob.pk == row.pk):
         return []
-    found = scope_search(glob, query, q, limit=max(1, scope_fact_count(scope_id=glob.pk)))
+    found = scope_search(glob, query, q, limit=max(1, scope_fact_count(scope_id=glob.pk)),
+                         at=at)  # fmt: skip
     return relevant_hits(found.hits, threshold)
 
 

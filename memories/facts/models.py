@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -98,6 +99,14 @@ class Fact(models.Model):
     # When the user said it (the message time), which the flip-flop guard compares;
     # created_at is when the background job stored it.
     observed_at = models.DateTimeField()
+    # When it is true in the world, where the conversation (or the API) says so; None:
+    # not said (always, as far as the service knows).
+    valid_from = models.DateTimeField(null=True, blank=True)
+    valid_to = models.DateTimeField(null=True, blank=True)
+    # Since when the service believes this version (its recorded interval's start; it
+    # ends when a change closes it into a ``FactVersion``). None on rows written before
+    # history was kept: ``created_at`` stands for it.
+    recorded_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -117,10 +126,24 @@ class Fact(models.Model):
             models.CheckConstraint(
                 condition=models.Q(category__in=CATEGORIES), name="fact_category_valid"
             ),
+            models.CheckConstraint(
+                condition=models.Q(valid_from__isnull=True)
+                | models.Q(valid_to__isnull=True)
+                | models.Q(valid_from__lt=models.F("valid_to")),
+                name="fact_valid_interval",
+            ),
         ]
 
     def __str__(self) -> str:
         return self.content[:80]
+
+    @property
+    def recorded_from(self) -> Any:
+        return self.recorded_at or self.created_at
+
+    @property
+    def recorded_to(self) -> None:
+        return None  # a current fact: believed until now
 
 
 class FactLink(models.Model):
@@ -189,6 +212,71 @@ class FactChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action}: {self.old_content[:40]!r} -> {self.new_content[:40]!r}"
+
+
+class FactVersion(models.Model):
+    """A closed version of a fact: what the service believed from ``recorded_from`` to
+    ``recorded_to``, and the change that closed it (``action``, ``reason``, ``source``:
+    who or what made it, e.g. ``{"kind": "dream", "ref": <dream id>}``), linked to its
+    ``successor`` (the fact that took its place: the same id for an edit in place, a new
+    one for a replacement, none for a deletion or an eviction).
+
+    ``superseded``: the world changed (a replacement or a merge learned from a
+    conversation): the version stays part of what is known of the past, true until
+    ``valid_to`` (its successor's ``valid_from``, or when the user said it). A
+    correction, an edit, a deletion or an eviction retracts it instead.
+
+    Current facts stay in ``Fact`` (their indexes hold current facts only); these rows
+    are read only by history, ``as_of`` / ``valid_at`` reads and export. The table also
+    has ``search_vector`` (the content's and the scope's lexemes, as ``memories_fact``),
+    which the model does not declare (migration 0016).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    fact_id = models.UUIDField(help_text="The id the fact had in this version.")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    # Indexed by factversion_scope (below).
+    scope = models.ForeignKey(Scope, on_delete=models.CASCADE, related_name="+", db_index=False)
+    content = models.TextField()
+    category = models.CharField(max_length=16, choices=[(c, c) for c in CATEGORIES])
+    confidence = models.FloatField()
+    source_kind = models.CharField(max_length=16)
+    source_ref = models.CharField(max_length=255, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    embedding = VectorField()
+    embedding_model = models.CharField(max_length=200)
+    dimensions = models.PositiveSmallIntegerField()
+    tokens = models.PositiveIntegerField(null=True, blank=True)
+    observed_at = models.DateTimeField()
+    valid_from = models.DateTimeField(null=True, blank=True)
+    valid_to = models.DateTimeField(null=True, blank=True)
+    recorded_from = models.DateTimeField()
+    recorded_to = models.DateTimeField()
+    created_at = models.DateTimeField(help_text="When the fact was first stored.")
+    updated_at = models.DateTimeField()
+    successor_id = models.UUIDField(null=True, blank=True)
+    action = models.CharField(max_length=16)
+    reason = models.TextField(blank=True, default="")
+    source = models.JSONField(default=dict, blank=True)
+    superseded = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["scope", "recorded_to"], name="factversion_scope"),
+            models.Index(fields=["owner", "fact_id"], name="factversion_fact"),
+            models.Index(fields=["owner", "successor_id"], name="factversion_successor"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(recorded_from__lte=models.F("recorded_to")),
+                name="factversion_recorded_interval",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action}: {self.content[:60]}"
 
 
 class GlobalMemory(Fact):

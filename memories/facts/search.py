@@ -35,6 +35,7 @@ from knowledge.retrieval.engine import Scope as Rows
 from knowledge.retrieval.vectors import vector_leg
 from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, global_scope_find, scope_find, scope_parse
+from memories.facts.timeline import At
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ class FactHit:
     keyword_score: float | None
     score: float
     scope_path: tuple[str, ...] = field(default=(), kw_only=True)
+    valid_from: datetime | None = field(default=None, kw_only=True)
+    valid_to: datetime | None = field(default=None, kw_only=True)
+    recorded_from: datetime | None = field(default=None, kw_only=True)
+    recorded_to: datetime | None = field(default=None, kw_only=True)
 
     @property
     def pk(self) -> uuid.UUID:
@@ -96,7 +101,8 @@ FACTS = Collection(
     id_type="uuid",
     details=(
         "t.id, t.content, t.category, t.confidence, t.source_kind, t.source_ref, t.metadata, "
-        "t.observed_at, t.created_at, t.updated_at"
+        "t.observed_at, t.created_at, t.updated_at, t.valid_from, t.valid_to, "
+        "coalesce(t.recorded_at, t.created_at) AS recorded_from, NULL::timestamptz AS recorded_to"
     ),
     time="observed_at",
     tiebreak="{top}.o DESC, {top}.id",
@@ -110,6 +116,23 @@ FACTS = Collection(
     exact_max=2000,
     walk_min_share=0.05,
     exact_cap=20_000,
+)
+# Facts in time (``timeline``): current facts and their closed versions, ranked the same
+# way, always exactly (a read of the past is rare; no index holds closed versions). Each
+# row's ``id`` is its own (a version's); a hit answers its fact's id.
+TIMELINE = Collection(
+    name="fact timeline",
+    table="memories_fact_timeline",
+    index_prefix="fact_timeline_hnsw",  # (none: exact)
+    id_type="uuid",
+    details=FACTS.details.replace("t.id,", "t.fact_id AS id,", 1).replace(
+        "coalesce(t.recorded_at, t.created_at) AS recorded_from, NULL::timestamptz AS recorded_to",
+        "t.recorded_from, t.recorded_to",
+    ),
+    time="observed_at",
+    tiebreak=FACTS.tiebreak,
+    fusion=FACTS.fusion,
+    vector_weight=FACTS.vector_weight,
 )
 # Decay: a fact's score halves every this many days of its age (0: no decay).
 HALF_LIFE_DAYS = 30.0
@@ -159,6 +182,45 @@ def fact_keyword_leg(
         newest="observed_at", filter=("true" + where, params),
         extra=(shared, [*params, row.pk]), totals=(_TOTALS, [row.pk, row.pk]),
     )  # fmt: skip
+
+
+def _past_legs(row: Scope, text: str, q: QueryVector, pool: int, at: At,
+               filter: FactFilter | None) -> tuple[Leg | None, Leg | None]:  # fmt: skip
+    """The vector and keyword legs over the scope's timeline at ``at``: its own versions
+    (``scope_id``) and the current facts it shares. Document frequencies count every
+    version holding a query word; N and the mean length are those of the versions
+    believed at ``at``."""
+    where, params = (filter or FactFilter()).sql()
+    when, when_params = at.sql()
+    cond, cond_params = f" AND {when}{where}", [*when_params, *params]
+    vector: Leg | None = None
+    if q.vector is not None and q.model is not None:
+        dims = len(q.vector)
+        scope = Rows(
+            f"scope_id = %s AND dimensions = {dims} AND embedding_model = %s{cond}",
+            [row.pk, q.model, *cond_params], rows=0,
+            extra=(f"id IN ({_SHARED}) AND scope_id IS NULL AND embedding_model = %s{cond}",
+                   [row.pk, q.model, *cond_params]),
+        )  # fmt: skip
+        vector = vector_leg(TIMELINE, scope, dims, q.vector, pool)
+    vwhen, _ = at.sql("v.")
+    vwhere, _ = (filter or FactFilter()).sql("v.")
+    shared = (
+        f"SELECT v.id, v.search_vector, v.observed_at, ({vwhen}{vwhere}) FROM q,"
+        f" memories_fact_timeline v WHERE v.id IN ({_SHARED}) AND v.scope_id IS NULL"
+        " AND numnode(q.words) > 0 AND v.search_vector @@ q.words"
+    )
+    totals = (
+        "SELECT count(*), coalesce(sum(length(search_vector) - 1), 0) FROM"
+        f" memories_fact_timeline WHERE (scope_id = %s OR (scope_id IS NULL AND id IN"
+        f" ({_SHARED}))) AND {when}"
+    )
+    keyword = counted_leg(
+        table="memories_fact_timeline", token=f"~scope:{row.pk}", text=text, pool=pool,
+        newest="observed_at", filter=(f"true{cond}", cond_params),
+        extra=(shared, [*cond_params, row.pk]), totals=(totals, [row.pk, row.pk, *when_params]),
+    )  # fmt: skip
+    return vector, keyword
 
 
 def fact_nearest(row: Scope, vector: Sequence[float], model: str) -> tuple[uuid.UUID, float] | None:
@@ -226,6 +288,7 @@ def fact_search(
     embedder: Embedder | None = None,
     query_vector: Sequence[float] | QueryVector | None = None,
     include_globals: bool = False,
+    at: At | None = None,
 ) -> SearchResult:
     """The scope's facts best matching ``query``: min(limit, matching) of them from
     ``offset``. Hybrid when the query can be embedded (every fact of the embedding model
@@ -234,7 +297,8 @@ def fact_search(
     by the age of the fact (when it was said). A scope path the owner does not have
     finds nothing. ``include_globals``: the owner's global memories, searched the same
     way in their own scope (same query, limit and offset), fill what the scope's hits
-    leave of the ``limit``."""
+    leave of the ``limit``. ``at``: the facts believed or true then (``timeline``), not
+    the current ones."""
     row = (
         scope
         if isinstance(scope, Scope)
@@ -246,12 +310,12 @@ def fact_search(
         else query_embed(query, embedder, query_vector)
     )
     found = scope_search(row, query, q, limit=limit, offset=offset, filter=filter,
-                         half_life_days=half_life_days)  # fmt: skip
+                         half_life_days=half_life_days, at=at)  # fmt: skip
     if include_globals and len(found.hits) < limit:
         glob = global_scope_find(owner=owner)
         if glob is not None and (row is None or glob.pk != row.pk):
             more = scope_search(glob, query, q, limit=limit, offset=offset, filter=filter,
-                                half_life_days=half_life_days)  # fmt: skip
+                                half_life_days=half_life_days, at=at)  # fmt: skip
             found.hits += more.hits[: limit - len(found.hits)]
     return found
 
@@ -265,6 +329,7 @@ def scope_search(
     offset: int = 0,
     filter: FactFilter | None = None,
     half_life_days: float | None = None,
+    at: At | None = None,
 ) -> SearchResult:
     """``fact_search`` of one scope row with the query embedded (``query_embed``)."""
     mode = "keyword" if q.vector is None else "hybrid"
@@ -272,16 +337,23 @@ def scope_search(
         return SearchResult([], mode, q.error)
     pool = _pool(limit, offset)
     half_life = HALF_LIFE_DAYS if half_life_days is None else half_life_days
-    vector = Leg("", [], [], rows=[])  # keyword-only: the keyword score alone, over the best
-    if q.vector is not None and q.model is not None:
-        vector = fact_vector_leg(row, q.vector, q.model, pool, filter)
-    keyword = fact_keyword_leg(row, query, pool, filter) or Leg("", [], [], rows=[])
+    empty = Leg("", [], [], rows=[])  # keyword-only: the keyword score alone, over the best
+    collection, vector, keyword = FACTS, None, None
+    if at is not None and at.past:
+        collection = TIMELINE
+        vector, keyword = _past_legs(row, query, q, pool, at, filter)
+    else:
+        if q.vector is not None and q.model is not None:
+            vector = fact_vector_leg(row, q.vector, q.model, pool, filter)
+        keyword = fact_keyword_leg(row, query, pool, filter)
     ranking = Ranking(
-        limit=limit, offset=offset, half_life=half_life, now=timezone.now(),
+        limit=limit, offset=offset, half_life=half_life,
+        now=at.when() if at is not None else timezone.now(),
         vector_weight=None if q.vector is not None else 0.0,
     )  # fmt: skip
     path = tuple(row.path)
-    hits = [_hit(hit, path) for hit in rank(FACTS, vector, keyword, ranking)]
+    hits = [_hit(hit, path) for hit in rank(collection, vector or empty, keyword or empty,
+                                            ranking)]  # fmt: skip
     return SearchResult(hits, mode, q.error)
 
 
@@ -297,5 +369,6 @@ def _hit(row: dict[str, Any], path: tuple[str, ...]) -> FactHit:
         created_at=row["created_at"], updated_at=row["updated_at"],
         similarity=None if vscore is None else float(vscore),
         keyword_score=None if kscore is None else float(kscore), score=float(row["score"]),
-        scope_path=path,
+        scope_path=path, valid_from=row["valid_from"], valid_to=row["valid_to"],
+        recorded_from=row["recorded_from"], recorded_to=row["recorded_to"],
     )  # fmt: skip

@@ -3,6 +3,7 @@ is ``memories.facts.search`` (the retrieval engine's facts collection)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -12,9 +13,10 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from core.errors import InvalidInput, NotFound
-from memories.facts.models import Fact, FactChange, FactLink, Scope
+from memories.facts.models import Fact, FactChange, FactLink, FactVersion, Scope
 from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
 from memories.facts.search import FactFilter
+from memories.facts.timeline import At
 
 
 class FactNotFound(NotFound):
@@ -75,6 +77,61 @@ def fact_list(*, scope: Scope, filter: FactFilter | None = None) -> QuerySet[Fac
     if filter is not None and filter.min_confidence is not None:
         qs = qs.filter(confidence__gte=filter.min_confidence)
     return qs.order_by("-confidence", "-updated_at", "id")
+
+
+@dataclass(frozen=True)
+class PastFact:
+    """A version of a fact as a read in time finds it (``timeline_list``): the fact's
+    fields at that version (``id``: the fact's), and its recorded interval
+    (``recorded_to`` None: still current)."""
+
+    id: uuid.UUID
+    content: str
+    category: str
+    confidence: float
+    source_kind: str
+    source_ref: str
+    metadata: dict[str, Any]
+    observed_at: Any
+    created_at: Any
+    updated_at: Any
+    valid_from: Any
+    valid_to: Any
+    recorded_from: Any
+    recorded_to: Any
+    tokens: int | None
+
+    @property
+    def pk(self) -> uuid.UUID:
+        return self.id
+
+
+def timeline_list(*, scope: Scope, at: At, filter: FactFilter | None = None) -> list[PastFact]:
+    """The scope's facts at ``at`` (``timeline``): the versions believed then (and, with
+    ``valid_at``, true then), highest confidence first, then the most recently changed."""
+    when, params = at.sql("t.")
+    where, filter_params = (filter or FactFilter()).sql("t.")
+    sql = (
+        "SELECT t.fact_id, t.content, t.category, t.confidence, t.source_kind, t.source_ref,"
+        " t.metadata, t.observed_at, t.created_at, t.updated_at, t.valid_from, t.valid_to,"
+        " t.recorded_from, t.recorded_to, coalesce(f.tokens, v.tokens)"
+        " FROM memories_fact_timeline t LEFT JOIN memories_fact f ON f.id = t.id"
+        " LEFT JOIN memories_factversion v ON v.id = t.id"
+        " WHERE (t.scope_id = %s OR (t.scope_id IS NULL AND t.id IN (SELECT fact_id FROM"
+        f" memories_factlink WHERE scope_id = %s AND shared))) AND {when}{where}"
+        " ORDER BY t.confidence DESC, t.updated_at DESC, t.fact_id, t.recorded_from"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, [scope.pk, scope.pk, *params, *filter_params])
+        rows = cur.fetchall()
+    return [PastFact(*_json_metadata(row)) for row in rows]
+
+
+def _json_metadata(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    metadata = row[6]
+    if isinstance(metadata, str):  # (Django's connections load jsonb as its text)
+        metadata = json.loads(metadata)
+    return (*row[:6], metadata, *row[7:])
 
 
 def fact_get(*, scope: Scope, fact_id: uuid.UUID | str) -> Fact:
@@ -142,6 +199,51 @@ def _owned(owner: AbstractBaseUser | int, path: ScopePath) -> Scope | None:
     return scope_find(owner=owner, scope=scope_parse(list(path)))
 
 
+def fact_versions(*, scope: Scope, fact_id: uuid.UUID | str) -> list[FactVersion | Fact]:
+    """A fact's versions in the scope, oldest first, its current version (a ``Fact``)
+    last when it has one: the closed versions of its lineage (the facts it replaced,
+    and those that replaced it, whichever of their ids is asked for)."""
+    try:
+        ids = {uuid.UUID(str(fact_id))}
+    except ValueError:
+        return []
+    versions: dict[uuid.UUID, FactVersion] = {}
+    for _ in range(100):  # a lineage is a chain: a few steps
+        found = (
+            FactVersion.objects.filter(scope=scope, owner_id=scope.owner_id)
+            .filter(Q(fact_id__in=ids) | Q(successor_id__in=ids))
+            .defer("embedding")
+        )
+        grown = {v.pk: v for v in found}
+        more = {v.fact_id for v in grown.values()} | {
+            v.successor_id for v in grown.values() if v.successor_id is not None
+        }
+        versions.update(grown)
+        if more <= ids:
+            break
+        ids |= more
+    current = list(fact_list(scope=scope).filter(pk__in=ids).order_by("created_at", "id"))
+    ordered: list[FactVersion | Fact] = sorted(
+        versions.values(), key=lambda v: (v.recorded_to, v.recorded_from, str(v.pk))
+    )
+    return ordered + current  # type: ignore[operator]
+
+
+def version_scope(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) -> Scope | None:
+    """The scope of the owner's latest closed version of this fact id (a fact no longer
+    current: deleted, replaced), if it has one."""
+    try:
+        version = (
+            FactVersion.objects.filter(owner_id=owner_pk(owner), fact_id=fact_id)
+            .select_related("scope")
+            .order_by("-recorded_to")
+            .first()
+        )
+    except (ValueError, TypeError):
+        return None
+    return version.scope if version is not None else None
+
+
 def fact_history(*, scope: Scope, fact_id: uuid.UUID | str) -> QuerySet[FactChange]:
     """The scope's audit rows that created, replaced, changed or removed the fact."""
     return (
@@ -172,9 +274,12 @@ class FactRow:
 _ROW_FIELDS = ("id", "content", "category", "confidence", "tokens")
 
 
-def fact_rows(*, scope: Scope) -> list[FactRow]:
+def fact_rows(*, scope: Scope, at: At | None = None) -> list[FactRow]:
     """The scope's facts as ``FactRow``, highest confidence first, then the most
-    recently changed."""
+    recently changed (``at``: those of that time, ``timeline_list``)."""
+    if at is not None and at.past:
+        return [FactRow(f.id, f.content, f.category, f.confidence, f.tokens)
+                for f in timeline_list(scope=scope, at=at)]  # fmt: skip
     rows = fact_list(scope=scope).values_list(*_ROW_FIELDS)
     return [FactRow(*row) for row in rows]
 

@@ -13,18 +13,19 @@ and writes nothing); invalid input raises ``InvalidInput`` before anything is wr
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import unicodedata
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
@@ -38,7 +39,15 @@ from core.providers.tokens import count_tokens
 from knowledge.retrieval import db
 from memories.conversations.selectors import flow_find, session_ids_with_sender
 from memories.conversations.services import sessions_delete_rows
-from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange, FactLink, Scope
+from memories.facts.models import (
+    CATEGORIES,
+    SOURCE_KINDS,
+    Fact,
+    FactChange,
+    FactLink,
+    FactVersion,
+    Scope,
+)
 from memories.facts.scopes import ScopePath, scope_ensure
 from memories.facts.search import fact_nearest
 from memories.facts.selectors import fact_resolve
@@ -62,6 +71,8 @@ class FactIn:
     observed_at: datetime | None = None
     replaces: uuid.UUID | str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
 
 
 @dataclass
@@ -125,8 +136,20 @@ def _validate_confidence(confidence: Any) -> float:
     return float(confidence)
 
 
+def validate_validity(valid_from: datetime | None, valid_to: datetime | None) -> None:
+    """A fact's time in the world: from 1900 on, and ``valid_from`` before ``valid_to``."""
+    for name, value in (("valid_from", valid_from), ("valid_to", valid_to)):
+        if value is not None and value.year < 1900:
+            raise InvalidInput(f"{name} is before 1900", details={name: "before 1900"})
+    if valid_from is not None and valid_to is not None and valid_from >= valid_to:
+        raise InvalidInput(
+            "valid_from must be before valid_to", details={"valid_to": "not after valid_from"}
+        )
+
+
 def validate_fact(fact: FactIn) -> FactIn:
     fact.content = validate_content(fact.content)
+    validate_validity(fact.valid_from, fact.valid_to)
     _validate_category(fact.category)
     fact.confidence = _validate_confidence(fact.confidence)
     if fact.source_kind not in SOURCE_KINDS:
@@ -179,8 +202,9 @@ def _check(scope: Scope, normalized: str, *, lock: bool = False) -> tuple[int, u
 _INSERT = (
     "WITH f AS (INSERT INTO memories_fact (id, owner_id, content, normalized, scope_id, "
     "category, confidence, source_kind, source_ref, embedding, embedding_model, dimensions, "
-    "metadata, tokens, observed_at, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, "
-    "%s, %s, %s, %s::vector, %s, %s, %s, %s, %s, %s, %s) RETURNING id), "
+    "metadata, tokens, observed_at, valid_from, valid_to, recorded_at, created_at, updated_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s,"
+    " %s, %s) RETURNING id), "
     "l AS (INSERT INTO memories_factlink (scope_id, fact_id, shared, created_at) "
     "SELECT %s, id, false, %s FROM f) "
     "INSERT INTO memories_factchange (id, scope_id, old_fact_id, new_fact_id, old_content, "
@@ -190,17 +214,18 @@ _INSERT = (
 
 
 def _insert(scope: Scope, fact: FactIn, embedding: list[float], model: str, action: str,
-            reason: str, old: Fact | None = None) -> uuid.UUID:  # fmt: skip
+            reason: str, old: Fact | None = None, fact_id: uuid.UUID | None = None,
+            now: datetime | None = None) -> uuid.UUID:  # fmt: skip
     """``fact`` as a new fact of ``scope`` (its only scope), linked and audited
     (``action``, replacing ``old``): ``_new_fact`` and ``_audit`` in one statement."""
-    now = timezone.now()
-    fact_id = uuid.uuid4()
+    now = now or timezone.now()
+    fact_id = fact_id or uuid.uuid4()
     tokens = count_tokens(fact_line(fact))
     db.fetch(_INSERT, [
         fact_id, scope.owner_id, fact.content, normalize_fact(fact.content), scope.pk,
         fact.category, fact.confidence, fact.source_kind, fact.source_ref,
         db.VectorParam(embedding), model, len(embedding), Jsonb(fact.metadata or {}),
-        tokens, fact.observed_at or now, now, now,
+        tokens, fact.observed_at or now, fact.valid_from, fact.valid_to, now, now, now,
         scope.pk, now,
         uuid.uuid4(), scope.pk, old.pk if old is not None else None,
         old.content if old is not None else "", fact.content, action, reason, now,
@@ -217,11 +242,58 @@ def _audit(scope: Scope, action: str, reason: str, *, old: Fact | None = None,
     )  # fmt: skip
 
 
+# A fact's version as it is now, closed by a change (``FactVersion``): one statement
+# copying its row (its vector included, never read into Python).
+_CLOSE = (
+    "INSERT INTO memories_factversion (id, fact_id, owner_id, scope_id, content, category, "
+    "confidence, source_kind, source_ref, metadata, embedding, embedding_model, dimensions, "
+    "tokens, observed_at, valid_from, valid_to, recorded_from, recorded_to, created_at, "
+    "updated_at, successor_id, action, reason, source, superseded) "
+    "SELECT %s, f.id, f.owner_id, %s, f.content, f.category, f.confidence, f.source_kind, "
+    "f.source_ref, f.metadata, f.embedding, f.embedding_model, f.dimensions, f.tokens, "
+    "f.observed_at, f.valid_from, CASE WHEN %s THEN coalesce(f.valid_to, %s) ELSE f.valid_to "
+    "END, least(coalesce(f.recorded_at, f.created_at), %s), %s, f.created_at, f.updated_at, "
+    "%s, %s, %s, %s::jsonb, %s FROM memories_fact f WHERE f.id = %s"
+)
+
+
+@dataclass(frozen=True)
+class Closing:
+    """Why a version closes: ``action`` (replace, update, delete, evict, merge...), the
+    ``reason``, the ``source`` of the change (``{"kind": "flush" | "dream" | "api" |
+    "admin" | "tool" | ..., "ref": ...}``), the ``successor`` fact, and whether the
+    world changed (``superseded``: then the version was true until ``valid_to``)."""
+
+    action: str
+    reason: str
+    source: dict[str, Any]
+    successor: uuid.UUID | str | None = None
+    superseded: bool = False
+    valid_to: datetime | None = None
+
+
+def _close(scope: Scope, fact_id: uuid.UUID | str, closing: Closing,
+           now: datetime | None = None) -> None:  # fmt: skip
+    """Keep the fact's version as it is now, closed at ``now`` by ``closing``."""
+    now = now or timezone.now()
+    with connection.cursor() as cur:
+        cur.execute(_CLOSE, [
+            uuid.uuid4(), scope.pk, closing.superseded, closing.valid_to or now, now, now,
+            closing.successor, closing.action, closing.reason, json.dumps(closing.source),
+            closing.superseded, fact_id,
+        ])  # fmt: skip
+
+
+def _source(source: Mapping[str, Any] | None, default: str = "service") -> dict[str, Any]:
+    return dict(source) if source else {"kind": default}
+
+
 def _new_fact(scope: Scope, content: str, embedding: Sequence[float], model: str,
               **fields: Any) -> Fact:  # fmt: skip
     """A new fact of ``scope``, linked to it (its only scope: ``Fact.scope`` set)."""
     fields.setdefault("observed_at", None)
     fields["observed_at"] = fields["observed_at"] or timezone.now()
+    fields.setdefault("recorded_at", timezone.now())
     fact = Fact(
         owner_id=scope.owner_id, content=content, normalized=normalize_fact(content),
         scope=scope, embedding=list(embedding), embedding_model=model,
@@ -238,7 +310,8 @@ def _delete_if_orphan(fact: Fact) -> None:
         Fact.objects.filter(pk=fact.pk).delete()
 
 
-def _evict(scope: Scope, max_facts: int, reason: str, count: int) -> list[str]:
+def _evict(scope: Scope, max_facts: int, reason: str, count: int,
+           source: dict[str, Any]) -> list[str]:  # fmt: skip
     """Trim the scope to ``max_facts`` (``count``: its facts now): lowest confidence
     first, then oldest (audited)."""
     excess = count - max_facts
@@ -251,6 +324,7 @@ def _evict(scope: Scope, max_facts: int, reason: str, count: int) -> list[str]:
     )
     why = f"max_facts {max_facts} reached" + (f" ({reason})" if reason else "")
     for victim in victims:
+        _close(scope, victim.pk, Closing("evict", why, source))
         FactLink.objects.filter(scope=scope, fact=victim).delete()
         _audit(scope, FactChange.Action.EVICT, why, old=victim)
         _delete_if_orphan(victim)
@@ -271,6 +345,7 @@ def fact_add(
     max_facts: int | None = None,
     dedup_threshold: float | None = None,
     embedder: Embedder | None = None,
+    source: Mapping[str, Any] | None = None,
 ) -> list[FactDecision]:
     """Add a batch of facts to a scope (a path, created on first use, or a row); one
     ``FactDecision`` per input, in order.
@@ -281,7 +356,8 @@ def fact_add(
     duplicate: nothing is written. A fact with ``replaces`` supersedes that fact of the
     scope. Then the scope is trimmed to ``max_facts`` (``ENGINE_MAX_FACTS``, 500) by
     confidence then age. Every write is audited with ``reason``. Embeddings are
-    computed before the transaction (one call for the batch).
+    computed before the transaction (one call for the batch). A replaced or evicted
+    fact's version is kept (``FactVersion``), its change's ``source`` with it.
     """
     checked = [validate_fact(f) for f in facts]
     threshold = settings.ENGINE_MIN_CONFIDENCE if min_confidence is None else min_confidence
@@ -310,9 +386,16 @@ def fact_add(
             count = 0
             for n, i in enumerate(pending):  # the lock is taken with the first check
                 decisions[i], count = _add_one(
-                    target, checked[i], embeddings[i], embedder.model, dedup, reason, n == 0
+                    target,
+                    checked[i],
+                    embeddings[i],
+                    embedder.model,
+                    dedup,
+                    reason,
+                    n == 0,
+                    source,
                 )
-            evicted = _evict(target, limit, reason, count)
+            evicted = _evict(target, limit, reason, count, _source(source))
         _mark_evicted(decisions, evicted)
     out = [d for d in decisions if d is not None]
     _count(out)  # (after the commit: the counters' rows are shared by every scope)
@@ -327,7 +410,8 @@ def _duplicate(fact: FactIn, found: Any, match: str, similarity: float) -> FactD
 
 
 def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, dedup: float,
-             reason: str, lock: bool) -> tuple[FactDecision, int]:  # fmt: skip
+             reason: str, lock: bool,
+             source: Mapping[str, Any] | None) -> tuple[FactDecision, int]:  # fmt: skip
     """One fact of a batch, under the scope's lock (``lock``: take it first): its
     decision and the scope's facts after it."""
     count, found = _check(scope, normalize_fact(fact.content), lock=lock)
@@ -354,12 +438,27 @@ def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, ded
             return _duplicate(fact, nearest[0], "semantic", nearest[1]), count
         new_id = _insert(scope, fact, embedding, model, FactChange.Action.ADD, reason)
         return FactDecision(fact.content, "add", reason, fact_id=str(new_id)), count + 1
+    now, new_id = timezone.now(), uuid.uuid4()
+    _close(scope, old.pk, _replacement(fact, reason, source, new_id, now), now)
     FactLink.objects.filter(scope=scope, fact=old).delete()
-    new_id = _insert(scope, fact, embedding, model, FactChange.Action.REPLACE, reason, old)
+    _insert(scope, fact, embedding, model, FactChange.Action.REPLACE, reason, old, new_id, now)
     _delete_if_orphan(old)
     decision = FactDecision(fact.content, "replace", reason, fact_id=str(new_id),
                             target_id=str(old.pk))  # fmt: skip
     return decision, count
+
+
+def _replacement(fact: FactIn, reason: str, source: Mapping[str, Any] | None,
+                 successor: uuid.UUID, now: datetime) -> Closing:  # fmt: skip
+    """How a replacement closes the fact it replaces. Learned from a conversation (not a
+    correction), the world changed: the old version was true until the new one's
+    ``valid_from``, or until the user said it."""
+    said = _source(source, fact.source_kind)
+    if fact.source_ref and "ref" not in said:
+        said["ref"] = fact.source_ref
+    world = fact.source_kind in ("message", "journal") and fact.category != "correction"
+    until = (fact.valid_from or fact.observed_at or now) if world else None
+    return Closing("replace", reason, said, successor, world, until)
 
 
 def _replaced(scope: Scope, fact_id: uuid.UUID | str) -> Fact | None:
@@ -436,33 +535,44 @@ def fact_update(
     confidence: float | None = None,
     reason: str = "edited",
     embedder: Embedder | None = None,
+    source: Mapping[str, Any] | None = None,
+    validity: Mapping[str, datetime | None] | None = None,
 ) -> Fact:
-    """Change a fact's text (re-embedded, outside the transaction), category or
-    confidence, audited with ``reason``. A fact shared with other scopes is not changed
-    under them: this scope gets a new fact instead (copy on write). The fact is the
-    owner's, in ``scope`` when given (``fact_resolve``: else 404)."""
+    """Change a fact's text (re-embedded, outside the transaction), category,
+    confidence or time in the world (``validity``: ``valid_from`` and/or ``valid_to``,
+    None to clear), audited with ``reason``; the version it was is kept
+    (``FactVersion``, closed with ``source``). A fact shared with other scopes is not
+    changed under them: this scope gets a new fact instead (copy on write). The fact is
+    the owner's, in ``scope`` when given (``fact_resolve``: else 404)."""
     content = validate_content(content) if content is not None else None
     if category is not None:
         _validate_category(category)
     if confidence is not None:
         confidence = _validate_confidence(confidence)
     fact, row = fact_resolve(owner=owner, fact_id=fact_id, scope=scope)
+    validity = dict(validity or {})
+    validate_validity(validity.get("valid_from", fact.valid_from),
+                      validity.get("valid_to", fact.valid_to))  # fmt: skip
     embedding: list[float] | None = None
     if content is not None:
         embedder = embedder or get_embedder()
         embedding = [float(x) for x in embedder.embed([content])[0]]
-    changes = {
+    changes: dict[str, Any] = {
         k: v for k, v in (("category", category), ("confidence", confidence)) if v is not None
     }
+    changes.update(validity)
     with transaction.atomic():
         _lock(row)
         fact = Fact.objects.get(pk=fact.pk)  # as it is now, under the lock
         old_content = fact.content
         text = content if content is not None else fact.content
+        now = timezone.now()
         if FactLink.objects.filter(fact=fact).exclude(scope=row).exists():
             new = _copy_for(row, fact, text, embedding, embedder, changes)
+            _close(row, fact.pk, Closing("update", reason, _source(source), new.pk), now)
         else:
-            new = _change(fact, text, embedding, embedder, changes)
+            _close(row, fact.pk, Closing("update", reason, _source(source), fact.pk), now)
+            new = _change(fact, text, embedding, embedder, {**changes, "recorded_at": now})
         FactChange.objects.create(
             scope=row, old_fact=fact, new_fact=new, old_content=old_content, new_content=text,
             action=FactChange.Action.UPDATE, reason=reason,
@@ -475,7 +585,8 @@ def _copy_for(scope: Scope, fact: Fact, text: str, embedding: list[float] | None
     """A shared fact changed for one scope: that scope's own copy, the others keep it."""
     FactLink.objects.filter(scope=scope, fact=fact).delete()
     keep = {"category": fact.category, "confidence": fact.confidence, "metadata": fact.metadata,
-            "source_kind": fact.source_kind, "source_ref": fact.source_ref}  # fmt: skip
+            "source_kind": fact.source_kind, "source_ref": fact.source_ref,
+            "valid_from": fact.valid_from, "valid_to": fact.valid_to}  # fmt: skip
     vector = embedding if embedding is not None else list(fact.embedding)
     model = (
         embedder.model if embedder is not None and embedding is not None else fact.embedding_model
@@ -505,12 +616,16 @@ def fact_delete(
     fact_id: uuid.UUID | str,
     scope: ScopePath | Scope | None = None,
     reason: str = "deleted",
+    source: Mapping[str, Any] | None = None,
 ) -> None:
-    """Unlink a fact from its scope (audited); the fact goes when no scope links it.
+    """Unlink a fact from its scope (audited, its last version kept as a
+    ``FactVersion`` closed with ``source``); the fact goes when no scope links it.
     The fact is the owner's, in ``scope`` when given (``fact_resolve``: else 404)."""
     fact, row = fact_resolve(owner=owner, fact_id=fact_id, scope=scope)
     with transaction.atomic():
         _lock(row)
+        if FactLink.objects.filter(scope=row, fact=fact).exists():
+            _close(row, fact.pk, Closing("delete", reason, _source(source)))
         removed, _ = FactLink.objects.filter(scope=row, fact=fact).delete()
         if removed:
             _audit(row, FactChange.Action.DELETE, reason, old=fact)
@@ -535,8 +650,8 @@ def fact_restore(
     *,
     scope: Scope,
     fact: dict[str, Any],
-    embedding: Sequence[float],
-    embedder: Embedder,
+    embedding: Sequence[float] | None,
+    embedder: Embedder | None,
     reason: str,
 ) -> Fact:
     """Put back one snapshot fact (``selectors.facts_snapshot``: ``{"id", "content",
@@ -544,8 +659,16 @@ def fact_restore(
     ``scope`` with the same id, audited with ``reason`` (what undoing a dream needs).
 
     ``embedding`` is the content's vector, computed by the caller before its
-    transaction. Idempotent: a fact already there with these values changes nothing.
+    transaction, or None when the fact's closed version of this text has it
+    (``version_vector``): restored through its version. Idempotent: a fact already
+    there with these values changes nothing.
     """
+    model = embedder.model if embedder is not None else ""
+    if embedding is None:
+        found_vector = version_vector(scope=scope, fact_id=fact["id"], content=fact["content"])
+        if found_vector is None:
+            raise InvalidInput("no vector to restore this fact with", details={"id": fact["id"]})
+        embedding, model = found_vector
     values = {
         "content": fact["content"], "normalized": normalize_fact(fact["content"]),
         "category": fact["category"], "confidence": fact["confidence"],
@@ -561,30 +684,44 @@ def fact_restore(
             found = Fact(
                 id=fact["id"], owner_id=scope.owner_id, content=fact["content"],
                 normalized=values["normalized"], scope=scope, embedding=list(embedding),
-                embedding_model=embedder.model, dimensions=len(embedding),
-                observed_at=observed_at or timezone.now(), **kept,
+                embedding_model=model, dimensions=len(embedding),
+                observed_at=observed_at or timezone.now(), recorded_at=timezone.now(), **kept,
             )  # fmt: skip
             found.tokens = count_tokens(fact_line(found))
             found.save(force_insert=True)
         else:
-            _put_back(found, values, embedding, embedder)
+            _put_back(found, values, embedding, model)
         _, linked = FactLink.objects.get_or_create(scope=scope, fact=found)
         if linked or found.content != fact["content"]:
             _audit(scope, FactChange.Action.ADD, reason, new=found, new_content=fact["content"])
     return found
 
 
+def version_vector(*, scope: Scope, fact_id: str, content: str) -> tuple[list[float], str] | None:
+    """The vector and model of the fact's latest closed version in the scope with this
+    text, if it has one."""
+    version = (
+        FactVersion.objects.filter(scope=scope, fact_id=fact_id, content=content)
+        .order_by("-recorded_to")
+        .only("embedding", "embedding_model")
+        .first()
+    )
+    if version is None:
+        return None
+    return [float(x) for x in version.embedding], version.embedding_model
+
+
 def _put_back(found: Fact, values: dict[str, Any], embedding: Sequence[float],
-              embedder: Embedder) -> None:  # fmt: skip
+              model: str) -> None:  # fmt: skip
     changed = {k: v for k, v in values.items() if getattr(found, k) != v}
     if "content" in changed:
-        changed.update(embedding=list(embedding), embedding_model=embedder.model,
+        changed.update(embedding=list(embedding), embedding_model=model,
                        dimensions=len(embedding))  # fmt: skip
     if changed:
         for name, value in changed.items():
             setattr(found, name, value)
         changed["tokens"] = count_tokens(fact_line(found))
-        Fact.objects.filter(pk=found.pk).update(**changed)
+        Fact.objects.filter(pk=found.pk).update(**changed, recorded_at=timezone.now())
 
 
 # --- Erasure ----------------------------------------------------------------------------
@@ -592,7 +729,7 @@ def _put_back(found: Fact, values: dict[str, Any], embedding: Sequence[float],
 
 def scope_erase(*, scope: Scope) -> int:
     """Erasure: remove every link of the scope, the facts no other scope links, the
-    audit trail and the scope row, and what other rooms keep of the scope
+    audit trail, the facts' closed versions and the scope row, and what other rooms keep of the scope
     (``core.erasure.scope_erased``: the engine's pending updates, summaries, journal,
     MEMORY.md and dream diaries), and for an end user the chats the chat proxy recorded
     for them (``CHAT_PROXY_FLOW``). Returns the number of facts the scope held."""
@@ -608,6 +745,7 @@ def scope_erase(*, scope: Scope) -> int:
             pk__in=FactLink.objects.values("fact_id")
         ).delete()
         FactChange.objects.filter(scope=scope).delete()
+        FactVersion.objects.filter(scope=scope).delete()
         scope.delete()
     return len(fact_ids)
 

@@ -16,6 +16,7 @@ from memories.facts.api.serializers import HitSerializer
 from memories.facts.models import CATEGORIES
 from memories.facts.scopes import owner_pk
 from memories.facts.search import FactHit
+from memories.facts.timeline import at_from
 from memories.stores.models import STAGES
 from memories.stores.runtime import node_memory_retrieve, node_memory_write
 from memories.tools.registry import Tool, ToolContext, ToolError, parse_uuid, register
@@ -158,9 +159,10 @@ def _hit(hit: FactHit) -> dict[str, Any]:
 
 def search_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     scope = ctx.filled_scope()
+    at = at_from(args.get("as_of"), args.get("valid_at"))
     result = MemoryEngine(owner=ctx.owner).search(
         scope, args["query"], limit=args["limit"], offset=args["offset"],
-        filter=args.get("filter"),
+        filter=args.get("filter"), at=at,
     )  # fmt: skip
     return {"mode": result.mode, "results": [_hit(h) for h in result.hits]}
 
@@ -209,6 +211,16 @@ register(
                         "min_confidence": {"type": "number", "minimum": 0, "maximum": 1},
                     },
                     "additionalProperties": False,
+                },
+                "as_of": {
+                    "type": ["string", "null"],
+                    "maxLength": 64,
+                    "description": "Optional ISO 8601 time: what was remembered then.",
+                },
+                "valid_at": {
+                    "type": ["string", "null"],
+                    "maxLength": 64,
+                    "description": "Optional ISO 8601 time: what was true in the world then.",
                 },
             },
             "required": ["query"],

@@ -12,6 +12,7 @@ from rest_framework import serializers
 from core.api.fields import StrictCharField
 from memories.facts.api.serializers import (
     AliasesMixin,
+    AtFieldsMixin,
     DecisionSerializer,
     FactFilterSerializer,
     FactOutputSerializer,
@@ -19,6 +20,9 @@ from memories.facts.api.serializers import (
     FactUpdateSerializer,
     HitSerializer,
     SearchOutputSerializer,
+    ValidityFieldsMixin,
+    take_at,
+    take_validity,
 )
 from memories.facts.models import CATEGORIES, SOURCE_KINDS
 from memories.facts.services import MAX_FACT_CHARS
@@ -40,7 +44,7 @@ class ScopedSerializer(serializers.Serializer):
     )
 
 
-class FactCreateSerializer(AliasesMixin, ScopedSerializer):
+class FactCreateSerializer(AliasesMixin, ValidityFieldsMixin, ScopedSerializer):
     aliases = {"text": "content"}
 
     content = StrictCharField(max_length=MAX_FACT_CHARS, required=False)
@@ -58,7 +62,7 @@ class FactCreateSerializer(AliasesMixin, ScopedSerializer):
         attrs = super().validate(attrs)
         if not attrs.get("content"):
             raise serializers.ValidationError({"content": "This field is required."})
-        return attrs
+        return take_validity(attrs)
 
 
 @extend_schema_serializer(component_name="EngineSearch")
@@ -66,9 +70,12 @@ class SearchSerializer(ScopedSerializer, FactSearchSerializer):
     pass
 
 
-class InjectionSerializer(ScopedSerializer):
+class InjectionSerializer(AtFieldsMixin, ScopedSerializer):
     max_tokens = serializers.IntegerField(min_value=1, max_value=100_000)
     query = StrictCharField(max_length=10_000, required=False, allow_blank=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        return take_at(super().validate(attrs))
 
 
 def user_header_value(request: Any) -> str | None:

@@ -31,10 +31,20 @@ from memories.engine.api.serializers import (
     user_header_value,
 )
 from memories.engine.facade import MemoryEngine
+from memories.facts.api.serializers import AS_OF_HELP, VALID_AT_HELP, FactHistoryOutputSerializer
+from memories.facts.api.views import history_response
 from memories.facts.injection import injection_payload
 from memories.facts.scopes import ScopePath
 from memories.facts.search import FactFilter
-from memories.facts.selectors import fact_find, fact_list, fact_resolve
+from memories.facts.selectors import (
+    FactNotFound,
+    fact_find,
+    fact_list,
+    fact_resolve,
+    timeline_list,
+    version_scope,
+)
+from memories.facts.timeline import at_from
 
 SCOPE_PARAMETER = OpenApiParameter(
     "scope",
@@ -47,6 +57,11 @@ SCOPE_OPTIONAL = OpenApiParameter(
     "scope", str, many=True, description="The fact's scope, to check it (optional)."
 )
 CATEGORY_PARAMETER = OpenApiParameter("category", str, many=True, description="Only these.")
+AT_PARAMETERS = [
+    OpenApiParameter("as_of", str, description=AS_OF_HELP),
+    OpenApiParameter("valid_at", str, description=VALID_AT_HELP),
+]
+API_SOURCE = {"kind": "api"}
 
 
 class FactDecisionSerializer(serializers.Serializer):
@@ -102,14 +117,21 @@ def _validated(serializer_class: type, data: Any) -> dict[str, Any]:
 class FactsView(APIView):
     @extend_schema(
         summary="List a scope's facts",
-        parameters=[SCOPE_PARAMETER, CATEGORY_PARAMETER],
-        responses={200: paginated(FactOutputSerializer), 404: ERROR},
+        parameters=[SCOPE_PARAMETER, CATEGORY_PARAMETER, *AT_PARAMETERS],
+        responses={200: paginated(FactOutputSerializer), 400: ERROR, 404: ERROR},
+        description="Current facts, or with as_of / valid_at the versions of that time.",
     )
     def get(self, request: Request) -> Response:
         engine = _engine(request, dict(request.query_params.items()))
+        at = at_from(request.query_params.get("as_of"), request.query_params.get("valid_at"))
         row = engine.existing(cast(ScopePath, _query_scope(request, engine, required=True)))
         categories = request.query_params.getlist("category") or None
-        qs = fact_list(scope=row, filter=FactFilter(categories=categories))
+        filter = FactFilter(categories=categories)
+        qs: Any = (
+            fact_list(scope=row, filter=filter)
+            if at is None
+            else timeline_list(scope=row, at=at, filter=filter)
+        )
         return paginated_response(self, request, qs, FactOutputSerializer)
 
     @extend_schema(
@@ -126,7 +148,7 @@ class FactsView(APIView):
             data["scope"], data["content"], category=data["category"],
             confidence=data["confidence"], reason=data["reason"],
             source_kind=data["source_kind"], source_ref=data["source_ref"],
-            metadata=data["metadata"],
+            metadata=data["metadata"], validity=data["validity"], source=API_SOURCE,
         )  # fmt: skip
         fact = fact_find(owner=_owner(request), fact_id=result.fact_id)
         body = {
@@ -162,15 +184,41 @@ class FactDetailView(APIView):
         result = _engine(request).manage(
             row.path, data.get("content"), action="update", id=fact_id,
             category=data.get("category"), confidence=data.get("confidence"),
-            reason=data["reason"],
+            reason=data["reason"], validity=data["validity"], source=API_SOURCE,
         )  # fmt: skip
         return Response({**FactOutputSerializer(result.fact).data, "scope": row.path})
 
     @extend_schema(summary="Delete a fact", parameters=[SCOPE_OPTIONAL], responses={204: None})
     def delete(self, request: Request, fact_id: uuid.UUID) -> Response:
         _, row = fact_resolve(owner=_owner(request), fact_id=fact_id, scope=self._scope(request))
-        _engine(request).manage(row.path, action="delete", id=fact_id)
+        _engine(request).manage(row.path, action="delete", id=fact_id, source=API_SOURCE)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class FactHistoryView(APIView):
+    @extend_schema(
+        summary="A fact's history",
+        parameters=[SCOPE_OPTIONAL],
+        responses={200: FactHistoryOutputSerializer, 404: ERROR},
+        description="Its versions, oldest first (the current one last, closed_by null): "
+        "what closed each (action, reason, source, successor). Any id of its lineage "
+        "(a fact it replaced, or one that replaced it) gives the whole of it.",
+    )
+    def get(self, request: Request, fact_id: uuid.UUID) -> Response:
+        return history_response(_owner(request), fact_id, _scope_row(request, fact_id))
+
+
+def _scope_row(request: Request, fact_id: uuid.UUID) -> Any:
+    """The scope a history is read in: the one named, else the fact's (a current one),
+    else the scope of its closed versions."""
+    engine = _engine(request, dict(request.query_params.items()))
+    scope = _query_scope(request, engine, required=False)
+    if scope is not None:
+        return engine.existing(scope)
+    try:
+        return fact_resolve(owner=_owner(request), fact_id=fact_id)[1]
+    except FactNotFound:
+        return version_scope(owner=_owner(request), fact_id=fact_id)
 
 
 class SearchView(APIView):
@@ -185,6 +233,7 @@ class SearchView(APIView):
         result = engine.search(
             data["scope"], data["query"], limit=data["limit"], offset=data["offset"],
             filter=data.get("filter"), half_life_days=data.get("half_life_days"), must_exist=True,
+            at=data["at"],
         )  # fmt: skip
         return Response(
             {
@@ -205,7 +254,11 @@ class InjectionView(APIView):
         data = _validated(InjectionSerializer, request.data)
         engine = _engine(request, data["scope_values"])
         block = engine.format_for_injection(
-            data["scope"], data["max_tokens"], query=data.get("query") or None, must_exist=True
+            data["scope"],
+            data["max_tokens"],
+            query=data.get("query") or None,
+            must_exist=True,
+            at=data["at"],
         )
         return Response({"scope": list(engine.scope(data["scope"])), **injection_payload(block)})
 

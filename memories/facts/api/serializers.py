@@ -2,8 +2,11 @@
 global memories, the engine's API; the tools and MCP answer the same fields).
 
 A fact: ``id``, ``content``, ``category``, ``confidence``, ``source`` (``{"kind",
-"ref"}``), ``metadata``, ``observed_at``, ``created_at``, ``updated_at``; a search hit
-adds ``score``, ``similarity`` and ``keyword_score``. Older names stay as documented
+"ref"}``), ``metadata``, ``observed_at``, ``created_at``, ``updated_at``, its time in the
+world (``valid_from``, ``valid_to``) and the interval the service believed this version
+(``recorded_from``, ``recorded_to``: null while current); a search hit adds ``score``,
+``similarity`` and ``keyword_score``. Reads take ``as_of`` and ``valid_at``
+(``memories.facts.timeline``). Older names stay as documented
 aliases: accepted on input (``text`` for ``content``, ``q`` for ``query``, ``top_k``
 for ``limit``) and echoed where clients read them (``type`` on the personal doors,
 ``old_vector``/``new_vector`` in a fact's history, ``deleted`` when an end user is
@@ -20,6 +23,53 @@ from rest_framework import serializers
 from core.api.fields import CHAT_ROLES, StrictBooleanField, StrictCharField
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange
 from memories.facts.services import MAX_FACT_CHARS
+from memories.facts.timeline import at_from, instant
+
+AS_OF_HELP = (
+    "What the service believed at this time (ISO 8601; not in the future): the versions "
+    "of facts current then, not now."
+)
+VALID_AT_HELP = (
+    "What was true in the world at this time (ISO 8601, from 1900): facts whose "
+    "valid_from/valid_to hold it, past versions a change in the world replaced included."
+)
+
+
+def take_at(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``as_of`` and ``valid_at`` of validated input folded into ``at`` (an ``At`` or
+    None); a bad one is a 400 naming it."""
+    attrs["at"] = at_from(attrs.pop("as_of", None), attrs.pop("valid_at", None))
+    return attrs
+
+
+class AtFieldsMixin(serializers.Serializer):
+    """``as_of`` and ``valid_at`` (read in time)."""
+
+    as_of = StrictCharField(required=False, max_length=64, help_text=AS_OF_HELP)
+    valid_at = StrictCharField(required=False, max_length=64, help_text=VALID_AT_HELP)
+
+
+class ValidityFieldsMixin(serializers.Serializer):
+    """``valid_from`` and ``valid_to``: when a fact is true in the world (null: not said)."""
+
+    valid_from = StrictCharField(
+        required=False, allow_null=True, max_length=64,
+        help_text="From when the fact is true in the world (ISO 8601, from 1900).",
+    )  # fmt: skip
+    valid_to = StrictCharField(
+        required=False, allow_null=True, max_length=64,
+        help_text="Until when the fact was true in the world (ISO 8601), after valid_from.",
+    )  # fmt: skip
+
+
+def take_validity(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``valid_from`` / ``valid_to`` parsed (each kept only when given: null clears it)."""
+    validity = {}
+    for name in ("valid_from", "valid_to"):
+        if name in attrs:
+            validity[name] = instant(attrs.pop(name), name)
+    attrs["validity"] = validity
+    return attrs
 
 
 class AliasesMixin:
@@ -52,16 +102,26 @@ def _source(obj: Any) -> dict[str, str]:
 
 @extend_schema_serializer(component_name="Fact")
 class FactOutputSerializer(serializers.ModelSerializer):
-    """A fact, as every door answers it."""
+    """A fact, as every door answers it (a version of it, read ``as_of`` a time)."""
 
     # (declared fields leave the class namespace: this does not shadow Field.source)
     source = serializers.SerializerMethodField()  # type: ignore[assignment]
+    valid_from = serializers.DateTimeField(allow_null=True, read_only=True)
+    valid_to = serializers.DateTimeField(allow_null=True, read_only=True)
+    recorded_from = serializers.DateTimeField(
+        read_only=True, help_text="Since when the service believes this version."
+    )
+    recorded_to = serializers.DateTimeField(
+        allow_null=True, read_only=True,
+        help_text="Until when it believed it; null: the current version.",
+    )  # fmt: skip
 
     class Meta:
         model = Fact
         fields = [
             "id", "content", "category", "confidence", "source", "metadata", "observed_at",
-            "created_at", "updated_at",
+            "created_at", "updated_at", "valid_from", "valid_to", "recorded_from",
+            "recorded_to",
         ]  # fmt: skip
 
     @extend_schema_field(SourceSerializer)
@@ -102,6 +162,10 @@ class HitSerializer(serializers.Serializer):
     observed_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+    valid_from = serializers.DateTimeField(allow_null=True)
+    valid_to = serializers.DateTimeField(allow_null=True)
+    recorded_from = serializers.DateTimeField()
+    recorded_to = serializers.DateTimeField(allow_null=True)
 
     @extend_schema_field(SourceSerializer)
     def get_source(self, obj: Any) -> dict[str, str]:
@@ -146,7 +210,7 @@ class FactFilterSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class FactSearchSerializer(AliasesMixin, serializers.Serializer):
+class FactSearchSerializer(AliasesMixin, AtFieldsMixin, serializers.Serializer):
     """What a search of facts takes, at every door."""
 
     aliases = {"q": "query", "top_k": "limit"}
@@ -166,7 +230,7 @@ class FactSearchSerializer(AliasesMixin, serializers.Serializer):
         if "query" not in attrs:
             raise serializers.ValidationError({"query": "This field is required."})
         attrs.setdefault("limit", 10)
-        return attrs
+        return take_at(attrs)
 
 
 @extend_schema_serializer(component_name="MemorySearch")
@@ -184,7 +248,7 @@ class MemorySearchSerializer(FactSearchSerializer):
     )  # fmt: skip
 
 
-class FactUpdateSerializer(AliasesMixin, serializers.Serializer):
+class FactUpdateSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Serializer):
     aliases = {"text": "content"}
 
     content = StrictCharField(max_length=MAX_FACT_CHARS, required=False)
@@ -197,11 +261,12 @@ class FactUpdateSerializer(AliasesMixin, serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
-        if not {"content", "category", "confidence"} & set(attrs):
+        if not {"content", "category", "confidence", "valid_from", "valid_to"} & set(attrs):
             raise serializers.ValidationError(
-                {"content": "Give at least one of content, category, confidence."}
-            )
-        return attrs
+                {"content": "Give at least one of content, category, confidence, valid_from, "
+                 "valid_to."}
+            )  # fmt: skip
+        return take_validity(attrs)
 
 
 class InputMessageSerializer(serializers.Serializer):
@@ -209,7 +274,7 @@ class InputMessageSerializer(serializers.Serializer):
     content = StrictCharField(max_length=100_000)
 
 
-class MemoryAddSerializer(AliasesMixin, serializers.Serializer):
+class MemoryAddSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Serializer):
     aliases = {"text": "content"}
 
     content = StrictCharField(
@@ -249,7 +314,7 @@ class MemoryAddSerializer(AliasesMixin, serializers.Serializer):
                     {"content": f"A memory stored as given is at most {MAX_FACT_CHARS} characters."}
                 )
             attrs["texts"] = texts
-        return attrs
+        return take_validity(attrs)
 
 
 class GlobalMemoryInSerializer(AliasesMixin, serializers.Serializer):
@@ -275,6 +340,54 @@ class MemoryAddResultSerializer(serializers.Serializer):
     memories = MemoryOutputSerializer(many=True)
     duplicates = MemoryOutputSerializer(many=True)
     evicted = serializers.ListField(child=serializers.UUIDField())
+
+
+class ClosedBySerializer(serializers.Serializer):
+    """The change that closed a version: its action, reason, source and successor."""
+
+    action = StrictCharField()
+    reason = StrictCharField(allow_blank=True)
+    source = serializers.DictField()  # type: ignore[assignment]  # (a field named source)
+    successor = serializers.UUIDField(allow_null=True)
+    superseded = serializers.BooleanField(
+        help_text="The world changed: the version was true until its valid_to."
+    )
+
+
+class VersionSerializer(serializers.Serializer):
+    """One version of a fact, oldest first; ``closed_by`` null: the current one."""
+
+    id = serializers.UUIDField(help_text="The fact's id in this version.")
+    content = StrictCharField()
+    category = StrictCharField()
+    confidence = serializers.FloatField()
+    source = serializers.SerializerMethodField()  # type: ignore[assignment]  # (as above)
+    metadata = serializers.JSONField()
+    observed_at = serializers.DateTimeField()
+    valid_from = serializers.DateTimeField(allow_null=True)
+    valid_to = serializers.DateTimeField(allow_null=True)
+    recorded_from = serializers.DateTimeField()
+    recorded_to = serializers.DateTimeField(allow_null=True)
+    closed_by = serializers.SerializerMethodField()
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if hasattr(instance, "fact_id"):  # a closed version
+            data["id"] = str(instance.fact_id)
+        return data
+
+    @extend_schema_field(SourceSerializer)
+    def get_source(self, obj: Any) -> dict[str, str]:
+        return _source(obj)
+
+    @extend_schema_field(ClosedBySerializer(allow_null=True))
+    def get_closed_by(self, obj: Any) -> dict[str, Any] | None:
+        if not hasattr(obj, "fact_id"):
+            return None
+        return {
+            "action": obj.action, "reason": obj.reason, "source": obj.source,
+            "successor": obj.successor_id, "superseded": obj.superseded,
+        }  # fmt: skip
 
 
 class HistorySerializer(serializers.ModelSerializer):
@@ -330,3 +443,11 @@ class ErasedSerializer(serializers.Serializer):
     scope = serializers.ListField(child=StrictCharField())
     facts_removed = serializers.IntegerField()
     deleted = serializers.IntegerField(help_text="Deprecated: facts_removed.")
+
+
+class FactHistoryOutputSerializer(serializers.Serializer):
+    """Schema only: a fact's versions, oldest first (the current one last), and the audit
+    rows of its changes (``results``, the older shape)."""
+
+    versions = VersionSerializer(many=True)
+    results = HistorySerializer(many=True)

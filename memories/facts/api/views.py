@@ -9,17 +9,20 @@ import uuid
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
-from core.api.schema import ERROR, paginated, wrapped
+from core.api.schema import ERROR, paginated
 from core.validation import validate_end_user_id
 from memories.facts.api.serializers import (
+    AS_OF_HELP,
+    VALID_AT_HELP,
     ErasedSerializer,
+    FactHistoryOutputSerializer,
     FactUpdateSerializer,
     GlobalMemoryInSerializer,
     HistorySerializer,
@@ -27,6 +30,7 @@ from memories.facts.api.serializers import (
     MemoryOutputSerializer,
     MemorySearchOutputSerializer,
     MemorySearchSerializer,
+    VersionSerializer,
 )
 from memories.facts.models import Scope
 from memories.facts.scopes import end_user_ensure, global_scope_ensure, global_scope_find
@@ -38,10 +42,15 @@ from memories.facts.selectors import (
     fact_get,
     fact_history,
     fact_list,
+    fact_versions,
     facts_by_id,
     global_fact_list,
+    timeline_list,
 )
 from memories.facts.services import FactIn, fact_add, fact_delete, fact_update, scope_erase
+from memories.facts.timeline import at_from
+
+API_SOURCE = {"kind": "api"}
 
 
 def _user_id(user_id: str) -> str:
@@ -71,13 +80,22 @@ class UserMemoriesView(APIView):
     @extend_schema(
         summary="List an end user's memories",
         responses={200: paginated(MemoryOutputSerializer), 404: ERROR},
+        parameters=[
+            OpenApiParameter("as_of", str, description=AS_OF_HELP),
+            OpenApiParameter("valid_at", str, description=VALID_AT_HELP),
+        ],
         description="Highest confidence first, then the most recently changed. An end "
-        "user the caller does not have is a 404 scope_not_found.",
+        "user the caller does not have is a 404 scope_not_found. With as_of / valid_at: "
+        "the versions of that time.",
     )
     def get(self, request: Request, user_id: str) -> Response:
+        at = at_from(request.query_params.get("as_of"), request.query_params.get("valid_at"))
         end_user = existing_user(request, user_id)
+        facts: Any = (
+            fact_list(scope=end_user) if at is None else timeline_list(scope=end_user, at=at)
+        )
         paginator = PageNumberPagination()
-        page = paginator.paginate_queryset(fact_list(scope=end_user), request, view=self)
+        page = paginator.paginate_queryset(facts, request, view=self)
         return paginator.get_paginated_response(MemoryOutputSerializer(page, many=True).data)
 
     def add_as_given(self, request: Request, external_id: str, values: dict[str, Any]) -> Response:
@@ -86,12 +104,15 @@ class UserMemoriesView(APIView):
         ``ENGINE_MAX_FACTS`` (each eviction audited)."""
         end_user = end_user_ensure(owner=request.user, external_id=external_id)
         now = timezone.now()
+        validity = values.get("validity") or {}
         facts = [FactIn(text, category=values["category"], confidence=values["confidence"],
-                        observed_at=now, metadata=values.get("metadata") or {})
+                        observed_at=now, metadata=values.get("metadata") or {},
+                        valid_from=validity.get("valid_from"), valid_to=validity.get("valid_to"))
                  for text in values["texts"]]  # fmt: skip
         decisions = fact_add(
             owner=request.user.pk, scope=end_user, reason="added through the API", facts=facts,
             dedup_threshold=1.01,  # as given: only the same text is a duplicate
+            source=API_SOURCE,
         )  # fmt: skip
         kept = [d for d in decisions if d.action in ("add", "duplicate")]
         found = facts_by_id(scope=end_user, ids=[d.fact_id for d in kept if d.fact_id])
@@ -132,7 +153,7 @@ class UserMemorySearchView(APIView):
             owner=request.user, scope=end_user, query=params["query"], limit=params["limit"],
             offset=params["offset"], filter=fact_filter(params.get("filter")),
             half_life_days=params.get("half_life_days"),
-            include_globals=params["include_globals"],
+            include_globals=params["include_globals"], at=params["at"],
         )  # fmt: skip
         hits = found.hits
         if params.get("threshold") is not None:
@@ -186,28 +207,38 @@ class UserMemoryDetailView(APIView):
         fact = fact_update(
             owner=request.user, fact_id=memory_id, scope=end_user, content=data.get("content"),
             category=data.get("category"), confidence=data.get("confidence"),
-            reason=data["reason"],
+            reason=data["reason"], source=API_SOURCE, validity=data["validity"],
         )  # fmt: skip
         return Response(MemoryOutputSerializer(fact).data)
 
     @extend_schema(summary="Delete a memory", responses={204: None, 404: ERROR})
     def delete(self, request: Request, user_id: str, memory_id: uuid.UUID) -> Response:
         end_user = existing_user(request, user_id)
-        fact_delete(owner=request.user, fact_id=memory_id, scope=end_user)
+        fact_delete(owner=request.user, fact_id=memory_id, scope=end_user, source=API_SOURCE)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class UserMemoryHistoryView(APIView):
     @extend_schema(
         summary="A memory's history",
-        responses={200: wrapped("results", HistorySerializer), 404: ERROR},
+        responses={200: FactHistoryOutputSerializer, 404: ERROR},
+        description="Its versions, oldest first (the current one last), and the audit "
+        "rows of its changes (results): as GET /api/v1/engine/facts/{id}/history.",
     )
     def get(self, request: Request, user_id: str, memory_id: uuid.UUID) -> Response:
-        end_user = existing_user(request, user_id)
-        rows = list(fact_history(scope=end_user, fact_id=memory_id))
-        if not rows:
-            raise FactNotFound("no such fact")
-        return Response({"results": HistorySerializer(rows, many=True).data})
+        return history_response(request.user, memory_id, existing_user(request, user_id))
+
+
+def history_response(owner: Any, fact_id: uuid.UUID, row: Any) -> Response:
+    """``{"versions", "results"}`` of a fact in a scope; 404 when it has neither."""
+    versions = fact_versions(scope=row, fact_id=fact_id) if row is not None else []
+    changes = list(fact_history(scope=row, fact_id=fact_id)) if row is not None else []
+    if not versions and not changes:
+        raise FactNotFound("no such fact")
+    return Response({
+        "versions": VersionSerializer(versions, many=True).data,
+        "results": HistorySerializer(changes, many=True).data,
+    })  # fmt: skip
 
 
 class GlobalMemoriesView(APIView):

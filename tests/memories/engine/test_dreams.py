@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from core.errors import ServiceError
+from core.providers.embeddings import get_embedder
 from ingestion.updates import updates_run
 from memories.engine import files
 from memories.engine.dreams import (
@@ -24,7 +25,7 @@ from memories.engine.dreams import (
 )
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
-from memories.facts.models import FactChange
+from memories.facts.models import FactChange, FactVersion
 from memories.facts.scopes import global_scope_ensure, scope_find
 from memories.facts.selectors import facts_snapshot
 from memories.facts.services import FactIn, fact_add
@@ -34,6 +35,15 @@ from tests.memories.facts.seed import seed
 pytestmark = pytest.mark.django_db
 SCOPE = ("user", "alice")
 KEYS = ("id", "content", "category", "confidence", "source_kind", "source_ref", "observed_at")
+
+
+class _Counting:
+    def __init__(self, inner):
+        self.inner, self.model, self.texts = inner, inner.model, []
+
+    def embed(self, texts):
+        self.texts += list(texts)
+        return self.inner.embed(texts)
 
 
 def _state(owner):
@@ -176,9 +186,13 @@ def test_undo_restores_the_facts_and_memory_md(alice, dreaming):
     before = _state(alice)
     dream = dream_run(owner=alice, scope=SCOPE).dream
     assert _state(alice) != before
-    undone = dream_undo(owner=alice, dream_id=dream.pk)
+    closed = FactVersion.objects.filter(source={"kind": "dream", "ref": str(dream.pk)})
+    assert closed.exists()  # what the dream dropped or rewrote was kept as versions
+    embedder = _Counting(get_embedder())
+    undone = dream_undo(owner=alice, dream_id=dream.pk, embedder=embedder)
     assert undone.status == "undone" and undone.undone_at is not None
     assert _state(alice) == before  # same ids, texts, categories, confidences, sources, times
+    assert embedder.texts == []  # restored through their versions: nothing embedded again
     md = files.read_text(files.memory_md_path(alice.pk, list(SCOPE)))
     assert md == dream.memory_md_before
     assert set(FactChange.objects.filter(reason=f"undo of dream {dream.pk}").values_list(

@@ -17,7 +17,8 @@ BASE = "/api/v1/users/u1/memories"
 ERR = {"code", "message", "details"}
 QUESTION = "Which JavaScript runtime should I use for my server?"
 SHAPE = {"id", "content", "category", "confidence", "source", "metadata", "observed_at",
-         "created_at", "updated_at"}  # fmt: skip
+         "created_at", "updated_at", "valid_from", "valid_to", "recorded_from",
+         "recorded_to"}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -82,7 +82,7 @@ def _normal(answers: list[dict[str, Any]], flow: str) -> list[Any]:
     value = json.loads(text)
     for answer in value:
         for hit in answer.get("result", {}).get("results", []):
-            for name in ("created_at", "updated_at", "observed_at"):
+            for name in ("created_at", "updated_at", "observed_at", "recorded_from"):
                 hit.pop(name, None)
             if "score" in hit:  # (the decay moves with the time of each call)
                 hit["score"] = round(hit["score"], 6)
