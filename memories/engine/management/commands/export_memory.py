@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from memories.facts.portability import export_lines
+
+
+class Command(BaseCommand):
+    help = (
+        "Export an owner's facts (scopes, current facts, every earlier version, global "
+        "memories) as JSON Lines (docs/history-and-export.md), to a file or stdout."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("owner", help="Username of the owner.")
+        parser.add_argument("--output", "-o", help="The file to write (default: stdout).")
+        parser.add_argument("--no-vectors", action="store_true",
+                            help="Leave the vectors out (an import embeds the texts again).")  # fmt: skip
+
+    def handle(self, *args: Any, owner: str, output: str | None, no_vectors: bool,
+               **options: Any) -> None:  # fmt: skip
+        user = get_user_model().objects.filter(username=owner).first()
+        if user is None:
+            raise CommandError(f"No user {owner!r}.")
+        lines = export_lines(owner=user, vectors=not no_vectors)
+        if output is None:
+            for line in lines:
+                sys.stdout.write(line + "\n")
+            return
+        count = 0
+        with Path(output).open("w", encoding="utf-8") as out:
+            for line in lines:
+                out.write(line + "\n")
+                count += 1
+        self.stderr.write(f"Wrote {count} lines to {output}.")
