@@ -1,4 +1,8 @@
-"""Background HNSW indexing: move pending chunks into their index in batches."""
+"""Background HNSW indexing: move pending rows into their index in batches.
+
+Tables whose rows a bulk write leaves pending (``index_pending``, outside their partial
+HNSW indexes; searches rank them exactly meanwhile): knowledge chunks (ingestion) and
+facts (``memories.facts``: an import). Each has its own indexer lock."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from knowledge.services.errors import IndexRun
 
 logger = logging.getLogger(__name__)
 INDEXER_LOCK = "knowledge:hnsw-indexer"
+PENDING_TABLES = {"knowledge_chunk": INDEXER_LOCK, "memories_fact": "memories:fact-hnsw-indexer"}
 
 
 def enqueue_chunk_indexing() -> None:
@@ -26,13 +31,13 @@ def enqueue_chunk_indexing_on_commit() -> None:
     enqueue_on_commit("knowledge.tasks.index_pending_chunks", task_name="index-pending-chunks")
 
 
-def _index_batch(batch: int) -> int | None:
+def _index_batch(batch: int, table: str = "knowledge_chunk") -> int | None:
     """Move up to ``batch`` pending rows into the HNSW index, in one transaction.
 
     Returns the number moved, or None when another indexer holds the lock.
     """
     with transaction.atomic(), connection.cursor() as cur:
-        if not try_advisory_xact_lock(INDEXER_LOCK):
+        if not try_advisory_xact_lock(PENDING_TABLES[table]):
             return None
         # Clearing the flag writes a new row version, which the partial HNSW index
         # (NOT index_pending) takes in. SKIP LOCKED: rows a writer is replacing
@@ -43,17 +48,17 @@ def _index_batch(batch: int) -> int | None:
         # subquery per row of a nested loop, each rescan taking n more (a batch of 2
         # moved 5 rows once).
         cur.execute(
-            "UPDATE knowledge_chunk SET index_pending = false WHERE id = ANY(ARRAY("
-            "  SELECT id FROM knowledge_chunk WHERE index_pending LIMIT %s"
+            f"UPDATE {table} SET index_pending = false WHERE id = ANY(ARRAY("
+            f"  SELECT id FROM {table} WHERE index_pending LIMIT %s"
             "  FOR UPDATE SKIP LOCKED))",
             [batch],
         )
         return cur.rowcount
 
 
-def _any_pending() -> bool:
+def _any_pending(table: str = "knowledge_chunk") -> bool:
     with connection.cursor() as cur:
-        cur.execute("SELECT EXISTS (SELECT 1 FROM knowledge_chunk WHERE index_pending)")
+        cur.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE index_pending)")
         return bool(cur.fetchone()[0])
 
 
@@ -64,9 +69,10 @@ INDEX_RUN_SECONDS = 60.0
 
 
 def knowledge_index_pending(
-    *, batch: int | None = None, max_seconds: float | None = None
+    *, batch: int | None = None, max_seconds: float | None = None, table: str = "knowledge_chunk"
 ) -> IndexRun:
-    """Index pending chunks until none are left or ``max_seconds`` have passed.
+    """Index pending rows of ``table`` (one of ``PENDING_TABLES``) until none are left
+    or ``max_seconds`` have passed.
 
     One indexer at a time (a transaction-scoped advisory lock per batch); a run
     that finds the lock taken returns at once, and the holder looks for rows
@@ -79,14 +85,14 @@ def knowledge_index_pending(
     indexed = 0
     empty_rounds = 0
     while True:
-        moved = _index_batch(batch)
+        moved = _index_batch(batch, table)
         if moved is None:
             return IndexRun(indexed=indexed, finished=False, busy=True)
         indexed += moved
         if moved < batch:
             # The lock is released: anything committed since our last batch's
             # snapshot is visible now, including rows whose enqueue found us busy.
-            if not _any_pending():
+            if not _any_pending(table):
                 return IndexRun(indexed=indexed, finished=True, busy=False)
             if moved == 0:
                 # What is left is locked by a writer (which queues us again when it
@@ -100,7 +106,7 @@ def knowledge_index_pending(
             return IndexRun(indexed=indexed, finished=False, busy=False)
 
 
-def knowledge_pending_count() -> int:
+def knowledge_pending_count(table: str = "knowledge_chunk") -> int:
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM knowledge_chunk WHERE index_pending")
+        cur.execute(f"SELECT count(*) FROM {table} WHERE index_pending")
         return int(cur.fetchone()[0])

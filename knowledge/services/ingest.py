@@ -293,3 +293,48 @@ def knowledge_base_recount(*, knowledge_base: KnowledgeBase) -> KnowledgeBase:
             _apply_stats_delta(cur, knowledge_base, (0, 0, 0, 0), actual)
     knowledge_base.refresh_from_db()
     return knowledge_base
+
+
+@dataclass(frozen=True)
+class ChunkIn:
+    """A chunk as an export holds it (not chunked again): its keys, text, vector (of
+    the base's model and dimension), place in its document and sources."""
+
+    source_key: str
+    document_key: str
+    text: str
+    embedding: Sequence[float]
+    chunk_index: int = 0
+    chunk_total: int = 1
+    document: DocumentIn | None = None  # its source fields (message, session, flow...)
+
+
+def knowledge_base_restore_chunks(
+    *, knowledge_base: KnowledgeBase, chunks: Sequence[ChunkIn]
+) -> int:
+    """Write exported chunks into the base as they were, in the caller's transaction
+    (``_write_chunks``: upserted by source key, a document's other chunks dropped; new
+    chunks wait for the background indexer, searchable exactly at once). Returns how
+    many chunks the base gained."""
+    if not chunks:
+        return 0
+    dims = knowledge_base.embedding_dimensions
+    wrong = [c.source_key for c in chunks if len(c.embedding) != dims]
+    if wrong:
+        raise KnowledgeError(
+            f"chunk {wrong[0]!r} has a vector of another dimension than the base's ({dims})"
+        )
+    before = knowledge_base.chunks.count()
+    rows = [
+        _stage_row(knowledge_base,
+                   _ChunkRow(c.document or DocumentIn(text=c.text, source_key=c.document_key),
+                             c.source_key, c.text, c.chunk_index, c.chunk_total),
+                   list(c.embedding))
+        for c in chunks
+    ]  # fmt: skip
+    keys = list(dict.fromkeys(c.document_key for c in chunks))
+    KnowledgeBase.objects.select_for_update().get(pk=knowledge_base.pk)
+    _write_chunks(knowledge_base, rows, keys)
+    if _defer_indexing(knowledge_base):
+        enqueue_chunk_indexing_on_commit()
+    return knowledge_base.chunks.count() - before

@@ -96,6 +96,9 @@ class Fact(models.Model):
     dimensions = models.PositiveSmallIntegerField()
     metadata = models.JSONField(default=dict, blank=True)
     tokens = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    # Written by a bulk import: not in the HNSW indexes yet (the background indexer,
+    # ``memories.facts.tasks.index_pending_facts``, moves it in); ranked exactly meanwhile.
+    index_pending = models.BooleanField(default=False, db_default=False, editable=False)
     # When the user said it (the message time), which the flip-flop guard compares;
     # created_at is when the background job stored it.
     observed_at = models.DateTimeField()
@@ -117,6 +120,11 @@ class Fact(models.Model):
             # is the scope's range of ``memories_fact_half`` (migration 0008: the
             # columns ranking needs and a 16-bit copy of the vector, kept by triggers).
             models.Index(fields=["scope"], name="fact_scope"),
+            models.Index(
+                fields=["scope"],
+                condition=models.Q(index_pending=True),
+                name="fact_scope_index_pending",
+            ),  # fmt: skip
         ]
         constraints = [
             models.CheckConstraint(

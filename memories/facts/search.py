@@ -110,6 +110,7 @@ FACTS = Collection(
     # w, tuned on LoCoMo facts (BENCHMARKS.md, "The engine's keyword leg is BM25 now").
     vector_weight=0.5,
     copies="memories_fact_half",  # (migration 0008)
+    pending="index_pending",  # an import's facts, ranked exactly until indexed (0017)
     # Past 2,000 facts a scope walks the HNSW index if it also holds 5% of the table or
     # more than 20,000 facts (a walk filtered to a rare scope visits many nodes of other
     # scopes: 10,000 facts among 1M are ranked faster exactly).

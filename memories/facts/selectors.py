@@ -326,3 +326,7 @@ def facts_count() -> int:
 
 def scopes_count() -> int:
     return Scope.objects.count()
+
+
+def facts_index_pending_count() -> int:
+    return Fact.objects.filter(index_pending=True).count()

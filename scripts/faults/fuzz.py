@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis
+import schemathesis
 from hypothesis import HealthCheck, Phase
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import Failure, FailureGroup
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi import checks as openapi_checks
+
+# The import endpoint takes JSON Lines (POST /api/v1/import): sent as text is.
+schemathesis.serializer.alias("application/x-ndjson", "text/plain")
 
 CHECKS = [
     not_a_server_error,

@@ -24,6 +24,7 @@ def test_schedules_are_registered_once_by_name_and_follow_their_declaration():
     names = {spec.name for spec in declared_schedules()}
     assert names == {
         "index-pending-chunks",
+        "index-pending-facts",
         "ingest-jobs-sweep",
         "node-memory-cleanup",
         "memory-base-jobs-sweep",

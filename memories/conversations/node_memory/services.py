@@ -223,3 +223,32 @@ def _remove_empty_dirs(storage: Storage, directory: str) -> None:
             os.rmdir(storage.path(path))
         except OSError:
             return  # not empty (or gone): a writer may have just created it
+
+
+# --- export and import --------------------------------------------------------------
+def node_memory_documents(*, flow: Flow) -> Iterator[dict[str, Any]]:
+    """Every node memory document of the flow (its conversations' nodes), as stored."""
+    storage = _storage()
+    conversations, _ = _listdir(storage, f"{ROOT}/{flow.pk}")
+    for conversation in sorted(conversations):
+        _, files = _listdir(storage, f"{ROOT}/{flow.pk}/{conversation}")
+        nodes = sorted({name.removesuffix(".gz").removesuffix(".json") for name in files})
+        for node in nodes:
+            doc = _read_raw(storage, f"{ROOT}/{flow.pk}/{conversation}/{node}.json") or _read_raw(
+                storage, f"{ROOT}/{flow.pk}/{conversation}/{node}.json.gz"
+            )
+            if doc is not None and doc.get("owner_id") == flow.owner_id:
+                yield doc
+
+
+def node_memory_document_restore(*, flow: Flow, doc: dict[str, Any]) -> bool:
+    """Write an exported node memory document into ``flow`` (its owner and flow named
+    anew) unless the node already has one; whether it wrote."""
+    key = node_key(flow=flow, session_id=doc["session_id"], node_id=doc["node_id"])
+    storage = _storage()
+    with transaction.atomic():
+        _lock(key.path)
+        if _load(storage, key) is not None:
+            return False
+        _write(storage, key, {**doc, "owner_id": flow.owner_id, "flow_id": str(flow.pk)})
+    return True

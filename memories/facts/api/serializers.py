@@ -451,14 +451,3 @@ class FactHistoryOutputSerializer(serializers.Serializer):
 
     versions = VersionSerializer(many=True)
     results = HistorySerializer(many=True)
-
-
-class ImportReportSerializer(serializers.Serializer):
-    """Schema only: what an import wrote (new rows: a second import of the same file
-    writes none), the texts it embedded again, and the lines read."""
-
-    scopes = serializers.IntegerField()
-    facts = serializers.IntegerField()
-    versions = serializers.IntegerField()
-    embedded = serializers.IntegerField()
-    lines = serializers.IntegerField()

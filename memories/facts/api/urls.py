@@ -24,8 +24,6 @@ urlpatterns = [
         name="user-memory-history",
     ),
     path("global-memories", views.GlobalMemoriesView.as_view(), name="global-memories"),
-    path("export", views.ExportView.as_view(), name="memory-export"),
-    path("import", views.ImportView.as_view(), name="memory-import"),
     path(
         "global-memories/<uuid:memory_id>",
         views.GlobalMemoryDetailView.as_view(),

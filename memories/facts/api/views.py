@@ -5,13 +5,10 @@ owner's global scope."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
-from django.http import StreamingHttpResponse
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -20,7 +17,6 @@ from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
 from core.api.schema import ERROR, paginated
-from core.errors import InvalidInput
 from core.validation import validate_end_user_id
 from memories.facts.api.serializers import (
     AS_OF_HELP,
@@ -30,7 +26,6 @@ from memories.facts.api.serializers import (
     FactUpdateSerializer,
     GlobalMemoryInSerializer,
     HistorySerializer,
-    ImportReportSerializer,
     MemoryHitSerializer,
     MemoryOutputSerializer,
     MemorySearchOutputSerializer,
@@ -38,7 +33,6 @@ from memories.facts.api.serializers import (
     VersionSerializer,
 )
 from memories.facts.models import Scope
-from memories.facts.portability import export_lines, import_lines
 from memories.facts.scopes import end_user_ensure, global_scope_ensure, global_scope_find
 from memories.facts.search import fact_filter, fact_search
 from memories.facts.selectors import (
@@ -286,57 +280,3 @@ class GlobalMemoryDetailView(APIView):
             raise FactNotFound("no such fact")
         fact_delete(owner=request.user, fact_id=memory_id, scope=scope)
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class ExportView(APIView):
-    @extend_schema(
-        summary="Export the caller's facts",
-        parameters=[OpenApiParameter("vectors", bool, description="Include the vectors (true).")],
-        responses={(200, "application/x-ndjson"): OpenApiTypes.STR},
-        description="JSON Lines, streamed: a header, then the caller's scopes, current facts "
-        "and every earlier version (docs/history-and-export.md).",
-    )
-    def get(self, request: Request) -> StreamingHttpResponse:
-        vectors = request.query_params.get("vectors", "true").lower() not in ("false", "0")
-        lines = (line + "\n" for line in export_lines(owner=request.user, vectors=vectors))
-        response = StreamingHttpResponse(lines, content_type="application/x-ndjson")
-        response["Content-Disposition"] = 'attachment; filename="memory-export.jsonl"'
-        return response
-
-
-class ImportView(APIView):
-    parser_classes: list[Any] = []  # the body is read as it is (JSON Lines)
-
-    @extend_schema(
-        summary="Import an export into the caller's memory",
-        request={"application/x-ndjson": OpenApiTypes.STR},
-        parameters=[
-            OpenApiParameter(
-                "scope_map",
-                str,
-                description='A JSON object renaming scopes, e.g. {"user/alice": "user/ann"}.',
-            )
-        ],  # fmt: skip
-        responses={200: ImportReportSerializer, 400: ERROR},
-        description="Idempotent (the same file twice writes nothing new) and all or nothing "
-        "(a bad line is a 400 naming its line; nothing is written).",
-    )
-    def post(self, request: Request) -> Response:
-        raw_map = request.query_params.get("scope_map")
-        try:
-            scope_map = json.loads(raw_map) if raw_map else {}
-        except ValueError:
-            scope_map = None
-        if not isinstance(scope_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in scope_map.items()
-        ):
-            raise InvalidInput("scope_map is not a JSON object of strings",
-                               details={"scope_map": raw_map})  # fmt: skip
-        try:
-            text = request.body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidInput(
-                "the body is not UTF-8 text", details={"body": "not UTF-8"}
-            ) from None
-        report = import_lines(owner=request.user, lines=text.splitlines(), scope_map=scope_map)
-        return Response(report.as_dict())

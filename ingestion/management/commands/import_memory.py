@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ServiceError
-from memories.facts.portability import import_lines
+from ingestion.portability import import_lines
 
 
 class Command(BaseCommand):

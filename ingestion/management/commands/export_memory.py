@@ -7,13 +7,14 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from memories.facts.portability import export_lines
+from ingestion.portability import export_lines
 
 
 class Command(BaseCommand):
     help = (
-        "Export an owner's facts (scopes, current facts, every earlier version, global "
-        "memories) as JSON Lines (docs/history-and-export.md), to a file or stdout."
+        "Export everything an owner keeps (knowledge bases, flows and conversations, memory "
+        "bases, memory stores, facts with their history, journals) as JSON Lines "
+        "(docs/history-and-export.md), to a file or stdout."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

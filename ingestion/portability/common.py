@@ -1,0 +1,129 @@
+"""What every family of an export shares: the format's name and version, the import's
+error (a bad line, named by its number), times, vectors and the id map."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from core.errors import InvalidInput
+
+FORMAT = "memory-export"
+VERSION = 1
+
+
+class InvalidImport(InvalidInput):
+    code = "invalid_import"
+
+
+def bad(line: int, why: str) -> InvalidImport:
+    return InvalidImport(f"line {line}: {why}", details={"line": line, "error": why})
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def vector(value: Any) -> list[float] | None:
+    return None if value is None else [float(x) for x in value]
+
+
+class RawJSON(str):
+    """JSON text written into a line as it is: a vector as PostgreSQL prints it
+    (``[0.1,-0.2,...]``, each float4 in its shortest form), read with ``VECTOR_TEXT``
+    instead of parsed into Python floats and printed again (most of an export's time)."""
+
+
+def vector_text() -> Any:
+    """The ``embedding`` column as its text, for ``RawJSON``."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+
+    return Cast("embedding", output_field=TextField())
+
+
+def dumps(line: dict[str, Any]) -> str:
+    """A line as JSON, its ``RawJSON`` values written as they are."""
+    raw = {k: v for k, v in line.items() if isinstance(v, RawJSON)}
+    if not raw:
+        return json.dumps(line)
+    text = json.dumps({k: v for k, v in line.items() if k not in raw})
+    extra = "".join(f", {json.dumps(k)}: {v}" for k, v in raw.items())
+    return text[:-1] + extra + "}" if text != "{}" else "{" + extra[2:] + "}"
+
+
+def literal(values: list[float]) -> str:
+    """A vector as pgvector's text (a float's repr reads back as the same float)."""
+    return "[" + ",".join(repr(float(x)) for x in values) + "]"
+
+
+def when(value: Any, line: int, name: str, required: bool = False) -> datetime | None:
+    """An ISO 8601 time with its zone; None for null unless ``required``."""
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise bad(line, f"{name} is not a time")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise bad(line, f"{name} is not an ISO 8601 time") from None
+    if parsed.tzinfo is None:
+        raise bad(line, f"{name} has no time zone")
+    return parsed
+
+
+def text(obj: dict[str, Any], name: str, line: int, *, blank: bool = True, limit: int = 0) -> str:
+    value = obj.get(name, "")
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise bad(line, f"{name} is not a string")
+    if not blank and not value.strip():
+        raise bad(line, f"{name} is missing")
+    if limit and len(value) > limit:
+        raise bad(line, f"{name} is longer than {limit} characters")
+    return value
+
+
+def number(obj: dict[str, Any], name: str, line: int, default: Any = None) -> Any:
+    value = obj.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad(line, f"{name} is not a number")
+    return value
+
+
+def old_id(value: Any, line: int, name: str = "id") -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool) or str(value) == "":
+        raise bad(line, f"{name} is missing")
+    return str(value)
+
+
+def embedding(obj: dict[str, Any], line: int) -> list[float] | None:
+    value = obj.get("embedding")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in value
+    ):
+        raise bad(line, "embedding is not a list of numbers")
+    return [float(x) for x in value]
+
+
+@dataclass
+class Ids:
+    """The importing owner's ids for the file's: derived (``uuid5`` of the owner and the
+    file's id), so the same file imported twice names the same objects, and another
+    owner gets ids of its own."""
+
+    owner_id: int
+    known: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+    def new(self, kind: str, old: str) -> uuid.UUID:
+        space = uuid.uuid5(uuid.NAMESPACE_URL, f"memory-import:{self.owner_id}:{kind}")
+        return uuid.uuid5(space, str(old))
+
+    def maybe(self, kind: str, old: str | None) -> uuid.UUID | None:
+        return None if old is None else self.new(kind, old)

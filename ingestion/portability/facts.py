@@ -1,0 +1,329 @@
+"""The facts family: an owner's scopes, their current facts and every closed version
+(``FactVersion``), global memories included (the facts of the global scope ``[]``).
+
+Lines: ``scope`` (``path``, ``external_id``), ``fact`` (a current fact, the ``scopes``
+that hold it, its times) and ``version`` (a closed version in its ``scope``, with
+``recorded_to``, ``action``, ``reason``, ``closed_by``, ``successor``, ``superseded``).
+``scope_map`` renames scopes on the way in (``{"user/alice": "user/ann"}``: an end
+user's id is its scope's second segment); a map that makes two scopes one is refused.
+Imported facts are taken as the file has them: not deduplicated against the scope's
+facts, not trimmed to ``ENGINE_MAX_FACTS``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from django.db import connection
+from pgvector.psycopg import register_vector
+from psycopg.types.json import Jsonb
+
+from core.errors import InvalidInput
+from core.providers.tokens import count_tokens
+from ingestion.portability.common import (
+    Ids,
+    RawJSON,
+    bad,
+    embedding,
+    iso,
+    old_id,
+    vector_text,
+    when,
+)
+from memories.facts.models import CATEGORIES, Fact, FactLink, FactVersion, Scope
+from memories.facts.scopes import global_scope_ensure, scope_ensure, scope_parse
+from memories.facts.services import fact_line, normalize_fact
+from memories.facts.tasks import enqueue_fact_indexing
+
+Path = tuple[str, ...]
+
+
+def export(owner_id: int, vectors: bool) -> Iterator[dict[str, Any]]:
+    scopes = {s.pk: s for s in Scope.objects.filter(owner_id=owner_id).order_by("path")}
+    for scope in scopes.values():
+        yield {"type": "scope", "path": list(scope.path), "external_id": scope.external_id}
+    links: dict[uuid.UUID, list[list[str]]] = {}
+    pairs = FactLink.objects.filter(scope__owner_id=owner_id).values_list("scope_id", "fact_id")
+    for scope_id, fact_id in pairs:
+        links.setdefault(fact_id, []).append(list(scopes[scope_id].path))
+    facts = Fact.objects.filter(owner_id=owner_id).order_by("created_at", "content", "id")
+    facts = (
+        facts.defer("embedding").annotate(vector=vector_text())
+        if vectors
+        else facts.defer("embedding")
+    )
+    for fact in facts.iterator(chunk_size=2000):
+        yield {
+            "type": "fact", "id": str(fact.pk), "scopes": sorted(links.get(fact.pk, [])),
+            **_fields(fact, vectors), "recorded_from": iso(fact.recorded_from),
+        }  # fmt: skip
+    versions = FactVersion.objects.filter(owner_id=owner_id).order_by(
+        "recorded_to", "recorded_from", "content", "id"
+    )
+    versions = versions.defer("embedding")
+    for v in (versions.annotate(vector=vector_text()) if vectors else versions).iterator(
+        chunk_size=2000
+    ):
+        yield {
+            "type": "version", "id": str(v.pk), "fact_id": str(v.fact_id),
+            "scope": list(scopes[v.scope_id].path), **_fields(v, vectors),
+            "recorded_from": iso(v.recorded_from), "recorded_to": iso(v.recorded_to),
+            "action": v.action, "reason": v.reason, "closed_by": v.source,
+            "successor": str(v.successor_id) if v.successor_id else None,
+            "superseded": v.superseded,
+        }  # fmt: skip
+
+
+def _fields(row: Fact | FactVersion, vectors: bool) -> dict[str, Any]:
+    out = {
+        "content": row.content, "category": row.category, "confidence": row.confidence,
+        "source": {"kind": row.source_kind, "ref": row.source_ref}, "metadata": row.metadata,
+        "observed_at": iso(row.observed_at), "valid_from": iso(row.valid_from),
+        "valid_to": iso(row.valid_to), "created_at": iso(row.created_at),
+        "embedding_model": row.embedding_model,
+    }  # fmt: skip
+    if vectors:
+        out["embedding"] = RawJSON(row.vector)  # type: ignore[union-attr]  # (annotated)
+    return out
+
+
+# --- Import -----------------------------------------------------------------------------
+
+
+def scope_map(raw: Mapping[str, str] | None) -> dict[Path, Path]:
+    """``{"user/alice": "user/ann"}`` as paths; two scopes mapped to one is refused."""
+    mapping = {tuple(k.split("/")): tuple(v.split("/")) for k, v in (raw or {}).items()}
+    targets = list(mapping.values())
+    if len(set(targets)) != len(targets):
+        raise InvalidInput("the scope map sends two scopes to one", details={"scope_map": raw})
+    for target in targets:
+        try:
+            scope_parse(list(target))
+        except InvalidInput as exc:
+            raise InvalidInput(f"scope_map: {exc}", details={"scope_map": raw}) from None
+    return mapping
+
+
+@dataclass
+class Facts:
+    """The facts family of one import: ``parse`` each line, then ``write``."""
+
+    mapping: dict[Path, Path]
+    scopes: dict[Path, str | None] = field(default_factory=dict)
+    facts: list[dict[str, Any]] = field(default_factory=list)
+    versions: list[dict[str, Any]] = field(default_factory=list)
+    types = ("scope", "fact", "version")
+
+    def path(self, value: Any, line: int) -> Path:
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise bad(line, "a scope is a list of strings")
+        path = self.mapping.get(tuple(value), tuple(value))
+        if path:
+            try:
+                scope_parse(list(path))
+            except InvalidInput as exc:
+                raise bad(line, f"scope {list(path)}: {exc}") from None
+        self.scopes.setdefault(path, path[1] if len(path) == 2 and path[0] == "user" else None)
+        return path
+
+    def parse(self, obj: dict[str, Any], line: int) -> None:
+        kind = obj["type"]
+        if kind == "scope":
+            self.path(obj.get("path"), line)
+            return
+        row = _common(obj, line)
+        row["id"] = old_id(obj.get("id"), line)
+        if kind == "fact":
+            row["scopes"] = [self.path(p, line) for p in obj.get("scopes") or []]
+            if not row["scopes"]:
+                raise bad(line, "a fact needs the scopes that hold it")
+            self.facts.append(row)
+            return
+        row["fact_id"] = old_id(obj.get("fact_id"), line, "fact_id")
+        row["successor"] = str(obj["successor"]) if obj.get("successor") else None
+        row["scope"] = self.path(obj.get("scope"), line)
+        row["recorded_to"] = when(obj.get("recorded_to"), line, "recorded_to", True)
+        row["action"] = str(obj.get("action") or "update")[:16]
+        row["reason"] = str(obj.get("reason") or "")
+        closed_by = obj.get("closed_by")
+        row["closed_by"] = closed_by if isinstance(closed_by, dict) else {}
+        row["superseded"] = bool(obj.get("superseded"))
+        self.versions.append(row)
+
+    def embedded(self) -> list[dict[str, Any]]:
+        """The rows carrying a text and a vector (``embed`` fills the missing ones)."""
+        return [*self.facts, *self.versions]
+
+    def write(self, owner_id: int, ids: Ids, now: Any) -> dict[str, int]:
+        counts = {"scopes": 0, "facts": 0, "versions": 0}
+        rows: dict[Path, Scope] = {}
+        for path in self.scopes:
+            before = Scope.objects.filter(owner_id=owner_id, path=list(path)).exists()
+            rows[path] = (
+                scope_ensure(owner=owner_id, scope=path) if path
+                else global_scope_ensure(owner=owner_id)
+            )  # fmt: skip
+            counts["scopes"] += 0 if before else 1
+        counts["facts"] = _copy_facts(self.facts, owner_id, ids, rows, now)
+        counts["versions"] = _copy_versions(self.versions, owner_id, ids, rows)
+        if counts["facts"]:
+            enqueue_fact_indexing(on_commit=True)
+        return counts
+
+
+def _common(obj: dict[str, Any], line: int) -> dict[str, Any]:
+    content = obj.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise bad(line, "content is missing")
+    if obj.get("category") not in CATEGORIES:
+        raise bad(line, f"category {obj.get('category')!r} is not a category")
+    confidence = obj.get("confidence")
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, int | float)
+        or not (0 <= confidence <= 1)
+    ):
+        raise bad(line, "confidence is not a number from 0 to 1")
+    source = obj.get("source") or {}
+    if not isinstance(source, dict):
+        raise bad(line, "source is not an object")
+    metadata = obj.get("metadata")
+    return {
+        "line": line, "content": content, "category": obj["category"],
+        "confidence": float(confidence), "source_kind": str(source.get("kind") or "import")[:16],
+        "source_ref": str(source.get("ref") or "")[:255],
+        "metadata": metadata if isinstance(metadata, dict) else {},
+        "observed_at": when(obj.get("observed_at"), line, "observed_at", required=True),
+        "valid_from": when(obj.get("valid_from"), line, "valid_from"),
+        "valid_to": when(obj.get("valid_to"), line, "valid_to"),
+        "created_at": when(obj.get("created_at"), line, "created_at", required=True),
+        "recorded_from": when(obj.get("recorded_from"), line, "recorded_from", required=True),
+        "embedding": embedding(obj, line), "embedding_model": obj.get("embedding_model") or "",
+    }  # fmt: skip
+
+
+# Facts and versions are written in bulk: binary COPY into a temporary table, then one
+# INSERT ... SELECT each (ON CONFLICT: a second import writes nothing). Imported facts
+# are ``index_pending``: the background indexer puts them in the HNSW indexes.
+_FACT_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS import_fact (id uuid, content text, normalized text, "
+    "scope_id bigint, links text, category text, confidence float8, source_kind text, "
+    "source_ref text, embedding vector, embedding_model text, dimensions int4, metadata jsonb, "
+    "tokens int4, observed_at timestamptz, valid_from timestamptz, valid_to timestamptz, "
+    "recorded_at timestamptz, created_at timestamptz) ON COMMIT DROP"
+)
+_FACT_TYPES = ["uuid", "text", "text", "int8", "text", "text", "float8", "text", "text",
+               "vector", "text", "int4", "jsonb", "int4", "timestamptz", "timestamptz",
+               "timestamptz", "timestamptz", "timestamptz"]  # fmt: skip
+_FACT_COLUMNS = (
+    "id, content, normalized, scope_id, links, category, confidence, source_kind, "
+    "source_ref, embedding, embedding_model, dimensions, metadata, tokens, observed_at, "
+    "valid_from, valid_to, recorded_at, created_at"
+)
+_FACT_MOVE = (
+    "WITH f AS (INSERT INTO memories_fact (id, owner_id, content, normalized, scope_id, "
+    "category, confidence, source_kind, source_ref, embedding, embedding_model, dimensions, "
+    "metadata, tokens, observed_at, valid_from, valid_to, recorded_at, created_at, updated_at, "
+    "index_pending) SELECT id, %s, content, normalized, scope_id, category, confidence, "
+    "source_kind, source_ref, embedding, embedding_model, dimensions, metadata, tokens, "
+    "observed_at, valid_from, valid_to, recorded_at, created_at, %s, true FROM import_fact "
+    "ON CONFLICT (id) DO NOTHING RETURNING id), "
+    "l AS (INSERT INTO memories_factlink (scope_id, fact_id, shared, created_at) "
+    "SELECT s::bigint, i.id, cardinality(string_to_array(i.links, ',')) > 1, %s "
+    "FROM f JOIN import_fact i ON i.id = f.id, unnest(string_to_array(i.links, ',')) s "
+    "ON CONFLICT DO NOTHING) SELECT count(*) FROM f"
+)
+
+
+@dataclass(frozen=True)
+class _Line:
+    category: str
+    confidence: float
+    content: str
+
+
+def _raw() -> Any:
+    connection.ensure_connection()
+    raw = connection.connection
+    register_vector(raw)
+    return raw
+
+
+def _copy_facts(facts: list[dict[str, Any]], owner_id: int, ids: Ids,
+                scopes: dict[Path, Scope], now: Any) -> int:  # fmt: skip
+    if not facts:
+        return 0
+    with _raw().cursor() as cur:
+        cur.execute(_FACT_STAGE)
+        cur.execute("TRUNCATE import_fact")
+        with cur.copy(f"COPY import_fact ({_FACT_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(_FACT_TYPES)
+            for row in facts:
+                held = [scopes[p].pk for p in dict.fromkeys(row["scopes"])]
+                line = fact_line(_Line(row["category"], row["confidence"], row["content"]))
+                copy.write_row((
+                    ids.new("fact", row["id"]), row["content"], normalize_fact(row["content"]),
+                    held[0] if len(held) == 1 else None, ",".join(map(str, held)),
+                    row["category"], row["confidence"], row["source_kind"], row["source_ref"],
+                    np.asarray(row["embedding"], dtype=np.float32), row["embedding_model"],
+                    len(row["embedding"]), Jsonb(row["metadata"]), count_tokens(line),
+                    row["observed_at"], row["valid_from"], row["valid_to"],
+                    row["recorded_from"], row["created_at"],
+                ))  # fmt: skip
+        cur.execute(_FACT_MOVE, [owner_id, now, now])
+        return int(cur.fetchone()[0])
+
+
+_VERSION_STAGE = (
+    "CREATE TEMP TABLE IF NOT EXISTS import_version (id uuid, fact_id uuid, scope_id bigint, "
+    "content text, category text, confidence float8, source_kind text, source_ref text, "
+    "metadata jsonb, embedding vector, embedding_model text, dimensions int4, "
+    "observed_at timestamptz, valid_from timestamptz, valid_to timestamptz, "
+    "recorded_from timestamptz, recorded_to timestamptz, created_at timestamptz, "
+    "successor_id uuid, action text, reason text, source jsonb, superseded bool) "
+    "ON COMMIT DROP"
+)
+_VERSION_TYPES = ["uuid", "uuid", "int8", "text", "text", "float8", "text", "text", "jsonb",
+                  "vector", "text", "int4", "timestamptz", "timestamptz", "timestamptz",
+                  "timestamptz", "timestamptz", "timestamptz", "uuid", "text", "text", "jsonb",
+                  "bool"]  # fmt: skip
+_VERSION_COLUMNS = (
+    "id, fact_id, scope_id, content, category, confidence, source_kind, source_ref, metadata, "
+    "embedding, embedding_model, dimensions, observed_at, valid_from, valid_to, recorded_from, "
+    "recorded_to, created_at, successor_id, action, reason, source, superseded"
+)
+_VERSION_MOVE = (
+    f"WITH v AS (INSERT INTO memories_factversion ({_VERSION_COLUMNS}, owner_id, updated_at) "
+    f"SELECT {_VERSION_COLUMNS}, %s, recorded_to FROM import_version "
+    "ON CONFLICT (id) DO NOTHING RETURNING id) SELECT count(*) FROM v"
+)
+
+
+def _copy_versions(versions: list[dict[str, Any]], owner_id: int, ids: Ids,
+                   scopes: dict[Path, Scope]) -> int:  # fmt: skip
+    if not versions:
+        return 0
+    with _raw().cursor() as cur:
+        cur.execute(_VERSION_STAGE)
+        cur.execute("TRUNCATE import_version")
+        with cur.copy(
+            f"COPY import_version ({_VERSION_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+        ) as copy:
+            copy.set_types(_VERSION_TYPES)
+            for row in versions:
+                copy.write_row((
+                    ids.new("version", row["id"]), ids.new("fact", row["fact_id"]),
+                    scopes[row["scope"]].pk, row["content"], row["category"], row["confidence"],
+                    row["source_kind"], row["source_ref"], Jsonb(row["metadata"]),
+                    np.asarray(row["embedding"], dtype=np.float32), row["embedding_model"],
+                    len(row["embedding"]), row["observed_at"], row["valid_from"],
+                    row["valid_to"], min(row["recorded_from"], row["recorded_to"]),
+                    row["recorded_to"], row["created_at"], ids.maybe("fact", row["successor"]),
+                    row["action"], row["reason"], Jsonb(row["closed_by"]), row["superseded"],
+                ))  # fmt: skip
+        cur.execute(_VERSION_MOVE, [owner_id])
+        return int(cur.fetchone()[0])

@@ -1,0 +1,336 @@
+"""Export and import of everything an owner keeps (issue 27): a documented, versioned JSON
+Lines file; an import is idempotent, all or nothing, re-embeds when the file has no
+vectors, and can rename scopes. The round trip exports a fully populated owner, imports
+it into an empty one, exports again and compares the two files, ids aside."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import jsonschema
+import pytest
+from django.core.management import call_command
+
+from core.providers.embeddings import get_embedder
+from ingestion.capture import messages_record
+from knowledge.models import Chunk, KnowledgeBase
+from knowledge.services.bases import knowledge_base_create
+from knowledge.services.errors import DocumentIn
+from knowledge.services.ingest import knowledge_base_ingest
+from memories.bases.models import MemoryBase, MemoryBaseSession
+from memories.bases.services import memory_base_create, memory_base_session_ensure
+from memories.conversations.models import ConversationSummary, Flow, Message
+from memories.conversations.node_memory.services import (
+    node_memory_append_turn,
+    node_memory_documents,
+)
+from memories.conversations.services import MessageIn, flow_create
+from memories.engine import files
+from memories.facts.models import Fact, FactLink, FactVersion, Scope
+from memories.facts.scopes import global_scope_ensure
+from memories.facts.services import FactIn, fact_add, fact_delete, fact_update
+from memories.stores.config import memory_config_apply
+from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
+from memories.stores.runtime import node_memory_write
+from tests.memories.engine.scripted import engine_storage  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MARCH = datetime(2026, 3, 1, tzinfo=UTC)
+SCHEMA = json.loads(
+    (Path(__file__).resolve().parents[2] / "docs" / "export-format.json").read_text()
+)
+
+
+@pytest.fixture(autouse=True)
+def _files(engine_storage):  # noqa: F811 (journals and MEMORY.md in a temporary directory)
+    return engine_storage
+
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _facts(owner) -> None:
+    def add(scope, text, **fields):
+        [d] = fact_add(owner=owner, scope=scope, facts=[FactIn(text, **fields)],
+                       dedup_threshold=1.01)  # fmt: skip
+        return d.fact_id
+
+    lisbon = add(["user", "alice"], "User lives in Lisbon", source_kind="message")
+    add(["user", "alice"], "User lives in Porto", source_kind="message", replaces=lisbon,
+        valid_from=MARCH)  # fmt: skip
+    tea = add(["user", "alice"], "User drinks black tea", category="preference")
+    fact_update(owner=owner, fact_id=tea, content="User drinks green tea", reason="corrected")
+    gone = add(["user", "alice"], "User has a cat")
+    fact_delete(owner=owner, fact_id=gone, reason="wrong")
+    add(["org", "acme"], "Acme ships on Fridays", metadata={"team": "ops"})
+    fact_add(owner=owner, scope=global_scope_ensure(owner=owner),
+             facts=[FactIn("Support answers within a day")])  # fmt: skip
+
+
+def _populate(owner) -> None:
+    """Every kind of memory the owner can keep."""
+    _facts(owner)
+    kb = knowledge_base_create(owner=owner, name="handbook", chunk_size=200, chunk_overlap=20)
+    knowledge_base_ingest(knowledge_base=kb, documents=[
+        DocumentIn(text="The API rate limit is 100 requests per minute. " * 6, source_key="limits"),
+        DocumentIn(text="Support is open on weekdays.", source_key="support",
+                   metadata={"lang": "en"}),
+    ])  # fmt: skip
+    flow = flow_create(owner=owner, name="support-bot")
+    base = memory_base_create(owner=owner, name="support-memory", flow=flow, threshold=50)
+    messages_record(flow=flow, session_id="s1", run_id="r1", messages=[
+        MessageIn(role="user", text="How do I reset my password?"),
+        MessageIn(role="assistant", text="Use the reset link on the sign-in page."),
+    ])  # fmt: skip
+    knowledge_base_ingest(knowledge_base=base.knowledge_base, documents=[
+        DocumentIn(text="Use the reset link on the sign-in page.", source_key="s1:m2",
+                   session_id="s1", flow_id=str(flow.pk)),
+    ])  # fmt: skip
+    session = memory_base_session_ensure(memory_base=base, session_id="s1")
+    session.total_processed = 2
+    last = Message.objects.filter(flow=flow).order_by("id").last()
+    session.cursor_message_id, session.cursor_created_at = last.pk, last.created_at
+    session.save()
+    node_memory_append_turn(flow=flow, session_id="s1", node_id="agent", message_id="t1",
+                            user_content="hi", assistant_content="hello there")  # fmt: skip
+    ConversationSummary.objects.create(owner=owner, key=f"flow:{flow.pk}:s1",
+                                       text="They asked about passwords.", token_count=5)  # fmt: skip
+    memory_config_apply(owner=owner, document={
+        "memory": [{"name": "notes", "type": "simple", "config": {}}],
+        "nodes": [{"id": "agent", "flow": flow.name, "memories": [{"name": "notes"}]}],
+    })  # fmt: skip
+    node_memory_write(flow=flow, node_id="agent", input="What plan am I on?",
+                      output="You are on the team plan since May.", session_id="s1")  # fmt: skip
+    at = datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
+    files.journal_append(owner_id=owner.pk, scope=["user", "alice"], at=at, source="api",
+                         messages=[{"role": "user", "content": "I moved to Porto"}])  # fmt: skip
+    files.write_text(files.memory_md_path(owner.pk, ["user", "alice"]), "# Memory\n- Porto\n")
+
+
+def _export(client, **params) -> list[dict]:
+    response = client.get("/api/v1/export", params)
+    assert response.status_code == 200 and response["Content-Type"] == "application/x-ndjson"
+    return [json.loads(line) for line in b"".join(response.streaming_content).splitlines()]
+
+
+def _import(client, lines, **params):
+    body = "\n".join(json.dumps(line) if isinstance(line, dict) else line for line in lines)
+    query = "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
+    return client.post("/api/v1/import" + query, body, content_type="application/x-ndjson")
+
+
+def _labels(lines: list[dict]) -> dict[str, str]:
+    """Each id of an export named by what it is (its object's name or content)."""
+    names: dict[str, str] = {}
+    for line in lines[1:]:
+        kind = line["type"]
+        if kind in ("flow", "knowledge_base", "memory_store", "memory_base"):
+            names[line["id"]] = f"{kind}:{line['name']}"
+        elif kind == "message":
+            names[line["id"]] = f"message:{line['session_id']}:{line['created_at']}:{line['text']}"
+        elif kind in ("fact", "version"):
+            names[line["id"]] = f"{kind}:{line['content']}:{line['recorded_from']}"
+            if kind == "fact":
+                names.setdefault(line["id"], names[line["id"]])
+    for line in lines[1:]:  # a version's fact: the fact it was
+        if line["type"] == "version":
+            names.setdefault(line["fact_id"], f"fact of:{line['content']}:{line['recorded_from']}")
+    return names
+
+
+def _named(value, names):
+    if isinstance(value, dict):
+        return {k: _named(v, names) for k, v in value.items() if k != "owner_id"}
+    if isinstance(value, list):
+        return [_named(v, names) for v in value]
+    if isinstance(value, str):
+        if value in names:
+            return names[value]
+        return UUID.sub(lambda m: names.get(m.group(0), m.group(0)), value)
+    return value
+
+
+def _comparable(lines: list[dict]) -> list[str]:
+    names = _labels(lines)
+    out = [json.dumps(_named(line, names), sort_keys=True) for line in lines[1:]]
+    return sorted(out)
+
+
+def test_round_trip_of_a_fully_populated_owner(alice, bob, alice_client, bob_client):
+    _populate(alice)
+    first = _export(alice_client)
+    for line in first:  # every line as the documented schema says
+        jsonschema.validate(line, SCHEMA)
+    assert first[0]["format"] == "memory-export" and first[0]["version"] == 1
+    kinds = {}
+    for line in first[1:]:
+        kinds[line["type"]] = kinds.get(line["type"], 0) + 1
+    assert kinds == {
+        "knowledge_base": 2, "chunk": 4, "flow": 1, "message": 2, "node_memory": 1,
+        "summary": 1, "memory_base": 1, "memory_base_session": 1, "memory_store": 1,
+        "store_item": 1, "attachment": 1, "scope": 3, "fact": 4, "version": 3, "journal": 1,
+        "memory_md": 1,
+    }  # fmt: skip
+    imported = _import(bob_client, first)
+    assert imported.status_code == 200, imported.content
+    assert imported.json() == {
+        "flows": 1, "messages": 2, "summaries": 1, "node_memories": 1, "knowledge_bases": 1,
+        "memory_bases": 1, "stores": 1, "store_items": 1, "attachments": 1, "chunks": 4,
+        "scopes": 3, "facts": 4, "versions": 3, "files": 2, "embedded": 0,
+        "lines": len(first),
+    }  # fmt: skip
+    second = _export(bob_client)
+    assert _comparable(second) == _comparable(first)
+    # What was imported works: the lineage, the memory base's chunks, the node's store.
+    porto = Fact.objects.get(owner=bob, content="User lives in Porto")
+    versions = bob_client.get(f"/api/v1/engine/facts/{porto.pk}/history").json()["versions"]
+    assert [v["content"] for v in versions] == ["User lives in Lisbon", "User lives in Porto"]
+    base = MemoryBase.objects.get(owner=bob)
+    assert base.flow.owner == bob and base.knowledge_base.chunks.count() == 1
+    cursor = MemoryBaseSession.objects.get(memory_base=base).cursor_message_id
+    assert Message.objects.get(pk=cursor).text == "Use the reset link on the sign-in page."
+    found = bob_client.post(f"/api/v1/knowledge-bases/{KnowledgeBase.objects.get(owner=bob, name='handbook').pk}/search",
+                            {"query": "rate limit", "top_k": 1}, format="json").json()  # fmt: skip
+    assert "rate limit" in found["results"][0]["text"]
+    assert [d["messages"][-1]["content"] for d in node_memory_documents(flow=base.flow)] == [
+        "hello there"
+    ]
+    # Twice: nothing new.
+    again = _import(bob_client, first).json()
+    assert {k: v for k, v in again.items() if k != "lines"} == dict.fromkeys(
+        [k for k in again if k != "lines"], 0
+    )
+    assert (Fact.objects.filter(owner=bob).count(), Message.objects.filter(owner=bob).count(),
+            Chunk.objects.filter(knowledge_base__owner=bob).count(),
+            MemoryItem.objects.filter(store__owner=bob).count()) == (4, 2, 4, 1)  # fmt: skip
+
+
+def test_without_vectors_the_import_embeds_the_texts(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    lines = _export(alice_client, vectors="false")
+    assert not any("embedding" in line for line in lines[1:])
+    report = _import(bob_client, lines).json()
+    assert report["embedded"] == 7 and report["facts"] == 4
+    alice_vectors = {f.content: list(f.embedding) for f in Fact.objects.filter(owner=alice)}
+    for fact in Fact.objects.filter(owner=bob):
+        assert list(fact.embedding) == pytest.approx(alice_vectors[fact.content], abs=1e-6)
+
+
+def test_another_embedding_model_is_embedded_again(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    lines = _export(alice_client)
+    other = [lines[0], *({**line, "embedding_model": "another-model", "embedding": [0.5] * 8}
+                         if "embedding" in line else line for line in lines[1:])]  # fmt: skip
+    report = _import(bob_client, other).json()
+    assert report["embedded"] == 7
+    assert {len(f.embedding) for f in Fact.objects.filter(owner=bob)} == {get_embedder().dimensions}
+
+
+def test_scope_map_renames_an_end_user(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    lines = _export(alice_client)
+    report = _import(bob_client, lines, scope_map=json.dumps({"user/alice": "user/ann"}))
+    assert report.status_code == 200
+    ann = Scope.objects.get(owner=bob, path=["user", "ann"])
+    assert ann.external_id == "ann"
+    assert sorted(FactLink.objects.filter(scope=ann).values_list("fact__content", flat=True)) == [
+        "User drinks green tea", "User lives in Porto",
+    ]  # fmt: skip
+    assert not Scope.objects.filter(owner=bob, path=["user", "alice"]).exists()
+
+
+def _counts(owner) -> tuple[int, ...]:
+    return (
+        Scope.objects.filter(owner=owner).count(), Fact.objects.filter(owner=owner).count(),
+        FactVersion.objects.filter(owner=owner).count(), Flow.objects.filter(owner=owner).count(),
+        KnowledgeBase.objects.filter(owner=owner).count(),
+        MemoryStore.objects.filter(owner=owner).count(),
+        MemoryAttachment.objects.filter(store__owner=owner).count(),
+        ConversationSummary.objects.filter(owner=owner).count(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda lines: [{"format": "memory-export", "version": 2}, *lines[1:]], "line 1"),
+        (lambda lines: [*lines[:5], json.dumps(lines[5])[:40], *lines[6:]], "line 6"),
+        (lambda lines: [*lines[:-1], {**lines[-1], "type": "gossip"}], None),
+        (lambda lines: _first(lines, "fact", {"category": "gossip"}), "fact"),
+        (lambda lines: _first(lines, "fact", {"embedding": [0.1, 0.2]}), "fact"),
+        (lambda lines: _first(lines, "message", {"role": "wizard"}), "message"),
+        (lambda lines: _first(lines, "chunk", {"knowledge_base": "nope"}), "chunk"),
+        (
+            lambda lines: _first(lines, "memory_store", {"config": {"max_items": "many"}}),
+            "memory_store",
+        ),
+    ],
+)
+def test_a_bad_line_is_named_and_nothing_is_written(alice, bob, alice_client, bob_client,
+                                                    change, where):  # fmt: skip
+    _populate(alice)
+    lines = _export(alice_client)
+    changed = change(lines)
+    response = _import(bob_client, changed)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid_import"
+    number = error["details"]["line"]
+    if where is None:
+        assert number == len(lines)
+    elif where.startswith("line"):
+        assert error["message"].startswith(where)
+    else:
+        assert changed[number - 1]["type"] == where
+    assert _counts(bob) == (0,) * 8
+    assert not Message.objects.filter(owner=bob).exists()
+
+
+def _first(lines, kind, values):
+    out, done = [], False
+    for line in lines:
+        if not done and isinstance(line, dict) and line.get("type") == kind:
+            line, done = {**line, **values}, True
+        out.append(line)
+    return out
+
+
+def test_names_the_owner_already_uses_are_refused(alice, bob, alice_client, bob_client):
+    _populate(alice)
+    flow_create(owner=bob, name="support-bot")
+    before = _counts(bob)
+    response = _import(bob_client, _export(alice_client))
+    assert response.status_code == 400
+    assert "already exists" in response.json()["error"]["message"]
+    assert _counts(bob) == before
+
+
+def test_a_scope_map_that_merges_two_scopes_is_refused(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    lines = _export(alice_client)
+    merged = json.dumps({"user/alice": "team/x", "org/acme": "team/x"})
+    response = _import(bob_client, lines, scope_map=merged)
+    assert response.status_code == 400 and "scope_map" in response.json()["error"]["details"]
+    assert not Scope.objects.filter(owner=bob).exists()
+
+
+def test_the_commands_export_and_import(alice, bob, tmp_path, capsys):
+    _facts(alice)
+    path = tmp_path / "alice.jsonl"
+    call_command("export_memory", "alice", "--output", str(path))
+    assert len(path.read_text().splitlines()) == 11
+    call_command("import_memory", "bob", str(path), "--scope-map", "org/acme=org/globex")
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["facts"] == 4
+    assert Scope.objects.filter(owner=bob, path=["org", "globex"]).exists()
+    call_command("import_memory", "bob", str(path), "--scope-map", "org/acme=org/globex")
+    assert json.loads(capsys.readouterr().out.strip())["facts"] == 0
+
+
+def test_the_export_holds_only_the_callers_data(alice, bob, bob_client):
+    _populate(alice)
+    lines = _export(bob_client)
+    assert len(lines) == 1  # the header alone
