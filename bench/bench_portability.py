@@ -33,8 +33,8 @@ sys.argv += _args
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from ingestion.portability import export_lines, import_lines  # noqa: E402
 
+from ingestion.portability import export_lines, import_lines  # noqa: E402
 from knowledge.services import knowledge_index_pending  # noqa: E402
 from memories.facts.models import Fact, Scope  # noqa: E402
 

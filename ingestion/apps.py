@@ -16,3 +16,9 @@ class IngestionConfig(AppConfig):
         ),
         ScheduleSpec("engine-dreams", "ingestion.tasks.engine_dreams_daily", "D"),
     )
+
+    def ready(self) -> None:
+        from core.erasure import scope_erased
+        from ingestion.erasure import scope_erase_queued_turns
+
+        scope_erased.connect(scope_erase_queued_turns, dispatch_uid="queue-scope-erasure")

@@ -442,7 +442,14 @@ def memory_base_regenerate(
 
 def session_messages_delete(*, flow: Flow, session_id: str) -> int:
     """Delete a session's messages and purge that session's chunks from every
-    memory base of the flow (cancelling their jobs for the session first)."""
+    memory base of the flow (``session_chunks_delete``)."""
+    session_chunks_delete(flow=flow, session_id=session_id)
+    return session_messages_delete_rows(flow=flow, session_id=session_id)
+
+
+def session_chunks_delete(*, flow: Flow, session_id: str) -> None:
+    """Purge a session's chunks from every memory base of the flow (cancelling their
+    jobs for the session first) and forget the session there; its messages stay."""
     validate_session_id(session_id)
     for memory_base in MemoryBase.objects.filter(flow=flow).select_related("knowledge_base"):
         memory_base_cancel_jobs(memory_base=memory_base, session_id=session_id)
@@ -450,4 +457,3 @@ def session_messages_delete(*, flow: Flow, session_id: str) -> int:
             knowledge_base=memory_base.knowledge_base, session_id=session_id
         )
         memory_base.sessions.filter(session_id=session_id).delete()
-    return session_messages_delete_rows(flow=flow, session_id=session_id)

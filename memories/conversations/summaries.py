@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -290,6 +291,13 @@ def scope_summaries_delete(*, owner_id: int, scope: list[str]) -> int:
 # --- stored conversations -----------------------------------------------------------
 def conversation_key(flow: Flow, session_id: str) -> str:
     return f"flow:{flow.pk}:{session_id}"
+
+
+def sessions_summaries_delete(*, flow: Flow, session_ids: Sequence[str]) -> int:
+    """Delete the running summaries of these stored conversations of ``flow`` (erasure)."""
+    keys = [conversation_key(flow, session_id) for session_id in session_ids]
+    deleted, _ = ConversationSummary.objects.filter(owner_id=flow.owner_id, key__in=keys).delete()
+    return deleted
 
 
 def conversation_thread(

@@ -12,7 +12,15 @@ from django.utils.html import format_html, format_html_join
 
 from core.admin_confirm import confirm_first
 from core.metrics import counter_values
-from memories.facts.models import Fact, FactChange, FactLink, FactVersion, GlobalMemory, Scope
+from memories.facts.models import (
+    Fact,
+    FactChange,
+    FactLink,
+    FactVersion,
+    GlobalMemory,
+    Scope,
+    ScopeErasure,
+)
 from memories.facts.scopes import global_scope_ensure
 from memories.facts.selectors import links_count
 from memories.facts.services import FactIn, fact_add, fact_delete, scope_erase
@@ -107,7 +115,8 @@ class ScopeAdmin(admin.ModelAdmin):
         button="Yes, erase",
     )
     def erase(self, request: HttpRequest, queryset: QuerySet[Scope]) -> None:
-        removed = sum(scope_erase(scope=scope) for scope in list(queryset))
+        actor = f"admin:{request.user.get_username()}"
+        removed = sum(scope_erase(scope=scope, actor=actor) for scope in list(queryset))
         self.message_user(request, f"Erased; {removed} memory link(s) removed.")
 
 
@@ -154,8 +163,21 @@ class GlobalMemoryAdmin(admin.ModelAdmin):
             self.delete_model(request, fact)
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the service writes and nobody edits: listed and read, never changed."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(FactVersion)
-class FactVersionAdmin(admin.ModelAdmin):
+class FactVersionAdmin(ReadOnlyAdmin):
     """A fact's earlier versions (read only): what the service believed, when, and the
     change that closed each. Searching a fact's id lists its own closed versions and the
     ones it replaced."""
@@ -175,14 +197,16 @@ class FactVersionAdmin(admin.ModelAdmin):
         return " ".join(str(v) for v in (source.get("kind"), source.get("ref") or
                                          source.get("user")) if v)  # fmt: skip
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+@admin.register(ScopeErasure)
+class ScopeErasureAdmin(ReadOnlyAdmin):
+    """The content-free record of each erasure (read only): who asked, when, what kind
+    of scope, how many rows went."""
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    list_display = ["erased_at", "owner", "scope_kind", "actor", "counts"]
+    list_filter = ["scope_kind"]
+    list_select_related = ["owner"]
+    ordering = ["-erased_at"]
 
 
 @admin.register(FactChange)

@@ -37,8 +37,8 @@ from core.metrics import counter_add, counters_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.tokens import count_tokens
 from knowledge.retrieval import db
+from memories.conversations.erasure import sessions_erase
 from memories.conversations.selectors import flow_find, session_ids_with_sender
-from memories.conversations.services import sessions_delete_rows
 from memories.facts.models import (
     CATEGORIES,
     SOURCE_KINDS,
@@ -47,6 +47,7 @@ from memories.facts.models import (
     FactLink,
     FactVersion,
     Scope,
+    ScopeErasure,
 )
 from memories.facts.scopes import ScopePath, scope_ensure
 from memories.facts.search import fact_nearest
@@ -727,33 +728,43 @@ def _put_back(found: Fact, values: dict[str, Any], embedding: Sequence[float],
 # --- Erasure ----------------------------------------------------------------------------
 
 
-def scope_erase(*, scope: Scope) -> int:
+def scope_erase(*, scope: Scope, actor: str = "service") -> int:
     """Erasure: remove every link of the scope, the facts no other scope links, the
     audit trail, the facts' closed versions and the scope row, and what other rooms keep of the scope
     (``core.erasure.scope_erased``: the engine's pending updates, summaries, journal,
     MEMORY.md and dream diaries), and for an end user the chats the chat proxy recorded
-    for them (``CHAT_PROXY_FLOW``). Returns the number of facts the scope held."""
+    for them (``CHAT_PROXY_FLOW``), last: the receivers find the chats by their
+    messages. A content-free ``ScopeErasure`` record stays: ``actor`` (who asked), when,
+    the kind of scope and the counts. Returns the number of facts the scope held."""
     with transaction.atomic():
         _lock(scope)
         send_scope_erased(
             sender=Scope, owner_id=scope.owner_id, scope_id=scope.pk, scope=list(scope.path)
         )
-        _chats_erase(scope)
+        chats = _chats_erase(scope)
         fact_ids = list(FactLink.objects.filter(scope=scope).values_list("fact_id", flat=True))
         FactLink.objects.filter(scope=scope).delete()
         Fact.objects.filter(pk__in=fact_ids).exclude(
             pk__in=FactLink.objects.values("fact_id")
         ).delete()
-        FactChange.objects.filter(scope=scope).delete()
-        FactVersion.objects.filter(scope=scope).delete()
+        changes, _ = FactChange.objects.filter(scope=scope).delete()
+        versions, _ = FactVersion.objects.filter(scope=scope).delete()
+        kind = "global" if scope.is_global else "user" if scope.external_id else "scope"
+        counts = {"facts": len(fact_ids), "versions": versions, "changes": changes,
+                  "chats": chats}  # fmt: skip
+        ScopeErasure.objects.create(owner_id=scope.owner_id, actor=actor[:200],
+                                    scope_kind=kind, counts=counts)  # fmt: skip
         scope.delete()
     return len(fact_ids)
 
 
-def _chats_erase(scope: Scope) -> None:
+def _chats_erase(scope: Scope) -> int:
+    """The end user's chats through the proxy (their messages, running summaries and
+    node memory documents); how many."""
     flow = flow_find(owner_id=scope.owner_id, name=settings.CHAT_PROXY_FLOW)
     if flow is None or not scope.external_id:
-        return
+        return 0
     chats = session_ids_with_sender(flow=flow, sender=scope.external_id[:100])
     if chats:
-        sessions_delete_rows(flow=flow, session_ids=chats)
+        sessions_erase(flow=flow, session_ids=chats)
+    return len(chats)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -275,3 +276,12 @@ def memory_item_delete(*, store: MemoryStore, item_id: int) -> None:
     deleted, _ = MemoryItem.objects.filter(store=store, pk=item_id).delete()
     if not deleted:
         raise NotFound(f"no item {item_id} in memory store {store.name!r}")
+
+
+def session_items_delete(*, owner_id: int, session_ids: Sequence[str]) -> int:
+    """Delete the items the owner's stores keep of these sessions (written with their
+    session ids; an end user's erasure). Returns the items deleted."""
+    deleted, _ = MemoryItem.objects.filter(
+        store__owner_id=owner_id, session_id__in=list(session_ids)
+    ).delete()
+    return deleted
