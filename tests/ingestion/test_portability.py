@@ -32,6 +32,7 @@ from memories.engine import files
 from memories.facts.models import Fact, FactLink, FactVersion, Scope
 from memories.facts.scopes import global_scope_ensure
 from memories.facts.services import FactIn, fact_add, fact_delete, fact_update
+from memories.facts.tasks import index_pending_facts
 from memories.stores.config import memory_config_apply
 from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.runtime import node_memory_write
@@ -334,3 +335,20 @@ def test_the_export_holds_only_the_callers_data(alice, bob, bob_client):
     _populate(alice)
     lines = _export(bob_client)
     assert len(lines) == 1  # the header alone
+
+
+def test_imported_facts_are_searchable_at_once_then_indexed(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    _import(bob_client, _export(alice_client))
+    # The import left them pending and queued the indexer, which the tests' synchronous
+    # queue ran at the commit.
+    assert not Fact.objects.filter(index_pending=True).exists()
+    Fact.objects.filter(owner=bob).update(index_pending=True)  # a backlog, as on a busy day
+    query = {"scope": ["user", "alice"], "query": "where does the user live"}
+    before = bob_client.post("/api/v1/engine/search", query, format="json").json()["results"]
+    assert before[0]["content"] == "User lives in Porto"
+    assert index_pending_facts() == 4
+    assert not Fact.objects.filter(index_pending=True).exists()
+    after = bob_client.post("/api/v1/engine/search", query, format="json").json()["results"]
+    assert [h["id"] for h in after] == [h["id"] for h in before]
+    assert index_pending_facts() == 0  # safe to run twice
