@@ -121,6 +121,12 @@ class Facts:
     def path(self, value: Any, line: int) -> Path:
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
             raise bad(line, "a scope is a list of strings")
+        if tuple(value) not in self.mapping and tuple(value) in self.mapping.values():
+            raise InvalidInput(
+                f"the scope map renames a scope to {'/'.join(value)}, which the file has too",
+                details={"scope_map": {"/".join(k): "/".join(v) for k, v in self.mapping.items()},
+                         "line": line},
+            )  # fmt: skip
         path = self.mapping.get(tuple(value), tuple(value))
         if path:
             try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import ProtectedError
+from django.db.models import ProtectedError, RestrictedError
 
 from core.errors import Conflict, NameTaken
 from core.providers.embeddings import EmbeddingConfig
@@ -93,8 +93,11 @@ def knowledge_base_delete(*, knowledge_base: KnowledgeBase) -> None:
     try:
         with transaction.atomic():
             knowledge_base.delete()
-    except ProtectedError as exc:
-        users = sorted({f"{type(o)._meta.verbose_name} {o}" for o in exc.protected_objects})
+    except (ProtectedError, RestrictedError) as exc:
+        objects = (
+            exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
+        )
+        users = sorted({f"{type(o)._meta.verbose_name} {o}" for o in objects})
         raise Conflict(
             f"knowledge base {knowledge_base.name!r} belongs to {', '.join(users)}; "
             "delete that instead",

@@ -17,10 +17,12 @@ class MemoryBase(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_bases"
     )
     name = models.CharField(max_length=200)
-    flow = models.ForeignKey(Flow, on_delete=models.PROTECT, related_name="memory_bases")
+    # RESTRICT: neither goes on its own while the memory base is there, and both go with
+    # their owner (a deleted user: PROTECT refused that).
+    flow = models.ForeignKey(Flow, on_delete=models.RESTRICT, related_name="memory_bases")
     threshold = models.PositiveIntegerField(default=10)
     knowledge_base = models.OneToOneField(
-        KnowledgeBase, on_delete=models.PROTECT, related_name="memory_base"
+        KnowledgeBase, on_delete=models.RESTRICT, related_name="memory_base"
     )
     kb_name = models.CharField(max_length=200)
     auto_capture = models.BooleanField(default=True)

@@ -40,7 +40,7 @@ class MemoryStore(models.Model):
         KnowledgeBase,
         null=True,
         blank=True,
-        on_delete=models.PROTECT,
+        on_delete=models.RESTRICT,  # (goes with its store, or with their owner)
         related_name="+",
         editable=False,
     )
