@@ -206,7 +206,7 @@ def _valid_from(value: Any) -> datetime | None:
         return None
     if when is None or when.year < 1900:
         return None
-    return when if timezone.is_aware(when) else timezone.make_aware(when, UTC)
+    return (when if timezone.is_aware(when) else timezone.make_aware(when, UTC)).astimezone(UTC)
 
 
 def _midnight(day: date | None) -> datetime | None:

@@ -270,3 +270,23 @@ def test_the_admin_shows_a_facts_earlier_versions(alice, admin_client):
     assert admin_client.post(f"/admin/memories/factversion/{version.pk}/delete/",
                              {"post": "yes"}).status_code == 403  # fmt: skip
     assert FactVersion.objects.filter(pk=version.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [
+        ("2026-03-01", "2026-03-01T00:00:00+00:00"),
+        ("2026-03-01T09:30:00+01:00", "2026-03-01T08:30:00+00:00"),
+        (None, None),
+        ("", None),
+        ("in March", None),  # unreadable: the fact is kept without it
+        ("1850-01-01", None),  # before 1900: not a time the service keeps
+    ],
+)
+def test_extraction_reads_when_a_fact_became_true(written, read):
+    from ingestion.updates import parse_extraction
+
+    item = {"content": "User lives in Porto", "category": "context", "confidence": 0.9,
+            "valid_from": written}  # fmt: skip
+    [fact] = parse_extraction({"newFacts": [item], "factsToRemove": []}, set()).facts
+    assert (fact.valid_from.isoformat() if fact.valid_from else None) == read
