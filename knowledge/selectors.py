@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import Count, IntegerField, QuerySet, Subquery
+from django.db.models import Count, Exists, IntegerField, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
@@ -81,6 +81,14 @@ def chunk_count_subquery(knowledge_base_ref: Any) -> Coalesce:
         .values("c")
     )
     return Coalesce(Subquery(per_base, output_field=IntegerField()), 0)
+
+
+def session_has_chunks(knowledge_base_ref: Any, session_ref: Any) -> Exists:
+    """Whether the base holds a chunk of the session (both refs an id or an
+    ``OuterRef``), for other rooms' annotations."""
+    return Exists(
+        Chunk.objects.filter(knowledge_base_id=knowledge_base_ref, session_id=session_ref)
+    )
 
 
 def kb_embedding_config(kb: KnowledgeBase) -> EmbeddingConfig:

@@ -21,7 +21,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
-from knowledge.selectors import chunk_count_subquery
+from knowledge.selectors import chunk_count_subquery, session_has_chunks
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.conversations.selectors import pending_outputs_subquery
 
@@ -36,6 +36,7 @@ def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
     in the knowledge base's chunk table: the one chunk count the API, the admin and
     the commands show) and ``mismatch``."""
     processed = MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"), total_processed__gt=0)
+    lost = lost_sessions(MemoryBaseSession.objects.filter(memory_base=OuterRef("pk")))
     return (
         qs.select_related("flow", "knowledge_base", "owner")
         # Subqueries, not joins: aggregating sessions and jobs through two joins
@@ -65,15 +66,37 @@ def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
             ),
             chunk_total=chunk_count_subquery(OuterRef("knowledge_base_id")),
             has_processed=Exists(processed),
+            has_lost_session=Exists(lost),
         )
         # Mismatch, defined once: sessions report processed messages but the
-        # knowledge base holds no chunks (deleted behind our back).
+        # knowledge base holds no chunks, or one session's chunks are all gone (deleted
+        # behind our back: ``lost_sessions``).
         .annotate(
             mismatch=ExpressionWrapper(
-                Q(has_processed=True) & Q(chunk_total=0), output_field=BooleanField()
+                (Q(has_processed=True) & Q(chunk_total=0)) | Q(has_lost_session=True),
+                output_field=BooleanField(),
             )
         )
         .order_by("name", "id")
+    )
+
+
+def lost_sessions(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBaseSession]:
+    """The sessions whose chunks are gone: they report processed messages, their last
+    finished job wrote chunks, and the knowledge base holds none of them (a job that
+    legitimately stored nothing, a preprocessing kill phrase, wrote none)."""
+    wrote = MemoryBaseJob.objects.filter(
+        session=OuterRef("pk"), status=MemoryBaseJob.Status.SUCCEEDED
+    )
+    return (
+        qs.filter(total_processed__gt=0)
+        .annotate(
+            last_wrote=Subquery(wrote.order_by("-created_at").values("chunks_written")[:1]),
+            present=session_has_chunks(
+                OuterRef("memory_base__knowledge_base_id"), OuterRef("session_id")
+            ),
+        )
+        .filter(last_wrote__gt=0, present=False)
     )
 
 
@@ -86,6 +109,7 @@ def memory_base_as_created(memory_base: MemoryBase) -> MemoryBase:
     memory_base.active_jobs = 0  # type: ignore[attr-defined]
     memory_base.chunk_total = 0  # type: ignore[attr-defined]
     memory_base.has_processed = False  # type: ignore[attr-defined]
+    memory_base.has_lost_session = False  # type: ignore[attr-defined]
     memory_base.mismatch = False  # type: ignore[attr-defined]
     return memory_base
 
@@ -113,6 +137,7 @@ def memory_base_sessions(*, memory_base: MemoryBase) -> QuerySet[MemoryBaseSessi
 def sessions_with_status(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBaseSession]:
     active = MemoryBaseJob.objects.filter(session=OuterRef("pk"), status__in=MemoryBaseJob.ACTIVE)
     return qs.annotate(
+        lost=Exists(lost_sessions(MemoryBaseSession.objects.filter(pk=OuterRef("pk")))),
         pending=Coalesce(pending_outputs_subquery(OuterRef("memory_base__flow_id")), 0),
         active_job_id=Subquery(active.values("pk")[:1]),
         active_job_status=Subquery(active.values("status")[:1]),
@@ -125,12 +150,15 @@ def sessions_with_status(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBase
 
 
 def session_status(session: Any) -> str:
-    """``queued``/``syncing`` (an active job), ``failed`` (the last job), ``pending``
-    or ``synced``, for a session from ``sessions_with_status``."""
+    """``queued``/``syncing`` (an active job), ``failed`` (the last job), ``mismatch``
+    (its chunks are gone: ``lost_sessions``; Regenerate restores them), ``pending`` or
+    ``synced``, for a session from ``sessions_with_status``."""
     if session.active_job_id is not None:
         return "syncing" if session.active_job_status == "running" else "queued"
     if session.last_job_status == "failed":
         return "failed"
+    if session.lost:
+        return "mismatch"
     return "pending" if session.pending else "synced"
 
 

@@ -52,8 +52,9 @@ class Command(BaseCommand):
         state = "MISMATCH (chunks missing)" if counted.mismatch else "consistent"
         self.stdout.write(f"Memory base {mb.name} ({mb.pk}): {counted.chunks} chunks, {state}")
         for s in sessions:
+            lost = "  MISMATCH (its chunks are gone)" if s.lost else ""
             self.stdout.write(
-                f"  session {s.session_id}: processed={s.total_processed} pending={s.pending}"
+                f"  session {s.session_id}: processed={s.total_processed} pending={s.pending}{lost}"
             )
         if dry_run:
             total = sum(s.total_processed + s.pending for s in sessions)

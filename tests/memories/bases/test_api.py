@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from django.core.management import call_command
 
 from knowledge.models import Chunk, KnowledgeBase
 from memories.bases import services
@@ -320,3 +321,40 @@ def test_memory_base_list_query_count_is_constant(
     alice_client.get("/api/v1/me")
     with django_assert_max_num_queries(3):
         assert alice_client.get("/api/v1/memories").json()["count"] == 4
+
+
+def test_one_sessions_lost_chunks_are_a_mismatch_that_regenerate_repairs(
+    alice_client, flow, memory_base, capsys
+):
+    record(flow, "s1", "m1", "m2", "m3")
+    record(flow, "s2", "n1", "n2", "n3")
+    base = f"/api/v1/memories/{memory_base.pk}"
+    assert alice_client.get(base).json()["mismatch"] is False
+    Chunk.objects.filter(session_id="s2").delete()  # one session's chunks, behind our back
+    body = alice_client.get(base).json()
+    assert (body["mismatch"], body["chunks"], body["total_processed"]) == (True, 3, 6)
+    sessions = {
+        s["session_id"]: s["status"] for s in alice_client.get(f"{base}/sessions").json()["results"]
+    }
+    assert sessions == {"s1": "synced", "s2": "mismatch"}
+    call_command("regenerate_memory", str(memory_base.pk), "--dry-run")
+    out = capsys.readouterr().out
+    assert (
+        "MISMATCH (chunks missing)" in out and "session s2: processed=3 pending=0  MISMATCH" in out
+    )
+    response = alice_client.post(f"{base}/regenerate", {"session_id": "s2"}, format="json")
+    assert response.status_code == 202
+    body = alice_client.get(base).json()
+    assert (body["mismatch"], body["chunks"], body["total_processed"]) == (False, 6, 6)
+
+
+def test_a_session_that_stored_nothing_on_purpose_is_no_mismatch(flow, memory_base):
+    from memories.bases.models import MemoryBaseJob
+    from memories.bases.selectors import memory_base_mismatch
+
+    record(flow, "s1", "m1", "m2", "m3")
+    record(flow, "s2", "n1", "n2", "n3")
+    Chunk.objects.filter(session_id="s2").delete()
+    # As a preprocessing kill phrase leaves it: processed, and its job wrote nothing.
+    MemoryBaseJob.objects.filter(session__session_id="s2").update(chunks_written=0)
+    assert memory_base_mismatch(memory_base=memory_base) is False
