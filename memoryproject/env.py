@@ -68,3 +68,40 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None or raw.strip() == "":
         return default
     return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def read_env_file(text: str) -> dict[str, str]:
+    """``KEY=value`` lines of a ``.env`` file (as docker compose reads one): blank lines
+    and ``#`` comments skipped, an optional ``export``, values optionally in single or
+    double quotes (kept as written inside), an unquoted value's `` #`` comment dropped.
+    A line that is none of these is an ``EnvError`` naming it."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").lstrip()
+        name, sep, value = line.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise EnvError(f".env line {number} is not NAME=value: {raw!r}")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        else:
+            value = value.split(" #", 1)[0].rstrip()
+        values[name] = value
+    return values
+
+
+def load_env_file(path: str) -> list[str]:
+    """Set the variables of the ``.env`` file at ``path`` that the environment does not
+    set already (the environment wins); the names set. No file: nothing."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            values = read_env_file(fh.read())
+    except FileNotFoundError:
+        return []
+    loaded = [name for name in values if name not in os.environ]
+    for name in loaded:
+        os.environ[name] = values[name]
+    return loaded

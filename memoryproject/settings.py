@@ -21,9 +21,15 @@ from memoryproject.env import (
     env_int,
     env_list,
     env_str,
+    load_env_file,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Local settings in one place every process reads (make run, every manage.py command):
+# the project's .env, unless MEMORY_ENV_FILE names another file (empty: none, as the
+# tests set it). A variable of the environment wins over the file's.
+ENV_FILE = env_str("MEMORY_ENV_FILE", str(BASE_DIR / ".env"))
+ENV_FILE_LOADED = load_env_file(ENV_FILE) if ENV_FILE else []
 DATA_DIR = Path(env_str("MEMORY_DATA_DIR", str(BASE_DIR / ".data")))
 TESTING = "pytest" in sys.modules or env_bool("TESTING", False)
 

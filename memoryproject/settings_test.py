@@ -7,6 +7,9 @@ Environment variables are forced before the main settings read them, so a local
 import os
 
 os.environ["TESTING"] = "1"
+# No .env file: a developer's local settings never reach a test, nor the processes the
+# tests start (they inherit this).
+os.environ["MEMORY_ENV_FILE"] = ""
 os.environ["EMBEDDING_PROVIDER"] = "hashing"
 for _name in (
     "EMBEDDING_BASE_URL",

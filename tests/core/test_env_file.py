@@ -1,0 +1,57 @@
+"""Local settings in one place every process reads (issue 26): the project's ``.env``
+(or ``MEMORY_ENV_FILE``), read by every ``manage.py`` command and ``make run``; a
+variable of the environment wins over the file's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memoryproject.env import EnvError, read_env_file
+
+ROOT = Path(__file__).resolve().parents[2]
+READ = "from django.conf import settings; print(settings.API_THROTTLE_RATE, settings.LOG_LEVEL)"
+
+
+def test_the_file_is_read_as_docker_compose_reads_it():
+    text = (
+        "# a comment\n\n"
+        "API_THROTTLE_RATE=7/minute   # an inline comment\n"
+        "export LOG_LEVEL=WARNING\n"
+        "ADMIN_PASSWORD='s3cret # with a hash'\n"
+        'LLM_MODEL="qwen 2.5"\n'
+        "EMPTY=\n"
+    )
+    assert read_env_file(text) == {
+        "API_THROTTLE_RATE": "7/minute", "LOG_LEVEL": "WARNING",
+        "ADMIN_PASSWORD": "s3cret # with a hash", "LLM_MODEL": "qwen 2.5", "EMPTY": "",
+    }  # fmt: skip
+    with pytest.raises(EnvError, match="line 2"):
+        read_env_file("A=1\nnot a setting\n")
+
+
+def _command(tmp_path: Path, env_file: str | None, **extra: str) -> str:
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"TESTING", "DJANGO_SETTINGS_MODULE", "MEMORY_ENV_FILE",
+                        "API_THROTTLE_RATE", "LOG_LEVEL"}}  # fmt: skip
+    if env_file is not None:
+        env["MEMORY_ENV_FILE"] = env_file
+    env.update(extra)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", READ], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_management_command_reads_the_file_and_the_environment_wins(tmp_path):
+    local = tmp_path / ".env"
+    local.write_text("API_THROTTLE_RATE=7/minute\nLOG_LEVEL=WARNING\n")
+    assert _command(tmp_path, str(local)) == "7/minute WARNING"
+    assert _command(tmp_path, str(local), LOG_LEVEL="ERROR") == "7/minute ERROR"
+    assert _command(tmp_path, "") == "6000/minute INFO"  # no file
+    assert _command(tmp_path, str(tmp_path / "missing.env")) == "6000/minute INFO"
