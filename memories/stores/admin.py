@@ -38,6 +38,7 @@ from memories.stores.services import (
     memory_store_create,
     memory_store_delete,
     memory_store_load,
+    memory_store_problem,
     memory_store_update,
     memory_store_validate_change,
     memory_store_validate_new,
@@ -275,7 +276,7 @@ def _load_summary(report: dict[str, Any]) -> str:
 @admin.register(MemoryStore)
 class MemoryStoreAdmin(admin.ModelAdmin):
     form = StoreForm
-    list_display = ["name", "owner", "type", "item_count", "embedding_model", "updated_at"]
+    list_display = ["name", "owner", "type", "item_count", "health", "updated_at"]
     list_filter = ["type"]
     list_select_related = ["owner", "knowledge_base"]
     search_fields = ["name", "owner__username"]
@@ -295,6 +296,22 @@ class MemoryStoreAdmin(admin.ModelAdmin):
         if obj is None:
             return ["types"]
         return ["name", "owner", "type", "embedding", "item_count", "knowledge_base"]
+
+    @admin.display(description="health")
+    def health(self, obj: MemoryStore) -> str:
+        problem = memory_store_problem(store=obj) if store_type(obj.type) else "unknown type"
+        if problem is None:
+            return "ok"
+        return format_html('<strong style="color:#ba2121">⚠ {}</strong>', problem)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        if request.method == "GET":
+            for store in self.get_queryset(request):
+                problem = memory_store_problem(store=store) if store_type(store.type) else None
+                if problem is not None:
+                    self.message_user(request, f"memory store {store.name}: {problem}; its "
+                                      "nodes answer without it", messages.WARNING)  # fmt: skip
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description="items", ordering="own_items")
     def item_count(self, obj: MemoryStore) -> int:

@@ -11,6 +11,7 @@ which keeps deduplication and trimming exact under concurrent writers.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from core.errors import InvalidInput, NotFound
+from core.errors import InvalidInput, NotFound, ServiceError
 from core.providers.tokens import count_tokens
 from core.validation import validate_node_id, validate_session_id
 from memories.conversations.models import Flow
@@ -40,6 +41,9 @@ FOOTER = "===== End of Memory ====="
 QUERY_MAX_CHARS = 20_000
 
 
+logger = logging.getLogger(__name__)
+
+
 @dataclass
 class StoreHits:
     store: str
@@ -56,6 +60,29 @@ class Retrieval:
     token_count: int
     max_tokens: int
     truncated: bool
+    errors: list[StoreError] = field(default_factory=list)
+
+
+@dataclass
+class StoreError:
+    """A store that could not answer (an unset ``${VAR}``, its embedding endpoint down,
+    a dimension mismatch): the node's other stores answered without it."""
+
+    store: str
+    type: str
+    code: str
+    message: str
+
+
+def _failed(store: MemoryStore, exc: ServiceError) -> StoreError:
+    logger.warning("memory store %s of owner %s failed: %s", store.name, store.owner_id, exc)
+    return StoreError(store.name, store.type, exc.code, str(exc))
+
+
+class NodeWrites(list["StoreWrite"]):
+    """The results of the stores written, and ``errors``: the stores that failed."""
+
+    errors: list[StoreError]
 
 
 @dataclass
@@ -190,14 +217,25 @@ def node_memory_retrieve(
         )
         for attachment in _reading(attachments, stage)
     ]
-    for _, backend, request in requests:
-        backend.prepare_retrieve(request)  # the query embedded, outside any transaction
+    errors: list[StoreError] = []
+    ready = []
+    for store, backend, request in requests:
+        try:  # a store that fails fails alone: the others answer
+            backend.prepare_retrieve(request)  # the query embedded, outside any transaction
+        except ServiceError as exc:
+            errors.append(_failed(store, exc))
+            continue
+        ready.append((store, backend, request))
     groups = []
     # The vector searches of all the stores go in one round trip (the first store to
     # read runs the batch, in the implicit transaction of its multi-statement query):
     # no transaction of our own, whose BEGIN and COMMIT would be two more.
-    for store, backend, request in requests:
-        hits = backend.retrieve(request)[: request.top_k]
+    for store, backend, request in ready:
+        try:
+            hits = backend.retrieve(request)[: request.top_k]
+        except ServiceError as exc:
+            errors.append(_failed(store, exc))
+            continue
         groups.append(StoreHits(store=store.name, type=store.type, hits=hits))
     filled = _Budget(budget, groups)
     filled.fill()
@@ -210,6 +248,7 @@ def node_memory_retrieve(
         token_count=filled.token_count,
         max_tokens=budget,
         truncated=sum(g.in_prompt for g in groups) < sum(len(g.hits) for g in groups),
+        errors=errors,
     )
 
 
@@ -222,13 +261,15 @@ def node_memory_write(
     metadata: dict[str, Any] | None = None,
     session_id: str = "",
     attachments: list[MemoryAttachment] | None = None,
-) -> list[StoreWrite]:
+) -> NodeWrites:
     """Write a turn to every store the node writes to; one result per such store:
     ``added`` (with the item id), ``duplicate`` (the summary is stored already) or
     ``skipped`` (with the reason: no output text, too short...).
 
-    ``input``/``output`` are strings or snapshots ``{text, blocks}``. All stores are
-    written in one transaction, or none (an embedding failure writes nothing).
+    ``input``/``output`` are strings or snapshots ``{text, blocks}``. The stores are
+    written in one transaction; a store that cannot prepare its write (an unset
+    ``${VAR}``, its embedding endpoint down) fails alone: the others are written and
+    ``errors`` (of the ``NodeWrites`` returned) names it.
     """
     if session_id:
         validate_session_id(session_id)
@@ -242,15 +283,23 @@ def node_memory_write(
     )
     if attachments is None:
         attachments = attachments_or_404(flow, node_id)
-    writers = [(a.store, backend_for(a.store)) for a in attachments if a.write]
-    prepared = [backend.prepare(write) for _, backend in writers]  # network: no transaction
+    errors: list[StoreError] = []
+    writers, prepared = [], []
+    for store, backend in [(a.store, backend_for(a.store)) for a in attachments if a.write]:
+        try:
+            prepared.append(backend.prepare(write))  # network: no transaction
+        except ServiceError as exc:
+            errors.append(_failed(store, exc))
+            continue
+        writers.append((store, backend))
     with transaction.atomic():
         ids = sorted({store.pk for store, _ in writers})
         locked = {
             s.pk: s
             for s in MemoryStore.objects.select_for_update().filter(pk__in=ids).order_by("pk")
         }
-        results = []
+        results = NodeWrites()
+        results.errors = errors
         for (store, backend), ready in zip(writers, prepared):
             if store.pk not in locked:
                 raise NotFound(f"memory store {store.name!r} was deleted")

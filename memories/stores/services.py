@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from core.errors import Conflict, InvalidInput, NameTaken, NotFound
+from core.errors import Conflict, InvalidInput, NameTaken, NotFound, ServiceError
 from memories.stores.backends.base import ReadOnlyStore, StoreBackend
 from memories.stores.embedding import EmbeddingSpec, spec_from_block
 from memories.stores.models import STORE_NAME_REGEX, MemoryItem, MemoryStore
@@ -261,6 +261,17 @@ def memory_store_delete(*, store: MemoryStore) -> None:
         store.delete()
         if backend is not None:
             backend.deleted()
+
+
+def memory_store_problem(*, store: MemoryStore) -> str | None:
+    """Why the store cannot answer now (an unset ``${VAR}`` of its embedding block, a
+    dimension mismatch), or None: what its node's retrieve and write would report for it
+    (no network call)."""
+    try:
+        backend_for(store).check_load()
+    except ServiceError as exc:
+        return str(exc)
+    return None
 
 
 def memory_store_load(*, store: MemoryStore) -> dict[str, Any] | None:

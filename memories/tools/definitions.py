@@ -18,7 +18,7 @@ from memories.facts.scopes import owner_pk
 from memories.facts.search import FactHit
 from memories.facts.timeline import at_from
 from memories.stores.models import STAGES
-from memories.stores.runtime import node_memory_retrieve, node_memory_write
+from memories.stores.runtime import StoreError, node_memory_retrieve, node_memory_write
 from memories.tools.registry import Tool, ToolContext, ToolError, parse_uuid, register
 
 MAX_CONTENT = 10_000
@@ -275,7 +275,13 @@ def retrieve_node_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
             }
             for group in result.stores
         ],
+        "errors": [_error(e) for e in result.errors],
     }
+
+
+def _error(error: StoreError) -> dict[str, str]:
+    return {"store": error.store, "type": error.type, "code": error.code,
+            "message": error.message}  # fmt: skip
 
 
 def write_node_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -293,7 +299,8 @@ def write_node_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
                 "reason": r.result.reason,
             }
             for r in results
-        ]  # fmt: skip
+        ],  # fmt: skip
+        "errors": [_error(e) for e in results.errors],
     }
 
 

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField
 from core.validation import SessionIdField
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.registry import store_type
-from memories.stores.services import backend_for
+from memories.stores.services import backend_for, memory_store_problem
 
 
 class StoreCreateSerializer(serializers.Serializer):
@@ -26,6 +27,10 @@ class StoreOutputSerializer(serializers.ModelSerializer):
     read_only = serializers.SerializerMethodField()  # type: ignore[assignment]
     embedding = serializers.SerializerMethodField()
     knowledge_base = serializers.UUIDField(source="knowledge_base_id", allow_null=True)
+    problem = serializers.SerializerMethodField(
+        help_text="Why the store cannot answer now (an unset ${VAR}...); null when healthy. "
+        "A node's retrieve and write name such a store in errors and answer without it."
+    )
 
     class Meta:
         model = MemoryStore
@@ -38,9 +43,14 @@ class StoreOutputSerializer(serializers.ModelSerializer):
             "read_only",
             "embedding",
             "knowledge_base",
+            "problem",
             "created_at",
             "updated_at",
         ]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_problem(self, store: MemoryStore) -> str | None:
+        return memory_store_problem(store=store) if store_type(store.type) else "unknown type"
 
     def get_items(self, store: MemoryStore) -> int:
         kind = store_type(store.type)
@@ -120,6 +130,15 @@ class StoreHitsOutputSerializer(serializers.Serializer):
     hits = HitOutputSerializer(many=True)
 
 
+class StoreErrorSerializer(serializers.Serializer):
+    """A store that could not answer; the node's other stores answered without it."""
+
+    store = StrictCharField()
+    type = StrictCharField()
+    code = StrictCharField()
+    message = StrictCharField()
+
+
 class RetrieveOutputSerializer(serializers.Serializer):
     stage = StrictCharField()
     stores = StoreHitsOutputSerializer(many=True)
@@ -127,6 +146,7 @@ class RetrieveOutputSerializer(serializers.Serializer):
     token_count = serializers.IntegerField()
     max_tokens = serializers.IntegerField()
     truncated = serializers.BooleanField()
+    errors = StoreErrorSerializer(many=True)  # type: ignore[assignment]  # (a field named errors)
 
 
 class WriteInSerializer(serializers.Serializer):
@@ -147,3 +167,10 @@ class WriteOutputSerializer(serializers.Serializer):
 
 class ConfigQuerySerializer(serializers.Serializer):
     dry_run = StrictBooleanField(required=False, default=False)
+
+
+class WritesOutputSerializer(serializers.Serializer):
+    """Schema only: the stores written, and the stores that failed (written without)."""
+
+    results = WriteOutputSerializer(many=True)
+    errors = StoreErrorSerializer(many=True)  # type: ignore[assignment]  # (a field named errors)

@@ -28,10 +28,12 @@ from memories.stores.api.serializers import (
     RetrieveInSerializer,
     RetrieveOutputSerializer,
     StoreCreateSerializer,
+    StoreErrorSerializer,
     StoreOutputSerializer,
     StoreUpdateSerializer,
     WriteInSerializer,
     WriteOutputSerializer,
+    WritesOutputSerializer,
 )
 from memories.stores.config import memory_config_apply, memory_config_export
 from memories.stores.models import MemoryStore
@@ -235,11 +237,17 @@ class NodeMemoryWriteView(APIView):
     @extend_schema(
         summary="Write to a node's stores",
         request=WriteInSerializer,
-        responses={200: wrapped("results", WriteOutputSerializer), 409: ERROR},
+        responses={200: WritesOutputSerializer, 409: ERROR},
+        description="One result per store written; a store that cannot be written (an "
+        "unset ${VAR}, its embedding endpoint down) is named in errors and the others are "
+        "written.",
     )
     def post(self, request: Request, flow_id: Any, node_id: str) -> Response:
         flow = _flow(request, flow_id)
         data = WriteInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         results = node_memory_write(flow=flow, node_id=node_id, **data.validated_data)
-        return Response({"results": WriteOutputSerializer(results, many=True).data})
+        return Response({
+            "results": WriteOutputSerializer(results, many=True).data,
+            "errors": StoreErrorSerializer(results.errors, many=True).data,
+        })  # fmt: skip

@@ -131,8 +131,10 @@ class StoreBackend(ABC):
         """Raise what ``load`` would raise before it writes anything (an unset ``${VAR}``,
         a dimension mismatch), without network calls. Called on an unsaved copy before a
         store is created or reconfigured through the API or the admin, so that a store
-        that cannot load is refused with nothing written."""
-        return None
+        that cannot load is refused with nothing written. A store with an ``embedding``
+        block resolves it (its ``${VAR}``s) and checks its dimension."""
+        if self.config.get("embedding"):
+            self.embedder()
 
     def load(self) -> dict[str, Any] | None:
         """Bring derived data up to date (a file store re-indexes changed files)."""

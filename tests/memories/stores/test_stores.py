@@ -219,7 +219,7 @@ def test_summary_and_key_content():
 
 
 # --- environment references -----------------------------------------------------------
-def test_missing_environment_variable_is_a_503_and_writes_nothing(
+def test_missing_environment_variable_names_the_store_and_writes_nothing(
     alice_client, flow, openai_server, monkeypatch
 ):
     monkeypatch.setenv("STORE_KEY", "sk-1")
@@ -249,12 +249,12 @@ def test_missing_environment_variable_is_a_503_and_writes_nothing(
         {"input": "q", "output": "A long enough answer to be remembered."},
         format="json",
     )
-    assert response.status_code == 503
-    assert response.json()["error"] == {
-        "code": "missing_environment_variable",
+    # The store fails alone (issue 26): named in errors, the node's answer a 200.
+    assert response.status_code == 200
+    assert response.json() == {"results": [], "errors": [{
+        "store": "remote", "type": "simple", "code": "missing_environment_variable",
         "message": "environment variable STORE_KEY is not set (referenced by a memory store)",
-        "details": {"variable": "STORE_KEY"},
-    }
+    }]}  # fmt: skip
     assert snapshot_db() == before
     assert not [r for r in openai_server.requests if r["path"].endswith("/embeddings")]
 

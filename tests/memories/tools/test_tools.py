@@ -202,9 +202,11 @@ def test_node_store_tools(alice, bob, alice_client, flow):
     retrieve, write = node_memory_tools(owner=alice)
     assert write(str(flow.pk), "worker", "step 1", "done 1") == {
         "results": [{"store": "log", "type": "blackboard", "action": "added",
-                     "item_id": MemoryItem.objects.get().pk, "reason": ""}]
+                     "item_id": MemoryItem.objects.get().pk, "reason": ""}],
+        "errors": [],
     }  # fmt: skip
     found = retrieve(str(flow.pk), "worker", "", stage="gen")
+    assert found["errors"] == []
     assert [h["content"] for h in found["stores"][0]["hits"]] == ["Input: step 1 Output: done 1"]
     assert found["prompt"].startswith("===== Related Memories =====")
     # bob cannot reach alice's flow: a 404 that says what to give instead
