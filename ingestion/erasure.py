@@ -25,9 +25,17 @@ def scope_erase_queued_turns(*, owner_id: int, scope: list[str], **_: Any) -> No
     theirs = (owner_id, scope[1])
     recorded = Task.objects.filter(func=FORM_MEMORIES).only("id", "args")
     Task.objects.filter(pk__in=[t.pk for t in recorded if _of(t.args, theirs)]).delete()
-    queued = [q.pk for q in OrmQ.objects.all() if q.func() == FORM_MEMORIES
-              and _of(q.args(), theirs)]  # fmt: skip
-    OrmQ.objects.filter(pk__in=queued).delete()
+    OrmQ.objects.filter(pk__in=queued_turns(owner_id=owner_id, external_id=scope[1])).delete()
+
+
+def queued_turns(*, owner_id: int, external_id: str) -> list[int]:
+    """The queue's ``form_memories`` tasks of this end user not taken by a worker yet
+    (their ``OrmQ`` ids)."""
+    from django_q.models import OrmQ
+
+    theirs = (owner_id, external_id)
+    return [q.pk for q in OrmQ.objects.all() if q.func() == FORM_MEMORIES
+            and _of(q.args(), theirs)]  # fmt: skip
 
 
 def _of(args: Any, theirs: tuple[int, str]) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -30,6 +31,7 @@ from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
+from ingestion.erasure import queued_turns
 from memories.engine import files
 from memories.engine.dreams import memory_md_sync
 from memories.engine.llm import (
@@ -299,6 +301,47 @@ def updates_now(
         result = _run(rows, timezone.now(), llm, embedder)
     update.refresh_from_db()
     return update, result
+
+
+# How long ``updates_run_pending`` waits for an end user's chat turns still in the task
+# queue (the chat proxy hands each turn to the worker, which records it within a second).
+QUEUED_TURNS_WAIT_SECONDS = 5.0
+
+
+def _wait_for_queued_turns(scope: Scope, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and queued_turns(
+        owner_id=scope.owner_id, external_id=str(scope.external_id)
+    ):
+        time.sleep(0.1)
+
+
+def updates_run_pending(
+    *,
+    scope: Scope,
+    wait_seconds: float | None = None,
+    llm: ChatLLM | None = None,
+    embedder: Embedder | None = None,
+) -> UpdateRun:
+    """Learn now what the scope's pending flushes say, as if their window had closed,
+    and return when it is done (what a client that wants a fact learned before its next
+    call does). An end user's chat turns the chat proxy handed to the worker a moment
+    ago are waited for (up to ``QUEUED_TURNS_WAIT_SECONDS``) and learned with them.
+    While another run of the scope holds it, waits up to ``wait_seconds``
+    (``INLINE_WAIT_SECONDS``), then answers ``busy`` (the flushes stay pending, run on
+    their schedule). A missing LLM is ``ProviderNotConfigured`` (503) before anything
+    runs; statuses as ``updates_run`` (``empty``: nothing was pending)."""
+    llm = llm or get_llm(feature=FEATURE)
+    wait = INLINE_WAIT_SECONDS if wait_seconds is None else wait_seconds
+    if scope.external_id:
+        _wait_for_queued_turns(scope, QUEUED_TURNS_WAIT_SECONDS)
+    with scope_run_lock_waiting(scope.pk, wait) as taken:
+        if not taken:
+            return UpdateRun(scope.pk, "busy")
+        rows = list(pending_of(scope.pk).select_related("scope").order_by("id")[:BATCH_MAX_UPDATES])
+        if not rows:
+            return UpdateRun(scope.pk, "empty")
+        return _run(rows, timezone.now(), llm, embedder)
 
 
 def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,

@@ -258,3 +258,27 @@ def test_a_bad_message_id_is_400_and_writes_nothing(alice, engine_llm, bad):
                       messages=[{"role": "user", "content": TEA, "id": bad}])  # fmt: skip
     assert error.value.details == {"messages": {0: {"id": "invalid"}}}
     assert PendingUpdate.objects.count() == 0
+
+
+def test_a_client_can_have_pending_messages_learned_now_and_wait(
+    alice, alice_client, bob_client, engine_llm
+):
+    flushed = alice_client.post("/api/v1/engine/flush", {"scope": list(SCOPE), "messages": [
+        {"role": "user", "content": TEA}]}, format="json")  # fmt: skip
+    assert flushed.status_code == 202 and engine_llm.calls["extraction"] == 0  # its window: 30 s
+    body = {"scope": list(SCOPE)}
+    assert bob_client.post("/api/v1/engine/updates/run", body, format="json").status_code == 404
+    ran = alice_client.post("/api/v1/engine/updates/run", body, format="json")
+    assert ran.status_code == 200, ran.content
+    result = ran.json()
+    assert (result["scope"], result["status"], result["updates"]) == (list(SCOPE), "done", 1)
+    assert [(d["content"], d["action"]) for d in result["decisions"]] == [
+        ("User drinks green tea every morning", "add")
+    ]
+    assert engine_llm.calls["extraction"] == 1
+    assert set(PendingUpdate.objects.values_list("status", flat=True)) == {"done"}
+    again = alice_client.post("/api/v1/engine/updates/run", body, format="json").json()
+    assert (again["status"], again["decisions"], engine_llm.calls["extraction"]) == ("empty", [], 1)
+    unknown = alice_client.post("/api/v1/engine/updates/run", {"scope": ["user", "nobody"]},
+                                format="json")  # fmt: skip
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "scope_not_found"
