@@ -11,6 +11,7 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 
+from core.api.schema import ROOM_TAGS
 from core.services import api_key_create
 from knowledge.services import DocumentIn, knowledge_documents_submit
 from memories.facts.scopes import end_user_ensure
@@ -97,8 +98,14 @@ def test_schema_describes_auth_tags_summaries_and_errors(client):
     assert len(operations) >= 48
     tags = {op["tags"][0] for _, _, op in operations}
     assert {"Accounts", "Knowledge bases", "Memory bases", "Capture", "Conversations"} <= tags
+    auto = {"Get", "Create", "Update", "Replace", "Delete"}
     for path, method, op in operations:
         assert op.get("summary"), (method, path)
+        # Written for each operation, not made from its method and path ("Create mcp").
+        words = op["summary"].split()
+        last = path.rstrip("/").split("/")[-1].replace("-", " ")
+        assert not (words[0] in auto and " ".join(words[1:]) == last), (method, path, op["summary"])
+        assert op["tags"][0] in ROOM_TAGS.values(), (method, path, op["tags"])
         assert op["security"] == [{"apiKey": []}], (method, path)
         assert {"400", "401", "429", "503"} <= set(op["responses"]), (method, path)
         shape = "OpenAIError" if path.startswith("/v1/") else "Error"

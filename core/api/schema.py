@@ -67,6 +67,7 @@ ROOM_TAGS = {
     "memories.stores": "Memory stores",
     "memories.engine": "Memory engine",
     "ingestion": "Capture",
+    "memories.tools": "Agent tools and MCP",
 }
 
 _ERROR_DESCRIPTIONS = {

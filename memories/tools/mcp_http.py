@@ -113,6 +113,7 @@ class MCPView(APIView):
     of the Bearer key. Another method is a 405; a missing or wrong key a 401."""
 
     @extend_schema(
+        summary="MCP over streamable HTTP (the agent tools)",
         request={"application/json": {"type": "object", "description": "a JSON-RPC message"}},
         responses={
             200: OpenApiResponse(description="the JSON-RPC answer"),

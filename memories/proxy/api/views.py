@@ -143,7 +143,7 @@ class ModelsView(APIView):
     def get_exception_handler(self):  # type: ignore[no-untyped-def]
         return openai_exception_handler
 
-    @extend_schema(responses=ModelListSerializer)
+    @extend_schema(summary="The models the chat proxy offers", responses=ModelListSerializer)
     def get(self, request: Request) -> Response:
         if not settings.LLM_BASE_URL:
             raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")
@@ -182,7 +182,20 @@ class MemoryToolsChatView(ChatCompletionsView):
             )
         return value, body.remove(("memory_tools",)) if "memory_tools" in body.data else body
 
-    @extend_schema(request=ChatCompletionSerializer, responses={200: dict})
+    @extend_schema(
+        summary="Chat completion with the end user's memories",
+        request=ChatCompletionSerializer,
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "text/event-stream"): OpenApiTypes.STR,
+            502: OpenAIErrorSerializer,
+            504: OpenAIErrorSerializer,
+        },
+        description="OpenAI's chat completion (the upstream's answer plus a memories "
+        "array), or server-sent events with stream=true; with memory_tools: true the proxy "
+        "also offers the model manage_memory and search_memory and runs them. Errors in "
+        "OpenAI's shape.",
+    )
     def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
         opt_in, body = self._opt_in(self._body(request))
         if opt_in and not self._external_id(request, body.data):

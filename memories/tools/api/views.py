@@ -18,13 +18,15 @@ from memories.tools.scoping import request_values
 
 
 class ToolListView(APIView):
-    @extend_schema(responses=ToolListSerializer)
+    @extend_schema(summary="The agent tools, as OpenAI function definitions",
+                   responses=ToolListSerializer)  # fmt: skip
     def get(self, request: Request) -> Response:
         return Response({"tools": openai_tools()})
 
 
 class ToolCallView(APIView):
-    @extend_schema(request=ToolCallSerializer, responses=ToolCallOutputSerializer)
+    @extend_schema(summary="Call an agent tool", request=ToolCallSerializer,
+                   responses=ToolCallOutputSerializer)  # fmt: skip
     def post(self, request: Request, name: str) -> Response:
         tool = tool_get(name)
         data = ToolCallSerializer(data=request.data)
