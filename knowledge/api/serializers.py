@@ -250,13 +250,9 @@ class IngestJobOutputSerializer(JobOutputBase):
         ]
 
 
-class IngestJobAnswerSerializer(IngestJobOutputSerializer):
-    """Schema only: the job, flat, and again under ``job`` (``job_answer``)."""
-
-    job = IngestJobOutputSerializer(help_text="The same job (the shape of earlier versions).")
-
-    class Meta(IngestJobOutputSerializer.Meta):
-        fields = [*IngestJobOutputSerializer.Meta.fields, "job"]
+# Schema only: a knowledge-base job's answer, flat like every job's (it used to carry a
+# copy of itself under ``job``).
+IngestJobAnswerSerializer = IngestJobOutputSerializer
 
 
 class IngestResultSerializer(serializers.Serializer):
@@ -269,7 +265,5 @@ class IngestResultSerializer(serializers.Serializer):
 
 
 def job_answer(job: IngestJob) -> dict[str, Any]:
-    """The job, flat like every job answer, and again under ``job`` (the shape of
-    earlier versions, kept for their clients)."""
-    data = dict(IngestJobOutputSerializer(job).data)
-    return {**data, "job": data}
+    """The job, flat like every job answer."""
+    return dict(IngestJobOutputSerializer(job).data)

@@ -59,7 +59,7 @@ class Retrieval:
     prompt: str
     token_count: int
     max_tokens: int
-    truncated: bool
+    truncated: int  # hits left out of the prompt (the budget): a count, as in histories
     errors: list[StoreError] = field(default_factory=list)
 
 
@@ -247,7 +247,7 @@ def node_memory_retrieve(
         prompt=filled.prompt,
         token_count=filled.token_count,
         max_tokens=budget,
-        truncated=sum(g.in_prompt for g in groups) < sum(len(g.hits) for g in groups),
+        truncated=sum(len(g.hits) for g in groups) - sum(g.in_prompt for g in groups),
         errors=errors,
     )
 

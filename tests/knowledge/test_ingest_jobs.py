@@ -41,18 +41,18 @@ def test_a_batch_over_the_limit_answers_202_and_the_job_writes_it(
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = alice_client.post(url, _batch(12), format="json")
     assert response.status_code == 202
-    job = response.json()["job"]
+    job = response.json()
     assert response["Location"] == f"/api/v1/knowledge-bases/{kb.pk}/jobs/{job['id']}"
     assert (job["status"], job["documents"], job["chunks_written"]) == ("queued", 12, 0)
     assert job["characters"] == sum(len(d["text"]) for d in _batch(12)["documents"])
     assert _keys(kb) == []  # nothing written before the job runs
 
-    polled = alice_client.get(response["Location"]).json()["job"]
+    polled = alice_client.get(response["Location"]).json()
     assert polled["status"] == "queued"
 
     assert len(callbacks) == 1
     callbacks[0]()  # the queued task; tasks run inline in tests
-    polled = alice_client.get(response["Location"]).json()["job"]
+    polled = alice_client.get(response["Location"]).json()
     assert (polled["status"], polled["chunks_written"], polled["error"]) == ("succeeded", 12, "")
     assert polled["finished_at"] is not None
     assert _keys(kb) == sorted(f"d{i}#0" for i in range(12))
@@ -88,7 +88,7 @@ def test_running_a_job_twice_yields_the_same_rows(alice, alice_client, settings)
     kb = make_kb(alice)
     job_id = alice_client.post(
         f"/api/v1/knowledge-bases/{kb.pk}/documents", _batch(4), format="json"
-    ).json()["job"]["id"]
+    ).json()["id"]
     assert run_ingest_job(job_id) == "succeeded"
     rows = list(Chunk.objects.filter(knowledge_base=kb).order_by("id").values_list("id", "text"))
     assert run_ingest_job(job_id) == "succeeded"  # finished: left alone
@@ -111,7 +111,7 @@ def test_a_failing_embedder_fails_the_job_and_writes_nothing(
     settings.INGEST_SYNC_MAX_CHARS = 0
     kb = make_kb(alice)
     url = f"/api/v1/knowledge-bases/{kb.pk}/documents"
-    job_id = alice_client.post(url, _batch(3), format="json").json()["job"]["id"]
+    job_id = alice_client.post(url, _batch(3), format="json").json()["id"]
 
     class Broken:
         def embed(self, texts):
@@ -122,7 +122,7 @@ def test_a_failing_embedder_fails_the_job_and_writes_nothing(
     assert job.status == "failed"
     assert "503" in job.error and job.finished_at is not None
     assert _keys(kb) == []
-    body = alice_client.get(f"/api/v1/knowledge-bases/{kb.pk}/jobs/{job_id}").json()["job"]
+    body = alice_client.get(f"/api/v1/knowledge-bases/{kb.pk}/jobs/{job_id}").json()
     assert (body["status"], body["chunks_written"]) == ("failed", 0)
 
 
@@ -131,7 +131,7 @@ def test_jobs_are_scoped_by_owner(alice, alice_client, bob, bob_client, settings
     kb = make_kb(alice)
     job_id = alice_client.post(
         f"/api/v1/knowledge-bases/{kb.pk}/documents", _batch(1), format="json"
-    ).json()["job"]["id"]
+    ).json()["id"]
     bobs_kb = make_kb(bob)
     for url in (
         f"/api/v1/knowledge-bases/{kb.pk}/jobs/{job_id}",

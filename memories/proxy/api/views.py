@@ -49,8 +49,17 @@ class ChatCompletionsView(APIView):
         return validate_end_user_id(external_id)
 
     def _chat_id(self, request: Request) -> str | None:
-        chat_id = _header(request, settings.MEMORY_CHAT_HEADER)
-        return validate_session_id(chat_id) if chat_id else None
+        """The chat id header, checked as a session id but named as the client sent it
+        (a bad one is a 400 about the header, not about a session_id it never sent)."""
+        header = settings.MEMORY_CHAT_HEADER
+        chat_id = _header(request, header)
+        if not chat_id:
+            return None
+        try:
+            return validate_session_id(chat_id)
+        except InvalidInput as exc:
+            message = str(exc).replace("session_id", f"the {header} header", 1)
+            raise InvalidInput(message, code=exc.code, details={header: message}) from None
 
     def _body(self, request: Request) -> JsonText:
         """The client's body, validated where the proxy relies on it; it goes upstream

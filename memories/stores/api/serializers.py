@@ -145,7 +145,10 @@ class RetrieveOutputSerializer(serializers.Serializer):
     prompt = StrictCharField()
     token_count = serializers.IntegerField()
     max_tokens = serializers.IntegerField()
-    truncated = serializers.BooleanField()
+    truncated = serializers.IntegerField(
+        help_text="Hits left out of the prompt by max_tokens (0: none), as a history's "
+        "truncated counts the messages it left out."
+    )
     errors = StoreErrorSerializer(many=True)  # type: ignore[assignment]  # (a field named errors)
 
 

@@ -388,6 +388,11 @@ def test_a_bad_chat_id_is_a_400_and_nothing_is_sent(
     )
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "invalid_request_error"
+    # It names the header the client sent, not a session_id it never sent.
+    message = answer.json()["error"]["message"]
+    assert (
+        message.startswith("the X-OpenWebUI-Chat-Id header must be") and "session_id" not in message
+    )
     assert openai_server.requests == []
 
 

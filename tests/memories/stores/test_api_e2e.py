@@ -143,7 +143,7 @@ def test_three_turns_retrieval_by_stage_block_and_dedup(configured, alice_client
         "Input: When are invoices sent to customers?",
     ]
     assert body["prompt"] == expected_block(body["stores"])
-    assert body["truncated"] is False
+    assert body["truncated"] == 0
     assert body["token_count"] <= body["max_tokens"]
 
     # "plan" is outside convo_cache's and board's stages: the file store alone answers.
@@ -169,7 +169,8 @@ def test_block_stays_within_max_tokens(configured, alice_client, flow):
     small = retrieve(alice_client, flow, "gen", "deploy docker compose", max_tokens=120).json()
     assert full["token_count"] > 120
     assert 0 < small["token_count"] <= 120
-    assert small["truncated"] is True
+    left_out = sum(len(g["hits"]) - g["in_prompt"] for g in small["stores"])
+    assert small["truncated"] == left_out > 0  # a count, as a history's
     # What fits is each store's best items, in the store's order.
     for group_full, group_small in zip(full["stores"], small["stores"]):
         kept = group_small["in_prompt"]
