@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db.models import Count, QuerySet
 
+from knowledge.models import Chunk
 from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
 
 
@@ -31,15 +32,29 @@ def memory_stores_by_name(*, owner: User) -> dict[str, MemoryStore]:
     return {s.name: s for s in MemoryStore.objects.filter(owner=owner)}
 
 
-def memory_item_list(*, store: MemoryStore, session_id: str | None = None) -> QuerySet[MemoryItem]:
-    """Newest first; the embedding is never loaded."""
+def memory_item_list(*, store: MemoryStore, session_id: str | None = None) -> QuerySet[Any]:
+    """Newest first; the embedding is never loaded. A file store's items are the chunks
+    of its files (its knowledge base's), by file then place in the file."""
+    if store.knowledge_base_id is not None:
+        if session_id:  # a file has no session
+            return Chunk.objects.none()
+        return (
+            Chunk.objects.filter(knowledge_base_id=store.knowledge_base_id)
+            .defer("embedding")
+            .order_by("file_path", "chunk_index", "id")
+        )
     qs = MemoryItem.objects.filter(store=store).defer("embedding")
     if session_id:
         qs = qs.filter(session_id=session_id)
     return qs.order_by("-id")
 
 
-def memory_item_get(*, store: MemoryStore, item_id: int) -> MemoryItem:
+def memory_item_get(*, store: MemoryStore, item_id: int) -> Any:
+    """One item (a file store's: one chunk of its files)."""
+    if store.knowledge_base_id is not None:
+        return Chunk.objects.defer("embedding").get(
+            knowledge_base_id=store.knowledge_base_id, pk=item_id
+        )
     return MemoryItem.objects.defer("embedding").get(store=store, pk=item_id)
 
 

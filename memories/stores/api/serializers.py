@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField
 from core.validation import SessionIdField
+from knowledge.models import Chunk
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.registry import store_type
 from memories.stores.services import backend_for, memory_store_problem
@@ -73,6 +74,9 @@ class StoreOutputSerializer(serializers.ModelSerializer):
 
 
 class ItemOutputSerializer(serializers.ModelSerializer):
+    """A store's item; a file store's items are the chunks of its files (its text as
+    ``content_summary``, its file and place in ``metadata``, no snapshots)."""
+
     class Meta:
         model = MemoryItem
         fields = [
@@ -84,6 +88,18 @@ class ItemOutputSerializer(serializers.ModelSerializer):
             "session_id",
             "created_at",
         ]
+
+    def to_representation(self, instance: Any) -> Any:
+        if isinstance(instance, Chunk):
+            return {
+                "id": instance.pk, "content_summary": instance.text, "input_snapshot": {},
+                "output_snapshot": {}, "session_id": "",
+                "metadata": {**instance.metadata, "file_path": instance.file_path,
+                             "chunk_index": instance.chunk_index,
+                             "chunk_total": instance.chunk_total},
+                "created_at": serializers.DateTimeField().to_representation(instance.created_at),
+            }  # fmt: skip
+        return super().to_representation(instance)
 
 
 class ItemQuerySerializer(serializers.Serializer):

@@ -364,3 +364,19 @@ def test_patching_file_sources_reindexes(configured, alice_client, alice):
         "chunks_written": 0,
     }
     assert response.json()["items"] == 1
+
+
+def test_a_file_stores_items_are_its_files_chunks(configured, alice_client):
+    store = MemoryStore.objects.get(name="project_docs")
+    listed = alice_client.get(f"/api/v1/memory-stores/{store.pk}/items").json()
+    shown = alice_client.get(f"/api/v1/memory-stores/{store.pk}").json()["items"]
+    assert listed["count"] == shown == 3  # the count the store reports, browsable
+    paths = [item["metadata"]["file_path"] for item in listed["results"]]
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["billing.md", "deploy.md", "onboarding.mdx"]
+    first = listed["results"][0]
+    assert first["content_summary"] and first["metadata"]["chunk_index"] == 0
+    one = alice_client.get(f"/api/v1/memory-stores/{store.pk}/items/{first['id']}")
+    assert one.status_code == 200 and one.json() == first
+    refused = alice_client.delete(f"/api/v1/memory-stores/{store.pk}/items/{first['id']}")
+    assert refused.status_code == 409  # read-only: its files are the source
+    assert alice_client.get(f"/api/v1/memory-stores/{store.pk}/items").json()["count"] == 3
