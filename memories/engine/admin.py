@@ -20,6 +20,7 @@ from memories.engine.api.background import markdown_download
 from memories.engine.dreams import dream_run, dream_undo, memory_md_read
 from memories.engine.models import (
     Dream,
+    EngineFact,
     EngineSettings,
     FormationRun,
     PendingUpdate,
@@ -71,6 +72,15 @@ class FormationRunAdmin(admin.ModelAdmin):
         return False
 
 
+def _table(head: list[str], rows: Any) -> str:
+    """Rows as an HTML table (escaped), for the read-only pages."""
+    body = format_html_join("", "<tr>{}</tr>", (
+        (format_html_join("", "<td>{}</td>", ((cell,) for cell in row)),) for row in rows
+    ))  # fmt: skip
+    header = format_html_join("", "<th>{}</th>", ((h,) for h in head))
+    return format_html("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", header, body)
+
+
 @admin.register(Dream)
 class DreamAdmin(admin.ModelAdmin):
     list_display = [
@@ -86,15 +96,55 @@ class DreamAdmin(admin.ModelAdmin):
     list_select_related = ["scope", "owner"]
     search_fields = ["scope__external_id", "owner__username"]
     raw_id_fields = ["scope", "owner"]
-    readonly_fields = [f.name for f in Dream._meta.fields]
+    # Read as a page, not a form: the facts before and the changes as tables.
+    fields = [
+        "scope_path", "owner", "status", "trigger", "created_at", "undone_at", "lookback_days",
+        "days_read", "llm_calls", "changes_table", "facts_table", "diary",
+        "memory_md_before", "memory_md_after",
+    ]  # fmt: skip
+    readonly_fields = tuple(fields)
     actions = ["undo"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:  # fmt: skip
+        dream = self.get_object(request, object_id)
+        title = (
+            f"Dream of {dream.scope.label} on {dream.created_at:%Y-%m-%d %H:%M}" if dream else ""
+        )
+        return super().change_view(request, object_id, form_url,
+                                   {**(extra_context or {}), "title": title})  # fmt: skip
+
+    @admin.display(description="scope")
+    def scope_path(self, dream: Dream) -> str:
+        return dream.scope.label
+
+    @admin.display(description="journal days read")
+    def days_read(self, dream: Dream) -> str:
+        return ", ".join(dream.journal_days) or "none"
+
     @admin.display(description="changes")
     def change_count(self, dream: Dream) -> int:
         return len(dream.changes)
+
+    @admin.display(description="changes it made")
+    def changes_table(self, dream: Dream) -> str:
+        rows = (
+            (c.get("action", ""), (c.get("before") or {}).get("content", ""),
+             c.get("content") or (c.get("after") or {}).get("content") or "",
+             c.get("result") or "")
+            for c in dream.changes
+        )  # fmt: skip
+        return _table(["action", "before", "after", "result"], rows)
+
+    @admin.display(description="facts before the dream")
+    def facts_table(self, dream: Dream) -> str:
+        rows = ((f.get("content", ""), f.get("category", ""), f"{f.get('confidence', 0):.2f}",
+                 f.get("source_kind", ""), (f.get("observed_at") or "")[:16].replace("T", " "))
+                for f in dream.facts_before)  # fmt: skip
+        return _table(["fact", "category", "confidence", "source", "said at"], rows)
 
     @admin.action(description="Undo the selected dreams (facts and MEMORY.md restored)")
     @confirm_first(
@@ -117,7 +167,8 @@ class DreamAdmin(admin.ModelAdmin):
 
 @admin.register(ScopeJournal)
 class ScopeJournalAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "scope_path", "owner", "created_at"]
+    list_display = ["scope_path", "owner", "created_at"]
+    list_display_links = ["scope_path"]
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
     list_filter = ["owner"]
@@ -189,6 +240,53 @@ class ScopeJournalAdmin(admin.ModelAdmin):
                 "unchanged, skipped" if outcome.skipped else f"{len(outcome.dream.changes)} changes"
             )
             self.message_user(request, f"{scope}: dream {outcome.dream.pk} ({done}).")
+
+
+@admin.register(EngineFact)
+class EngineFactAdmin(admin.ModelAdmin):
+    """The core facts of every scope, read only (they change through the write service:
+    the API, the tools, the updates and dreams); a fact's earlier versions are linked."""
+
+    list_display = ["content", "scope_label", "category", "confidence", "source", "said"]
+    list_filter = ["category", "source_kind"]
+    list_select_related = ["scope", "owner"]
+    search_fields = ["content", "owner__username", "scope__external_id"]
+    ordering = ["-updated_at", "id"]
+    fields = [
+        "id", "content", "scope_label", "owner", "category", "confidence", "source",
+        "observed_at", "valid_from", "valid_to", "created_at", "updated_at", "history",
+    ]  # fmt: skip
+    readonly_fields = tuple(fields)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EngineFact]:
+        return super().get_queryset(request).defer("embedding")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="scope", ordering="scope__path")
+    def scope_label(self, fact: EngineFact) -> str:
+        return fact.scope.label if fact.scope is not None else "(shared)"
+
+    @admin.display(description="source")
+    def source(self, fact: EngineFact) -> str:
+        ref = fact.source_ref if len(fact.source_ref) <= 24 else fact.source_ref[:23] + "…"
+        return f"{fact.source_kind} {ref}".strip()
+
+    @admin.display(description="said at", ordering="observed_at")
+    def said(self, fact: EngineFact) -> str:
+        return f"{fact.observed_at:%Y-%m-%d %H:%M}"
+
+    @admin.display(description="history")
+    def history(self, fact: EngineFact) -> str:
+        url = reverse("admin:memories_factversion_changelist")
+        return format_html('<a href="{}?q={}">earlier versions</a>', url, fact.pk)
 
 
 @admin.register(EngineSettings)

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from memories.facts.models import Scope
+from memories.facts.models import Fact, Scope
 
 
 class PendingUpdate(models.Model):
@@ -179,3 +179,13 @@ class ScopeJournal(Scope):
     class Meta:
         proxy = True
         verbose_name = "scope journal"
+
+
+class EngineFact(Fact):
+    """Admin handle for the engine's core facts (the facts room's table), listed under
+    the memory engine with their scope, category, confidence, source and dates."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "fact"
+        verbose_name_plural = "facts"

@@ -41,7 +41,8 @@ class FactChangeInline(admin.TabularInline):
 
 @admin.register(Scope)
 class ScopeAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "scope_path", "owner", "memory_count", "last_seen_at", "created_at"]
+    list_display = ["scope_path", "owner", "memory_count", "last_seen_at", "created_at"]
+    list_display_links = ["scope_path"]
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
     list_filter = ["owner"]
@@ -212,6 +213,7 @@ class ScopeErasureAdmin(ReadOnlyAdmin):
 @admin.register(FactChange)
 class FactChangeAdmin(admin.ModelAdmin):
     list_display = ["created_at", "scope", "action", "old_content", "new_content", "reason"]
+    ordering = ["-created_at", "-id"]  # the audit in time order, the newest first
     list_filter = ["action"]
     list_select_related = ["scope"]
     search_fields = ["scope__external_id", "old_content", "new_content", "reason"]

@@ -55,7 +55,13 @@ class Scope(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.external_id or "/".join(self.path) or "(global memories)"
+        return self.label
+
+    @property
+    def label(self) -> str:
+        """The scope written one way everywhere it is shown: ``user/gina``,
+        ``org/acme/bot``, ``(global memories)``."""
+        return "/".join(self.path) or "(global memories)"
 
     @property
     def is_global(self) -> bool:
@@ -219,7 +225,13 @@ class FactChange(models.Model):
         indexes = [models.Index(fields=["scope", "-created_at"], name="factchange_scope_time")]
 
     def __str__(self) -> str:
-        return f"{self.action}: {self.old_content[:40]!r} -> {self.new_content[:40]!r}"
+        """A plain caption: "added: User prefers tea", "replaced: A, now B"."""
+        old, new = self.old_content[:60], self.new_content[:60]
+        captions = {
+            "add": f"added: {new}", "delete": f"deleted: {old}", "evict": f"evicted: {old}",
+            "replace": f"replaced: {old}, now {new}", "update": f"edited: {old}, now {new}",
+        }  # fmt: skip
+        return captions.get(self.action, f"{self.action}: {old or new}")
 
 
 class FactVersion(models.Model):

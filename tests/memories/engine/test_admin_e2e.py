@@ -62,12 +62,12 @@ def test_operator_reads_the_journal_dreams_and_undoes(
 
     scopes = live_server.url + "/admin/memory_engine/scopejournal/"
     browser.get(scopes)
-    assert (row_cells(browser, "alice")["scope_path"], row_cells(browser, "alice")["owner"]) == (
-        "user/alice", "alice")  # fmt: skip
+    assert (row_cells(browser, "user/alice")["scope_path"],
+            row_cells(browser, "user/alice")["owner"]) == ("user/alice", "alice")  # fmt: skip
     assert fits_the_window(browser, "#result_list")
     shot(browser, "admin-engine-scopes")
 
-    browser.find_element(By.LINK_TEXT, "alice").click()
+    browser.find_element(By.LINK_TEXT, "user/alice").click()
     WebDriverWait(browser, 30).until(
         lambda b: b.find_elements(By.CSS_SELECTOR, "div.field-journal")
     )
@@ -91,7 +91,7 @@ def test_operator_reads_the_journal_dreams_and_undoes(
     assert sorted(Fact.objects.filter(owner=alice).values_list("content", flat=True)) == [
         "User drinks green tea every morning"
     ]
-    browser.find_element(By.LINK_TEXT, "alice").click()
+    browser.find_element(By.LINK_TEXT, "user/alice").click()
     WebDriverWait(browser, 30).until(
         lambda b: b.find_elements(By.CSS_SELECTOR, "div.field-memory_md")
     )
@@ -120,6 +120,23 @@ def test_operator_reads_the_journal_dreams_and_undoes(
         "User uses vim",
     ]
     assert row_cells(browser, "alice")["status"] == "Undone"
+
+    # A dream reads as a page, its changes and facts as tables; the engine's facts listed.
+    browser.get(f"{live_server.url}/admin/memory_engine/dream/{dream.pk}/change/")
+    WebDriverWait(browser, 30).until(
+        lambda b: b.find_elements(By.CSS_SELECTOR, "div.field-changes_table")
+    )
+    assert browser.find_element(By.TAG_NAME, "h1").text.startswith("Dream of user/alice on")
+    assert (
+        "ACTION BEFORE AFTER RESULT"
+        in browser.find_element(By.CSS_SELECTOR, "div.field-changes_table").text
+    )
+    assert fits_the_window(browser, "div.field-changes_table", "div.field-facts_table")
+    shot(browser, "admin-engine-dream-page")
+    browser.get(f"{live_server.url}/admin/memory_engine/enginefact/")
+    assert row_cells(browser, "User uses vim")["scope_label"] == "user/alice"
+    assert fits_the_window(browser, "#result_list")
+    shot(browser, "admin-engine-facts")
 
     # The per-owner switch for the daily dream, edited in the list.
     EngineSettings.objects.get_or_create(owner=alice)

@@ -25,7 +25,7 @@ from memories.engine.dreams import (
 )
 from memories.engine.models import Dream
 from memories.engine.updates import update_record
-from memories.facts.models import FactChange, FactVersion
+from memories.facts.models import Fact, FactChange, FactVersion
 from memories.facts.scopes import global_scope_ensure, scope_find
 from memories.facts.selectors import facts_snapshot
 from memories.facts.services import FactIn, fact_add
@@ -415,3 +415,44 @@ def test_undo_writes_back_the_saved_memory_md_and_a_diary_entry(alice, dreaming)
     assert diary.count(f"## Dream {dream.pk}") == 1  # the dream's own entry stays
     # the next read brings it up to date with what was learned after the dream
     assert "User has a cat" in memory_md_read(dream.scope)
+
+
+def test_the_admin_reads_a_dream_as_a_page_with_tables(admin_client, alice, dreaming):
+    dream = dream_run(owner=alice, scope=SCOPE).dream
+    page = admin_client.get(f"/admin/memory_engine/dream/{dream.pk}/change/").content.decode()
+    assert f"Dream of user/alice on {dream.created_at:%Y-%m-%d}" in page
+    assert "Change dream" not in page
+    # The facts before and the changes as tables, not JSON.
+    assert "<th>fact</th><th>category</th><th>confidence</th>" in page
+    assert "<td>User likes green tea</td><td>preference</td><td>0.90</td>" in page
+    assert "<th>action</th><th>before</th><th>after</th><th>result</th>" in page
+    assert '"content":' not in page and "&quot;content&quot;" not in page
+
+
+def test_the_engine_admin_lists_facts_with_their_scope_written_one_way(admin_client, alice,
+                                                                       dreaming):  # fmt: skip
+    page = admin_client.get("/admin/memory_engine/enginefact/").content.decode()
+    assert "User likes tea" in page and "user/alice" in page
+    for column in ("scope", "category", "confidence", "source", "history"):
+        assert f'class="column-{column}' in page or f"column-{column}" in page, column
+    assert "user,alice" not in page and "user, alice" not in page
+    fact = Fact.objects.get(content="User likes tea")
+    detail = admin_client.get(f"/admin/memory_engine/enginefact/{fact.pk}/change/")
+    assert detail.status_code == 200 and "View fact" in detail.content.decode()
+    assert admin_client.post(f"/admin/memory_engine/enginefact/{fact.pk}/delete/",
+                             {"post": "yes"}).status_code == 403  # fmt: skip
+    assert Fact.objects.filter(pk=fact.pk).exists()
+
+
+def test_the_audit_reads_in_time_order_with_plain_captions(admin_client, alice, dreaming):
+    page = admin_client.get("/admin/memories/factchange/").content.decode()
+    assert "added: User likes tea" in page or "User likes tea" in page
+    from memories.facts.models import FactChange
+
+    change = FactChange.objects.filter(action="add").first()
+    assert str(change) == f"added: {change.new_content}"
+    assert "''" not in str(change) and "->" not in str(change)
+    times = list(FactChange.objects.order_by("-created_at").values_list("pk", flat=True))
+    listed = [str(pk) for pk in times]
+    positions = [page.find(pk) for pk in listed if page.find(pk) >= 0]
+    assert positions == sorted(positions)  # the newest first, in time order
