@@ -26,6 +26,7 @@ from memories.engine.models import (
     PendingUpdate,
     ScopeJournal,
 )
+from memories.facts.admin import ReadOnlyAdmin
 
 
 @admin.register(PendingUpdate)
@@ -243,7 +244,7 @@ class ScopeJournalAdmin(admin.ModelAdmin):
 
 
 @admin.register(EngineFact)
-class EngineFactAdmin(admin.ModelAdmin):
+class EngineFactAdmin(ReadOnlyAdmin):
     """The core facts of every scope, read only (they change through the write service:
     the API, the tools, the updates and dreams); a fact's earlier versions are linked."""
 
@@ -260,15 +261,6 @@ class EngineFactAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[EngineFact]:
         return super().get_queryset(request).defer("embedding")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="scope", ordering="scope__path")
     def scope_label(self, fact: EngineFact) -> str:

@@ -49,7 +49,7 @@ class StoreOutputSerializer(serializers.ModelSerializer):
             "updated_at",
         ]
 
-    @extend_schema_field(serializers.CharField(allow_null=True))
+    @extend_schema_field(StrictCharField(allow_null=True))
     def get_problem(self, store: MemoryStore) -> str | None:
         return memory_store_problem(store=store) if store_type(store.type) else "unknown type"
 
