@@ -159,6 +159,14 @@ class MessageOutputSerializer(serializers.ModelSerializer):
         caller_id = getattr(message, "parent_caller_id", None)
         return caller_id or message.parent_id
 
+    def to_representation(self, instance: Message) -> Any:
+        """``content`` is always the message's blocks: a message sent as a plain string
+        answers that string as one text block (not ``[]`` beside its ``text``)."""
+        data = super().to_representation(instance)
+        if not data["content"] and instance.text:
+            data["content"] = [{"type": "text", "text": instance.text}]
+        return data
+
 
 class FlowInSerializer(serializers.Serializer):
     name = StrictCharField(max_length=200)

@@ -193,3 +193,16 @@ def test_image_only_messages_are_accepted_and_keep_their_blocks(alice_client, fl
     ]
     text = _history(alice_client, flow, format="text")["text"]
     assert text == "Human: [image]\nAssistant: A cat."
+
+
+def test_content_is_always_blocks(alice_client, flow):
+    """One shape per field: a message sent as a string answers its content as one text
+    block beside its text (not ``[]``); one sent as blocks answers them."""
+    sent = _post(alice_client, flow, content="Hello there").json()
+    assert (sent["text"], sent["content"]) == (
+        "Hello there",
+        [{"type": "text", "text": "Hello there"}],
+    )
+    blocks = [{"type": "text", "text": "Look:"}, IMAGE]
+    sent = _post(alice_client, flow, content=blocks).json()
+    assert sent["content"] == blocks
