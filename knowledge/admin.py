@@ -10,6 +10,7 @@ from django.utils.html import format_html
 
 from core.admin_confirm import confirm_first
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
+from knowledge.selectors import with_live_chunks
 from knowledge.services import knowledge_base_delete
 
 MEMORY_BASE_KB_TEXT = (
@@ -20,17 +21,7 @@ MEMORY_BASE_KB_TEXT = (
 
 @admin.register(KnowledgeBase)
 class KnowledgeBaseAdmin(admin.ModelAdmin):
-    list_display = [
-        "name",
-        "owner",
-        "is_memory_base",
-        "source_kind",
-        "chunk_count",
-        "size",
-        "embedding_model",
-        "embedding_dimensions",
-        "updated_at",
-    ]
+    list_display = ["name", "owner", "kind", "chunks", "size", "embedding", "updated"]
     list_filter = ["is_memory_base", "source_kind", "embedding_provider"]
     list_select_related = ["owner"]
     search_fields = ["name", "owner__username"]
@@ -54,6 +45,25 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
         "updated_at",
     ]
     actions = ["delete_with_chunks"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[KnowledgeBase]:
+        return with_live_chunks(super().get_queryset(request))
+
+    @admin.display(description="kind", ordering="is_memory_base")
+    def kind(self, obj: KnowledgeBase) -> str:
+        return "memory base" if obj.is_memory_base else obj.source_kind
+
+    @admin.display(description="chunks", ordering="live_chunks")
+    def chunks(self, obj: KnowledgeBase) -> int:
+        return int(getattr(obj, "live_chunks", obj.chunk_count))
+
+    @admin.display(description="embedding", ordering="embedding_model")
+    def embedding(self, obj: KnowledgeBase) -> str:
+        return f"{obj.embedding_model} · {obj.embedding_dimensions}"
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: KnowledgeBase) -> str:
+        return f"{obj.updated_at:%Y-%m-%d %H:%M}"
 
     @admin.display(description="size", ordering="size_bytes")
     def size(self, obj: KnowledgeBase) -> str:
@@ -112,7 +122,7 @@ class ChunkAdmin(admin.ModelAdmin):
 
     # Few narrow columns so the text gets the width (source type is a filter; the
     # timestamps and every other column are on the chunk's own page).
-    list_display = ["source_key", "knowledge_base", "session_id", "excerpt"]
+    list_display = ["key", "knowledge_base", "session_id", "excerpt"]
     list_filter = [
         "source_type",
         "knowledge_base__is_memory_base",
@@ -139,6 +149,16 @@ class ChunkAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
         return False
+
+    @admin.display(description="source key", ordering="source_key")
+    def key(self, chunk: Chunk) -> str:
+        """A content-addressed key (``sha256:<64 hex>#n``) shortened to its first 12 hex
+        digits: the whole key is on the chunk's own page."""
+        head, sep, rest = chunk.source_key.partition(":")
+        if head == "sha256" and len(rest) > 40:
+            digest, hash_sep, index = rest.partition("#")
+            return f"sha256:{digest[:12]}…{hash_sep}{index}"
+        return chunk.source_key
 
     @admin.display(description="text")
     def excerpt(self, obj: Chunk) -> str:

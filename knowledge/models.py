@@ -93,7 +93,7 @@ class KnowledgeBase(models.Model):
             "embedding_provider": self.embedding_provider,
             "embedding_model": self.embedding_model,
             "embedding_dimensions": self.embedding_dimensions,
-            "chunks": self.chunk_count,
+            "chunks": getattr(self, "live_chunks", self.chunk_count),
             "words": self.word_count,
             "characters": self.char_count,
             "avg_chunk_size": self.average_chunk_size,

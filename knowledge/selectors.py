@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import Count, Exists, IntegerField, QuerySet, Subquery
+from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
@@ -17,15 +17,22 @@ from knowledge.models import Chunk, IngestJob, KnowledgeBase
 def knowledge_base_list(
     *, owner: User, include_memory_bases: bool = True
 ) -> QuerySet[KnowledgeBase]:
-    qs = KnowledgeBase.objects.filter(owner=owner)
+    qs = with_live_chunks(KnowledgeBase.objects.filter(owner=owner))
     if not include_memory_bases:
         qs = qs.filter(is_memory_base=False)
     return qs.order_by("name", "id")
 
 
+def with_live_chunks(qs: QuerySet[KnowledgeBase]) -> QuerySet[KnowledgeBase]:
+    """Each base with ``live_chunks``: its chunk rows counted, the count every page shows
+    (a memory base's page counts them too; the stored counter lags a deletion made
+    behind the service's back until the base is recounted)."""
+    return qs.annotate(live_chunks=chunk_count_subquery(OuterRef("pk")))
+
+
 def knowledge_base_get(*, owner: User, kb_id: uuid.UUID | str) -> KnowledgeBase:
     """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's."""
-    return KnowledgeBase.objects.get(owner=owner, pk=kb_id)
+    return with_live_chunks(KnowledgeBase.objects.filter(owner=owner)).get(pk=kb_id)
 
 
 def ingest_job_get_by_id(*, owner: User, job_id: uuid.UUID | str) -> IngestJob:

@@ -460,7 +460,10 @@ def _engine_summaries(served: Served, out: str) -> None:
 def _kb_ingest_search(served: Served, out: str) -> None:
     written, hits = _values(out)
     assert (written["documents"], written["chunks_written"]) == (2, 2)
-    assert written["knowledge_base"]["chunk_size"] == 400
+    assert (written["knowledge_base"], written["chunks"]) == (
+        str(uuid.UUID(written["knowledge_base"])),
+        2,
+    )
     assert [h["text"] for h in hits["results"]] == ["Refunds are paid within ten days."]
     assert hits["results"][0]["metadata"]["team"] == "billing"
 

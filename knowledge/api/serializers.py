@@ -261,7 +261,8 @@ class IngestResultSerializer(serializers.Serializer):
     documents = serializers.IntegerField()
     chunks_written = serializers.IntegerField()
     chunks_deleted = serializers.IntegerField()
-    knowledge_base = KnowledgeBaseOutputSerializer()
+    knowledge_base = serializers.UUIDField(help_text="Its id, as every other answer names it.")
+    chunks = serializers.IntegerField(help_text="The base's chunks after the batch.")
 
 
 def job_answer(job: IngestJob) -> dict[str, Any]:

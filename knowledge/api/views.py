@@ -166,7 +166,8 @@ class KnowledgeBaseDocumentsView(APIView):
                 "documents": result.documents,
                 "chunks_written": result.chunks_written,
                 "chunks_deleted": result.chunks_deleted,
-                "knowledge_base": KnowledgeBaseOutputSerializer(kb).data,
+                "knowledge_base": str(kb.pk),
+                "chunks": kb.chunk_count,
             },
             status=status.HTTP_201_CREATED,
         )

@@ -31,17 +31,8 @@ from memories.facts.admin import ReadOnlyAdmin
 
 @admin.register(PendingUpdate)
 class PendingUpdateAdmin(admin.ModelAdmin):
-    list_display = [
-        "id",
-        "scope",
-        "owner",
-        "status",
-        "source",
-        "due_at",
-        "attempts",
-        "processed_at",
-        "outcome",
-    ]
+    list_display = ["id", "scope_label", "owner", "status", "source", "when", "attempts",
+                    "outcome"]  # fmt: skip
     list_filter = ["status", "source"]
     list_select_related = ["scope", "owner"]
     search_fields = ["scope__external_id", "owner__username", "batch_id"]
@@ -50,6 +41,17 @@ class PendingUpdateAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description="scope", ordering="scope__path")
+    def scope_label(self, update: PendingUpdate) -> str:
+        label = update.scope.label
+        return label if len(label) <= 32 else label[:31] + "…"  # (whole on its page)
+
+    @admin.display(description="due / processed", ordering="due_at")
+    def when(self, update: PendingUpdate) -> str:
+        if update.processed_at is not None:
+            return f"processed {update.processed_at:%Y-%m-%d %H:%M}"
+        return f"due {update.due_at:%Y-%m-%d %H:%M:%S}"
 
     @admin.display(description="outcome")
     def outcome(self, update: PendingUpdate) -> str:

@@ -12,7 +12,7 @@ def test_admin_lists_bases_with_counts_and_memory_flag(admin_client, alice):
     ingest(kb, ("a", "hello world"), ("b", "second doc"))
     html = admin_client.get("/admin/knowledge/knowledgebase/").content.decode()
     assert "notes" in html and "memory" in html
-    assert 'class="field-chunk_count">2<' in html
+    assert 'class="field-chunks">2<' in html
 
 
 def test_chunk_browser_searches_text_and_never_renders_vectors(admin_client, alice):

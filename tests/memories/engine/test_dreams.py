@@ -433,7 +433,7 @@ def test_the_engine_admin_lists_facts_with_their_scope_written_one_way(admin_cli
                                                                        dreaming):  # fmt: skip
     page = admin_client.get("/admin/memory_engine/enginefact/").content.decode()
     assert "User likes tea" in page and "user/alice" in page
-    for column in ("scope", "category", "confidence", "source", "history"):
+    for column in ("scope_label", "category", "confidence", "source", "said"):
         assert f'class="column-{column}' in page or f"column-{column}" in page, column
     assert "user,alice" not in page and "user, alice" not in page
     fact = Fact.objects.get(content="User likes tea")

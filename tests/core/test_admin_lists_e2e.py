@@ -1,0 +1,38 @@
+"""The admin's widest lists fit a 1440 px window (issue 26): knowledge bases, the engine's
+pending updates and the chunk browser (content-addressed ``sha256:`` keys included), in
+headless Chromium; no horizontal scroll of the page or of the result table. Screenshots
+land in test-artifacts/."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from knowledge.services import DocumentIn, knowledge_documents_submit
+from knowledge.services.bases import knowledge_base_create
+from memories.engine.updates import update_record
+from tests.browser import fits_the_window, login, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settings):
+    kb = knowledge_base_create(owner=alice, name="the company handbook, every policy")
+    knowledge_documents_submit(knowledge_base=kb, background=False, documents=[
+        DocumentIn.from_payload(text=text, source_key="sha256:" + hashlib.sha256(text.encode()).hexdigest())
+        for text in (f"Policy {n}: refunds within ten days, support on weekdays." for n in range(3))
+    ])  # fmt: skip
+    for user in ("gina", "a-rather-long-end-user-identifier-from-the-application"):
+        update_record(owner=alice, scope=["user", user],
+                      messages=[{"role": "user", "content": "I like tea"}])  # fmt: skip
+    login(browser, live_server)
+    for name, url in (
+        ("admin-knowledge-bases", "/admin/knowledge/knowledgebase/"),
+        ("admin-pending-updates", "/admin/memory_engine/pendingupdate/"),
+        ("admin-chunks", "/admin/knowledge/chunk/"),
+    ):
+        browser.get(live_server.url + url)
+        shot(browser, name)
+        assert browser.execute_script("return window.innerWidth") == 1440
+        assert fits_the_window(browser, "#result_list"), url
