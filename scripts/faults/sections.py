@@ -294,7 +294,7 @@ def database_kill(
                     reply = inst.get("/healthz", auth=False, timeout=20)
                 outcome = _classify(reply)
                 if reply.status == 202:  # accepted as a background job: the job row is the write
-                    write_id = f"job:{reply.body['job']['id']}"
+                    write_id = f"job:{reply.body['id']}"
             except OSError as exc:
                 outcome = f"connection error ({type(exc).__name__})"
             with lock:

@@ -94,7 +94,7 @@ def _victim(inst: Instance, secret: str) -> dict[str, Any]:
         f"/api/v1/knowledge-bases/{kb}/documents",
         {"documents": [{"text": f"tea facts {secret}"}], "background": True},
     ).body
-    kb_job = (docs.get("job") or docs).get("id")
+    kb_job = docs.get("id")
     mb = inst.post("/api/v1/memory-bases", {"name": f"victim-{tag}", "flow": flow}).body
     jobs = inst.post(f"/api/v1/memory-bases/{mb['id']}/flush", {}).body.get("jobs") or []
     added = inst.post("/api/v1/users/u1/memories", {"content": f"likes {secret}", "infer": False})
