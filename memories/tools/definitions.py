@@ -269,7 +269,13 @@ def retrieve_node_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
                 "store": group.store,
                 "type": group.type,
                 "hits": [
-                    {"id": h.id, "content": h.content, "score": h.score, "similarity": h.similarity}
+                    {
+                        "id": h.id,
+                        "item_id": int(h.id) if str(h.id).isdigit() else None,
+                        "content": h.content,
+                        "score": h.score,
+                        "similarity": h.similarity,
+                    }
                     for h in group.hits
                 ],  # fmt: skip
             }

@@ -131,7 +131,16 @@ class RetrieveInSerializer(serializers.Serializer):
 
 
 class HitOutputSerializer(serializers.Serializer):
-    id = StrictCharField()
+    id = StrictCharField(help_text="The store's id of the hit (any store type's).")
+    item_id = serializers.SerializerMethodField(
+        help_text="The item's id as the items API and a write name it (an integer), when "
+        "the hit is an item of the store; null otherwise."
+    )
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_item_id(self, hit: Any) -> int | None:
+        return int(hit.id) if str(hit.id).isdigit() else None
+
     content = StrictCharField()
     score = serializers.FloatField(allow_null=True)
     similarity = serializers.FloatField(allow_null=True)

@@ -36,6 +36,7 @@ def test_a_broken_store_is_named_and_the_others_answer(alice, flow, alice_client
         ("notes", "added"), ("remote", "added"),
     ]  # fmt: skip
     assert written["errors"] == []
+    notes_item = written["results"][0]["item_id"]
     monkeypatch.delenv("API_KEY")  # the remote store's key is gone
     found = alice_client.post(f"{node}/retrieve", {"stage": "gen", "query": "which plan"},
                               format="json")  # fmt: skip
@@ -43,6 +44,9 @@ def test_a_broken_store_is_named_and_the_others_answer(alice, flow, alice_client
     body = found.json()
     assert [s["store"] for s in body["stores"]] == ["notes"]
     assert "team plan" in body["prompt"]
+    # A hit names its item as the write and the items API do: an integer item_id.
+    [hit] = body["stores"][0]["hits"]
+    assert (hit["item_id"], hit["id"]) == (notes_item, str(notes_item))
     [error] = body["errors"]
     assert (error["store"], error["type"], error["code"]) == (
         "remote", "simple", "missing_environment_variable",
