@@ -45,7 +45,7 @@ def _batch_to_documents(memory_base: MemoryBase, batch: list[Message]) -> list[D
         DocumentIn(
             text=m.text,
             source_key=f"message:{m.pk}",
-            message_id=str(m.pk),
+            message_id=m.message_id or str(m.pk),  # the caller's id when it gave one
             session_id=m.session_id,
             flow_id=str(m.flow_id),
             run_id=m.run_id,

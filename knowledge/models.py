@@ -124,7 +124,9 @@ class Chunk(models.Model):
     chunk_index = models.PositiveIntegerField(default=0)
     chunk_total = models.PositiveIntegerField(default=1)
     source_type = models.CharField(max_length=32, blank=True, default="")
-    message_id = models.CharField(max_length=64, blank=True, default="")
+    # The caller's id of the message a chunk comes from (``MESSAGE_ID_MAX``), else the
+    # server's.
+    message_id = models.CharField(max_length=200, blank=True, default="")
     session_id = models.CharField(max_length=255, blank=True, default="")
     flow_id = models.CharField(max_length=64, blank=True, default="")
     run_id = models.CharField(max_length=64, blank=True, default="")

@@ -340,3 +340,21 @@ def test_bad_input_stores_nothing(flow, memory_base):
     assert not Message.objects.exists()
     memory_base.refresh_from_db()
     assert memory_base.threshold == 3
+
+
+def test_a_chunk_names_the_callers_message_id(flow, memory_base, alice_client):
+    """One shape per field: a chunk's metadata.message_id is the id the caller gave the
+    message (else the server's), as every other answer names the message."""
+    for message_id, text in (("caller-msg-7", "Invoices are due in 30 days."), (None, "No id.")):
+        body = {"flow": str(flow.pk), "session_id": "s1", "role": "assistant", "content": text}
+        if message_id:
+            body["message_id"] = message_id
+        assert alice_client.post("/api/v1/messages", body, format="json").status_code == 201
+    memory_base_flush(memory_base=memory_base)
+    from knowledge.models import Chunk
+    from memories.conversations.models import Message
+
+    plain = Message.objects.get(text="No id.")
+    assert sorted(Chunk.objects.values_list("text", "message_id")) == [
+        ("Invoices are due in 30 days.", "caller-msg-7"), ("No id.", str(plain.pk)),
+    ]  # fmt: skip
