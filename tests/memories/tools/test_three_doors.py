@@ -89,6 +89,7 @@ def _normal(answers: list[dict[str, Any]], flow: str) -> list[Any]:
         for store in answer.get("result", {}).get("stores", []):
             for hit in store["hits"]:
                 hit["id"] = "<item>"
+                hit["item_id"] = "<item>" if hit.get("item_id") is not None else None
         for write in answer.get("result", {}).get("results", []):
             if "item_id" in write:
                 write["item_id"] = "<item>" if write["item_id"] is not None else None
