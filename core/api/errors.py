@@ -89,13 +89,23 @@ def validation_message(detail: Any) -> str:
     return f"{path}: {message}" if path else message
 
 
+def field_messages(details: Any) -> Any:
+    """A 400's ``details`` in one shape, DRF's: each field's messages as a list (a
+    service names a field's problem as one string: it becomes a list of one). Other
+    values (counts, ids, nested objects) are kept as they are."""
+    if isinstance(details, dict):
+        return {k: [v] if isinstance(v, str) else v for k, v in details.items()}
+    return details
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     unavailable = as_database_unavailable(exc)
     if unavailable is not None:  # an outage, whatever raised it: 503 with Retry-After
         exc = unavailable
     if isinstance(exc, ServiceError):
         set_rollback()
-        answer = Response(error_body(exc.code, str(exc), exc.details), status=exc.status_code)
+        details = field_messages(exc.details) if exc.status_code == 400 else exc.details
+        answer = Response(error_body(exc.code, str(exc), details), status=exc.status_code)
         retry_after = getattr(exc, "retry_after", None)
         if retry_after is not None:
             answer["Retry-After"] = str(retry_after)

@@ -45,3 +45,16 @@ def test_no_api_serializer_uses_drfs_lenient_char_field():
         if lenient.search(path.read_text())
     ]
     assert found == []
+
+
+def test_a_400s_details_list_each_fields_messages_whatever_found_them(alice_client):
+    """One shape per field (issue 26): the request's validation (DRF) and a service
+    (here the fact write service, refusing a validity that ends before it starts) both
+    answer a field's messages as a list."""
+    by_validation = alice_client.post("/api/v1/knowledge-bases", {"name": 123}, format="json")
+    by_service = alice_client.post("/api/v1/engine/facts", {"scope": ["user", "u1"],
+                                   "content": "User lived in Rome", "valid_from": "2020-01-01",
+                                   "valid_to": "2019-01-01"}, format="json")  # fmt: skip
+    assert by_validation.status_code == by_service.status_code == 400
+    assert by_validation.json()["error"]["details"] == {"name": ["Must be a string."]}
+    assert by_service.json()["error"]["details"] == {"valid_to": ["not after valid_from"]}

@@ -62,7 +62,7 @@ def test_the_readme_function_calling_example_runs_as_written(
     assert refused == {
         "code": "invalid_arguments",
         "message": "invalid arguments: limit: 0 is less than the minimum of 1",
-        "details": {"limit": "0 is less than the minimum of 1"},
+        "details": {"limit": ["0 is less than the minimum of 1"]},
     }  # an error goes back to the model too
     row = scope_find(owner=alice, scope=("user", "alice"))
     assert [f.content for f in fact_list(scope=row)] == ["User prefers dark mode"]
