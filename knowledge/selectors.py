@@ -17,22 +17,28 @@ from knowledge.models import Chunk, IngestJob, KnowledgeBase
 def knowledge_base_list(
     *, owner: User, include_memory_bases: bool = True
 ) -> QuerySet[KnowledgeBase]:
-    qs = with_live_chunks(KnowledgeBase.objects.filter(owner=owner))
+    qs = KnowledgeBase.objects.filter(owner=owner)
     if not include_memory_bases:
         qs = qs.filter(is_memory_base=False)
     return qs.order_by("name", "id")
 
 
 def with_live_chunks(qs: QuerySet[KnowledgeBase]) -> QuerySet[KnowledgeBase]:
-    """Each base with ``live_chunks``: its chunk rows counted, the count every page shows
-    (a memory base's page counts them too; the stored counter lags a deletion made
-    behind the service's back until the base is recounted)."""
+    """Each base with ``live_chunks``: its chunk rows counted, the count every page that
+    shows a base shows (a memory base's page counts them too; the stored counter lags a
+    deletion made behind the service's back until the base is recounted). Only for
+    those pages: it reads every chunk row's index entry."""
     return qs.annotate(live_chunks=chunk_count_subquery(OuterRef("pk")))
 
 
-def knowledge_base_get(*, owner: User, kb_id: uuid.UUID | str) -> KnowledgeBase:
-    """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's."""
-    return with_live_chunks(KnowledgeBase.objects.filter(owner=owner)).get(pk=kb_id)
+def knowledge_base_get(
+    *, owner: User, kb_id: uuid.UUID | str, counted: bool = False
+) -> KnowledgeBase:
+    """Raises KnowledgeBase.DoesNotExist for a missing base or another owner's.
+    ``counted``: with ``live_chunks`` (for the answers that show the base; a search or
+    an ingestion does not count a large base's rows)."""
+    qs = KnowledgeBase.objects.filter(owner=owner)
+    return (with_live_chunks(qs) if counted else qs).get(pk=kb_id)
 
 
 def ingest_job_get_by_id(*, owner: User, job_id: uuid.UUID | str) -> IngestJob:

@@ -34,6 +34,7 @@ from knowledge.selectors import (
     knowledge_base_get,
     knowledge_base_list,
     knowledge_bases_for_search,
+    with_live_chunks,
 )
 from knowledge.services import (
     DocumentIn,
@@ -44,8 +45,8 @@ from knowledge.services import (
 )
 
 
-def _get_kb(request: Request, kb_id: Any) -> KnowledgeBase:
-    return knowledge_base_get(owner=request.user, kb_id=kb_id)
+def _get_kb(request: Request, kb_id: Any, *, counted: bool = False) -> KnowledgeBase:
+    return knowledge_base_get(owner=request.user, kb_id=kb_id, counted=counted)
 
 
 def _search_request(data: dict[str, Any]) -> SearchRequest:
@@ -86,7 +87,7 @@ class KnowledgeBaseListView(APIView):
     def get(self, request: Request) -> Response:
         paginator = PageNumberPagination()
         page = paginator.paginate_queryset(
-            knowledge_base_list(owner=request.user), request, view=self
+            with_live_chunks(knowledge_base_list(owner=request.user)), request, view=self
         )
         return paginator.get_paginated_response(KnowledgeBaseOutputSerializer(page, many=True).data)
 
@@ -105,7 +106,7 @@ class KnowledgeBaseListView(APIView):
 class KnowledgeBaseDetailView(APIView):
     @extend_schema(summary="Get a knowledge base", responses=KnowledgeBaseOutputSerializer)
     def get(self, request: Request, kb_id: Any) -> Response:
-        return Response(KnowledgeBaseOutputSerializer(_get_kb(request, kb_id)).data)
+        return Response(KnowledgeBaseOutputSerializer(_get_kb(request, kb_id, counted=True)).data)
 
     @extend_schema(
         summary="Rename or describe a knowledge base",
@@ -113,7 +114,7 @@ class KnowledgeBaseDetailView(APIView):
         responses={200: KnowledgeBaseOutputSerializer, 409: ERROR},
     )
     def patch(self, request: Request, kb_id: Any) -> Response:
-        kb = _get_kb(request, kb_id)
+        kb = _get_kb(request, kb_id, counted=True)
         data = KnowledgeBaseUpdateSerializer(data=request.data, context={"knowledge_base": kb})
         data.is_valid(raise_exception=True)
         kb = knowledge_base_update(knowledge_base=kb, **data.validated_data)

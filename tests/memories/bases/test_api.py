@@ -358,3 +358,16 @@ def test_a_session_that_stored_nothing_on_purpose_is_no_mismatch(flow, memory_ba
     # As a preprocessing kill phrase leaves it: processed, and its job wrote nothing.
     MemoryBaseJob.objects.filter(session__session_id="s2").update(chunks_written=0)
     assert memory_base_mismatch(memory_base=memory_base) is False
+
+
+def test_counters_agree_across_pages_after_a_loss(alice_client, flow, memory_base):
+    """The knowledge base's answers count its chunk rows, as its memory base's page does
+    (the stored counter lags a deletion made behind the service's back)."""
+    record(flow, "s1", "m1", "m2", "m3")
+    Chunk.objects.filter(session_id="s1").exclude(text="m1").delete()
+    kb = memory_base.knowledge_base_id
+    base = alice_client.get(f"/api/v1/memories/{memory_base.pk}").json()
+    one = alice_client.get(f"/api/v1/knowledge-bases/{kb}").json()
+    listed = [k for k in alice_client.get("/api/v1/knowledge-bases").json()["results"]
+              if k["id"] == str(kb)]  # fmt: skip
+    assert base["chunks"] == one["metadata"]["chunks"] == listed[0]["metadata"]["chunks"] == 1
