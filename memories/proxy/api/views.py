@@ -34,6 +34,19 @@ def _header(request: Request, name: str) -> str:
     return str(request.headers.get(name) or "").strip()
 
 
+# What both chat completion doors answer (the plain one and the one with memory tools).
+COMPLETION_SCHEMA: dict[str, Any] = {
+    "summary": "Chat completion with the end user's memories",
+    "request": ChatCompletionSerializer,
+    "responses": {
+        (200, "application/json"): OpenApiTypes.OBJECT,
+        (200, "text/event-stream"): OpenApiTypes.STR,
+        502: OpenAIErrorSerializer,
+        504: OpenAIErrorSerializer,
+    },
+}
+
+
 class ChatCompletionsView(APIView):
     """OpenAI-compatible ``POST /v1/chat/completions`` with per-user memories."""
 
@@ -75,14 +88,7 @@ class ChatCompletionsView(APIView):
         return body
 
     @extend_schema(
-        summary="Chat completion with the end user's memories",
-        request=ChatCompletionSerializer,
-        responses={
-            (200, "application/json"): OpenApiTypes.OBJECT,
-            (200, "text/event-stream"): OpenApiTypes.STR,
-            502: OpenAIErrorSerializer,
-            504: OpenAIErrorSerializer,
-        },
+        **COMPLETION_SCHEMA,
         description="OpenAI's chat completion (the upstream's answer plus a memories "
         "array), or server-sent events with stream=true. Errors in OpenAI's shape.",
     )
@@ -192,14 +198,7 @@ class MemoryToolsChatView(ChatCompletionsView):
         return value, body.remove(("memory_tools",)) if "memory_tools" in body.data else body
 
     @extend_schema(
-        summary="Chat completion with the end user's memories",
-        request=ChatCompletionSerializer,
-        responses={
-            (200, "application/json"): OpenApiTypes.OBJECT,
-            (200, "text/event-stream"): OpenApiTypes.STR,
-            502: OpenAIErrorSerializer,
-            504: OpenAIErrorSerializer,
-        },
+        **COMPLETION_SCHEMA,
         description="OpenAI's chat completion (the upstream's answer plus a memories "
         "array), or server-sent events with stream=true; with memory_tools: true the proxy "
         "also offers the model manage_memory and search_memory and runs them. Errors in "
