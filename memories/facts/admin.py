@@ -46,7 +46,9 @@ class ScopeAdmin(admin.ModelAdmin):
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
     list_filter = ["owner"]
-    readonly_fields = ["owner", "path", "external_id", "created_at", "last_seen_at", "memories"]
+    # The scope written one way (user/alice), not the array's "user, alice".
+    fields = ["owner", "scope_path", "external_id", "created_at", "last_seen_at", "memories"]
+    readonly_fields = tuple(fields)
     inlines = [FactChangeInline]
     actions = ["erase"]
 
@@ -85,8 +87,8 @@ class ScopeAdmin(admin.ModelAdmin):
             (
                 (
                     link.fact.content,
-                    link.fact.observed_at,
-                    link.created_at,
+                    f"{link.fact.observed_at:%Y-%m-%d %H:%M}",
+                    f"{link.created_at:%Y-%m-%d %H:%M}",
                     link.shared_with - 1,
                     reverse("admin:memories_factversion_changelist"),
                     link.fact_id,
