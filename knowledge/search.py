@@ -28,6 +28,7 @@ from knowledge.retrieval.engine import (
     CANDIDATES,
     Collection,
     Context,
+    Lane,
     Leg,
     Ranking,
     Scope,
@@ -67,7 +68,20 @@ CHUNKS = Collection(
     tiebreak="coalesce({top}.vrank, 1000000000), coalesce({top}.krank, 1000000000), {top}.id",
     fusion="minmax",
     vector_weight=0.4,
-    context=Context(group=("knowledge_base_id", "session_id"), order=("source_timestamp", "id")),
+    # Context stays inside a conversation (a session's turns, in time order) or one
+    # document (its chunks, in order): separate documents lend each other nothing.
+    context=Context(
+        lanes=(
+            Lane(
+                "c.session_id <> ''",
+                ("knowledge_base_id", "session_id"),
+                ("source_timestamp", "id"),
+            ),
+            Lane(
+                "true", ("knowledge_base_id", "document_key", "session_id"), ("chunk_index", "id")
+            ),
+        ),
+    ),  # fmt: skip
     pending="index_pending",
     exact_max=10_000,
 )

@@ -22,14 +22,23 @@ Fusion (``Collection.fusion``):
 - ``rrf`` (asked per search): the sum over the legs of 1 / (k + rank).
 A search with one leg scores by that leg's raw value (similarity or BM25).
 
-Context (``Context``, chunks): a candidate among the best ``donors`` passes w ** d x its
-score to the rows d steps before and after it (d up to ``window``) in the same group
-(a conversation), ordered by time then id; those rows become candidates themselves. In
-a conversation the words of a question are often in one turn and the answer in the next.
+Context (``Context``, chunks): a candidate among the best ``donors`` lends w ** d x its
+score to the rows d steps before and after it (d up to ``window``) along its *lane*: the
+first of the context's lanes whose condition it meets says which rows are its group and
+their order (chunks: a session's turns in time order, or a session-less chunk's own
+document in chunk order; separate documents lend nothing). Those rows become candidates
+themselves. A row's own score s and what it borrows combine as s + (1 - s) x lent, lent =
+1 - prod(1 - w ** d x donor) over the best donor at each distance: in [0, 1] when the
+scores are, never lower than s. In a conversation the words of a question are often in
+one turn and the answer in the next.
 
-Decay (a half-life in days): the score x ``0.5 ** (age / half_life)``, the age from the
-collection's ``time`` to now, never negative (``core.scoring.decay``, same float
-operations). Ties: the collection's ``tiebreak``.
+Decay (a half-life in days): a candidate's own score x ``0.5 ** (age / half_life)``, the
+age from the collection's ``time`` to now, never negative (``core.scoring.decay``, same
+float operations), before context: a row lends its decayed score.
+
+A similarity threshold (``Ranking.max_distance``) drops the vector candidates past it and
+every row that is no candidate of a leg: each hit then matches a leg itself.
+Ties: the collection's ``tiebreak``.
 """
 
 from __future__ import annotations
@@ -48,15 +57,31 @@ CANDIDATES = 50
 
 
 @dataclass(frozen=True)
-class Context:
-    """Neighbours pass their score on (see the module): within ``group`` (columns),
-    in ``order`` (columns, the last one unique)."""
+class Lane:
+    """Where a donor's neighbours are: for a donor whose row meets ``when`` (a condition
+    on row ``c``), the rows of its group (``group``: columns equal to the donor's), in
+    ``order`` (columns, the last one unique)."""
 
+    when: str
     group: tuple[str, ...]
     order: tuple[str, ...]
-    weight: float = 0.5
+
+
+@dataclass(frozen=True)
+class Context:
+    """Neighbours pass their score on (see the module), along the first of ``lanes`` whose
+    condition the donor meets (none: it passes nothing)."""
+
+    lanes: tuple[Lane, ...]
+    weight: float = 0.6
     window: int = 2
-    donors: int = 1  # per row wanted
+    # The best this many candidates lend (or as many as the page reaches, if more): a
+    # page's rows do not depend on how many rows it asks for.
+    donors: int = 20
+    # How a row's own score and what it borrows add up: "sum" (own + sum of w ** d x the
+    # donor's score: can pass 1) or "noisy" (1 - (1 - own) x prod(1 - w ** d x score):
+    # in [0, 1] when the scores are, and a row's own score is never lowered).
+    combine: str = "noisy"
 
 
 @dataclass(frozen=True)
@@ -220,11 +245,7 @@ def _fusion(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]:
 
 _CONTEXT = """donor AS MATERIALIZED (SELECT id, score FROM cand ORDER BY score DESC, id LIMIT {donors}),
 nb AS MATERIALIZED (
-    SELECT d.score,
-        ARRAY(SELECT p.id FROM {table} p WHERE {same} AND ({order_p}) < ({order_c})
-              ORDER BY {desc_p} LIMIT {window}) AS before,
-        ARRAY(SELECT n.id FROM {table} n WHERE {same_n} AND ({order_n}) > ({order_c})
-              ORDER BY {asc_n} LIMIT {window}) AS after
+    SELECT d.score, {before} AS before, {after} AS after
     FROM donor d JOIN {table} c ON c.id = d.id
 ),
 best AS (
@@ -236,25 +257,45 @@ best AS (
     ) u
     GROUP BY u.id, u.dist
 ),
-bonus AS (SELECT id, sum(power(%s::float8, dist) * score) AS bonus FROM best GROUP BY id),
+bonus AS (SELECT id, {lent} AS bonus FROM best GROUP BY id),
 ranked AS (
-    SELECT coalesce(c.id, x.id) AS id, coalesce(c.score, 0) + coalesce(x.bonus, 0) AS score,
+    SELECT coalesce(c.id, x.id) AS id, {score} AS score,
            c.vrank, c.krank, c.vscore, c.kscore, c.o, c.id IS NOT NULL AS candidate
     FROM cand c FULL JOIN bonus x ON x.id = c.id
 )"""
+# What the donors lend a row (w ** dist x score: ``%s`` is w), and a row's score with it.
+_LENT = {
+    "sum": "sum(power(%s::float8, dist) * score)",
+    "noisy": "1 - exp(sum(ln(greatest(1 - power(%s::float8, dist) * score, 1e-300))))",
+}
+_WITH_LENT = {
+    "sum": "coalesce(c.score, 0) + coalesce(x.bonus, 0)",
+    "noisy": "coalesce(c.score, 0) + (1 - coalesce(c.score, 0)) * coalesce(x.bonus, 0)",
+}
+
+
+def _lane_sql(table: str, lanes: tuple[Lane, ...], after: bool, window: int) -> str:
+    """The ids of a donor's ``window`` neighbours before (or after) it, in its lane."""
+    whens = []
+    for lane in lanes:
+        order = ", ".join(f"n.{col}" for col in lane.order)
+        mine = ", ".join(f"c.{col}" for col in lane.order)
+        same = " AND ".join(f"n.{col} = c.{col}" for col in lane.group)
+        direction = "" if after else " DESC"
+        ordered = ", ".join(f"n.{col}{direction}" for col in lane.order)
+        whens.append(
+            f"WHEN {lane.when} THEN ARRAY(SELECT n.id FROM {table} n WHERE {same}"
+            f" AND ({order}) {'>' if after else '<'} ({mine}) ORDER BY {ordered} LIMIT {window})"
+        )
+    return "CASE " + " ".join(whens) + " END"
 
 
 def _context_sql(c: Collection, ctx: Context, limit: int) -> tuple[str, list[Any]]:
-    def cols(alias: str, desc: bool = False) -> str:
-        return ", ".join(f"{alias}.{col}" + (" DESC" if desc else "") for col in ctx.order)
-
-    def same(alias: str) -> str:
-        return " AND ".join(f"{alias}.{col} = c.{col}" for col in ctx.group)
-
     sql = _CONTEXT.format(
-        donors=ctx.donors * limit, table=c.table, window=ctx.window, same=same("p"),
-        same_n=same("n"), order_p=cols("p"), order_n=cols("n"), order_c=cols("c"),
-        desc_p=cols("p", desc=True), asc_n=cols("n"),
+        donors=max(ctx.donors, limit), table=c.table,
+        before=_lane_sql(c.table, ctx.lanes, False, ctx.window),
+        after=_lane_sql(c.table, ctx.lanes, True, ctx.window),
+        lent=_LENT[ctx.combine], score=_WITH_LENT[ctx.combine],
     )  # fmt: skip
     return sql, [float(ctx.weight)]
 
@@ -270,6 +311,24 @@ def _fuse_sql(
     if r.max_distance is not None:
         cut, cut_params = " WHERE d <= %s", [r.max_distance]
     fusion, fusion_params = _fusion(c, r, vector is None or keyword is None)
+    decay, decay_params = "", []
+    if r.half_life:
+        # A row's own score decays with its age, before context: what a row lends is
+        # its decayed score. The age from the time the legs carry (read for a row whose
+        # leg had none). PostgreSQL raises on a power that underflows to 0, Python gives 0.
+        time = (
+            f"coalesce(vr.o, kr.o, (SELECT {c.time} FROM {c.table} a"
+            " WHERE a.id = coalesce(vr.id, kr.id)))"
+        )
+        halvings = (
+            f"greatest(0::float8, extract(epoch FROM (%s::timestamptz - {time}))::float8"
+            " / 86400) / %s::float8"
+        )
+        decay = (
+            " * (SELECT CASE WHEN h < 1074 THEN power(0.5::float8, h) ELSE 0 END"
+            f" FROM (SELECT {halvings} AS h) x)"
+        )
+        decay_params = [r.now, float(r.half_life)]
     ctes = [
         f"v AS MATERIALIZED ({vsql})",
         f"k AS MATERIALIZED ({ksql})",
@@ -277,42 +336,33 @@ def _fuse_sql(
         f" AS rank FROM v{cut})",
         "kr AS (SELECT id, score AS s, o, (row_number() OVER (ORDER BY score DESC, id))::int"
         " AS rank FROM k)",
-        f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, {fusion} AS score, vr.rank AS vrank,"
-        " kr.rank AS krank, vr.s AS vscore, kr.s AS kscore, coalesce(vr.o, kr.o) AS o"
+        f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, ({fusion}){decay} AS score,"
+        " vr.rank AS vrank, kr.rank AS krank, vr.s AS vscore, kr.s AS kscore,"
+        " coalesce(vr.o, kr.o) AS o"
         " FROM vr FULL JOIN kr ON kr.id = vr.id"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
     ]
-    params = [*vparams, *kparams, *cut_params, *fusion_params]
+    params = [*vparams, *kparams, *cut_params, *fusion_params, *decay_params]
     context = c.context if r.context and vector is not None and keyword is not None else None
     if context is not None:
-        sql, context_params = _context_sql(c, context, r.limit)
+        sql, context_params = _context_sql(c, context, r.limit + r.offset)
         ctes.append(sql)
         params += context_params
         keep, keep_params = r.neighbours
     else:
         ctes.append("ranked AS (SELECT *, true AS candidate FROM cand)")
         keep, keep_params = "true", []
-    score = "r.score"
-    if r.half_life:
-        # The age from the row's time, carried by the legs (read here for a neighbour
-        # that only earned context). PostgreSQL raises on a power that underflows to 0,
-        # Python gives 0.
-        time = f"coalesce(r.o, (SELECT {c.time} FROM {c.table} a WHERE a.id = r.id))"
-        halvings = (
-            f"greatest(0::float8, extract(epoch FROM (%s::timestamptz - {time}))::float8"
-            " / 86400) / %s::float8"
-        )
-        score = (
-            "r.score * (SELECT CASE WHEN h < 1074 THEN power(0.5::float8, h) ELSE 0 END"
-            f" FROM (SELECT {halvings} AS h) x)"
-        )
-        params += [r.now, float(r.half_life)]
+    # A row that only borrowed context is a hit when it meets the search's filters
+    # (``keep``) and no similarity threshold was asked: under a threshold, every hit is
+    # a candidate of a leg itself (a keyword match, or a vector within ``max_distance``).
+    if r.max_distance is not None:
+        keep, keep_params = "false", []
     # The rows are read here only to check a neighbour against the search's filters.
-    join = f" JOIN {c.table} t ON t.id = r.id" if keep != "true" else ""
+    join = f" JOIN {c.table} t ON t.id = r.id" if keep not in ("true", "false") else ""
     where = f"(r.candidate OR {keep})" + (" AND r.vscore IS NOT NULL" if r.vector_required else "")
     ctes.append(
-        f"top AS (SELECT r.id, {score} AS score, r.vrank, r.krank, r.vscore, r.kscore, r.o"
+        f"top AS (SELECT r.id, r.score, r.vrank, r.krank, r.vscore, r.kscore, r.o"
         f" FROM ranked r{join} WHERE {where}"
         f" ORDER BY 2 DESC, {c.tiebreak.format(top='r')} LIMIT {int(r.limit)}"
         f" OFFSET {int(r.offset)})"

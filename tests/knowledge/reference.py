@@ -56,10 +56,11 @@ def with_context(
     weight: float,
     allowed: set[K],
 ) -> dict[K, float]:
-    """Each candidate and neighbour: its own score + sum over distances d of
-    ``weight`` ** d x the best score among the donors d steps away. ``around``: for the
-    donors (the best candidates), the rows before and after them, nearest first;
-    ``allowed``: the neighbours that may become hits (inside the search's scope)."""
+    """Each candidate and neighbour: its own score combined with what it borrows,
+    ``own + (1 - own) x lent``, ``lent = 1 - prod over distances d of (1 - weight ** d x
+    the best score among the donors d steps away)``. ``around``: for the donors (the best candidates), the
+    rows before and after them, nearest first; ``allowed``: the neighbours that may
+    become hits (inside the search's scope)."""
     best: dict[K, dict[int, float]] = {}
     for key, sides in around.items():
         score = scores.get(key, 0.0)
@@ -70,8 +71,14 @@ def with_context(
                     at[distance] = max(at.get(distance, 0.0), score)
     out = dict(scores)
     for key, at in best.items():
-        out[key] = scores.get(key, 0.0) + sum(weight**d * value for d, value in at.items())
+        # (the statement's float operations: a product as the exp of a sum of logs)
+        lent = 1 - math.exp(sum(math.log(max(1 - weight**d * v, 1e-300)) for d, v in at.items()))
+        own = scores.get(key, 0.0)
+        out[key] = own + (1 - own) * lent
     return out
+
+
+DONORS = 20  # the candidates that lend, at least (the page's length when longer)
 
 
 def ranked(
@@ -85,13 +92,15 @@ def ranked(
     max_distance: float | None = None,
     neighbours: Callable[[K], tuple[list[K], list[K]]] | None = None,
     allowed: set[K] | None = None,
-    context_weight: float = 0.5,
+    context_weight: float = 0.6,
     half_life: float | None = None,
     now: datetime | None = None,
     time_of: Callable[[K], datetime] | None = None,
 ) -> list[tuple[K, float]]:
     """The page (id, score) best first. ``vector``: (id, distance) nearest first;
-    ``keyword``: (id, BM25) best first (None: no such leg)."""
+    ``keyword``: (id, BM25) best first (None: no such leg). Decay applies to each
+    candidate's own score, before context (a donor lends its decayed score); under a
+    similarity threshold (``max_distance``) only candidates are hits."""
     sims = [(k, 1.0 - d) for k, d in vector or [] if max_distance is None or d <= max_distance]
     words = list(keyword or [])
     if vector is None or keyword is None:
@@ -105,16 +114,19 @@ def ranked(
     ranks = {k: (r, 10**9) for r, (k, _) in enumerate(sims, start=1)}
     for r, (k, _) in enumerate(words, start=1):
         ranks[k] = (ranks.get(k, (10**9, 0))[0], r)
-    if neighbours is not None and vector is not None and keyword is not None:
-        donors = sorted(scores, key=lambda k: (-scores[k], k))[:limit]
-        scores = with_context(
-            scores, {d: neighbours(d) for d in donors}, context_weight, allowed or set()
-        )
     if half_life:
         assert now is not None and time_of is not None
         for key in scores:
             age = max(0.0, (now - time_of(key)).total_seconds() / 86400)
             scores[key] *= math.pow(0.5, age / half_life)
+    if neighbours is not None and vector is not None and keyword is not None:
+        donors = sorted(scores, key=lambda k: (-scores[k], k))[: max(DONORS, limit)]
+        scores = with_context(
+            scores,
+            {d: neighbours(d) for d in donors},
+            context_weight,
+            set() if max_distance is not None else allowed or set(),
+        )
     if fusion == "max":  # (ties: by id)
         order = sorted(scores, key=lambda k: (-scores[k], k))
     else:

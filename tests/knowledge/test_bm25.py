@@ -131,7 +131,7 @@ def test_bm25_scores_rare_words_higher_and_stems(alice):
 
 
 def test_a_hits_neighbours_in_its_session_earn_context(alice, monkeypatch):
-    assert (search.CHUNKS.context.weight, search.CHUNKS.context.window) == (0.5, 2)
+    assert (search.CHUNKS.context.weight, search.CHUNKS.context.window) == (0.6, 2)
     kb = make_kb(alice)
     turns = [
         ("t1", "Ann: Good morning!", {"session_id": "s", "sender": "ann"}),
@@ -144,16 +144,22 @@ def test_a_hits_neighbours_in_its_session_earn_context(alice, monkeypatch):
     by_key = {h.metadata["source_key"]: h for h in hits}
     question, answer = by_key["t2#0"], by_key["t3#0"]
     assert hits[0] is question and question.keyword_rank == 1
-    # The answer holds no query word; it earns 0.5 x its best neighbour's score one step
-    # away and 0.25 x the best two steps away.
+    # The answer holds no query word; it borrows 0.6 x its best neighbour's score one
+    # step away and 0.36 x the best two steps away, combined so that a score stays <= 1:
+    # 1 - (1 - own) x (1 - 0.6 x one step) x (1 - 0.36 x two steps).
     assert answer.keyword_rank is None
     monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, context=None))
     plain = {
         h.metadata["source_key"]: h.score
         for h in search_chunks(bases=[kb], request=SearchRequest(query="pets", top_k=4))
     }
-    assert answer.score == pytest.approx(plain["t3#0"] + 0.5 * plain["t2#0"] + 0.25 * plain["t1#0"])
-    assert question.score == pytest.approx(plain["t2#0"] + 0.5 * max(plain["t1#0"], plain["t3#0"]))
+    assert answer.score == pytest.approx(
+        1 - (1 - plain["t3#0"]) * (1 - 0.6 * plain["t2#0"]) * (1 - 0.36 * plain["t1#0"])
+    )
+    assert question.score == pytest.approx(
+        1 - (1 - plain["t2#0"]) * (1 - 0.6 * max(plain["t1#0"], plain["t3#0"]))
+    )
+    assert question.score == 1.0 and all(0 <= h.score <= 1 for h in hits)
     # Different session: not a neighbour of t3.
     assert by_key["t4#0"].score == pytest.approx(plain["t4#0"])
 

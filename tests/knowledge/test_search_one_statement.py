@@ -4,9 +4,10 @@ setting behind."""
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -19,8 +20,8 @@ from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import knowledge_index_pending
 from tests.factories import UserFactory
 from tests.knowledge import reference
-from tests.knowledge.factories import make_kb
-from tests.knowledge.test_bm25 import _queries, _zipf_corpus
+from tests.knowledge.factories import ingest, make_kb
+from tests.knowledge.test_bm25 import _WORDS, _queries, _zipf_corpus
 
 REQUESTS = [
     {},
@@ -38,17 +39,22 @@ REQUESTS = [
 
 
 def _layout(kb) -> tuple[dict, dict]:
-    """Each chunk's (session, timestamp) and its neighbours (before, after) in its session."""
+    """Each chunk's (session, timestamp) and its neighbours (before, after) in its
+    conversation (a session's chunks in time order) or, without a session, its
+    document's (in chunk order)."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT id, session_id, coalesce(source_timestamp, created_at) FROM knowledge_chunk "
-            "WHERE knowledge_base_id = %s ORDER BY session_id, source_timestamp, id",
+            "SELECT id, session_id, coalesce(source_timestamp, created_at), document_key"
+            " FROM knowledge_chunk WHERE knowledge_base_id = %s"
+            " ORDER BY session_id, CASE WHEN session_id = '' THEN document_key END,"
+            " CASE WHEN session_id = '' THEN chunk_index END, source_timestamp, id",
             [kb.pk],
         )
         rows = cur.fetchall()
     around, info = {}, {}
-    for cid, session, when in rows:
-        same = [r[0] for r in rows if r[1] == session]
+    for cid, session, when, document in rows:
+        group = (session, "" if session else document)
+        same = [r[0] for r in rows if (r[1], "" if r[1] else r[3]) == group]
         at = same.index(cid)
         around[cid] = (same[max(0, at - 2) : at][::-1], same[at + 1 : at + 3])
         info[cid] = (session, when)
@@ -70,13 +76,20 @@ def _expected(kb, request: SearchRequest, layout) -> list[tuple[int, float]]:
         if request.filters.get("sender") is None and (since is None or when >= since)
     }
     threshold = request.similarity_threshold
-    now = datetime.now(UTC)
+    now = search.timezone.now()  # (the search's clock, fixed by the test)
     return reference.ranked(
         vector, keyword, limit=request.top_k, rrf_k=request.rrf_k,
         max_distance=None if threshold is None else 1.0 - threshold,
         neighbours=around.__getitem__, allowed=allowed, half_life=request.half_life_days,
         now=now, time_of=lambda cid: info[cid][1],
     )  # fmt: skip
+
+
+def _documents(kb, n: int, seed: int) -> None:
+    """``n`` documents without a session, of 40 Zipfian words each: several chunks each."""
+    rng = random.Random(seed)
+    weights = [1 / (rank + 1) for rank in range(len(_WORDS))]
+    ingest(kb, *((f"doc{i}", " ".join(rng.choices(_WORDS, weights, k=40))) for i in range(n)))
 
 
 def _check(kb, query: str, top_k: int, extra: dict, layout) -> bool:
@@ -96,13 +109,18 @@ def test_the_statement_ranks_as_the_definition(alice, monkeypatch, path):
     not reached yet), for every mode, fusion, filter, time range, threshold and decay."""
     if path == "index":
         monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
-    kb = make_kb(alice)
+    kb = make_kb(alice, chunk_size=120, chunk_overlap=0)
     _zipf_corpus(kb, 240, seed=5, repeat=True)
+    _documents(kb, 8, seed=9)  # (context within a document's own chunks)
     if path == "index":
         knowledge_index_pending()  # most rows in the HNSW index, some left pending
         _zipf_corpus(kb, 260, seed=6, repeat=True)
         kb.refresh_from_db()
     layout = _layout(kb)
+    # The clock fixed a minute on: the documents' chunks (no timestamp: ingested now) decay
+    # by a measurable share under the 0.01-day half-life, the same in both rankings.
+    now = datetime.now(UTC) + timedelta(seconds=60)
+    monkeypatch.setattr(search.timezone, "now", lambda: now)
     checked = 0
     for query in _queries(seed=17, count=6):
         for top_k in (1, 5, 10):
