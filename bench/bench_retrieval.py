@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -53,6 +54,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +84,8 @@ from knowledge.services import (  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "locomo-dev" / "locomo-dev.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
-KS = (5, 10)
+KS = (5, 10, 20)
+HIT_KS = (1, 5, 10)
 
 
 @dataclass
@@ -123,7 +126,16 @@ def session_date(raw: str) -> str:
     return " ".join(day.split())
 
 
-def load(path: Path, only: list[str] | None, dates: str = "none") -> list[Conversation]:
+def session_time(raw: str, turn: str) -> datetime:
+    """A turn's time under the README's protocol: its session's "1:56 pm on 8 May, 2023"
+    (UTC) plus N seconds for the N-th turn (``D3:5``: 5 s)."""
+    start = datetime.strptime(" ".join(raw.split()), "%I:%M %p on %d %B, %Y")
+    return start.replace(tzinfo=UTC) + timedelta(seconds=int(turn.split(":")[1]))
+
+
+def load(
+    path: Path, only: list[str] | None, dates: str = "none", protocol: str = "sessions"
+) -> list[Conversation]:
     out = []
     for sample in json.loads(path.read_text()):
         if only and sample["sample_id"] not in only:
@@ -139,12 +151,18 @@ def load(path: Path, only: list[str] | None, dates: str = "none") -> list[Conver
             # --dates text: the session's date leads each turn's text, as a user of the API
             # who wants dates searchable would write it ("[8 May 2023] Caroline: ...").
             date = session_date(conv.get(f"{key}_date_time", "")) if dates == "text" else ""
+            raw_date = conv.get(f"{key}_date_time", "")
             for turn in conv[key]:
+                # --protocol sessions: stored as a chat stores its turns (the README's
+                # measurement); documents: each turn a document of its own, no session.
+                chat = protocol == "sessions"
                 documents.append(
                     DocumentIn(
                         text=(f"[{date}] " if date else "") + f"{turn['speaker']}: {turn['text']}",
                         source_key=turn["dia_id"],
                         metadata={"dia_id": turn["dia_id"]},
+                        session_id=f"{sample['sample_id']}/{key}" if chat else "",
+                        timestamp=session_time(raw_date, turn["dia_id"]) if chat else None,
                     )
                 )
         turns = {d.source_key for d in documents}
@@ -253,7 +271,7 @@ def _ensure_no_stop_config() -> None:
 def ensure_base(
     owner: Any, conv: Conversation, fresh: bool, language: str = "english"
 ) -> KnowledgeBase:
-    documents = [(d.text, d.source_key) for d in conv.documents]
+    documents = [(d.text, d.source_key, d.session_id, str(d.timestamp)) for d in conv.documents]
     text = repr((sorted(_embedding_fields().items()), documents))
     if language != "english":
         text += language
@@ -335,7 +353,7 @@ class InProcess:
         self.args = args
         self.rewrites: list[Any] = []
 
-    def search(self, kb: KnowledgeBase, query: str, top_k: int) -> list[str]:
+    def search(self, kb: KnowledgeBase, query: str, top_k: int, key: str = "dia_id") -> list[str]:
         vector = None if PRECOMPUTED is None else PRECOMPUTED.queries[query]
         request = SearchRequest(
             query=query, vector=vector, top_k=top_k, mode=self.args.mode, rrf_k=self.args.rrf_k
@@ -348,7 +366,7 @@ class InProcess:
             hits = found.hits
         else:
             hits = search_chunks(bases=[kb], request=request)
-        return [h.metadata.get("dia_id", "") for h in hits]
+        return [h.metadata.get(key, "") for h in hits]
 
     def close(self) -> None:
         pass
@@ -429,14 +447,27 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def report(title: str, rows: list[tuple[Question, dict[int, float]]]) -> None:
-    groups: dict[str, list[dict[int, float]]] = defaultdict(list)
+def measures(found: list[str], evidence: set[str]) -> dict[str, float]:
+    """Recall@k, Hit@k (an evidence turn among the first k) and NDCG@10 (binary gains)
+    of one question's ranked turns."""
+    out: dict[str, float] = {f"R@{k}": recall(found, evidence, k) for k in KS}
+    out |= {f"Hit@{k}": float(bool(evidence & set(found[:k]))) for k in HIT_KS}
+    gain = sum(1 / math.log2(i + 2) for i, turn in enumerate(found[:10]) if turn in evidence)
+    ideal = sum(1 / math.log2(i + 2) for i in range(min(len(evidence), 10)))
+    out["NDCG@10"] = gain / ideal
+    return out
+
+
+def report(title: str, rows: list[tuple[Question, dict[Any, float]]]) -> None:
+    groups: dict[str, list[dict[Any, float]]] = defaultdict(list)
     for question, scores in rows:
         groups["all"].append(scores)
         groups[f"{question.category} {CATEGORIES[question.category]}"].append(scores)
         groups[question.conversation].append(scores)
+    columns = list(rows[0][1])
     print(f"\n{title}")
-    print(f"  {'':16} {'n':>5} " + " ".join(f"{'R@' + str(k):>7}" for k in KS))
+    names = [c if isinstance(c, str) else f"R@{c}" for c in columns]
+    print(f"  {'':16} {'n':>5} " + " ".join(f"{n:>7}" for n in names))
     order = [
         "all",
         *sorted(k for k in groups if k[0].isdigit()),
@@ -444,7 +475,7 @@ def report(title: str, rows: list[tuple[Question, dict[int, float]]]) -> None:
     ]
     for name in order:
         values = groups[name]
-        cells = " ".join(f"{statistics.fmean(v[k] for v in values):7.3f}" for k in KS)
+        cells = " ".join(f"{statistics.fmean(v[k] for v in values):7.3f}" for k in columns)
         print(f"  {name:16} {len(values):5d} {cells}")
 
 
@@ -461,8 +492,8 @@ def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
                 started = time.perf_counter()
                 found = searcher.search(bases[conv.sample_id], question.text, max(KS))
                 latencies.append((time.perf_counter() - started) * 1000)
-                rows.append((question, {k: recall(found, question.evidence, k) for k in KS}))
-                if args.verbose and rows[-1][1][10] < 1:
+                rows.append((question, measures(found, question.evidence)))
+                if args.verbose and rows[-1][1]["R@10"] < 1:
                     print(f"  miss {question.evidence} {question.text!r} -> {found}")
     finally:
         searcher.close()
@@ -470,7 +501,7 @@ def run_turns(args: argparse.Namespace, convs: list[Conversation]) -> None:
     mode = args.mode if args.mode_given or not args.http else "default"
     settings_note = " ".join(f"{k}={v}" for k, v in args.overrides.items())
     report(
-        f"turn recall ({via}, mode {mode}, {settings.EMBEDDING_PROVIDER} "
+        f"turn recall ({via}, protocol {args.protocol}, mode {mode}, {settings.EMBEDDING_PROVIDER} "
         f"embedder{', ' + settings_note if settings_note else ''})",
         rows,
     )
@@ -578,7 +609,7 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
     report(f"fact recall (personal memories, {settings.EMBEDDING_PROVIDER} embedder)", rows)
     print(
         f"  questions with an evidence fact injected: {statistics.fmean(injected_any):.3f} "
-        f"(relevant: similarity >= {settings.MEMORY_SCORE_THRESHOLD} or a query word); "
+        "(marked relevant: memories.facts.injection.relevant_hits); "
         f"facts injected per question: mean {statistics.fmean(injected_counts):.2f}, "
         f"share with none {statistics.fmean(c == 0 for c in injected_counts):.3f}"
     )
@@ -589,6 +620,137 @@ def run_facts(args: argparse.Namespace, convs: list[Conversation]) -> None:
         f"{statistics.fmean(in_block_counts):.2f}"
     )
     print(f"  proxy retrieval latency: p50 {statistics.median(latencies):.1f} ms")
+
+
+# --- an ordinary document base: the hand-written set (issue 25) --------------------------
+DOCUMENT_DATA = ROOT / "bench" / "data" / "document_base_dev.json"
+
+
+def run_documents(args: argparse.Namespace) -> None:
+    """Each document of the set one document of a knowledge base (default chunking); a
+    question's evidence: its answer documents' chunks, or for a long document the chunk
+    holding its ``answer_text``. Searched as the API searches (default mode, top_k 20)."""
+    data = json.loads(args.document_data.read_text())
+    owner = bench_owner("bench-documents")
+    conv = Conversation(
+        "documents", ("", ""),
+        [DocumentIn(text=d["text"], source_key=d["key"]) for d in data["documents"]], [],
+    )  # fmt: skip
+    kb = ensure_base(owner, conv, args.fresh)
+    texts: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for key, text in kb.chunks.order_by("chunk_index").values_list("source_key", "text"):
+        texts[key.split("#")[0]].append((key, text))
+    searcher = InProcess(args)
+    searcher.search(kb, data["questions"][0]["text"], max(KS))  # warm-up
+    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    latencies = []
+    for question in data["questions"]:
+        evidence = set()
+        for answer in question["answers"]:
+            chunks = texts[answer]
+            wanted = question.get("answer_text") if len(chunks) > 1 else None
+            held = [k for k, t in chunks if wanted and wanted in " ".join(t.split())]
+            evidence |= set(held or [k for k, _ in chunks])
+        started = time.perf_counter()
+        found = searcher.search(kb, question["text"], max(KS), key="source_key")
+        latencies.append((time.perf_counter() - started) * 1000)
+        row = measures(found, evidence)
+        long = any(len(texts[a]) > 1 for a in question["answers"])
+        for group in ("all", question["split"], "long documents" if long else "short documents"):
+            rows[group].append(row)
+        if args.verbose and row["R@10"] < 1:
+            print(f"  miss {sorted(evidence)} {question['text']!r} -> {found[:10]}")
+    print(f"\ndocument base ({args.document_data.name}: {len(data['documents'])} documents, "
+          f"{kb.chunk_count} chunks; {settings.EMBEDDING_PROVIDER} embedder)")  # fmt: skip
+    names = list(rows["all"][0])
+    print(f"  {'':16} {'n':>5} " + " ".join(f"{n:>7}" for n in names))
+    for group in ("all", "tune", "check", "short documents", "long documents"):
+        values = rows[group]
+        cells = " ".join(f"{statistics.fmean(v[n] for v in values):7.3f}" for n in names)
+        print(f"  {group:16} {len(values):5d} {cells}")
+    print(f"  search latency: p50 {statistics.median(latencies):.1f} ms")
+
+
+# --- personal facts through the chat proxy: the hand-written set (issue 25) --------------
+PERSONAL_DATA = ROOT / "bench" / "data" / "personal_facts_dev.json"
+
+
+def ensure_personal(data: dict[str, Any], fresh: bool) -> tuple[Any, dict[str, Any]]:
+    """One owner; each user of the set an end user with their facts as given (fact id in
+    metadata); reused while the facts are the same."""
+    from core.providers.embeddings import get_embedder
+    from memories.engine.llm import PrecomputedEmbedder
+    from memories.facts.models import Fact, Scope
+    from memories.facts.scopes import end_user_ensure
+    from memories.facts.services import FactIn, fact_add, scope_erase
+
+    text = json.dumps([u["facts"] for u in data["users"]], sort_keys=True)
+    owner = bench_owner(f"bench-personal-{hashlib.sha256(text.encode()).hexdigest()[:12]}")
+    embedder = get_embedder()
+    total = sum(len(u["facts"]) for u in data["users"])
+    if fresh or Fact.objects.filter(owner=owner, embedding_model=embedder.model).count() != total:
+        for scope in Scope.objects.filter(owner=owner):
+            scope_erase(scope=scope)
+        Fact.objects.filter(owner=owner).delete()
+        for user in data["users"]:
+            contents = [f["content"] for f in user["facts"]]
+            fact_add(owner=owner, scope=end_user_ensure(owner=owner, external_id=user["id"]),
+                     facts=[FactIn(f["content"], metadata={"key": f["id"]}) for f in user["facts"]],
+                     reason="bench", dedup_threshold=1.01, max_facts=10**6,
+                     embedder=PrecomputedEmbedder(embedder, contents))  # fmt: skip
+    keys = {f.pk: f.metadata.get("key") for f in Fact.objects.filter(owner=owner)}
+    return owner, keys
+
+
+def run_personal(args: argparse.Namespace) -> None:
+    """Each question asked by its end user as the chat proxy asks it (``chat_prepare``: the
+    memory block of ``/v1/chat/completions``): is the fact it is about marked relevant, how
+    many are, where the fact sits in the block; and the one search's rank of it."""
+    from memories.facts.models import Scope
+    from memories.facts.search import fact_search
+    from memories.proxy.chat import chat_prepare
+
+    data = json.loads(args.personal_data.read_text())
+    owner, keys = ensure_personal(data, args.fresh)
+    scopes = {s.external_id: s for s in Scope.objects.filter(owner=owner)}
+    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    latencies: list[float] = []
+    for user in data["users"]:
+        for question in user["questions"]:
+            body = {"messages": [{"role": "user", "content": question["text"]}]}
+            started = time.perf_counter()
+            prepared = chat_prepare(owner_id=owner.pk, body=body, external_id=user["id"])
+            latencies.append((time.perf_counter() - started) * 1000)
+            marked = [keys.get(m.id) for m in prepared.memories if m.relevant]
+            block = [keys.get(m.id) for m in prepared.memories]
+            hits = fact_search(owner=owner, scope=scopes[user["id"]], query=question["text"],
+                               limit=40).hits  # fmt: skip
+            ranked = [keys.get(h.id) for h in hits]
+            target = question["fact"]
+            rank = ranked.index(target) + 1 if target in ranked else 99
+            row = {
+                "marked": float(target in marked),
+                "n marked": float(len(marked)),
+                "first": float(bool(marked) and marked[0] == target),
+                "in block": float(target in block),
+                "R@1": float(rank <= 1),
+                "R@2": float(rank <= 2),
+                "R@3": float(rank <= 3),
+                "R@5": float(rank <= 5),
+            }
+            rows[user["split"]].append(row)
+            rows["all"].append(row)
+            if args.verbose and not row["marked"]:
+                print(f"  miss {user['id']} {question['text']!r} -> {target}, marked {marked}")
+    print(f"\npersonal facts through the chat proxy ({args.personal_data.name}, "
+          f"{settings.EMBEDDING_PROVIDER} embedder)")  # fmt: skip
+    names = list(rows["all"][0])
+    print(f"  {'':8} {'n':>5} " + " ".join(f"{n:>9}" for n in names))
+    for split in ("tune", "check", "all"):
+        values = rows[split]
+        cells = " ".join(f"{statistics.fmean(v[n] for v in values):9.3f}" for n in names)
+        print(f"  {split:8} {len(values):5d} {cells}")
+    print(f"  chat_prepare latency: p50 {statistics.median(latencies):.1f} ms")
 
 
 # --- the engine's core-fact search: BM25 (its keyword leg) against ts_rank (before) -------
@@ -715,7 +877,9 @@ def parse_overrides(values: list[str]) -> dict[str, Any]:
         name, _, raw = value.partition("=")
         target, _, attr = name.partition(".")
         current = getattr(
-            _override_target(target), attr.lower() if target in ("chunks", "facts") else attr, None
+            _override_target(target),
+            attr.lower() if target in ("chunks", "context", "facts") else attr,
+            None,
         )
         if current is None:
             raise SystemExit(f"--set {value}: not a collection option or a retrieval constant")
@@ -728,7 +892,13 @@ def _override_target(target: str) -> Any:
     from knowledge.retrieval import bm25, hnsw
     from memories.facts import search as facts
 
-    return {"chunks": chunks.CHUNKS, "facts": facts.FACTS, "hnsw": hnsw, "bm25": bm25}.get(target)
+    return {
+        "chunks": chunks.CHUNKS,
+        "context": chunks.CHUNKS.context,
+        "facts": facts.FACTS,
+        "hnsw": hnsw,
+        "bm25": bm25,
+    }.get(target)
 
 
 def apply_overrides(overrides: dict[str, Any]) -> None:
@@ -741,6 +911,9 @@ def apply_overrides(overrides: dict[str, Any]) -> None:
         target, _, attr = name.partition(".")
         if target == "chunks":
             chunks.CHUNKS = replace(chunks.CHUNKS, **{attr: value})
+        elif target == "context":
+            context = replace(chunks.CHUNKS.context, **{attr: value})
+            chunks.CHUNKS = replace(chunks.CHUNKS, context=context)
         elif target == "facts":
             facts.FACTS = replace(facts.FACTS, **{attr: value})
         else:
@@ -775,6 +948,13 @@ def main() -> None:
         help="text: each turn's text starts with its session's date",
     )
     parser.add_argument(
+        "--protocol",
+        choices=("sessions", "documents"),
+        default="sessions",
+        help="sessions (the README's measurement): each turn with its LoCoMo session as "
+        "session_id and its date as timestamp; documents: each turn alone",
+    )
+    parser.add_argument(
         "--vectors",
         type=Path,
         help="an .npz of another embedder's turn and question vectors (in process only)",
@@ -800,6 +980,18 @@ def main() -> None:
         action="store_true",
         help="the facts yardstick through the engine's core-fact search, BM25 vs ts_rank",
     )
+    parser.add_argument(
+        "--personal",
+        action="store_true",
+        help="only the personal-facts set through the chat proxy (--personal-data)",
+    )
+    parser.add_argument("--personal-data", type=Path, default=PERSONAL_DATA)
+    parser.add_argument(
+        "--documents",
+        action="store_true",
+        help="also the document-base set (--document-data): ordinary documents, no sessions",
+    )
+    parser.add_argument("--document-data", type=Path, default=DOCUMENT_DATA)
     parser.add_argument("--fresh", action="store_true", help="rebuild bases and facts")
     parser.add_argument("--verbose", action="store_true", help="print the misses")
     args = parser.parse_args()
@@ -814,10 +1006,13 @@ def main() -> None:
         patch_keyword_query()
     if args.rewrite_cache:
         cache_rewrites(args.rewrite_cache)
+    if args.personal:
+        run_personal(args)
+        return
     if args.vectors:
         global PRECOMPUTED
         PRECOMPUTED = Precomputed(args.vectors)
-    convs = load(args.data, args.conversations, args.dates)
+    convs = load(args.data, args.conversations, args.dates, args.protocol)
     print(
         f"{len(convs)} conversations, {sum(len(c.documents) for c in convs)} turns, "
         f"{sum(len(c.questions) for c in convs)} questions, "
@@ -826,6 +1021,8 @@ def main() -> None:
     )
     if not (args.facts_only or args.engine_facts):
         run_turns(args, convs)
+    if args.documents:
+        run_documents(args)
     if args.facts or args.facts_only:
         run_facts(args, convs)
     if args.engine_facts:

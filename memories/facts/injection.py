@@ -1,10 +1,10 @@
 """A scope's facts as a prompt block within a token budget: what ``/api/v1/engine/injection``
 answers and what the chat proxy puts in the system prompt.
 
-The facts relevant to the query are those the one search (``search.fact_search``, the
-same statement and ranking every door uses) finds with a similarity of at least
-``MEMORY_SCORE_THRESHOLD`` or a query word, in its order; so the block's relevant
-prefix is the search's answer. Each fact's line costs the tokens the write service
+The facts relevant to the query are among those the one search (``search.fact_search``,
+the same statement and ranking every door uses) finds: the few nearest the best of them
+by relevance (``relevant_hits``: mostly meaning), most relevant first, when the best has
+a similarity of at least ``MEMORY_SCORE_THRESHOLD`` or a query word. Each fact's line costs the tokens the write service
 counted when it wrote the fact (``Fact.tokens``), not a count on every call.
 """
 
@@ -80,13 +80,45 @@ def _most_lines(facts: Sequence[FactRow], budget: int) -> int:
     return max(1, count)
 
 
-def relevant_hits(hits: Sequence[FactHit], threshold: float | None = None) -> list[FactHit]:
-    """The hits relevant to their query, in search order: a query word, or a similarity
-    of at least ``threshold`` (``MEMORY_SCORE_THRESHOLD``)."""
+# Which hits are relevant to the query (issue 25; tuned on the "tune" half of
+# bench/data/personal_facts_dev.json, checked on the other: BENCHMARKS.md). A hit's
+# relevance is RELEVANCE_VECTOR_WEIGHT x its similarity (negative counts as 0) + the rest x
+# its BM25 score over the best hit's: first-person questions about third-person facts
+# ("What's my dog called?" / "Has a golden retriever named Biscuit") are found by meaning
+# more than by their words. The relevant ones: those within RELEVANCE_GAP of the best hit
+# that passes the floor (a query word, or a similarity at the threshold), RELEVANCE_MAX of
+# them at most, most relevant first; none when no hit passes the floor.
+RELEVANCE_VECTOR_WEIGHT = 0.85
+RELEVANCE_GAP = 0.13
+RELEVANCE_MAX = 4
+
+
+def matching_hits(hits: Sequence[FactHit], threshold: float | None = None) -> list[FactHit]:
+    """The hits with a query word or a similarity of at least ``threshold``
+    (``MEMORY_SCORE_THRESHOLD``), in search order."""
     floor = settings.MEMORY_SCORE_THRESHOLD if threshold is None else threshold
     return [
         h for h in hits if h.keyword_score or (h.similarity is not None and h.similarity >= floor)
     ]
+
+
+def relevant_hits(hits: Sequence[FactHit], threshold: float | None = None) -> list[FactHit]:
+    """The hits relevant to their query, most relevant first (see ``RELEVANCE_GAP``); the
+    floor: a query word or a similarity of at least ``threshold``
+    (``MEMORY_SCORE_THRESHOLD``)."""
+    best = max((h.keyword_score or 0.0 for h in hits), default=0.0) or 1.0
+    weight = RELEVANCE_VECTOR_WEIGHT
+
+    def relevance(hit: FactHit) -> float:
+        similarity = max(hit.similarity or 0.0, 0.0)
+        return weight * similarity + (1 - weight) * (hit.keyword_score or 0.0) / best
+
+    ranked = sorted(hits, key=lambda h: -relevance(h))  # (stable: the search's order on ties)
+    lead = next(iter(matching_hits(ranked, threshold)), None)
+    if lead is None:
+        return []
+    cut = relevance(lead) - RELEVANCE_GAP
+    return [h for h in ranked[:RELEVANCE_MAX] if relevance(h) >= cut]
 
 
 def format_for_injection(
@@ -108,10 +140,11 @@ def format_for_injection(
     Corrections come first, within their own share of the budget
     (``ENGINE_CORRECTION_SHARE``; always included while they fit in it, highest
     confidence first). The rest of the budget (plus what corrections left unused)
-    goes to the other facts: with ``query``, those the one search finds relevant
-    (``relevant_hits``) among its first hits, as many as the block can hold lines
-    (``_most_lines``), first, in its order, then the others by confidence, then the
-    most recently changed.
+    goes to the other facts: with ``query``, the few the one search finds relevant
+    (``relevant_hits``) among its first hits (as many as the block can hold lines,
+    ``_most_lines``), first, most relevant first; then its other hits with a query word
+    or a similarity at the threshold (``matching_hits``), in its order; then the others
+    by confidence, then the most recently changed.
     ``with_globals`` (the chat proxy): for a scope with fewer than
     ``MEMORY_GLOBAL_MIN_PERSONAL`` facts, the owner's global memories relevant to the
     query follow as ``- [global] content`` lines while they fit. ``at``: the facts of
@@ -130,6 +163,7 @@ def format_for_injection(
     corrections = [f for f in facts if f.category == "correction"]
     others = [f for f in facts if f.category != "correction"]
     relevant: dict[uuid.UUID, FactHit] = {}
+    matching: list[uuid.UUID] = []
     q: QueryVector | None = None
     if query and query.strip() and (others or with_globals):
         q = query_embed(query, embedder, query_vector)
@@ -140,8 +174,9 @@ def format_for_injection(
         relevant = {
             h.id: h for h in relevant_hits(found.hits, relevance_threshold) if h.id in wanted
         }
+        matching = [h.id for h in matching_hits(found.hits, relevance_threshold) if h.id in wanted]
     by_id = {f.pk: f for f in others}
-    ordered = [by_id[i] for i in relevant] + others
+    ordered = [by_id[i] for i in [*relevant, *matching]] + others
     taken: set[uuid.UUID] = set()
     share = int(budget * min(1.0, settings.ENGINE_CORRECTION_SHARE))
     kept_corrections, used = _fill(corrections, share, taken)

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 from mcp import ClientSession
 
-from memories.facts.injection import relevant_hits
+from memories.facts.injection import matching_hits, relevant_hits
 from memories.facts.scopes import end_user_ensure
 from memories.facts.search import fact_search
 from memories.facts.services import FactIn, fact_add
@@ -92,8 +92,9 @@ def test_every_door_returns_the_same_facts_in_the_same_order(
         }  # fmt: skip
         for door, got in doors.items():
             assert got == want, (door, query)
-        # The chat proxy: the relevant facts first, in the search's order; then the rest
-        # by confidence (then newest), all marked not relevant.
+        # The chat proxy: the relevant facts first, most relevant first; then the search's
+        # other hits with a query word or a similarity at the threshold, in its order;
+        # then the rest by confidence (then newest), all marked not relevant.
         answer = api.post(
             "/v1/chat/completions", headers={"X-OpenWebUI-User-Id": "u1"},
             json={"model": "m", "messages": [{"role": "user", "content": query}]},
@@ -103,8 +104,11 @@ def test_every_door_returns_the_same_facts_in_the_same_order(
         assert relevant, query  # the test means something: some facts are relevant
         assert [m["id"] for m in memories if m["relevant"]] == relevant
         assert [m["id"] for m in memories[: len(relevant)]] == relevant
-        rest = [m for m in memories[len(relevant) :]]
-        assert not any(m["relevant"] for m in rest)
+        matching = [str(h.id) for h in matching_hits(expected.hits) if str(h.id) not in relevant]
+        after = len(relevant) + len(matching)
+        assert [m["id"] for m in memories[len(relevant) : after]] == matching
+        rest = [m for m in memories[after:]]
+        assert not any(m["relevant"] for m in memories[len(relevant) :])
         by_conf = sorted(rest, key=lambda m: -m["confidence"])
         assert [m["id"] for m in rest] == [m["id"] for m in by_conf]
         scores = {str(h.id): h.score for h in expected.hits}
