@@ -898,6 +898,7 @@ def _override_target(target: str) -> Any:
         "facts": facts.FACTS,
         "hnsw": hnsw,
         "bm25": bm25,
+        "search": chunks,
     }.get(target)
 
 

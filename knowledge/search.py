@@ -10,6 +10,7 @@ per model or language and merges them.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from knowledge.models import KnowledgeBase
 from knowledge.retrieval import bm25
-from knowledge.retrieval.db import Statement
+from knowledge.retrieval.db import Statement, fetch
 from knowledge.retrieval.engine import (
     CANDIDATES,
     Collection,
@@ -157,10 +158,51 @@ def _neighbours(request: SearchRequest, kb_ids: list[str]) -> tuple[str, list[An
     return _scope(kb_ids, request, alias="t.")
 
 
+# A name most of the searched chunks carry (a conversation's speakers, written before
+# each of their turns: "Caroline: ...") tells the vector leg little about which chunk
+# answers, and pulls the query's embedding toward all of them. So a capitalised word of
+# the query (not its first word) whose lexeme at least COMMON_NAME_SHARE of the bases'
+# chunks hold is left out of the text the vector leg embeds; the keyword leg keeps it
+# (BM25 weighs it by its rarity). BENCHMARKS.md, "Retrieval quality, round two".
+COMMON_NAME_SHARE = 0.1
+_NAME = re.compile(r"(?<=\W)([A-Z][\w-]*)(?:'s)?")
+_SHARES_SQL = """
+SELECT w.word, coalesce(max(s.df::float8 / t.n), 0)
+FROM unnest(%s::text[]) AS w(word)
+CROSS JOIN (
+    SELECT greatest(coalesce(sum(chunks), 0), 1)::float8 AS n
+    FROM knowledge_base_text_stats WHERE knowledge_base_id = ANY(%s::uuid[])
+) t
+LEFT JOIN LATERAL (
+    SELECT sum(df) AS df FROM knowledge_term_stats
+    WHERE knowledge_base_id = ANY(%s::uuid[])
+      AND lexeme = ANY(tsvector_to_array(to_tsvector(%s::regconfig, w.word)))
+) s ON true
+GROUP BY w.word
+"""
+
+
+def vector_text(members: list[KnowledgeBase], query: str) -> str:
+    """``query`` without the names most of ``members``' chunks carry (see
+    ``COMMON_NAME_SHARE``): what the vector leg embeds. One small statement, only for a
+    query with a capitalised word past its first."""
+    names = sorted({m.group(1) for m in _NAME.finditer(query)})
+    if not names or COMMON_NAME_SHARE > 1:
+        return query
+    kb_ids = [str(kb.pk) for kb in members]
+    rows, _ = fetch(_SHARES_SQL, [names, kb_ids, kb_ids, members[0].language])
+    common = {word for word, share in rows if share >= COMMON_NAME_SHARE}
+    if not common:
+        return query
+    kept = _NAME.sub(lambda m: "" if m.group(1) in common else m.group(0), query)
+    return " ".join(kept.split()) or query
+
+
 def _query_vector(members: list[KnowledgeBase], request: SearchRequest) -> np.ndarray:
     dims = members[0].embedding_dimensions
     if request.vector is None:
-        return kb_embedder(members[0]).embed([request.query or ""])[0]
+        text = vector_text(members, request.query or "")
+        return kb_embedder(members[0]).embed([text])[0]
     vector = np.asarray(request.vector, dtype=np.float32)
     if vector.shape != (dims,):
         raise SearchError(

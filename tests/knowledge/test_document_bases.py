@@ -160,3 +160,28 @@ def test_decay_applies_to_what_lends_context(alice, monkeypatch):
     # (its decayed score and what it borrows from its decayed neighbours)
     one_step = max(plain["t1#0"], plain["t3#0"])
     assert by_key["t2#0"] == pytest.approx(plain["t2#0"] + (1 - plain["t2#0"]) * 0.6 * one_step)
+
+
+def test_a_name_most_chunks_carry_is_left_out_of_the_vector_query(alice):
+    """Issue 25: a conversation's speakers lead their turns ("Ann: ..."), so their names
+    say little about which turn answers; the vector leg embeds the query without them,
+    the keyword leg keeps them. A name few chunks hold stays."""
+    kb = make_kb(alice)
+    turns = [("Ann", "I bought a red kayak"), ("Bob", "Nice, where?"), ("Ann", "At Decathlon")]
+    turns += [("Bob" if i % 2 else "Ann", f"chat line {i}") for i in range(9)]
+    ingest(kb, *((f"t{i}", f"{who}: {text}", {"session_id": "s"}) for i, (who, text) in
+                 enumerate(turns)))  # fmt: skip
+    assert (
+        search.vector_text([kb], "What did Ann buy at Decathlon?") == "What did buy at Decathlon?"
+    )
+    assert search.vector_text([kb], "Where does Ann's kayak live?") == "Where does kayak live?"
+    # "Decathlon": one chunk of twelve; the first word is never a name; lower case is no name.
+    assert search.vector_text([kb], "Decathlon opens when?") == "Decathlon opens when?"
+    assert search.vector_text([kb], "what did ann buy?") == "what did ann buy?"
+    other = make_kb(alice, name="other")
+    ingest(
+        other,
+        ("d", "Ann Lee founded the kayak club."),
+        *((f"x{i}", f"note {i}") for i in range(12)),
+    )
+    assert search.vector_text([other], "What did Ann found?") == "What did Ann found?"
