@@ -11,14 +11,22 @@ one, the local MiniLM by default, and no LLM is used.) The measurement is the on
 
 * each conversation is one knowledge base; each turn of every ``session_N`` one document
   ``"<speaker>: <text>"`` with its ``dia_id`` as ``source_key`` and in metadata (one batch
-  per conversation, sessions in order). Bases are reused while their documents and embedder
-  are the same (the name carries a fingerprint); ``--fresh`` rebuilds them;
+  per conversation, sessions in order), stored as a chat stores it (``--protocol
+  sessions``, the default): ``session_id`` ``<sample>/session_N``, timestamp the session's
+  date plus N seconds for turn N; ``--protocol documents``: no session, no date. Bases are
+  reused while their documents and embedder are the same (the name carries a
+  fingerprint); ``--fresh`` rebuilds them;
 * questions: every ``qa`` entry but category 5, evidence ids normalised (``"D8:6; D9:17"``
   is two ids, ``"D:11:26"`` is ``D11:26``, ``"D30:05"`` is ``D30:5``), ids matching no turn
   dropped, questions left without evidence skipped;
-* recall@k of a question = |evidence ids among the top k hits| / |evidence ids|, averaged;
-  printed overall, per category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop) and
-  per conversation, with the search's p50/p95 latency.
+* recall@k of a question = |evidence ids among the top k hits| / |evidence ids|, averaged
+  (k 5, 10, 20: the search asks for 20), with Hit@k (an evidence turn among the first k)
+  and NDCG@10; printed overall, per category (1 multi-hop, 2 temporal, 3 open-domain,
+  4 single-hop) and per conversation, with the search's p50/p95 latency.
+
+``--documents`` adds the hand-written document base (``bench/data/document_base_dev.json``:
+ordinary documents, no sessions), ``--personal`` runs only the hand-written personal-facts
+set through the chat proxy's preparation (``bench/data/personal_facts_dev.json``).
 
 Searches go through ``knowledge.search.search_chunks`` in process, or with ``--http``
 through ``POST /api/v1/knowledge-bases/{id}/search`` of an instance this script serves on
