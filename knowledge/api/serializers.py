@@ -139,13 +139,17 @@ class SearchSerializer(serializers.Serializer):
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
     mode = serializers.ChoiceField(choices=MODES, default="hybrid")
     similarity_threshold = serializers.FloatField(
-        min_value=-1.0, max_value=1.0, required=False, allow_null=True, default=None
-    )
+        min_value=-1.0, max_value=1.0, required=False, allow_null=True, default=None,
+        help_text="A cosine similarity: every hit holds a query word or has a similarity "
+        "at least this high (a chunk that would only borrow context is no hit).",
+    )  # fmt: skip
     filters = serializers.DictField(required=False, default=dict)
     rrf_k = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     half_life_days = serializers.FloatField(
-        min_value=0.001, required=False, allow_null=True, default=None
-    )
+        min_value=0.001, required=False, allow_null=True, default=None,
+        help_text="Each chunk's own score x 0.5^(age / half-life), before context: an old "
+        "chunk lends its neighbours only its decayed score.",
+    )  # fmt: skip
     rewrite = StrictBooleanField(
         required=False,
         allow_null=True,
@@ -193,7 +197,10 @@ class HitSerializer(serializers.Serializer):
     knowledge_base = StrictCharField(source="knowledge_base_id")
     text = StrictCharField()
     metadata = serializers.DictField()
-    score = serializers.FloatField()
+    score = serializers.FloatField(
+        help_text="hybrid (with or without rrf_k): 0 to 1, 1 first in both legs; mode "
+        "vector: the cosine similarity (-1 to 1); mode keyword: the BM25 score (0 and up)."
+    )
     vector_score = serializers.FloatField(allow_null=True)
     vector_rank = serializers.IntegerField(allow_null=True)
     keyword_score = serializers.FloatField(allow_null=True)
