@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from core.admin_confirm import confirm_first
 from core.login_throttle import ThrottledAdminLoginForm
-from core.models import APIKey
+from core.models import APIKey, UsageDay
 from core.services import api_key_create, api_key_revoke
 
 
@@ -67,3 +70,40 @@ class APIKeyAdmin(admin.ModelAdmin):
 
 # Repeated wrong passwords are refused unchecked for a while (core.login_throttle).
 admin.site.login_form = ThrottledAdminLoginForm
+
+
+class UsagePeriodFilter(admin.SimpleListFilter):
+    title = "period"
+    parameter_name = "period"
+
+    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+        return [("30", "Last 30 days"), ("7", "Last 7 days"), ("1", "Today")]
+
+    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+        if self.value() is None:
+            return queryset
+        since = timezone.now().date() - timedelta(days=int(self.value()) - 1)
+        return queryset.filter(day__gte=since)
+
+
+@admin.register(UsageDay)
+class UsageDayAdmin(admin.ModelAdmin):
+    """What each owner's work spent per day, kind, model and end user (``core.usage``):
+    read only, written by the calls themselves."""
+
+    list_display = ["day", "owner", "kind", "subject", "model", "calls", "tokens_in",
+                    "tokens_out", "estimated_calls"]  # fmt: skip
+    list_filter = [UsagePeriodFilter, "kind", "model"]
+    list_select_related = ["owner"]
+    search_fields = ["owner__username", "subject", "model"]
+    date_hierarchy = "day"
+    ordering = ["-day", "owner", "kind", "model", "subject"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -93,4 +93,34 @@ def render_metrics() -> str:
     values = dict(counter_values())
     for counter in declared_counters():
         block(counter.name, counter.help, "counter", values[counter.name])
+    lines.extend(_usage_lines())
     return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+USAGE_METRICS = (
+    ("memory_usage_calls_total", "LLM and embedding calls, by kind of work and model.", "calls"),
+    ("memory_usage_tokens_in_total", "Tokens sent to LLM and embedding providers.", "tokens_in"),
+    ("memory_usage_tokens_out_total", "Tokens LLM providers answered with.", "tokens_out"),
+    ("memory_usage_estimated_calls_total",
+     "Calls whose provider sent no usage (their tokens counted with the tokenizer).",
+     "estimated_calls"),
+)  # fmt: skip
+
+
+def _usage_lines() -> list[str]:
+    """The usage counters (``core.usage``), labelled by kind and model (never by owner:
+    their number stays bounded)."""
+    from core.models import UsageTotal
+
+    rows = [dict(r) for r in UsageTotal.objects.order_by("kind", "model").values()]
+    lines: list[str] = []
+    for name, help_text, column in USAGE_METRICS:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        for row in rows:
+            labels = f'kind="{_label(str(row["kind"]))}",model="{_label(str(row["model"]))}"'
+            lines.append(f"{name}{{{labels}}} {row[column]}")
+    return lines

@@ -42,3 +42,72 @@ class MetricCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value}"
+
+
+USAGE_KINDS = (
+    ("extraction", "Fact extraction"),
+    ("dream", "Dreams"),
+    ("summary", "Context summaries"),
+    ("memory_base", "Memory Base outputs"),
+    ("query_rewrite", "Query rewriting"),
+    ("proxy", "Chat proxy (upstream answers)"),
+    ("tool_loop", "Chat proxy tool loops"),
+    ("embedding", "Embeddings (remote providers)"),
+    ("other", "Other"),
+)
+
+
+class UsageDay(models.Model):
+    """The tokens an owner's work spent on one day (UTC), per kind of work, model and end
+    user (``subject``: a scope as ``user/alice``, "" for none): one row per key, raised
+    by every call (``core.usage``), never one row per call."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_days"
+    )
+    day = models.DateField()
+    kind = models.CharField(max_length=32, choices=USAGE_KINDS)
+    model = models.CharField(max_length=200)
+    subject = models.CharField(max_length=255, blank=True, default="")
+    calls = models.BigIntegerField(default=0)
+    tokens_in = models.BigIntegerField(default=0)
+    tokens_out = models.BigIntegerField(default=0)
+    # Calls whose provider sent no usage: their tokens were counted with the tokenizer.
+    estimated_calls = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "usage (day)"
+        verbose_name_plural = "usage (days)"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "day", "kind", "model", "subject"], name="usageday_key"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(
+                    calls__gte=0, tokens_in__gte=0, tokens_out__gte=0, estimated_calls__gte=0
+                ),  # fmt: skip
+                name="usageday_counts_not_negative",
+            ),
+        ]
+        indexes = [models.Index(fields=["owner", "day"], name="usageday_owner_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.kind} {self.model}"
+
+
+class UsageTotal(models.Model):
+    """Every owner's usage since the start, per kind and model: what /metrics exports
+    (labelled by kind and model, never by owner: bounded label cardinality)."""
+
+    kind = models.CharField(max_length=32, choices=USAGE_KINDS)
+    model = models.CharField(max_length=200)
+    calls = models.BigIntegerField(default=0)
+    tokens_in = models.BigIntegerField(default=0)
+    tokens_out = models.BigIntegerField(default=0)
+    estimated_calls = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["kind", "model"], name="usagetotal_key")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.model}"

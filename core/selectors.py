@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import User
-from django.db.models import QuerySet
+from collections.abc import Sequence
+from datetime import date
+from typing import Any
 
-from core.models import APIKey
+from django.contrib.auth.models import User
+from django.db.models import QuerySet, Sum
+
+from core.models import APIKey, UsageDay
 
 
 def api_key_list(*, owner: User) -> QuerySet[APIKey]:
@@ -23,3 +27,24 @@ def api_key_authenticate(*, digest: str) -> APIKey | None:
         .filter(digest=digest, revoked_at__isnull=True, owner__is_active=True)
         .first()
     )
+
+
+USAGE_GROUPS = ("day", "kind", "model", "subject")
+USAGE_SUMS = ("calls", "tokens_in", "tokens_out", "estimated_calls")
+
+
+def usage_summary(
+    *, owner: User, start: date, end: date, group_by: Sequence[str]
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """The owner's usage from ``start`` to ``end`` (days, UTC, both included): the totals
+    and one row per value of ``group_by`` (some of ``USAGE_GROUPS``), in their order."""
+    rows = UsageDay.objects.filter(owner=owner, day__gte=start, day__lte=end)
+    sums = {name: Sum(name) for name in USAGE_SUMS}
+    totals = {k: int(v or 0) for k, v in rows.aggregate(**sums).items()}
+    grouped = rows.values(*group_by).annotate(**sums).order_by(*group_by)
+    out = []
+    for row in grouped:
+        item: dict[str, Any] = {key: row[key] for key in group_by}
+        item |= {name: int(row[name] or 0) for name in USAGE_SUMS}
+        out.append(item)
+    return totals, out

@@ -21,6 +21,7 @@ from django.db.models import F, QuerySet
 
 from core.jobs import job_claim, job_finish, job_outcome, job_run_lock, job_stale
 from core.providers.llm import get_llm
+from core.usage import usage_for
 from knowledge.services import DocumentIn, IngestCancelled, knowledge_base_ingest
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.bases.services import session_cursor_advance
@@ -73,10 +74,12 @@ def _preprocess(memory_base: MemoryBase, batch: list[Message]) -> list[DocumentI
     kwargs: dict[str, Any] = {"temperature": 0}
     if memory_base.preprocess_model:
         kwargs["model"] = memory_base.preprocess_model
-    result = llm.complete(
-        [{"role": "system", "content": instructions}, {"role": "user", "content": transcript}],
-        **kwargs,
-    )
+    owner_id = memory_base.knowledge_base.owner_id
+    with usage_for(owner_id=owner_id, kind="memory_base", subject=f"memory base {memory_base.pk}"):
+        result = llm.complete(
+            [{"role": "system", "content": instructions}, {"role": "user", "content": transcript}],
+            **kwargs,
+        )
     text = result.content.strip()
     kill = memory_base.preprocess_kill_phrase.strip()
     if not text or (kill and kill.lower() in text.lower()):

@@ -31,6 +31,7 @@ from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
+from core.usage import usage_for
 from ingestion.erasure import queued_turns
 from memories.engine import files
 from memories.engine.dreams import memory_md_sync
@@ -346,6 +347,13 @@ def updates_run_pending(
 
 def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
          embedder: Embedder | None) -> UpdateRun:  # fmt: skip
+    scope = rows[0].scope
+    with usage_for(owner_id=scope.owner_id, kind="extraction", subject=scope.label):
+        return _extract(rows, now, llm, embedder)
+
+
+def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
+             embedder: Embedder | None) -> UpdateRun:  # fmt: skip
     scope = rows[0].scope
     batch_id = str(uuid.uuid4())
     result = UpdateRun(scope.pk, "done", [r.pk for r in rows], batch_id=batch_id)

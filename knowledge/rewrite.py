@@ -32,6 +32,7 @@ from django.conf import settings
 
 from core.providers.json_answer import ListSpec, Shape, complete_answer
 from core.providers.llm import ChatLLM, get_llm
+from core.usage import usage_for
 from knowledge.models import KnowledgeBase
 from knowledge.search import Hit, SearchError, SearchRequest, search_chunks
 
@@ -149,7 +150,8 @@ def search_rewritten(
         raise SearchError("query rewriting needs a text query")
     llm = llm or get_llm(feature=FEATURE)
     try:
-        queries, model = rewrite_queries(request.query, llm=llm)
+        with usage_for(owner_id=bases[0].owner_id if bases else None, kind="query_rewrite"):
+            queries, model = rewrite_queries(request.query, llm=llm)
     except Exception as exc:  # any failure of the LLM: the search as asked, never an error
         error = f"{type(exc).__name__}: {exc}"[:300]
         logger.warning(json.dumps({"event": "query_rewrite_failed", "error": error}))

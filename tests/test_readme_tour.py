@@ -578,6 +578,19 @@ def _healthz(served: Served, out: str) -> None:
     assert public["worker"] == {"status": "ok"} and status == "ok"
 
 
+@check("usage")
+def _usage(served: Served, out: str) -> None:
+    body = json.loads(out)
+    assert set(body) == {"from", "to", "group_by", "totals", "results"}
+    assert body["group_by"] == ["kind"]
+    # The tour's chats and extractions so far were counted, for this owner.
+    assert body["totals"]["calls"] == sum(r["calls"] for r in body["results"]) > 0
+    assert {r["kind"] for r in body["results"]} <= {
+        "extraction", "dream", "summary", "memory_base", "query_rewrite", "proxy", "tool_loop",
+        "embedding",
+    }  # fmt: skip
+
+
 # --- docs/personal-memories.md -----------------------------------------------------------------------------
 @check("proxy-client")
 def _proxy_client(served: Served, out: str) -> None:

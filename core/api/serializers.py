@@ -1,11 +1,15 @@
 from collections.abc import Collection, Mapping
+from datetime import timedelta
 from typing import Any
 
 from django.urls import reverse
+from django.utils import timezone
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
 from core.api.fields import StrictCharField
-from core.models import APIKey
+from core.models import USAGE_KINDS, APIKey
+from core.selectors import USAGE_GROUPS
 
 
 class APIKeyOutputSerializer(serializers.ModelSerializer):
@@ -30,6 +34,70 @@ class APIKeyCreatedSerializer(APIKeyOutputSerializer):
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     username = StrictCharField()
+
+
+USAGE_MAX_DAYS = 366
+
+
+class UsageQuerySerializer(serializers.Serializer):
+    """``GET /api/v1/usage``'s query (``from`` and ``to`` arrive as ``start`` and ``end``:
+    ``from`` is a Python keyword)."""
+
+    start = serializers.DateField(required=False)
+    end = serializers.DateField(required=False)
+    group_by = StrictCharField(required=False, default="day,kind")
+
+    def validate_group_by(self, value: str) -> list[str]:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        unknown = sorted(set(names) - set(USAGE_GROUPS))
+        if unknown or not names or len(set(names)) != len(names):
+            raise serializers.ValidationError(
+                f"group_by: a comma-separated list of {', '.join(USAGE_GROUPS)}, each once"
+                + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+            )
+        return names
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        end = attrs.get("end") or timezone.now().date()
+        start = attrs.get("start") or end - timedelta(days=29)
+        if start > end:
+            raise serializers.ValidationError({"from": ["must not be after to"]})
+        if (end - start).days >= USAGE_MAX_DAYS:
+            raise serializers.ValidationError({"from": [f"at most {USAGE_MAX_DAYS} days"]})
+        return {**attrs, "start": start, "end": end}
+
+
+class UsageSumsSerializer(serializers.Serializer):
+    calls = serializers.IntegerField()
+    tokens_in = serializers.IntegerField()
+    tokens_out = serializers.IntegerField()
+    estimated_calls = serializers.IntegerField(
+        help_text="Calls whose provider sent no usage: counted with the tokenizer."
+    )
+
+
+class UsageRowSerializer(UsageSumsSerializer):
+    day = serializers.DateField(required=False, help_text="With group_by day.")
+    kind = serializers.ChoiceField(
+        choices=[k for k, _ in USAGE_KINDS], required=False, help_text="With group_by kind."
+    )
+    model = StrictCharField(required=False, help_text="With group_by model.")
+    subject = StrictCharField(
+        required=False, help_text="With group_by subject: the end user or scope, '' for none."
+    )
+
+
+# The answer of GET /api/v1/usage ("from" and "to" are no Python names: an inline one).
+UsageSerializer = inline_serializer(
+    "Usage",
+    fields={
+        "from": serializers.DateField(),
+        "to": serializers.DateField(),
+        "group_by": serializers.ListField(child=StrictCharField()),
+        "totals": UsageSumsSerializer(),
+        "results": UsageRowSerializer(many=True),
+    },
+)
 
 
 JOB_FIELDS = [

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -14,9 +16,11 @@ from core.api.serializers import (
     APIKeyCreateInputSerializer,
     APIKeyOutputSerializer,
     MeSerializer,
+    UsageQuerySerializer,
+    UsageSerializer,
 )
 from core.models import APIKey
-from core.selectors import api_key_get, api_key_list
+from core.selectors import USAGE_GROUPS, api_key_get, api_key_list, usage_summary
 from core.services import api_key_create, api_key_revoke
 
 
@@ -24,6 +28,40 @@ class MeView(APIView):
     @extend_schema(summary="Who the key belongs to", responses=MeSerializer)
     def get(self, request: Request) -> Response:
         return Response(MeSerializer(request.user).data)
+
+
+class UsageView(APIView):
+    @extend_schema(
+        summary="Your LLM and embedding usage",
+        description="Tokens your work spent, per day (UTC) and grouped as asked: extraction, "
+        "dreams, context summaries, Memory Base outputs, query rewriting, the chat proxy's "
+        "upstream answers and tool loops, remote embeddings. Default: the last 30 days, by "
+        "day and kind.",
+        parameters=[
+            OpenApiParameter("from", OpenApiTypes.DATE, description="First day (default: 29 "
+                             "days before to)."),
+            OpenApiParameter("to", OpenApiTypes.DATE, description="Last day (default: today)."),
+            OpenApiParameter("group_by", str, description="Comma-separated, each once: "
+                             + ", ".join(USAGE_GROUPS) + " (default day,kind)."),
+        ],
+        responses=UsageSerializer,
+    )  # fmt: skip
+    def get(self, request: Request) -> Response:
+        given = request.query_params
+        query = {
+            "start": given.get("from"),
+            "end": given.get("to"),
+            "group_by": given.get("group_by"),
+        }
+        data = UsageQuerySerializer(data={k: v for k, v in query.items() if v is not None})
+        if not data.is_valid():  # (errors named as the query names them)
+            names = {"start": "from", "end": "to"}
+            raise ValidationError({names.get(k, k): v for k, v in data.errors.items()})
+        start, end = data.validated_data["start"], data.validated_data["end"]
+        group_by = data.validated_data["group_by"]
+        totals, rows = usage_summary(owner=request.user, start=start, end=end, group_by=group_by)
+        body = {"from": start, "to": end, "group_by": group_by, "totals": totals, "results": rows}
+        return Response(body)
 
 
 class APIKeyListView(APIView):

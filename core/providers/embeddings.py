@@ -23,6 +23,8 @@ from django.conf import settings
 
 from core.providers.errors import ProviderBadResponse, ProviderError, ProviderNotConfigured
 from core.providers.retry import call_with_retries
+from core.providers.tokens import count_tokens
+from core.usage import usage_kind, usage_record
 
 
 class Embedder(Protocol):
@@ -128,6 +130,15 @@ class OpenAIEmbedder:
             max_retries=self.max_retries,
             backoff=self.backoff,
         )
+        usage = getattr(response, "usage", None)
+        tokens = getattr(usage, "prompt_tokens", None)
+        with usage_kind("embedding"):
+            usage_record(
+                model=self.model,
+                tokens_in=tokens if tokens is not None else sum(count_tokens(t) for t in batch),
+                tokens_out=0,
+                estimated=tokens is None,
+            )
         data = sorted(response.data or [], key=lambda item: item.index)
         if len(data) != len(batch):
             raise ProviderBadResponse(

@@ -7,6 +7,7 @@ keep working.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from core.json_text import JsonText
 from core.providers.errors import ProviderBadResponse, ProviderNotConfigured
 from core.providers.relay import ChatRelay, SSEEvent
 from core.providers.retry import call_with_retries, translate_error
+from core.usage import Attribution, attribution, record_chat, usage_as
 
 
 @dataclass
@@ -56,7 +58,8 @@ class ChatLLM:
         )  # fmt: skip
 
     def create(self, **kwargs: Any) -> dict[str, Any]:
-        """One non-streaming chat completion; returns the upstream JSON as a dict."""
+        """One non-streaming chat completion; returns the upstream JSON as a dict. Its
+        tokens are counted for the work it does (``core.usage``)."""
         kwargs.setdefault("model", self.model)
         kwargs.pop("stream", None)
         response = call_with_retries(
@@ -64,7 +67,9 @@ class ChatLLM:
             max_retries=self.max_retries,
             backoff=self.backoff,
         )
-        return response.model_dump(exclude_unset=True)
+        raw = response.model_dump(exclude_unset=True)
+        _count(kwargs["model"], raw, kwargs.get("messages"))
+        return raw
 
     def complete(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
         raw = self.create(messages=messages, **kwargs)
@@ -91,29 +96,96 @@ class ChatLLM:
         )
         import openai
 
+        seen = _Streamed()
         try:
             for chunk in stream:
-                yield chunk.model_dump(exclude_unset=True)
+                data = chunk.model_dump(exclude_unset=True)
+                seen.add(data)
+                yield data
         except openai.OpenAIError as exc:
             raise translate_error(exc) from exc
+        finally:
+            seen.count(kwargs["model"], kwargs.get("messages"))
 
     # --- the chat proxy: bodies relayed as bytes, not rebuilt through the typed client ---
     def relay(self, content: bytes) -> JsonText:
         """POST the request body ``content`` to ``/chat/completions`` as it is (every
         field the client sent, ``tools``, ``tool_choice`` and vendor fields included) and
         return the upstream's JSON answer as it came, byte for byte."""
-        return self.relayer.complete(content)
+        answer = self.relayer.complete(content)
+        data = answer.data if isinstance(answer.data, dict) else {}
+        _count(self.model, data, None, request=content)
+        return answer
 
-    def relay_stream(self, content: bytes) -> Iterator[SSEEvent]:
+    def relay_stream(self, content: bytes, usage: Attribution | None = None) -> Iterator[SSEEvent]:
         """The same, streamed (``content`` has ``"stream": true``): the upstream's
-        server-sent events as they came. Retries happen only before the first byte."""
-        return self.relayer.stream(content)
+        server-sent events as they came. Retries happen only before the first byte.
+        Its tokens are counted when it ends, for ``usage`` (default: the work current
+        now: a stream is read after the code that asked for it has returned)."""
+        events = self.relayer.stream(content)  # (raises here, before the first byte)
+        return self._counted(events, content, usage or attribution())
+
+    def _counted(self, events: Iterator[SSEEvent], content: bytes,
+                 who: Attribution | None) -> Iterator[SSEEvent]:  # fmt: skip
+        seen = _Streamed()
+        try:
+            for event in events:
+                data = event.json()
+                if isinstance(data, dict):
+                    seen.add(data)
+                yield event
+        finally:
+            with usage_as(who):
+                seen.count(self.model, None, request=content)
 
     def models(self) -> Any:
         """The upstream's ``GET /models`` JSON (one try: callers have a fallback)."""
         return call_with_retries(
             lambda: self.client.get("/models", cast_to=object), max_retries=0, backoff=0
         )
+
+
+def _request_messages(request: bytes | None) -> Any:
+    try:
+        return json.loads(request or b"{}").get("messages")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _count(model: str, raw: dict[str, Any], messages: Any, request: bytes | None = None) -> None:
+    """Record a non-streamed answer's usage (its ``usage``, or counted)."""
+    usage = raw.get("usage")
+    text = ""
+    if not (isinstance(usage, dict) and usage.get("prompt_tokens") is not None):
+        messages = messages if messages is not None else _request_messages(request)
+        choices = raw.get("choices") or []
+        message = choices[0].get("message") if choices and isinstance(choices[0], dict) else {}
+        text = str((message or {}).get("content") or "")
+    record_chat(str(raw.get("model") or model), usage, messages, text)
+
+
+@dataclass
+class _Streamed:
+    """A streamed answer's text and usage (a final chunk's, when the caller asked for
+    ``stream_options.include_usage``), as its chunks pass."""
+
+    text: list[str] = field(default_factory=list)
+    usage: Any = None
+    model: str = ""
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        self.model = self.model or str(chunk.get("model") or "")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict) and delta.get("content"):
+                self.text.append(str(delta["content"]))
+
+    def count(self, model: str, messages: Any, request: bytes | None = None) -> None:
+        if messages is None and not self.usage:
+            messages = _request_messages(request)
+        record_chat(self.model or model, self.usage, messages, "".join(self.text))
 
 
 def llm_configured() -> bool:

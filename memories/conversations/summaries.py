@@ -30,6 +30,7 @@ from core.errors import InvalidInput
 from core.providers.json_answer import MalformedAnswer, read_text
 from core.providers.llm import ChatLLM, get_llm
 from core.providers.tokens import count_tokens, truncate_to_tokens
+from core.usage import usage_for
 from core.validation import validate_session_id
 from memories.conversations.history import (
     PRIMING_TOKENS,
@@ -197,7 +198,8 @@ def summary_fold(
         if start == 0:  # only the protected tail is left: nothing can be folded
             return result
         to_fold, result.kept = fresh[:start], fresh[start:]
-        text = _summarise(llm, result.summary, to_fold, summary_budget)
+        with usage_for(owner_id=owner_id, kind="summary", subject=_usage_subject(key)):
+            text = _summarise(llm, result.summary, to_fold, summary_budget)
         result.llm_calls = 1
         if _store(owner_id, key, state, text, to_fold):
             result.summary = text
@@ -278,6 +280,13 @@ def summary_key_parts(key: str) -> tuple[str, str]:
         flow_id, _, session = key[len("flow:") :].partition(":")
         return f"flow {flow_id}", session
     return key, ""
+
+
+def _usage_subject(key: str) -> str:
+    """Whose conversation a summary's LLM call is counted for: ``user/alice`` for a
+    scope's, ``flow 12`` for a stored conversation's."""
+    where, _ = summary_key_parts(key)
+    return where.removeprefix("scope ")
 
 
 def scope_summaries_delete(*, owner_id: int, scope: list[str]) -> int:

@@ -37,12 +37,14 @@ from core.providers.errors import ProviderBadResponse
 from core.providers.json_answer import Field, ListSpec, MalformedAnswer, Shape
 from core.providers.llm import ChatLLM
 from core.queue import enqueue
+from core.usage import usage_for
 from memories.engine import files
 from memories.engine.llm import (
     CATEGORY,
     CONFIDENCE,
     CONTENT,
     FACT_PLACEHOLDERS,
+    JsonCalls,
     PrecomputedEmbedder,
     json_calls,
 )
@@ -371,6 +373,12 @@ def dream_run(
     lookback = _lookback(lookback_days)
     calls = json_calls(llm, feature=FEATURE)
     row = _scope_row(owner, scope)
+    with usage_for(owner_id=row.owner_id, kind="dream", subject=row.label):
+        return _dream(row, lookback, trigger, today, calls, embedder, wait_seconds)
+
+
+def _dream(row: Scope, lookback: int, trigger: str, today: date | None, calls: JsonCalls,
+           embedder: Embedder | None, wait_seconds: float) -> DreamOutcome:  # fmt: skip
     today = today or timezone.now().date()
     with scope_run_lock_waiting(row.pk, wait_seconds) as taken:
         if not taken:

@@ -26,6 +26,7 @@ from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
 from core.providers.relay import SSEEvent
 from core.queue import enqueue_on_commit
+from core.usage import Attribution, usage_as
 from memories.conversations.services import MessageIn, flow_ensure, messages_store
 from memories.facts.injection import format_for_injection
 from memories.facts.models import Scope
@@ -270,9 +271,17 @@ def with_report(answer: JsonText, prepared: PreparedChat) -> JsonText:
     return answer
 
 
+def proxy_usage(prepared: PreparedChat, kind: str = "proxy") -> Attribution:
+    """Whose the proxy's upstream calls are (``core.usage``): the key's owner, about its
+    end user."""
+    subject = prepared.end_user.label if prepared.end_user is not None else ""
+    return Attribution(prepared.owner_id or None, kind, subject)
+
+
 def chat_complete(prepared: PreparedChat) -> bytes:
     """Forward once; the upstream's JSON comes back byte for byte, plus ``memories``."""
-    answer = get_llm(feature="The chat proxy").relay(prepared.request.encode())
+    with usage_as(proxy_usage(prepared)):
+        answer = get_llm(feature="The chat proxy").relay(prepared.request.encode())
     enqueue_formation(prepared)
     chat_record(prepared, answer_text(answer.data))
     return with_report(answer, prepared).encode()
@@ -341,7 +350,9 @@ def chat_stream(prepared: PreparedChat) -> Iterator[bytes]:
     event raise (the caller answers with a JSON error); later ones end the stream with
     an error event. With a user, a chunk carrying ``memories`` comes before
     ``data: [DONE]``."""
-    events = get_llm(feature="The chat proxy").relay_stream(prepared.request.encode())
+    events = get_llm(feature="The chat proxy").relay_stream(
+        prepared.request.encode(), usage=proxy_usage(prepared)
+    )
     opening = stream_opening(events)
     return relay_events(prepared, opening, events)
 

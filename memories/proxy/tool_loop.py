@@ -35,6 +35,7 @@ from core.providers.errors import ProviderError
 from core.providers.json_answer import parse_arguments
 from core.providers.llm import get_llm
 from core.providers.relay import SSEEvent
+from core.usage import usage_as
 from memories.facts.scopes import user_scope
 from memories.proxy.chat import (
     PreparedChat,
@@ -44,6 +45,7 @@ from memories.proxy.chat import (
     enqueue_formation,
     error_event,
     formation_flush,
+    proxy_usage,
     upstream_error,
     with_report,
 )
@@ -126,7 +128,8 @@ def loop_complete(prepared: PreparedChat) -> bytes:
     rounds = settings.CHAT_TOOL_MAX_ROUNDS
     for number in range(rounds):
         last = number == rounds - 1
-        answer = llm.relay((conversation if last else offer(conversation)).encode())
+        with usage_as(proxy_usage(prepared, "tool_loop")):
+            answer = llm.relay((conversation if last else offer(conversation)).encode())
         if number == 0:
             enqueue_formation(prepared)
         message = _message(answer.data)
@@ -333,7 +336,8 @@ def _loop_events(prepared: PreparedChat) -> Generator[bytes, None, None]:
             last = number == rounds - 1
             current = _StreamRound(prepared, relayed, last)
             try:
-                events = llm.relay_stream((conversation if last else offer(conversation)).encode())
+                body = (conversation if last else offer(conversation)).encode()
+                events = llm.relay_stream(body, usage=proxy_usage(prepared, "tool_loop"))
                 if number == 0:
                     enqueue_formation(prepared)
                 yield from current.relay(events)

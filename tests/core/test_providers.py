@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from core.api.errors import exception_handler
+from core.models import UsageTotal
 from core.providers.embeddings import (
     EmbeddingConfig,
     HashingEmbedder,
@@ -27,6 +28,9 @@ from core.providers.errors import (
 from core.providers.llm import get_llm
 from core.providers.tokens import count_message_tokens, count_tokens, truncate_to_tokens
 from tests.fakes.openai_server import Scripted, chat_body, chat_chunks, embedding_body
+
+# (every provider call is counted in the database: core.usage)
+pytestmark = pytest.mark.django_db
 
 
 # --- hashing ------------------------------------------------------------------------
@@ -101,6 +105,9 @@ def test_openai_embedder_keeps_input_order(openai_server):
     openai_server.push(Scripted(body=body))
     vectors = _embedder(openai_server).embed(["first", "second"])
     np.testing.assert_allclose(vectors, [[0, 1, 0], [1, 0, 0]])
+    # One call counted, its tokens from the answer's usage (prompt_tokens 1).
+    counted = UsageTotal.objects.values_list("kind", "model", "calls", "tokens_in", "tokens_out")
+    assert list(counted) == [("embedding", "fake-embed", 1, 1, 0)]
 
 
 def test_openai_embedder_retries_a_timeout_then_succeeds(openai_server):
@@ -213,6 +220,9 @@ def test_llm_complete_over_loopback(llm_settings, openai_server):
     assert sent["path"] == "/v1/chat/completions"
     assert sent["json"]["model"] == "fake-model"
     assert sent["json"]["messages"] == [{"role": "user", "content": "hi"}]
+    # Counted from the answer's usage; outside any named work: kind "other", no owner.
+    counted = UsageTotal.objects.values_list("kind", "model", "calls", "tokens_in", "tokens_out")
+    assert list(counted) == [("other", "fake-model", 1, 10, 5)]
 
 
 def test_llm_429_then_success(llm_settings, openai_server):
