@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from core.admin_confirm import confirm_first
 from core.login_throttle import ThrottledAdminLoginForm
-from core.models import APIKey, UsageDay
+from core.models import APIKey, UsageBudget, UsageDay
 from core.services import api_key_create, api_key_revoke
+from core.usage import budget_of
 
 
 class APIKeyAddForm(forms.ModelForm):
@@ -107,3 +108,26 @@ class UsageDayAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+@admin.register(UsageBudget)
+class UsageBudgetAdmin(admin.ModelAdmin):
+    """Each owner's daily token budget for background work and what it spent today;
+    deferred runs show when it ran out."""
+
+    list_display = ["owner", "daily_tokens", "in_force", "spent_today", "deferred_at",
+                    "deferred_runs"]  # fmt: skip
+    list_select_related = ["owner"]
+    search_fields = ["owner__username"]
+    autocomplete_fields = ["owner"]
+    fields = ["owner", "daily_tokens", "deferred_at", "deferred_runs"]
+    readonly_fields = ["deferred_at", "deferred_runs"]
+
+    @admin.display(description="in force today")
+    def in_force(self, obj: UsageBudget) -> str:
+        cap = budget_of(obj.owner_id).daily_tokens
+        return "no cap" if cap is None else f"{cap:,}"
+
+    @admin.display(description="spent today")
+    def spent_today(self, obj: UsageBudget) -> str:
+        return f"{budget_of(obj.owner_id).spent:,}"

@@ -1,10 +1,16 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from core.metrics import Counter
+
 
 class CoreConfig(AppConfig):
     name = "core"
     verbose_name = "Accounts and platform"
+    metrics = (
+        Counter("usage_deferred_total",
+                "Background runs deferred to the next day: their owner's token budget was spent."),
+    )  # fmt: skip
 
     def ready(self) -> None:
         from core import checks  # noqa: F401  (registers system checks)

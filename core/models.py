@@ -111,3 +111,26 @@ class UsageTotal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.model}"
+
+
+class UsageBudget(models.Model):
+    """An owner's daily token budget for background work (``core.usage``)."""
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True,
+        related_name="usage_budget",
+    )  # fmt: skip
+    daily_tokens = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Tokens a day (UTC) this owner's background work (extraction, scheduled "
+        "dreams) may spend; past it the work waits for the next day. Empty: the "
+        "deployment's USAGE_DAILY_TOKEN_BUDGET.",
+    )
+    # The last time work was deferred for it, and how many runs were that day.
+    deferred_at = models.DateTimeField(null=True, blank=True)
+    deferred_runs = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"budget of {self.owner_id}"

@@ -14,16 +14,21 @@ recorded: a search would otherwise write a row on every query.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connection
+from django.db.models import F, Sum
 from django.utils import timezone
 
+from core.metrics import counter_add
 from core.providers.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -133,3 +138,84 @@ def record_chat(model: str, usage: Any, messages: Any, answer_text: str) -> None
         return
     usage_record(model=model, tokens_in=count_tokens(_messages_text(messages)),
                  tokens_out=count_tokens(answer_text or ""), estimated=True)  # fmt: skip
+
+
+# --- budgets -------------------------------------------------------------------------
+# The background work an owner's daily budget bounds. The chat proxy's own answers are
+# never held back: its caller pays for them directly and is waiting.
+BUDGETED_KINDS = ("extraction", "dream")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An owner's budget on ``day``: ``daily_tokens`` (None: no cap) and what the
+    budgeted work spent that day."""
+
+    daily_tokens: int | None
+    spent: int
+    day: date
+    deferred_runs: int = 0
+    deferred_at: datetime | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.daily_tokens is not None and self.spent >= self.daily_tokens
+
+    @property
+    def resets_at(self) -> datetime:
+        return datetime.combine(self.day + timedelta(days=1), time.min, tzinfo=UTC)
+
+
+def budget_of(owner_id: int, now: datetime | None = None) -> Budget:
+    """The owner's budget and spending on the day of ``now`` (UTC)."""
+    from core.models import UsageBudget, UsageDay
+
+    day = (now or timezone.now()).astimezone(UTC).date()
+    row = UsageBudget.objects.filter(owner_id=owner_id).first()
+    cap = row.daily_tokens if row is not None and row.daily_tokens is not None else None
+    if cap is None:
+        cap = settings.USAGE_DAILY_TOKEN_BUDGET or None
+    spent = UsageDay.objects.filter(owner_id=owner_id, day=day, kind__in=BUDGETED_KINDS).aggregate(
+        total=Sum(F("tokens_in") + F("tokens_out"))
+    )["total"]
+    if row is None or row.deferred_at is None or row.deferred_at.astimezone(UTC).date() != day:
+        return Budget(cap, int(spent or 0), day)
+    return Budget(cap, int(spent or 0), day, row.deferred_runs, row.deferred_at)
+
+
+def budget_allows(owner_id: int, kind: str, *, what: str, now: datetime | None = None) -> bool:
+    """Whether ``kind`` of the owner's work may call the LLM now. When its budget is
+    spent: False, and the deferral is counted (``usage_deferred_total``, the owner's
+    ``deferred_runs``) and logged; the caller keeps the work for after the reset."""
+    if kind not in BUDGETED_KINDS:
+        return True
+    now = now or timezone.now()
+    budget = budget_of(owner_id, now)
+    if not budget.exhausted:
+        return True
+    _deferred(owner_id, budget, now)
+    counter_add("usage_deferred_total")
+    log.info(json.dumps({
+        "event": "usage_deferred", "owner": owner_id, "kind": kind, "what": what,
+        "daily_tokens": budget.daily_tokens, "spent": budget.spent,
+        "until": budget.resets_at.isoformat(),
+    }))  # fmt: skip
+    return False
+
+
+def _deferred(owner_id: int, budget: Budget, now: datetime) -> None:
+    from core.models import UsageBudget
+
+    runs = budget.deferred_runs + 1
+    UsageBudget.objects.update_or_create(
+        owner_id=owner_id, defaults={"deferred_at": now, "deferred_runs": runs}
+    )
+
+
+def budget_set(*, owner_id: int, daily_tokens: int | None) -> Budget:
+    """Set the owner's daily budget (None: the deployment's default)."""
+    from core.models import UsageBudget
+
+    UsageBudget.objects.update_or_create(owner_id=owner_id,
+                                         defaults={"daily_tokens": daily_tokens})  # fmt: skip
+    return budget_of(owner_id)

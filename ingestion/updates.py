@@ -31,7 +31,7 @@ from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
-from core.usage import usage_for
+from core.usage import budget_allows, budget_of, usage_for
 from ingestion.erasure import queued_turns
 from memories.engine import files
 from memories.engine.dreams import memory_md_sync
@@ -123,7 +123,7 @@ class UpdateRun:
     """What one run did (for the task's result, the logs and the tests)."""
 
     scope_id: int
-    status: str  # done | not_due | busy | empty | failed | gave_up | malformed
+    status: str  # done | not_due | busy | empty | failed | gave_up | malformed | deferred
     updates: list[int] = field(default_factory=list)
     batch_id: str | None = None
     llm_calls: int = 0
@@ -264,7 +264,19 @@ def updates_run(
             return UpdateRun(scope_id, "empty")
         if not force and rows[-1].due_at > now:
             return UpdateRun(scope_id, "not_due", [r.pk for r in rows])
+        owner_id = rows[0].scope.owner_id
+        if not budget_allows(owner_id, "extraction", what=f"scope {scope_id}", now=now):
+            return _defer(rows, budget_of(owner_id, now).resets_at)
         return _run(rows, now, llm, embedder)
+
+
+def _defer(rows: list[PendingUpdate], until: datetime) -> UpdateRun:
+    """The owner's budget is spent: the scope's pending flushes wait, due when it resets
+    (the sweep leaves them be until then), and its run is scheduled for that time."""
+    scope_id = rows[0].scope_id
+    pending_of(scope_id).update(due_at=until)
+    schedule_run(scope_id, until)
+    return UpdateRun(scope_id, "deferred", [r.pk for r in rows], note=f"until {until.isoformat()}")
 
 
 def updates_now(

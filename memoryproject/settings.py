@@ -464,3 +464,6 @@ ENGINE_DREAM_LOOKBACK_DAYS = 3
 ENGINE_DREAM_MAX_DROP = 0.5
 # The daily dream schedule, for owners who have not turned it off (EngineSettings).
 ENGINE_DREAM_SCHEDULE = env_bool("ENGINE_DREAM_SCHEDULE", True)
+# Tokens a day (UTC) each owner's background work (extraction, scheduled dreams) may spend,
+# for owners without a budget of their own (core.usage); 0: no cap.
+USAGE_DAILY_TOKEN_BUDGET = env_int("USAGE_DAILY_TOKEN_BUDGET", 0, minimum=0)

@@ -581,7 +581,8 @@ def _healthz(served: Served, out: str) -> None:
 @check("usage")
 def _usage(served: Served, out: str) -> None:
     body = json.loads(out)
-    assert set(body) == {"from", "to", "group_by", "totals", "results"}
+    assert set(body) == {"from", "to", "group_by", "totals", "results", "budget"}
+    assert body["budget"]["daily_tokens"] is None  # (no cap by default)
     assert body["group_by"] == ["kind"]
     # The tour's chats and extractions so far were counted, for this owner.
     assert body["totals"]["calls"] == sum(r["calls"] for r in body["results"]) > 0

@@ -31,9 +31,33 @@ class APIKeyCreatedSerializer(APIKeyOutputSerializer):
         fields = [*APIKeyOutputSerializer.Meta.fields, "key"]
 
 
+BUDGET_HELP = (
+    "Tokens a day (UTC) your background work (extraction, scheduled dreams) may spend; past "
+    "it the work waits for the next day, nothing is dropped. null: the deployment's default "
+    "(USAGE_DAILY_TOKEN_BUDGET)."
+)
+
+
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     username = StrictCharField()
+    background_daily_tokens = serializers.IntegerField(allow_null=True, help_text=BUDGET_HELP)
+
+
+class MeUpdateSerializer(serializers.Serializer):
+    background_daily_tokens = serializers.IntegerField(
+        min_value=0, max_value=10**15, allow_null=True, help_text=BUDGET_HELP
+    )
+
+
+class UsageBudgetSerializer(serializers.Serializer):
+    daily_tokens = serializers.IntegerField(
+        allow_null=True, help_text="In force today (yours, or the default); null: no cap."
+    )
+    spent_today = serializers.IntegerField(help_text="Tokens of extraction and dreams today.")
+    resets_at = serializers.DateTimeField()
+    deferred_runs_today = serializers.IntegerField()
+    last_deferred_at = serializers.DateTimeField(allow_null=True)
 
 
 USAGE_MAX_DAYS = 366
@@ -96,6 +120,7 @@ UsageSerializer = inline_serializer(
         "group_by": serializers.ListField(child=StrictCharField()),
         "totals": UsageSumsSerializer(),
         "results": UsageRowSerializer(many=True),
+        "budget": UsageBudgetSerializer(),
     },
 )
 

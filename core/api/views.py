@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -16,18 +18,37 @@ from core.api.serializers import (
     APIKeyCreateInputSerializer,
     APIKeyOutputSerializer,
     MeSerializer,
+    MeUpdateSerializer,
     UsageQuerySerializer,
     UsageSerializer,
 )
-from core.models import APIKey
+from core.models import APIKey, UsageBudget
 from core.selectors import USAGE_GROUPS, api_key_get, api_key_list, usage_summary
 from core.services import api_key_create, api_key_revoke
+from core.usage import budget_of, budget_set
+
+
+def _me(user: Any) -> dict[str, Any]:
+    own = UsageBudget.objects.filter(owner=user).values_list("daily_tokens", flat=True).first()
+    return {"id": user.pk, "username": user.username, "background_daily_tokens": own}
 
 
 class MeView(APIView):
     @extend_schema(summary="Who the key belongs to", responses=MeSerializer)
     def get(self, request: Request) -> Response:
-        return Response(MeSerializer(request.user).data)
+        return Response(MeSerializer(_me(request.user)).data)
+
+    @extend_schema(
+        summary="Set your daily token budget for background work",
+        request=MeUpdateSerializer,
+        responses=MeSerializer,
+    )
+    def patch(self, request: Request) -> Response:
+        data = MeUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        budget_set(owner_id=request.user.pk,
+                   daily_tokens=data.validated_data["background_daily_tokens"])  # fmt: skip
+        return Response(MeSerializer(_me(request.user)).data)
 
 
 class UsageView(APIView):
@@ -60,7 +81,15 @@ class UsageView(APIView):
         start, end = data.validated_data["start"], data.validated_data["end"]
         group_by = data.validated_data["group_by"]
         totals, rows = usage_summary(owner=request.user, start=start, end=end, group_by=group_by)
-        body = {"from": start, "to": end, "group_by": group_by, "totals": totals, "results": rows}
+        budget = budget_of(request.user.pk)
+        body = {
+            "from": start, "to": end, "group_by": group_by, "totals": totals, "results": rows,
+            "budget": {
+                "daily_tokens": budget.daily_tokens, "spent_today": budget.spent,
+                "resets_at": budget.resets_at, "deferred_runs_today": budget.deferred_runs,
+                "last_deferred_at": budget.deferred_at,
+            },
+        }  # fmt: skip
         return Response(body)
 
 

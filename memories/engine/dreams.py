@@ -37,7 +37,7 @@ from core.providers.errors import ProviderBadResponse
 from core.providers.json_answer import Field, ListSpec, MalformedAnswer, Shape
 from core.providers.llm import ChatLLM
 from core.queue import enqueue
-from core.usage import usage_for
+from core.usage import budget_allows, usage_for
 from memories.engine import files
 from memories.engine.llm import (
     CATEGORY,
@@ -648,7 +648,9 @@ def dream_scheduled(*, scope_id: int, day: date) -> str:
     """One scope's scheduled dream (the task). Safe to run twice: unchanged inputs skip
     the LLM (``skipped``). Two dreams of one scope never run at once: it waits up to
     ``SCHEDULED_WAIT_SECONDS`` for a run of the scope to end (``busy`` after that; the
-    next day's schedule finds the scope still changed). ``off`` when the owner turned
+    next day's schedule finds the scope still changed). ``deferred`` when the owner's
+    token budget for the day is spent (``core.usage``: the next day's schedule finds the
+    scope still changed). ``off`` when the owner turned
     the schedule off since, ``gone`` for an erased scope, ``failed`` (logged) when the
     dream is refused or the LLM fails; ``dreamed`` otherwise."""
     row = Scope.objects.filter(pk=scope_id).first()
@@ -656,6 +658,8 @@ def dream_scheduled(*, scope_id: int, day: date) -> str:
         return "gone"
     if not dream_schedule_enabled(owner=row.owner_id):
         return "off"
+    if not budget_allows(row.owner_id, "dream", what=f"scope {scope_id}"):
+        return "deferred"  # (the next day's schedule finds the scope still changed)
     try:
         outcome = dream_run(owner=row.owner_id, scope=row, trigger=Dream.Trigger.SCHEDULE,
                             today=day, wait_seconds=SCHEDULED_WAIT_SECONDS)  # fmt: skip

@@ -85,7 +85,11 @@ def test_usage_api_answers_the_callers_own_grouped_as_asked(alice, bob, alice_cl
             {"day": str(today), "kind": "summary", "calls": 1, "tokens_in": 7, "tokens_out": 3,
              "estimated_calls": 0},
         ],
+        # (a dream's tokens count against the budget; summaries' do not)
+        "budget": {"daily_tokens": None, "spent_today": 180, "resets_at": body["budget"]["resets_at"],
+                   "deferred_runs_today": 0, "last_deferred_at": None},
     }  # fmt: skip
+    assert body["budget"]["resets_at"] == f"{today + timedelta(days=1)}T00:00:00Z"
     by_subject = alice_client.get("/api/v1/usage", {"group_by": "subject,model"}).json()
     assert [(r["subject"], r["model"], r["tokens_in"]) for r in by_subject["results"]] == [
         ("user/a", "m1", 100), ("user/a", "m2", 50), ("user/b", "m1", 7),
@@ -128,3 +132,86 @@ def test_metrics_export_usage_by_kind_and_model(alice, client, settings):
     assert 'memory_usage_estimated_calls_total{kind="extraction",model="m \\"x\\""} 1' in body
     assert 'memory_usage_calls_total{kind="other",model="m1"} 1' in body
     assert "owner" not in body.split("memory_usage_calls_total", 1)[1]
+
+
+# --- budgets ---------------------------------------------------------------------------
+@pytest.fixture
+def noon(monkeypatch):
+    """The clock of the usage counts at noon today (UTC), so a test cannot cross midnight."""
+    from core import usage
+
+    fixed = timezone.now().replace(hour=12, minute=0, second=0, microsecond=0)
+    monkeypatch.setattr(usage, "timezone", type("Clock", (), {"now": staticmethod(lambda: fixed)}))
+    return fixed
+
+
+def _flush(owner, text, at):
+    return update_record(owner=owner, scope=("user", "alice"),
+                         messages=[{"role": "user", "content": text}], now=at)  # fmt: skip
+
+
+def test_a_spent_budget_defers_extraction_and_loses_nothing(alice, alice_client, engine_llm,
+                                                            noon, settings):  # fmt: skip
+    from django_q.models import Schedule
+
+    from memories.engine.models import PendingUpdate
+    from memories.engine.updates import schedule_name
+    from memories.facts.models import Fact
+    from tests.ingestion.conftest import DARK, RUST
+
+    response = alice_client.patch("/api/v1/me", {"background_daily_tokens": 20}, format="json")
+    assert response.json()["background_daily_tokens"] == 20
+    runs = []
+    for i, text in enumerate([TEA, RUST, DARK]):
+        update = _flush(alice, text, noon + timedelta(minutes=i))
+        runs.append(
+            updates_run(scope_id=update.scope_id, now=noon + timedelta(minutes=i, seconds=31))
+        )
+    # Each extraction spends 15 tokens (10 in, 5 out): the third finds 30 of 20 spent.
+    assert [r.status for r in runs] == ["done", "done", "deferred"]
+    assert engine_llm.calls["extraction"] == 2
+    midnight = noon.replace(hour=0) + timedelta(days=1)
+    waiting = PendingUpdate.objects.get(pk__in=runs[2].updates)
+    assert (waiting.status, waiting.due_at) == (PendingUpdate.Status.PENDING, midnight)
+    assert Schedule.objects.get(name=schedule_name(waiting.scope_id)).next_run == midnight
+    budget = alice_client.get("/api/v1/usage").json()["budget"]
+    assert (budget["daily_tokens"], budget["spent_today"], budget["deferred_runs_today"]) == (
+        20,
+        30,
+        1,
+    )
+    # The chat proxy's own answers are never held back.
+    settings.MEMORY_UPDATE_DEBOUNCE_SECONDS = 30
+    reply = alice_client.post("/v1/chat/completions",
+                              {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                              format="json", HTTP_X_OPENWEBUI_USER_ID="alice")  # fmt: skip
+    assert reply.status_code == 200
+    # After the reset the deferred flush runs, and what it said is learned.
+    later = updates_run(scope_id=waiting.scope_id, now=midnight + timedelta(seconds=1))
+    assert later.status == "done" and waiting.pk in later.updates
+    assert Fact.objects.filter(owner=alice, content="User prefers dark mode").exists()
+    waiting.refresh_from_db()
+    assert waiting.status == PendingUpdate.Status.DONE
+
+
+def test_a_spent_budget_defers_the_scheduled_dream(alice, noon, settings):
+    from memories.engine.dreams import dream_scheduled
+    from memories.engine.models import Dream
+    from memories.facts.scopes import scope_ensure
+
+    settings.USAGE_DAILY_TOKEN_BUDGET = 100  # the deployment's default
+    scope = scope_ensure(owner=alice, scope=("user", "alice"))
+    with usage_for(owner_id=alice.pk, kind="extraction"):
+        usage_record(model="m", tokens_in=90, tokens_out=10, estimated=False)
+    assert dream_scheduled(scope_id=scope.pk, day=noon.date()) == "deferred"
+    assert not Dream.objects.filter(scope=scope).exists()
+
+
+@pytest.mark.parametrize("value", [-5, "many", 1.5, None])
+def test_a_bad_budget_is_refused_and_changes_nothing(alice, alice_client, value):
+    alice_client.patch("/api/v1/me", {"background_daily_tokens": 7}, format="json")
+    body = {} if value is None else {"background_daily_tokens": value}
+    response = alice_client.patch("/api/v1/me", body, format="json")
+    assert response.status_code == 400, response.content
+    assert "background_daily_tokens" in response.json()["error"]["details"]
+    assert alice_client.get("/api/v1/me").json()["background_daily_tokens"] == 7
