@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -370,17 +371,22 @@ def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
     batch_id = str(uuid.uuid4())
     result = UpdateRun(scope.pk, "done", [r.pk for r in rows], batch_id=batch_id)
     extracted = Extracted([], [])
+    gated = settings.ENGINE_EXTRACTION_GATE and not any(learnable(r.messages) for r in rows)
     try:
-        calls = json_calls(llm, feature=FEATURE)
         prompt = extraction_prompt(scope, rows)
-        try:
-            reading = calls.read(prompt.messages, shape=EXTRACTION, what="engine_extraction",
-                                 source=prompt.conversation)  # fmt: skip
-        finally:
-            result.llm_calls = calls.count
-            counter_add("engine_llm_calls_total", calls.count)
-            counter_add("engine_llm_tokens_total", calls.tokens)
-        if not reading.malformed:
+        if gated:  # the idle gate: nothing to learn from, no LLM call
+            reading = Reading("empty")
+            counter_add("engine_updates_gated_total", len(rows))
+        else:
+            calls = json_calls(llm, feature=FEATURE)
+            try:
+                reading = calls.read(prompt.messages, shape=EXTRACTION, what="engine_extraction",
+                                     source=prompt.conversation)  # fmt: skip
+            finally:
+                result.llm_calls = calls.count
+                counter_add("engine_llm_calls_total", calls.count)
+                counter_add("engine_llm_tokens_total", calls.tokens)
+        if reading.status == "ok":
             extracted = parse_extraction(reading.value, prompt.known, prompt.refs)
         pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in extracted.facts])
     except ProviderError as exc:  # not configured, down, timed out: retried later
@@ -410,7 +416,7 @@ def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
                 result.removed_content[fact_id] = prompt.known[fact_id]
             except FactNotFound:  # gone meanwhile
                 pass
-        result.note = _note(reading, extracted, result)
+        result.note = GATED if gated else _note(reading, extracted, result)
         PendingUpdate.objects.filter(pk__in=ids).update(
             status=PendingUpdate.Status.DONE, batch_id=result.batch_id, processed_at=now,
             attempts=F("attempts") + 1, error="", answer_excerpt="", note=result.note,
@@ -425,6 +431,29 @@ def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
     counter_add("engine_updates_processed_total", len(rows))
     _log(scope, result)
     return result
+
+
+# The extraction's idle gate (issue 29): a batch of flushes goes to the LLM only when a
+# user message of one of them holds a word that is no acknowledgement. So a batch of
+# empty messages, of assistant messages only, or of "ok", "Thanks!", "yes please", "lol",
+# "👍" is done at once, its flushes noted GATED, its journal entries written as usual.
+ACKNOWLEDGEMENTS = frozenset(
+    "ok okay k kk thanks thank thx ty you yes yeah yep yup no nope nah sure cool great nice "
+    "good fine lol haha hah hmm hm wow awesome perfect got it alright right bye hi hello hey "
+    "please pls np welcome cheers so much a lot very".split()
+)
+GATED = "nothing to learn (idle gate: no extraction)"
+
+
+def learnable(messages: list[dict[str, Any]]) -> bool:
+    """Whether a flush's user messages hold a word that is no acknowledgement."""
+    for message in messages:
+        if message.get("role") != "user":
+            continue
+        words = re.findall(r"[^\W_]+", str(message.get("content") or "").casefold())
+        if any(word not in ACKNOWLEDGEMENTS for word in words):
+            return True
+    return False
 
 
 def _still_pending(scope_id: int, ids: list[int]) -> bool:

@@ -464,6 +464,11 @@ ENGINE_DREAM_LOOKBACK_DAYS = 3
 ENGINE_DREAM_MAX_DROP = 0.5
 # The daily dream schedule, for owners who have not turned it off (EngineSettings).
 ENGINE_DREAM_SCHEDULE = env_bool("ENGINE_DREAM_SCHEDULE", True)
+# The daily dream takes a scope only once this many of its facts changed or flushes were
+# processed since its last dream (issue 29's idle gate; 1: any change).
+ENGINE_DREAM_MIN_CHANGES = 3
+# Flushes whose user messages hold nothing but acknowledgements are not sent to the LLM.
+ENGINE_EXTRACTION_GATE = True
 # Tokens a day (UTC) each owner's background work (extraction, scheduled dreams) may spend,
 # for owners without a budget of their own (core.usage); 0: no cap.
 USAGE_DAILY_TOKEN_BUDGET = env_int("USAGE_DAILY_TOKEN_BUDGET", 0, minimum=0)

@@ -166,7 +166,9 @@ def test_env_example_lists_exactly_the_variables_the_code_reads():
     read = _environment_variables_read()
     assert sorted(read - set(example)) == []  # read but not listed
     assert sorted(set(example) - read) == []  # listed but read by nothing
-    assert len(read) <= 60  # ranking and plan constants are not variables (issue 22)
+    # Ranking and plan constants are not variables (issue 22); the 61st is the deployment's
+    # default budget issue 29 asks for in the environment.
+    assert len(read) <= 61
     assert sorted(name for name, explained in example.items() if not explained) == []
 
 

@@ -15,6 +15,7 @@ class MemoryEngineConfig(AppConfig):
         Counter("engine_llm_calls_total", "LLM calls of the extraction and the dreams."),
         Counter("engine_llm_tokens_total", "LLM tokens of the extraction and the dreams."),
         Counter("engine_llm_malformed_total", "LLM answers that stayed malformed JSON after a retry."),
+        Counter("engine_updates_gated_total", "Flushes done without an extraction: nothing to learn."),
     )  # fmt: skip
     # /healthz sections (core.health.app_health): per owner, how formation goes.
     health_sections = {"formation": "memories.engine.health.formation_health"}

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Subquery, Value
+from django.db.models import Count, Exists, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -605,11 +605,12 @@ def engine_settings_update(
 
 
 def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
-    """(owner id, scope id) of every scope (not an owner's global memories) whose facts
-    or journal changed since its last dream (ever, for a scope never dreamed), of owners
-    with the daily dream on. A fact
-    change is any audit row but a dream's own changes and their undo (a REST write, an
-    update run, an eviction...); a journal change is a flush processed since."""
+    """(owner id, scope id) of every scope (not an owner's global memories) with at least
+    ``ENGINE_DREAM_MIN_CHANGES`` changes of its facts and journal since its last dream
+    (ever, for a scope never dreamed), of owners with the daily dream on: the idle gate,
+    a scope that learned one thing since is left for a later day. A fact change is any
+    audit row but a dream's own changes and their undo (a REST write, an update run, an
+    eviction...); a journal change is a flush processed since."""
     now = now or timezone.now()
     last = Dream.objects.filter(scope=OuterRef("pk")).order_by("-created_at").values("created_at")
     changed = (
@@ -621,10 +622,17 @@ def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
         scope=OuterRef("pk"), status=PendingUpdate.Status.DONE,
         processed_at__gt=OuterRef("since"), processed_at__lte=now,
     )  # fmt: skip
+
+    def count(rows: Any) -> Any:
+        return Coalesce(Subquery(rows.order_by().values("scope").annotate(n=Count("pk"))
+                                 .values("n")[:1]), 0)  # fmt: skip
+
     rows = (
         Scope.objects.exclude(path=[])  # (global memories are not consolidated)
         .annotate(since=Coalesce(Subquery(last[:1]), Value(EPOCH)))
         .filter(Exists(changed) | Exists(journal))
+        .annotate(material=count(changed) + count(journal))
+        .filter(material__gte=settings.ENGINE_DREAM_MIN_CHANGES)
         .order_by("pk")
         .values_list("owner_id", "pk")
     )

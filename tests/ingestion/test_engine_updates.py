@@ -282,3 +282,39 @@ def test_a_client_can_have_pending_messages_learned_now_and_wait(
     unknown = alice_client.post("/api/v1/engine/updates/run", {"scope": ["user", "nobody"]},
                                 format="json")  # fmt: skip
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "scope_not_found"
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "ok"}],
+        [{"role": "user", "content": "Thanks!! 👍"}, {"role": "user", "content": "yes please"}],
+        [{"role": "assistant", "content": "I can help you plan a trip to Lisbon."}],
+        [{"role": "user", "content": "lol"}, {"role": "assistant", "content": "Glad it helped."}],
+    ],
+)
+def test_a_flush_with_nothing_to_learn_costs_no_llm_call(alice, engine_llm, messages):
+    """The extraction's idle gate (issue 29): acknowledgements only, or assistant messages
+    only: done at once, noted, journaled, no LLM call."""
+    t0 = timezone.now()
+    update = update_record(owner=alice, scope=SCOPE, messages=messages, now=t0)
+    run = updates_run(scope_id=update.scope_id, now=t0 + timedelta(seconds=31))
+    assert (run.status, run.llm_calls, engine_llm.calls["extraction"]) == ("done", 0, 0)
+    update.refresh_from_db()
+    assert (update.status, update.note) == ("done", "nothing to learn (idle gate: no extraction)")
+    assert run.journal_entries == 1 and _facts(alice) == []
+
+
+def test_one_learnable_message_sends_the_whole_batch(alice, engine_llm, settings):
+    t0 = timezone.now()
+    update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": "ok"}], now=t0)
+    update = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": TEA}],
+                           now=t0 + timedelta(seconds=1))  # fmt: skip
+    run = updates_run(scope_id=update.scope_id, now=t0 + timedelta(seconds=32))
+    assert (run.status, run.llm_calls, len(run.updates)) == ("done", 1, 2)
+    # The gate off: acknowledgements go to the LLM as before.
+    settings.ENGINE_EXTRACTION_GATE = False
+    update = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": "ok"}],
+                           now=t0 + timedelta(minutes=5))  # fmt: skip
+    run = updates_run(scope_id=update.scope_id, now=t0 + timedelta(minutes=6))
+    assert (run.status, run.llm_calls) == ("done", 1)

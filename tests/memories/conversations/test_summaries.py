@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import InvalidInput
+from core.models import UsageDay
 from core.providers.errors import ProviderNotConfigured
 from memories.conversations.models import ConversationSummary
 from memories.conversations.summaries import SummaryMessage, summary_fold
@@ -50,6 +51,9 @@ def test_running_summary_grows_incrementally(alice, summarizer):
     assert (stored.text, stored.summarized_ids, stored.last_summarized_id) == (
         first.summary, first.folded, first.folded[-1],
     )  # fmt: skip
+    # Its tokens are counted for the owner (issue 29), from the answer's usage.
+    counted = UsageDay.objects.values_list("owner", "kind", "subject", "calls", "tokens_in")
+    assert list(counted) == [(alice.pk, "summary", "k", 1, 10)]
 
     # the same call again: nothing new to fold, no LLM call
     same = summary_fold(

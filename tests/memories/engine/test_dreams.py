@@ -11,6 +11,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from core.errors import ServiceError
+from core.models import UsageDay
 from core.providers.embeddings import get_embedder
 from ingestion.updates import updates_run
 from memories.engine import files
@@ -99,6 +100,9 @@ def test_a_dream_consolidates_audits_and_writes_memory_md_and_diary(alice, dream
     outcome = dream_run(owner=alice, scope=SCOPE, lookback_days=2)
     dream = outcome.dream
     assert not outcome.skipped and dreaming.calls["dream"] == 1
+    # Counted for the owner and scope (issue 29): the fixture's extraction, then the dream.
+    counted = UsageDay.objects.filter(owner=alice).values_list("kind", "subject", "calls")
+    assert sorted(counted) == [("dream", "user/alice", 1), ("extraction", "user/alice", 1)]
     prompt = dreaming.prompts["dream"][0]
     assert "- [0.90] User lives in Paris (id: " in prompt
     assert "- **user**: I moved to Berlin and I work remotely now" in prompt  # the journal
@@ -255,7 +259,9 @@ def test_malformed_dream_answers_change_nothing(alice, dreaming):
     assert _state(alice) == before and Dream.objects.count() == 0
 
 
-def test_daily_schedule_dreams_changed_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming):
+def test_daily_schedule_dreams_changed_scopes_unless_the_owner_turned_it_off(alice, bob, dreaming,
+                                                                            settings):  # fmt: skip
+    settings.ENGINE_DREAM_MIN_CHANGES = 1  # (any change: the idle gate has its own test)
     # (an owner's global memories changed too: they are not consolidated)
     seed(global_scope_ensure(owner=alice), "The support team is available on weekdays from 9 to 5")
     assert dreams_daily() == 1  # one task queued (run at once in tests)
@@ -279,6 +285,7 @@ def test_daily_schedule_fans_out_one_task_per_changed_scope(alice, bob, dreaming
     count, not only processed flushes."""
     from memories.engine import dreams
 
+    monkeypatch.setattr(dreams.settings, "ENGINE_DREAM_MIN_CHANGES", 1)
     queued = []
     real = dreams.enqueue
     monkeypatch.setattr(dreams, "enqueue", lambda *a, **k: (queued.append((a, k)), real(*a, **k)))
@@ -456,3 +463,23 @@ def test_the_audit_reads_in_time_order_with_plain_captions(admin_client, alice, 
     listed = [str(pk) for pk in times]
     positions = [page.find(pk) for pk in listed if page.find(pk) >= 0]
     assert positions == sorted(positions)  # the newest first, in time order
+
+
+def test_the_daily_dream_waits_for_enough_new_material(alice, dreaming, settings):
+    """The idle gate (issue 29): a scope is dreamed once ENGINE_DREAM_MIN_CHANGES of its
+    facts changed or flushes were processed since its last dream, not for one change."""
+    from memories.engine.dreams import dream_candidates
+
+    settings.ENGINE_DREAM_MIN_CHANGES = 3
+    dreaming.dream = keep_all
+    dream_run(owner=alice, scope=SCOPE)  # (the fixture's scope, dreamed: nothing new since)
+    zed = ("user", "zed")
+    fact_add(owner=alice, scope=zed, facts=[FactIn("User likes tea", "context", 0.9),
+                                            FactIn("User hikes", "context", 0.9)])  # fmt: skip
+    calls = dreaming.calls["dream"]
+    assert dream_candidates() == [] and dreams_daily() == 0  # two changes: not yet
+    fact_add(owner=alice, scope=zed, facts=[FactIn("User reads sci-fi", "context", 0.9)])
+    row = scope_find(owner=alice, scope=zed)
+    assert dream_candidates() == [(alice.pk, row.pk)]
+    assert dreams_daily() == 1 and dreaming.calls["dream"] == calls + 1
+    assert dream_candidates() == []  # counted again from the dream on
