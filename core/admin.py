@@ -92,13 +92,25 @@ class UsageDayAdmin(admin.ModelAdmin):
     """What each owner's work spent per day, kind, model and end user (``core.usage``):
     read only, written by the calls themselves."""
 
-    list_display = ["day", "owner", "kind", "subject", "model", "calls", "tokens_in",
-                    "tokens_out", "estimated_calls"]  # fmt: skip
+    list_display = ["day", "owner", "work", "subject", "model", "calls_made", "tokens"]
     list_filter = [UsagePeriodFilter, "kind", "model"]
     list_select_related = ["owner"]
     search_fields = ["owner__username", "subject", "model"]
     date_hierarchy = "day"
     ordering = ["-day", "owner", "kind", "model", "subject"]
+
+    @admin.display(description="kind", ordering="kind")
+    def work(self, obj: UsageDay) -> str:
+        return obj.kind
+
+    @admin.display(description="calls", ordering="calls")
+    def calls_made(self, obj: UsageDay) -> str:
+        estimated = f" ({obj.estimated_calls:,} estimated)" if obj.estimated_calls else ""
+        return f"{obj.calls:,}{estimated}"
+
+    @admin.display(description="tokens in / out", ordering="tokens_in")
+    def tokens(self, obj: UsageDay) -> str:
+        return f"{obj.tokens_in:,} / {obj.tokens_out:,}"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -115,13 +127,21 @@ class UsageBudgetAdmin(admin.ModelAdmin):
     """Each owner's daily token budget for background work and what it spent today;
     deferred runs show when it ran out."""
 
-    list_display = ["owner", "daily_tokens", "in_force", "spent_today", "deferred_at",
-                    "deferred_runs"]  # fmt: skip
+    list_display = ["owner", "own_budget", "in_force", "spent_today", "deferred_at",
+                    "runs_deferred"]  # fmt: skip
     list_select_related = ["owner"]
     search_fields = ["owner__username"]
     autocomplete_fields = ["owner"]
     fields = ["owner", "daily_tokens", "deferred_at", "deferred_runs"]
     readonly_fields = ["deferred_at", "deferred_runs"]
+
+    @admin.display(description="daily tokens", ordering="daily_tokens")
+    def own_budget(self, obj: UsageBudget) -> str:
+        return "(the default)" if obj.daily_tokens is None else f"{obj.daily_tokens:,}"
+
+    @admin.display(description="runs deferred that day", ordering="deferred_runs")
+    def runs_deferred(self, obj: UsageBudget) -> int:
+        return obj.deferred_runs
 
     @admin.display(description="in force today")
     def in_force(self, obj: UsageBudget) -> str:

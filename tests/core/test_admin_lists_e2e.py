@@ -1,5 +1,6 @@
 """The admin's widest lists fit a 1440 px window (issue 26): knowledge bases, the engine's
-pending updates and the chunk browser (content-addressed ``sha256:`` keys included), in
+pending updates, the chunk browser (content-addressed ``sha256:`` keys included) and the
+usage lists (issue 29), in
 headless Chromium; no horizontal scroll of the page or of the result table. Screenshots
 land in test-artifacts/."""
 
@@ -8,7 +9,10 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.utils import timezone
 
+from core.models import UsageBudget
+from core.usage import budget_set, usage_for, usage_record
 from knowledge.services import DocumentIn, knowledge_documents_submit
 from knowledge.services.bases import knowledge_base_create
 from memories.engine.updates import update_record
@@ -26,11 +30,20 @@ def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settin
     for user in ("gina", "a-rather-long-end-user-identifier-from-the-application"):
         update_record(owner=alice, scope=["user", user],
                       messages=[{"role": "user", "content": "I like tea"}])  # fmt: skip
+    # Usage (issue 29): a long model name and a long end user, a budget with a deferral.
+    long_user = "user/a-rather-long-end-user-identifier-from-the-application"
+    for kind, model in (("extraction", "gpt-4o-mini-2024-07-18"), ("proxy", "fake-model")):
+        with usage_for(owner_id=alice.pk, kind=kind, subject=long_user):
+            usage_record(model=model, tokens_in=123456, tokens_out=7890, estimated=False)
+    budget_set(owner_id=alice.pk, daily_tokens=200000)
+    UsageBudget.objects.filter(owner=alice).update(deferred_at=timezone.now(), deferred_runs=3)
     login(browser, live_server)
     for name, url in (
         ("admin-knowledge-bases", "/admin/knowledge/knowledgebase/"),
         ("admin-pending-updates", "/admin/memory_engine/pendingupdate/"),
         ("admin-chunks", "/admin/knowledge/chunk/"),
+        ("admin-usage-days", "/admin/core/usageday/"),
+        ("admin-usage-budgets", "/admin/core/usagebudget/"),
     ):
         browser.get(live_server.url + url)
         shot(browser, name)
