@@ -316,6 +316,11 @@ def test_preprocessing_distils_and_kill_phrase_advances_cursor(
     memory_base_flush(memory_base=mb)
     assert Chunk.objects.filter(knowledge_base=mb.knowledge_base).count() == 1
     assert _session(mb, "s1").total_processed == 3
+    # Both calls counted for the owner as Memory Base preprocessing (issue 29).
+    from core.models import UsageDay
+
+    counted = UsageDay.objects.filter(owner=alice).values_list("kind", "subject", "calls")
+    assert list(counted) == [("memory_base", f"memory base {mb.pk}", 2)]
 
 
 def test_bad_input_stores_nothing(flow, memory_base):

@@ -83,6 +83,11 @@ def test_hybrid_rewrite_and_the_model_setting(
         "1 different short search queries"
         in (openai_server.requests[0]["json"]["messages"][0]["content"])
     )
+    # Counted for the base's owner as query rewriting (issue 29).
+    from core.models import UsageDay
+
+    counted = UsageDay.objects.filter(owner=kb.owner).values_list("kind", "model", "calls")
+    assert list(counted) == [("query_rewrite", "fake-model", 1)]
 
 
 def test_without_an_llm_it_is_503_naming_llm_base_url(alice_client, kb, settings):

@@ -109,6 +109,11 @@ def test_the_proxy_runs_memory_tools_then_answers(live_server, alice, llm_settin
     assert second["messages"][-1]["role"] == "tool"
     assert json.loads(second["messages"][-1]["content"])["id"] == fact_id
     assert len(third["messages"]) == len(first["messages"]) + 4
+    # The three rounds are counted as the proxy's tool loop, for the key's owner (issue 29).
+    from core.models import UsageDay
+
+    counted = UsageDay.objects.filter(owner=alice).values_list("kind", "calls", "tokens_in")
+    assert list(counted) == [("tool_loop", 3, 30)]
 
 
 def test_the_loop_is_bounded(live_server, alice, llm_settings, openai_server):
