@@ -201,7 +201,7 @@ def _globals(owner: AbstractBaseUser | int, row: Scope | None, query: str, q: Qu
         return []
     found = scope_search(glob, query, q, limit=max(1, scope_fact_count(scope_id=glob.pk)),
                          at=at)  # fmt: skip
-    return relevant_hits(found.hits, threshold)
+    return matching_hits(found.hits, threshold)  # (every match: a fallback for new users)
 
 
 def _block(lines: list[str], kept: list[FactRow], globals_: list[FactHit], max_tokens: int,
