@@ -120,8 +120,10 @@ class ChatLLM:
     def relay_stream(self, content: bytes, usage: Attribution | None = None) -> Iterator[SSEEvent]:
         """The same, streamed (``content`` has ``"stream": true``): the upstream's
         server-sent events as they came. Retries happen only before the first byte.
-        Its tokens are counted when it ends, for ``usage`` (default: the work current
-        now: a stream is read after the code that asked for it has returned)."""
+        Its tokens are counted when it ends or is closed, for ``usage`` (default: the work
+        current now: a stream is read after the code that asked for it has returned);
+        callers close what they do not read to the end, so the count is never written
+        from a finaliser."""
         events = self.relayer.stream(content)  # (raises here, before the first byte)
         return self._counted(events, content, usage or attribution())
 
@@ -135,6 +137,11 @@ class ChatLLM:
                     seen.add(data)
                 yield event
         finally:
+            # Closing this closes the upstream's response at once (the caller closes it
+            # when the client goes away or the opening was an error), not at collection.
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
             with usage_as(who):
                 seen.count(self.model, None, request=content)
 

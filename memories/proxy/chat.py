@@ -353,8 +353,20 @@ def chat_stream(prepared: PreparedChat) -> Iterator[bytes]:
     events = get_llm(feature="The chat proxy").relay_stream(
         prepared.request.encode(), usage=proxy_usage(prepared)
     )
-    opening = stream_opening(events)
+    try:
+        opening = stream_opening(events)
+    except BaseException:
+        # Closed here, not when collected: closing counts the call's tokens (a database
+        # write, which must not run from a finaliser in whatever thread collects it).
+        close_stream(events)
+        raise
     return relay_events(prepared, opening, events)
+
+
+def close_stream(events: Iterator[Any]) -> None:
+    close = getattr(events, "close", None)
+    if close is not None:
+        close()
 
 
 @dataclass
@@ -408,9 +420,7 @@ def relay_events(
                 relayed.failed = True
                 yield error_event(exc)
             finally:  # also when the client goes away: the upstream's response is closed
-                close = getattr(rest, "close", None)
-                if close is not None:
-                    close()
+                close_stream(rest)
             yield from relayed.close(prepared)
         finally:  # the answer started: the turn teaches, recorded or not
             formation_flush(prepared)

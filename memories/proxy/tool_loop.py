@@ -42,6 +42,7 @@ from memories.proxy.chat import (
     Relayed,
     answer_text,
     chat_record,
+    close_stream,
     enqueue_formation,
     error_event,
     formation_flush,
@@ -338,9 +339,12 @@ def _loop_events(prepared: PreparedChat) -> Generator[bytes, None, None]:
             try:
                 body = (conversation if last else offer(conversation)).encode()
                 events = llm.relay_stream(body, usage=proxy_usage(prepared, "tool_loop"))
-                if number == 0:
-                    enqueue_formation(prepared)
-                yield from current.relay(events)
+                try:
+                    if number == 0:
+                        enqueue_formation(prepared)
+                    yield from current.relay(events)
+                finally:  # a round that ends early or fails: closed (and counted) now
+                    close_stream(events)
             except ProviderError as exc:
                 if not relayed.started:
                     raise
