@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -107,6 +108,19 @@ _ASYNC_SQL = _RECORD_SQL.replace(
 ).replace("FROM total WHERE", "FROM total, quick WHERE")
 
 
+# Counts made while this thread's database connection was busy (a finaliser run by the
+# garbage collector inside a database call would otherwise wait for the connection's own
+# lock forever): written by the next count.
+_late: deque[dict[str, Any]] = deque()
+
+
+def _busy() -> bool:
+    """Whether this thread's connection is in the middle of a call (psycopg holds its
+    lock): a Django connection belongs to one thread, so this thread holds it."""
+    lock = getattr(connection.connection, "lock", None)
+    return lock is not None and lock.locked()
+
+
 def usage_record(*, model: str, tokens_in: int, tokens_out: int, estimated: bool) -> None:
     """Count one call of the attributed work (``usage_for``). Never raises: a failure to
     count is logged, and the call's answer goes on."""
@@ -116,6 +130,18 @@ def usage_record(*, model: str, tokens_in: int, tokens_out: int, estimated: bool
         "tout": max(0, int(tokens_out)), "est": int(estimated), "owner": who.owner_id,
         "day": timezone.now().date(), "subject": who.subject[:255],
     }  # fmt: skip
+    if _busy():
+        _late.append(params)
+        return
+    while _late:  # (counts kept while a connection was busy)
+        try:
+            _write(_late.popleft())
+        except IndexError:  # another thread wrote it
+            break
+    _write(params)
+
+
+def _write(params: dict[str, Any]) -> None:
     try:
         # Outside a transaction: one statement, committed without waiting for the WAL's
         # flush to disk (``set_config(..., true)`` holds for its own implicit
@@ -126,7 +152,8 @@ def usage_record(*, model: str, tokens_in: int, tokens_out: int, estimated: bool
         with connection.cursor() as cur:
             cur.execute(sql, params)
     except DatabaseError:
-        log.warning("usage not recorded", extra={"kind": who.kind, "model": model}, exc_info=True)
+        log.warning("usage not recorded", extra={"kind": params["kind"], "model": params["model"]},
+                    exc_info=True)  # fmt: skip
 
 
 def _messages_text(messages: Any) -> str:

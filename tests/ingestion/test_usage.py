@@ -215,3 +215,18 @@ def test_a_bad_budget_is_refused_and_changes_nothing(alice, alice_client, value)
     assert response.status_code == 400, response.content
     assert "background_daily_tokens" in response.json()["error"]["details"]
     assert alice_client.get("/api/v1/me").json()["background_daily_tokens"] == 7
+
+
+def test_a_count_made_while_the_connection_is_busy_waits_for_the_next(alice):
+    """A count made while this thread's connection is in a call (a stream's finaliser run
+    by the garbage collector inside a query) must not wait for the connection's own lock:
+    it is kept, and written with the next count."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    with usage_for(owner_id=alice.pk, kind="dream"):
+        with connection.connection.lock:  # as psycopg holds it during a call
+            usage_record(model="m", tokens_in=5, tokens_out=1, estimated=False)
+        assert not UsageDay.objects.filter(owner=alice).exists()
+        usage_record(model="m", tokens_in=7, tokens_out=2, estimated=False)
+    assert _rows(alice) == [("dream", "m", "", 2, 12, 3, 0)]
