@@ -150,7 +150,12 @@ class Chunk(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["knowledge_base", "document_key"], name="chunk_kb_document"),
+            # A document's chunks in order: a hit's neighbours in its document (search
+            # context) are found through it; it serves lookups by document key too.
+            models.Index(
+                fields=["knowledge_base", "document_key", "chunk_index", "id"],
+                name="chunk_kb_document_order",
+            ),
             # Also orders a session's chunks: a search finds a hit's neighbours through it.
             models.Index(
                 fields=["knowledge_base", "session_id", "source_timestamp", "id"],
