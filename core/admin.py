@@ -12,7 +12,7 @@ from core.admin_confirm import confirm_first
 from core.login_throttle import ThrottledAdminLoginForm
 from core.models import APIKey, UsageBudget, UsageDay
 from core.services import api_key_create, api_key_revoke
-from core.usage import budget_of
+from core.usage import Budget, budget_of
 
 
 class APIKeyAddForm(forms.ModelForm):
@@ -143,11 +143,18 @@ class UsageBudgetAdmin(admin.ModelAdmin):
     def runs_deferred(self, obj: UsageBudget) -> int:
         return obj.deferred_runs
 
+    @staticmethod
+    def _today(obj: UsageBudget) -> Budget:
+        """The row's budget today, read once for both columns."""
+        if not hasattr(obj, "_today"):
+            obj._today = budget_of(obj.owner_id)  # type: ignore[attr-defined]
+        return obj._today  # type: ignore[attr-defined]
+
     @admin.display(description="in force today")
     def in_force(self, obj: UsageBudget) -> str:
-        cap = budget_of(obj.owner_id).daily_tokens
+        cap = self._today(obj).daily_tokens
         return "no cap" if cap is None else f"{cap:,}"
 
     @admin.display(description="spent today")
     def spent_today(self, obj: UsageBudget) -> str:
-        return f"{budget_of(obj.owner_id).spent:,}"
+        return f"{self._today(obj).spent:,}"

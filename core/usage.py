@@ -222,16 +222,18 @@ def budget_of(owner_id: int, now: datetime | None = None) -> Budget:
     return Budget(cap, int(spent or 0), day, row.deferred_runs, row.deferred_at)
 
 
-def budget_allows(owner_id: int, kind: str, *, what: str, now: datetime | None = None) -> bool:
-    """Whether ``kind`` of the owner's work may call the LLM now. When its budget is
-    spent: False, and the deferral is counted (``usage_deferred_total``, the owner's
-    ``deferred_runs``) and logged; the caller keeps the work for after the reset."""
+def budget_spent(owner_id: int, kind: str, *, what: str,
+                 now: datetime | None = None) -> Budget | None:  # fmt: skip
+    """The owner's budget when ``kind`` of its work may not call the LLM now (its
+    ``resets_at`` says until when), None when it may. A deferral is counted
+    (``usage_deferred_total``, the owner's ``deferred_runs``) and logged; the caller
+    keeps the work for after the reset."""
     if kind not in BUDGETED_KINDS:
-        return True
+        return None
     now = now or timezone.now()
     budget = budget_of(owner_id, now)
     if not budget.exhausted:
-        return True
+        return None
     _deferred(owner_id, budget, now)
     counter_add("usage_deferred_total")
     log.info(json.dumps({
@@ -239,7 +241,7 @@ def budget_allows(owner_id: int, kind: str, *, what: str, now: datetime | None =
         "daily_tokens": budget.daily_tokens, "spent": budget.spent,
         "until": budget.resets_at.isoformat(),
     }))  # fmt: skip
-    return False
+    return budget
 
 
 def _deferred(owner_id: int, budget: Budget, now: datetime) -> None:

@@ -32,7 +32,7 @@ from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
-from core.usage import budget_allows, budget_of, usage_for
+from core.usage import budget_spent, usage_for
 from ingestion.erasure import queued_turns
 from memories.engine import files
 from memories.engine.dreams import memory_md_sync
@@ -265,9 +265,10 @@ def updates_run(
             return UpdateRun(scope_id, "empty")
         if not force and rows[-1].due_at > now:
             return UpdateRun(scope_id, "not_due", [r.pk for r in rows])
-        owner_id = rows[0].scope.owner_id
-        if not budget_allows(owner_id, "extraction", what=f"scope {scope_id}", now=now):
-            return _defer(rows, budget_of(owner_id, now).resets_at)
+        spent = budget_spent(rows[0].scope.owner_id, "extraction", what=f"scope {scope_id}",
+                             now=now)  # fmt: skip
+        if spent is not None:
+            return _defer(rows, spent.resets_at)
         return _run(rows, now, llm, embedder)
 
 

@@ -78,10 +78,6 @@ class Context:
     # The best this many candidates lend (or as many as the page reaches, if more): a
     # page's rows do not depend on how many rows it asks for.
     donors: int = 20
-    # How a row's own score and what it borrows add up: "sum" (own + sum of w ** d x the
-    # donor's score: can pass 1) or "noisy" (1 - (1 - own) x prod(1 - w ** d x score):
-    # in [0, 1] when the scores are, and a row's own score is never lowered).
-    combine: str = "noisy"
 
 
 @dataclass(frozen=True)
@@ -257,21 +253,16 @@ best AS (
     ) u
     GROUP BY u.id, u.dist
 ),
-bonus AS (SELECT id, {lent} AS bonus FROM best GROUP BY id),
+bonus AS (
+    SELECT id, 1 - exp(sum(ln(greatest(1 - power(%s::float8, dist) * score, 1e-300)))) AS bonus
+    FROM best GROUP BY id
+),
 ranked AS (
-    SELECT coalesce(c.id, x.id) AS id, {score} AS score,
+    SELECT coalesce(c.id, x.id) AS id,
+           coalesce(c.score, 0) + (1 - coalesce(c.score, 0)) * coalesce(x.bonus, 0) AS score,
            c.vrank, c.krank, c.vscore, c.kscore, c.o, c.id IS NOT NULL AS candidate
     FROM cand c FULL JOIN bonus x ON x.id = c.id
 )"""
-# What the donors lend a row (w ** dist x score: ``%s`` is w), and a row's score with it.
-_LENT = {
-    "sum": "sum(power(%s::float8, dist) * score)",
-    "noisy": "1 - exp(sum(ln(greatest(1 - power(%s::float8, dist) * score, 1e-300))))",
-}
-_WITH_LENT = {
-    "sum": "coalesce(c.score, 0) + coalesce(x.bonus, 0)",
-    "noisy": "coalesce(c.score, 0) + (1 - coalesce(c.score, 0)) * coalesce(x.bonus, 0)",
-}
 
 
 def _lane_sql(table: str, lanes: tuple[Lane, ...], after: bool, window: int) -> str:
@@ -295,7 +286,6 @@ def _context_sql(c: Collection, ctx: Context, limit: int) -> tuple[str, list[Any
         donors=max(ctx.donors, limit), table=c.table,
         before=_lane_sql(c.table, ctx.lanes, False, ctx.window),
         after=_lane_sql(c.table, ctx.lanes, True, ctx.window),
-        lent=_LENT[ctx.combine], score=_WITH_LENT[ctx.combine],
     )  # fmt: skip
     return sql, [float(ctx.weight)]
 

@@ -37,7 +37,7 @@ from core.providers.errors import ProviderBadResponse
 from core.providers.json_answer import Field, ListSpec, MalformedAnswer, Shape
 from core.providers.llm import ChatLLM
 from core.queue import enqueue
-from core.usage import budget_allows, usage_for
+from core.usage import budget_spent, usage_for
 from memories.engine import files
 from memories.engine.llm import (
     CATEGORY,
@@ -666,7 +666,7 @@ def dream_scheduled(*, scope_id: int, day: date) -> str:
         return "gone"
     if not dream_schedule_enabled(owner=row.owner_id):
         return "off"
-    if not budget_allows(row.owner_id, "dream", what=f"scope {scope_id}"):
+    if budget_spent(row.owner_id, "dream", what=f"scope {scope_id}") is not None:
         return "deferred"  # (the next day's schedule finds the scope still changed)
     try:
         outcome = dream_run(owner=row.owner_id, scope=row, trigger=Dream.Trigger.SCHEDULE,
