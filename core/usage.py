@@ -182,7 +182,7 @@ def record_chat(model: str, usage: Any, messages: Any, answer_text: str) -> None
 # --- budgets -------------------------------------------------------------------------
 # The background work an owner's daily budget bounds. The chat proxy's own answers are
 # never held back: its caller pays for them directly and is waiting.
-BUDGETED_KINDS = ("extraction", "dream")
+BUDGETED_KINDS = ("extraction", "dream", "memory_base")
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.db.models import F, QuerySet
+from django.utils import timezone
 
 from core.jobs import job_claim, job_finish, job_outcome, job_run_lock, job_stale
 from core.providers.llm import get_llm
-from core.usage import usage_for
+from core.usage import budget_spent, usage_for
 from knowledge.services import DocumentIn, IngestCancelled, knowledge_base_ingest
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.bases.services import session_cursor_advance
@@ -30,6 +32,14 @@ from memories.conversations.selectors import outputs_in_scope
 
 logger = logging.getLogger(__name__)
 INGEST_BATCH_MESSAGES = 200
+TASK = "ingestion.tasks.ingest_session"
+
+
+class _Deferred(Exception):
+    """The owner's budget for background work is spent until ``until``."""
+
+    def __init__(self, until: datetime):
+        self.until = until
 
 
 def _cancelled(job_id: Any) -> bool:
@@ -118,7 +128,10 @@ def session_ingest_run(
         if job is None:
             return None
         with job_outcome(MemoryBaseJob, job.pk):
-            job_finish(MemoryBaseJob, job.pk, _ingest(job, progress))
+            try:
+                job_finish(MemoryBaseJob, job.pk, _ingest(job, progress))
+            except _Deferred as deferred:
+                _defer(job, deferred.until)
     return MemoryBaseJob.objects.select_related("session").filter(pk=job.pk).first()
 
 
@@ -135,6 +148,10 @@ def _ingest(job: MemoryBaseJob, progress: Callable[[int, int], None] | None) -> 
             batch = list(_scope(session, job)[:INGEST_BATCH_MESSAGES])
             if not batch:
                 return MemoryBaseJob.Status.SUCCEEDED
+            if memory_base.preprocess and job.trigger == MemoryBaseJob.Trigger.AUTO:
+                spent = budget_spent(kb.owner_id, "memory_base", what=f"memory base job {job.pk}")
+                if spent is not None:
+                    raise _Deferred(spent.resets_at)
             documents = _batch_to_documents(memory_base, batch)
             if documents:
                 result = knowledge_base_ingest(
@@ -159,11 +176,34 @@ def _ingest(job: MemoryBaseJob, progress: Callable[[int, int], None] | None) -> 
     return MemoryBaseJob.Status.CANCELLED
 
 
+def _defer(job: MemoryBaseJob, until: datetime) -> None:
+    """An automatic job of a preprocessing base meets a spent budget (before its first
+    batch, or between two): it goes back to the queue, the claim not counted against
+    its attempts, with what it committed kept (the session's cursor), and runs when the
+    budget resets. A job a caller asked for (``manual``, ``regenerate``) is never held."""
+    from django_q.models import Schedule
+
+    MemoryBaseJob.objects.filter(pk=job.pk).update(
+        status=MemoryBaseJob.Status.QUEUED, started_at=None, attempts=F("attempts") - 1,
+        deferred_until=until,
+    )  # fmt: skip
+    Schedule.objects.update_or_create(
+        name=f"memory-base-job:{job.pk}",
+        defaults={"func": TASK, "args": repr(str(job.pk)), "schedule_type": Schedule.ONCE,
+                  "next_run": until, "repeats": -1},
+    )  # fmt: skip
+
+
 def memory_base_jobs_sweep(*, stale_seconds: float | None = None) -> int:
     """Resume Memory Base jobs that nobody runs (a lost task, a worker killed mid-run),
     oldest first; a job claimed ``MAX_ATTEMPTS`` times is given up (failed), which
-    frees its session. Jobs with a live run are skipped (their run lock is held)."""
-    stale = job_stale(MemoryBaseJob, stale_seconds=stale_seconds).order_by("created_at", "id")
+    frees its session. Jobs with a live run are skipped (their run lock is held), and
+    so are jobs deferred by a spent budget until it resets."""
+    stale = (
+        job_stale(MemoryBaseJob, stale_seconds=stale_seconds)
+        .exclude(deferred_until__gt=timezone.now())
+        .order_by("created_at", "id")
+    )
     ran = 0
     for job_id in list(stale.values_list("pk", flat=True)):
         ran += session_ingest_run(job_id=job_id) is not None

@@ -314,6 +314,7 @@ class MemoryBaseJobAdmin(admin.ModelAdmin):
         "messages_processed",
         "chunks_written",
         "created_at",
+        "deferred_until",
         "finished_at",
     ]
     list_filter = ["status", "trigger"]

@@ -100,6 +100,9 @@ class MemoryBaseJob(Job):
     chunks_written = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     task_id = models.CharField(max_length=64, blank=True, default="")
+    # An automatic job of a preprocessing base whose owner's budget was spent waits,
+    # queued, until then (the sweep leaves it be; a schedule runs it).
+    deferred_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "ingestion_ingestionjob"

@@ -230,3 +230,77 @@ def test_a_count_made_while_the_connection_is_busy_waits_for_the_next(alice):
         assert not UsageDay.objects.filter(owner=alice).exists()
         usage_record(model="m", tokens_in=7, tokens_out=2, estimated=False)
     assert _rows(alice) == [("dream", "m", "", 2, 12, 3, 0)]
+
+
+def test_a_spent_budget_defers_memory_base_preprocessing_and_loses_nothing(
+    alice, alice_client, flow, llm_settings, openai_server, noon
+):
+    from django.db.models import F
+    from django_q.models import Schedule
+
+    from core.usage import budget_set
+    from ingestion.memory_bases import memory_base_jobs_sweep, session_ingest_run
+    from knowledge.models import Chunk
+    from memories.bases import services
+    from memories.bases.models import MemoryBaseJob, MemoryBaseSession
+    from tests.conftest import record
+
+    mb = services.memory_base_create(owner=alice, name="distilled", flow=flow, threshold=100,
+                                     preprocess=True)  # fmt: skip
+    budget_set(owner_id=alice.pk, daily_tokens=20)
+    with usage_for(owner_id=alice.pk, kind="extraction"):
+        usage_record(model="m", tokens_in=15, tokens_out=10, estimated=False)  # 25 of 20
+    record(flow, "s1", "I like dark mode", "Noted!")
+    session = MemoryBaseSession.objects.get(memory_base=mb, session_id="s1")
+    job = services.session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
+    assert session_ingest_run(job_id=job.pk).status == MemoryBaseJob.Status.QUEUED
+    midnight = noon.replace(hour=0) + timedelta(days=1)
+    job.refresh_from_db()
+    # Back in the queue, the claim not counted, nothing asked of the LLM, nothing written.
+    assert (job.status, job.attempts, job.deferred_until) == ("queued", 0, midnight)
+    assert openai_server.requests == [] and not Chunk.objects.filter(
+        knowledge_base=mb.knowledge_base
+    )
+    session.refresh_from_db()
+    assert session.total_processed == 0
+    scheduled = Schedule.objects.get(name=f"memory-base-job:{job.pk}")
+    assert (scheduled.func, scheduled.next_run) == ("ingestion.tasks.ingest_session", midnight)
+    assert memory_base_jobs_sweep(stale_seconds=0) == 0  # left be until the reset
+    shown = alice_client.get(f"/api/v1/jobs/{job.pk}").json()
+    assert (shown["status"], shown["deferred_until"]) == (
+        "queued",
+        midnight.isoformat().replace("+00:00", "Z"),
+    )
+    assert alice_client.get("/api/v1/usage").json()["budget"]["deferred_runs_today"] == 1
+
+    # The next day (today's spending is yesterday's): it runs, and what it said is kept.
+    UsageDay.objects.filter(owner=alice).update(day=F("day") - 1)
+    openai_server.push(Scripted(body=chat_body("User prefers dark mode.")))
+    assert session_ingest_run(job_id=job.pk).status == MemoryBaseJob.Status.SUCCEEDED
+    job.refresh_from_db()
+    assert job.attempts == 1
+    assert list(
+        Chunk.objects.filter(knowledge_base=mb.knowledge_base).values_list("text", flat=True)
+    ) == ["User prefers dark mode."]
+
+
+def test_a_memory_base_job_a_caller_asked_for_is_never_held(alice, flow, llm_settings, openai_server,
+                                                            noon):  # fmt: skip
+    from core.usage import budget_set
+    from ingestion.memory_bases import session_ingest_run
+    from memories.bases import services
+    from memories.bases.models import MemoryBaseJob, MemoryBaseSession
+    from tests.conftest import record
+
+    mb = services.memory_base_create(owner=alice, name="distilled", flow=flow, threshold=100,
+                                     preprocess=True)  # fmt: skip
+    budget_set(owner_id=alice.pk, daily_tokens=1)
+    with usage_for(owner_id=alice.pk, kind="dream"):
+        usage_record(model="m", tokens_in=5, tokens_out=5, estimated=False)
+    record(flow, "s1", "I like dark mode")
+    session = MemoryBaseSession.objects.get(memory_base=mb, session_id="s1")
+    job = services.session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.MANUAL)
+    openai_server.push(Scripted(body=chat_body("User prefers dark mode.")))
+    done = session_ingest_run(job_id=job.pk)
+    assert (done.status, done.deferred_until) == (MemoryBaseJob.Status.SUCCEEDED, None)
+    assert len(openai_server.requests) == 1

@@ -114,6 +114,7 @@ class JobOutputSerializer(JobOutputBase):
             "trigger",
             "messages_processed",
             "chunks_written",
+            "deferred_until",
         ]
 
 
