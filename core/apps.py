@@ -15,6 +15,9 @@ class CoreConfig(AppConfig):
     def ready(self) -> None:
         from core import checks  # noqa: F401  (registers system checks)
         from core.schedules import register_schedules
+        from core.tracing import tracing_start_from_settings
+
+        tracing_start_from_settings()  # off unless the OTEL_* variables ask for it
 
         # Once per migrate (the sender filter), after every app's migrations ran.
         post_migrate.connect(register_schedules, sender=self, dispatch_uid="core.schedules")

@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from core.metrics import counter_add
 from core.providers.tokens import count_tokens
+from core.tracing import note_usage
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ def usage_record(*, model: str, tokens_in: int, tokens_out: int, estimated: bool
         "tout": max(0, int(tokens_out)), "est": int(estimated), "owner": who.owner_id,
         "day": timezone.now().date(), "subject": who.subject[:255],
     }  # fmt: skip
+    note_usage(kind=who.kind, model=params["model"], tokens_in=params["tin"],
+               tokens_out=params["tout"], estimated=estimated)  # fmt: skip
     if _busy():
         _late.append(params)
         return

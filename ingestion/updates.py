@@ -32,6 +32,7 @@ from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
+from core.tracing import annotate, span, traceparent
 from core.usage import budget_spent, usage_for
 from ingestion.erasure import queued_turns
 from memories.engine import files
@@ -362,8 +363,22 @@ def updates_run_pending(
 def _run(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
          embedder: Embedder | None) -> UpdateRun:  # fmt: skip
     scope = rows[0].scope
-    with usage_for(owner_id=scope.owner_id, kind="extraction", subject=scope.label):
-        return _extract(rows, now, llm, embedder)
+    # In the trace of the newest flush that has one (the chat turn that asked for it),
+    # linked to the others' and to the task's own.
+    flushes = [r.traceparent for r in rows if r.traceparent]
+    parent = flushes[-1] if flushes else ""
+    links = [*flushes[:-1], traceparent()] if parent else []
+    attributes = {"memory.scope": scope.label, "memory.updates": len(rows)}
+    with (
+        usage_for(owner_id=scope.owner_id, kind="extraction", subject=scope.label),
+        span("memory.extraction", parent=parent, links=links, attributes=attributes) as s,
+    ):
+        result = _extract(rows, now, llm, embedder)
+        annotate(s, {"memory.run.status": result.status, "memory.llm_calls": result.llm_calls,
+                     "memory.facts.written": sum(d.action in ("add", "replace")
+                                                 for d in result.decisions),
+                     "memory.facts.removed": len(result.removed)})  # fmt: skip
+        return result
 
 
 def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,

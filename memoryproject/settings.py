@@ -355,6 +355,25 @@ LOGGING = {
     },
 }
 
+# --- Tracing (OpenTelemetry; core/tracing.py) ------------------------------------------
+# Off by default. On when an exporter is named (OTEL_TRACES_EXPORTER=otlp or console) or,
+# with none named, an OTLP endpoint is set; OTEL_SDK_DISABLED=true turns it off whatever
+# else says. The SDK reads its other standard variables itself (OTEL_SERVICE_NAME,
+# OTEL_TRACES_SAMPLER, OTEL_BSP_*, OTEL_EXPORTER_OTLP_HEADERS, ...).
+OTEL_TRACES_EXPORTER = env_choice(
+    "OTEL_TRACES_EXPORTER", "unset", ("unset", "otlp", "console", "none")
+)
+TRACING = not env_bool("OTEL_SDK_DISABLED", False) and (
+    OTEL_TRACES_EXPORTER in ("otlp", "console")
+    or OTEL_TRACES_EXPORTER == "unset"
+    and bool(
+        env_str("OTEL_EXPORTER_OTLP_ENDPOINT") or env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+)
+# Prompt and answer text on LLM spans: never unless asked (the OpenTelemetry GenAI
+# instrumentations' own switch).
+TRACE_MESSAGE_CONTENT = env_bool("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", False)
+
 # --- Production hardening (active when DEBUG is off and TLS is terminated upstream) ---
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", False)

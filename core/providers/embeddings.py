@@ -24,6 +24,7 @@ from django.conf import settings
 from core.providers.errors import ProviderBadResponse, ProviderError, ProviderNotConfigured
 from core.providers.retry import call_with_retries
 from core.providers.tokens import count_tokens
+from core.tracing import embedding_span
 from core.usage import usage_kind, usage_record
 
 
@@ -80,10 +81,11 @@ class HashingEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         matrix = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        for row, text in enumerate(texts):
-            for feature, weight in self._features(text):
-                slot, sign = _feature_slot(feature, self.dimensions)
-                matrix[row, slot] += sign * weight
+        with embedding_span(self.model, len(texts)):
+            for row, text in enumerate(texts):
+                for feature, weight in self._features(text):
+                    slot, sign = _feature_slot(feature, self.dimensions)
+                    matrix[row, slot] += sign * weight
         return _normalise(matrix)
 
 
@@ -155,10 +157,11 @@ class OpenAIEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
-        parts = [
-            self._embed_batch(texts[i : i + self.batch_size])
-            for i in range(0, len(texts), self.batch_size)
-        ]
+        with embedding_span(self.model, len(texts)):
+            parts = [
+                self._embed_batch(texts[i : i + self.batch_size])
+                for i in range(0, len(texts), self.batch_size)
+            ]
         return _normalise(np.vstack(parts))
 
 
@@ -178,7 +181,8 @@ class LocalEmbedder:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         try:
-            return self._encoder.encode(list(texts), batch_size=self.batch_size)
+            with embedding_span(self.model, len(texts)):
+                return self._encoder.encode(list(texts), batch_size=self.batch_size)
         except Exception as exc:  # noqa: BLE001 - surface any runtime failure uniformly
             raise ProviderError(f"local embedding model failed: {exc}") from exc
 

@@ -19,6 +19,7 @@ from core.json_text import JsonText
 from core.providers.errors import ProviderBadResponse, ProviderNotConfigured
 from core.providers.relay import ChatRelay, SSEEvent
 from core.providers.retry import call_with_retries, translate_error
+from core.tracing import error, llm_span, llm_span_open, note_answer, within
 from core.usage import Attribution, attribution, record_chat, usage_as
 
 
@@ -62,13 +63,15 @@ class ChatLLM:
         tokens are counted for the work it does (``core.usage``)."""
         kwargs.setdefault("model", self.model)
         kwargs.pop("stream", None)
-        response = call_with_retries(
-            lambda: self.client.chat.completions.create(**kwargs),
-            max_retries=self.max_retries,
-            backoff=self.backoff,
-        )
-        raw = response.model_dump(exclude_unset=True)
-        _count(kwargs["model"], raw, kwargs.get("messages"))
+        with llm_span(kwargs["model"], kwargs.get("messages")):
+            response = call_with_retries(
+                lambda: self.client.chat.completions.create(**kwargs),
+                max_retries=self.max_retries,
+                backoff=self.backoff,
+            )
+            raw = response.model_dump(exclude_unset=True)
+            _count(kwargs["model"], raw, kwargs.get("messages"))
+            note_answer(_answer_text(raw))
         return raw
 
     def complete(self, messages: list[dict[str, Any]], **kwargs: Any) -> ChatResult:
@@ -89,32 +92,44 @@ class ChatLLM:
         """Stream chunks as dicts. Retries happen only before the first chunk arrives."""
         kwargs.setdefault("model", self.model)
         kwargs["stream"] = True
-        stream = call_with_retries(
-            lambda: self.client.chat.completions.create(**kwargs),
-            max_retries=self.max_retries,
-            backoff=self.backoff,
-        )
         import openai
 
+        span = llm_span_open(kwargs["model"], kwargs.get("messages"))
         seen = _Streamed()
         try:
+            with within(span):
+                stream = call_with_retries(
+                    lambda: self.client.chat.completions.create(**kwargs),
+                    max_retries=self.max_retries,
+                    backoff=self.backoff,
+                )
             for chunk in stream:
                 data = chunk.model_dump(exclude_unset=True)
                 seen.add(data)
                 yield data
         except openai.OpenAIError as exc:
+            error(span, exc)
             raise translate_error(exc) from exc
+        except Exception as exc:
+            error(span, exc)
+            raise
         finally:
-            seen.count(kwargs["model"], kwargs.get("messages"))
+            with within(span):
+                seen.count(kwargs["model"], kwargs.get("messages"))
+                note_answer("".join(seen.text))
+            if span is not None:
+                span.end()
 
     # --- the chat proxy: bodies relayed as bytes, not rebuilt through the typed client ---
     def relay(self, content: bytes) -> JsonText:
         """POST the request body ``content`` to ``/chat/completions`` as it is (every
         field the client sent, ``tools``, ``tool_choice`` and vendor fields included) and
         return the upstream's JSON answer as it came, byte for byte."""
-        answer = self.relayer.complete(content)
-        data = answer.data if isinstance(answer.data, dict) else {}
-        _count(self.model, data, None, request=content)
+        with llm_span(self.model, _content_messages(content)):
+            answer = self.relayer.complete(content)
+            data = answer.data if isinstance(answer.data, dict) else {}
+            _count(self.model, data, None, request=content)
+            note_answer(_answer_text(data))
         return answer
 
     def relay_stream(self, content: bytes, usage: Attribution | None = None) -> Iterator[SSEEvent]:
@@ -124,11 +139,19 @@ class ChatLLM:
         current now: a stream is read after the code that asked for it has returned);
         callers close what they do not read to the end, so the count is never written
         from a finaliser."""
-        events = self.relayer.stream(content)  # (raises here, before the first byte)
-        return self._counted(events, content, usage or attribution())
+        span = llm_span_open(self.model, _content_messages(content))
+        try:
+            with within(span):
+                events = self.relayer.stream(content)  # (raises here, before the first byte)
+        except Exception as exc:
+            error(span, exc)
+            if span is not None:
+                span.end()
+            raise
+        return self._counted(events, content, usage or attribution(), span)
 
     def _counted(self, events: Iterator[SSEEvent], content: bytes,
-                 who: Attribution | None) -> Iterator[SSEEvent]:  # fmt: skip
+                 who: Attribution | None, span: Any) -> Iterator[SSEEvent]:  # fmt: skip
         seen = _Streamed()
         try:
             for event in events:
@@ -142,14 +165,31 @@ class ChatLLM:
             close = getattr(events, "close", None)
             if close is not None:
                 close()
-            with usage_as(who):
+            with usage_as(who), within(span):
                 seen.count(self.model, None, request=content)
+                note_answer("".join(seen.text))
+            if span is not None:
+                span.end()
 
     def models(self) -> Any:
         """The upstream's ``GET /models`` JSON (one try: callers have a fallback)."""
         return call_with_retries(
             lambda: self.client.get("/models", cast_to=object), max_retries=0, backoff=0
         )
+
+
+def _content_messages(content: bytes) -> Any:
+    """The relayed request's messages, for its span when content is traced (else None:
+    the body is not read again)."""
+    return _request_messages(content) if settings.TRACE_MESSAGE_CONTENT else None
+
+
+def _answer_text(raw: dict[str, Any]) -> str:
+    if not settings.TRACE_MESSAGE_CONTENT:
+        return ""
+    choices = raw.get("choices") or []
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else {}
+    return str((message or {}).get("content") or "")
 
 
 def _request_messages(request: bytes | None) -> Any:

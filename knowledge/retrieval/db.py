@@ -30,9 +30,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 import psycopg
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, connections
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
+
+from core.tracing import carry, statements_span
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -98,7 +100,7 @@ def fetch_all(statements: list[Statement]) -> list[tuple[list[tuple[Any, ...]], 
     it)."""
     started = time.monotonic()
     out = []
-    with connection.wrap_database_errors:
+    with statements_span([s.sql for s in statements]), connection.wrap_database_errors:
         connection.ensure_connection()
         connection.validate_no_broken_transaction()
         raw = connection.connection
@@ -159,6 +161,18 @@ def _forget_executor() -> None:
 os.register_at_fork(after_in_child=_forget_executor)
 
 
+def legs_reset() -> None:
+    """Stop the legs' threads (each idle one closes its connections first); the next split search
+    starts new ones. For the tests that change how connections are made (tracing)."""
+    global _legs_executor
+    with _legs_executor_lock:
+        pool, _legs_executor = _legs_executor, None
+    if pool is not None:
+        for _ in range(LEG_WORKERS):
+            pool.submit(connections.close_all)
+        pool.shutdown(wait=True)
+
+
 def _on_own_connection(fn: Callable[[], T]) -> T:
     try:
         return fn()
@@ -176,7 +190,7 @@ def both(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
     """
     if connection.in_atomic_block:
         return first(), second()
-    future = _executor().submit(_on_own_connection, second)
+    future = _executor().submit(carry(_on_own_connection), second)  # (the trace's context too)
     try:
         a = first()
     except BaseException:

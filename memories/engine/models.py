@@ -54,6 +54,9 @@ class PendingUpdate(models.Model):
     batch_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     processed_at = models.DateTimeField(null=True, blank=True)
+    # The W3C traceparent of the request that flushed it, when traces are on: the run
+    # that extracts from it joins that trace.
+    traceparent = models.CharField(max_length=55, blank=True, default="")
 
     class Meta:
         indexes = [

@@ -24,6 +24,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.providers.llm import get_llm
 from core.queue import enqueue_on_commit
+from core.tracing import traceparent
 from memories.engine.models import PendingUpdate
 from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, owner_pk, scope_ensure
@@ -123,6 +124,7 @@ def update_record(
             source=source,
             due_at=due,
             created_at=now,
+            traceparent=traceparent(),
         )
         if not arrange:
             pass

@@ -32,8 +32,11 @@ from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from core.tracing import attach_context, current_context, detach_context
+
 ENVIRON_OWNER = "memory.mcp_owner_id"
 ENVIRON_VALUES = "memory.mcp_values"
+ENVIRON_TRACE = "memory.mcp_trace"
 # Sync tools run in anyio worker threads, each with its own database connection: as many
 # as gunicorn's threads, not anyio's default 40.
 TOOL_THREADS = 4
@@ -58,9 +61,11 @@ class OwnerFromEnviron:
 
         owner_token = current_owner.set(owner)
         values_token = current_values.set(environ.get(ENVIRON_VALUES) or {})
+        trace_token = attach_context(environ.get(ENVIRON_TRACE))
         try:
             await self.app(scope, receive, send)
         finally:
+            detach_context(trace_token)
             current_owner.reset(owner_token)
             current_values.reset(values_token)
 
@@ -147,6 +152,7 @@ class MCPView(APIView):
         environ[ENVIRON_OWNER] = request.user.pk
         user_id = request.headers.get(settings.MEMORY_USER_HEADER)
         environ[ENVIRON_VALUES] = {"user_id": user_id} if user_id else {}
+        environ[ENVIRON_TRACE] = current_context()  # the request's trace, for the tools' spans
         environ["PATH_INFO"] = "/mcp"
         started: dict[str, Any] = {}
 

@@ -22,6 +22,7 @@ from core.errors import InvalidInput
 from core.json_text import JsonText
 from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
+from core.tracing import carry_iter
 from core.validation import validate_end_user_id, validate_session_id
 from memories.proxy.api.serializers import ChatCompletionSerializer, ModelListSerializer
 from memories.proxy.chat import PreparedChat, chat_complete, chat_prepare, chat_stream
@@ -145,7 +146,8 @@ def json_answer(content: bytes) -> HttpResponse:
 
 
 def event_stream(events: Any) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    # Read after the view (and the request's span) returned: in the request's trace.
+    response = StreamingHttpResponse(carry_iter(events), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
