@@ -380,12 +380,8 @@ _COUNTED_SQL = """WITH q AS MATERIALIZED (
     SELECT coalesce((SELECT string_agg(quote_literal(l), ' | ') FROM unnest(x.ls) l), '')::tsquery
            AS words, x.ls AS lexemes, quote_literal(%s)::tsquery AS scope
     FROM (SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s)) AS ls) x
-),
-kr AS MATERIALIZED (
-    SELECT r.*, count(*) OVER () AS matched FROM (
-        SELECT id, {column} AS tv, {newest} AS o, ({filter}) AS ok FROM {table}, q
-        WHERE numnode(q.words) > 0 AND {column} @@ (q.words && q.scope){extra}
-    ) r ORDER BY r.o DESC NULLS LAST, r.id DESC LIMIT {sample}
+),{walk_ctes}
+kr AS MATERIALIZED ({matches}
 ),
 km AS MATERIALIZED (
     SELECT x.id, x.o, x.ok, x.matched, length(x.v) - 1 AS dl,
@@ -412,6 +408,40 @@ FROM km m JOIN kt t ON t.id = m.id JOIN ki i ON i.lexeme = t.lexeme CROSS JOIN k
 WHERE m.ok GROUP BY m.id, m.o ORDER BY score DESC, m.o DESC, m.id LIMIT {pool}"""
 
 
+_COUNTED_MATCHES = """
+    SELECT r.*, count(*) OVER () AS matched FROM (
+        SELECT id, {column} AS tv, {newest} AS o, ({filter}) AS ok FROM {table}, q
+        WHERE numnode(q.words) > 0 AND {column} @@ (q.words && q.scope){extra}
+    ) r ORDER BY r.o DESC NULLS LAST, r.id DESC LIMIT {sample}"""
+# With a ``walk`` (the scope as a predicate one btree index serves in ``newest`` order):
+# the matches are counted through the GIN up to one past the sample (``kc``: it stops
+# there); when more match, the newest ``sample`` are found by walking that index (``kw``:
+# about ``sample`` rows read when most rows match) instead of reading every match to
+# count and order them, and the matches are estimated from the walk's share (``sample``
+# of the rows it passed) times the scope's rows.
+_WALKED_MATCHES = """
+    SELECT r.*, count(*) OVER () AS matched FROM (
+        SELECT id, {column} AS tv, {newest} AS o, ({filter}) AS ok FROM {table}, q
+        WHERE numnode(q.words) > 0 AND {column} @@ (q.words && q.scope)
+    ) r WHERE (SELECT n FROM kc) <= {sample}
+    UNION ALL
+    SELECT w.*, (SELECT round({sample}::float8 * t.n / greatest(count(*), 1))
+                 FROM {table}, ({totals}) t(n, l)
+                 WHERE {walk} AND ({newest}, id) >= (SELECT o, id FROM kw ORDER BY o, id LIMIT 1)
+                 GROUP BY t.n) AS matched
+    FROM kw w WHERE (SELECT n FROM kc) > {sample}"""
+_WALK_CTES = """
+kc AS MATERIALIZED (
+    SELECT count(*) AS n FROM (SELECT 1 FROM {table}, q WHERE numnode(q.words) > 0
+        AND {column} @@ (q.words && q.scope) LIMIT {sample} + 1) x
+),
+kw AS MATERIALIZED (
+    SELECT id, {column} AS tv, {newest} AS o, ({filter}) AS ok FROM {table}, q
+    WHERE {walk} AND coalesce({column} @@ q.words, false)  -- (tested row by row, walked)
+    ORDER BY {newest} DESC, id DESC LIMIT {sample}
+),"""
+
+
 def counted_leg(
     *,
     table: str,
@@ -423,6 +453,7 @@ def counted_leg(
     newest: str = "NULL::timestamptz",
     filter: tuple[str, list[Any]] = ("true", []),
     extra: tuple[str, list[Any]] | None = None,
+    walk: tuple[str, list[Any]] | None = None,
 ) -> Leg | None:
     """The keyword leg of a scope whose rows hold ``token``: (id, BM25 score) of the
     ``pool`` best rows holding a word of ``text`` and passing ``filter`` (ties: the
@@ -430,13 +461,22 @@ def counted_leg(
     the whole scope's, whatever the filter: ``totals`` gives its row count and total
     length in lexemes (the token left out). ``extra``: more matching rows of the scope
     that do not hold its token (the facts a scope shares), as (id, tv, o, ok) over ``q``
-    (``words``: the query's tsquery)."""
+    (``words``: the query's tsquery). ``walk``: the scope as a predicate a btree index
+    on it and ``newest`` serves (see ``_WALKED_MATCHES``; not with ``extra``)."""
     if not re.search(r"\w", text):
         return None
-    sql = _COUNTED_SQL.format(
+    parts = dict(
         column="search_vector", newest=newest, filter=filter[0], table=table,
         extra="" if extra is None else f" UNION ALL {extra[0]}", totals=totals[0],
-        k1=repr(K1), b=repr(B), pool=int(pool), sample=COUNTED_SAMPLE,
+        sample=COUNTED_SAMPLE, walk=walk[0] if walk else "",
     )  # fmt: skip
-    params = [token, language, text, *filter[1], *(extra[1] if extra else []), *totals[1]]
-    return Leg("/* keyword leg */" + sql, params, [])
+    sql = _COUNTED_SQL.format(
+        **parts, k1=repr(K1), b=repr(B), pool=int(pool),
+        walk_ctes=_WALK_CTES.format(**parts) if walk else "",
+        matches=(_WALKED_MATCHES if walk else _COUNTED_MATCHES).format(**parts),
+    )  # fmt: skip
+    if walk is None:
+        params = [*filter[1], *(extra[1] if extra else [])]
+    else:  # (kw, then kr's two branches)
+        params = [*filter[1], *walk[1], *filter[1], *totals[1], *walk[1]]
+    return Leg("/* keyword leg */" + sql, [token, language, text, *params, *totals[1]], [])

@@ -98,6 +98,7 @@ class ItemSearch:
         keyword = counted_leg(
             table=TABLE, token=f"~store:{self.store_id}", text=self.text, pool=pool,
             totals=(_TOTALS, [self.store_id]), newest="created_at",
+            walk=("store_id = %s", [self.store_id]),  # (memoryitem_store_created)
         )  # fmt: skip
         ranking = Ranking(
             limit=self.top_k,

@@ -373,17 +373,21 @@ def test_a_file_stores_threshold_and_pending_chunks(with_files, monkeypatch):
     assert all(h.similarity is None for h in backend_for(with_files).retrieve(strict))
 
 
-def test_past_its_sample_the_keyword_leg_scores_the_newest_matches(stores, monkeypatch):
+@pytest.mark.parametrize("walked", [False, True])
+def test_past_its_sample_the_keyword_leg_scores_the_newest_matches(stores, monkeypatch, walked):
     """A query most of a scope matches: only the ``COUNTED_SAMPLE`` newest matching rows
-    are read and scored (here by id, the call giving no time), a word's document frequency
-    estimated from them (x matches / sample); N and the lengths stay the scope's."""
+    are read and scored (here by id, the call giving no time; walked, by creation time
+    through the store's index, the same rows), a word's document frequency estimated from
+    them (x matches / sample, the matches counted, or estimated from the walk's share);
+    N and the lengths stay the scope's."""
     from knowledge.retrieval import bm25
 
     monkeypatch.setattr(bm25, "COUNTED_SAMPLE", 20)
     store, text = stores["a"], "number question"  # every item holds both words
+    how = {"newest": "created_at", "walk": ("store_id = %s", [str(store.pk)])} if walked else {}
     leg = store_search.counted_leg(
         table=store_search.TABLE, token=f"~store:{store.pk}", text=text, pool=100,
-        totals=(store_search._TOTALS, [str(store.pk)]),
+        totals=(store_search._TOTALS, [str(store.pk)]), **how,
     )  # fmt: skip
     got = [(row[0], float(row[1])) for row in leg.run()]
     rows = _item_lexemes(store)
@@ -398,7 +402,50 @@ def test_past_its_sample_the_keyword_leg_scores_the_newest_matches(stores, monke
         if lex in query and i in sample:
             idf = math.log(1 + (n - df[lex] + 0.5) / (df[lex] + 0.5))
             scores[i] = scores.get(i, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.7 + 0.3 * dl / avgdl))
-    want = sorted(scores.items(), key=lambda r: (-r[1], r[0]))
+    # Ties: the newer first (walked: by time, which follows the ids here), else by id.
+    want = sorted(scores.items(), key=lambda r: (-r[1], -r[0] if walked else r[0]))
     assert len(got) == 20 and {i for i, _ in got} == sample
     assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)
     assert [i for i, _ in got] == [i for i, _ in want]
+
+
+def test_a_walked_sample_estimates_the_matches_from_its_share(stores, monkeypatch):
+    """Walked, the matches are not counted past the sample: the newest ``COUNTED_SAMPLE``
+    matches came from the newest W items, so the store's 60 items hold about
+    sample x 60 / W matches; each word's frequency in the sample is scaled by that over
+    the sample. A text fewer items match than the sample is counted exactly (the same
+    figures as without a walk)."""
+    from knowledge.retrieval import bm25
+
+    monkeypatch.setattr(bm25, "COUNTED_SAMPLE", 5)
+    store, text = stores["a"], "deploy museum"  # a quarter of the items hold each word
+    rows = _item_lexemes(store)
+    lengths = {i: dl for i, _, _, dl in rows}
+    n, avgdl = len(lengths), sum(lengths.values()) / len(lengths)
+    query = {"deploy", "museum"}
+    matching = sorted({i for i, lex, _, _ in rows if lex in query}, reverse=True)
+    assert len(matching) > 5
+    sample = set(matching[:5])
+    walked_rows = sum(1 for i in lengths if i >= min(sample))
+    scale = round(5 * n / walked_rows) / 5
+    df = {t: sum(1 for i, lex, _, _ in rows if lex == t and i in sample) * scale for t in query}
+    scores: dict[int, float] = {}
+    for i, lex, tf, dl in rows:
+        if lex in query and i in sample:
+            idf = math.log(1 + (n - df[lex] + 0.5) / (df[lex] + 0.5))
+            scores[i] = scores.get(i, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.7 + 0.3 * dl / avgdl))
+    want = sorted(scores.items(), key=lambda r: (-r[1], -r[0]))  # ties: the newer first
+
+    def leg(walk: bool, sample: int) -> list[tuple[int, float]]:
+        monkeypatch.setattr(bm25, "COUNTED_SAMPLE", sample)
+        how = {"walk": ("store_id = %s", [str(store.pk)])} if walk else {}
+        found = store_search.counted_leg(
+            table=store_search.TABLE, token=f"~store:{store.pk}", text=text, pool=100,
+            totals=(store_search._TOTALS, [str(store.pk)]), newest="created_at", **how,
+        )  # fmt: skip
+        return [(row[0], float(row[1])) for row in found.run()]
+
+    got = leg(True, 5)
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)
+    assert leg(True, 500) == leg(False, 500)  # under the sample: every match, counted
