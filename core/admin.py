@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from core.admin_confirm import confirm_first
 from core.login_throttle import ThrottledAdminLoginForm
-from core.models import APIKey, UsageBudget, UsageDay
+from core.models import AccessEvent, APIKey, UsageBudget, UsageDay
 from core.services import api_key_create, api_key_revoke
 from core.usage import Budget, budget_of
 
@@ -158,3 +158,32 @@ class UsageBudgetAdmin(admin.ModelAdmin):
     @admin.display(description="spent today")
     def spent_today(self, obj: UsageBudget) -> str:
         return f"{self._today(obj).spent:,}"
+
+
+@admin.register(AccessEvent)
+class AccessEventAdmin(admin.ModelAdmin):
+    """The audit trail of access (``core.audit``): keys created and revoked, erasures;
+    who, with which key, from where, when. Read only: written by the actions themselves,
+    never edited or deleted here."""
+
+    list_display = ["at", "owner", "action", "actor", "key", "subject_key", "address", "what"]
+    list_filter = ["action"]
+    list_select_related = ["owner", "key", "subject_key"]
+    search_fields = ["owner__username", "actor", "address"]
+    date_hierarchy = "at"
+    ordering = ["-at", "-id"]
+
+    @admin.display(description="detail")
+    def what(self, obj: AccessEvent) -> str:
+        counts = obj.detail.get("counts") or {}
+        kind = obj.detail.get("scope_kind", "")
+        return ", ".join([kind, *(f"{n:,} {k}" for k, n in counts.items())]).strip(", ")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -7,6 +7,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from core import audit
 from core.models import APIKey
 from core.selectors import api_key_authenticate
 from core.services import api_key_digest
@@ -43,6 +44,7 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
         api_key = api_key_authenticate(digest=api_key_digest(parts[1]))
         if api_key is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
+        setattr(request._request, audit.KEY_ATTRIBUTE, api_key)  # (who acts: core.audit)
         now = timezone.now()
         if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
             APIKey.objects.filter(pk=api_key.pk).update(last_used_at=now)

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.exceptions import TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse
 
+from core import audit
 from core.api.errors import API_PREFIXES, api_error_response, json_400, validation_message
 from core.api.parsers import UnstorableInput, check_parsed
 
@@ -52,3 +53,18 @@ class QueryInputMiddleware:
                     request, 400, validation_message(exc.detail), exc.detail, code="invalid"
                 )
         return self.get_response(request)
+
+
+class AccessActorMiddleware:
+    """The request is who acts while it is served (``core.audit``): an erasure or a key
+    created in it is recorded with its key or user and its client's address."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        token = audit.request_begin(request)
+        try:
+            return self.get_response(request)
+        finally:
+            audit.request_end(token)

@@ -134,3 +134,35 @@ class UsageBudget(models.Model):
 
     def __str__(self) -> str:
         return f"budget of {self.owner_id}"
+
+
+class AccessEvent(models.Model):
+    """The audit trail of access (``core.audit``): a key created or revoked, an erasure;
+    who acted, with which key, from which address, when. Never memory content."""
+
+    class Action(models.TextChoices):
+        KEY_CREATED = "key_created"
+        KEY_REVOKED = "key_revoked"
+        ERASURE = "erasure"
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    action = models.CharField(max_length=32, choices=Action.choices)
+    actor = models.CharField(max_length=200, help_text="key:<prefix>, admin:<username>, ...")
+    key = models.ForeignKey(
+        APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="the key that acted",
+    )  # fmt: skip
+    subject_key = models.ForeignKey(
+        APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="the key created or revoked",
+    )  # fmt: skip
+    address = models.GenericIPAddressField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "-at"], name="accessevent_owner_time")]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor} at {self.at:%Y-%m-%d %H:%M}"

@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from core.audit import access_record
 from core.models import APIKey
 
 KEY_PREFIX = "mem_"
@@ -24,18 +25,24 @@ def api_key_create(*, owner: User, name: str = "") -> tuple[APIKey, str]:
     The raw key is shown to the caller exactly once; only its digest is stored.
     """
     raw_key = KEY_PREFIX + secrets.token_urlsafe(32)
-    api_key = APIKey.objects.create(
-        owner=owner, name=name, prefix=raw_key[:12], digest=api_key_digest(raw_key)
-    )
+    with transaction.atomic():
+        api_key = APIKey.objects.create(
+            owner=owner, name=name, prefix=raw_key[:12], digest=api_key_digest(raw_key)
+        )
+        access_record(owner_id=owner.pk, action="key_created", subject_key_id=api_key.pk)
     return api_key, raw_key
 
 
 def api_key_revoke(*, api_key: APIKey) -> APIKey:
-    """Revoke a key; revoking an already revoked key keeps its first revocation time."""
+    """Revoke a key; revoking an already revoked key keeps its first revocation time
+    (and its one record in the audit trail)."""
     with transaction.atomic():
-        APIKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
+        revoked = APIKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
         )
+        if revoked:
+            access_record(owner_id=api_key.owner_id, action="key_revoked",
+                          subject_key_id=api_key.pk)  # fmt: skip
     api_key.refresh_from_db()
     return api_key
 

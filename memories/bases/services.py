@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from core.audit import access_record
 from core.errors import Conflict, InvalidInput, NameTaken, NotFound
 from core.queue import enqueue_on_commit
 from core.validation import validate_session_id
@@ -442,9 +443,13 @@ def memory_base_regenerate(
 
 def session_messages_delete(*, flow: Flow, session_id: str) -> int:
     """Delete a session's messages and purge that session's chunks from every
-    memory base of the flow (``session_chunks_delete``)."""
+    memory base of the flow (``session_chunks_delete``). The erasure is recorded in the
+    audit trail of access (the count, not the session's id)."""
     session_chunks_delete(flow=flow, session_id=session_id)
-    return session_messages_delete_rows(flow=flow, session_id=session_id)
+    deleted = session_messages_delete_rows(flow=flow, session_id=session_id)
+    access_record(owner_id=flow.owner_id, action="erasure",
+                  detail={"scope_kind": "session", "counts": {"messages": deleted}})  # fmt: skip
+    return deleted
 
 
 def session_chunks_delete(*, flow: Flow, session_id: str) -> None:

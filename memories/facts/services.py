@@ -30,6 +30,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
+from core.audit import access_record
 from core.db import advisory_xact_lock, advisory_xact_lock_statement
 from core.erasure import send_scope_erased
 from core.errors import InvalidInput
@@ -754,6 +755,8 @@ def scope_erase(*, scope: Scope, actor: str = "service") -> int:
                   "chats": chats}  # fmt: skip
         ScopeErasure.objects.create(owner_id=scope.owner_id, actor=actor[:200],
                                     scope_kind=kind, counts=counts)  # fmt: skip
+        access_record(owner_id=scope.owner_id, action="erasure",
+                      detail={"scope_kind": kind, "counts": counts})  # fmt: skip
         scope.delete()
     return len(fact_ids)
 

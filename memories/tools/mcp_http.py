@@ -32,11 +32,13 @@ from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from core.audit import acting_as, actor
 from core.tracing import attach_context, current_context, detach_context
 
 ENVIRON_OWNER = "memory.mcp_owner_id"
 ENVIRON_VALUES = "memory.mcp_values"
 ENVIRON_TRACE = "memory.mcp_trace"
+ENVIRON_ACTOR = "memory.mcp_actor"
 # Sync tools run in anyio worker threads, each with its own database connection: as many
 # as gunicorn's threads, not anyio's default 40.
 TOOL_THREADS = 4
@@ -63,7 +65,8 @@ class OwnerFromEnviron:
         values_token = current_values.set(environ.get(ENVIRON_VALUES) or {})
         trace_token = attach_context(environ.get(ENVIRON_TRACE))
         try:
-            await self.app(scope, receive, send)
+            with acting_as(environ.get(ENVIRON_ACTOR)):
+                await self.app(scope, receive, send)
         finally:
             detach_context(trace_token)
             current_owner.reset(owner_token)
@@ -153,6 +156,7 @@ class MCPView(APIView):
         user_id = request.headers.get(settings.MEMORY_USER_HEADER)
         environ[ENVIRON_VALUES] = {"user_id": user_id} if user_id else {}
         environ[ENVIRON_TRACE] = current_context()  # the request's trace, for the tools' spans
+        environ[ENVIRON_ACTOR] = actor()  # who acts (core.audit), for what the tools record
         environ["PATH_INFO"] = "/mcp"
         started: dict[str, Any] = {}
 

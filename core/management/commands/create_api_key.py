@@ -6,6 +6,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
+from core.audit import Actor, acting_as
 from core.services import api_key_create
 
 
@@ -38,6 +39,7 @@ class Command(BaseCommand):
             if owner is None:
                 owner = users.create_user(username=username)  # an unusable password
                 self.stdout.write(f"Created user {username} (API access only, no password).")
-            api_key, raw_key = api_key_create(owner=owner, name=name)
+            with acting_as(Actor("command")):
+                api_key, raw_key = api_key_create(owner=owner, name=name)
         self.stdout.write(f"Created API key {api_key.prefix}… for {username}. Store it now:")
         self.stdout.write(raw_key)
