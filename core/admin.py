@@ -21,6 +21,19 @@ class APIKeyAddForm(forms.ModelForm):
         fields = ["owner", "name"]
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the service writes and nobody edits: listed and read, never changed."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(APIKey)
 class APIKeyAdmin(admin.ModelAdmin):
     list_display = ["prefix", "name", "owner", "created_at", "last_used_at", "revoked_at"]
@@ -88,7 +101,7 @@ class UsagePeriodFilter(admin.SimpleListFilter):
 
 
 @admin.register(UsageDay)
-class UsageDayAdmin(admin.ModelAdmin):
+class UsageDayAdmin(ReadOnlyAdmin):
     """What each owner's work spent per day, kind, model and end user (``core.usage``):
     read only, written by the calls themselves."""
 
@@ -111,15 +124,6 @@ class UsageDayAdmin(admin.ModelAdmin):
     @admin.display(description="tokens in / out", ordering="tokens_in")
     def tokens(self, obj: UsageDay) -> str:
         return f"{obj.tokens_in:,} / {obj.tokens_out:,}"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 @admin.register(UsageBudget)
@@ -161,7 +165,7 @@ class UsageBudgetAdmin(admin.ModelAdmin):
 
 
 @admin.register(AccessEvent)
-class AccessEventAdmin(admin.ModelAdmin):
+class AccessEventAdmin(ReadOnlyAdmin):
     """The audit trail of access (``core.audit``): keys created and revoked, erasures;
     who, with which key, from where, when. Read only: written by the actions themselves,
     never edited or deleted here."""
@@ -178,12 +182,3 @@ class AccessEventAdmin(admin.ModelAdmin):
         counts = obj.detail.get("counts") or {}
         kind = obj.detail.get("scope_kind", "")
         return ", ".join([kind, *(f"{n:,} {k}" for k, n in counts.items())]).strip(", ")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False

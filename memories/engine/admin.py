@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from core.admin import ReadOnlyAdmin
 from core.admin_confirm import confirm_first
 from core.errors import ServiceError
 from memories.engine import files
@@ -26,7 +27,6 @@ from memories.engine.models import (
     PendingUpdate,
     ScopeJournal,
 )
-from memories.facts.admin import ReadOnlyAdmin
 
 
 @admin.register(PendingUpdate)

@@ -10,6 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from core.admin import ReadOnlyAdmin
 from core.admin_confirm import confirm_first
 from core.metrics import counter_values
 from memories.facts.models import (
@@ -164,19 +165,6 @@ class GlobalMemoryAdmin(admin.ModelAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Fact]) -> None:
         for fact in queryset:
             self.delete_model(request, fact)
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the service writes and nobody edits: listed and read, never changed."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(FactVersion)
