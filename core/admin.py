@@ -18,7 +18,17 @@ from core.usage import Budget, budget_of
 class APIKeyAddForm(forms.ModelForm):
     class Meta:
         model = APIKey
-        fields = ["owner", "name"]
+        fields = ["owner", "name", "read_only", "expires_at"]
+        help_texts = {
+            "read_only": "The key reads and searches, and changes nothing.",
+            "expires_at": "When the key stops working (empty: never).",
+        }
+
+    def clean_expires_at(self):  # type: ignore[no-untyped-def]
+        value = self.cleaned_data.get("expires_at")
+        if value is not None and value <= timezone.now():
+            raise forms.ValidationError("Choose a time in the future.")
+        return value
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -36,12 +46,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(APIKey)
 class APIKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "owner", "created_at", "last_used_at", "revoked_at"]
-    list_filter = ["revoked_at"]
+    list_display = ["prefix", "name", "owner", "read_only", "created_at", "last_used_at",
+                    "expires_at", "revoked_at"]  # fmt: skip
+    list_filter = ["revoked_at", "read_only"]
     list_select_related = ["owner"]
     search_fields = ["prefix", "name", "owner__username"]
     autocomplete_fields = ["owner"]  # chosen by username
-    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "read_only", "expires_at", "created_at", "last_used_at",
+                       "revoked_at"]  # fmt: skip
     actions = ["revoke_keys"]
 
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
@@ -51,17 +63,21 @@ class APIKeyAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         if obj is None:
-            return ["owner", "name"]
-        return ["owner", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+            return ["owner", "name", "read_only", "expires_at"]
+        return ["owner", "name", "prefix", "read_only", "expires_at", "created_at", "last_used_at",
+                "revoked_at"]  # fmt: skip
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return self.readonly_fields + (["owner"] if obj else [])
+        if obj is None:  # (a new key's limits are chosen once, here)
+            return ["prefix", "created_at", "last_used_at", "revoked_at"]
+        return self.readonly_fields + ["owner"]
 
     def save_model(self, request: HttpRequest, obj: APIKey, form, change: bool) -> None:  # type: ignore[no-untyped-def]
         if change:
             obj.save(update_fields=["name"])
             return
-        api_key, raw_key = api_key_create(owner=obj.owner, name=obj.name)
+        api_key, raw_key = api_key_create(owner=obj.owner, name=obj.name, read_only=obj.read_only,
+                                          expires_at=obj.expires_at)  # fmt: skip
         obj.pk = api_key.pk
         obj.prefix, obj.digest, obj.created_at = api_key.prefix, api_key.digest, api_key.created_at
         self.message_user(

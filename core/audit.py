@@ -32,6 +32,7 @@ class Actor:
     who: str
     key_id: int | None = None
     address: str | None = None
+    read_only: bool = False  # a read-only key acts (``core.api.permissions``)
 
 
 _current: ContextVar[Actor | HttpRequest | None] = ContextVar("access_actor", default=None)
@@ -51,7 +52,7 @@ def _of_request(request: HttpRequest) -> Actor:
     address = _address(request.META.get("REMOTE_ADDR") or "")
     key = getattr(request, KEY_ATTRIBUTE, None)
     if key is not None:
-        return Actor(f"key:{key.prefix}", key.pk, address)
+        return Actor(f"key:{key.prefix}", key.pk, address, key.read_only)
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         role = "admin" if user.is_staff else "user"

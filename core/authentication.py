@@ -43,7 +43,7 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Malformed Authorization header.")
         api_key = api_key_authenticate(digest=api_key_digest(parts[1]))
         if api_key is None:
-            raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
+            raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
         setattr(request._request, audit.KEY_ATTRIBUTE, api_key)  # (who acts: core.audit)
         now = timezone.now()
         if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:

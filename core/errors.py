@@ -43,6 +43,13 @@ class NameTaken(Conflict):
     code = "name_taken"
 
 
+class ReadOnlyKey(ServiceError):
+    """The request's API key is read-only, and this would change something."""
+
+    status_code = 403
+    code = "read_only_key"
+
+
 class Unprocessable(ServiceError):
     status_code = 422
     code = "unprocessable"

@@ -7,7 +7,8 @@ from datetime import date
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum
+from django.db.models.functions import Now
 
 from core.models import APIKey, UsageDay
 
@@ -25,6 +26,7 @@ def api_key_authenticate(*, digest: str) -> APIKey | None:
     return (
         APIKey.objects.select_related("owner")
         .filter(digest=digest, revoked_at__isnull=True, owner__is_active=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
         .first()
     )
 

@@ -195,7 +195,10 @@ REST_FRAMEWORK = {
         "core.authentication.APIKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "core.api.permissions.KeyAllows",  # what a narrowed key may do
+    ],
     # The parsers refuse what the database cannot store (NUL, lone surrogates) and JSON
     # nested deeper than API_MAX_JSON_DEPTH, once for every view (core.api.parsers).
     "DEFAULT_PARSER_CLASSES": [

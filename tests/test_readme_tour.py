@@ -378,6 +378,14 @@ def _api_keys(served: Served, out: str) -> None:
     assert (status, body["error"]["code"]) == (401, "not_authenticated")  # revoked
 
 
+@check("api-key-read-only")
+def _api_key_read_only(served: Served, out: str) -> None:
+    shown, refused = out.splitlines()
+    assert shown == "True"
+    error = json.loads(refused)["error"]
+    assert error["code"] == "read_only_key" and "read-only" in error["message"]
+
+
 @check("api-error")
 def _api_error(served: Served, out: str) -> None:
     [error] = _values(out)

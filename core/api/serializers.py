@@ -7,7 +7,7 @@ from django.utils import timezone
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
-from core.api.fields import StrictCharField
+from core.api.fields import StrictBooleanField, StrictCharField
 from core.models import USAGE_KINDS, APIKey
 from core.selectors import USAGE_GROUPS
 
@@ -17,11 +17,21 @@ class APIKeyOutputSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = APIKey
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at", "is_active"]
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at", "read_only",
+                  "expires_at", "is_active"]  # fmt: skip
 
 
 class APIKeyCreateInputSerializer(serializers.Serializer):
     name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
+    # (a field named as Field's own attribute: DRF moves declared fields off the class)
+    read_only = StrictBooleanField(  # type: ignore[assignment]
+        required=False, default=False,
+        help_text="The key reads and searches, and changes nothing (a 403 read_only_key).",
+    )  # fmt: skip
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True, default=None,
+        help_text="When the key stops working (in the future); null: never.",
+    )  # fmt: skip
 
 
 class APIKeyCreatedSerializer(APIKeyOutputSerializer):
@@ -38,10 +48,21 @@ BUDGET_HELP = (
 )
 
 
+class MeKeySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    prefix = StrictCharField()
+    read_only = serializers.BooleanField()  # type: ignore[assignment]
+    expires_at = serializers.DateTimeField(allow_null=True)
+
+
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     username = StrictCharField()
     background_daily_tokens = serializers.IntegerField(allow_null=True, help_text=BUDGET_HELP)
+    key = MeKeySerializer(
+        allow_null=True,
+        help_text="The API key of this request and its limits (null for an admin session).",
+    )
 
 
 class MeUpdateSerializer(serializers.Serializer):

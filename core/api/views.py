@@ -28,15 +28,22 @@ from core.services import api_key_create, api_key_revoke
 from core.usage import budget_of, budget_set
 
 
-def _me(user: Any) -> dict[str, Any]:
+def _me(request: Request) -> dict[str, Any]:
+    user: Any = request.user  # (authenticated: the permission classes ran)
     own = UsageBudget.objects.filter(owner=user).values_list("daily_tokens", flat=True).first()
-    return {"id": user.pk, "username": user.username, "background_daily_tokens": own}
+    key = request.auth if isinstance(request.auth, APIKey) else None
+    limits = None if key is None else {
+        "id": key.pk, "prefix": key.prefix, "read_only": key.read_only,
+        "expires_at": key.expires_at,
+    }  # fmt: skip
+    return {"id": user.pk, "username": user.username, "background_daily_tokens": own,
+            "key": limits}  # fmt: skip
 
 
 class MeView(APIView):
     @extend_schema(summary="Who the key belongs to", responses=MeSerializer)
     def get(self, request: Request) -> Response:
-        return Response(MeSerializer(_me(request.user)).data)
+        return Response(MeSerializer(_me(request)).data)
 
     @extend_schema(
         summary="Set your daily token budget for background work",
@@ -48,7 +55,7 @@ class MeView(APIView):
         data.is_valid(raise_exception=True)
         budget_set(owner_id=request.user.pk,
                    daily_tokens=data.validated_data["background_daily_tokens"])  # fmt: skip
-        return Response(MeSerializer(_me(request.user)).data)
+        return Response(MeSerializer(_me(request)).data)
 
 
 class UsageView(APIView):
@@ -108,7 +115,7 @@ class APIKeyListView(APIView):
     def post(self, request: Request) -> Response:
         data = APIKeyCreateInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        api_key, raw_key = api_key_create(owner=request.user, name=data.validated_data["name"])
+        api_key, raw_key = api_key_create(owner=request.user, **data.validated_data)
         body = APIKeyOutputSerializer(api_key).data | {"key": raw_key}
         return Response(body, status=status.HTTP_201_CREATED)
 

@@ -194,6 +194,8 @@ class KnowledgeBaseChunksView(APIView):
 
 
 class KnowledgeBaseSearchView(APIView):
+    reads = True  # a read-only key may POST here (core.api.permissions)
+
     @extend_schema(
         summary="Search one knowledge base",
         request=SearchSerializer,
@@ -207,6 +209,8 @@ class KnowledgeBaseSearchView(APIView):
 
 
 class SearchView(APIView):
+    reads = True  # a read-only key may POST here (core.api.permissions)
+
     @extend_schema(
         summary="Search several knowledge bases",
         request=MultiSearchSerializer,

@@ -120,6 +120,8 @@ class MCPView(APIView):
     """``POST /mcp``: MCP over streamable HTTP (stateless, JSON answers), for the owner
     of the Bearer key. Another method is a 405; a missing or wrong key a 401."""
 
+    reads = True  # each tool that writes is refused to a read-only key (tools.registry)
+
     @extend_schema(
         summary="MCP over streamable HTTP (the agent tools)",
         request={"application/json": {"type": "object", "description": "a JSON-RPC message"}},

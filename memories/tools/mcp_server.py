@@ -43,6 +43,7 @@ from mcp.types import (
     Tool as MCPTool,
 )
 
+from core.audit import actor
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.dreams import memory_md_read
@@ -137,7 +138,9 @@ class MemoryMCPServer(MCPServer):
     """``MCPServer`` whose tools and resources come from the tool registry and the engine."""
 
     async def list_tools(self) -> list[MCPTool]:
-        return [_mcp_tool(t) for t in tool_list()]
+        """Every tool, or to a read-only key the tools that read (the others refuse it)."""
+        narrowed = actor().read_only
+        return [_mcp_tool(t) for t in tool_list() if t.read_only or not narrowed]
 
     def _tool_input_schema(self, name: str) -> dict[str, Any] | None:
         try:

@@ -27,6 +27,7 @@ import jsonschema
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ObjectDoesNotExist
 
+from core.audit import actor
 from core.errors import ServiceError
 from memories.facts.scopes import ScopePath, scope_fill
 
@@ -170,6 +171,12 @@ def tool_call(
     """Run tool ``name`` for ``owner`` in ``scope``: the tool's JSON answer, or a
     ``ToolError`` (unknown tool 404, bad arguments 400, an unknown memory id 404...)."""
     tool = tool_get(name)
+    if not tool.read_only and actor().read_only:
+        raise ToolError(
+            f"this API key is read-only: {name} changes memory, and it may only read "
+            "(the tools that read: " + ", ".join(t.name for t in tool_list() if t.read_only) + ")",
+            code="read_only_key", status=403,
+        )  # fmt: skip
     checked = validate_arguments(tool, arguments)
     context = ToolContext(owner=owner, scope=scope, values=dict(values or {}))
     try:

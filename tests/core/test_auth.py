@@ -41,7 +41,7 @@ def test_unknown_key_gets_401(anon_client):
     assert response.json() == {
         "error": {
             "code": "not_authenticated",
-            "message": "Invalid or revoked API key.",
+            "message": "Invalid, expired or revoked API key.",
             "details": None,
         }
     }

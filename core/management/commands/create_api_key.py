@@ -5,6 +5,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from core.audit import Actor, acting_as
 from core.services import api_key_create
@@ -20,14 +22,29 @@ class Command(BaseCommand):
         parser.add_argument("username", help="Owner of the key.")
         parser.add_argument("--name", default="", help="A label for the key.")
         parser.add_argument(
+            "--read-only",
+            action="store_true",
+            help="The key reads and searches, and changes nothing.",
+        )
+        parser.add_argument("--expires-at", default=None, metavar="ISO-8601",
+                            help="When the key stops working, e.g. 2027-01-31T00:00:00Z.")  # fmt: skip
+        parser.add_argument(
             "--create-user",
             action="store_true",
             help="Create the user when there is none of that name (no password, not staff).",
         )
 
     def handle(
-        self, *args: Any, username: str, name: str, create_user: bool, **options: Any
-    ) -> None:
+        self, *args: Any, username: str, name: str, create_user: bool, read_only: bool,
+        expires_at: str | None, **options: Any,
+    ) -> None:  # fmt: skip
+        expiry = parse_datetime(expires_at) if expires_at else None
+        if expires_at and (expiry is None or expiry.tzinfo is None):
+            raise CommandError(
+                f"--expires-at must be an ISO 8601 time with its zone, not {expires_at!r}"
+            )
+        if expiry is not None and expiry <= timezone.now():
+            raise CommandError("--expires-at must be in the future")
         users = get_user_model().objects
         with transaction.atomic():
             owner = users.filter(username=username).first()
@@ -40,6 +57,7 @@ class Command(BaseCommand):
                 owner = users.create_user(username=username)  # an unusable password
                 self.stdout.write(f"Created user {username} (API access only, no password).")
             with acting_as(Actor("command")):
-                api_key, raw_key = api_key_create(owner=owner, name=name)
+                api_key, raw_key = api_key_create(owner=owner, name=name, read_only=read_only,
+                                                  expires_at=expiry)  # fmt: skip
         self.stdout.write(f"Created API key {api_key.prefix}… for {username}. Store it now:")
         self.stdout.write(raw_key)

@@ -222,6 +222,8 @@ def _scope_row(request: Request, fact_id: uuid.UUID) -> Any:
 
 
 class SearchView(APIView):
+    reads = True  # a read-only key may POST here (core.api.permissions)
+
     @extend_schema(
         summary="Search a scope's facts",
         request=SearchSerializer,
@@ -245,6 +247,8 @@ class SearchView(APIView):
 
 
 class InjectionView(APIView):
+    reads = True  # a read-only key may POST here (core.api.permissions)
+
     @extend_schema(
         summary="The memory block to inject for a scope",
         request=InjectionSerializer,

@@ -146,6 +146,8 @@ class UserMemorySearchView(APIView):
     search every door makes: the same query on the same scope returns the same facts in
     the same order as ``/api/v1/engine/search``, the tools and MCP."""
 
+    reads = True  # a read-only key may POST here (core.api.permissions)
+
     def _search(self, request: Request, user_id: str, data: Any) -> Response:
         params = _validated(MemorySearchSerializer, data)
         end_user = existing_user(request, user_id)

@@ -220,6 +220,8 @@ class NodeMemoryView(APIView):
 
 
 class NodeMemoryRetrieveView(APIView):
+    reads = True  # a read-only key may POST here (core.api.permissions)
+
     @extend_schema(
         summary="Retrieve from a node's stores",
         request=RetrieveInSerializer,

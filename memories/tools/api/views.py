@@ -25,6 +25,8 @@ class ToolListView(APIView):
 
 
 class ToolCallView(APIView):
+    reads = True  # each tool that writes is refused to a read-only key (tools.registry)
+
     @extend_schema(summary="Call an agent tool", request=ToolCallSerializer,
                    responses=ToolCallOutputSerializer)  # fmt: skip
     def post(self, request: Request, name: str) -> Response:
