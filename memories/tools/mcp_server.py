@@ -43,13 +43,19 @@ from mcp.types import (
     Tool as MCPTool,
 )
 
-from core.audit import actor
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.dreams import memory_md_read
 from memories.facts.scopes import ScopePath, scope_find, scope_parse
 from memories.facts.selectors import scopes_of_owner
-from memories.tools.registry import Tool, ToolError, ToolNotFound, tool_call, tool_get, tool_list
+from memories.tools.registry import (
+    Tool,
+    ToolError,
+    ToolNotFound,
+    tool_call,
+    tool_get,
+    tools_offered,
+)
 
 current_owner: ContextVar[int | None] = ContextVar("mcp_owner", default=None)
 served_scope: ContextVar[ScopePath | None] = ContextVar("mcp_scope", default=None)
@@ -139,8 +145,7 @@ class MemoryMCPServer(MCPServer):
 
     async def list_tools(self) -> list[MCPTool]:
         """Every tool, or to a read-only key the tools that read (the others refuse it)."""
-        narrowed = actor().read_only
-        return [_mcp_tool(t) for t in tool_list() if t.read_only or not narrowed]
+        return [_mcp_tool(t) for t in tools_offered()]
 
     def _tool_input_schema(self, name: str) -> dict[str, Any] | None:
         try:

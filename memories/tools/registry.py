@@ -129,6 +129,12 @@ def openai_tools(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     return [tool.openai() for tool in tool_list(names)]
 
 
+def tools_offered() -> list[Tool]:
+    """The tools the caller may run: all, or to a read-only key those that read."""
+    narrowed = actor().read_only
+    return [t for t in tool_list() if t.read_only or not narrowed]
+
+
 def _argument_error(error: jsonschema.ValidationError) -> ToolError:
     where = ".".join(str(p) for p in error.absolute_path)
     if error.validator == "additionalProperties":

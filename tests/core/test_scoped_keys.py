@@ -81,6 +81,8 @@ def test_a_read_only_key_changes_nothing_over_rest(alice, reader):
 def test_a_read_only_key_through_the_tools_and_the_proxy(
     alice, reader, llm_settings, openai_server
 ):
+    listed = [t["function"]["name"] for t in reader.get("/api/v1/tools").json()["tools"]]
+    assert sorted(listed) == ["retrieve_node_memory", "search_memory"]
     found = reader.post("/api/v1/tools/search_memory/call",
                         {"scope": SCOPE, "arguments": {"query": "Lisbon"}}, format="json")  # fmt: skip
     assert found.status_code == 200

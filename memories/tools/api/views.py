@@ -13,7 +13,7 @@ from memories.tools.api.serializers import (
     ToolCallSerializer,
     ToolListSerializer,
 )
-from memories.tools.registry import ToolContext, openai_tools, tool_call, tool_get
+from memories.tools.registry import ToolContext, tool_call, tool_get, tools_offered
 from memories.tools.scoping import request_values
 
 
@@ -21,7 +21,7 @@ class ToolListView(APIView):
     @extend_schema(summary="The agent tools, as OpenAI function definitions",
                    responses=ToolListSerializer)  # fmt: skip
     def get(self, request: Request) -> Response:
-        return Response({"tools": openai_tools()})
+        return Response({"tools": [t.openai() for t in tools_offered()]})
 
 
 class ToolCallView(APIView):
