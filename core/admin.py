@@ -46,8 +46,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(APIKey)
 class APIKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "owner", "read_only", "created_at", "last_used_at",
-                    "expires_at", "revoked_at"]  # fmt: skip
+    list_display = ["prefix", "name", "owner", "read_only", "last_used_at", "state"]
     list_filter = ["revoked_at", "read_only"]
     list_select_related = ["owner"]
     search_fields = ["prefix", "name", "owner__username"]
@@ -55,6 +54,15 @@ class APIKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["prefix", "read_only", "expires_at", "created_at", "last_used_at",
                        "revoked_at"]  # fmt: skip
     actions = ["revoke_keys"]
+
+    @admin.display(description="state", ordering="revoked_at")
+    def state(self, obj: APIKey) -> str:
+        if obj.revoked_at is not None:
+            return f"revoked {obj.revoked_at:%Y-%m-%d}"
+        if obj.expires_at is None:
+            return "active"
+        word = "expired" if obj.expires_at <= timezone.now() else "expires"
+        return f"{word} {obj.expires_at:%Y-%m-%d %H:%M}"
 
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         if obj is None:
@@ -186,15 +194,19 @@ class AccessEventAdmin(ReadOnlyAdmin):
     who, with which key, from where, when. Read only: written by the actions themselves,
     never edited or deleted here."""
 
-    list_display = ["at", "owner", "action", "actor", "key", "subject_key", "address", "what"]
+    list_display = ["at", "owner", "action", "actor", "about", "address"]
     list_filter = ["action"]
     list_select_related = ["owner", "key", "subject_key"]
     search_fields = ["owner__username", "actor", "address"]
     date_hierarchy = "at"
     ordering = ["-at", "-id"]
 
-    @admin.display(description="detail")
-    def what(self, obj: AccessEvent) -> str:
+    @admin.display(description="about")
+    def about(self, obj: AccessEvent) -> str:
+        """The key created or revoked, or what an erasure removed (its non-zero counts)."""
+        if obj.subject_key is not None:
+            return f"key {obj.subject_key.prefix}…"
         counts = obj.detail.get("counts") or {}
-        kind = obj.detail.get("scope_kind", "")
-        return ", ".join([kind, *(f"{n:,} {k}" for k, n in counts.items())]).strip(", ")
+        removed = ", ".join(f"{n:,} {k}" for k, n in counts.items() if n)
+        kind = str(obj.detail.get("scope_kind", ""))
+        return f"{kind}: {removed}" if removed else kind

@@ -7,15 +7,20 @@ land in test-artifacts/."""
 from __future__ import annotations
 
 import hashlib
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from core.audit import Actor, acting_as
 from core.models import UsageBudget
+from core.services import api_key_create, api_key_revoke
 from core.usage import budget_set, usage_for, usage_record
 from knowledge.services import DocumentIn, knowledge_documents_submit
 from knowledge.services.bases import knowledge_base_create
 from memories.engine.updates import update_record
+from memories.facts.scopes import scope_ensure
+from memories.facts.services import scope_erase
 from tests.browser import fits_the_window, login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -37,6 +42,12 @@ def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settin
             usage_record(model=model, tokens_in=123456, tokens_out=7890, estimated=False)
     budget_set(owner_id=alice.pk, daily_tokens=200000)
     UsageBudget.objects.filter(owner=alice).update(deferred_at=timezone.now(), deferred_runs=3)
+    # Keys (issue 30): a read-only one that expires, revoked from a key; an erasure.
+    reader, _ = api_key_create(owner=alice, name="browser extension", read_only=True,
+                               expires_at=timezone.now() + timedelta(days=30))  # fmt: skip
+    with acting_as(Actor("key:mem_abcdefgh", None, "203.0.113.7")):
+        api_key_revoke(api_key=reader)
+        scope_erase(scope=scope_ensure(owner=alice, scope=("user", "gina")), actor="api")
     login(browser, live_server)
     for name, url in (
         ("admin-knowledge-bases", "/admin/knowledge/knowledgebase/"),
@@ -44,8 +55,15 @@ def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settin
         ("admin-chunks", "/admin/knowledge/chunk/"),
         ("admin-usage-days", "/admin/core/usageday/"),
         ("admin-usage-budgets", "/admin/core/usagebudget/"),
+        ("admin-api-keys", "/admin/core/apikey/"),
+        ("admin-access-events", "/admin/core/accessevent/"),
     ):
         browser.get(live_server.url + url)
         shot(browser, name)
         assert browser.execute_script("return window.innerWidth") == 1440
         assert fits_the_window(browser, "#result_list"), url
+    browser.get(live_server.url + "/admin/core/apikey/add/")  # a new key's limits
+    shot(browser, "admin-api-key-add")
+    assert browser.find_element("name", "read_only") and browser.find_element(
+        "name", "expires_at_0"
+    )
