@@ -8,6 +8,8 @@ names the variable, instead of surfacing later as a confusing runtime error.
 from __future__ import annotations
 
 import os
+import urllib.parse
+from typing import Any
 
 
 class EnvError(ValueError):
@@ -105,3 +107,43 @@ def load_env_file(path: str) -> list[str]:
     for name in loaded:
         os.environ[name] = values[name]
     return loaded
+
+
+def database_from_url(url: str, *, conn_max_age: int) -> dict[str, Any]:
+    """Django's ``DATABASES`` entry for ``DATABASE_URL``. libpq's multi-host form
+    (``postgresql://user:pw@h1:5432,h2:5433/db?target_session_attrs=read-write``, which
+    ``dj-database-url`` cannot parse) is read here: ``HOST`` and ``PORT`` become libpq's
+    comma-separated lists (a host may be a percent-encoded socket directory), the query's
+    parameters connection options, so a connection goes to whichever listed server answers
+    as asked (after a failover, the promoted one). Any other URL: ``dj-database-url``."""
+    import dj_database_url
+
+    parts = urllib.parse.urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return dict(dj_database_url.parse(url, conn_max_age=conn_max_age))
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise EnvError(
+            f"DATABASE_URL with several hosts must be postgresql://, not {parts.scheme}://"
+        )
+    names, ports = [], []
+    for entry in hosts.split(","):
+        host, colon, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
+        if not colon:
+            host, port = entry, ""
+        if not host or (port and not port.isdigit()):
+            raise EnvError(f"DATABASE_URL: {entry!r} is not host[:port]")
+        names.append(urllib.parse.unquote(host).removeprefix("[").removesuffix("]"))
+        ports.append(port or "5432")
+    user, _, password = userinfo.partition(":") if at else ("", "", "")
+    options = {k: v for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": urllib.parse.unquote(parts.path.lstrip("/")),
+        "USER": urllib.parse.unquote(user),
+        "PASSWORD": urllib.parse.unquote(password),
+        "HOST": ",".join(names),
+        "PORT": ",".join(ports),
+        "CONN_MAX_AGE": conn_max_age,
+        "OPTIONS": options,
+    }

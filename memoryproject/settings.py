@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import dj_database_url
-
 from memoryproject.env import (
+    database_from_url,
     env_bool,
     env_choice,
     env_float,
@@ -115,7 +114,8 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL")
 CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=CONN_MAX_AGE)}
+    # (libpq's multi-host form too: memoryproject.env.database_from_url)
+    DATABASES = {"default": database_from_url(DATABASE_URL, conn_max_age=CONN_MAX_AGE)}  # type: ignore[dict-item]
     EMBEDDED_DATABASE = False
 else:
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
