@@ -40,6 +40,7 @@ SERVICE_NAME = "memory-service"
 # A text attribute (a statement's SQL, a prompt when asked for) at most this long, unless
 # OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT says otherwise.
 ATTRIBUTE_CHARS = 4_096
+DEFAULT_ENDPOINT = "http://localhost:4318/v1/traces"  # the SDK's, with OTEL_TRACES_EXPORTER=otlp
 
 _provider: Any = None  # the SDK's TracerProvider, once started
 _tracer: trace.Tracer | None = None
@@ -102,10 +103,11 @@ def _exporter_from_environment() -> Any:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    # The endpoint, headers, timeout and compression come from OTEL_EXPORTER_OTLP_*.
+    # The endpoint as the settings read it (an empty variable is unset there, where the
+    # SDK would take it as the endpoint); headers, timeout and compression: OTEL_*.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter()
+    return OTLPSpanExporter(endpoint=settings.OTEL_TRACES_ENDPOINT or DEFAULT_ENDPOINT)
 
 
 def _limits() -> Any:

@@ -367,12 +367,16 @@ LOGGING = {
 OTEL_TRACES_EXPORTER = env_choice(
     "OTEL_TRACES_EXPORTER", "unset", ("unset", "otlp", "console", "none")
 )
+# Where spans go: the traces' own endpoint as it is, else the collector's with /v1/traces
+# (an empty value counts as unset, as a copied .env.example leaves them).
+_OTLP_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_ENDPOINT").strip().rstrip("/")
+OTEL_TRACES_ENDPOINT = env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").strip() or (
+    f"{_OTLP_ENDPOINT}/v1/traces" if _OTLP_ENDPOINT else ""
+)
 TRACING = not env_bool("OTEL_SDK_DISABLED", False) and (
     OTEL_TRACES_EXPORTER in ("otlp", "console")
     or OTEL_TRACES_EXPORTER == "unset"
-    and bool(
-        env_str("OTEL_EXPORTER_OTLP_ENDPOINT") or env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    )
+    and bool(OTEL_TRACES_ENDPOINT)
 )
 # Prompt and answer text on LLM spans: never unless asked (the OpenTelemetry GenAI
 # instrumentations' own switch).

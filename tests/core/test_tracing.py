@@ -237,19 +237,26 @@ def test_prompt_and_answer_text_only_when_asked(spans, alice_client, llm_setting
 @pytest.mark.parametrize(
     "environment, on",
     [
-        ({}, False),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
-        ({"OTEL_TRACES_EXPORTER": "console"}, True),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({}, "False "),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_TRACES_EXPORTER": ""}, "False "),  # (as copied)
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318/"},
+         "True http://127.0.0.1:4318/v1/traces"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://b/t"},
+         "True http://b/t"),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "True "),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER": "none"},
+         "False http://127.0.0.1:4318/v1/traces"),
         ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces",
-          "OTEL_SDK_DISABLED": "true"}, False),
+          "OTEL_SDK_DISABLED": "true"}, "False http://127.0.0.1:4318/v1/traces"),
     ],
 )  # fmt: skip
 def test_off_by_default_and_on_with_the_standard_variables(environment, on):
+    """On or off, and where the spans go (an empty variable counts as unset)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(environment, MEMORY_ENV_FILE="")
     done = subprocess.run(
-        [sys.executable, "-c", "import memoryproject.settings as s; print(s.TRACING)"],
+        [sys.executable, "-c",
+         "import memoryproject.settings as s; print(s.TRACING, s.OTEL_TRACES_ENDPOINT)"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.stdout.strip() == str(on), done.stderr
+    assert done.stdout.rstrip("\n") == on, done.stderr
