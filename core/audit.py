@@ -16,13 +16,14 @@ otherwise (``acting_as``).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
 from django.http import HttpRequest
+
+from core.context import context_set
 
 KEY_ATTRIBUTE = "access_key"  # set on the HttpRequest by the API key authentication
 
@@ -76,15 +77,9 @@ def request_end(token: Token[Actor | HttpRequest | None]) -> None:
     _current.reset(token)
 
 
-@contextmanager
-def acting_as(who: Actor | None) -> Iterator[None]:
+def acting_as(who: Actor | None) -> AbstractContextManager[None]:
     """The work inside is ``who``'s (None changes nothing)."""
-    token = _current.set(who) if who is not None else None
-    try:
-        yield
-    finally:
-        if token is not None:
-            _current.reset(token)
+    return context_set(_current, who)
 
 
 def access_record(

@@ -17,8 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
@@ -29,6 +28,7 @@ from django.db import DatabaseError, connection
 from django.db.models import F, Sum
 from django.utils import timezone
 
+from core.context import context_set
 from core.metrics import counter_add
 from core.providers.tokens import count_tokens
 from core.tracing import note_usage
@@ -46,36 +46,21 @@ class Attribution:
 _current: ContextVar[Attribution | None] = ContextVar("usage_attribution", default=None)
 
 
-@contextmanager
-def usage_for(*, owner_id: int | None, kind: str, subject: str = "") -> Iterator[None]:
+def usage_for(
+    *, owner_id: int | None, kind: str, subject: str = ""
+) -> AbstractContextManager[None]:
     """Calls made inside are ``owner_id``'s, for ``kind`` of work, about ``subject``."""
-    token = _current.set(Attribution(owner_id, kind, subject))
-    try:
-        yield
-    finally:
-        _current.reset(token)
+    return context_set(_current, Attribution(owner_id, kind, subject))
 
 
-@contextmanager
-def usage_as(who: Attribution | None) -> Iterator[None]:
+def usage_as(who: Attribution | None) -> AbstractContextManager[None]:
     """The calls inside are ``who``'s (as ``usage_for``; None changes nothing)."""
-    token = _current.set(who) if who is not None else None
-    try:
-        yield
-    finally:
-        if token is not None:
-            _current.reset(token)
+    return context_set(_current, who)
 
 
-@contextmanager
-def usage_kind(kind: str) -> Iterator[None]:
+def usage_kind(kind: str) -> AbstractContextManager[None]:
     """The calls inside are of ``kind``, for the owner and subject already attributed."""
-    current = _current.get() or Attribution(None, kind)
-    token = _current.set(replace(current, kind=kind))
-    try:
-        yield
-    finally:
-        _current.reset(token)
+    return context_set(_current, replace(_current.get() or Attribution(None, kind), kind=kind))
 
 
 def attribution() -> Attribution | None:
