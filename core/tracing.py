@@ -245,10 +245,14 @@ def annotate(span_: Span | None, attributes: dict[str, Any]) -> None:
         span_.set_attributes(attributes)
 
 
-def error(span_: Span | None, exc: BaseException) -> None:
-    if span_ is not None and span_.is_recording():
+def span_end(span_: Span | None, exc: BaseException | None = None) -> None:
+    """End a span opened by ``llm_span_open`` (None: tracing is off), failed by ``exc``."""
+    if span_ is None:
+        return
+    if exc is not None and span_.is_recording():
         span_.record_exception(exc)
         span_.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+    span_.end()
 
 
 def _text(value: Any) -> str:

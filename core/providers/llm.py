@@ -19,7 +19,7 @@ from core.json_text import JsonText
 from core.providers.errors import ProviderBadResponse, ProviderNotConfigured
 from core.providers.relay import ChatRelay, SSEEvent
 from core.providers.retry import call_with_retries, translate_error
-from core.tracing import error, llm_span, llm_span_open, note_answer, within
+from core.tracing import llm_span, llm_span_open, note_answer, span_end, within
 from core.usage import Attribution, attribution, record_chat, usage_as
 
 
@@ -95,6 +95,7 @@ class ChatLLM:
         import openai
 
         span = llm_span_open(kwargs["model"], kwargs.get("messages"))
+        failed: Exception | None = None
         seen = _Streamed()
         try:
             with within(span):
@@ -107,18 +108,16 @@ class ChatLLM:
                 data = chunk.model_dump(exclude_unset=True)
                 seen.add(data)
                 yield data
-        except openai.OpenAIError as exc:
-            error(span, exc)
-            raise translate_error(exc) from exc
         except Exception as exc:
-            error(span, exc)
+            failed = exc
+            if isinstance(exc, openai.OpenAIError):
+                raise translate_error(exc) from exc
             raise
         finally:
             with within(span):
                 seen.count(kwargs["model"], kwargs.get("messages"))
                 note_answer("".join(seen.text))
-            if span is not None:
-                span.end()
+            span_end(span, failed)
 
     # --- the chat proxy: bodies relayed as bytes, not rebuilt through the typed client ---
     def relay(self, content: bytes) -> JsonText:
@@ -144,9 +143,7 @@ class ChatLLM:
             with within(span):
                 events = self.relayer.stream(content)  # (raises here, before the first byte)
         except Exception as exc:
-            error(span, exc)
-            if span is not None:
-                span.end()
+            span_end(span, exc)
             raise
         return self._counted(events, content, usage or attribution(), span)
 
@@ -168,8 +165,7 @@ class ChatLLM:
             with usage_as(who), within(span):
                 seen.count(self.model, None, request=content)
                 note_answer("".join(seen.text))
-            if span is not None:
-                span.end()
+            span_end(span)
 
     def models(self) -> Any:
         """The upstream's ``GET /models`` JSON (one try: callers have a fallback)."""
