@@ -157,11 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     server = FakeOpenAIServer().start()
-    settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_API_KEY = (
-        server.base_url,
-        "fake-model",
-        "x",
-    )
+    server.serve_as_llm(settings)
     # The hashing embedder scores paraphrases low; let retrieval inject memories.
     settings.MEMORY_SCORE_THRESHOLD = 0.1
     owner, _ = get_user_model().objects.get_or_create(username="bench-chat")

@@ -121,11 +121,7 @@ def main() -> None:
     logging.getLogger("memories.decisions").setLevel(logging.WARNING)
     server = FakeOpenAIServer().start()
     upstream(server)
-    settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_API_KEY = (
-        server.base_url,
-        "fake-model",
-        "x",
-    )
+    server.serve_as_llm(settings)
     owner, _ = get_user_model().objects.get_or_create(username="bench-engine")
     _, key = api_key_create(owner=owner, name="bench")
     print(f"machine: {os.cpu_count()} cores; users: {args.users}; bursts of "

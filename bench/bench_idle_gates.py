@@ -160,11 +160,7 @@ def main() -> None:
     logging.getLogger("memories.decisions").setLevel(logging.WARNING)
     server = FakeOpenAIServer().start()
     upstream(server)
-    settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_API_KEY = (
-        server.base_url,
-        "fake-model",
-        "x",
-    )
+    server.serve_as_llm(settings)
     settings.MEMORY_UPDATE_DEBOUNCE_SECONDS = 30
     figures = {}
     for name, gate, changes in (("gates off", False, 1), ("gates on", True, 3)):

@@ -213,11 +213,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     upstream = FakeOpenAIServer().start()
     upstream.default_chat = Scripted(body=chat_body("Sure, here is an answer. " * 4))
-    settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_API_KEY = (
-        upstream.base_url,
-        "fake-model",
-        "x",
-    )
+    upstream.serve_as_llm(settings)
     settings.MEMORY_SCORE_THRESHOLD = 0.1
     owner, _ = get_user_model().objects.get_or_create(username="bench-tracing")
     base = base_of(owner, args.chunks)

@@ -9,6 +9,7 @@ without any reconfiguration."""
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 import urllib.parse
@@ -18,6 +19,7 @@ from django.db import DatabaseError, connection, connections
 from django.db.backends.postgresql.base import DatabaseWrapper
 
 from memoryproject.env import database_from_url
+from scripts.faults.harness import Instance
 from tests.pg_cluster import start_pair
 
 pytestmark = pytest.mark.slow
@@ -100,8 +102,6 @@ def _write_through_a_failover(pair) -> tuple[list[int], int, set[int], int]:
 def served_on_a_pair():
     """The service (``manage.py serve``: web and worker) on a synchronous pair through a
     multi-host ``DATABASE_URL``; the pair's own servers, not the embedded one."""
-    from scripts.faults.harness import Instance
-
     pair = start_pair(synchronous=True, port=54331)
     instance = Instance(env_overrides={"DATABASE_URL": _multi_host_url(pair)})
     try:
@@ -112,8 +112,6 @@ def served_on_a_pair():
     finally:
         instance.stop()
         pair.stop()
-        import shutil
-
         shutil.rmtree(instance.data_dir, ignore_errors=True)
 
 

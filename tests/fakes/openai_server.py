@@ -206,6 +206,10 @@ class FakeOpenAIServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}/v1"
 
+    def serve_as_llm(self, settings: Any, model: str = "fake-model") -> None:
+        """Point the chat LLM of ``settings`` (Django's, or pytest-django's fixture) here."""
+        settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_API_KEY = self.base_url, model, "x"
+
     def push(self, *responses: Scripted) -> None:
         with self._lock:
             self.queue.extend(responses)
