@@ -12,6 +12,7 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timezone import localtime
 
@@ -305,21 +306,37 @@ REGENERATE_TEXTS = (
 
 @admin.register(MemoryBaseJob)
 class MemoryBaseJobAdmin(admin.ModelAdmin):
-    list_display = [
-        "id",
-        "memory_base",
-        "session",
-        "trigger",
-        "status",
-        "messages_processed",
-        "chunks_written",
-        "created_at",
-        "deferred_until",
-        "finished_at",
-    ]
+    list_display = ["job", "memory_base", "session_id", "trigger", "state", "work", "created"]
+    list_display_links = ["job"]
     list_filter = ["status", "trigger"]
     list_select_related = ["memory_base", "session"]
     raw_id_fields = ["memory_base", "session"]
+
+    @admin.display(description="job", ordering="id")
+    def job(self, obj: MemoryBaseJob) -> str:
+        return str(obj.pk)[:8]
+
+    @admin.display(description="status", ordering="status")
+    def state(self, obj: MemoryBaseJob) -> str:
+        """The status, and for a job waiting for its owner's budget, until when."""
+        waiting = obj.status == MemoryBaseJob.Status.QUEUED and obj.deferred_until is not None
+        if waiting and obj.deferred_until > timezone.now():
+            return f"{obj.get_status_display()} until {obj.deferred_until:%m-%d %H:%M} (budget)"
+        return obj.get_status_display()
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: MemoryBaseJob) -> str:
+        return f"{obj.created_at:%Y-%m-%d %H:%M}"
+
+    @admin.display(description="session", ordering="session__session_id")
+    def session_id(self, obj: MemoryBaseJob) -> str:
+        """The session's id, a long one cut (the job's page has it whole)."""
+        name = obj.session.session_id
+        return name if len(name) <= 24 else name[:23] + "…"
+
+    @admin.display(description="messages / chunks")
+    def work(self, obj: MemoryBaseJob) -> str:
+        return f"{obj.messages_processed:,} / {obj.chunks_written:,}"
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

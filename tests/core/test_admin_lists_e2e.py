@@ -18,15 +18,18 @@ from core.services import api_key_create, api_key_revoke
 from core.usage import budget_set, usage_for, usage_record
 from knowledge.services import DocumentIn, knowledge_documents_submit
 from knowledge.services.bases import knowledge_base_create
+from memories.bases.models import MemoryBaseJob, MemoryBaseSession
+from memories.bases.services import session_ingest_enqueue
 from memories.engine.updates import update_record
 from memories.facts.scopes import scope_ensure
 from memories.facts.services import scope_erase
 from tests.browser import fits_the_window, login, shot
+from tests.conftest import record
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settings):
+def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settings, memory_base):
     kb = knowledge_base_create(owner=alice, name="the company handbook, every policy")
     knowledge_documents_submit(knowledge_base=kb, background=False, documents=[
         DocumentIn.from_payload(text=text, source_key="sha256:" + hashlib.sha256(text.encode()).hexdigest())
@@ -48,6 +51,13 @@ def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settin
     with acting_as(Actor("key:mem_abcdefgh", None, "203.0.113.7")):
         api_key_revoke(api_key=reader)
         scope_erase(scope=scope_ensure(owner=alice, scope=("user", "gina")), actor="api")
+    # A Memory Base job deferred by the budget (issue 29), never run here.
+    record(memory_base.flow, "chat-with-a-rather-long-session-identifier", "Noted!")
+    session = MemoryBaseSession.objects.get(memory_base=memory_base)
+    job = session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
+    MemoryBaseJob.objects.filter(pk=job.pk).update(  # (it ran at once here: as if deferred)
+        status="queued", finished_at=None, deferred_until=timezone.now() + timedelta(hours=9)
+    )
     login(browser, live_server)
     for name, url in (
         ("admin-knowledge-bases", "/admin/knowledge/knowledgebase/"),
@@ -57,6 +67,7 @@ def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settin
         ("admin-usage-budgets", "/admin/core/usagebudget/"),
         ("admin-api-keys", "/admin/core/apikey/"),
         ("admin-access-events", "/admin/core/accessevent/"),
+        ("admin-memory-base-jobs", "/admin/memory_bases/memorybasejob/"),
     ):
         browser.get(live_server.url + url)
         shot(browser, name)
