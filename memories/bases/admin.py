@@ -319,9 +319,13 @@ class MemoryBaseJobAdmin(admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def state(self, obj: MemoryBaseJob) -> str:
         """The status, and for a job waiting for its owner's budget, until when."""
-        waiting = obj.status == MemoryBaseJob.Status.QUEUED and obj.deferred_until is not None
-        if waiting and obj.deferred_until > timezone.now():
-            return f"{obj.get_status_display()} until {obj.deferred_until:%m-%d %H:%M} (budget)"
+        until = obj.deferred_until
+        if (
+            obj.status == MemoryBaseJob.Status.QUEUED
+            and until is not None
+            and until > timezone.now()
+        ):
+            return f"{obj.get_status_display()} until {until:%m-%d %H:%M} (budget)"
         return obj.get_status_display()
 
     @admin.display(description="created", ordering="created_at")
