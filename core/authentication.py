@@ -7,7 +7,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from core import audit
+from core import audit, replicas
 from core.models import APIKey
 from core.selectors import api_key_authenticate
 from core.services import api_key_digest
@@ -45,6 +45,7 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
         if api_key is None:
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
         setattr(request._request, audit.KEY_ATTRIBUTE, api_key)  # (who acts: core.audit)
+        replicas.owner_known(api_key.owner_id)  # a read chooses its server now
         now = timezone.now()
         if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
             APIKey.objects.filter(pk=api_key.pk).update(last_used_at=now)

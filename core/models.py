@@ -173,3 +173,18 @@ class AccessEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} by {self.actor} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class WritePosition(models.Model):
+    """Where the primary's WAL stood after an owner's last write (``core.replicas``): the
+    owner reads from a replica only once it has replayed this far (read-your-writes).
+    Written only when read replicas are configured."""
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True, related_name="+",
+    )  # fmt: skip
+    lsn = models.BigIntegerField(help_text="pg_current_wal_insert_lsn() - '0/0', in bytes")
+    recorded_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"write position of {self.owner_id}"

@@ -109,7 +109,7 @@ def load_env_file(path: str) -> list[str]:
     return loaded
 
 
-def database_from_url(url: str, *, conn_max_age: int) -> dict[str, Any]:
+def database_from_url(url: str, *, conn_max_age: int, name: str = "DATABASE_URL") -> dict[str, Any]:
     """Django's ``DATABASES`` entry for ``DATABASE_URL``. libpq's multi-host form
     (``postgresql://user:pw@h1:5432,h2:5433/db?target_session_attrs=read-write``, which
     ``dj-database-url`` cannot parse) is read here: ``HOST`` and ``PORT`` become libpq's
@@ -123,16 +123,14 @@ def database_from_url(url: str, *, conn_max_age: int) -> dict[str, Any]:
     if "," not in hosts:
         return dict(dj_database_url.parse(url, conn_max_age=conn_max_age))
     if parts.scheme not in ("postgres", "postgresql"):
-        raise EnvError(
-            f"DATABASE_URL with several hosts must be postgresql://, not {parts.scheme}://"
-        )
+        raise EnvError(f"{name} with several hosts must be postgresql://, not {parts.scheme}://")
     names, ports = [], []
     for entry in hosts.split(","):
         host, colon, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
         if not colon:
             host, port = entry, ""
         if not host or (port and not port.isdigit()):
-            raise EnvError(f"DATABASE_URL: {entry!r} is not host[:port]")
+            raise EnvError(f"{name}: {entry!r} is not host[:port]")
         names.append(urllib.parse.unquote(host).removeprefix("[").removesuffix("]"))
         ports.append(port or "5432")
     user, _, password = userinfo.partition(":") if at else ("", "", "")

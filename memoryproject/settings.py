@@ -86,6 +86,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "core.middleware.AccessActorMiddleware",
+    "core.replicas.ReplicaReadsMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -145,6 +146,20 @@ else:
     }
     EMBEDDED_DATABASE = True
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Streaming replicas the API's reads may go to, with read-your-writes (core.replicas):
+# aliases replica1, replica2, ...; unset, everything reads from DATABASES["default"].
+DATABASE_REPLICAS: list[str] = []
+for _number, _url in enumerate(env_list("DATABASE_REPLICA_URLS", []), start=1):
+    _replica = database_from_url(_url, conn_max_age=CONN_MAX_AGE, name="DATABASE_REPLICA_URLS")
+    # A replica that does not answer is skipped for another: never wait long for one.
+    _replica.setdefault("OPTIONS", {}).setdefault("connect_timeout", 2)
+    _replica["CONN_HEALTH_CHECKS"] = True
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES[f"replica{_number}"] = _replica  # type: ignore[assignment]
+    DATABASE_REPLICAS.append(f"replica{_number}")
+DATABASE_ROUTERS = ["core.replicas.ReplicaRouter"]
+# A replica further behind than this (seconds of replay) is skipped.
+REPLICA_MAX_LAG_SECONDS = env_float("REPLICA_MAX_LAG_SECONDS", 30.0, minimum=0)
 # Seconds a client is told to wait (Retry-After) while the database is unreachable.
 DATABASE_RETRY_AFTER = 2
 DATABASES["default"].setdefault("TEST", {})["NAME"] = "test_memory"

@@ -94,7 +94,9 @@ class Pair:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_pair(*, synchronous: bool, port: int = 54321) -> Pair:
+def start_pair(
+    *, synchronous: bool, port: int = 54321, standby_settings: tuple[str, ...] = ()
+) -> Pair:
     root = Path(tempfile.mkdtemp(prefix="pgpair-", dir="/tmp"))
     if os.geteuid() == 0:
         entry = pwd.getpwnam(USER)
@@ -113,7 +115,7 @@ def start_pair(*, synchronous: bool, port: int = 54321) -> Pair:
     _run("pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream", "-h", str(root),
          "-p", str(port), "-U", "postgres")  # fmt: skip
     with open(standby.data / "postgresql.conf", "a") as conf:
-        conf.write(f"port = {port + 1}\n")
+        conf.write("\n".join([f"port = {port + 1}", *standby_settings]) + "\n")
     standby.start()
     pair = Pair(root, primary, standby)
     deadline = time.monotonic() + 30

@@ -34,6 +34,7 @@ from django.db import close_old_connections, connection, connections
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
+from core.replicas import bound, read_connection
 from core.tracing import carry, statements_span
 
 T = TypeVar("T")
@@ -84,7 +85,8 @@ class Statement:
 def fetch(
     sql: str, params: list[Any], prepare: bool = True, local: list[Setting] | None = None
 ) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """(rows, column names) of ``sql`` run on ``connection``, bound on the server.
+    """(rows, column names) of ``sql`` run on the reading connection (``core.replicas``),
+    bound on the server.
 
     ``prepare=False``: planned for these values each time, for a statement whose best
     plan depends on them. ``local``: settings for the statement, sent before it in the
@@ -100,6 +102,7 @@ def fetch_all(statements: list[Statement]) -> list[tuple[list[tuple[Any, ...]], 
     it)."""
     started = time.monotonic()
     out = []
+    connection = read_connection()  # the primary, or the replica this request reads from
     with statements_span([s.sql for s in statements]), connection.wrap_database_errors:
         connection.ensure_connection()
         connection.validate_no_broken_transaction()
@@ -190,7 +193,8 @@ def both(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
     """
     if connection.in_atomic_block:
         return first(), second()
-    future = _executor().submit(carry(_on_own_connection), second)  # (the trace's context too)
+    # (the trace's context too, and the server the request reads from)
+    future = _executor().submit(carry(_on_own_connection), bound(second))
     try:
         a = first()
     except BaseException:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import connection
 from django.db.models import Q, QuerySet
 
 from core.errors import InvalidInput, NotFound
+from core.replicas import read_connection
 from memories.facts.models import Fact, FactChange, FactLink, FactVersion, Scope
 from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
 from memories.facts.search import FactFilter
@@ -60,7 +60,7 @@ def fact_count(*, scope: Scope) -> int:
 def scope_fact_count(*, scope_id: int) -> int:
     """Facts linked to the scope: its row's ``fact_count``, kept by the database on every
     link written (migration 0009)."""
-    with connection.cursor() as cur:
+    with read_connection().cursor() as cur:
         cur.execute("SELECT fact_count FROM memories_scope WHERE id = %s", [scope_id])
         row = cur.fetchone()
     return int(row[0]) if row else 0
@@ -121,7 +121,7 @@ def timeline_list(*, scope: Scope, at: At, filter: FactFilter | None = None) -> 
         f" memories_factlink WHERE scope_id = %s AND shared))) AND {when}{where}"
         " ORDER BY t.confidence DESC, t.updated_at DESC, t.fact_id, t.recorded_from"
     )
-    with connection.cursor() as cur:
+    with read_connection().cursor() as cur:
         cur.execute(sql, [scope.pk, scope.pk, *params, *filter_params])
         rows = cur.fetchall()
     return [PastFact(*_json_metadata(row)) for row in rows]

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core import replicas
 from core.json_text import JsonText
 from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
@@ -259,6 +260,7 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
         flow = flow_ensure(owner_id=prepared.owner_id, name=settings.CHAT_PROXY_FLOW)
         stored = messages_store(flow=flow, session_id=prepared.chat_id,
                                 run_id=f"chat-{uuid.uuid4().hex}", messages=messages)  # fmt: skip
+    replicas.wrote(prepared.owner_id)  # (a streamed turn: before its [DONE] goes out)
     if prepared.formation_pending and messages[0].role == "user":
         _queue_formation(prepared, str(stored[0].pk))
 

@@ -121,6 +121,7 @@ class MCPView(APIView):
     of the Bearer key. Another method is a 405; a missing or wrong key a 401."""
 
     reads = True  # each tool that writes is refused to a read-only key (tools.registry)
+    tools_may_write = True  # so it reads from the primary (core.replicas)
 
     @extend_schema(
         summary="MCP over streamable HTTP (the agent tools)",

@@ -26,6 +26,7 @@ class ToolListView(APIView):
 
 class ToolCallView(APIView):
     reads = True  # each tool that writes is refused to a read-only key (tools.registry)
+    tools_may_write = True  # so it reads from the primary (core.replicas)
 
     @extend_schema(summary="Call an agent tool", request=ToolCallSerializer,
                    responses=ToolCallOutputSerializer)  # fmt: skip
