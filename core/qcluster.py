@@ -58,29 +58,18 @@ def _write(path: Path, text: str) -> None:
 
 
 def _tracked_broker() -> Any:
-    from django.utils import timezone
-    from django_q.brokers.orm import ORM
-    from django_q.conf import Conf
+    from core.broker import FairORM
 
-    class TrackedORM(ORM):
-        """The ORM broker, recording the rows this cluster claimed until they are acked."""
+    class TrackedORM(FairORM):
+        """The fair ORM broker, recording the rows this cluster claimed until they are acked."""
 
-        def dequeue(self) -> list[tuple[int, str]] | None:
-            tasks = self.get_connection().filter(key=self.list_key, lock__lt=timezone.now())[
-                : Conf.BULK
-            ]
-            if not tasks:
-                time.sleep(Conf.POLL)
-                return None
-            claimed = []
-            for task in tasks:
-                lock = self.timeout(task)
-                _record_claim(task.pk, lock)  # before the claim: a kill in between is harmless
-                if self.get_connection().filter(id=task.id, lock=task.lock).update(lock=lock):
-                    claimed.append((task.pk, task.payload))
-                else:
-                    _forget_claim(task.pk)
-            return claimed
+        def claim(self, row: Any) -> bool:
+            lock = self.timeout(row)
+            _record_claim(row.pk, lock)  # before the claim: a kill in between is harmless
+            if self.get_connection().filter(id=row.id, lock=row.lock).update(lock=lock):
+                return True
+            _forget_claim(row.pk)
+            return False
 
         def delete(self, task_id: Any) -> None:
             super().delete(task_id)
@@ -411,9 +400,11 @@ def queue_figures(own_claims: dict[int, datetime] | None = None) -> dict[str, An
     from django_q.conf import Conf
     from django_q.models import OrmQ, Task
 
+    from core.broker import lanes
+
     now = timezone.now()
     retry = timedelta(seconds=settings.Q_CLUSTER["retry"])
-    rows = list(OrmQ.objects.filter(key=Conf.CLUSTER_NAME).values_list("pk", "lock"))
+    rows = list(OrmQ.objects.filter(lanes(Conf.CLUSTER_NAME)).values_list("pk", "lock"))
     since = []
     for pk, lock in rows:
         if lock is None or lock <= now:

@@ -17,6 +17,14 @@ from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
+# A task done for an owner has the django-q2 group ``owner:<id>``: the broker serves each
+# owner's tasks in a lane of its own, in turn with the others (core.broker).
+OWNER_GROUP = "owner:"
+
+
+def owner_group(owner_id: int) -> str:
+    return f"{OWNER_GROUP}{int(owner_id)}"
+
 
 def _call_quietly(callback: Callable[[Any], object], value: Any, what: str) -> None:
     try:
@@ -29,17 +37,20 @@ def enqueue(
     task_path: str,
     *args: Any,
     task_name: str,
+    owner_id: int | None = None,
     on_queued: Callable[[str], object] | None = None,
     on_error: Callable[[Exception], object] | None = None,
 ) -> None:
     """Hand ``task_path(*args)`` to django-q2 now. Never raises: a failure is logged and
     passed to ``on_error`` (e.g. to mark a job failed so its slot frees); sweeps and
     schedules pick up what a lost enqueue left behind. A callback that fails (its
-    update needs the database too) is logged, not raised."""
+    update needs the database too) is logged, not raised. ``owner_id``: whose work it
+    is, so that it waits in that owner's lane (``core.broker``)."""
     from django_q.tasks import async_task
 
+    options = {"group": owner_group(owner_id)} if owner_id is not None else {}
     try:
-        task_id = async_task(task_path, *args, task_name=task_name)
+        task_id = async_task(task_path, *args, task_name=task_name, **options)
     except Exception as exc:
         logger.exception("could not queue %s (%s)", task_path, task_name)
         if on_error is not None:
@@ -59,6 +70,7 @@ def enqueue_on_commit(
     task_path: str,
     *args: Any,
     task_name: str,
+    owner_id: int | None = None,
     on_queued: Callable[[str], object] | None = None,
     on_error: Callable[[Exception], object] | None = None,
 ) -> None:
@@ -67,6 +79,11 @@ def enqueue_on_commit(
     dotted path, so the caller imports nothing of the room that runs it."""
     after_commit(
         lambda: enqueue(
-            task_path, *args, task_name=task_name, on_queued=on_queued, on_error=on_error
-        )
+            task_path,
+            *args,
+            task_name=task_name,
+            owner_id=owner_id,
+            on_queued=on_queued,
+            on_error=on_error,
+        )  # fmt: skip
     )

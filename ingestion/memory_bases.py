@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from core.jobs import job_claim, job_finish, job_outcome, job_run_lock, job_stale
 from core.providers.llm import get_llm
+from core.queue import owner_group
 from core.usage import budget_spent, usage_for
 from knowledge.services import DocumentIn, IngestCancelled, knowledge_base_ingest
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
@@ -187,10 +188,11 @@ def _defer(job: MemoryBaseJob, until: datetime) -> None:
         status=MemoryBaseJob.Status.QUEUED, started_at=None, attempts=F("attempts") - 1,
         deferred_until=until,
     )  # fmt: skip
+    options = {"q_options": {"group": owner_group(job.memory_base.owner_id)}}  # (its lane)
     Schedule.objects.update_or_create(
         name=f"memory-base-job:{job.pk}",
-        defaults={"func": TASK, "args": repr(str(job.pk)), "schedule_type": Schedule.ONCE,
-                  "next_run": until, "repeats": -1},
+        defaults={"func": TASK, "args": repr(str(job.pk)), "kwargs": repr(options),
+                  "schedule_type": Schedule.ONCE, "next_run": until, "repeats": -1},
     )  # fmt: skip
 
 

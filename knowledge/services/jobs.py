@@ -50,9 +50,8 @@ def _enqueue_ingest_job(job: IngestJob, *, on_commit: bool = False) -> None:
         )
 
     queue = enqueue_on_commit if on_commit else enqueue
-    queue(
-        "knowledge.tasks.run_ingest_job", str(job.pk), task_name="ingest-documents", on_error=failed
-    )
+    queue("knowledge.tasks.run_ingest_job", str(job.pk), task_name="ingest-documents",
+          owner_id=job.knowledge_base.owner_id, on_error=failed)  # fmt: skip
 
 
 def _jobs_lock(knowledge_base_id: Any) -> str:

@@ -157,6 +157,7 @@ def _dispatch(job: MemoryBaseJob) -> None:
         "ingestion.tasks.ingest_session",
         str(job.pk),
         task_name=f"ingest-{job.pk}",
+        owner_id=job.memory_base.owner_id,
         on_queued=lambda task_id: MemoryBaseJob.objects.filter(pk=job.pk).update(task_id=task_id),
         # Free the session's slot, or it would stay blocked by a job nobody runs.
         on_error=lambda exc: MemoryBaseJob.objects.filter(

@@ -647,8 +647,9 @@ def dreams_daily(*, now: datetime | None = None) -> int:
     and a slow or failing scope holds up no other. Returns the tasks queued."""
     now = now or timezone.now()
     candidates = dream_candidates(now=now)
-    for _owner, scope_id in candidates:
-        enqueue(DREAM_TASK, scope_id, now.date().isoformat(), task_name=f"engine-dream-{scope_id}")
+    for owner_id, scope_id in candidates:
+        enqueue(DREAM_TASK, scope_id, now.date().isoformat(),
+                task_name=f"engine-dream-{scope_id}", owner_id=owner_id)  # fmt: skip
     return len(candidates)
 
 

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from core.errors import InvalidInput
 from core.providers.llm import get_llm
-from core.queue import enqueue_on_commit
+from core.queue import enqueue_on_commit, owner_group
 from core.tracing import traceparent
 from memories.engine.models import PendingUpdate
 from memories.facts.models import Scope
@@ -129,21 +129,24 @@ def update_record(
         if not arrange:
             pass
         elif debounce <= 0:
-            enqueue_on_commit(RUN_TASK, row.pk, task_name=f"engine-updates-{row.pk}")
+            enqueue_on_commit(RUN_TASK, row.pk, task_name=f"engine-updates-{row.pk}",
+                              owner_id=row.owner_id)  # fmt: skip
         else:
-            schedule_run(row.pk, due)
+            schedule_run(row.pk, due, owner_id=row.owner_id)
     return update
 
 
-def schedule_run(scope_id: int, at: datetime) -> None:
+def schedule_run(scope_id: int, at: datetime, *, owner_id: int) -> None:
     """(Re)schedule the scope's run at ``at``: one django-q2 ONCE schedule per scope,
-    deleted by django-q2 after it fires."""
+    deleted by django-q2 after it fires; its task waits in the owner's lane
+    (``core.broker``: the group in the schedule's ``q_options``)."""
     from django_q.models import Schedule
 
+    options = {"q_options": {"group": owner_group(owner_id)}}
     Schedule.objects.update_or_create(
         name=schedule_name(scope_id),
-        defaults={"func": RUN_TASK, "args": str(int(scope_id)), "schedule_type": Schedule.ONCE,
-                  "next_run": at, "repeats": -1},
+        defaults={"func": RUN_TASK, "args": str(int(scope_id)), "kwargs": repr(options),
+                  "schedule_type": Schedule.ONCE, "next_run": at, "repeats": -1},
     )  # fmt: skip
 
 
@@ -153,15 +156,20 @@ def pending_of(scope_id: int) -> QuerySet[PendingUpdate]:
 
 def due_scopes(*, now: datetime | None = None) -> list[int]:
     """Scopes whose newest pending flush is due: what the sweep runs."""
+    return [scope_id for scope_id, _ in due_scopes_of_owners(now=now)]
+
+
+def due_scopes_of_owners(*, now: datetime | None = None) -> list[tuple[int, int]]:
+    """(scope, its owner) of each scope whose newest pending flush is due."""
     now = now or timezone.now()
     rows = (
         PendingUpdate.objects.filter(status=PendingUpdate.Status.PENDING)
-        .values("scope_id")
+        .values("scope_id", "owner_id")
         .annotate(due=Max("due_at"))
         .filter(due__lte=now)
         .order_by("due")
     )
-    return [r["scope_id"] for r in rows]
+    return [(r["scope_id"], r["owner_id"]) for r in rows]
 
 
 def update_list(*, owner: AbstractBaseUser | int, scope: Scope) -> QuerySet[PendingUpdate]:

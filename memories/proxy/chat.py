@@ -217,6 +217,7 @@ def _queue_formation(prepared: PreparedChat, message_id: str) -> None:
         prepared.received_at.isoformat(),
         message_id,
         task_name="form-memories",
+        owner_id=prepared.end_user.owner_id,
     )
 
 
