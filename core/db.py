@@ -6,7 +6,8 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import DatabaseError, connection
+from django.conf import settings
+from django.db import DatabaseError, connection, connections
 
 
 def _lock_id(key: str) -> int:
@@ -61,3 +62,19 @@ def advisory_session_lock(key: str) -> Iterator[bool]:
                     cur.execute("SELECT pg_advisory_unlock(%s)", [lock_id])
             except DatabaseError:  # the connection is gone, and the lock with it
                 pass
+
+
+def limit_web_statements() -> None:
+    """Every connection this process opens from now on stops a statement after
+    ``API_STATEMENT_TIMEOUT_SECONDS`` (libpq's ``options``, so it holds for each
+    statement of every transaction, the search legs' and the replicas' connections
+    too): a request cannot hold a connection for minutes. The web entry points call it
+    (``memoryproject.wsgi``, ``asgi``); background work is bounded by ``Q_TIMEOUT``."""
+    milliseconds = int(settings.API_STATEMENT_TIMEOUT_SECONDS * 1000)
+    if milliseconds <= 0:
+        return
+    for alias in connections:
+        options = connections.settings[alias].setdefault("OPTIONS", {})
+        # (after any options of the URL: of two -c of one setting the last one holds)
+        given = str(options.get("options", ""))
+        options["options"] = f"{given} -c statement_timeout={milliseconds}".strip()

@@ -68,6 +68,30 @@ def is_database_unavailable(exc: BaseException | None) -> bool:
     return False
 
 
+class StatementTimeout(Unavailable):
+    """A statement ran past the web process's ``API_STATEMENT_TIMEOUT_SECONDS`` (or was
+    cancelled): 503, the request changed nothing (its transaction rolled back)."""
+
+    code = "statement_timeout"
+
+
+def as_statement_timeout(exc: BaseException) -> StatementTimeout | None:
+    """``StatementTimeout`` for a statement PostgreSQL cancelled (SQLSTATE 57014); None
+    for anything else."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, psycopg.errors.QueryCanceled):
+            seconds = settings.API_STATEMENT_TIMEOUT_SECONDS
+            return StatementTimeout(
+                f"The request needed the database longer than the API allows ({seconds:g} s a "
+                "statement) and was stopped; nothing changed. Narrow it (a smaller scope, "
+                "limit or filter), or run it as background work."
+            )
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
 def as_database_unavailable(exc: BaseException) -> DatabaseUnavailable | None:
     """``DatabaseUnavailable`` for an outage error (and start the embedded server
     again); None for anything else."""
@@ -77,7 +101,7 @@ def as_database_unavailable(exc: BaseException) -> DatabaseUnavailable | None:
     return exc if isinstance(exc, DatabaseUnavailable) else DatabaseUnavailable()
 
 
-def unavailable_response(request: HttpRequest, exc: DatabaseUnavailable) -> JsonResponse:
+def unavailable_response(request: HttpRequest, exc: Unavailable) -> JsonResponse:
     """The 503 for code outside DRF (plain Django views, middleware, the 500 handler)."""
     from core.api.errors import error_body, openai_error_body
 
@@ -86,14 +110,18 @@ def unavailable_response(request: HttpRequest, exc: DatabaseUnavailable) -> Json
     else:
         body = error_body(exc.code, str(exc))
     response = JsonResponse(body, status=503)
-    response["Retry-After"] = str(exc.retry_after)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
     return response
 
 
 def response_for_current_exception(request: HttpRequest) -> JsonResponse | None:
     """Inside Django's 500 handler: the 503 if the request failed on an outage."""
     exc = sys.exc_info()[1]
-    unavailable = as_database_unavailable(exc) if exc is not None else None
+    if exc is None:
+        return None
+    unavailable = as_database_unavailable(exc) or as_statement_timeout(exc)
     return unavailable_response(request, unavailable) if unavailable else None
 
 

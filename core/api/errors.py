@@ -25,7 +25,11 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
-from core.db_recovery import as_database_unavailable, response_for_current_exception
+from core.db_recovery import (
+    as_database_unavailable,
+    as_statement_timeout,
+    response_for_current_exception,
+)
 from core.errors import ServiceError
 
 
@@ -99,8 +103,8 @@ def field_messages(details: Any) -> Any:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    unavailable = as_database_unavailable(exc)
-    if unavailable is not None:  # an outage, whatever raised it: 503 with Retry-After
+    unavailable = as_database_unavailable(exc) or as_statement_timeout(exc)
+    if unavailable is not None:  # an outage (503 with Retry-After), or a statement too long
         exc = unavailable
     if isinstance(exc, ServiceError):
         set_rollback()
