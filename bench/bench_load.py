@@ -137,13 +137,13 @@ class Deployment:
         """CPU seconds so far of the app's processes and of the database's."""
         return _cpu(self.app_processes()), _cpu(self.database_processes())
 
-    def drained(self) -> bool:
-        """No task queued and no debounced update due: what was asked has been done."""
+    def backlog(self) -> tuple[int, int]:
+        """Tasks queued and debounced updates not yet run: 0, 0 once what was asked is done."""
         queued = self.query("SELECT count(*) FROM django_q_ormq")[0][0]
         pending = self.query(
             "SELECT count(*) FROM memory_engine_pendingupdate WHERE status = 'pending'"
         )[0][0]
-        return queued == 0 and pending == 0
+        return queued, pending
 
 
 def _trees(roots: list[int]) -> list[psutil.Process]:
@@ -419,11 +419,19 @@ def _listed(client: Client, path: str, name: str) -> set[Any]:
 
 
 # --- CPU per request kind ----------------------------------------------------------------
-def wait_drained(deployment: Deployment, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not deployment.drained():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"background work not done after {timeout:g} s")
+def wait_drained(deployment: Deployment, timeout: float = 900) -> None:
+    """Until the background work queued so far is done (on a loaded machine the worker
+    may finish a chat phase's extractions minutes after its last request)."""
+    started = time.monotonic()
+    said = started
+    while (backlog := deployment.backlog()) != (0, 0):
+        now = time.monotonic()
+        if now - started > timeout:
+            raise RuntimeError(f"background work not done after {timeout:g} s: {backlog}")
+        if now - said > 30:
+            print(f"  waiting for the worker: {backlog[0]} tasks queued, "
+                  f"{backlog[1]} updates pending", flush=True)  # fmt: skip
+            said = now
         time.sleep(0.5)
 
 
