@@ -208,7 +208,12 @@ class FakeOpenAIServer:
 
     def serve_as_llm(self, settings: Any, model: str = "fake-model") -> None:
         """Point the chat LLM of ``settings`` (Django's, or pytest-django's fixture) here."""
-        settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_API_KEY = self.base_url, model, "x"
+        for name, value in self.llm_env(model).items():
+            setattr(settings, name, value)
+
+    def llm_env(self, model: str = "fake-model") -> dict[str, str]:
+        """The chat LLM's variables pointing here, for a served instance's environment."""
+        return {"LLM_BASE_URL": self.base_url, "LLM_MODEL": model, "LLM_API_KEY": "x"}
 
     def push(self, *responses: Scripted) -> None:
         with self._lock:
