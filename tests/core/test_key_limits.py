@@ -24,7 +24,7 @@ from memories.conversations.services import flow_create
 from memories.facts.models import Fact, Scope
 from memories.facts.scopes import end_user_ensure, global_scope_ensure
 from memories.facts.services import FactIn, fact_add
-from memories.stores.models import MemoryStore
+from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.services import memory_store_create
 from tests.conftest import record
 from tests.core.key_clients import bearer_client as _client
@@ -306,6 +306,7 @@ def test_a_key_narrowed_to_one_end_user_over_rest(alice, two_users):
     assert [h["content"] for h in searched.json()["results"]] == ["u1 lives in Lisbon"]
     _refused(key.get("/api/v1/users/u2/memories"))
     _refused(key.post("/api/v1/users/u2/memories", {"text": "x", "infer": False}, format="json"))
+    _refused(key.post("/api/v1/users/u2/memories", {"text": "x", "infer": True}, format="json"))
     _refused(key.delete("/api/v1/users/u2/memories"))
     _refused(key.post("/api/v1/users/u2/memories/search", {"query": "Lisbon"}, format="json"))
     _refused(key.delete(f"/api/v1/users/u2/memories/{u2_fact.pk}"))
@@ -442,3 +443,35 @@ def test_a_narrowed_key_over_mcp(alice, two_users):
     read = _rpc(key, "resources/read", {"uri": "memory://scope/user,u2/MEMORY.md"})
     assert "error" in read
     assert (_facts(), Message.objects.count()) == before
+
+
+def test_a_flows_node_reaches_only_the_keys_stores(alice):
+    """Node memory (REST and the tools) goes through the node's attachments: a key
+    narrowed to named stores writes and reads those, and leaves the others as they are."""
+    flow = flow_create(owner=alice, name="bot")
+    plain = {"embedding": {"provider": "none"}}
+    mine, _ = memory_store_create(owner=alice, name="mine", type="simple", config=plain)
+    other, _ = memory_store_create(owner=alice, name="other", type="simple", config=plain)
+    for position, store in enumerate((mine, other)):
+        MemoryAttachment.objects.create(flow=flow, node_id="answer", store=store,
+                                        position=position)  # fmt: skip
+    key = _narrowed(alice, memory_stores=[str(mine.pk)])
+    args = {
+        "flow": str(flow.pk),
+        "node_id": "answer",
+        "input": "Where?",
+        "output": "The user lives in Lisbon, Portugal.",
+    }
+    written = key.post("/api/v1/tools/write_node_memory/call", {"arguments": args},
+                       format="json")  # fmt: skip
+    assert written.status_code == 200, written.content
+    assert [s["store"] for s in written.json()["result"]["results"]] == ["mine"]
+    url = f"/api/v1/flows/{flow.pk}/nodes/answer/memory"
+    rest = key.post(
+        f"{url}/write", {"input": "When?", "output": "The user moved there in 2024."}, format="json"
+    )
+    assert rest.status_code == 200, rest.content
+    retrieved = key.post(f"{url}/retrieve", {"stage": "pre", "query": "Lisbon"}, format="json")
+    assert [s["store"] for s in retrieved.json()["stores"]] == ["mine"]
+    assert MemoryItem.objects.filter(store=mine).count() == 2
+    assert not MemoryItem.objects.filter(store=other).exists()
