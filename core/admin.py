@@ -9,19 +9,32 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from core.admin_confirm import confirm_first
+from core.errors import InvalidInput
+from core.key_limits import LIMIT_NAMES, KeyLimits
 from core.login_throttle import ThrottledAdminLoginForm
 from core.models import AccessEvent, APIKey, UsageBudget, UsageDay
-from core.services import api_key_create, api_key_revoke
+from core.services import api_key_create, api_key_limits_clean, api_key_revoke
 from core.usage import Budget, budget_of
+
+IDS_HELP = "Comma-separated ids: the key reaches only these (empty: every one)."
+KEY_FIELDS = ["owner", "name", "read_only", "expires_at", *LIMIT_NAMES]
 
 
 class APIKeyAddForm(forms.ModelForm):
     class Meta:
         model = APIKey
-        fields = ["owner", "name", "read_only", "expires_at"]
+        fields = KEY_FIELDS
         help_texts = {
             "read_only": "The key reads and searches, and changes nothing.",
             "expires_at": "When the key stops working (empty: never).",
+            "knowledge_bases": IDS_HELP,
+            "memory_bases": IDS_HELP,
+            "flows": IDS_HELP,
+            "memory_stores": IDS_HELP,
+            "scope": "Comma-separated segments, e.g. user,alice: the key reaches only the "
+            "memory scopes under it (one end user). Empty: every scope.",
+            "tools": "Comma-separated tool names (e.g. search_memory): the only tools the key "
+            "may list and call. Empty: every tool.",
         }
 
     def clean_expires_at(self):  # type: ignore[no-untyped-def]
@@ -29,6 +42,21 @@ class APIKeyAddForm(forms.ModelForm):
         if value is not None and value <= timezone.now():
             raise forms.ValidationError("Choose a time in the future.")
         return value
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        """The limits checked as the API checks them (the owner's ids, known tools)."""
+        data = super().clean()
+        owner = data.get("owner")
+        given = {n: [str(v) for v in data[n]] for n in LIMIT_NAMES if data.get(n)}
+        if owner is None:
+            return data
+        try:
+            for name, value in api_key_limits_clean(owner_id=owner.pk, limits=given).items():
+                data[name] = value
+        except InvalidInput as exc:
+            for where, message in (exc.details or {}).items():
+                self.add_error(where.removeprefix("limits.") or None, message)
+        return data
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -46,13 +74,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(APIKey)
 class APIKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "owner", "read_only", "last_used_at", "state"]
+    list_display = ["prefix", "name", "owner", "read_only", "narrowed_to", "last_used_at", "state"]
     list_filter = ["revoked_at", "read_only"]
     list_select_related = ["owner"]
     search_fields = ["prefix", "name", "owner__username"]
     autocomplete_fields = ["owner"]  # chosen by username
-    readonly_fields = ["prefix", "read_only", "expires_at", "created_at", "last_used_at",
-                       "revoked_at"]  # fmt: skip
+    readonly_fields = ["prefix", "read_only", "expires_at", *LIMIT_NAMES, "created_at",
+                       "last_used_at", "revoked_at"]  # fmt: skip
     actions = ["revoke_keys"]
 
     @admin.display(description="state", ordering="revoked_at")
@@ -64,6 +92,24 @@ class APIKeyAdmin(admin.ModelAdmin):
         word = "expired" if obj.expires_at <= timezone.now() else "expires"
         return f"{word} {obj.expires_at:%Y-%m-%d %H:%M}"
 
+    @admin.display(description="limits")
+    def narrowed_to(self, obj: APIKey) -> str:
+        """The key's limits in a line: each kind with how many it names (none: "-")."""
+        limits = KeyLimits.of(obj)
+        if limits is None:
+            return "-"
+        parts = []
+        for name, value in limits.payload().items():
+            if name == "scope" and value is not None:
+                parts.append("scope " + "/".join(value))
+            elif value is not None:
+                parts.append(
+                    f"{name.replace('_', ' ')}: {', '.join(value) or 'none'}"
+                    if name == "tools"
+                    else f"{len(value)} {name.replace('_', ' ')}"
+                )
+        return "; ".join(parts)
+
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         if obj is None:
             kwargs["form"] = APIKeyAddForm
@@ -71,9 +117,9 @@ class APIKeyAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         if obj is None:
-            return ["owner", "name", "read_only", "expires_at"]
-        return ["owner", "name", "prefix", "read_only", "expires_at", "created_at", "last_used_at",
-                "revoked_at"]  # fmt: skip
+            return KEY_FIELDS
+        return ["owner", "name", "prefix", "read_only", "expires_at", *LIMIT_NAMES, "created_at",
+                "last_used_at", "revoked_at"]  # fmt: skip
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         if obj is None:  # (a new key's limits are chosen once, here)
@@ -84,8 +130,11 @@ class APIKeyAdmin(admin.ModelAdmin):
         if change:
             obj.save(update_fields=["name"])
             return
+        limits = {
+            n: [str(v) for v in getattr(obj, n)] for n in LIMIT_NAMES if getattr(obj, n)
+        }  # fmt: skip  (an empty field: not narrowed)
         api_key, raw_key = api_key_create(owner=obj.owner, name=obj.name, read_only=obj.read_only,
-                                          expires_at=obj.expires_at)  # fmt: skip
+                                          expires_at=obj.expires_at, limits=limits)  # fmt: skip
         obj.pk = api_key.pk
         obj.prefix, obj.digest, obj.created_at = api_key.prefix, api_key.digest, api_key.created_at
         self.message_user(

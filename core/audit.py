@@ -19,11 +19,14 @@ import ipaddress
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest
 
 from core.context import context_set
+
+if TYPE_CHECKING:
+    from core.key_limits import KeyLimits
 
 KEY_ATTRIBUTE = "access_key"  # set on the HttpRequest by the API key authentication
 
@@ -34,6 +37,7 @@ class Actor:
     key_id: int | None = None
     address: str | None = None
     read_only: bool = False  # a read-only key acts (``core.api.permissions``)
+    limits: KeyLimits | None = None  # a narrowed key acts (``core.key_limits``)
 
 
 _current: ContextVar[Actor | HttpRequest | None] = ContextVar("access_actor", default=None)
@@ -53,7 +57,9 @@ def _of_request(request: HttpRequest) -> Actor:
     address = _address(request.META.get("REMOTE_ADDR") or "")
     key = getattr(request, KEY_ATTRIBUTE, None)
     if key is not None:
-        return Actor(f"key:{key.prefix}", key.pk, address, key.read_only)
+        from core.key_limits import KeyLimits
+
+        return Actor(f"key:{key.prefix}", key.pk, address, key.read_only, KeyLimits.of(key))
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         role = "admin" if user.is_staff else "user"

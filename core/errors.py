@@ -50,6 +50,13 @@ class ReadOnlyKey(ServiceError):
     code = "read_only_key"
 
 
+class KeyLimitExceeded(ServiceError):
+    """The request's API key is narrowed (``core.key_limits``) and this reaches outside."""
+
+    status_code = 403
+    code = "key_limit"
+
+
 class Unprocessable(ServiceError):
     status_code = 422
     code = "unprocessable"

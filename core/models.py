@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
@@ -25,10 +26,25 @@ class APIKey(models.Model):
     # nothing; an expiring key stops working at ``expires_at``.
     read_only = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # Narrowed to named resources (``core.key_limits``): null reaches every one of the
+    # kind, a list only those (an empty list none); ``scope`` is a scope path the key's
+    # memory scopes must start with (``["user", "<id>"]``: one end user).
+    knowledge_bases = ArrayField(models.UUIDField(), null=True, blank=True)
+    memory_bases = ArrayField(models.UUIDField(), null=True, blank=True)
+    flows = ArrayField(models.UUIDField(), null=True, blank=True)
+    memory_stores = ArrayField(models.UUIDField(), null=True, blank=True)
+    scope = ArrayField(models.CharField(max_length=255), null=True, blank=True)
+    tools = ArrayField(models.CharField(max_length=100), null=True, blank=True)
 
     class Meta:
         verbose_name = "API key"
         indexes = [models.Index(fields=["owner", "-created_at"], name="apikey_owner_created")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(scope__isnull=True) | models.Q(scope__len__range=(1, 8)),
+                name="apikey_scope_1_to_8_segments",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'unnamed'})"
@@ -149,6 +165,7 @@ class AccessEvent(models.Model):
 
     class Action(models.TextChoices):
         KEY_CREATED = "key_created"
+        KEY_NARROWED = "key_narrowed"
         KEY_REVOKED = "key_revoked"
         ERASURE = "erasure"
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -12,7 +14,9 @@ from django.utils import timezone
 
 from core.audit import access_record
 from core.errors import InvalidInput
+from core.key_limits import LIMIT_NAMES, RESOURCE_KINDS, limits_parse, unknown_of
 from core.models import APIKey
+from core.validation import END_USER_ID
 
 KEY_PREFIX = "mem_"
 
@@ -22,22 +26,28 @@ def api_key_digest(raw_key: str) -> str:
 
 
 def api_key_create(
-    *, owner: User, name: str = "", read_only: bool = False, expires_at: datetime | None = None
-) -> tuple[APIKey, str]:
+    *, owner: User, name: str = "", read_only: bool = False, expires_at: datetime | None = None,
+    limits: Mapping[str, Any] | None = None,
+) -> tuple[APIKey, str]:  # fmt: skip
     """Create an API key for ``owner`` and return the row and the raw key, narrowed to
-    reading (``read_only``) and ending at ``expires_at`` when asked. An expiry that is
-    not in the future is an ``InvalidInput`` naming it, and nothing is created.
+    reading (``read_only``), ending at ``expires_at`` and held to ``limits`` (named
+    knowledge bases, memory bases, flows, memory stores, a scope, tools:
+    ``core.key_limits``) when asked. An expiry that is not in the future, an unknown
+    limit name, a limit of the wrong shape, an id that is not one of the owner's
+    resources or an unknown tool is an ``InvalidInput`` naming the field, and nothing
+    is created. Creation is recorded in the audit trail, and so is the narrowing.
 
     The raw key is shown to the caller exactly once; only its digest is stored.
     """
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidInput("expires_at must be in the future",
                            details={"expires_at": "not in the future"})  # fmt: skip
+    narrowed = api_key_limits_clean(owner_id=owner.pk, limits=limits)
     raw_key = KEY_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         api_key = APIKey.objects.create(
             owner=owner, name=name, prefix=raw_key[:12], digest=api_key_digest(raw_key),
-            read_only=read_only, expires_at=expires_at,
+            read_only=read_only, expires_at=expires_at, **narrowed,
         )  # fmt: skip
         detail = {
             "read_only": read_only,
@@ -45,7 +55,43 @@ def api_key_create(
         }
         access_record(owner_id=owner.pk, action="key_created", subject_key_id=api_key.pk,
                       detail=detail)  # fmt: skip
+        if any(v is not None for v in narrowed.values()):
+            access_record(owner_id=owner.pk, action="key_narrowed", subject_key_id=api_key.pk,
+                          detail=_narrowing(narrowed))  # fmt: skip
     return api_key, raw_key
+
+
+def api_key_limits_clean(*, owner_id: int, limits: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``limits`` as the key's columns (each name, None when not given), checked: the
+    shape (``limits_parse``), the scope's segments, and that every id names one of the
+    owner's resources and every tool exists. ``InvalidInput`` names each bad field."""
+    parsed = limits_parse(limits)
+    errors: dict[str, str] = {}
+    for segment in parsed.get("scope") or ():
+        if not END_USER_ID.matches(segment):
+            errors["limits.scope"] = f"invalid segment {segment!r}: {END_USER_ID.message}"
+    for kind in (*RESOURCE_KINDS, "tools"):
+        if parsed.get(kind):
+            unknown = unknown_of(kind)(owner_id, parsed[kind])
+            if unknown:
+                what = "tools" if kind == "tools" else f"your {kind.replace('_', ' ')}"
+                errors[f"limits.{kind}"] = f"not {what}: {', '.join(map(str, unknown))}"
+    if errors:
+        raise InvalidInput("invalid limits: " + "; ".join(f"{k}: {v}" for k, v in errors.items()),
+                           details=errors)  # fmt: skip
+    return {name: parsed.get(name) for name in LIMIT_NAMES}
+
+
+def _narrowing(narrowed: dict[str, Any]) -> dict[str, Any]:
+    """What the audit trail keeps of a narrowing: the ids and tool names, and of the
+    scope only its length (a scope's path may hold an end user's id)."""
+    kept: dict[str, Any] = {
+        k: [str(v) for v in narrowed[k]] for k in (*RESOURCE_KINDS, "tools")
+        if narrowed[k] is not None
+    }  # fmt: skip
+    if narrowed["scope"] is not None:
+        kept["scope_segments"] = len(narrowed["scope"])
+    return kept
 
 
 def api_key_revoke(*, api_key: APIKey) -> APIKey:

@@ -15,6 +15,7 @@ class KnowledgeConfig(AppConfig):
         ),
         ScheduleSpec("ingest-jobs-sweep", "knowledge.tasks.ingest_jobs_sweep", "I", minutes=5),
     )
+    key_limits = {"knowledge_bases": "knowledge.selectors.knowledge_bases_not_owned"}
     metrics = (
         Gauge(
             "knowledge_chunks_index_pending",

@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
+from core.key_limits import not_owned, resource_check, resource_filter
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
 
@@ -17,10 +18,15 @@ from knowledge.models import Chunk, IngestJob, KnowledgeBase
 def knowledge_base_list(
     *, owner: User, include_memory_bases: bool = True
 ) -> QuerySet[KnowledgeBase]:
-    qs = KnowledgeBase.objects.filter(owner=owner)
+    qs = resource_filter(KnowledgeBase.objects.filter(owner=owner), "knowledge_bases")
     if not include_memory_bases:
         qs = qs.filter(is_memory_base=False)
     return qs.order_by("name", "id")
+
+
+def knowledge_bases_not_owned(owner_id: int, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """Of ``ids``, those that are not the owner's bases (a key's limits: core.key_limits)."""
+    return not_owned(KnowledgeBase.objects.filter(owner_id=owner_id), ids)
 
 
 def with_live_chunks(qs: QuerySet[KnowledgeBase]) -> QuerySet[KnowledgeBase]:
@@ -38,19 +44,25 @@ def knowledge_base_get(
     ``counted``: with ``live_chunks`` (for the answers that show the base; a search or
     an ingestion does not count a large base's rows)."""
     qs = KnowledgeBase.objects.filter(owner=owner)
-    return (with_live_chunks(qs) if counted else qs).get(pk=kb_id)
+    kb = (with_live_chunks(qs) if counted else qs).get(pk=kb_id)
+    resource_check("knowledge_bases", kb.pk)
+    return kb
 
 
 def ingest_job_get_by_id(*, owner: User, job_id: uuid.UUID | str) -> IngestJob:
     """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
-    return IngestJob.objects.defer("documents").get(pk=job_id, knowledge_base__owner=owner)
+    job = IngestJob.objects.defer("documents").get(pk=job_id, knowledge_base__owner=owner)
+    resource_check("knowledge_bases", job.knowledge_base_id)
+    return job
 
 
 def ingest_job_get(*, owner: User, kb_id: Any, job_id: uuid.UUID | str) -> IngestJob:
     """Raises IngestJob.DoesNotExist unless the job's base belongs to ``owner``."""
-    return IngestJob.objects.defer("documents").get(  # the stored batch: up to MAX_REQUEST_BYTES
+    job = IngestJob.objects.defer("documents").get(  # the stored batch: up to MAX_REQUEST_BYTES
         pk=job_id, knowledge_base_id=kb_id, knowledge_base__owner=owner
     )
+    resource_check("knowledge_bases", job.knowledge_base_id)
+    return job
 
 
 def knowledge_bases_for_search(
@@ -70,6 +82,8 @@ def knowledge_bases_for_search(
         bases = list(KnowledgeBase.objects.filter(owner=owner, pk__in=wanted))
         if len(bases) != len(wanted):
             raise KnowledgeBase.DoesNotExist("unknown knowledge base")
+        for kb in bases:
+            resource_check("knowledge_bases", kb.pk)
         return bases
     return list(knowledge_base_list(owner=owner, include_memory_bases=include_memory_bases))
 

@@ -386,6 +386,14 @@ def _api_key_read_only(served: Served, out: str) -> None:
     assert error["code"] == "read_only_key" and "read-only" in error["message"]
 
 
+@check("api-key-limits")
+def _api_key_limits(served: Served, out: str) -> None:
+    shown, refused = out.splitlines()
+    assert shown == "['user', 'u1']"
+    error = json.loads(refused)["error"]
+    assert error["code"] == "key_limit" and "['user', 'u1']" in error["message"]
+
+
 @check("api-error")
 def _api_error(served: Served, out: str) -> None:
     [error] = _values(out)

@@ -4,21 +4,57 @@ from typing import Any
 
 from django.urls import reverse
 from django.utils import timezone
-from drf_spectacular.utils import inline_serializer
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField
+from core.key_limits import key_limits_payload
 from core.models import USAGE_KINDS, APIKey
 from core.selectors import USAGE_GROUPS
+
+LIMIT_IDS = "Only these ids (an empty list: none); null: every one."
+
+
+class KeyLimitsSerializer(serializers.Serializer):
+    """What a key is narrowed to (``core.key_limits``); null: not narrowed on that."""
+
+    knowledge_bases = serializers.ListField(child=serializers.UUIDField(), allow_null=True,
+                                            help_text=LIMIT_IDS)  # fmt: skip
+    memory_bases = serializers.ListField(child=serializers.UUIDField(), allow_null=True,
+                                         help_text=LIMIT_IDS)  # fmt: skip
+    flows = serializers.ListField(child=serializers.UUIDField(), allow_null=True,
+                                  help_text=LIMIT_IDS)  # fmt: skip
+    memory_stores = serializers.ListField(child=serializers.UUIDField(), allow_null=True,
+                                          help_text=LIMIT_IDS)  # fmt: skip
+    scope = serializers.ListField(
+        child=StrictCharField(), allow_null=True, min_length=1, max_length=8,
+        help_text='The memory scopes the key reaches start with this path (["user", "<id>"]: '
+        "one end user, also the users/{id} routes and the chat proxy's user header).",
+    )  # fmt: skip
+    tools = serializers.ListField(
+        child=StrictCharField(), allow_null=True,
+        help_text="The agent tools the key may list and call (REST, MCP, the chat proxy).",
+    )  # fmt: skip
+
+
+@extend_schema_field(KeyLimitsSerializer(allow_null=True))
+class KeyLimitsInputField(serializers.JSONField):
+    """The limits as sent; ``core.services.api_key_create`` checks them (each bad name or
+    value a 400 naming ``limits.<name>``)."""
 
 
 class APIKeyOutputSerializer(serializers.ModelSerializer):
     is_active = serializers.BooleanField(read_only=True)
+    limits = serializers.SerializerMethodField()
 
     class Meta:
         model = APIKey
         fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at", "read_only",
-                  "expires_at", "is_active"]  # fmt: skip
+                  "expires_at", "limits", "is_active"]  # fmt: skip
+
+    @extend_schema_field(KeyLimitsSerializer)
+    def get_limits(self, key: APIKey) -> dict[str, Any]:
+        return key_limits_payload(key)
 
 
 class APIKeyCreateInputSerializer(serializers.Serializer):
@@ -31,6 +67,12 @@ class APIKeyCreateInputSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(
         required=False, allow_null=True, default=None,
         help_text="When the key stops working (in the future); null: never.",
+    )  # fmt: skip
+    limits = KeyLimitsInputField(
+        required=False, default=None,
+        help_text="Narrow the key to named knowledge bases, memory bases, flows, memory "
+        "stores, a scope and tools; outside them it gets a 403 key_limit. Leave a name out "
+        "(or null) not to narrow on it.",
     )  # fmt: skip
 
 
@@ -53,6 +95,7 @@ class MeKeySerializer(serializers.Serializer):
     prefix = StrictCharField()
     read_only = serializers.BooleanField()  # type: ignore[assignment]
     expires_at = serializers.DateTimeField(allow_null=True)
+    limits = KeyLimitsSerializer()
 
 
 class MeSerializer(serializers.Serializer):

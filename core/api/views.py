@@ -22,6 +22,7 @@ from core.api.serializers import (
     UsageQuerySerializer,
     UsageSerializer,
 )
+from core.key_limits import key_limits_payload
 from core.models import APIKey, UsageBudget
 from core.selectors import USAGE_GROUPS, api_key_get, api_key_list, usage_summary
 from core.services import api_key_create, api_key_revoke
@@ -34,13 +35,15 @@ def _me(request: Request) -> dict[str, Any]:
     key = request.auth if isinstance(request.auth, APIKey) else None
     limits = None if key is None else {
         "id": key.pk, "prefix": key.prefix, "read_only": key.read_only,
-        "expires_at": key.expires_at,
+        "expires_at": key.expires_at, "limits": key_limits_payload(key),
     }  # fmt: skip
     return {"id": user.pk, "username": user.username, "background_daily_tokens": own,
             "key": limits}  # fmt: skip
 
 
 class MeView(APIView):
+    owner_wide = ("PATCH",)  # not to a narrowed key (core.key_limits)
+
     @extend_schema(summary="Who the key belongs to", responses=MeSerializer)
     def get(self, request: Request) -> Response:
         return Response(MeSerializer(_me(request)).data)
@@ -59,6 +62,8 @@ class MeView(APIView):
 
 
 class UsageView(APIView):
+    owner_wide = ("GET",)  # not to a narrowed key (core.key_limits)
+
     @extend_schema(
         summary="Your LLM and embedding usage",
         description="Tokens your work spent, per day (UTC) and grouped as asked: extraction, "
@@ -101,6 +106,8 @@ class UsageView(APIView):
 
 
 class APIKeyListView(APIView):
+    owner_wide = ("POST",)  # not to a narrowed key (core.key_limits)
+
     @extend_schema(summary="List your API keys", responses=paginated(APIKeyOutputSerializer))
     def get(self, request: Request) -> Response:
         paginator = PageNumberPagination()
@@ -121,6 +128,8 @@ class APIKeyListView(APIView):
 
 
 class APIKeyDetailView(APIView):
+    owner_wide = ("DELETE",)  # not to a narrowed key (core.key_limits)
+
     def _get(self, request: Request, key_id: int) -> APIKey:
         try:
             return api_key_get(owner=request.user, key_id=key_id)

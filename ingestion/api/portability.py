@@ -42,6 +42,8 @@ class ImportReportSerializer(serializers.Serializer):
 
 
 class ExportView(APIView):
+    owner_wide = ("GET",)  # not to a narrowed key (core.key_limits)
+
     @extend_schema(
         summary="Export the caller's memory",
         parameters=[OpenApiParameter("vectors", bool, description="Include the vectors (true).")],
@@ -62,6 +64,7 @@ class ExportView(APIView):
 
 
 class ImportView(APIView):
+    owner_wide = ("POST",)  # not to a narrowed key (core.key_limits)
     parser_classes: list[Any] = []  # the body is read as it is (JSON Lines)
 
     @extend_schema(

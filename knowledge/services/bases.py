@@ -7,6 +7,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError, RestrictedError
 
 from core.errors import Conflict, NameTaken
+from core.key_limits import resource_create_check
 from core.providers.embeddings import EmbeddingConfig
 from knowledge.models import FTS_LANGUAGES, KnowledgeBase
 from knowledge.services.errors import FILE_CHUNKING, MESSAGE_CHUNKING, KnowledgeError
@@ -30,6 +31,8 @@ def knowledge_base_create(
     model of its own) is recorded; later searches and ingestion always embed with it. Raises ``NameTaken`` if the owner already has
     a base with this name (the database enforces it).
     """
+    if source_kind == KnowledgeBase.SourceKind.DOCUMENTS and not is_memory_base:
+        resource_create_check("knowledge_bases")  # (a store's or memory base's: their own)
     if language not in FTS_LANGUAGES:
         raise KnowledgeError(f"language must be one of {', '.join(FTS_LANGUAGES)}")
     default_size, default_overlap = (

@@ -5,6 +5,7 @@ class MemoryBasesConfig(AppConfig):
     name = "memories.bases"
     label = "memory_bases"
     verbose_name = "Memory bases"
+    key_limits = {"memory_bases": "memories.bases.selectors.memory_bases_not_owned"}
 
     def ready(self) -> None:
         from core.erasure import scope_erased

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from django.contrib.auth.models import User
@@ -21,14 +22,21 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
+from core.key_limits import not_owned, resource_check, resource_filter
 from knowledge.selectors import chunk_count_subquery, session_has_chunks
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.conversations.selectors import pending_outputs_subquery
 
 
 def memory_base_list(*, owner: User) -> QuerySet[MemoryBase]:
-    """Memory bases with their counters, in a fixed number of queries."""
-    return with_counters(MemoryBase.objects.filter(owner=owner))
+    """Memory bases with their counters, in a fixed number of queries (those a narrowed
+    key may reach: core.key_limits)."""
+    return with_counters(resource_filter(MemoryBase.objects.filter(owner=owner), "memory_bases"))
+
+
+def memory_bases_not_owned(owner_id: int, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """Of ``ids``, those that are not the owner's memory bases (core.key_limits)."""
+    return not_owned(MemoryBase.objects.filter(owner_id=owner_id), ids)
 
 
 def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
@@ -126,7 +134,11 @@ def _session_aggregate(aggregate: object) -> Coalesce:
 
 
 def memory_base_get(*, owner: User, memory_base_id: uuid.UUID | str) -> MemoryBase:
-    return memory_base_list(owner=owner).get(pk=memory_base_id)
+    """MemoryBase.DoesNotExist (a 404) for a missing or another owner's base; one a
+    narrowed key may not reach is a 403 (core.key_limits)."""
+    memory_base = with_counters(MemoryBase.objects.filter(owner=owner)).get(pk=memory_base_id)
+    resource_check("memory_bases", memory_base.pk)
+    return memory_base
 
 
 def memory_base_sessions(*, memory_base: MemoryBase) -> QuerySet[MemoryBaseSession]:
@@ -168,9 +180,11 @@ def memory_base_pending_total(*, memory_base: MemoryBase) -> int:
 
 
 def job_get(*, owner: User, job_id: uuid.UUID | str) -> MemoryBaseJob:
-    return MemoryBaseJob.objects.select_related("session", "memory_base").get(
+    job = MemoryBaseJob.objects.select_related("session", "memory_base").get(
         memory_base__owner=owner, pk=job_id
     )
+    resource_check("memory_bases", job.memory_base_id)
+    return job
 
 
 def memory_base_mismatch(*, memory_base: MemoryBase) -> bool:

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from core.audit import access_record
 from core.errors import Conflict, InvalidInput, NameTaken, NotFound
+from core.key_limits import resource_create_check
 from core.queue import enqueue_on_commit
 from core.validation import validate_session_id
 from knowledge.services import (
@@ -229,6 +230,7 @@ def memory_base_create(
     preprocess_kill_phrase: str = "",
 ) -> MemoryBase:
     """Create a memory base and its knowledge base (flagged ``is_memory_base``) together."""
+    resource_create_check("memory_bases")
     if threshold < 1:
         raise MemoryBaseError("threshold must be at least 1")
     if flow.owner_id != owner.pk:

@@ -4,6 +4,7 @@ use to walk a session's outputs (Memory Base cursors)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,17 +12,28 @@ from django.contrib.auth.models import User
 from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
+from core.key_limits import not_owned, resource_check, resource_filter
 from memories.conversations.models import Flow, Message
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def flow_list(*, owner: User) -> QuerySet[Flow]:
-    return Flow.objects.filter(owner=owner).order_by("name", "id")
+    """The owner's flows (those a narrowed key may reach: core.key_limits)."""
+    return resource_filter(Flow.objects.filter(owner=owner), "flows").order_by("name", "id")
 
 
 def flow_get(*, owner: User, flow_id: uuid.UUID | str) -> Flow:
-    return Flow.objects.get(owner=owner, pk=flow_id)
+    """Flow.DoesNotExist (a 404) for a missing or another owner's flow; one a narrowed
+    key may not reach is a 403 (core.key_limits)."""
+    flow = Flow.objects.get(owner=owner, pk=flow_id)
+    resource_check("flows", flow.pk)
+    return flow
+
+
+def flows_not_owned(owner_id: int, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """Of ``ids``, those that are not the owner's flows (core.key_limits)."""
+    return not_owned(Flow.objects.filter(owner_id=owner_id), ids)
 
 
 def flow_find(*, owner_id: int, name: str) -> Flow | None:
@@ -44,7 +56,8 @@ def message_list(
     flow_id: Any = None,
 ) -> QuerySet[Message]:
     """Messages in keyset order, each with its parent's caller id (``parent_caller_id``)."""
-    qs = Message.objects.filter(owner=owner).annotate(parent_caller_id=F("parent__message_id"))
+    qs = resource_filter(Message.objects.filter(owner=owner), "flows", "flow_id")
+    qs = qs.annotate(parent_caller_id=F("parent__message_id"))
     if flow_id is not None:
         qs = qs.filter(flow_id=flow_id)
     if session_id is not None:

@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection, transaction
 
 from core.db import advisory_xact_lock
 from core.errors import Conflict, InvalidInput, NameTaken, Unprocessable
+from core.key_limits import resource_create_check
 from core.validation import validate_session_id
 from memories.conversations.history import resolve_message
 from memories.conversations.models import UUID_NIL, Flow, Message
@@ -59,6 +60,7 @@ class MessageIn:
 
 def flow_create(*, owner: User, name: str) -> Flow:
     """Register a flow; names are unique per owner."""
+    resource_create_check("flows")
     try:
         with transaction.atomic():
             return Flow.objects.create(owner=owner, name=name)

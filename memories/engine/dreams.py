@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from core.errors import Conflict, InvalidInput, NotFound, ServiceError, Unprocessable
+from core.key_limits import scope_check
 from core.metrics import counter_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderBadResponse
@@ -502,9 +503,11 @@ def dream_files_recover(scope: Scope) -> int:
 # --- undo ---------------------------------------------------------------------------
 def dream_get(*, owner: AbstractBaseUser | int, dream_id: Any) -> Dream:
     try:
-        return Dream.objects.select_related("scope").get(owner_id=owner_pk(owner), pk=dream_id)
+        dream = Dream.objects.select_related("scope").get(owner_id=owner_pk(owner), pk=dream_id)
     except (Dream.DoesNotExist, ValidationError, ValueError, TypeError):  # malformed ids too
         raise DreamNotFound("no such dream") from None
+    scope_check(dream.scope.path)
+    return dream
 
 
 def dream_list(*, owner: AbstractBaseUser | int, scope: Scope) -> Any:

@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.errors import InvalidInput
+from core.key_limits import scope_check
 from core.validation import END_USER_ID, validate_end_user_id
 from memories.facts.models import Scope
 
@@ -42,7 +43,8 @@ LAST_SEEN_RESOLUTION = timedelta(minutes=5)
 
 
 def scope_parse(value: Any, *, field: str = "scope") -> ScopePath:
-    """A validated scope from a client value (a list of 1-8 id-like strings)."""
+    """A validated scope from a client value (a list of 1-8 id-like strings), in reach of
+    the request's key (a key narrowed to a scope: a 403 ``key_limit`` outside it)."""
     if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_SEGMENTS:
         raise InvalidInput(
             f"{field} must be a list of 1 to {MAX_SEGMENTS} strings",
@@ -54,6 +56,7 @@ def scope_parse(value: Any, *, field: str = "scope") -> ScopePath:
                 f"{field} segment {segment!r} is not valid: {SEGMENT.message}",
                 details={field: f"invalid segment {segment!r}"},
             )
+    scope_check(tuple(value))
     return tuple(value)
 
 
@@ -126,6 +129,7 @@ def global_scope_find(*, owner: AbstractBaseUser | int) -> Scope | None:
 
 
 def _ensure(owner_id: int, path: ScopePath) -> Scope:
+    scope_check(path)  # (an end user, the global memories: not parsed from a client's list)
     found = Scope.objects.filter(owner_id=owner_id, path=list(path)).first()
     if found is not None:
         return found

@@ -12,6 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
 
 from core.errors import InvalidInput, NotFound
+from core.key_limits import end_user_check, scope_check, scope_filter
 from core.replicas import read_connection
 from memories.facts.models import Fact, FactChange, FactLink, FactVersion, Scope
 from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
@@ -31,7 +32,9 @@ class ScopeNotFound(NotFound):
 
 
 def end_user_find(*, owner: AbstractBaseUser | int, external_id: str) -> Scope | None:
-    """The owner's end user ``external_id`` (the scope ``["user", <id>]``), if any."""
+    """The owner's end user ``external_id`` (the scope ``["user", <id>]``), if any: in
+    reach of the request's key (core.key_limits)."""
+    end_user_check(external_id)
     return Scope.objects.filter(owner_id=owner_pk(owner), external_id=external_id).first()
 
 
@@ -43,9 +46,10 @@ def end_user_list(*, owner: AbstractBaseUser | int) -> QuerySet[Scope]:
 
 
 def scopes_of_owner(*, owner_id: int, limit: int = 100) -> list[list[str]]:
-    """The paths of the owner's scopes (not its global memories'), newest first."""
+    """The paths of the owner's scopes (not its global memories'), newest first (those
+    in reach of the request's key)."""
     return list(
-        Scope.objects.filter(owner_id=owner_id)
+        scope_filter(Scope.objects.filter(owner_id=owner_id))
         .exclude(path=[])
         .order_by("-created_at", "-id")
         .values_list("path", flat=True)[:limit]
@@ -181,10 +185,12 @@ def fact_resolve(
         row = scope if isinstance(scope, Scope) else _owned(owner, scope)
         if row is None or not FactLink.objects.filter(scope=row, fact=fact).exists():
             raise FactNotFound("no such fact in this scope")
+        scope_check(row.path)
         return fact, row
     scopes = [fact.scope] if fact.scope_id is not None else fact_scopes(fact=fact)
     scopes = [s for s in scopes if s is not None and not s.is_global]
     if len(scopes) == 1:
+        scope_check(scopes[0].path)
         return fact, scopes[0]
     if not scopes:
         raise FactNotFound("no such fact")
@@ -241,6 +247,8 @@ def version_scope(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) ->
         )
     except (ValueError, TypeError):
         return None
+    if version is not None:
+        scope_check(version.scope.path)
     return version.scope if version is not None else None
 
 
@@ -304,7 +312,9 @@ def facts_snapshot(*, scope: Scope) -> list[dict[str, Any]]:
 
 
 def global_fact_list(*, owner: AbstractBaseUser | int) -> QuerySet[Fact]:
-    """The owner's global memories (the facts of its global scope), newest first."""
+    """The owner's global memories (the facts of its global scope), newest first; a
+    key narrowed to a scope does not reach them directly (core.key_limits)."""
+    scope_check(())
     return (
         Fact.objects.filter(owner_id=owner_pk(owner), links__scope__owner_id=owner_pk(owner),
                             links__scope__path=[])

@@ -34,6 +34,7 @@ from core.audit import access_record
 from core.db import advisory_xact_lock, advisory_xact_lock_statement
 from core.erasure import send_scope_erased
 from core.errors import InvalidInput
+from core.key_limits import scope_check
 from core.metrics import counter_add, counters_add
 from core.providers.embeddings import Embedder, get_embedder
 from core.providers.tokens import count_tokens
@@ -366,6 +367,7 @@ def fact_add(
     limit = settings.ENGINE_MAX_FACTS if max_facts is None else max_facts
     dedup = settings.MEMORY_DEDUP_THRESHOLD if dedup_threshold is None else dedup_threshold
     target = scope if isinstance(scope, Scope) else scope_ensure(owner=owner, scope=scope)
+    scope_check(target.path)
     decisions: list[FactDecision | None] = [None] * len(checked)
     pending: list[int] = []
     for i, fact in enumerate(checked):
@@ -737,6 +739,7 @@ def scope_erase(*, scope: Scope, actor: str = "service") -> int:
     for them (``CHAT_PROXY_FLOW``), last: the receivers find the chats by their
     messages. A content-free ``ScopeErasure`` record stays: ``actor`` (who asked), when,
     the kind of scope and the counts. Returns the number of facts the scope held."""
+    scope_check(scope.path)
     with transaction.atomic():
         _lock(scope)
         send_scope_erased(

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core import replicas
+from core.audit import Actor, actor
 from core.json_text import JsonText
 from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
@@ -77,6 +78,9 @@ class PreparedChat:
     report: dict[str, Any] = field(default_factory=dict)
     # the turn teaches, and waits for chat_record to name the recorded message
     formation_pending: bool = False
+    # who asked (``core.audit``): the tool loop's calls run as the request's key, its
+    # limits included, also in a stream's later rounds (served after the view returned)
+    actor: Actor | None = None
 
     @property
     def body(self) -> dict[str, Any]:
@@ -126,7 +130,7 @@ def chat_prepare(
         request = request.set(("model",), settings.LLM_MODEL)
     prepared = PreparedChat(
         request=request, owner_id=owner_id, chat_id=chat_id, user_name=user_name,
-        user_email=user_email,
+        user_email=user_email, actor=actor(),
     )  # fmt: skip
     users = [m for m in prepared.body["messages"] if m.get("role") == "user"]
     prepared.user_text = message_text(users[-1].get("content")) if users else ""

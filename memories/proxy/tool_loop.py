@@ -29,8 +29,10 @@ from typing import Any
 
 from django.conf import settings
 
+from core.audit import acting_as
 from core.errors import InvalidInput
 from core.json_text import JsonText
+from core.key_limits import tool_allowed
 from core.providers.errors import ProviderError
 from core.providers.json_answer import parse_arguments
 from core.providers.llm import get_llm
@@ -55,8 +57,9 @@ from memories.tools.registry import ToolError, openai_tools, tool_call
 MEMORY_TOOLS = ("manage_memory", "search_memory")
 
 
-def offer(request: JsonText) -> JsonText:
-    """The request with the memory tools added to the client's."""
+def offer(request: JsonText, prepared: PreparedChat) -> JsonText:
+    """The request with the memory tools added to the client's (those the request's key
+    may call: ``core.key_limits``)."""
     client_tools = request.data.get("tools") or []
     taken = {t.get("function", {}).get("name") for t in client_tools if isinstance(t, dict)}
     if taken & set(MEMORY_TOOLS):
@@ -65,7 +68,8 @@ def offer(request: JsonText) -> JsonText:
             f"{sorted(taken & set(MEMORY_TOOLS))[0]}; rename it or leave memory_tools out",
             details={"memory_tools": "tool name taken"},
         )
-    ours = openai_tools(MEMORY_TOOLS)
+    with acting_as(prepared.actor):
+        ours = openai_tools([n for n in MEMORY_TOOLS if tool_allowed(n)])
     if isinstance(request.data.get("tools"), list):
         return request.append(("tools",), *ours)
     return request.set(("tools",), ours)
@@ -91,10 +95,11 @@ def run_calls(prepared: PreparedChat, calls: list[dict[str, Any]]) -> list[dict[
             if arguments is None:
                 raise ToolError("the arguments are not valid JSON; send a JSON object")
             record["arguments"] = arguments
-            record["result"] = tool_call(
-                owner=prepared.owner_id, name=str(function.get("name")), arguments=arguments,
-                scope=user_scope(prepared.end_user.external_id),
-            )  # fmt: skip
+            with acting_as(prepared.actor):
+                record["result"] = tool_call(
+                    owner=prepared.owner_id, name=str(function.get("name")),
+                    arguments=arguments, scope=user_scope(prepared.end_user.external_id),
+                )  # fmt: skip
             content = record["result"]
         except ToolError as exc:
             record["error"] = str(exc)
@@ -130,7 +135,7 @@ def loop_complete(prepared: PreparedChat) -> bytes:
     for number in range(rounds):
         last = number == rounds - 1
         with usage_as(proxy_usage(prepared, "tool_loop")):
-            answer = llm.relay((conversation if last else offer(conversation)).encode())
+            answer = llm.relay((conversation if last else offer(conversation, prepared)).encode())
         if number == 0:
             enqueue_formation(prepared)
         message = _message(answer.data)
@@ -337,7 +342,7 @@ def _loop_events(prepared: PreparedChat) -> Generator[bytes, None, None]:
             last = number == rounds - 1
             current = _StreamRound(prepared, relayed, last)
             try:
-                body = (conversation if last else offer(conversation)).encode()
+                body = (conversation if last else offer(conversation, prepared)).encode()
                 events = llm.relay_stream(body, usage=proxy_usage(prepared, "tool_loop"))
                 try:
                     if number == 0:

@@ -5,6 +5,7 @@ class MemoryStoresConfig(AppConfig):
     name = "memories.stores"
     label = "memory_stores"
     verbose_name = "Memory stores"
+    key_limits = {"memory_stores": "memories.stores.selectors.memory_stores_not_owned"}
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from core.errors import Conflict, InvalidInput, NameTaken, NotFound, ServiceError
+from core.key_limits import resource_create_check
 from memories.stores.backends.base import ReadOnlyStore, StoreBackend
 from memories.stores.embedding import EmbeddingSpec, spec_from_block
 from memories.stores.models import STORE_NAME_REGEX, MemoryItem, MemoryStore
@@ -211,6 +212,7 @@ def memory_store_create(
     any transaction (it embeds); ``load=False`` leaves it to the caller (the admin loads
     once its transaction, attachments included, has committed). Returns the store and
     what loading it did."""
+    resource_create_check("memory_stores")
     valid = memory_store_validate_new(owner=owner, name=name, type=type, config=config)
     store = memory_store_create_valid(owner=owner, name=name, valid=valid)
     if not load:

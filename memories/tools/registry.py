@@ -29,6 +29,8 @@ from django.core.exceptions import ObjectDoesNotExist
 
 from core.audit import actor
 from core.errors import ServiceError
+from core.key_limits import NO_LIMITS, tool_allowed
+from core.key_limits import current as key_limits
 from memories.facts.scopes import ScopePath, scope_fill
 
 
@@ -130,9 +132,16 @@ def openai_tools(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 def tools_offered() -> list[Tool]:
-    """The tools the caller may run: all, or to a read-only key those that read."""
+    """The tools the caller may run: all, or to a read-only key those that read, and to
+    a key narrowed to named tools those (``core.key_limits``)."""
     narrowed = actor().read_only
-    return [t for t in tool_list() if t.read_only or not narrowed]
+    return [t for t in tool_list() if (t.read_only or not narrowed) and tool_allowed(t.name)]
+
+
+def tools_unknown(owner_id: int, names: Sequence[str]) -> list[str]:
+    """Of ``names``, those no tool has (a key's limits: ``core.key_limits``)."""
+    known = {t.name for t in tool_list()}
+    return [n for n in names if n not in known]
 
 
 def _argument_error(error: jsonschema.ValidationError) -> ToolError:
@@ -177,6 +186,13 @@ def tool_call(
     """Run tool ``name`` for ``owner`` in ``scope``: the tool's JSON answer, or a
     ``ToolError`` (unknown tool 404, bad arguments 400, an unknown memory id 404...)."""
     tool = tool_get(name)
+    if not tool_allowed(name):
+        allowed = sorted((key_limits() or NO_LIMITS).tools or ())
+        raise ToolError(
+            f"this API key is limited to the tools {', '.join(allowed) or '(none)'}: it may "
+            f"not call {name}",
+            code="key_limit", status=403, details={"tools": name},
+        )  # fmt: skip
     if not tool.read_only and actor().read_only:
         raise ToolError(
             f"this API key is read-only: {name} changes memory, and it may only read "

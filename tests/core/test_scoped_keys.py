@@ -12,7 +12,6 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from core.models import APIKey, UsageBudget
 from core.services import api_key_create
@@ -21,15 +20,11 @@ from knowledge.services.bases import knowledge_base_create
 from memories.facts.models import Fact
 from memories.facts.scopes import end_user_ensure
 from memories.facts.services import FactIn, fact_add
+from tests.core.key_clients import bearer_client as _client
+from tests.core.key_clients import mcp_rpc as _rpc
 
 pytestmark = pytest.mark.django_db
 SCOPE = ["user", "u1"]
-
-
-def _client(raw_key: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
-    return client
 
 
 @pytest.fixture
@@ -75,7 +70,11 @@ def test_a_read_only_key_changes_nothing_over_rest(alice, reader):
     assert not UsageBudget.objects.filter(owner=alice).exists()
     me = reader.get("/api/v1/me").json()
     key = APIKey.objects.get(name="extension")
-    assert me["key"] == {"id": key.pk, "prefix": key.prefix, "read_only": True, "expires_at": None}
+    no_limits = dict.fromkeys(
+        ["knowledge_bases", "memory_bases", "flows", "memory_stores", "scope", "tools"]
+    )
+    assert me["key"] == {"id": key.pk, "prefix": key.prefix, "read_only": True, "expires_at": None,
+                         "limits": no_limits}  # fmt: skip
 
 
 def test_a_read_only_key_through_the_tools_and_the_proxy(
@@ -101,14 +100,6 @@ def test_a_read_only_key_through_the_tools_and_the_proxy(
     assert chat.status_code == 403
     assert chat.json()["error"]["code"] == "read_only_key" and openai_server.requests == []
     assert Fact.objects.count() == before
-
-
-def _rpc(client: APIClient, method: str, params: dict | None = None) -> dict:
-    body = {"jsonrpc": "2.0", "id": 1, "method": method, **({"params": params} if params else {})}
-    response = client.post("/mcp", json.dumps(body), content_type="application/json",
-                           HTTP_ACCEPT="application/json, text/event-stream")  # fmt: skip
-    assert response.status_code == 200
-    return json.loads(b"".join(response.streaming_content))
 
 
 @pytest.mark.django_db(transaction=True)

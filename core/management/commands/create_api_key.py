@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -9,7 +10,15 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core.audit import Actor, acting_as
+from core.errors import InvalidInput
 from core.services import api_key_create
+
+LIMIT_OPTIONS = {
+    "--knowledge-base": "knowledge_bases",
+    "--memory-base": "memory_bases",
+    "--flow": "flows",
+    "--memory-store": "memory_stores",
+}
 
 
 class Command(BaseCommand):
@@ -28,6 +37,18 @@ class Command(BaseCommand):
         )
         parser.add_argument("--expires-at", default=None, metavar="ISO-8601",
                             help="When the key stops working, e.g. 2027-01-31T00:00:00Z.")  # fmt: skip
+        for option, kind in LIMIT_OPTIONS.items():
+            parser.add_argument(
+                option, action="append", default=None, dest=kind, metavar="ID",
+                help=f"Limit the key to this {kind.replace('_', ' ')[:-1]} (repeat for more).",
+            )  # fmt: skip
+        parser.add_argument(
+            "--scope", default=None, metavar="JSON",
+            help='Limit the key to a memory scope, a JSON list: \'["user", "alice"]\' (one '
+            "end user: also the users/{id} routes and the chat proxy's user header).",
+        )  # fmt: skip
+        parser.add_argument("--tool", action="append", default=None, dest="tools",
+                            metavar="NAME", help="Limit the key to this tool (repeat for more).")  # fmt: skip
         parser.add_argument(
             "--create-user",
             action="store_true",
@@ -36,8 +57,15 @@ class Command(BaseCommand):
 
     def handle(
         self, *args: Any, username: str, name: str, create_user: bool, read_only: bool,
-        expires_at: str | None, **options: Any,
+        expires_at: str | None, scope: str | None, **options: Any,
     ) -> None:  # fmt: skip
+        limits = {k: options[k] for k in (*LIMIT_OPTIONS.values(), "tools") if options.get(k)}
+        if scope is not None:
+            try:
+                limits["scope"] = json.loads(scope)
+            except ValueError:
+                raise CommandError(f'--scope must be a JSON list such as \'["user", "alice"]\', '
+                                   f"not {scope!r}") from None  # fmt: skip
         expiry = parse_datetime(expires_at) if expires_at else None
         if expires_at and (expiry is None or expiry.tzinfo is None):
             raise CommandError(
@@ -57,7 +85,12 @@ class Command(BaseCommand):
                 owner = users.create_user(username=username)  # an unusable password
                 self.stdout.write(f"Created user {username} (API access only, no password).")
             with acting_as(Actor("command")):
-                api_key, raw_key = api_key_create(owner=owner, name=name, read_only=read_only,
-                                                  expires_at=expiry)  # fmt: skip
+                try:
+                    api_key, raw_key = api_key_create(
+                        owner=owner, name=name, read_only=read_only, expires_at=expiry,
+                        limits=limits,
+                    )  # fmt: skip
+                except InvalidInput as exc:
+                    raise CommandError(str(exc).replace("limits.", "--")) from None
         self.stdout.write(f"Created API key {api_key.prefix}… for {username}. Store it now:")
         self.stdout.write(raw_key)

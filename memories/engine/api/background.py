@@ -260,6 +260,8 @@ class DreamUndoView(APIView):
 
 
 class EngineSettingsView(APIView):
+    owner_wide = ("PATCH",)  # not to a narrowed key (core.key_limits)
+
     @extend_schema(summary="The engine settings of the owner", responses=SettingsInSerializer)
     def get(self, request: Request) -> Response:
         return Response({"dream_schedule": dream_schedule_enabled(owner=_owner(request))})

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
 from core.api.schema import ERROR, paginated
+from core.key_limits import end_user_check
 from core.validation import validate_end_user_id
 from memories.facts.api.serializers import (
     AS_OF_HELP,
@@ -54,7 +55,11 @@ API_SOURCE = {"kind": "api"}
 
 
 def _user_id(user_id: str) -> str:
-    return validate_end_user_id(user_id)
+    """The route's end-user id, valid and in reach of the request's key (the one way
+    every ``users/{id}`` route reads it: core.key_limits)."""
+    external_id = validate_end_user_id(user_id)
+    end_user_check(external_id)
+    return external_id
 
 
 def existing_user(request: Request, user_id: str) -> Scope:

@@ -20,6 +20,7 @@ from core.api.errors import openai_exception_handler
 from core.api.schema import OpenAIErrorSerializer
 from core.errors import InvalidInput
 from core.json_text import JsonText
+from core.key_limits import end_user_check
 from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
 from core.tracing import carry_iter
@@ -100,6 +101,7 @@ class ChatCompletionsView(APIView):
 
     def prepare(self, request: Request, body: JsonText) -> PreparedChat:
         external_id = self._external_id(request, body.data)
+        end_user_check(external_id)  # a key narrowed to a scope serves its end user only
         chat_id = self._chat_id(request)
         if not settings.LLM_BASE_URL:
             raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")

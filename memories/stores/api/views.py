@@ -166,6 +166,7 @@ class StoreItemDetailView(APIView):
 
 
 class MemoryConfigView(APIView):
+    owner_wide = ("GET", "POST")  # not to a narrowed key (core.key_limits)
     """The owner's stores and node attachments as one document (JSON or YAML)."""
 
     parser_classes = [JSONParser, YAMLParser, TextYAMLParser, XYAMLParser]
