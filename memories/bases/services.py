@@ -49,6 +49,10 @@ class MemoryBaseError(InvalidInput):
     pass
 
 
+class JobJustFinished(MemoryBaseError):
+    """The session's active job finished between the insert that met it and the look."""
+
+
 class JobConflict(Conflict):
     code = "job_active"
 
@@ -81,9 +85,14 @@ def sessions_due(*, flow: Flow, session_id: str) -> list[MemoryBaseSession]:
 
 
 def session_ingest_enqueue_quietly(*, session: MemoryBaseSession) -> None:
-    """The automatic trigger: queue a job, or log why not (the next trigger retries)."""
+    """The automatic trigger: queue a job, or log why not (the next trigger retries). A
+    job that finished at that very moment is no reason: the job is queued again at once
+    (its messages after the finished job's would otherwise wait for the next trigger)."""
     try:
-        session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
+        try:
+            session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
+        except JobJustFinished:
+            session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
     except JobConflict as exc:
         logger.info("auto-trigger skipped: %s", exc)
     except Exception:  # noqa: BLE001 - the run is stored; the next trigger retries
@@ -143,7 +152,7 @@ def session_ingest_enqueue(
     except IntegrityError as exc:
         active = session_active_job(session=session)
         if active is None:  # finished in between: let the caller try again
-            raise MemoryBaseError("the previous job just finished; try again") from exc
+            raise JobJustFinished("the previous job just finished; try again") from exc
         raise JobConflict(active) from exc
     if run_with is not None:
         run_with(job_id=job.pk, progress=progress)

@@ -181,6 +181,28 @@ def test_concurrent_triggers_make_one_job_and_one_conflict(flow, memory_base, ho
     assert sorted(outcomes, key=str) == sorted([job.pk, ("conflict", job.pk)], key=str)
 
 
+def test_an_auto_trigger_meeting_a_job_that_just_finished_queues_again(
+    flow, memory_base, hold_dispatch, monkeypatch, caplog
+):
+    """The insert meets the session's active job, which finishes before the look that
+    names it: the trigger queues its job again at once, and logs no error."""
+    record(flow, "s1", "m1", "m2", "m3")  # queues a job (held)
+    first = MemoryBaseJob.objects.get()
+    looked = services.session_active_job
+
+    def finished_meanwhile(*, session):
+        MemoryBaseJob.objects.filter(pk=first.pk).update(status=MemoryBaseJob.Status.SUCCEEDED)
+        monkeypatch.setattr(services, "session_active_job", looked)
+        return None
+
+    monkeypatch.setattr(services, "session_active_job", finished_meanwhile)
+    caplog.set_level("INFO", logger="memories.bases.services")
+    record(flow, "s1", "m4")
+    jobs = list(MemoryBaseJob.objects.order_by("created_at").values_list("status", flat=True))
+    assert jobs == [MemoryBaseJob.Status.SUCCEEDED, MemoryBaseJob.Status.QUEUED]
+    assert [r.levelname for r in caplog.records if r.name == "memories.bases.services"] == []
+
+
 def test_auto_trigger_conflict_does_not_lose_the_run(flow, memory_base, hold_dispatch):
     record(flow, "s1", "m1", "m2", "m3")  # queues a job (held)
     stored = record(flow, "s1", "m4")  # would trigger again: conflict, logged
