@@ -5,8 +5,9 @@
 A real worker (``manage.py worker``: the supervised django-q2 cluster, ``Q_WORKERS=2``) on
 an instance of its own (``scripts.faults.harness.Instance``: its own embedded
 PostgreSQL). A big tenant queues ``--big`` tasks, then a small tenant queues ``--small``;
-each task sleeps ``--task-seconds``. The figure: seconds from each tenant's first task
-queued until its last task is done (django-q2's own record of when each task stopped), in
+each task sleeps ``--task-seconds``; each tenant queues its tasks in one transaction, so
+the big tenant's are a backlog when the small tenant's arrive. The figure: seconds from
+each tenant's tasks committed until its last task is done (django-q2's own record of when each task stopped), in
 two runs:
 
 - **unattributed**: the tasks carry no owner (what every task was before the lanes),
@@ -29,12 +30,15 @@ from scripts.faults.harness import Instance  # noqa: E402
 
 
 def _queue(inst: Instance, count: int, seconds: float, prefix: str, owner: int | None) -> float:
-    """Queue the tasks (one ``manage.py shell``); the wall-clock time its first was queued."""
+    """Queue the tasks (one ``manage.py shell``, one transaction: the worker sees them all
+    at once, a backlog); the wall-clock time they were committed."""
     group = f", group='owner:{owner}'" if owner is not None else ""
     out = inst.manage(
         "shell", "-c",
-        "import time\nfrom django_q.tasks import async_task\nprint('queued-at', time.time())\n"
-        f"for i in range({count}): async_task('time.sleep', {seconds}, task_name=f'{prefix}-{{i}}'{group})",
+        "import time\nfrom django.db import transaction\nfrom django_q.tasks import async_task\n"
+        "with transaction.atomic():\n"
+        f"    for i in range({count}): async_task('time.sleep', {seconds}, task_name=f'{prefix}-{{i}}'{group})\n"
+        "print('queued-at', time.time())",
     )  # fmt: skip
     return float(out.split("queued-at")[1].split()[0])
 
