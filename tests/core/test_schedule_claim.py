@@ -31,9 +31,11 @@ class HeldORM(ORM):
 
     def __init__(self) -> None:
         super().__init__(list_key=Conf.CLUSTER_NAME)
+        self.holding = threading.Event()  # inside the transaction, the row locked
         self.go = threading.Event()
 
     def enqueue(self, task: str) -> int:
+        self.holding.set()
         assert self.go.wait(30)
         return super().enqueue(task)
 
@@ -70,7 +72,7 @@ def test_two_clusters_looking_at_once_fire_a_due_schedule_once(monkeypatch):
     Schedule.objects.exclude(pk=schedule.pk).update(next_run=due + timedelta(days=1))
     first_broker = HeldORM()
     first = _run(first_broker)
-    assert _wait(lambda: OrmQ.objects.count() == 0 and first.is_alive(), 5)
+    assert first_broker.holding.wait(10)
     second = _run(ORM(list_key=Conf.CLUSTER_NAME))
     assert _wait(_waiting_for_a_row_lock, 10) == 1  # the second waits for the first's row
     first_broker.go.set()
@@ -98,7 +100,7 @@ def test_a_one_off_schedule_fires_once_when_two_clusters_look(monkeypatch):
     )  # fmt: skip
     first_broker = HeldORM()
     first = _run(first_broker)
-    assert _wait(lambda: first.is_alive(), 5)
+    assert first_broker.holding.wait(10)
     second = _run(ORM(list_key=Conf.CLUSTER_NAME))
     assert _wait(_waiting_for_a_row_lock, 10) == 1
     first_broker.go.set()
