@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -62,6 +63,25 @@ def advisory_session_lock(key: str) -> Iterator[bool]:
                     cur.execute("SELECT pg_advisory_unlock(%s)", [lock_id])
             except DatabaseError:  # the connection is gone, and the lock with it
                 pass
+
+
+@contextmanager
+def advisory_session_lock_wait(key: str, *, every: float = 0.5) -> Iterator[None]:
+    """Wait for the session-level advisory lock named by ``key`` and hold it for the
+    block: what several processes on several hosts do one at a time. Released on
+    exit, or by PostgreSQL if the connection dies.
+
+    It asks again every ``every`` seconds rather than blocking in
+    ``pg_advisory_lock``: a waiting statement is an open transaction, and the holder's
+    ``CREATE INDEX CONCURRENTLY`` (a migration) waits for every open transaction to
+    end: PostgreSQL reports the deadlock and the migration fails.
+    """
+    while True:
+        with advisory_session_lock(key) as taken:
+            if taken:
+                yield
+                return
+        time.sleep(every)
 
 
 def limit_web_statements() -> None:

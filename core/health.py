@@ -3,6 +3,8 @@ add (``app_health``: memory formation per owner)."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Any
 
 from django.apps import apps
@@ -45,14 +47,42 @@ def _watchdogs() -> list[dict[str, Any]]:
     return [found[key] for key in keys if key in found]
 
 
+def host_worker_status(clusters: list[Stat]) -> dict[str, Any]:
+    """This host's worker, as this host sees it: its supervisors (``manage.py worker``,
+    or ``serve``'s) from their files in ``WORKER_STATE_DIR``, each one's cluster alive
+    when its heartbeat (``clusters``) is there. ``down`` when one was killed (its file
+    left behind) or runs no live cluster (starting one, or restarting a dead one);
+    ``none`` when no worker runs here (a web-only host: other hosts' workers do its
+    background work, which ``worker.status`` reports)."""
+    from core.qcluster import local_supervisors
+
+    beating = {stat.pid for stat in clusters if stat.host == socket.gethostname()}
+    supervisors = [
+        {
+            "pid": s.pid,
+            "alive": s.alive,
+            "cluster_pid": s.cluster_pid,
+            "cluster": "ok" if s.alive and s.cluster_pid in beating else "down",
+        }
+        for s in local_supervisors(Path(settings.WORKER_STATE_DIR))
+    ]
+    if not supervisors:
+        status = "none"
+    else:
+        status = "ok" if all(s["cluster"] == "ok" for s in supervisors) else "down"
+    return {"name": socket.gethostname(), "status": status, "supervisors": supervisors}
+
+
 def worker_status() -> dict[str, Any]:
-    """Clusters alive (their heartbeat), and whether they get work done.
+    """Clusters alive (their heartbeat), and whether they get work done; and this
+    host's own worker (``host``).
 
     Clusters publish a Stat into the shared (database) cache every few seconds, with
-    an expiry, so a present entry means a live cluster; but a cluster whose workers
-    are deadlocked keeps its heartbeat. So: tasks waiting in the broker while none
-    finished for ``WORKER_STALL_SECONDS`` and no supervised worker is busy is
-    ``stalled`` (the supervisor restarts such a cluster after the same delay).
+    an expiry, so a present entry means a live cluster (of any host on this database);
+    but a cluster whose workers are deadlocked keeps its heartbeat. So: tasks waiting
+    in the broker while none finished for ``WORKER_STALL_SECONDS`` and no supervised
+    worker is busy is ``stalled`` (the supervisor restarts such a cluster after the
+    same delay).
     """
     from core.qcluster import queue_figures
 
@@ -82,11 +112,14 @@ def worker_status() -> dict[str, Any]:
         "clusters": [
             {
                 "cluster_id": str(stat.cluster_id),
+                "host": stat.host,
+                "pid": stat.pid,
                 "status": stat.status,
                 "workers": len(stat.workers),
             }
             for stat in clusters
         ],
+        "host": host_worker_status(clusters),
     }
 
 
@@ -132,6 +165,10 @@ def health_report() -> tuple[bool, dict[str, Any]]:
     except Exception as exc:  # noqa: BLE001
         report["worker"] = {"status": "unknown", "error": str(exc)}
     healthy = report["pgvector"]["status"] == "ok"
-    degraded = report["worker"]["status"] != "ok"
+    degraded = report["worker"]["status"] != "ok" or _host_worker(report) == "down"
     report["status"] = "ok" if healthy and not degraded else ("degraded" if healthy else "error")
     return healthy, report
+
+
+def _host_worker(report: dict[str, Any]) -> str | None:
+    return report["worker"].get("host", {}).get("status")

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from core.supervisor import Program, die_with_parent
 logger = logging.getLogger("core.qcluster")
 
 STATE_DIR_ENV = "MEMORY_WORKER_STATE_DIR"
+SUPERVISOR_FILE = "supervisor-{pid}"
 _BUSY_GRACE = 30.0  # seconds past Q_TIMEOUT before a "busy" worker stops counting as progress
 # Floors under WORKER_STALL_SECONDS: a loaded machine can take this long to start a
 # cluster, or to refresh its heartbeat (django-q2 publishes it every 0.5 s for 3 s).
@@ -216,7 +218,9 @@ def sweep_stale_states(base: Path) -> None:
         lock = state / "lock"
         try:
             with open(lock, "a+") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # Shared: the live supervisor holds it exclusively, and /healthz's look
+                # (``local_supervisors``) takes it shared too, without making us skip.
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 count = release_claims(state)
                 if count:
                     logger.warning("released %d task(s) claimed by a dead cluster", count)
@@ -225,6 +229,53 @@ def sweep_stale_states(base: Path) -> None:
         except OSError:
             pass
         shutil.rmtree(state, ignore_errors=True)
+    for path in base.glob(SUPERVISOR_FILE.format(pid="*")):
+        try:
+            with open(path) as handle:
+                if not _locked_by_another(handle):
+                    path.unlink(missing_ok=True)  # its supervisor was killed
+        except OSError:
+            continue
+
+
+@dataclass(frozen=True)
+class LocalSupervisor:
+    """A worker supervisor of this host, as its file in the state directory shows it."""
+
+    pid: int
+    alive: bool
+    cluster_pid: int | None
+
+
+def local_supervisors(base: Path) -> list[LocalSupervisor]:
+    """The worker supervisors that use this data directory (this host's), from their
+    ``supervisor-<pid>`` files: alive while one holds its file's lock (the kernel drops
+    it with the process, so a ``kill -9`` cannot leave it held); a file whose lock is
+    free was left by a supervisor killed without cleaning up, and stays until the next
+    supervisor started here sweeps it. The file holds the pid of the supervisor's
+    current cluster (empty while it starts one)."""
+    found = []
+    for path in sorted(base.glob(SUPERVISOR_FILE.format(pid="*"))) if base.exists() else []:
+        try:
+            pid = int(path.name.rpartition("-")[2])
+            with open(path) as handle:
+                alive = _locked_by_another(handle)
+                text = handle.read().strip()
+        except (OSError, ValueError):
+            continue
+        cluster_pid = int(text) if text.isdigit() else None
+        found.append(LocalSupervisor(pid=pid, alive=alive, cluster_pid=cluster_pid))
+    return found
+
+
+def _locked_by_another(handle: Any) -> bool:
+    # Shared, as the sweep takes it: two looks at once do not make either skip.
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
 
 
 class QclusterProgram(Program):
@@ -251,6 +302,7 @@ class QclusterProgram(Program):
         self._progress_at: datetime | None = None
         self._heartbeat_at: datetime | None = None
         self._up = False
+        self._announced: int | None = None  # the locked supervisor-<pid> file's descriptor
 
     def before_start(self) -> dict[str, str]:
         from django.utils import timezone
@@ -264,7 +316,31 @@ class QclusterProgram(Program):
         self._up = False
         return {STATE_DIR_ENV: str(self.state)}
 
+    def start(self) -> None:
+        super().start()
+        self._announce(str(self.proc.pid if self.proc is not None else ""))
+
+    def _announce(self, cluster_pid: str) -> None:
+        """Hold ``supervisor-<pid>`` in the state directory for as long as this
+        supervisor lives, holding its current cluster's pid: how /healthz on this host
+        tells a live worker from a dead one (``local_supervisors``)."""
+        if self._announced is None:
+            path = self.base / SUPERVISOR_FILE.format(pid=os.getpid())
+            self._announced = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._announced, fcntl.LOCK_EX)
+        os.ftruncate(self._announced, 0)
+        os.pwrite(self._announced, cluster_pid.encode(), 0)
+
+    def close(self) -> None:
+        if self._announced is not None:
+            (self.base / SUPERVISOR_FILE.format(pid=os.getpid())).unlink(missing_ok=True)
+            os.close(self._announced)
+            self._announced = None
+        withdraw_watchdog_state()
+
     def after_stop(self) -> None:
+        if self._announced is not None:
+            self._announce("")  # no cluster until the next start
         if self.state is None:
             return
         try:
@@ -426,23 +502,36 @@ def queue_figures(own_claims: dict[int, datetime] | None = None) -> dict[str, An
 WATCHDOG_CACHE_PREFIX = "memory:worker-watchdog:"
 
 
+def _watchdog_key() -> str:
+    return f"{WATCHDOG_CACHE_PREFIX}{os.uname().nodename}:{os.getpid()}"
+
+
 def publish_watchdog_state(program: QclusterProgram, figures: dict[str, Any], idle: float) -> None:
-    """Share the watchdog's view (busy workers, restarts) with /healthz."""
+    """Share the watchdog's view (busy workers, restarts) with /healthz on every host."""
     from django.core.cache import cache
     from django.db import DatabaseError
 
     state = {
+        "host": os.uname().nodename,
         "pid": os.getpid(),
+        "cluster_pid": program.proc.pid if program.proc is not None else None,
         "busy_workers": program.busy_workers(),
         "idle_seconds": round(idle, 1),
         "restarts": program.restarts,
         "stall_seconds": program.stall_seconds,
     }
     try:
-        cache.set(
-            f"{WATCHDOG_CACHE_PREFIX}{os.uname().nodename}:{os.getpid()}",
-            state,
-            timeout=max(10, int(program.check_every * 5)),
-        )
+        cache.set(_watchdog_key(), state, timeout=max(10, int(program.check_every * 5)))
+    except DatabaseError:
+        pass
+
+
+def withdraw_watchdog_state() -> None:
+    """A supervisor that stops says so at once (else /healthz lists it until it expires)."""
+    from django.core.cache import cache
+    from django.db import DatabaseError
+
+    try:
+        cache.delete(_watchdog_key())
     except DatabaseError:
         pass

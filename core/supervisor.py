@@ -98,6 +98,9 @@ class Program:
         """Called every tick while the program runs: a reason to restart it, or None."""
         return None
 
+    def close(self) -> None:
+        """Runs once, when the supervisor exits (after the last ``after_stop``)."""
+
     # --- mechanics -------------------------------------------------------------------
     @property
     def running(self) -> bool:
@@ -205,6 +208,7 @@ class Supervisor:
             # Reverse order: the worker before the web server that queues its work.
             for program in reversed(self.programs):
                 program.stop()
+                program.close()
             self._reap_orphans()
 
     def _step(self) -> None:

@@ -33,6 +33,8 @@ def public_report(report: dict[str, Any]) -> dict[str, Any]:
     for part in ("database", "pgvector", "worker"):
         if part in report:
             out[part] = {"status": report[part]["status"]}
+    if "host" in report.get("worker", {}):  # this host's own worker, for its probe
+        out["worker"]["host"] = {"status": report["worker"]["host"]["status"]}
     if "error" in report:
         out["error"] = report["error"]
     return out

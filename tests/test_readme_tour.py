@@ -591,7 +591,8 @@ def _healthz(served: Served, out: str) -> None:
     public, status = out.splitlines()
     public = json.loads(public)
     assert set(public) == {"status", "time", "database", "pgvector", "worker"}
-    assert public["worker"] == {"status": "ok"} and status == "ok"
+    # serve runs this host's worker: the deployment's and this host's, both ok
+    assert public["worker"] == {"status": "ok", "host": {"status": "ok"}} and status == "ok"
 
 
 @check("usage")

@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from core import health
 from core.health import pgvector_supports_iterative_scan
+from core.qcluster import LocalSupervisor, local_supervisors, sweep_stale_states
 
 pytestmark = pytest.mark.django_db
 
@@ -36,3 +44,111 @@ def test_healthz_is_public_and_get_only(client):
 )
 def test_iterative_scan_detection(version, expected):
     assert pgvector_supports_iterative_scan(version) is expected
+
+
+# --- this host's worker (docs/operations.md, "Many hosts") ------------------------------
+class FakeStat:
+    """A cluster's heartbeat, as django-q2's ``Stat.get_all`` returns it."""
+
+    def __init__(self, pid: int, host: str | None = None) -> None:
+        self.pid, self.host = pid, host or socket.gethostname()
+        self.cluster_id, self.status, self.workers = f"cluster-{pid}", "Idle", [1, 2]
+
+
+def _supervisor_file(base: Path, pid: int, cluster_pid: int | None, *, alive: bool) -> Any:
+    """A supervisor's file; held (as its live supervisor holds it) when ``alive``: a lock
+    through another open file, which conflicts with the health check's as another
+    process's would. Returns the descriptor to close."""
+    path = base / f"supervisor-{pid}"
+    path.write_text("" if cluster_pid is None else str(cluster_pid))
+    if not alive:
+        return None
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+@pytest.fixture
+def state_dir(settings, tmp_path, monkeypatch):
+    settings.WORKER_STATE_DIR = tmp_path
+    held: list[int] = []
+    yield tmp_path, held
+    for fd in held:
+        os.close(fd)
+
+
+def _with_stats(monkeypatch, *stats: FakeStat) -> None:
+    monkeypatch.setattr(health.Stat, "get_all", staticmethod(lambda: list(stats)))
+
+
+def test_a_host_without_a_worker_says_none(state_dir, monkeypatch):
+    _with_stats(monkeypatch, FakeStat(4242, host="elsewhere"))  # another host's cluster
+    host = health.worker_status()["host"]
+    assert host == {"name": socket.gethostname(), "status": "none", "supervisors": []}
+
+
+def test_a_live_supervisor_with_a_beating_cluster_is_ok(state_dir, monkeypatch):
+    base, held = state_dir
+    held.append(_supervisor_file(base, 100, 101, alive=True))
+    _with_stats(monkeypatch, FakeStat(101), FakeStat(555, host="elsewhere"))
+    status = health.worker_status()
+    assert status["host"]["status"] == "ok"
+    assert status["host"]["supervisors"] == [
+        {"pid": 100, "alive": True, "cluster_pid": 101, "cluster": "ok"}
+    ]
+    assert sorted((c["host"], c["pid"]) for c in status["clusters"]) == sorted(
+        [(socket.gethostname(), 101), ("elsewhere", 555)]
+    )
+
+
+def test_another_hosts_cluster_with_the_same_pid_is_not_ours(state_dir, monkeypatch):
+    base, held = state_dir
+    held.append(_supervisor_file(base, 100, 101, alive=True))
+    _with_stats(monkeypatch, FakeStat(101, host="elsewhere"))
+    host = health.worker_status()["host"]
+    assert host["status"] == "down"
+    assert host["supervisors"][0]["cluster"] == "down"
+
+
+def test_a_killed_supervisor_leaves_its_host_down_and_degraded(state_dir, monkeypatch):
+    """Its file stays, its lock gone with the process: down, while another host's
+    cluster keeps the deployment's background work ``ok``."""
+    base, held = state_dir
+    _supervisor_file(base, 100, 101, alive=False)
+    _with_stats(monkeypatch, FakeStat(101), FakeStat(555, host="elsewhere"))
+    monkeypatch.setattr(
+        "core.qcluster.queue_figures",
+        lambda: {"waiting": 0, "claimed": 0, "waiting_since": None, "oldest_waiting_seconds": 0.0,
+                 "last_finished_at": None, "last_finished_seconds_ago": None},
+    )  # fmt: skip
+    healthy, report = health.health_report()
+    assert healthy is True
+    assert report["worker"]["status"] == "ok"
+    assert report["worker"]["host"]["status"] == "down"
+    assert report["worker"]["host"]["supervisors"] == [
+        {"pid": 100, "alive": False, "cluster_pid": 101, "cluster": "down"}
+    ]
+    assert report["status"] == "degraded"
+
+
+def test_a_supervisor_between_clusters_is_down(state_dir, monkeypatch):
+    base, held = state_dir
+    held.append(_supervisor_file(base, 100, None, alive=True))  # restarting its cluster
+    _with_stats(monkeypatch)
+    assert health.worker_status()["host"]["status"] == "down"
+
+
+def test_the_public_report_says_this_hosts_worker_status(client, state_dir, monkeypatch):
+    base, held = state_dir
+    _supervisor_file(base, 100, 101, alive=False)
+    body = client.get("/healthz").json()
+    assert body["worker"] == {"status": "down", "host": {"status": "down"}}
+
+
+def test_the_next_supervisor_sweeps_a_killed_ones_file_and_keeps_a_live_ones(state_dir):
+    base, held = state_dir
+    _supervisor_file(base, 100, 101, alive=False)
+    held.append(_supervisor_file(base, 200, 201, alive=True))
+    sweep_stale_states(base)
+    assert sorted(p.name for p in base.iterdir()) == ["supervisor-200"]
+    assert local_supervisors(base) == [LocalSupervisor(pid=200, alive=True, cluster_pid=201)]

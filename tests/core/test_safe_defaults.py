@@ -66,14 +66,15 @@ def test_metrics_for_a_staff_session(admin_client, settings):
 
 
 # --- /healthz --------------------------------------------------------------------------
-def test_healthz_for_strangers_gives_statuses_only(client):
+def test_healthz_for_strangers_gives_statuses_only(client, settings, tmp_path):
+    settings.WORKER_STATE_DIR = tmp_path  # no worker on this host
     response = client.get("/healthz")
     assert response.status_code == 200
     body = response.json()
     assert set(body) == {"status", "time", "database", "pgvector", "worker"}
     assert body["database"] == {"status": "ok"}
     assert body["pgvector"] == {"status": "ok"}
-    assert body["worker"] == {"status": "down"}
+    assert body["worker"] == {"status": "down", "host": {"status": "none"}}
     assert "PostgreSQL" not in json.dumps(body)
     assert "version" not in json.dumps(body)
 

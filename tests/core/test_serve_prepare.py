@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
+import time
 
+import psycopg
 import pytest
+from django.db import connection
 
+from core.db import _lock_id
 from core.management.commands import serve
 
 
+@pytest.mark.django_db
 def test_collectstatic_holds_the_static_root_while_it_writes(monkeypatch, tmp_path, settings):
     """Two serve commands starting at once in one checkout take turns: the second's
     collectstatic waits for the first's (before, one deleted the files the other wrote)."""
@@ -36,3 +42,38 @@ def test_collectstatic_holds_the_static_root_while_it_writes(monkeypatch, tmp_pa
         fcntl.flock(free, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(free)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hosts_starting_at_once_migrate_one_at_a_time(monkeypatch, tmp_path, settings):
+    """While another host's serve holds the prepare lock (it is migrating), this one's
+    migrate waits, and runs once that lock is let go."""
+    settings.STATIC_ROOT = tmp_path
+    ran: list[str] = []
+    monkeypatch.setattr(serve, "call_command", lambda name, **options: ran.append(name))
+    monkeypatch.setattr(serve, "admin_ensure", lambda **kwargs: None)
+    other = psycopg.connect(_conninfo(), autocommit=True)  # the other host's connection
+    try:
+        other.execute("SELECT pg_advisory_lock(%s)", [_lock_id("serve:prepare")])
+        thread = threading.Thread(target=_prepare_and_close)
+        thread.start()
+        time.sleep(1.5)
+        assert ran == [] and thread.is_alive()  # waiting for the other host
+        other.execute("SELECT pg_advisory_unlock(%s)", [_lock_id("serve:prepare")])
+        thread.join(30)
+    finally:
+        other.close()
+    assert not thread.is_alive()
+    assert ran == ["migrate", "createcachetable", "collectstatic"]
+
+
+def _prepare_and_close() -> None:
+    try:
+        serve.Command()._prepare()
+    finally:
+        connection.close()
+
+
+def _conninfo() -> str:
+    db = connection.settings_dict
+    return f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}"

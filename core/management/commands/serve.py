@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
+from core.db import advisory_session_lock_wait
 from core.db_recovery import watch_embedded
 from core.qcluster import QclusterProgram
 from core.services import admin_ensure
@@ -38,10 +39,17 @@ class Command(BaseCommand):
         self.stdout.write("Stopped.")
 
     def _prepare(self) -> None:
-        call_command("migrate", interactive=False, verbosity=0)
-        call_command("createcachetable", verbosity=0)
+        # Web servers of several hosts may start at once on one database: one migrates
+        # (and creates the cache table and the admin) while the others wait, then find
+        # nothing left to do. Two migrations at once fail ("already exists").
+        with advisory_session_lock_wait("serve:prepare"):
+            self._prepare_database()
         with _locked(settings.STATIC_ROOT):
             call_command("collectstatic", interactive=False, verbosity=0)
+
+    def _prepare_database(self) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("createcachetable", verbosity=0)
         username = os.environ.get("ADMIN_USERNAME", "admin")
         password = admin_ensure(username=username, password=os.environ.get("ADMIN_PASSWORD"))
         if password:
