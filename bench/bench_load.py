@@ -40,12 +40,14 @@ import argparse
 import http.client
 import json
 import os
+import pwd
 import random
+import shutil
 import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,9 +58,11 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.faults.harness import Instance  # noqa: E402
+from scripts.faults.harness import Instance, free_port  # noqa: E402
 from scripts.openwebui import demo_llm  # noqa: E402
+from tests import pg_cluster  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer, Scripted, chat_body  # noqa: E402
+from tests.pg_cluster import Server  # noqa: E402
 
 KINDS = ("knowledge_search", "fact_search", "fact_add", "chat", "message_capture")
 # Search is most of the traffic (issue 28); the rest writes (a chat too: its extraction).
@@ -68,6 +72,14 @@ TOPICS = ("hiking TypeScript green-tea violin Berlin cycling jazz sushi Rust gar
 WORDS = ("rate limit invoice deploy cluster backup token budget search index replica "
          "session memory tenant vector keyword schema migration worker queue trace").split()  # fmt: skip
 DATABASE = "bench_load"
+READS_FROM: Counter[str] = Counter()
+READS_LOCK = threading.Lock()
+
+
+def replicas_down_for() -> float:
+    from core.replicas import DOWN_FOR
+
+    return DOWN_FOR + 1
 
 
 def pct(values: list[float], q: float) -> float:
@@ -77,14 +89,26 @@ def pct(values: list[float], q: float) -> float:
 
 # --- the deployment ----------------------------------------------------------------------
 class Deployment:
-    """``web`` serve processes and one worker over one embedded PostgreSQL.
+    """``web`` serve processes and one worker over one embedded PostgreSQL; with
+    ``replica``, a streaming standby of it (``pg_basebackup -R`` from the embedded server's
+    own binaries, ``hot_standby_feedback = on``) that the web processes read from
+    (``DATABASE_REPLICA_URLS``, read-your-writes: ``core.replicas``). Its URL is known
+    before it exists: until it runs, the web processes find it down and read from the
+    primary (the seeding, the first seconds)."""
 
-    A replica mode (issue 28, item 1) belongs here: start a streaming standby of this
-    data directory's server (``tests/pg_cluster.py``), put its URL in ``env`` as
-    ``DATABASE_REPLICA_URLS`` for the web processes, and count its server's processes in
-    ``database_processes`` beside the primary's."""
+    def __init__(
+        self, data_dir: Path, web: int, web_workers: int, llm: dict[str, str], replica: bool
+    ) -> None:
+        self.standby: Server | None = None
+        replica_env = {}
+        if replica:
+            from urllib.parse import quote
 
-    def __init__(self, data_dir: Path, web: int, web_workers: int, llm: dict[str, str]) -> None:
+            sockets = data_dir / "replica-socket"
+            self.standby = Server(data_dir / "replica", sockets, free_port())
+            replica_env["DATABASE_REPLICA_URLS"] = (
+                f"postgresql://postgres@{quote(str(sockets), safe='')}:{self.standby.port}/{DATABASE}"
+            )
         self.env = {
             "EMBEDDED_DB_NAME": DATABASE,
             "API_THROTTLE_RATE": "",
@@ -93,7 +117,8 @@ class Deployment:
             "Q_POLL": "0.1",  # the default (the harness polls faster, for its tests)
             **llm,
         }
-        self.web = [Instance(env_overrides=self.env, data_dir=data_dir) for _ in range(web)]
+        self.web_env = {**self.env, **replica_env}
+        self.web = [Instance(env_overrides=self.web_env, data_dir=data_dir) for _ in range(web)]
         self.web_workers = web_workers
         self.worker = Instance(env_overrides=self.env, data_dir=data_dir)  # its port unused
 
@@ -109,9 +134,29 @@ class Deployment:
         self.worker.start("worker")
         self.first.wait_healthy(worker=True)
 
+    def start_standby(self) -> None:
+        """A fresh standby of the primary, streaming, on its own port and socket."""
+        assert self.standby is not None and self.first.data_dir is not None
+        lines = (self.first.data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()
+        for path in (self.standby.data, self.standby.socket_dir):
+            shutil.rmtree(path, ignore_errors=True)
+        self.standby.socket_dir.mkdir(parents=True)
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(pg_cluster.USER)
+            os.chown(self.standby.socket_dir, entry.pw_uid, entry.pw_gid)
+            os.chown(self.standby.data.parent, entry.pw_uid, entry.pw_gid)
+        pg_cluster._run("pg_basebackup", "-D", str(self.standby.data), "-R", "-X", "stream",
+                        "-h", lines[4], "-p", lines[3], "-U", "postgres", timeout=600)  # fmt: skip
+        with open(self.standby.data / "postgresql.conf", "a") as conf:
+            conf.write(f"port = {self.standby.port}\nunix_socket_directories = "
+                       f"'{self.standby.socket_dir}'\nhot_standby_feedback = on\n")  # fmt: skip
+        self.standby.start()
+
     def stop(self) -> None:
         for inst in [self.worker, *self.web]:
             inst.stop()
+        if self.standby is not None:
+            self.standby.stop()
 
     def conninfo(self) -> str:
         assert self.first.data_dir is not None
@@ -126,8 +171,10 @@ class Deployment:
         return _trees([inst.proc.pid for inst in [*self.web, self.worker] if inst.proc])
 
     def database_processes(self) -> list[psutil.Process]:
-        pid = self.first.postmaster_pid()
-        return _trees([pid] if pid else [])
+        pids = [self.first.postmaster_pid()]
+        if self.standby is not None and (self.standby.data / "postmaster.pid").exists():
+            pids.append(self.standby.postmaster_pid())
+        return _trees([pid for pid in pids if pid])
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the app's processes and of the database's."""
@@ -191,6 +238,10 @@ class Client:
             self.conn.request(method, path, data, sent)
             response = self.conn.getresponse()
             raw = response.read()
+            served = response.getheader("X-Read-From")
+            if served:  # with --replica: which server answered a read (core.replicas)
+                with READS_LOCK:
+                    READS_FROM[served] += 1
         except (OSError, http.client.HTTPException):
             self.conn.close()  # the next request opens a new connection
             raise
@@ -477,6 +528,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2000, help="per owner's knowledge base")
     parser.add_argument("--users", type=int, default=25, help="end users of 100 facts per owner")
     parser.add_argument("--data-dir", type=Path, default=Path("/work/benchdata/load"))
+    parser.add_argument("--replica", action="store_true",
+                        help="a streaming standby the web processes read from")  # fmt: skip
     args = parser.parse_args()
 
     upstream = FakeOpenAIServer()
@@ -484,11 +537,14 @@ def main() -> None:
     upstream.start()
     args.data_dir.mkdir(parents=True, exist_ok=True)
     deployment = Deployment(args.data_dir, args.web_processes, args.web_workers,
-                            upstream.llm_env())  # fmt: skip
+                            upstream.llm_env(), args.replica)  # fmt: skip
     run = uuid.uuid4().hex[:6]
     try:
         deployment.start()
         owners = seed(deployment, args.owners, args.chunks, args.users)
+        if deployment.standby is not None:
+            deployment.start_standby()
+            time.sleep(replicas_down_for())  # the web processes look at it again
         ports = [inst.port for inst in deployment.web]
         print(f"\n{machine()}")
         print(f"{args.web_processes} web process(es) x {args.web_workers} gunicorn workers, "
@@ -498,6 +554,10 @@ def main() -> None:
         results, elapsed = drive(ports, owners, args.clients, args.seconds, MIX, run)
         load = os.getloadavg()
         report(results, elapsed)
+        if READS_FROM:
+            print(
+                "reads answered by: " + ", ".join(f"{k} {v}" for k, v in sorted(READS_FROM.items()))
+            )
         print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
               f"({psutil.cpu_count()} CPUs)")  # fmt: skip
         missing = verify(ports[-1], results)
