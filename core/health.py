@@ -15,6 +15,7 @@ from django.utils.module_loading import import_string
 from django_q.status import Stat
 
 from core.db_recovery import as_database_unavailable
+from core.replicas import replica_aliases, replicas_health
 
 
 def pgvector_version() -> str | None:
@@ -164,6 +165,8 @@ def health_report() -> tuple[bool, dict[str, Any]]:
         report["worker"] = worker_status()
     except Exception as exc:  # noqa: BLE001
         report["worker"] = {"status": "unknown", "error": str(exc)}
+    if replica_aliases():  # (a replica's trouble sends reads to the primary: not degraded)
+        report["replicas"] = replicas_health()
     healthy = report["pgvector"]["status"] == "ok"
     degraded = report["worker"]["status"] != "ok" or _host_worker(report) == "down"
     report["status"] = "ok" if healthy and not degraded else ("degraded" if healthy else "error")

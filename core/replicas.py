@@ -167,12 +167,14 @@ def _written_position(owner_id: int) -> int | None:
     return int(row[0]) if row else None
 
 
-# Replay position (bytes since 0/0) and lag in seconds: no lag while everything received
-# is replayed (an idle primary sends nothing, and the last replayed commit grows old).
+# Replay position (bytes since 0/0; NULL on a server not in recovery, which is no standby:
+# pg_last_wal_replay_lsn() stays at its last crash recovery's end there) and lag in
+# seconds: no lag while everything received is replayed (an idle primary sends nothing,
+# and the last replayed commit grows old).
 _STATUS_SQL = (
-    "SELECT pg_last_wal_replay_lsn() - '0/0'::pg_lsn, CASE WHEN pg_last_wal_receive_lsn() "
-    "= pg_last_wal_replay_lsn() THEN 0 ELSE COALESCE(EXTRACT(EPOCH FROM now() - "
-    "pg_last_xact_replay_timestamp()), 0) END"
+    "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() - '0/0'::pg_lsn END, "
+    "CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 ELSE "
+    "COALESCE(EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()), 0) END"
 )
 
 
@@ -190,6 +192,28 @@ def _replica_status(alias: str) -> tuple[int, float] | None:
         logger.warning("replica %s is not a standby; not reading from it", alias)
         return None
     return int(replayed), float(lag)
+
+
+def replicas_health() -> list[dict[str, Any]]:
+    """Each replica as ``/healthz`` reports it: ``ok``, ``lagging`` (further behind than
+    ``REPLICA_MAX_LAG_SECONDS``: skipped), ``down`` (does not answer: skipped) or
+    ``not_standby`` (answers, but is not in recovery: never read from), with its lag."""
+    out = []
+    for alias in replica_aliases():
+        entry: dict[str, Any] = {"alias": alias, "status": "down", "lag_seconds": None}
+        try:
+            with connections[alias].cursor() as cur:
+                cur.execute(_STATUS_SQL)
+                replayed, lag = cur.fetchone()
+        except DatabaseError as exc:
+            entry["error"] = str(exc).strip()
+            mark_down(alias, exc)
+        else:
+            lagging = lag is not None and float(lag) > settings.REPLICA_MAX_LAG_SECONDS
+            entry["status"] = "not_standby" if replayed is None else "lagging" if lagging else "ok"
+            entry["lag_seconds"] = None if replayed is None else round(float(lag), 3)
+        out.append(entry)
+    return out
 
 
 def mark_down(alias: str, exc: BaseException | None = None) -> None:

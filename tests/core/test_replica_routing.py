@@ -2,7 +2,8 @@
 tests/core/test_replicas.py): nothing changes without replicas; with one, writes record
 the owner's WAL position, reads say where they read, a server that is not a standby is
 never read from, a split search's second leg reads where its request does, reads inside
-a transaction stay on the primary, and the settings name the variable they refuse."""
+a transaction stay on the primary, the settings name the variable they refuse, and
+``/healthz`` reports each replica."""
 
 from __future__ import annotations
 
@@ -107,3 +108,14 @@ def test_a_write_outside_a_request_is_recorded_at_once(one_replica, alice):
 def test_a_bad_replica_url_names_its_variable():
     with pytest.raises(EnvError, match=r"^DATABASE_REPLICA_URLS: 'h2:x' is not host\[:port\]"):
         database_from_url("postgresql://h1:5432,h2:x/db", conn_max_age=0, name="DATABASE_REPLICA_URLS")  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_healthz_reports_each_replica_and_stays_ok_without_one(
+    one_replica, alice_client, anon_client
+):
+    full = alice_client.get("/healthz").json()
+    assert full["replicas"] == [{"alias": "replica1", "status": "not_standby", "lag_seconds": None}]
+    public = anon_client.get("/healthz").json()
+    assert "replicas" not in public  # (the deployment's layout is for a key or staff)
+    assert public["status"] == full["status"]  # a replica's trouble degrades nothing

@@ -213,6 +213,8 @@ def test_a_replica_that_stops_is_skipped_and_comes_back(cluster):
         stopper.join()
         assert {status for status, _ in answers} == {200}, answers
         assert answers[-1] == (200, "primary")
+        (down,) = relaxed.get("/healthz").body["replicas"]
+        assert (down["alias"], down["status"]) == ("replica1", "down")
         pair.standby.start()
         deadline = time.monotonic() + 30
         while answers[-1][1] != "replica" and time.monotonic() < deadline:
@@ -220,3 +222,5 @@ def test_a_replica_that_stops_is_skipped_and_comes_back(cluster):
             search()
     assert {status for status, _ in answers} == {200}
     assert answers[-1] == (200, "replica")
+    (back,) = relaxed.get("/healthz").body["replicas"]
+    assert back["status"] == "ok" and back["lag_seconds"] < 30, back
