@@ -14,7 +14,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -50,21 +50,27 @@ class DatabaseUnavailable(Unavailable):
         return int(settings.DATABASE_RETRY_AFTER)
 
 
-def is_database_unavailable(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what it was raised from) says the server is unreachable."""
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from (its cause, else its context), each once."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, DatabaseUnavailable):
-            return True
-        if isinstance(exc, InterfaceError | psycopg.InterfaceError):
-            return True  # "connection already closed"
-        if isinstance(exc, psycopg.OperationalError):
-            sqlstate = exc.sqlstate
-            return sqlstate is None or sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
-        if isinstance(exc, OperationalError) and exc.__cause__ is None:
-            return True
+        yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def is_database_unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the server is unreachable."""
+    for link in _chain(exc):
+        if isinstance(link, DatabaseUnavailable):
+            return True
+        if isinstance(link, InterfaceError | psycopg.InterfaceError):
+            return True  # "connection already closed"
+        if isinstance(link, psycopg.OperationalError):
+            sqlstate = link.sqlstate
+            return sqlstate is None or sqlstate.startswith(_UNAVAILABLE_SQLSTATES)
+        if isinstance(link, OperationalError) and link.__cause__ is None:
+            return True
     return False
 
 
@@ -78,18 +84,14 @@ class StatementTimeout(Unavailable):
 def as_statement_timeout(exc: BaseException) -> StatementTimeout | None:
     """``StatementTimeout`` for a statement PostgreSQL cancelled (SQLSTATE 57014); None
     for anything else."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, psycopg.errors.QueryCanceled):
-            seconds = settings.API_STATEMENT_TIMEOUT_SECONDS
-            return StatementTimeout(
-                f"The request needed the database longer than the API allows ({seconds:g} s a "
-                "statement) and was stopped; nothing changed. Narrow it (a smaller scope, "
-                "limit or filter), or run it as background work."
-            )
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return None
+    if not any(isinstance(link, psycopg.errors.QueryCanceled) for link in _chain(exc)):
+        return None
+    seconds = settings.API_STATEMENT_TIMEOUT_SECONDS
+    return StatementTimeout(
+        f"The request needed the database longer than the API allows ({seconds:g} s a "
+        "statement) and was stopped; nothing changed. Narrow it (a smaller scope, "
+        "limit or filter), or run it as background work."
+    )
 
 
 def as_database_unavailable(exc: BaseException) -> DatabaseUnavailable | None:

@@ -178,20 +178,30 @@ _STATUS_SQL = (
 )
 
 
-def _replica_status(alias: str) -> tuple[int, float] | None:
-    """(replayed position, lag) of the replica, or None when it cannot be read (it is then
-    down for ``DOWN_FOR`` seconds) or is not a standby."""
+def _read_status(alias: str) -> tuple[int | None, float]:
+    """(replayed position or None on a server not in recovery, lag) of the replica; a
+    replica that does not answer is marked down for ``DOWN_FOR`` seconds and raises."""
     try:
         with connections[alias].cursor() as cur:
             cur.execute(_STATUS_SQL)
             replayed, lag = cur.fetchone()
     except DatabaseError as exc:
         mark_down(alias, exc)
+        raise
+    return (None if replayed is None else int(replayed)), float(lag)
+
+
+def _replica_status(alias: str) -> tuple[int, float] | None:
+    """(replayed position, lag) of the replica, or None when it cannot be read or is not
+    a standby."""
+    try:
+        replayed, lag = _read_status(alias)
+    except DatabaseError:
         return None
     if replayed is None:  # not in recovery: a promoted or misconfigured replica
         logger.warning("replica %s is not a standby; not reading from it", alias)
         return None
-    return int(replayed), float(lag)
+    return replayed, lag
 
 
 def replicas_health() -> list[dict[str, Any]]:
@@ -202,16 +212,13 @@ def replicas_health() -> list[dict[str, Any]]:
     for alias in replica_aliases():
         entry: dict[str, Any] = {"alias": alias, "status": "down", "lag_seconds": None}
         try:
-            with connections[alias].cursor() as cur:
-                cur.execute(_STATUS_SQL)
-                replayed, lag = cur.fetchone()
+            replayed, lag = _read_status(alias)
         except DatabaseError as exc:
             entry["error"] = str(exc).strip()
-            mark_down(alias, exc)
         else:
-            lagging = lag is not None and float(lag) > settings.REPLICA_MAX_LAG_SECONDS
+            lagging = lag > settings.REPLICA_MAX_LAG_SECONDS
             entry["status"] = "not_standby" if replayed is None else "lagging" if lagging else "ok"
-            entry["lag_seconds"] = None if replayed is None else round(float(lag), 3)
+            entry["lag_seconds"] = None if replayed is None else round(lag, 3)
         out.append(entry)
     return out
 
