@@ -7,7 +7,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from core import audit, replicas
+from core import audit, replicas, tenancy
 from core.models import APIKey
 from core.selectors import api_key_authenticate
 from core.services import api_key_digest
@@ -45,6 +45,7 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
         if api_key is None:
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked API key.")
         setattr(request._request, audit.KEY_ATTRIBUTE, api_key)  # (who acts: core.audit)
+        tenancy.enter_owner(api_key.owner_id)  # its rows only, from now on (core.tenancy)
         replicas.owner_known(api_key.owner_id)  # a read chooses its server now
         now = timezone.now()
         if api_key.last_used_at is None or now - api_key.last_used_at > LAST_USED_RESOLUTION:
@@ -53,3 +54,14 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+class SessionAuthentication(authentication.SessionAuthentication):
+    """DRF's session authentication (a user signed in to the console), running the
+    request as that user's rows (``core.tenancy``)."""
+
+    def authenticate(self, request: Request):  # type: ignore[override]
+        result = super().authenticate(request)
+        if result is not None:
+            tenancy.enter_owner(result[0].pk)
+        return result

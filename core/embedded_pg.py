@@ -190,6 +190,25 @@ def _ensure_database(info: ServerInfo) -> None:
             pass
 
 
+def _ensure_role(info: ServerInfo, role: str) -> None:
+    """The service's role: it logs in (the embedded server trusts local connections),
+    owns nothing, and bypasses no row-level security; ``migrate`` grants it the tables."""
+    import psycopg
+    from psycopg import errors, sql
+
+    with psycopg.connect(info.conninfo("postgres"), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+            return
+        try:
+            conn.execute(
+                sql.SQL(
+                    "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS"
+                ).format(sql.Identifier(role))
+            )
+        except errors.DuplicateObject:
+            pass
+
+
 def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str]) -> bool:
     """Make the running server use ``wanted`` (memory sizes such as ``shared_buffers``).
 
@@ -303,7 +322,11 @@ def pgvector_self_check(conninfo: str) -> float:
 
 
 def ensure_embedded_postgres(
-    data_dir: Path, *, dbname: str = "memory", server_settings: dict[str, str] | None = None
+    data_dir: Path,
+    *,
+    dbname: str = "memory",
+    server_settings: dict[str, str] | None = None,
+    service_role: str | None = None,
 ) -> ServerInfo:
     """Start (or attach to) the embedded server in ``data_dir/pgdata`` and return how to reach it.
 
@@ -311,7 +334,8 @@ def ensure_embedded_postgres(
     left by a ``kill -9`` of the server or of any client. Creates ``dbname`` if
     missing and runs the pgvector self-check once per process. ``server_settings``
     (memory sizes by name) are applied with ``ALTER SYSTEM``, restarting the server
-    when ``shared_buffers`` changes.
+    when ``shared_buffers`` changes. ``service_role``: a role made if missing (LOGIN,
+    no superuser, no ``BYPASSRLS``) for the service to connect with (``core.tenancy``).
     """
     # platformdirs warns when XDG_RUNTIME_DIR is unset (it falls back to /tmp): noise.
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
@@ -355,6 +379,8 @@ def ensure_embedded_postgres(
             info = replace(info, pid=pid or info.pid)
             _wait_for_connection(info, timeout=30)
         _ensure_database(info)
+        if service_role:
+            _ensure_role(info, service_role)
     if os.environ.get("MEMORY_SKIP_SELF_CHECK") != "1":
         pgvector_self_check(info.conninfo())
     return info

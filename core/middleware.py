@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 
-from core import audit
+from core import audit, tenancy
 from core.api.errors import API_PREFIXES, api_error_response, json_400, validation_message
 from core.api.parsers import UnstorableInput, check_parsed
 
@@ -68,3 +70,31 @@ class AccessActorMiddleware:
             return self.get_response(request)
         finally:
             audit.request_end(token)
+
+
+class RowOwnerMiddleware:
+    """Whose rows a request may touch (``core.tenancy``): it starts as nobody; the API's
+    authentication names the key's (or signed-in user's) owner; the admin, for staff,
+    works across owners through a bypass named after the staff user. A streamed body,
+    produced after this returns, is produced under what the request ran as. Whatever
+    the request set ends with it."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+        self.admin_prefix = reverse("admin:index")
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        token = tenancy.enter(tenancy.NOBODY)
+        try:
+            if request.path.startswith(self.admin_prefix):
+                user = request.user
+                if user.is_active and user.is_staff:
+                    tenancy.enter_bypass(f"admin:{user.get_username()}")
+            response = self.get_response(request)
+            if response.streaming:
+                streamed: Any = response
+                carry = tenancy.carried_async if streamed.is_async else tenancy.carried
+                streamed.streaming_content = carry(streamed.streaming_content, tenancy.state())
+            return response
+        finally:
+            tenancy.leave(token)

@@ -10,16 +10,19 @@ and schedules.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 
+from core import tenancy
+
 logger = logging.getLogger(__name__)
 
 # A task done for an owner has the django-q2 group ``owner:<id>``: the broker serves each
 # owner's tasks in a lane of its own, in turn with the others (core.broker).
-OWNER_GROUP = "owner:"
+OWNER_GROUP = tenancy.OWNER_GROUP
 
 
 def owner_group(owner_id: int) -> str:
@@ -87,3 +90,22 @@ def enqueue_on_commit(
             on_error=on_error,
         )  # fmt: skip
     )
+
+
+# What a task runs as (core.tenancy), set before it and reset after it by django-q2's
+# signals (connected in core.apps): a stack, since tests run tasks inline (sync) inside
+# a request or another task.
+_task_states = threading.local()
+
+
+def task_started(
+    sender: object, func: object = None, task: dict[str, Any] | None = None, **_: Any
+) -> None:
+    stack = _task_states.__dict__.setdefault("tokens", [])
+    stack.append(tenancy.enter(tenancy.for_task(func, (task or {}).get("group"))))
+
+
+def task_ended(sender: object, **_: Any) -> None:
+    stack = _task_states.__dict__.get("tokens")
+    if stack:
+        tenancy.leave(stack.pop())

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from core import tenancy
 from core.api.errors import json_error_response
 from core.authentication import api_key_from_header
 from core.health import app_health, health_report
@@ -47,7 +48,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
     healthy, report = health_report()
     trusted, owner_ids = _viewer(request)
     if trusted and healthy:
-        report.update(app_health(owner_ids))
+        # A key's owner's figures, or (staff) every owner's (core.tenancy).
+        scope = tenancy.bypass("healthz") if owner_ids is None else tenancy.as_owner(owner_ids[0])
+        with scope:
+            report.update(app_health(owner_ids))
     body = report if trusted else public_report(report)
     response = JsonResponse(body, status=200 if healthy else 503)
     if "error" in report:  # the database is unreachable
@@ -74,4 +78,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response = json_error_response(401, f"Send Authorization: Bearer <METRICS_TOKEN>{hint}.")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    return HttpResponse(render_metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    with tenancy.bypass("metrics"):  # counts across owners, for the operator
+        body = render_metrics()
+    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")

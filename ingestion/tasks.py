@@ -8,6 +8,7 @@ from datetime import date
 from django.conf import settings
 from django.utils.dateparse import parse_datetime
 
+from core.tenancy import maintenance
 from ingestion import memory_bases, updates
 from memories.conversations.node_memory import node_memory_delete_idle
 from memories.engine.dreams import dream_scheduled, dreams_daily
@@ -21,11 +22,13 @@ def ingest_session(job_id: str) -> str:
     return job.status if job is not None else "skipped"
 
 
+@maintenance("task memory_base_jobs_sweep")
 def memory_base_jobs_sweep() -> int:
     """Every 5 minutes (schedule ``memory-base-jobs-sweep``): resume abandoned jobs."""
     return memory_bases.memory_base_jobs_sweep()
 
 
+@maintenance("task node_memory_cleanup")
 def node_memory_cleanup() -> int:
     """Daily (schedule ``node-memory-cleanup``): delete idle conversations' node memory."""
     return node_memory_delete_idle()
@@ -61,11 +64,13 @@ def engine_updates_run(scope_id: int) -> str:
     return updates.updates_run(scope_id=int(scope_id)).status
 
 
+@maintenance("task engine_updates_sweep")
 def engine_updates_sweep() -> int:
     """Every minute (schedule ``engine-updates-sweep``): run scopes whose updates are due."""
     return updates.updates_sweep()
 
 
+@maintenance("task engine_dreams_daily")
 def engine_dreams_daily() -> int:
     """Daily (schedule ``engine-dreams``): queue a dream of each scope whose facts or
     journal changed since its last dream, of owners who have not turned it off."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from core.tenancy import maintenance
 from knowledge.services import (
     enqueue_chunk_indexing,
     knowledge_index_pending,
@@ -15,6 +16,7 @@ def run_ingest_job(job_id: str) -> str:
     return job.status if job is not None else "gone"
 
 
+@maintenance("task index_pending_chunks")
 def index_pending_chunks() -> int:
     """Queued after ingestion and every 5 minutes (schedule ``index-pending-chunks``):
     add pending chunks to their HNSW index. A run that hits its time budget queues
@@ -25,6 +27,7 @@ def index_pending_chunks() -> int:
     return run.indexed
 
 
+@maintenance("task ingest_jobs_sweep")
 def ingest_jobs_sweep() -> int:
     """Every 5 minutes (schedule ``ingest-jobs-sweep``): resume abandoned ingest jobs."""
     return knowledge_ingest_jobs_sweep()

@@ -109,6 +109,26 @@ def load_env_file(path: str) -> list[str]:
     return loaded
 
 
+# Django's PostgreSQL backend with the owner settings of row-level security
+# (core.db_backend; it starts the embedded server only for an entry that asks for it).
+ENGINE = "core.db_backend"
+
+
+def owner_credentials(url: str, *, name: str = "DATABASE_OWNER_URL") -> dict[str, str]:
+    """The ``OWNER_USER`` / ``OWNER_PASSWORD`` of a database entry, from the user and
+    password of ``url`` (empty: none, the entry's own role owns the tables)."""
+    if not url:
+        return {}
+    userinfo, at, _ = urllib.parse.urlsplit(url).netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    if not at or not user:
+        raise EnvError(f"{name} must name the tables' owner: postgresql://user:password@...")
+    return {
+        "OWNER_USER": urllib.parse.unquote(user),
+        "OWNER_PASSWORD": urllib.parse.unquote(password),
+    }
+
+
 def database_from_url(url: str, *, conn_max_age: int, name: str = "DATABASE_URL") -> dict[str, Any]:
     """Django's ``DATABASES`` entry for ``DATABASE_URL``. libpq's multi-host form
     (``postgresql://user:pw@h1:5432,h2:5433/db?target_session_attrs=read-write``, which
@@ -121,7 +141,7 @@ def database_from_url(url: str, *, conn_max_age: int, name: str = "DATABASE_URL"
     parts = urllib.parse.urlsplit(url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
     if "," not in hosts:
-        return dict(dj_database_url.parse(url, conn_max_age=conn_max_age))
+        return dict(dj_database_url.parse(url, conn_max_age=conn_max_age, engine=ENGINE))
     if parts.scheme not in ("postgres", "postgresql"):
         raise EnvError(f"{name} with several hosts must be postgresql://, not {parts.scheme}://")
     names, ports = [], []
@@ -136,7 +156,7 @@ def database_from_url(url: str, *, conn_max_age: int, name: str = "DATABASE_URL"
     user, _, password = userinfo.partition(":") if at else ("", "", "")
     options = {k: v for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)}
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": ENGINE,
         "NAME": urllib.parse.unquote(parts.path.lstrip("/")),
         "USER": urllib.parse.unquote(user),
         "PASSWORD": urllib.parse.unquote(password),

@@ -21,6 +21,7 @@ from memoryproject.env import (
     env_list,
     env_str,
     load_env_file,
+    owner_credentials,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -85,6 +86,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "core.middleware.RowOwnerMiddleware",
     "core.middleware.AccessActorMiddleware",
     "core.replicas.ReplicaReadsMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -114,9 +116,17 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
+# Row-level security (core.tenancy, core.row_security): the service connects with a role
+# that does not own the tables, so PostgreSQL's policies hold for every statement it sends;
+# migrations (and the test database's creation) connect as the tables' owner.
+# DATABASE_OWNER_URL: the owner's credentials (its user and password are used, on
+# DATABASE_URL's servers); unset, DATABASE_URL's role runs the migrations too, owns the
+# tables, and the policies do not hold for it (docs/operations.md, "Row-level security").
+DATABASE_OWNER_URL = env_str("DATABASE_OWNER_URL")
 if DATABASE_URL:
     # (libpq's multi-host form too: memoryproject.env.database_from_url)
     DATABASES = {"default": database_from_url(DATABASE_URL, conn_max_age=CONN_MAX_AGE)}  # type: ignore[dict-item]
+    DATABASES["default"].update(owner_credentials(DATABASE_OWNER_URL))  # type: ignore[typeddict-item]
     EMBEDDED_DATABASE = False
 else:
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
@@ -129,6 +139,8 @@ else:
             "maintenance_work_mem": "512MB",
         },
     }
+    # The service's role (LOGIN, no superuser, owns nothing), made with the database.
+    EMBEDDED_SERVICE_ROLE = "memory_app"
     # Reading the settings starts nothing: the backend starts (or attaches to) the server
     # when the process first connects, and fills in HOST and PORT then. The running
     # service starts it again the same way if it stops (core.db_recovery).
@@ -136,12 +148,18 @@ else:
         "default": {
             "ENGINE": "core.db_backend",
             "NAME": EMBEDDED_DB_OPTIONS["dbname"],
-            "USER": "postgres",
+            # (both roles made by core.embedded_pg; the service's is no superuser)
+            "USER": EMBEDDED_SERVICE_ROLE,
+            "OWNER_USER": "postgres",
             "HOST": "",
             "PORT": "",
             "CONN_MAX_AGE": CONN_MAX_AGE,
             # core.db_backend's own key (Django keeps keys it does not know)
-            "EMBEDDED": {"data_dir": DATA_DIR, **EMBEDDED_DB_OPTIONS},  # type: ignore[typeddict-unknown-key]
+            "EMBEDDED": {
+                "data_dir": DATA_DIR,
+                "service_role": EMBEDDED_SERVICE_ROLE,
+                **EMBEDDED_DB_OPTIONS,
+            },  # type: ignore[typeddict-unknown-key]
         }
     }
     EMBEDDED_DATABASE = True
@@ -151,6 +169,7 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASE_REPLICAS: list[str] = []
 for _number, _url in enumerate(env_list("DATABASE_REPLICA_URLS", []), start=1):
     _replica = database_from_url(_url, conn_max_age=CONN_MAX_AGE, name="DATABASE_REPLICA_URLS")
+    _replica.update(owner_credentials(DATABASE_OWNER_URL))
     # A replica that does not answer is skipped for another: never wait long for one.
     _replica.setdefault("OPTIONS", {}).setdefault("connect_timeout", 2)
     _replica["CONN_HEALTH_CHECKS"] = True
@@ -211,7 +230,7 @@ WHITENOISE_USE_FINDERS = True
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "core.authentication.APIKeyAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        "core.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",

@@ -7,6 +7,8 @@ from django.db import connections, transaction
 from django.test import TransactionTestCase
 from rest_framework.test import APIClient
 
+from core import tenancy
+from core.db_backend.base import table_owner
 from core.schedules import register_schedules
 from core.services import api_key_create
 from ingestion.capture import messages_record
@@ -104,7 +106,8 @@ def _empty_every_table(self: TransactionTestCase) -> None:
 
 def empty_database(name: str) -> None:
     connection = connections[name]
-    with transaction.atomic(using=name), connection.cursor() as cursor:
+    # (as the tables' owner: the service's role may not turn triggers off)
+    with table_owner(connection), transaction.atomic(using=name), connection.cursor() as cursor:
         cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
         tables = sorted({row[0] for row in cursor.fetchall()} - _KEPT_TABLES)
         cursor.execute("SET LOCAL session_replication_role = replica")
@@ -121,6 +124,13 @@ def django_db_setup(django_db_setup, django_db_blocker):  # noqa: F811 (pytest-d
     empty too: a run stopped inside a transaction test left its rows."""
     with django_db_blocker.unblock():
         empty_database("default")
+
+
+# A test's own code (its factories, the services it calls directly, its checks, the
+# threads it starts) sees every owner's rows, as the admin does; what it drives through
+# a request, a task or MCP runs as that one's owner or as nobody (core.tenancy), as it
+# would when served: each of those sets what it runs as.
+tenancy.set_fallback(("", "test"))
 
 
 @pytest.fixture

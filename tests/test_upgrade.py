@@ -56,7 +56,11 @@ def _admin(sql: str) -> None:
     db = settings.DATABASES["default"]
     embedded_server(db)  # its HOST and PORT are filled on a process's first connection
     with psycopg.connect(
-        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
+        host=db["HOST"],
+        port=db["PORT"],
+        user=db.get("OWNER_USER") or db["USER"],
+        dbname="postgres",
+        autocommit=True,
     ) as conn:
         conn.execute(sql)
 
@@ -86,7 +90,7 @@ def migrated():
         made.append(dbname)
         subprocess.run(
             [str(PSQL), "-q", "-v", "ON_ERROR_STOP=1", "-h", db["HOST"], "-p", str(db["PORT"]),
-             "-U", db["USER"], "-d", dbname, "-f", str(dump)],
+             "-U", db.get("OWNER_USER") or db["USER"], "-d", dbname, "-f", str(dump)],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         env = {

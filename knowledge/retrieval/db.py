@@ -25,7 +25,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -34,7 +34,10 @@ from django.db import close_old_connections, connection, connections
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
+from core import tenancy
+from core.db_backend.base import pending_settings
 from core.replicas import bound, read_connection
+from core.tenancy import OWNER_SETTINGS, settings_params
 from core.tracing import carry, statements_span
 
 T = TypeVar("T")
@@ -113,6 +116,15 @@ def fetch_all(statements: list[Statement]) -> list[tuple[list[tuple[Any, ...]], 
             # Django's own (client-side) cursors never prepare.
             raw.prepare_threshold = _ONLY_WHEN_ASKED
         _adapt_vectors(raw)
+        owner = pending_settings(raw)
+        if owner is not None:
+            # Row-level security's owner settings (core.tenancy) go with the first
+            # statement's, in the same round trip and transaction.
+            carried = list(zip(OWNER_SETTINGS, settings_params(owner)))
+            statements = [
+                replace(statements[0], local=carried + statements[0].local),
+                *statements[1:],
+            ]
         cursors = [(psycopg.Cursor(raw), psycopg.Cursor(raw)) for _ in statements]
         try:
             if len(statements) == 1 and not statements[0].local:
@@ -194,7 +206,8 @@ def both(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
     if connection.in_atomic_block:
         return first(), second()
     # (the trace's context too, and the server the request reads from)
-    future = _executor().submit(carry(_on_own_connection), bound(second))
+    # (as the request runs: its owner's rows, core.tenancy)
+    future = _executor().submit(carry(_on_own_connection), bound(tenancy.bound(second)))
     try:
         a = first()
     except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from core.queue import enqueue, enqueue_on_commit
+from core.tenancy import maintenance
 from knowledge.services import knowledge_index_pending
 
 TASK = "memories.facts.tasks.index_pending_facts"
@@ -14,6 +15,7 @@ def enqueue_fact_indexing(*, on_commit: bool = False) -> None:
     (enqueue_on_commit if on_commit else enqueue)(TASK, task_name="index-pending-facts")
 
 
+@maintenance("task index_pending_facts")
 def index_pending_facts() -> int:
     """Queued after an import and every 5 minutes (schedule ``index-pending-facts``):
     add the facts an import left pending to their HNSW index. A run that hits its time

@@ -43,6 +43,7 @@ from mcp.types import (
     Tool as MCPTool,
 )
 
+from core import tenancy
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.dreams import memory_md_read
@@ -117,8 +118,10 @@ def _orm(fn: Callable[[], T]) -> Callable[[], T]:
 
     def run() -> T:
         close_old_connections()
+        owner = current_owner.get()
         try:
-            return fn()
+            with tenancy.as_owner(owner) if owner is not None else tenancy.nobody():
+                return fn()
         finally:
             close_old_connections()
 

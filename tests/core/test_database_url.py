@@ -16,7 +16,7 @@ from memoryproject.env import EnvError, database_from_url
 def test_the_multi_host_form_is_read_into_libpq_lists():
     url = "postgresql://app:p%40ss@db1:5432,db2:5433,[::1]/memory?target_session_attrs=read-write"
     assert database_from_url(url, conn_max_age=60) == {
-        "ENGINE": "django.db.backends.postgresql", "NAME": "memory", "USER": "app",
+        "ENGINE": "core.db_backend", "NAME": "memory", "USER": "app",
         "PASSWORD": "p@ss", "HOST": "db1,db2,::1", "PORT": "5432,5433,5432",
         "CONN_MAX_AGE": 60, "OPTIONS": {"target_session_attrs": "read-write"},
     }  # fmt: skip

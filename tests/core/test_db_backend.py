@@ -49,7 +49,10 @@ def test_the_first_connection_starts_the_server_once_and_says_where_it_is(starts
     for thread in threads:
         thread.join()
     assert starts == [
-        (tmp_path.resolve(), {"dbname": "app", "server_settings": {"shared_buffers": "128MB"}})
+        (
+            tmp_path.resolve(),
+            {"dbname": "app", "server_settings": {"shared_buffers": "128MB"}, "service_role": None},
+        )
     ]
     assert {(e["HOST"], e["PORT"], e["USER"]) for e in entries} == {
         ("/run/pg-test", "5433", "postgres")

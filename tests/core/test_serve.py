@@ -55,7 +55,11 @@ def serve_env():
     db = settings.DATABASES["default"]
     embedded_server(db)  # its HOST and PORT are filled on a process's first connection
     with psycopg.connect(
-        host=db["HOST"], port=db["PORT"], user=db["USER"], dbname="postgres", autocommit=True
+        host=db["HOST"],
+        port=db["PORT"],
+        user=db.get("OWNER_USER") or db["USER"],
+        dbname="postgres",
+        autocommit=True,
     ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 

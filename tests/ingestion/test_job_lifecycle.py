@@ -32,6 +32,8 @@ WORKER = textwrap.dedent(
     import sys, time
     import django
     django.setup()
+    from core import tenancy
+    tenancy.set_fallback(("", "test worker"))  # (django-q2 would run it as the job's owner)
     from ingestion import memory_bases
     from knowledge.services import ingest as kb_services
     from ingestion.tasks import ingest_session

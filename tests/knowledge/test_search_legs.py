@@ -23,8 +23,8 @@ def _docs():
     ]
 
 
-def _run(kb, monkeypatch, split_min_rows: int):
-    monkeypatch.setattr(search, "SPLIT_MIN_ROWS", split_min_rows)
+def leg_threads(monkeypatch) -> set[str]:
+    """The names of the threads each search leg runs on, from now on (``Leg.run``)."""
     threads: set[str] = set()
     original = Leg.run
 
@@ -33,6 +33,13 @@ def _run(kb, monkeypatch, split_min_rows: int):
         return original(leg)
 
     monkeypatch.setattr(Leg, "run", recording)
+    return threads
+
+
+def _run(kb, monkeypatch, split_min_rows: int):
+    monkeypatch.setattr(search, "SPLIT_MIN_ROWS", split_min_rows)
+    original = Leg.run
+    threads = leg_threads(monkeypatch)
     try:
         request = SearchRequest(query="orchard report", top_k=5)
         hits = search_chunks(bases=[kb], request=request)

@@ -9,6 +9,7 @@ import importlib
 import pytest
 from django.db import connection
 
+from core.db_backend.base import table_owner
 from memories.facts.models import Fact, FactLink, Scope
 from memories.facts.scopes import scope_find
 from memories.facts.selectors import fact_count, scope_fact_count
@@ -89,6 +90,6 @@ def test_the_migration_counts_the_links_already_there_and_a_truncate_zeroes(alic
         cur.execute(migration.Migration.operations[0].sql)
     assert [v[0] for v in counts().values()] == [5]
     assert_counts_true()
-    with connection.cursor() as cur:
+    with table_owner(connection), connection.cursor() as cur:  # (TRUNCATE: the owner's)
         cur.execute("TRUNCATE memories_factlink")
     assert [v[0] for v in counts().values()] == [0]

@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from core.db_backend.base import table_owner
 from knowledge.retrieval import bm25
 from memories.engine.facade import MemoryEngine
 from memories.facts.models import Fact, FactLink, Scope
@@ -253,7 +254,7 @@ def test_the_migration_counts_the_facts_already_there_and_a_truncate_zeroes(alic
         cur.execute(migration.CREATE)
     assert sorted(v[0] for v in stats().values()) == [6, 10]  # (bob's shared one: no scope)
     assert_stats_true()
-    with connection.cursor() as cur:
+    with table_owner(connection), connection.cursor() as cur:  # (TRUNCATE: the owner's)
         cur.execute("TRUNCATE memories_fact CASCADE")
     assert {v[:2] for v in stats().values()} == {(0, 0)}
 

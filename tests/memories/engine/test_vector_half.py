@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from core.db_backend.base import table_owner
 from knowledge.retrieval.db import fetch
 from knowledge.retrieval.vectors import COPY_MARGIN as HALF_MARGIN
 from memories.facts.models import Fact, FactLink, Scope
@@ -148,7 +149,7 @@ def test_the_copy_follows_every_write(alice):
 def test_a_truncate_of_the_facts_empties_the_copy(alice):
     fact_add(owner=alice, scope=("org", "a"), facts=[FactIn("alice likes tea")],
                   embedder=Dims(384))  # fmt: skip
-    with connection.cursor() as cur:
+    with table_owner(connection), connection.cursor() as cur:  # (TRUNCATE: the owner's)
         cur.execute("SELECT count(*) FROM memories_fact_half")
         assert cur.fetchone()[0] == 1
         cur.execute("TRUNCATE memories_fact CASCADE")

@@ -1,0 +1,7 @@
+"""Django's ``flush``, connected as the tables' owner (core.management.table_owner)."""
+
+from django.core.management.commands.flush import Command as DjangoCommand
+
+from core.management.table_owner import as_table_owner
+
+Command = as_table_owner(DjangoCommand, secure=False)

@@ -1,0 +1,203 @@
+"""Whose rows the database lets a statement touch: row-level security's side in Python.
+
+Every table holding an owner's data has an ``owner_id`` column and a policy
+(``core.row_security``) that shows a statement only the rows of the owner named by the
+setting ``memory.owner_id`` of its transaction, or every row while ``memory.bypass`` is
+``on``. The service connects with a role that does not own the tables, so the policies
+hold for every statement it sends, a forgotten filter's included.
+
+This module holds what the current request or task runs as, in a context variable:
+
+- ``as_owner(owner_id)``: an owner's request, task, MCP session or chat turn;
+- ``bypass(reason)``: the admin and cross-owner maintenance (sweeps, the indexer,
+  management commands), explicit and named after what bypasses (logged at DEBUG; the
+  code's places that may bypass are listed in ``tests/core/test_row_security.py``);
+- neither (the default): a statement on an owner's table fails (``memory.owner_id`` is
+  empty, which is no owner id): a path that forgot to say whose work it does is an
+  error, never an empty or a cross-tenant answer.
+
+The database backend (``core.db_backend``) sends the settings with the first statement
+of every transaction, ``set_config(..., true)`` (``SET LOCAL``): they end with the
+transaction, so they hold behind a transaction-pooling proxy too; a statement outside a
+transaction carries them in its own implicit one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from typing import Any, TypeVar, cast
+
+logger = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+# django-q2's group of a task done for an owner (core.queue.owner_group).
+OWNER_GROUP = "owner:"
+
+# (owner id as text, bypass reason): ("", "") is neither.
+State = tuple[str, str]
+NOBODY: State = ("", "")
+_state: ContextVar[State] = ContextVar("memory_row_owner")
+# What a context that set nothing runs as (a thread's own context sets nothing): nobody;
+# the test suite's own threads run as its test code does (``set_fallback``).
+_fallback: list[State] = [NOBODY]
+
+# The two settings of a transaction, in the order of ``settings_params``.
+OWNER_SETTINGS = ("memory.owner_id", "memory.bypass")
+
+
+def state() -> State:
+    return _state.get(_fallback[0])
+
+
+def set_fallback(value: State) -> None:
+    _fallback[0] = value
+
+
+def current_owner_id() -> int | None:
+    owner = state()[0]
+    return int(owner) if owner else None
+
+
+def settings_params(value: State) -> list[str]:
+    """The values of ``OWNER_SETTINGS`` for ``value``."""
+    return [value[0], "on" if value[1] else ""]
+
+
+def enter_owner(owner_id: int) -> Token[State]:
+    """Run as ``owner_id`` from now on (until ``leave(token)``): for the API's
+    authentication, which learns the owner in the middle of a request (the middleware
+    that started the request resets what it set at its end)."""
+    return _state.set((str(int(owner_id)), ""))
+
+
+def enter(value: State) -> Token[State]:
+    return _state.set(value)
+
+
+def leave(token: Token[State]) -> None:
+    _state.reset(token)
+
+
+@contextmanager
+def as_owner(owner_id: int) -> Iterator[None]:
+    token = enter_owner(owner_id)
+    try:
+        yield
+    finally:
+        _state.reset(token)
+
+
+def enter_bypass(reason: str) -> Token[State]:
+    if not reason:
+        raise ValueError("a bypass of row-level security names its reason")
+    logger.debug("row-level security bypassed: %s", reason)
+    return _state.set(("", reason))
+
+
+@contextmanager
+def bypass(reason: str) -> Iterator[None]:
+    """Every owner's rows, for the block: the admin and cross-owner maintenance only."""
+    token = enter_bypass(reason)
+    try:
+        yield
+    finally:
+        _state.reset(token)
+
+
+@contextmanager
+def nobody() -> Iterator[None]:
+    """Neither an owner nor a bypass (what a request or a task starts from)."""
+    token = _state.set(NOBODY)
+    try:
+        yield
+    finally:
+        _state.reset(token)
+
+
+def maintenance(reason: str) -> Callable[[F], F]:
+    """Mark a background task that works across owners (a sweep, an indexer): it runs
+    under ``bypass(reason)`` (``core.queue``'s signal handlers). A task queued for an
+    owner runs as that owner; any other task, as nobody."""
+
+    def mark(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with bypass(reason):  # (called directly too: a command, a test's worker)
+                return fn(*args, **kwargs)
+
+        run.row_security_bypass = reason  # type: ignore[attr-defined]
+        return cast(F, run)
+
+    return mark
+
+
+def for_task(func: object, group: str | None) -> State:
+    """What a background task runs as: its owner (django-q2 group ``owner:<id>``),
+    its ``maintenance`` bypass, or nobody."""
+    if group and group.startswith(OWNER_GROUP):
+        return (str(int(group[len(OWNER_GROUP) :])), "")
+    reason = getattr(func, "row_security_bypass", None)
+    if reason:
+        logger.debug("row-level security bypassed: %s", reason)
+        return ("", reason)
+    return NOBODY
+
+
+def bound(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn`` run as what runs now, wherever it runs (a search's second leg, on a pool
+    thread, whose context is not this one)."""
+    value = state()
+
+    def run() -> T:
+        token = _state.set(value)
+        try:
+            return fn()
+        finally:
+            _state.reset(token)
+
+    return run
+
+
+def carried(iterable: Iterable[T], value: State) -> Iterator[T]:
+    """``iterable``'s items, each produced as ``value`` (a streamed response's body is
+    produced after its request's middleware returned)."""
+    iterator = iter(iterable)
+    while True:
+        token = _state.set(value)
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            _state.reset(token)
+        yield item
+
+
+async def carried_async(iterable: AsyncIterable[T], value: State) -> AsyncIterator[T]:
+    iterator = aiter(iterable)
+    while True:
+        token = _state.set(value)
+        try:
+            item = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        finally:
+            _state.reset(token)
+        yield item
+
+
+# Commands that serve owners (each request, task or MCP session says whose rows it
+# touches): they start as nobody. Every other command is the operator's, like the
+# admin: it works across owners, under a bypass named after it.
+SERVING_COMMANDS = frozenset({"serve", "worker", "qcluster", "runserver", "mcp"})
+
+
+def for_command(argv: list[str]) -> None:
+    """What a ``manage.py`` process runs as, all its threads included."""
+    command = argv[1] if len(argv) > 1 else "help"
+    if command not in SERVING_COMMANDS:
+        set_fallback(("", f"manage.py {command}"))
