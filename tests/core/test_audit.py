@@ -16,9 +16,11 @@ from django.db.migrations.loader import MigrationLoader
 
 from core.models import AccessEvent, APIKey
 from core.services import api_key_create
+from memories.bases.services import session_messages_delete
+from memories.conversations.models import Message
 from memories.facts.models import Fact, FactLink, Scope
 from memories.facts.scopes import end_user_ensure, scope_ensure
-from memories.facts.services import FactIn, fact_add
+from memories.facts.services import FactIn, fact_add, scope_erase
 from tests.conftest import record
 
 pytestmark = pytest.mark.django_db
@@ -98,6 +100,26 @@ def test_a_sessions_erasure_is_recorded(alice, alice_client, flow):
         "erasure", {"scope_kind": "session", "counts": {"messages": 2}},
     )  # fmt: skip
     assert "s1" not in json.dumps(event.detail)
+
+
+def test_an_erasure_whose_record_fails_erases_nothing(alice, flow, monkeypatch):
+    record(flow, "s1", "one", "two")
+    end_user = end_user_ensure(owner=alice, external_id="u1")
+    fact_add(owner=alice, scope=end_user, facts=[FactIn("User likes tea")], reason="seed")
+    AccessEvent.objects.all().delete()
+
+    def refused(**_: object) -> None:
+        raise RuntimeError("the audit trail is unavailable")
+
+    monkeypatch.setattr("memories.bases.services.access_record", refused)
+    monkeypatch.setattr("memories.facts.services.access_record", refused)
+    with pytest.raises(RuntimeError):
+        session_messages_delete(flow=flow, session_id="s1")
+    with pytest.raises(RuntimeError):
+        scope_erase(scope=end_user)
+    assert Message.objects.filter(flow=flow, session_id="s1").count() == 2
+    assert Scope.objects.filter(pk=end_user.pk).exists() and Fact.objects.count() == 1
+    assert AccessEvent.objects.count() == 0
 
 
 def test_the_admin_records_its_user_and_lists_the_trail(alice, admin_client, admin_user):
