@@ -5,6 +5,7 @@ user's or a scope's memories, a session's messages): the owner, the action, who 
 (``key:<prefix>``, ``admin:<username>``, ``user:<username>``, ``command``,
 ``service``), the key that acted, the client's address and when, with counts in
 ``detail``; never memory content, a scope's path, an end user's id or a session's id.
+It is the one record of each erasure: the rooms that erase keep none of their own.
 
 Who acts is the request being served: ``core.middleware.AccessActorMiddleware`` makes it
 current for the request's duration, the API key authentication marks the key on it, and

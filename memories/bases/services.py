@@ -456,11 +456,13 @@ def memory_base_regenerate(
 def session_messages_delete(*, flow: Flow, session_id: str) -> int:
     """Delete a session's messages and purge that session's chunks from every
     memory base of the flow (``session_chunks_delete``). The erasure is recorded in the
-    audit trail of access (the count, not the session's id)."""
+    audit trail of access (the count, not the session's id), in the transaction that
+    deletes the messages: they go with their record or not at all."""
     session_chunks_delete(flow=flow, session_id=session_id)
-    deleted = session_messages_delete_rows(flow=flow, session_id=session_id)
-    access_record(owner_id=flow.owner_id, action="erasure",
-                  detail={"scope_kind": "session", "counts": {"messages": deleted}})  # fmt: skip
+    with transaction.atomic():
+        deleted = session_messages_delete_rows(flow=flow, session_id=session_id)
+        access_record(owner_id=flow.owner_id, action="erasure",
+                      detail={"scope_kind": "session", "counts": {"messages": deleted}})  # fmt: skip
     return deleted
 
 

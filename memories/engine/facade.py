@@ -179,7 +179,7 @@ class MemoryEngine:
         engine keeps of it (pending updates, dreams, conversation summaries, journal,
         ``MEMORY.md``, diaries; ``memories.engine.erasure``). Returns the facts removed;
         an unknown scope is a 404 (``ScopeNotFound``) and changes nothing."""
-        return scope_erase(scope=self.existing(scope), actor="api")
+        return scope_erase(scope=self.existing(scope))
 
     # --- The background half (issue 12, second part) ----------------------------------
 

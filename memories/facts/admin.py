@@ -20,7 +20,6 @@ from memories.facts.models import (
     FactVersion,
     GlobalMemory,
     Scope,
-    ScopeErasure,
 )
 from memories.facts.scopes import global_scope_ensure
 from memories.facts.selectors import links_count
@@ -59,10 +58,11 @@ class ScopeAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A scope goes only through its erasure (the ``erase`` action: ``scope_erase``),
+        # never by Django's delete, which would leave its facts, chats and engine data
+        # behind and the audit trail of access without the event.
+        return False
 
     @admin.display(description="path", ordering="path")
     def scope_path(self, scope: Scope) -> str:
@@ -119,8 +119,8 @@ class ScopeAdmin(admin.ModelAdmin):
         button="Yes, erase",
     )
     def erase(self, request: HttpRequest, queryset: QuerySet[Scope]) -> None:
-        actor = f"admin:{request.user.get_username()}"
-        removed = sum(scope_erase(scope=scope, actor=actor) for scope in list(queryset))
+        # The admin request is the actor of each erasure's audit event (core.audit).
+        removed = sum(scope_erase(scope=scope) for scope in list(queryset))
         self.message_user(request, f"Erased; {removed} memory link(s) removed.")
 
 
@@ -187,17 +187,6 @@ class FactVersionAdmin(ReadOnlyAdmin):
         source = version.source or {}
         return " ".join(str(v) for v in (source.get("kind"), source.get("ref") or
                                          source.get("user")) if v)  # fmt: skip
-
-
-@admin.register(ScopeErasure)
-class ScopeErasureAdmin(ReadOnlyAdmin):
-    """The content-free record of each erasure (read only): who asked, when, what kind
-    of scope, how many rows went."""
-
-    list_display = ["erased_at", "owner", "scope_kind", "actor", "counts"]
-    list_filter = ["scope_kind"]
-    list_select_related = ["owner"]
-    ordering = ["-erased_at"]
 
 
 @admin.register(FactChange)

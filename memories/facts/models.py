@@ -299,26 +299,6 @@ class FactVersion(models.Model):
         return f"{self.action}: {self.content[:60]}"
 
 
-class ScopeErasure(models.Model):
-    """What stays of an erased scope: a content-free record of the erasure: who asked
-    (``actor``: ``api``, ``admin:<username>``...), when, what kind of scope (``user``,
-    ``scope`` or ``global``; never its path or the end user's id) and how many rows of
-    each kind went (``counts``)."""
-
-    id = models.BigAutoField(primary_key=True)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
-    actor = models.CharField(max_length=200)
-    scope_kind = models.CharField(max_length=16)
-    counts = models.JSONField(default=dict)
-    erased_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        indexes = [models.Index(fields=["owner", "-erased_at"], name="scopeerasure_owner_time")]
-
-    def __str__(self) -> str:
-        return f"{self.scope_kind} erased by {self.actor} at {self.erased_at:%Y-%m-%d %H:%M}"
-
-
 class GlobalMemory(Fact):
     """Admin handle for global (community/system) memories: the facts of owners'
     global scopes."""

@@ -49,7 +49,6 @@ from memories.facts.models import (
     FactLink,
     FactVersion,
     Scope,
-    ScopeErasure,
 )
 from memories.facts.scopes import ScopePath, scope_ensure
 from memories.facts.search import fact_nearest
@@ -731,14 +730,15 @@ def _put_back(found: Fact, values: dict[str, Any], embedding: Sequence[float],
 # --- Erasure ----------------------------------------------------------------------------
 
 
-def scope_erase(*, scope: Scope, actor: str = "service") -> int:
+def scope_erase(*, scope: Scope) -> int:
     """Erasure: remove every link of the scope, the facts no other scope links, the
     audit trail, the facts' closed versions and the scope row, and what other rooms keep of the scope
     (``core.erasure.scope_erased``: the engine's pending updates, summaries, journal,
     MEMORY.md and dream diaries), and for an end user the chats the chat proxy recorded
     for them (``CHAT_PROXY_FLOW``), last: the receivers find the chats by their
-    messages. A content-free ``ScopeErasure`` record stays: ``actor`` (who asked), when,
-    the kind of scope and the counts. Returns the number of facts the scope held."""
+    messages. One content-free ``erasure`` event stays in the audit trail of access
+    (``core.audit``: whoever acts now, their key and address, when; the kind of scope
+    and the counts in ``detail``). Returns the number of facts the scope held."""
     scope_check(scope.path)
     with transaction.atomic():
         _lock(scope)
@@ -756,8 +756,6 @@ def scope_erase(*, scope: Scope, actor: str = "service") -> int:
         kind = "global" if scope.is_global else "user" if scope.external_id else "scope"
         counts = {"facts": len(fact_ids), "versions": versions, "changes": changes,
                   "chats": chats}  # fmt: skip
-        ScopeErasure.objects.create(owner_id=scope.owner_id, actor=actor[:200],
-                                    scope_kind=kind, counts=counts)  # fmt: skip
         access_record(owner_id=scope.owner_id, action="erasure",
                       detail={"scope_kind": kind, "counts": counts})  # fmt: skip
         scope.delete()

@@ -50,7 +50,7 @@ def test_the_widest_lists_fit_the_window(browser, live_server, alice, llm_settin
                                expires_at=timezone.now() + timedelta(days=30))  # fmt: skip
     with acting_as(Actor("key:mem_abcdefgh", None, "203.0.113.7")):
         api_key_revoke(api_key=reader)
-        scope_erase(scope=scope_ensure(owner=alice, scope=("user", "gina")), actor="api")
+        scope_erase(scope=scope_ensure(owner=alice, scope=("user", "gina")))
     # A Memory Base job deferred by the budget (issue 29), never run here.
     record(memory_base.flow, "chat-with-a-rather-long-session-identifier", "Noted!")
     session = MemoryBaseSession.objects.get(memory_base=memory_base)

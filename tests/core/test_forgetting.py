@@ -21,12 +21,12 @@ from django.db import connection
 from django.utils import timezone
 from django_q.tasks import async_task
 
+from core.models import AccessEvent, APIKey
 from ingestion.updates import updates_run
 from memories.bases.services import memory_base_create, memory_base_flush
 from memories.conversations.models import Flow
 from memories.conversations.node_memory import LATEST, node_memory_append_turn
 from memories.engine.dreams import dream_run
-from memories.facts.models import ScopeErasure
 from memories.facts.scopes import scope_find
 from memories.facts.services import FactIn, fact_add, fact_delete, fact_update
 from memories.stores.config import memory_config_apply
@@ -306,11 +306,17 @@ def test_erasing_an_end_user_leaves_no_trace_of_them(alice, alice_client, storag
     # Nothing of the other end user went: the same rows, the same files.
     assert db_hits(MARKERS[OTHER]) == others
     assert file_hits(storage, MARKERS[OTHER]) == others_files
-    # What stays: one content-free record of the erasure (who asked, when, the kind of
-    # scope, the counts), never the end user's id.
-    (record,) = ScopeErasure.objects.all()
-    assert (record.owner, record.actor, record.scope_kind) == (alice, "api", "user")
-    assert record.counts == {"facts": 3, "versions": record.counts["versions"],
-                             "changes": record.counts["changes"], "chats": 1}  # fmt: skip
-    assert record.counts["versions"] >= 2 and record.counts["changes"] >= 4
-    assert ERIN not in json.dumps(record.counts) + record.actor + record.scope_kind
+    # What stays: one content-free event of the erasure in the audit trail of access (who
+    # asked, with which key, from where, when, the kind of scope, the counts), never the
+    # end user's id.
+    (record,) = AccessEvent.objects.filter(action="erasure")
+    (key,) = APIKey.objects.filter(owner=alice)
+    assert (record.owner, record.actor, record.key_id, record.subject_key_id,
+            record.address) == (alice, f"key:{key.prefix}", key.pk, None, "127.0.0.1")  # fmt: skip
+    assert set(record.detail) == {"scope_kind", "counts"}
+    assert record.detail["scope_kind"] == "user"
+    counts = record.detail["counts"]
+    assert counts == {"facts": 3, "versions": counts["versions"],
+                      "changes": counts["changes"], "chats": 1}  # fmt: skip
+    assert counts["versions"] >= 2 and counts["changes"] >= 4
+    assert ERIN not in json.dumps(record.detail) + record.actor

@@ -142,7 +142,7 @@ class UserMemoriesView(APIView):
     def delete(self, request: Request, user_id: str) -> Response:
         end_user = existing_user(request, user_id)
         path = list(end_user.path)
-        removed = scope_erase(scope=end_user, actor="api")
+        removed = scope_erase(scope=end_user)
         return Response({"scope": path, "facts_removed": removed, "deleted": removed})
 
 
