@@ -133,6 +133,15 @@ def django_db_setup(django_db_setup, django_db_blocker):  # noqa: F811 (pytest-d
 tenancy.set_fallback(("", "test"))
 
 
+@pytest.fixture(autouse=True)
+def _runs_as_the_tests_own() -> Iterator[None]:
+    """Each test starts as its own code runs (every owner's rows), whatever a test before
+    it left set in this thread, and leaves nothing set for the next."""
+    token = tenancy.enter(("", "test"))
+    yield
+    tenancy.leave(token)
+
+
 @pytest.fixture
 def alice(db):
     return UserFactory(username="alice")

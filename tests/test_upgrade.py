@@ -128,9 +128,13 @@ def _derived_tables_agree(state: dict) -> None:
         assert (fact_count, text_facts) == (links, own), path
     assert all(same and scope for _, same, scope in state["fact_half"])
     assert state["triggers"] == sorted(
-        f"memories_{prefix}_{op}"
-        for prefix in ("fact_half", "fact_text_stats", "factlink_count")
-        for op in ("delete", "insert", "truncate", "update")
+        [
+            f"memories_{prefix}_{op}"
+            for prefix in ("fact_half", "fact_text_stats", "factlink_count")
+            for op in ("delete", "insert", "truncate", "update")
+        ]
+        # each row's owner, from its parent (row-level security: core.row_security)
+        + ["memories_fact_half_owner", "memories_factchange_owner", "memories_factlink_owner"]
     )
 
 
