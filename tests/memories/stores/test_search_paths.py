@@ -449,3 +449,75 @@ def test_a_walked_sample_estimates_the_matches_from_its_share(stores, monkeypatc
     assert [i for i, _ in got] == [i for i, _ in want]
     assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)
     assert leg(True, 500) == leg(False, 500)  # under the sample: every match, counted
+
+
+def _sampled_bm25(store: MemoryStore, text: str, sample: int) -> list[tuple[int, float]]:
+    """The store's keyword leg computed here: every item holding a query word when at most
+    ``sample`` do, else the ``sample`` newest of them, each word's document frequency
+    counted among them and scaled by round(sample x N / the items from the newest down
+    to the oldest sampled) over the sample; each item's terms added in lexeme order;
+    ties: the newer first (creation time follows the ids here)."""
+    rows = _item_lexemes(store)
+    with connection.cursor() as cur:
+        cur.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [text])
+        query = set(cur.fetchone()[0])
+    lengths = {i: dl for i, _, _, dl in rows}
+    n, avgdl = len(lengths), sum(lengths.values()) / len(lengths)
+    matching = sorted({i for i, lex, _, _ in rows if lex in query}, reverse=True)
+    chosen, scale = set(matching), 1.0
+    if len(matching) > sample:
+        chosen = set(matching[:sample])
+        scale = round(sample * n / sum(1 for i in lengths if i >= min(chosen))) / sample
+    df = {t: sum(1 for i, lex, _, _ in rows if lex == t and i in chosen) * scale for t in query}
+    terms = sorted((i, lex, tf, dl) for i, lex, tf, dl in rows if lex in query and i in chosen)
+    scores: dict[int, float] = {}
+    for i, lex, tf, dl in terms:  # (a tsvector's lexemes are in byte order, as here)
+        idf = math.log(1 + (n - df[lex] + 0.5) / (df[lex] + 0.5))
+        scores[i] = scores.get(i, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.7 + 0.3 * dl / avgdl))
+    return sorted(scores.items(), key=lambda r: (-r[1], -r[0]))
+
+
+def _walked_leg(store: MemoryStore, text: str) -> tuple[str, list[tuple[int, float]]]:
+    """How the store's keyword leg found its sample (``kd``: walked, all, counted) and its
+    rows, (id, score) best first."""
+    leg = store_search.counted_leg(
+        table=store_search.TABLE, token=f"~store:{store.pk}", text=text, pool=100,
+        totals=(store_search._TOTALS, [str(store.pk)]), newest="created_at",
+        walk=("store_id = %s", [str(store.pk)]),
+    )  # fmt: skip
+    head = leg.sql[: leg.sql.index("\nkr AS MATERIALIZED")].rstrip(",")
+    (how,), _ = retrieval_db.fetch(
+        head + "\nSELECT how FROM kd", leg.params[: head.count("%s")], prepare=False
+    )
+    return how[0], [(row[0], float(row[1])) for row in leg.run()]
+
+
+@pytest.mark.parametrize(
+    ("text", "sample", "probe", "how"),
+    [
+        ("number question", 20, 100, "walked"),  # every item: the walk finds 21 in 21
+        ("55 56 57 58 59", 30, 5, "all"),  # the 5 newest items only: the walk reads all 60
+        ("deploy", 20, 100, "counted"),  # a quarter: not walked first; every match
+        ("0 1 2 3 4 5 6 7 8 9 10 11", 10, 100, "counted"),  # the 12 oldest: counted, walked
+        # Nearly half the items: the walk first, which finds 5 or fewer in the newest 10
+        # (2 x the sample): counted, walked.
+        ("museum deploy", 5, 100, "counted"),
+    ],
+)
+def test_every_way_to_the_sample_ranks_the_same(stores, monkeypatch, text, sample, probe, how):
+    """The keyword leg of a store scores the same rows the same way whichever way its
+    statement finds them (the walk first when the newest items promise more matches than
+    twice the sample, else the GIN count first): the ids and scores computed here, in
+    the same order, and the same figures as with the walk never first."""
+    from knowledge.retrieval import bm25
+
+    store = stores["a"]
+    monkeypatch.setattr(bm25, "COUNTED_SAMPLE", sample)
+    monkeypatch.setattr(bm25, "COUNTED_PROBE", probe)
+    found, got = _walked_leg(store, text)
+    want = _sampled_bm25(store, text, sample)
+    assert found == how
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-12)
+    monkeypatch.setattr(bm25, "COUNTED_PROBE", 0)  # (nothing probed: never walked first)
+    assert _walked_leg(store, text) == ("counted", got)
