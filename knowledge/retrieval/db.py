@@ -38,10 +38,10 @@ from core.replicas import bound, read_connection
 from core.tracing import carry, statements_span
 
 T = TypeVar("T")
-U = TypeVar("U")
 Setting = tuple[str, object]
 _ONLY_WHEN_ASKED = 2**31 - 1
-# Threads running a search's second leg, each on its own connection.
+# Threads running a search's second leg, or a retrieve call's other searches, each on its
+# own connection.
 LEG_WORKERS = 4
 
 
@@ -185,19 +185,21 @@ def _on_own_connection(fn: Callable[[], T]) -> T:
         close_old_connections()
 
 
-def both(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
-    """Run ``first`` here and ``second`` on a pool thread (its own connection) at once.
+def at_once(calls: list[Callable[[], T]]) -> list[T]:
+    """Run the first of ``calls`` here and each other on a pool thread (its own
+    connection), all at once; their results in order.
 
-    Inside a transaction both run here, in order: another connection would not see the
-    transaction's uncommitted writes.
+    Inside a transaction they all run here, in order: another connection would not see
+    the transaction's uncommitted writes.
     """
-    if connection.in_atomic_block:
-        return first(), second()
+    if len(calls) < 2 or connection.in_atomic_block:
+        return [call() for call in calls]
     # (the trace's context too, and the server the request reads from)
-    future = _executor().submit(carry(_on_own_connection), bound(second))
+    futures = [_executor().submit(carry(_on_own_connection), bound(c)) for c in calls[1:]]
     try:
-        a = first()
+        first = calls[0]()
     except BaseException:
-        future.cancel()
+        for future in futures:
+            future.cancel()
         raise
-    return a, future.result()
+    return [first, *(future.result() for future in futures)]

@@ -1,5 +1,5 @@
 """Search of memory stores: store items as a collection of the retrieval engine
-(``knowledge.retrieval``), and the searches of one retrieve call run in one round trip.
+(``knowledge.retrieval``), and the searches of one retrieve call run at once.
 
 A ``simple`` store ranks its items by meaning and by keyword (BM25 over the store's
 items), fused as facts are: the vector weight x the cosine similarity + the rest x the
@@ -10,16 +10,18 @@ does (``knowledge.search``); a ``blackboard`` reads its newest entries.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+from django.db import connection
 
 from knowledge.models import KnowledgeBase
 from knowledge.retrieval.bm25 import counted_leg
-from knowledge.retrieval.db import Statement, fetch_all
+from knowledge.retrieval.db import Statement, at_once, fetch_all
 from knowledge.retrieval.engine import CANDIDATES, Collection, Ranking, Scope, rows_of, statement
 from knowledge.retrieval.vectors import vector_leg
 from knowledge.search import Hit, SearchRequest, chunk_statement, hit_of
@@ -160,15 +162,26 @@ Search = ItemSearch | ChunkSearch | Newest
 
 
 def run(searches: list[Search]) -> list[list[Any]]:
-    """Each search's hits, best first, all in one round trip."""
+    """Each search's hits, best first: the searches at once, each on its own connection
+    (``at_once``: a retrieve call takes its longest search's time, not their sum: each
+    search is one statement the server runs on one core); inside a transaction, all in
+    one round trip."""
     if not searches:
         return []
-    results = fetch_all([s.statement() for s in searches])
+    statements = [s.statement() for s in searches]
+    if connection.in_atomic_block:
+        results = fetch_all(statements)
+    else:
+        results = at_once([functools.partial(_one, s) for s in statements])
     return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
 
 
+def _one(statement: Statement) -> tuple[list[tuple[Any, ...]], list[str]]:
+    return fetch_all([statement])[0]
+
+
 class SearchBatch:
-    """The searches of one retrieve call, run together in one round trip.
+    """The searches of one retrieve call, run together (``run``: at once).
 
     Stores add theirs while they prepare (outside any transaction); the first store that
     asks for its result runs them all. A search nobody added beforehand runs then."""

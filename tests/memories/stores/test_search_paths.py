@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from knowledge import search as knowledge_search
 from knowledge.models import Chunk
@@ -181,6 +182,36 @@ def test_one_round_trip_gives_each_store_its_own_answer(stores, flow, monkeypatc
             for hit in group.hits:
                 assert hit.similarity is None or -1.0 <= hit.similarity <= 1.0
                 assert hit.score is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_stores_search_at_once(stores, flow, monkeypatch):
+    """Outside a transaction each store's search is one statement on its own connection,
+    the three at once (the caller's thread and the pool's): the same answers as in one
+    round trip; inside one, one round trip still."""
+    threads: list[str] = []
+    original = retrieval_db.fetch_all
+
+    def recording(statements):
+        threads.append(threading.current_thread().name)
+        assert len(statements) == 1
+        return original(statements)
+
+    monkeypatch.setattr(store_search, "fetch_all", recording)
+    for query in QUERIES:
+        threads.clear()
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        here = threading.current_thread().name
+        assert sorted(n if n == here else "pool" for n in threads) == sorted([here, "pool", "pool"])
+        assert all(n.startswith("search-leg") for n in threads if n != here)
+        got = {g.store: [h.id for h in g.hits] for g in result.stores}
+        for name, (top_k, threshold) in SETUP.items():
+            assert got[name] == _reference(stores[name], query, top_k, threshold), (query, name)
+    monkeypatch.setattr(store_search, "fetch_all", original)
+    with transaction.atomic():
+        trips = _round_trips(monkeypatch)
+        node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[0])
+        assert trips == [3]
 
 
 def test_keyword_matches_count_without_an_embedding(stores, flow):
