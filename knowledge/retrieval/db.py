@@ -43,6 +43,7 @@ _ONLY_WHEN_ASKED = 2**31 - 1
 # Threads running a search's second leg, or a retrieve call's other searches, each on its
 # own connection.
 LEG_WORKERS = 4
+_POOL_THREADS = "search-leg"
 
 
 class VectorParam:
@@ -150,7 +151,7 @@ def _executor() -> ThreadPoolExecutor:
     with _legs_executor_lock:
         if _legs_executor is None:
             _legs_executor = ThreadPoolExecutor(
-                max_workers=LEG_WORKERS, thread_name_prefix="search-leg"
+                max_workers=LEG_WORKERS, thread_name_prefix=_POOL_THREADS
             )
         return _legs_executor
 
@@ -190,9 +191,11 @@ def at_once(calls: list[Callable[[], T]]) -> list[T]:
     connection), all at once; their results in order.
 
     Inside a transaction they all run here, in order: another connection would not see
-    the transaction's uncommitted writes.
+    the transaction's uncommitted writes. So they do on a pool thread: one waiting there
+    for the pool could wait for itself.
     """
-    if len(calls) < 2 or connection.in_atomic_block:
+    pooled = threading.current_thread().name.startswith(_POOL_THREADS)
+    if len(calls) < 2 or connection.in_atomic_block or pooled:
         return [call() for call in calls]
     # (the trace's context too, and the server the request reads from)
     futures = [_executor().submit(carry(_on_own_connection), bound(c)) for c in calls[1:]]

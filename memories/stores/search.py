@@ -10,8 +10,8 @@ does (``knowledge.search``); a ``blackboard`` reads its newest entries.
 
 from __future__ import annotations
 
-import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,7 +24,7 @@ from knowledge.retrieval.bm25 import counted_leg
 from knowledge.retrieval.db import Statement, at_once, fetch_all
 from knowledge.retrieval.engine import CANDIDATES, Collection, Ranking, Scope, rows_of, statement
 from knowledge.retrieval.vectors import vector_leg
-from knowledge.search import Hit, SearchRequest, chunk_statement, hit_of
+from knowledge.search import Hit, SearchRequest, chunk_statement, hit_of, search_chunks
 from memories.stores.backends.base import StoreHit
 
 TABLE = "memory_stores_memoryitem"
@@ -126,15 +126,22 @@ class ChunkSearch:
     top_k: int
     threshold: float | None
 
-    def statement(self) -> Statement:
-        request = SearchRequest(
+    def _request(self) -> SearchRequest:
+        return SearchRequest(
             query=self.text, vector=np.frombuffer(self.vector, dtype=np.float64).tolist(),
             top_k=self.top_k, similarity_threshold=self.threshold,
         )  # fmt: skip
-        return chunk_statement(bases=[self.knowledge_base], request=request)
+
+    def statement(self) -> Statement:
+        return chunk_statement(bases=[self.knowledge_base], request=self._request())
 
     def hits(self, rows: list[dict[str, Any]]) -> list[Hit]:
         return [hit_of(row) for row in rows]
+
+    def found(self) -> list[Hit]:
+        """The hits as a knowledge-base search finds them on its own: a large base's
+        legs at once, each on its own connection, then fused (the same ranking)."""
+        return search_chunks(bases=[self.knowledge_base], request=self._request())
 
 
 @dataclass(frozen=True)
@@ -164,20 +171,24 @@ Search = ItemSearch | ChunkSearch | Newest
 def run(searches: list[Search]) -> list[list[Any]]:
     """Each search's hits, best first: the searches at once, each on its own connection
     (``at_once``: a retrieve call takes its longest search's time, not their sum: each
-    search is one statement the server runs on one core); inside a transaction, all in
-    one round trip."""
+    is a statement the server runs on one core), a file store's on this thread (its
+    base's legs may go on two more); inside a transaction, all in one round trip."""
     if not searches:
         return []
-    statements = [s.statement() for s in searches]
     if connection.in_atomic_block:
-        results = fetch_all(statements)
-    else:
-        results = at_once([functools.partial(_one, s) for s in statements])
-    return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
+        results = fetch_all([s.statement() for s in searches])
+        return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
+    order = sorted(range(len(searches)), key=lambda i: not isinstance(searches[i], ChunkSearch))
+    out: list[list[Any]] = [[] for _ in searches]
+    for i, hits in zip(order, at_once([_found(searches[i]) for i in order])):
+        out[i] = hits
+    return out
 
 
-def _one(statement: Statement) -> tuple[list[tuple[Any, ...]], list[str]]:
-    return fetch_all([statement])[0]
+def _found(search: Search) -> Callable[[], list[Any]]:
+    if isinstance(search, ChunkSearch):
+        return search.found
+    return lambda: search.hits(rows_of(fetch_all([search.statement()])[0]))
 
 
 class SearchBatch:

@@ -390,6 +390,35 @@ def test_a_file_store_searches_its_chunks_in_the_same_round_trip(with_files, flo
         assert [h.content for h in result.stores[-1].hits] == ["entry 2", "entry 1"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_a_file_store_searches_as_its_base_does(
+    with_files, stores, flow, monkeypatch
+):
+    """Outside a transaction the file store's search is its base's own search (its legs
+    at once on two connections from SPLIT_MIN_ROWS chunks), beside the others: the
+    same hits and scores as in one round trip."""
+    monkeypatch.setattr(knowledge_search, "SPLIT_MIN_ROWS", 1)
+    legs = []
+    original = knowledge_search.rank
+    monkeypatch.setattr(knowledge_search, "rank", lambda *a: legs.append(a[-1]) or original(*a))
+    for query in QUERIES[:3]:
+        legs.clear()
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        assert legs == [True]  # (split)
+        got = {g.store: g.hits for g in result.stores}
+        want = _chunk_search(with_files, query, 4, None)
+        assert [h.id for h in got["docs"]] == [f"chunk:{h.chunk_id}" for h in want], query
+        assert [h.score for h in got["docs"]] == [h.score for h in want]
+        with transaction.atomic():  # (one round trip)
+            inside = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        assert [(g.store, [(h.id, h.score) for h in g.hits]) for g in inside.stores] == [
+            (g.store, [(h.id, h.score) for h in g.hits]) for g in result.stores
+        ]
+        for name, (top_k, threshold) in SETUP.items():
+            assert [h.id for h in got[name]] == _reference(stores[name], query, top_k, threshold)
+        assert [h.content for h in got["log"]] == ["entry 2", "entry 1"]
+
+
 def test_a_file_stores_threshold_and_pending_chunks(with_files, monkeypatch):
     """Rows the background indexer has not reached are found beside the index's; a
     threshold keeps only chunks near enough by meaning in the vector leg."""
