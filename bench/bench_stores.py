@@ -25,10 +25,9 @@ apart and subtracted in the "excl. embedding" column. Then ``--writes`` sequenti
 transaction, the stores' locks, dedup check, insert with its HNSW entry, trim to
 max_items = --items). Also: ``three-simple`` with the node's three searches together
 (at once, each on its own connection) against one store after another, interleaved;
-recall@15 of the HNSW path
-against the exact scan for store s1 at ef_search 40-200, and both paths' latency for
-one store; recall@5 of the file store's chunk search through the chunks' HNSW index
-(its path above the chunks' ``exact_max``) against its exact scan.
+recall@15 of the HNSW path against the exact scan for store s1 at ef_search 40-200, and
+both paths' latency for one store; recall@5 of the file store's chunk search through
+the chunks' HNSW index (its path above the chunks' ``exact_max``) against its exact scan.
 """
 
 from __future__ import annotations
