@@ -23,11 +23,11 @@ budget, for each node; the query embedding (hashing, one 384-d vector) is timed
 apart and subtracted in the "excl. embedding" column. Then ``--writes`` sequential
 ``node_memory_write`` calls to ``three-simple`` (each: three summaries embedded, one
 transaction, the stores' locks, dedup check, insert with its HNSW entry, trim to
-max_items = --items). Also: ``three-simple`` with the node's three searches in one
-query string against one statement per store, interleaved; recall@15 of the HNSW path
-against the exact scan for store s1 at ef_search 40-200, and both paths' latency for
-one store; recall@5 of the file store's chunk search through the chunks' HNSW index
-(its path above the chunks' ``exact_max``) against its exact scan.
+max_items = --items). Also: ``three-simple`` with the node's three searches together
+(at once, each on its own connection) against one store after another, interleaved;
+recall@15 of the HNSW path against the exact scan for store s1 at ef_search 40-200, and
+both paths' latency for one store; recall@5 of the file store's chunk search through
+the chunks' HNSW index (its path above the chunks' ``exact_max``) against its exact scan.
 """
 
 from __future__ import annotations
@@ -248,8 +248,9 @@ def main() -> None:
         log(f"retrieve {node:13} (3 attachments):  {percentiles(samples)}")
         log(f"  excl. embedding:                      {percentiles(excl)}")
 
-    # One round trip for the node's three searches against one statement per store
-    # (the same searches, each store alone: RetrieveQuery without a SearchBatch),
+    # The node's three searches run together (a SearchBatch: at once, each on its own
+    # connection) against one store after another (the same searches, each store alone:
+    # RetrieveQuery without a SearchBatch),
     # interleaved call by call so that load hits both alike.
     batched_ms: list[float] = []
     alone_ms: list[float] = []
@@ -262,8 +263,8 @@ def main() -> None:
             if i >= 10:
                 (batched_ms if batch else alone_ms).append((time.perf_counter() - started) * 1000)
     runtime.SearchBatch = SearchBatch  # type: ignore[misc]
-    log(f"three-simple, one query string:         {percentiles(batched_ms)}")
-    log(f"three-simple, one statement per store:  {percentiles(alone_ms)}")
+    log(f"three-simple, searches at once:         {percentiles(batched_ms)}")
+    log(f"three-simple, one store after another: {percentiles(alone_ms)}")
     ratio = statistics.median(batched_ms) / statistics.median(alone_ms)
     log(f"  ratio of p50s: {ratio:.2f}")
 

@@ -41,11 +41,12 @@ from core.tenancy import OWNER_SETTINGS, settings_params
 from core.tracing import carry, statements_span
 
 T = TypeVar("T")
-U = TypeVar("U")
 Setting = tuple[str, object]
 _ONLY_WHEN_ASKED = 2**31 - 1
-# Threads running a search's second leg, each on its own connection.
+# Threads running a search's second leg, or a retrieve call's other searches, each on its
+# own connection.
 LEG_WORKERS = 4
+_POOL_THREADS = "search-leg"
 
 
 class VectorParam:
@@ -162,7 +163,7 @@ def _executor() -> ThreadPoolExecutor:
     with _legs_executor_lock:
         if _legs_executor is None:
             _legs_executor = ThreadPoolExecutor(
-                max_workers=LEG_WORKERS, thread_name_prefix="search-leg"
+                max_workers=LEG_WORKERS, thread_name_prefix=_POOL_THREADS
             )
         return _legs_executor
 
@@ -197,20 +198,26 @@ def _on_own_connection(fn: Callable[[], T]) -> T:
         close_old_connections()
 
 
-def both(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
-    """Run ``first`` here and ``second`` on a pool thread (its own connection) at once.
+def at_once(calls: list[Callable[[], T]]) -> list[T]:
+    """Run the first of ``calls`` here and each other on a pool thread (its own
+    connection), all at once; their results in order.
 
-    Inside a transaction both run here, in order: another connection would not see the
-    transaction's uncommitted writes.
+    Inside a transaction they all run here, in order: another connection would not see
+    the transaction's uncommitted writes. So they do on a pool thread: one waiting there
+    for the pool could wait for itself.
     """
-    if connection.in_atomic_block:
-        return first(), second()
+    pooled = threading.current_thread().name.startswith(_POOL_THREADS)
+    if len(calls) < 2 or connection.in_atomic_block or pooled:
+        return [call() for call in calls]
     # (the trace's context too, and the server the request reads from)
     # (as the request runs: its owner's rows, core.tenancy)
-    future = _executor().submit(carry(_on_own_connection), bound(tenancy.bound(second)))
+    futures = [
+        _executor().submit(carry(_on_own_connection), bound(tenancy.bound(c))) for c in calls[1:]
+    ]
     try:
-        a = first()
+        first = calls[0]()
     except BaseException:
-        future.cancel()
+        for future in futures:
+            future.cancel()
         raise
-    return a, future.result()
+    return [first, *(future.result() for future in futures)]

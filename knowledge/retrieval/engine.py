@@ -50,7 +50,7 @@ from typing import Any
 
 from django.db import connection
 
-from knowledge.retrieval.db import Setting, Statement, both, fetch, fetch_all
+from knowledge.retrieval.db import Setting, Statement, at_once, fetch, fetch_all
 
 # Rows each leg hands to fusion, at least (3 x the page wanted when that is more).
 CANDIDATES = 50
@@ -388,5 +388,5 @@ def rank(
     plus score, vrank, krank, vscore, kscore. ``split``: run the legs on two connections
     at once first (outside a transaction), then fuse their rows."""
     if split and vector is not None and keyword is not None and not connection.in_atomic_block:
-        both(vector.run, keyword.run)
+        at_once([vector.run, keyword.run])
     return rows_of(fetch_all([statement(c, vector, keyword, r)])[0])

@@ -227,9 +227,9 @@ def node_memory_retrieve(
             continue
         ready.append((store, backend, request))
     groups = []
-    # The vector searches of all the stores go in one round trip (the first store to
-    # read runs the batch, in the implicit transaction of its multi-statement query):
-    # no transaction of our own, whose BEGIN and COMMIT would be two more.
+    # The searches of all the stores run at once (the first store to read runs the
+    # batch, each search in its own implicit transaction on its own connection): no
+    # transaction of our own, which would put them all on this one, in turn.
     for store, backend, request in ready:
         try:
             hits = backend.retrieve(request)[: request.top_k]

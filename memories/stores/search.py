@@ -1,5 +1,5 @@
 """Search of memory stores: store items as a collection of the retrieval engine
-(``knowledge.retrieval``), and the searches of one retrieve call run in one round trip.
+(``knowledge.retrieval``), and the searches of one retrieve call run at once.
 
 A ``simple`` store ranks its items by meaning and by keyword (BM25 over the store's
 items), fused as facts are: the vector weight x the cosine similarity + the rest x the
@@ -11,18 +11,20 @@ does (``knowledge.search``); a ``blackboard`` reads its newest entries.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+from django.db import connection
 
 from knowledge.models import KnowledgeBase
 from knowledge.retrieval.bm25 import counted_leg
-from knowledge.retrieval.db import Statement, fetch_all
+from knowledge.retrieval.db import Statement, at_once, fetch_all
 from knowledge.retrieval.engine import CANDIDATES, Collection, Ranking, Scope, rows_of, statement
 from knowledge.retrieval.vectors import vector_leg
-from knowledge.search import Hit, SearchRequest, chunk_statement, hit_of
+from knowledge.search import Hit, SearchRequest, chunk_statement, hit_of, search_chunks
 from memories.stores.backends.base import StoreHit
 
 TABLE = "memory_stores_memoryitem"
@@ -124,15 +126,22 @@ class ChunkSearch:
     top_k: int
     threshold: float | None
 
-    def statement(self) -> Statement:
-        request = SearchRequest(
+    def _request(self) -> SearchRequest:
+        return SearchRequest(
             query=self.text, vector=np.frombuffer(self.vector, dtype=np.float64).tolist(),
             top_k=self.top_k, similarity_threshold=self.threshold,
         )  # fmt: skip
-        return chunk_statement(bases=[self.knowledge_base], request=request)
+
+    def statement(self) -> Statement:
+        return chunk_statement(bases=[self.knowledge_base], request=self._request())
 
     def hits(self, rows: list[dict[str, Any]]) -> list[Hit]:
         return [hit_of(row) for row in rows]
+
+    def found(self) -> list[Hit]:
+        """The hits as a knowledge-base search finds them on its own: a large base's
+        legs at once, each on its own connection, then fused (the same ranking)."""
+        return search_chunks(bases=[self.knowledge_base], request=self._request())
 
 
 @dataclass(frozen=True)
@@ -160,15 +169,30 @@ Search = ItemSearch | ChunkSearch | Newest
 
 
 def run(searches: list[Search]) -> list[list[Any]]:
-    """Each search's hits, best first, all in one round trip."""
+    """Each search's hits, best first: the searches at once, each on its own connection
+    (``at_once``: a retrieve call takes its longest search's time, not their sum: each
+    is a statement the server runs on one core), a file store's on this thread (its
+    base's legs may go on two more); inside a transaction, all in one round trip."""
     if not searches:
         return []
-    results = fetch_all([s.statement() for s in searches])
-    return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
+    if connection.in_atomic_block:
+        results = fetch_all([s.statement() for s in searches])
+        return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
+    order = sorted(range(len(searches)), key=lambda i: not isinstance(searches[i], ChunkSearch))
+    out: list[list[Any]] = [[] for _ in searches]
+    for i, hits in zip(order, at_once([_found(searches[i]) for i in order])):
+        out[i] = hits
+    return out
+
+
+def _found(search: Search) -> Callable[[], list[Any]]:
+    if isinstance(search, ChunkSearch):
+        return search.found
+    return lambda: search.hits(rows_of(fetch_all([search.statement()])[0]))
 
 
 class SearchBatch:
-    """The searches of one retrieve call, run together in one round trip.
+    """The searches of one retrieve call, run together (``run``: at once).
 
     Stores add theirs while they prepare (outside any transaction); the first store that
     asks for its result runs them all. A search nobody added beforehand runs then."""

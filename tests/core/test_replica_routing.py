@@ -14,7 +14,7 @@ from django.db import connections, transaction
 
 from core import replicas
 from core.models import WritePosition
-from knowledge.retrieval.db import both
+from knowledge.retrieval.db import at_once
 from memoryproject.env import EnvError, database_from_url
 
 SCOPE = ["org", "acme"]
@@ -69,7 +69,7 @@ def test_a_split_search_reads_both_legs_where_its_request_does():
         def where() -> tuple[str, str]:
             return replicas.read_alias(), threading.current_thread().name
 
-        here, there = both(where, where)
+        here, there = at_once([where, where])
     finally:
         replicas._reads.reset(token)
     assert here == ("replica1", threading.current_thread().name)

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind
 
 from core import tracing
 from ingestion.updates import updates_sweep
-from knowledge.retrieval.db import both, legs_reset
+from knowledge.retrieval.db import at_once, legs_reset
 from memories.engine.models import PendingUpdate
 from memories.facts.models import Fact
 from tests.memories.facts.conftest import fixture_embedder, scripted_llm  # noqa: F401
@@ -206,7 +206,7 @@ def test_the_split_search_leg_runs_in_the_callers_trace(spans):
         return trace.get_current_span().get_span_context().span_id, threading.current_thread().name
 
     with tracing.span("search") as outer:
-        here, there = both(where, where)
+        here, there = at_once([where, where])
     assert here == (outer.get_span_context().span_id, threading.current_thread().name)
     assert there[0] == outer.get_span_context().span_id and there[1].startswith("search-leg")
 

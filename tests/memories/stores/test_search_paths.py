@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
+from core import tenancy
 from knowledge import search as knowledge_search
 from knowledge.models import Chunk
 from knowledge.retrieval import db as retrieval_db
@@ -181,6 +183,57 @@ def test_one_round_trip_gives_each_store_its_own_answer(stores, flow, monkeypatc
             for hit in group.hits:
                 assert hit.similarity is None or -1.0 <= hit.similarity <= 1.0
                 assert hit.score is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_stores_search_at_once(stores, flow, monkeypatch):
+    """Outside a transaction each store's search is one statement on its own connection,
+    the three at once (the caller's thread and the pool's): the same answers as in one
+    round trip; inside one, one round trip still."""
+    threads: list[str] = []
+    original = retrieval_db.fetch_all
+
+    def recording(statements):
+        threads.append(threading.current_thread().name)
+        assert len(statements) == 1
+        return original(statements)
+
+    monkeypatch.setattr(store_search, "fetch_all", recording)
+    for query in QUERIES:
+        threads.clear()
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        here = threading.current_thread().name
+        assert sorted(n if n == here else "pool" for n in threads) == sorted([here, "pool", "pool"])
+        assert all(n.startswith("search-leg") for n in threads if n != here)
+        got = {g.store: [h.id for h in g.hits] for g in result.stores}
+        for name, (top_k, threshold) in SETUP.items():
+            assert got[name] == _reference(stores[name], query, top_k, threshold), (query, name)
+    monkeypatch.setattr(store_search, "fetch_all", original)
+    with transaction.atomic():
+        trips = _round_trips(monkeypatch)
+        node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[0])
+        assert trips == [3]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_stores_searches_on_the_pool_run_as_the_callers_owner(stores, flow, monkeypatch):
+    """Row-level security: the pool's threads start as nobody (as when served); each
+    search there carries the caller's owner (core.tenancy), or it would fail."""
+    threads: list[str] = []
+    original = retrieval_db.fetch_all
+
+    def recording(statements):
+        threads.append(threading.current_thread().name)
+        return original(statements)
+
+    monkeypatch.setattr(store_search, "fetch_all", recording)
+    monkeypatch.setattr(tenancy, "_fallback", [tenancy.NOBODY])
+    with tenancy.as_owner(flow.owner_id):
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[0])
+        assert any(n.startswith("search-leg") for n in threads), threads
+        got = {g.store: [h.id for h in g.hits] for g in result.stores}
+        for name, (top_k, threshold) in SETUP.items():
+            assert got[name] == _reference(stores[name], QUERIES[0], top_k, threshold), name
 
 
 def test_keyword_matches_count_without_an_embedding(stores, flow):
@@ -359,6 +412,35 @@ def test_a_file_store_searches_its_chunks_in_the_same_round_trip(with_files, flo
         assert [h.content for h in result.stores[-1].hits] == ["entry 2", "entry 1"]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_a_file_store_searches_as_its_base_does(
+    with_files, stores, flow, monkeypatch
+):
+    """Outside a transaction the file store's search is its base's own search (its legs
+    at once on two connections from SPLIT_MIN_ROWS chunks), beside the others: the
+    same hits and scores as in one round trip."""
+    monkeypatch.setattr(knowledge_search, "SPLIT_MIN_ROWS", 1)
+    legs = []
+    original = knowledge_search.rank
+    monkeypatch.setattr(knowledge_search, "rank", lambda *a: legs.append(a[-1]) or original(*a))
+    for query in QUERIES[:3]:
+        legs.clear()
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        assert legs == [True]  # (split)
+        got = {g.store: g.hits for g in result.stores}
+        want = _chunk_search(with_files, query, 4, None)
+        assert [h.id for h in got["docs"]] == [f"chunk:{h.chunk_id}" for h in want], query
+        assert [h.score for h in got["docs"]] == [h.score for h in want]
+        with transaction.atomic():  # (one round trip)
+            inside = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        assert [(g.store, [(h.id, h.score) for h in g.hits]) for g in inside.stores] == [
+            (g.store, [(h.id, h.score) for h in g.hits]) for g in result.stores
+        ]
+        for name, (top_k, threshold) in SETUP.items():
+            assert [h.id for h in got[name]] == _reference(stores[name], query, top_k, threshold)
+        assert [h.content for h in got["log"]] == ["entry 2", "entry 1"]
+
+
 def test_a_file_stores_threshold_and_pending_chunks(with_files, monkeypatch):
     """Rows the background indexer has not reached are found beside the index's; a
     threshold keeps only chunks near enough by meaning in the vector leg."""
@@ -449,3 +531,75 @@ def test_a_walked_sample_estimates_the_matches_from_its_share(stores, monkeypatc
     assert [i for i, _ in got] == [i for i, _ in want]
     assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)
     assert leg(True, 500) == leg(False, 500)  # under the sample: every match, counted
+
+
+def _sampled_bm25(store: MemoryStore, text: str, sample: int) -> list[tuple[int, float]]:
+    """The store's keyword leg computed here: every item holding a query word when at most
+    ``sample`` do, else the ``sample`` newest of them, each word's document frequency
+    counted among them and scaled by round(sample x N / the items from the newest down
+    to the oldest sampled) over the sample; each item's terms added in lexeme order;
+    ties: the newer first (creation time follows the ids here)."""
+    rows = _item_lexemes(store)
+    with connection.cursor() as cur:
+        cur.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [text])
+        query = set(cur.fetchone()[0])
+    lengths = {i: dl for i, _, _, dl in rows}
+    n, avgdl = len(lengths), sum(lengths.values()) / len(lengths)
+    matching = sorted({i for i, lex, _, _ in rows if lex in query}, reverse=True)
+    chosen, scale = set(matching), 1.0
+    if len(matching) > sample:
+        chosen = set(matching[:sample])
+        scale = round(sample * n / sum(1 for i in lengths if i >= min(chosen))) / sample
+    df = {t: sum(1 for i, lex, _, _ in rows if lex == t and i in chosen) * scale for t in query}
+    terms = sorted((i, lex, tf, dl) for i, lex, tf, dl in rows if lex in query and i in chosen)
+    scores: dict[int, float] = {}
+    for i, lex, tf, dl in terms:  # (a tsvector's lexemes are in byte order, as here)
+        idf = math.log(1 + (n - df[lex] + 0.5) / (df[lex] + 0.5))
+        scores[i] = scores.get(i, 0.0) + idf * tf * 2.2 / (tf + 1.2 * (0.7 + 0.3 * dl / avgdl))
+    return sorted(scores.items(), key=lambda r: (-r[1], -r[0]))
+
+
+def _walked_leg(store: MemoryStore, text: str) -> tuple[str, list[tuple[int, float]]]:
+    """How the store's keyword leg found its sample (``kd``: walked, all, counted) and its
+    rows, (id, score) best first."""
+    leg = store_search.counted_leg(
+        table=store_search.TABLE, token=f"~store:{store.pk}", text=text, pool=100,
+        totals=(store_search._TOTALS, [str(store.pk)]), newest="created_at",
+        walk=("store_id = %s", [str(store.pk)]),
+    )  # fmt: skip
+    head = leg.sql[: leg.sql.index("\nkr AS MATERIALIZED")].rstrip(",")
+    (how,), _ = retrieval_db.fetch(
+        head + "\nSELECT how FROM kd", leg.params[: head.count("%s")], prepare=False
+    )
+    return how[0], [(row[0], float(row[1])) for row in leg.run()]
+
+
+@pytest.mark.parametrize(
+    ("text", "sample", "probe", "how"),
+    [
+        ("number question", 20, 100, "walked"),  # every item: the walk finds 21 in 21
+        ("55 56 57 58 59", 30, 5, "all"),  # the 5 newest items only: the walk reads all 60
+        ("deploy", 20, 100, "counted"),  # a quarter: not walked first; every match
+        ("0 1 2 3 4 5 6 7 8 9 10 11", 10, 100, "counted"),  # the 12 oldest: counted, walked
+        # Nearly half the items: the walk first, which finds 5 or fewer in the newest 10
+        # (2 x the sample): counted, walked.
+        ("museum deploy", 5, 100, "counted"),
+    ],
+)
+def test_every_way_to_the_sample_ranks_the_same(stores, monkeypatch, text, sample, probe, how):
+    """The keyword leg of a store scores the same rows the same way whichever way its
+    statement finds them (the walk first when the newest items promise more matches than
+    twice the sample, else the GIN count first): the ids and scores computed here, in
+    the same order, and the same figures as with the walk never first."""
+    from knowledge.retrieval import bm25
+
+    store = stores["a"]
+    monkeypatch.setattr(bm25, "COUNTED_SAMPLE", sample)
+    monkeypatch.setattr(bm25, "COUNTED_PROBE", probe)
+    found, got = _walked_leg(store, text)
+    want = _sampled_bm25(store, text, sample)
+    assert found == how
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-12)
+    monkeypatch.setattr(bm25, "COUNTED_PROBE", 0)  # (nothing probed: never walked first)
+    assert _walked_leg(store, text) == ("counted", got)
