@@ -57,13 +57,24 @@ def test_stalled_cluster_is_reported_by_healthz_and_restarted(instance):
     the figures; the supervisor restarts the whole cluster; every task then runs."""
     instance.start("serve", "--no-worker")
     # /healthz says "stalled" from STALL seconds on; the worker's own supervisor restarts
-    # the cluster at 4 x STALL: a 15 s window to see it (with 2 x STALL, a 5 s window, the
-    # test failed on a machine at load 10, where one /healthz answer took seconds).
-    worker = instance.spawn("worker", "--stall-seconds", str(STALL * 4))
+    # the cluster later: a window to see it (with 2 x STALL, a 5 s window, the test failed
+    # on a machine at load 10, where one /healthz answer took seconds).
+    # The restart comes at 6 x STALL here: a 25 s window (at 4 x STALL the test failed
+    # twice in full runs at load 5-8, the suite's busiest minutes: type checks beside it).
+    worker = instance.spawn("worker", "--stall-seconds", str(STALL * 6))
     try:
         instance.wait_healthy()
         main = _wait(lambda: instance.cluster_main(worker.pid), 30)
         assert _wait(lambda: len(instance.workers(worker.pid)) == 2, 30)
+
+        # Frozen mid-task, a worker counts as busy and the cluster is not stalled: freeze
+        # them once the start's scheduled sweeps have run and no worker is busy.
+        def idle():
+            report = instance.get("/healthz").body["worker"]
+            watched = report.get("supervisors") or []
+            return report["queue"]["waiting"] == 0 and watched and not watched[0]["busy_workers"]
+
+        assert _wait(idle, 60), instance.log()[-2000:]
         sentinel = main.children()[0]
         frozen = sentinel.children()
         for proc in frozen:
@@ -74,7 +85,7 @@ def test_stalled_cluster_is_reported_by_healthz_and_restarted(instance):
             body = instance.get("/healthz").body  # the figures need a key
             return body if body["worker"]["status"] == "stalled" else None
 
-        body = _wait(stalled, STALL * 5)
+        body = _wait(stalled, STALL * 7)
         assert body, instance.log()[-2000:]
         assert body["status"] == "degraded"
         assert body["worker"]["stall_seconds"] == STALL
