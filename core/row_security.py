@@ -34,6 +34,8 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 POLICY = "owner_rows"
+# Written on each policy (its comment): a policy of an older text gets today's.
+POLICY_VERSION = "owner_rows 2"
 _BYPASS = "current_setting('memory.bypass', true) = 'on'"
 _VISIBLE = (
     f"(SELECT {_BYPASS}) OR owner_id = (SELECT CASE WHEN {_BYPASS} THEN NULL "
@@ -137,49 +139,62 @@ def owner_tables(cursor: Any) -> list[str]:
 
 def secure_tables(connection: BaseDatabaseWrapper, service_role: str | None) -> list[str]:
     """Row-level security and the policy on every owner's table, the service role's
-    grants, ``@@`` leakproof where allowed; idempotent. Returns the tables secured."""
+    grants, ``@@`` leakproof where allowed; idempotent, and changing nothing that is
+    already so: every ``serve`` runs it (through ``migrate``) while other hosts serve,
+    and an ``ALTER POLICY`` locks its table. Returns the tables secured."""
     with connection.cursor() as cur:
         tables = owner_tables(cur)
         cur.execute(
-            "SELECT tablename FROM pg_policies WHERE schemaname = current_schema() "
-            "AND policyname = %s",
+            "SELECT c.relname, c.relrowsecurity, p.oid IS NOT NULL, "
+            "obj_description(p.oid, 'pg_policy') "
+            "FROM pg_class c LEFT JOIN pg_policy p ON p.polrelid = c.oid AND p.polname = %s "
+            "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')",
             [POLICY],
         )
-        have = {row[0] for row in cur.fetchall()}
-        cur.execute(
-            "SELECT relname FROM pg_class WHERE relrowsecurity "
-            "AND relnamespace = current_schema()::regnamespace"
-        )
-        enabled = {row[0] for row in cur.fetchall()}
+        state = {row[0]: row[1:] for row in cur.fetchall()}
         for table in tables:
-            if table not in enabled:
+            enabled, exists, version = state[table]
+            if not enabled:
                 cur.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
-            verb = "ALTER" if table in have else "CREATE"
+            if version == POLICY_VERSION:
+                continue
+            verb = "ALTER" if exists else "CREATE"
             cur.execute(
                 f"{verb} POLICY {POLICY} ON {table} USING ({_VISIBLE}) WITH CHECK ({_VISIBLE})"
             )
+            cur.execute(f"COMMENT ON POLICY {POLICY} ON {table} IS '{POLICY_VERSION}'")
         if service_role:
-            role = connection.ops.quote_name(service_role)
-            cur.execute(
-                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
-                f"{connection.ops.quote_name(_schema(cur))} TO {role}"
-            )
-            cur.execute(
-                f"GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA "
-                f"{connection.ops.quote_name(_schema(cur))} TO {role}"
-            )
-            if (
-                getattr(connection, "pg_version", 0) >= 170000
-            ):  # (VACUUM and ANALYZE, from PostgreSQL 17)
-                cur.execute(
-                    f"GRANT MAINTAIN ON ALL TABLES IN SCHEMA "
-                    f"{connection.ops.quote_name(_schema(cur))} TO {role}"
-                )
+            _grant(connection, cur, service_role)
         cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
         if cur.fetchone()[0]:
-            for function in LEAKPROOF_FUNCTIONS:
+            for function in leakproof_missing(cur):
                 cur.execute(f"ALTER FUNCTION {function} LEAKPROOF")
     return tables
+
+
+def _grant(connection: BaseDatabaseWrapper, cur: Any, service_role: str) -> None:
+    """The service's role's privileges on every table and sequence, granted only when
+    one lacks them (a new table's migration)."""
+    tables = ["SELECT", "INSERT", "UPDATE", "DELETE"]
+    if getattr(connection, "pg_version", 0) >= 170000:  # (VACUUM, ANALYZE from 17 on)
+        tables.append("MAINTAIN")
+    # (a privilege list asks whether any of them is held: each is asked alone)
+    every_table = " AND ".join(f"has_table_privilege(%(role)s, oid, '{p}')" for p in tables)
+    every_sequence = " AND ".join(
+        f"has_sequence_privilege(%(role)s, oid, '{p}')" for p in ("USAGE", "SELECT", "UPDATE")
+    )
+    cur.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
+        f"AND ((relkind IN ('r', 'p') AND NOT ({every_table})) "
+        f"OR (relkind = 'S' AND NOT ({every_sequence}))))",
+        {"role": service_role},
+    )
+    if not cur.fetchone()[0]:
+        return
+    role = connection.ops.quote_name(service_role)
+    schema = connection.ops.quote_name(_schema(cur))
+    cur.execute(f"GRANT {', '.join(tables)} ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    cur.execute(f"GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
 
 
 def _schema(cur: Any) -> str:

@@ -343,3 +343,23 @@ def test_every_bypass_is_one_of_the_listed():
             for match in pattern.finditer(file.read_text()):
                 found.add((str(file.relative_to(root)), match.group(1)))
     assert found == BYPASS_SITES
+
+
+@pytest.mark.django_db(transaction=True)
+def test_securing_the_tables_again_changes_nothing():
+    """Every ``serve`` runs ``migrate``, so this, while other hosts serve: an ``ALTER
+    POLICY`` or a ``GRANT`` there would lock or rewrite what is already so."""
+    from django.test.utils import CaptureQueriesContext
+
+    from core.db_backend.base import service_role, table_owner
+    from core.row_security import secure_tables
+
+    with table_owner(connection):
+        secure_tables(connection, service_role(connection))
+        with CaptureQueriesContext(connection) as done:
+            tables = secure_tables(connection, service_role(connection))
+    assert len(tables) >= 28
+    changes = [
+        q["sql"] for q in done.captured_queries if not q["sql"].lstrip().startswith("SELECT")
+    ]
+    assert changes == []
