@@ -98,11 +98,9 @@ def enqueue_on_commit(
 _task_states = threading.local()
 
 
-def task_started(
-    sender: object, func: object = None, task: dict[str, Any] | None = None, **_: Any
-) -> None:
+def task_started(sender: object, task: dict[str, Any] | None = None, **_: Any) -> None:
     stack = _task_states.__dict__.setdefault("tokens", [])
-    stack.append(tenancy.enter(tenancy.for_task(func, (task or {}).get("group"))))
+    stack.append(tenancy.enter(tenancy.for_task((task or {}).get("group"))))
 
 
 def task_ended(sender: object, **_: Any) -> None:

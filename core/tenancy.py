@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar, Token
 from typing import Any, TypeVar, cast
 
@@ -83,67 +83,61 @@ def leave(token: Token[State]) -> None:
 
 
 @contextmanager
-def as_owner(owner_id: int) -> Iterator[None]:
-    token = enter_owner(owner_id)
+def running_as(value: State) -> Iterator[None]:
+    """``value`` for the block, whatever ran before it and after it."""
+    token = _state.set(value)
     try:
         yield
     finally:
         _state.reset(token)
+
+
+def as_owner(owner_id: int) -> AbstractContextManager[None]:
+    return running_as((str(int(owner_id)), ""))
 
 
 def enter_bypass(reason: str) -> Token[State]:
+    return _state.set(_bypass_state(reason))
+
+
+def _bypass_state(reason: str) -> State:
     if not reason:
         raise ValueError("a bypass of row-level security names its reason")
     logger.debug("row-level security bypassed: %s", reason)
-    return _state.set(("", reason))
+    return ("", reason)
 
 
-@contextmanager
-def bypass(reason: str) -> Iterator[None]:
+def bypass(reason: str) -> AbstractContextManager[None]:
     """Every owner's rows, for the block: the admin and cross-owner maintenance only."""
-    token = enter_bypass(reason)
-    try:
-        yield
-    finally:
-        _state.reset(token)
+    return running_as(_bypass_state(reason))
 
 
-@contextmanager
-def nobody() -> Iterator[None]:
+def nobody() -> AbstractContextManager[None]:
     """Neither an owner nor a bypass (what a request or a task starts from)."""
-    token = _state.set(NOBODY)
-    try:
-        yield
-    finally:
-        _state.reset(token)
+    return running_as(NOBODY)
 
 
 def maintenance(reason: str) -> Callable[[F], F]:
     """Mark a background task that works across owners (a sweep, an indexer): it runs
-    under ``bypass(reason)`` (``core.queue``'s signal handlers). A task queued for an
-    owner runs as that owner; any other task, as nobody."""
+    under ``bypass(reason)``, queued or called directly (a command, a test's worker). A
+    task queued for an owner runs as that owner; any other task, as nobody."""
 
     def mark(fn: F) -> F:
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
-            with bypass(reason):  # (called directly too: a command, a test's worker)
+            with bypass(reason):
                 return fn(*args, **kwargs)
 
-        run.row_security_bypass = reason  # type: ignore[attr-defined]
         return cast(F, run)
 
     return mark
 
 
-def for_task(func: object, group: str | None) -> State:
-    """What a background task runs as: its owner (django-q2 group ``owner:<id>``),
-    its ``maintenance`` bypass, or nobody."""
+def for_task(group: str | None) -> State:
+    """What a background task starts as: its owner (django-q2 group ``owner:<id>``), or
+    nobody (a ``maintenance`` task then bypasses by itself)."""
     if group and group.startswith(OWNER_GROUP):
         return (str(int(group[len(OWNER_GROUP) :])), "")
-    reason = getattr(func, "row_security_bypass", None)
-    if reason:
-        logger.debug("row-level security bypassed: %s", reason)
-        return ("", reason)
     return NOBODY
 
 
@@ -153,11 +147,8 @@ def bound(fn: Callable[[], T]) -> Callable[[], T]:
     value = state()
 
     def run() -> T:
-        token = _state.set(value)
-        try:
+        with running_as(value):
             return fn()
-        finally:
-            _state.reset(token)
 
     return run
 
