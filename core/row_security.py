@@ -107,6 +107,49 @@ def owner_covering_sql(
     return swap(", ".join(c for c in (include, "owner_id") if c)), swap(include)
 
 
+def owner_in_unique(
+    name: str, table: str, columns: str, *, kind: str = "unique", where: str = ""
+) -> list[Any]:
+    """The migration operations giving the unique constraint (``kind`` ``unique`` or
+    ``primary``) or unique index (``index``, partial with ``where``) ``name`` of
+    ``table``, today on ``columns``, the ``owner_id`` as its last column: a table
+    distributed by owner (Citus, ``docs/scaling.md``) accepts only unique keys that
+    hold it. The owner follows from the key's parent, so the new key refuses the same
+    rows; last, it leaves every lookup of today's columns a prefix of the index.
+
+    The new index is built concurrently (the table stays writable), then takes the
+    old one's place and name in one statement (a constraint: ``ADD ... USING INDEX``
+    renames it). For a migration with ``atomic = False``; ``ON CONFLICT`` clauses on
+    these keys name the constraint (``ON CONFLICT ON CONSTRAINT``), not its columns."""
+    from django.db import migrations
+
+    condition = f" WHERE {where}" if where else ""
+
+    def build(suffix: str, cols: str) -> tuple[str, ...]:
+        index = f"{name}_{suffix}"
+        return (
+            f"DROP INDEX CONCURRENTLY IF EXISTS {index}",  # (a build that failed half-way)
+            f"CREATE UNIQUE INDEX CONCURRENTLY {index} ON {table} ({cols}){condition}",
+        )
+
+    def swap(suffix: str) -> tuple[str, ...]:
+        index = f"{name}_{suffix}"
+        if kind == "index":
+            return (f"DROP INDEX {name}", f"ALTER INDEX {index} RENAME TO {name}")
+        key = {"unique": "UNIQUE", "primary": "PRIMARY KEY"}[kind]
+        return (
+            f"ALTER TABLE {table} DROP CONSTRAINT {name}, "
+            f"ADD CONSTRAINT {name} {key} USING INDEX {index}",
+        )
+
+    return [
+        migrations.RunSQL(
+            build("next", f"{columns}, owner_id"), f"DROP INDEX IF EXISTS {name}_next"
+        ),
+        migrations.RunSQL(swap("next"), build("prev", columns) + swap("prev")),
+    ]
+
+
 def owner_column(table: str, *, parent: str, via: str) -> Any:
     """The migration operation of ``owner_column_sql`` (and its reverse)."""
     from django.db import migrations

@@ -145,6 +145,8 @@ class Chunk(models.Model):
 
     class Meta:
         constraints = [
+            # In the database the key also holds owner_id, last (knowledge 0017: a
+            # table distributed by owner accepts no other key); owner_id is not a field.
             models.UniqueConstraint(
                 fields=["knowledge_base", "source_key"], name="chunk_unique_source_key"
             ),

@@ -87,7 +87,7 @@ SELECT %(kb)s, %(dims)s, %(pending)s, now(), now(), source_key, document_key, te
        flow_id, run_id, sender, file_path, content_hash, coalesce(source_timestamp, now()),
        metadata, word_count
 FROM knowledge_chunk_stage
-ON CONFLICT (knowledge_base_id, source_key) DO UPDATE SET
+ON CONFLICT ON CONSTRAINT chunk_unique_source_key DO UPDATE SET
     document_key = EXCLUDED.document_key, text = EXCLUDED.text,
     embedding = EXCLUDED.embedding, dimensions = EXCLUDED.dimensions,
     index_pending = EXCLUDED.index_pending,

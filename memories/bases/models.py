@@ -21,6 +21,8 @@ class MemoryBase(models.Model):
     # their owner (a deleted user: PROTECT refused that).
     flow = models.ForeignKey(Flow, on_delete=models.RESTRICT, related_name="memory_bases")
     threshold = models.PositiveIntegerField(default=10)
+    # (unique in the database with owner_id last, memory_bases 0006: a table
+    # distributed by owner accepts no other key)
     knowledge_base = models.OneToOneField(
         KnowledgeBase, on_delete=models.RESTRICT, related_name="memory_base"
     )
@@ -67,6 +69,8 @@ class MemoryBaseSession(models.Model):
     class Meta:
         db_table = "ingestion_memorybasesession"
         constraints = [
+            # In the database this key and the jobs' below also hold owner_id, last
+            # (memory_bases 0006: a table distributed by owner accepts no other key).
             models.UniqueConstraint(fields=["memory_base", "session_id"], name="mbsession_unique"),
             models.CheckConstraint(
                 condition=Q(cursor_message_id__isnull=True, cursor_created_at__isnull=True)

@@ -75,8 +75,10 @@ class Message(models.Model):
     class Meta:
         db_table = "ingestion_message"
         constraints = [
+            # The owner last: a table distributed by owner accepts no other unique key
+            # (docs/scaling.md); it follows from the flow, so the same rows are refused.
             models.UniqueConstraint(
-                fields=["flow", "session_id", "message_id"],
+                fields=["flow", "session_id", "message_id", "owner"],
                 condition=Q(message_id__isnull=False),
                 name="message_unique_caller_id",
             )

@@ -161,7 +161,9 @@ class Fact(models.Model):
 
 
 class FactLink(models.Model):
-    """The (scope, fact) link: what a scope holds. Primary key on the pair."""
+    """The (scope, fact) link: what a scope holds. Primary key on the pair (in the
+    database the key also holds owner_id, last: memories 0022; a table distributed by
+    owner accepts no other key, and owner_id is not a field)."""
 
     pk = models.CompositePrimaryKey("scope_id", "fact_id")
     # Indexed by the primary key and factlink_fact (below).

@@ -36,6 +36,7 @@ class MemoryStore(models.Model):
     embedding_provider = models.CharField(max_length=32, blank=True, default="", editable=False)
     embedding_model = models.CharField(max_length=200, blank=True, default="", editable=False)
     embedding_dimensions = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    # (unique in the database with owner_id last, memory_stores 0007)
     knowledge_base = models.OneToOneField(
         KnowledgeBase,
         null=True,
@@ -87,6 +88,8 @@ class MemoryItem(models.Model):
 
     class Meta:
         constraints = [
+            # In the database the key also holds owner_id, last (memory_stores 0007: a
+            # table distributed by owner accepts no other key); owner_id is not a field.
             models.UniqueConstraint(
                 fields=["store", "summary_hash"], name="memoryitem_unique_summary"
             ),
@@ -118,6 +121,7 @@ class MemoryAttachment(models.Model):
 
     class Meta:
         constraints = [
+            # In the database the key also holds owner_id, last (memory_stores 0007).
             models.UniqueConstraint(
                 fields=["flow", "node_id", "store"], name="memoryattachment_unique_store"
             ),

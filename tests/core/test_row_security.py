@@ -99,6 +99,69 @@ def test_every_table_holds_an_owners_rows_behind_the_policy_or_is_listed():
     assert (user, superuser, bypasses, owns) == ("memory_app", False, False, False)
 
 
+# Unique keys of owners' tables without the owner, and why (docs/scaling.md).
+GLOBAL_KEYS = {
+    "core_apikey_digest_key": "a key is looked up by its digest before its owner is "
+    "known: a reference table under Citus",
+    "core_apikey_pkey": "a reference table under Citus",
+}
+
+
+@pytest.mark.django_db
+def test_every_unique_key_of_an_owners_table_holds_the_owner():
+    """A table distributed by owner (Citus) accepts a primary key or unique constraint
+    only when it holds the owner: every unique index of a table with an owner_id holds
+    it, but the primary keys on ``id`` (they become (owner_id, id) at the move, with
+    the foreign keys that reference them) and the listed ones."""
+    with connection.cursor() as cur:
+        secured = owner_tables(cur)
+        cur.execute(
+            "SELECT t.relname, i.relname, x.indisprimary, "
+            "array(SELECT a.attname::text FROM unnest(x.indkey) WITH ORDINALITY k(n, o) "
+            "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.n ORDER BY k.o) "
+            "FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+            "JOIN pg_class t ON t.oid = x.indrelid WHERE x.indisunique AND t.relname = ANY(%s)",
+            [secured],
+        )
+        keys = cur.fetchall()
+    lacking = sorted(
+        (table, name, columns)
+        for table, name, primary, columns in keys
+        if "owner_id" not in columns
+        and not (primary and columns == ["id"])
+        and name not in GLOBAL_KEYS
+    )
+    assert lacking == []
+    by_name = {name: columns for _, name, _, columns in keys}
+    # The keys that gained it (owner last: today's lookups stay a prefix of the index)
+    assert by_name["chunk_unique_source_key"] == ["knowledge_base_id", "source_key", "owner_id"]
+    assert by_name["message_unique_caller_id"] == [
+        "flow_id", "session_id", "message_id", "owner_id"
+    ]  # fmt: skip
+    assert by_name["memories_factlink_pkey"] == ["scope_id", "fact_id", "owner_id"]
+    assert by_name["knowledge_term_stats_pkey"] == ["knowledge_base_id", "lexeme", "owner_id"]
+    assert by_name["ingestionjob_one_active_per_session"] == ["session_id", "owner_id"]
+    assert len(keys) >= 40
+
+
+@pytest.mark.django_db
+def test_the_keys_with_the_owner_refuse_what_they_refused(alice):
+    """The owner follows from each key's parent: a second row of the same key is still
+    refused, and the write that tried leaves nothing."""
+    from django.db import IntegrityError, transaction
+
+    from memories.bases.models import MemoryBaseSession
+    from memories.bases.services import memory_base_create
+    from memories.conversations.models import Flow
+
+    flow = Flow.objects.create(owner=alice, name="f")
+    base = memory_base_create(owner=alice, name="mb", kb_name="mb-kb", flow=flow)
+    MemoryBaseSession.objects.create(memory_base=base, session_id="s1")
+    with pytest.raises(IntegrityError, match="mbsession_unique"), transaction.atomic():
+        MemoryBaseSession.objects.create(memory_base=base, session_id="s1")
+    assert MemoryBaseSession.objects.filter(memory_base=base).count() == 1
+
+
 def _seed(client) -> dict[str, str]:
     """One of every owner's object, through the API, every text with the secret."""
     flow = client.post("/api/v1/flows", {"name": "f"}, format="json").json()["id"]
