@@ -36,6 +36,10 @@ import django  # noqa: E402
 
 django.setup()
 
+import bench_db  # noqa: E402
+
+bench_db.as_operator(__file__)
+
 import openai  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402

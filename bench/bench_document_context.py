@@ -30,6 +30,10 @@ import django  # noqa: E402
 
 django.setup()
 
+import bench_db  # noqa: E402
+
+bench_db.as_operator(__file__)
+
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 

@@ -57,11 +57,13 @@ import django  # noqa: E402
 
 django.setup()
 
+import bench_db  # noqa: E402
+
+bench_db.as_operator(__file__)
+
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
-from django.db.migrations.executor import MigrationExecutor  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
 from memories.conversations import node_memory  # noqa: E402
@@ -84,10 +86,7 @@ def log(message: str) -> None:
 
 
 def migrate_if_needed() -> None:
-    executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
-        log("applying migrations to the bench database ...")
-        call_command("migrate", interactive=False, verbosity=0)
+    bench_db.migrate_if_needed(log)
 
 
 def sentence(rng: random.Random, low: int, high: int) -> str:

@@ -78,11 +78,13 @@ import django  # noqa: E402
 
 django.setup()
 
+import bench_db  # noqa: E402
+
+bench_db.as_operator(__file__)
+
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.db.migrations.executor import MigrationExecutor  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
 from core.providers.embeddings import HashingEmbedder, _feature_slot  # noqa: E402
@@ -767,10 +769,7 @@ def deferred_indexing(deferred: bool):
 
 # --- main -------------------------------------------------------------------------------
 def migrate_if_needed() -> None:
-    executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
-        log("applying migrations to the bench database ...")
-        call_command("migrate", interactive=False, verbosity=0)
+    bench_db.migrate_if_needed(log)
 
 
 def server_facts() -> dict[str, str]:

@@ -56,11 +56,13 @@ import numpy as np
 
 django.setup()
 
+import bench_db  # noqa: E402
+
+bench_db.as_operator(__file__)
+
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from core.providers.embeddings import get_embedder
 from knowledge import search as chunk_search
@@ -96,10 +98,7 @@ def sentence(rng: random.Random, low: int, high: int) -> str:
 
 
 def migrate_if_needed() -> None:
-    executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
-        log("applying migrations to the bench database ...")
-        call_command("migrate", interactive=False, verbosity=0)
+    bench_db.migrate_if_needed(log)
 
 
 def fill_items(store: MemoryStore, n: int, rng: random.Random, *, embed: bool) -> None:
