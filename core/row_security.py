@@ -118,8 +118,8 @@ def owner_in_unique(
     rows; last, it leaves every lookup of today's columns a prefix of the index.
 
     The new index is built concurrently (the table stays writable), then takes the
-    old one's place and name in one statement (a constraint: ``ADD ... USING INDEX``
-    renames it). For a migration with ``atomic = False``; ``ON CONFLICT`` clauses on
+    old one's place and name: a constraint's in one statement (``ADD ... USING INDEX``
+    renames it; a brief exclusive lock), an index's dropped concurrently, then renamed. For a migration with ``atomic = False``; ``ON CONFLICT`` clauses on
     these keys name the constraint (``ON CONFLICT ON CONSTRAINT``), not its columns."""
     from django.db import migrations
 
@@ -134,8 +134,8 @@ def owner_in_unique(
 
     def swap(suffix: str) -> tuple[str, ...]:
         index = f"{name}_{suffix}"
-        if kind == "index":
-            return (f"DROP INDEX {name}", f"ALTER INDEX {index} RENAME TO {name}")
+        if kind == "index":  # (a unique index's twin keeps the rows unique meanwhile)
+            return (f"DROP INDEX CONCURRENTLY {name}", f"ALTER INDEX {index} RENAME TO {name}")
         key = {"unique": "UNIQUE", "primary": "PRIMARY KEY"}[kind]
         return (
             f"ALTER TABLE {table} DROP CONSTRAINT {name}, "
