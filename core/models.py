@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models.functions import Now
 from django.utils import timezone
 
 
@@ -205,3 +206,41 @@ class WritePosition(models.Model):
 
     def __str__(self) -> str:
         return f"write position of {self.owner_id}"
+
+
+class WorkerCluster(models.Model):
+    """A running worker cluster, as every host sees it (``core.worker_claims``): its
+    supervisor moves ``beat_at`` (the database's clock) every few seconds; a cluster whose
+    beat is older than ``CLUSTER_DEAD_SECONDS`` is dead, and any host's supervisor hands
+    the broker rows it had claimed back to the queue. No owner's data."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=255)
+    started_at = models.DateTimeField(db_default=Now())
+    beat_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["beat_at"], name="core_workercluster_beat")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class WorkerClaim(models.Model):
+    """A broker row (``django_q_ormq``) a cluster claimed, with the ``lock`` value its
+    claim set: written with the claim, deleted on acknowledgement. The row goes back to
+    the queue early only while its lock still holds that value."""
+
+    cluster = models.ForeignKey(WorkerCluster, on_delete=models.CASCADE, related_name="claims")
+    task_id = models.BigIntegerField(help_text="django_q_ormq.id")
+    lock = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "task_id"], name="one_claim_per_task"),
+            models.CheckConstraint(condition=models.Q(task_id__gt=0), name="claim_task_id"),
+        ]
+        indexes = [models.Index(fields=["task_id"], name="core_workerclaim_task")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id} claimed {self.task_id}"

@@ -6,10 +6,12 @@ the queue's read lock) leaves it held for good: every other worker, and the push
 block forever and no task runs again, while the cluster's heartbeat goes on.
 
 What: ``QclusterProgram`` is the supervised command (``manage.py worker --run-cluster``)
-plus a watchdog. The cluster records in a state directory which broker rows its pusher
-claimed (``claim-<id>``, removed on acknowledgement) and which workers are busy
-(``busy-<pid>``). When tasks wait (a ready row of our queue, or one of our claims)
-and for ``WORKER_STALL_SECONDS`` no task finished and no worker was busy, the
+plus a watchdog. The cluster records in the database which broker rows its pusher
+claimed (``core.worker_claims``: forgotten on acknowledgement, and handed back by any
+host's supervisor once the cluster stops beating) and in a state directory which
+workers are busy (``busy-<pid>``). When tasks wait (a ready row of our queue, or one
+of our claims) and for ``WORKER_STALL_SECONDS`` no task finished and no worker was
+busy, the
 supervisor kills the cluster's whole process group, hands our claimed rows back to
 the broker at once (instead of after ``Q_RETRY``) and starts a new cluster. Every
 process of the cluster dies with its parent (``PR_SET_PDEATHSIG`` set after each
@@ -61,35 +63,27 @@ def _write(path: Path, text: str) -> None:
 
 def _tracked_broker() -> Any:
     from core.broker import FairORM
+    from core.worker_claims import current_cluster, worker_claim, worker_claims_forget
 
     class TrackedORM(FairORM):
-        """The fair ORM broker, recording the rows this cluster claimed until they are acked."""
+        """The fair ORM broker, recording in the database the rows this cluster claimed
+        until they are acked (``core.worker_claims``)."""
+
+        cluster = current_cluster()
 
         def claim(self, row: Any) -> bool:
-            lock = self.timeout(row)
-            _record_claim(row.pk, lock)  # before the claim: a kill in between is harmless
-            if self.get_connection().filter(id=row.id, lock=row.lock).update(lock=lock):
-                return True
-            _forget_claim(row.pk)
-            return False
+            if self.cluster is None:
+                return super().claim(row)
+            return worker_claim(
+                cluster=self.cluster, task_id=row.pk, lock_was=row.lock, lock=self.timeout(row)
+            )
 
         def delete(self, task_id: Any) -> None:
             super().delete(task_id)
-            _forget_claim(task_id)
+            if self.cluster is not None:
+                worker_claims_forget(task_id=int(task_id))
 
     return TrackedORM()
-
-
-def _record_claim(task_id: Any, lock: datetime) -> None:
-    state = _state_dir()
-    if state is not None:
-        _write(state / f"claim-{task_id}", lock.isoformat())
-
-
-def _forget_claim(task_id: Any) -> None:
-    state = _state_dir()
-    if state is not None:
-        (state / f"claim-{task_id}").unlink(missing_ok=True)
 
 
 def _on_task_start(sender: Any = None, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -175,43 +169,11 @@ def any_schedule_due() -> bool:
 
 
 # --- in the supervisor -----------------------------------------------------------------
-def _claims(state: Path) -> dict[int, datetime]:
-    found = {}
-    for path in state.glob("claim-*"):
-        if path.name.endswith(".tmp"):
-            continue
-        try:
-            found[int(path.name[6:])] = datetime.fromisoformat(path.read_text().strip())
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def release_claims(state: Path, only: set[int] | None = None) -> int:
-    """Hand the rows a dead cluster (or worker: ``only``) claimed back to the broker now,
-    instead of after ``Q_RETRY``; returns how many.
-
-    Only rows still locked with the value that cluster set: a row acknowledged (gone)
-    or claimed again by another cluster since is left alone. The tasks run again:
-    every task is safe to run twice.
-    """
-    from django.utils import timezone
-    from django_q.models import OrmQ
-
-    claims = _claims(state)
-    if only is not None:
-        claims = {pk: lock for pk, lock in claims.items() if pk in only}
-    released = 0
-    if claims:
-        rows = OrmQ.objects.filter(pk__in=list(claims)).values_list("pk", "lock")
-        mine = [pk for pk, lock in rows if lock == claims[pk]]
-        if mine:
-            released = OrmQ.objects.filter(pk__in=mine).update(lock=timezone.now())
-    return released
-
-
 def sweep_stale_states(base: Path) -> None:
-    """Release the claims of clusters whose supervisor died (its lock file is free)."""
+    """Release the claims of this host's clusters whose supervisor died (its lock file
+    is free) at once, without waiting for them to count as dead on every host."""
+    from core.worker_claims import cluster_name, worker_cluster_withdraw
+
     if not base.exists():
         return
     for state in base.glob("qcluster-*"):
@@ -221,7 +183,7 @@ def sweep_stale_states(base: Path) -> None:
                 # Shared: the live supervisor holds it exclusively, and /healthz's look
                 # (``local_supervisors``) takes it shared too, without making us skip.
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                count = release_claims(state)
+                count = worker_cluster_withdraw(name=cluster_name(state))
                 if count:
                     logger.warning("released %d task(s) claimed by a dead cluster", count)
         except BlockingIOError:
@@ -303,18 +265,31 @@ class QclusterProgram(Program):
         self._heartbeat_at: datetime | None = None
         self._up = False
         self._announced: int | None = None  # the locked supervisor-<pid> file's descriptor
+        self.cluster: str | None = None  # the running cluster's name (core.worker_claims)
+        self._beat_at = 0.0
+        self._swept_at = 0.0
 
     def before_start(self) -> dict[str, str]:
+        from django.db import DatabaseError
         from django.utils import timezone
+
+        from core.worker_claims import CLUSTER_ENV, cluster_name, worker_cluster_beat
 
         self.base.mkdir(parents=True, exist_ok=True)
         sweep_stale_states(self.base)
         self.state = Path(tempfile.mkdtemp(prefix=f"qcluster-{os.getpid()}-", dir=self.base))
         self._lock_handle = open(self.state / "lock", "a+")  # noqa: SIM115 - held while it runs
         fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
+        self.cluster = cluster_name(self.state)
+        self._beat_at = 0.0  # the first check beats (registers) it if this cannot
+        try:
+            worker_cluster_beat(name=self.cluster)  # registered before it can claim
+            self._beat_at = time.monotonic()
+        except DatabaseError:  # a claim fails until the cluster is registered
+            logger.warning("%s: could not register its cluster yet", self.name)
         self._progress_at = self._heartbeat_at = timezone.now()
         self._up = False
-        return {STATE_DIR_ENV: str(self.state)}
+        return {STATE_DIR_ENV: str(self.state), CLUSTER_ENV: self.cluster}
 
     def start(self) -> None:
         super().start()
@@ -339,12 +314,14 @@ class QclusterProgram(Program):
         withdraw_watchdog_state()
 
     def after_stop(self) -> None:
+        from core.worker_claims import cluster_name, worker_cluster_withdraw
+
         if self._announced is not None:
             self._announce("")  # no cluster until the next start
         if self.state is None:
             return
         try:
-            count = release_claims(self.state)
+            count = worker_cluster_withdraw(name=self.cluster or cluster_name(self.state))
             if count:
                 logger.warning("%s: released %d task(s) its cluster had claimed", self.name, count)
         except Exception:  # noqa: BLE001 - the database may be down: the next sweep does it
@@ -356,6 +333,7 @@ class QclusterProgram(Program):
                 self._lock_handle = None
         shutil.rmtree(self.state, ignore_errors=True)
         self.state = None
+        self.cluster = None
 
     def _busy(self) -> list[tuple[int, float, int]]:
         """(pid, started, broker row) of each worker that started a task and has not
@@ -385,7 +363,11 @@ class QclusterProgram(Program):
         dead = [(pid, ack_id) for pid, _, ack_id in self._busy() if not psutil_alive(pid)]
         if not dead or self.state is None:
             return 0
-        count = release_claims(self.state, only={ack_id for _, ack_id in dead})
+        from core.worker_claims import worker_claims_release
+
+        count = worker_claims_release(
+            cluster=self.cluster or "", only={ack_id for _, ack_id in dead}
+        )
         for pid, _ in dead:
             (self.state / f"busy-{pid}").unlink(missing_ok=True)
         if count:
@@ -400,10 +382,13 @@ class QclusterProgram(Program):
         from django.db import DatabaseError, close_old_connections
         from django.utils import timezone
 
+        from core.worker_claims import worker_claims
+
         close_old_connections()
         try:
+            self.beat_and_sweep(now)
             self.release_dead_workers_tasks()
-            figures = queue_figures(own_claims=_claims(self.state))
+            figures = queue_figures(own_claims=worker_claims(cluster=self.cluster or ""))
             beating = self._beating()
         except DatabaseError:
             # The database is down: no cluster can progress (nor publish its heartbeat),
@@ -443,6 +428,30 @@ class QclusterProgram(Program):
                 f"none finished and no worker busy for {idle_for:.0f}s"
             )
         return None
+
+    def beat_and_sweep(self, now: float) -> None:
+        """Every ``CLUSTER_BEAT_SECONDS`` say that our cluster lives; every
+        ``CLUSTER_SWEEP_SECONDS`` hand back the claims of clusters (of any host) that
+        stopped beating (``core.worker_claims``)."""
+        from core.worker_claims import (
+            CLUSTER_BEAT_SECONDS,
+            CLUSTER_SWEEP_SECONDS,
+            dead_worker_clusters_sweep,
+            worker_cluster_beat,
+        )
+
+        if self.cluster is not None and now - self._beat_at >= CLUSTER_BEAT_SECONDS:
+            worker_cluster_beat(name=self.cluster)
+            self._beat_at = now
+        if now - self._swept_at >= CLUSTER_SWEEP_SECONDS:
+            self._swept_at = now
+            for name, count in dead_worker_clusters_sweep().items():
+                logger.warning(
+                    "%s: cluster %s stopped beating; handed back %d task(s) it had claimed",
+                    self.name,
+                    name,
+                    count,
+                )
 
     def _beating(self) -> bool:
         """Whether the cluster's sentinel published its status in the last seconds."""

@@ -49,6 +49,8 @@ NOT_AN_OWNERS = {
     "auth_user_user_permissions": "Django's accounts",
     "core_metriccounter": "process counters for /metrics, no owner",
     "core_usagetotal": "usage summed over every owner for /metrics",
+    "core_workerclaim": "the broker rows each worker cluster claimed: ids and lock times",
+    "core_workercluster": "the live worker clusters: names, hosts and beats",
     "django_admin_log": "the staff's admin actions",
     "django_cache": "the cache (throttles, no memory content)",
     "django_content_type": "Django's catalogue",
