@@ -15,12 +15,19 @@ each call embedded (the side effect counted).
 2. SIGKILL of host ``a``'s whole worker (supervisor, cluster, workers) while its
    workers embed: ``/healthz`` on ``a`` says its worker is down (``degraded``) while
    ``b`` says ok, with the two clusters left; the rows ``a`` had claimed come back
-   after ``Q_RETRY`` and hosts ``b`` and ``c`` finish them: each document once in the
+   (after ``Q_RETRY``, 36 s here, or once ``a``'s cluster counts as dead, whichever
+   comes first) and hosts ``b`` and ``c`` finish them: each document once in the
    database, the jobs cut short claimed twice and embedded twice, the others once.
    ``a``'s worker started again: ``/healthz`` on ``a`` is ok again.
 3. Schedules fire once per period across the three clusters: the repo's
    ``engine-updates-sweep`` (a minute period) made due five times over, one task each
    time; and 40 one-off schedules due at one moment, each fired once.
+
+And, with ``Q_RETRY`` at 10 minutes, a whole host killed (its supervisor and its
+cluster's process group at once: nobody left on it to hand its claims back): the task
+it was running is handed back by the other host's sweep once the dead host's cluster
+stopped beating for ``CLUSTER_DEAD_SECONDS`` (``core.worker_claims``), and runs there
+once, minutes before ``Q_RETRY``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from datetime import timedelta
 
 import pytest
 
+from core.worker_claims import CLUSTER_BEAT_SECONDS, CLUSTER_DEAD_SECONDS, CLUSTER_SWEEP_SECONDS
 from scripts.faults.harness import Instance, title
 from tests.core.test_self_healing import _wait
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -81,16 +89,24 @@ def hosts(openai_server: FakeOpenAIServer):
         "EMBEDDING_DIMENSIONS": str(DIMENSIONS), "EMBEDDING_MAX_RETRIES": "0",
         "Q_TIMEOUT": str(Q_TIMEOUT), "Q_RETRY": str(Q_RETRY), "LOG_LEVEL": "INFO",
     }  # fmt: skip
+    yield from _hosts(common, "abc")
+
+
+def _hosts(common: dict[str, str], names: str):
+    """An embedded database of its own data directory, and a host per name of
+    ``names`` that reaches it through ``DATABASE_URL``."""
     database = Instance(env_overrides=common)
     database.manage("embedded_db", "start")
     pid_lines = (database.data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()
     socket_dir = urllib.parse.quote(pid_lines[4], safe="")
     url = f"postgresql://postgres@{socket_dir}:{pid_lines[3]}/memory"
-    made = {name: Instance(env_overrides={**common, "DATABASE_URL": url}) for name in "abc"}
-    yield database, made
-    for host in made.values():
-        host.destroy()
-    database.destroy()
+    made = {name: Instance(env_overrides={**common, "DATABASE_URL": url}) for name in names}
+    try:
+        yield database, made
+    finally:
+        for host in made.values():
+            host.destroy()
+        database.destroy()
 
 
 def _ingest(host: Instance, tag: str) -> str:
@@ -279,3 +295,90 @@ def test_two_web_hosts_and_three_worker_clusters_on_one_database(hosts, openai_s
             proc.wait(60)
         for server in web:
             server.stop()
+
+
+# --- a whole host dies ----------------------------------------------------------------
+DEAD_HOST_RETRY = 600  # Q_RETRY: the claim would otherwise come back after 10 minutes
+# A task that records which host runs it (each host's MEMORY_DATA_DIR), then waits for
+# the test to let it finish.
+BLOCKING = 'echo "$MEMORY_DATA_DIR" >> {runs}; while [ ! -e {release} ]; do sleep 0.2; done'
+
+
+@pytest.fixture
+def two_hosts():
+    from django.conf import settings
+
+    if not settings.EMBEDDED_DATABASE:
+        pytest.skip("runs an embedded server of its own data directory")
+    common = {"Q_TIMEOUT": "120", "Q_RETRY": str(DEAD_HOST_RETRY), "LOG_LEVEL": "INFO"}
+    yield from _hosts(common, "ab")
+
+
+def _lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_dead_hosts_claimed_task_runs_on_another_host_long_before_q_retry(two_hosts, tmp_path):
+    database, host = two_hosts
+    a, b = host["a"], host["b"]
+    runs, release = tmp_path / "runs", tmp_path / "release"
+    a.manage("migrate")
+    a.manage("createcachetable")
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        # Host a alone: it claims the task and runs it.
+        workers["a"] = a.spawn("worker")
+        script = BLOCKING.format(runs=runs, release=release)
+        a.manage(
+            "shell", "-c",
+            "from django_q.tasks import async_task\n"
+            f"async_task('subprocess.check_call', ['sh', '-c', {script!r}], task_name='dead-host')",
+        )  # fmt: skip
+        assert _wait(lambda: _lines(runs) == [str(a.data_dir)], 90), a.log()[-2000:]
+        ((task_id, lock),) = database.query("SELECT id, lock FROM django_q_ormq")
+        claims = database.query("SELECT cluster_id, task_id, lock FROM core_workerclaim")
+        (cluster_a,) = database.query("SELECT name FROM core_workercluster")[0]
+        assert claims == [(cluster_a, task_id, lock)]
+        assert (lock - database.query("SELECT now()")[0][0]).total_seconds() > 500
+
+        # Host b's worker up and beating; then host a dies whole: its supervisor (nothing
+        # left on a to hand its claims back), then its cluster's process group.
+        workers["b"] = b.spawn("worker")
+        assert _wait(lambda: len(b.workers(workers["b"].pid)) == 2, 90), b.log()[-2000:]
+        assert _wait(lambda: len(database.query("SELECT name FROM core_workercluster")) == 2, 30)
+        cluster_pid = a.cluster_main(workers["a"].pid).pid
+        os.killpg(workers["a"].pid, signal.SIGKILL)
+        os.killpg(cluster_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        workers["a"].wait(30)
+
+        # b's sweep hands the task back once a's cluster has not beaten for the limit.
+        limit = CLUSTER_DEAD_SECONDS + CLUSTER_SWEEP_SECONDS + 20  # + a loaded machine's slack
+        assert _wait(lambda: len(_lines(runs)) == 2, limit), (b.log()[-3000:], _lines(runs))
+        handed_over = time.monotonic() - killed_at
+        assert CLUSTER_DEAD_SECONDS - CLUSTER_BEAT_SECONDS - 2 < handed_over < limit
+        assert handed_over < DEAD_HOST_RETRY / 5
+        assert _lines(runs) == [str(a.data_dir), str(b.data_dir)]
+        assert "stopped beating; handed back 1 task(s)" in b.log()
+        (cluster_b,) = database.query("SELECT name FROM core_workercluster")[0]
+        assert cluster_b != cluster_a  # a's record went with its claims
+        ((claimer, claimed, lock_b),) = database.query(
+            "SELECT cluster_id, task_id, lock FROM core_workerclaim"
+        )
+        assert (claimer, claimed) == (cluster_b, task_id) and lock_b > lock
+
+        # It finishes once, on b: its row and its claim gone.
+        release.touch()
+        done = "SELECT success FROM django_q_task WHERE name = 'dead-host'"
+        assert _wait(lambda: database.query(done), 60), b.log()[-2000:]
+        time.sleep(2)  # a second run would have started by now
+        assert database.query(done) == [(True,)]
+        assert _lines(runs) == [str(a.data_dir), str(b.data_dir)]
+        assert database.query("SELECT id FROM django_q_ormq") == []
+        assert database.query("SELECT task_id FROM core_workerclaim") == []
+    finally:
+        for proc in workers.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in workers.values():
+            proc.wait(60)
