@@ -172,6 +172,8 @@ def any_schedule_due() -> bool:
 def sweep_stale_states(base: Path) -> None:
     """Release the claims of this host's clusters whose supervisor died (its lock file
     is free) at once, without waiting for them to count as dead on every host."""
+    from django.db import DatabaseError
+
     from core.worker_claims import cluster_name, worker_cluster_withdraw
 
     if not base.exists():
@@ -188,6 +190,9 @@ def sweep_stale_states(base: Path) -> None:
                     logger.warning("released %d task(s) claimed by a dead cluster", count)
         except BlockingIOError:
             continue  # a live supervisor owns it
+        except DatabaseError:
+            logger.warning("could not release a dead cluster's claims now", exc_info=True)
+            continue  # the next start's sweep does, or any host's after CLUSTER_DEAD_SECONDS
         except OSError:
             pass
         shutil.rmtree(state, ignore_errors=True)
