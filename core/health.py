@@ -83,9 +83,11 @@ def worker_status() -> dict[str, Any]:
     but a cluster whose workers are deadlocked keeps its heartbeat. So: tasks waiting
     in the broker while none finished for ``WORKER_STALL_SECONDS`` and no supervised
     worker is busy is ``stalled`` (the supervisor restarts such a cluster after the
-    same delay).
+    same delay). ``registered``: the clusters whose claims every host's supervisor
+    hands back once they stop beating (``core.worker_claims``), alive or dead.
     """
     from core.qcluster import queue_figures
+    from core.worker_claims import worker_clusters
 
     clusters = Stat.get_all()
     queue = queue_figures()
@@ -120,6 +122,7 @@ def worker_status() -> dict[str, Any]:
             }
             for stat in clusters
         ],
+        "registered": worker_clusters(),
         "host": host_worker_status(clusters),
     }
 

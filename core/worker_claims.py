@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 from django_q.models import OrmQ
@@ -149,3 +149,23 @@ def worker_claims(*, cluster: str) -> dict[int, datetime]:
     """The rows ``cluster`` claimed and the lock value of each claim."""
     rows = WorkerClaim.objects.using("default").filter(cluster_id=cluster)
     return dict(rows.values_list("task_id", "lock"))
+
+
+def worker_clusters() -> list[dict[str, object]]:
+    """Every registered cluster (of every host): its name, host, seconds since its beat
+    (the database's clock), rows it holds claimed, and ``alive`` (beaten within
+    ``CLUSTER_DEAD_SECONDS``; a dead one stays listed until the next sweep, seconds)."""
+    rows = (
+        WorkerCluster.objects.using("default")
+        .annotate(claimed=Count("claims"), now=Now())
+        .order_by("name")
+        .values_list("name", "host", "beat_at", "now", "claimed")
+    )
+    found = []
+    for name, host, beat_at, now, claimed in rows:
+        ago = max(0.0, (now - beat_at).total_seconds())
+        found.append({
+            "name": name, "host": host, "beat_seconds_ago": round(ago, 1),
+            "claimed": claimed, "alive": ago <= CLUSTER_DEAD_SECONDS,
+        })  # fmt: skip
+    return found

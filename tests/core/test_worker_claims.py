@@ -6,6 +6,7 @@ claims stay; a second sweep changes nothing. The real processes: ``test_many_hos
 
 from __future__ import annotations
 
+import socket
 import uuid
 from datetime import timedelta
 
@@ -27,6 +28,7 @@ from core.worker_claims import (
     worker_claims,
     worker_claims_release,
     worker_cluster_beat,
+    worker_clusters,
 )
 
 pytestmark = pytest.mark.django_db
@@ -184,3 +186,24 @@ def test_a_killed_supervisors_state_on_this_host_is_swept_at_once(monkeypatch, t
     assert _locks()[pk] <= timezone.now()
     assert _claims() == set() and WorkerCluster.objects.count() == 0
     assert not state.exists()
+
+
+def test_healthz_lists_the_registered_clusters_alive_and_dead(monkeypatch):
+    from core import health
+
+    for name in ("h1:a", "h2:b"):
+        worker_cluster_beat(name=name)
+    broker = _broker(monkeypatch, "h2:b")
+    for pk in _queue(broker, 2):
+        assert broker.claim(OrmQ.objects.get(pk=pk))
+    _age("h2:b", CLUSTER_DEAD_SECONDS + 5)
+    listed = health.worker_status()["registered"]
+    assert listed == worker_clusters()
+    assert [(c["name"], c["claimed"], c["alive"]) for c in listed] == [
+        ("h1:a", 0, True), ("h2:b", 2, False)
+    ]  # fmt: skip
+    assert {c["host"] for c in listed} == {socket.gethostname()}
+    assert listed[0]["beat_seconds_ago"] < 5
+    assert CLUSTER_DEAD_SECONDS + 5 <= listed[1]["beat_seconds_ago"] < CLUSTER_DEAD_SECONDS + 10
+    dead_worker_clusters_sweep()
+    assert [c["name"] for c in health.worker_status()["registered"]] == ["h1:a"]
