@@ -19,6 +19,9 @@ from scripts.faults.harness import Instance
 
 # The tables a request could write to (the project's apps); django_q and sessions not.
 TABLE_PREFIXES = ("core_", "knowledge_", "ingestion_", "memories_", "memory_", "stores_")
+# The worker's own bookkeeping, which no request writes: its clusters' beats move every
+# few seconds, its claims with the broker (core.worker_claims).
+NOT_WRITTEN_BY_REQUESTS = {"core_workercluster", "core_workerclaim"}
 
 
 def table_digest(inst: Instance) -> dict[str, str]:
@@ -28,7 +31,7 @@ def table_digest(inst: Instance) -> dict[str, str]:
         for row in inst.query(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
         )
-        if row[0].startswith(TABLE_PREFIXES)
+        if row[0].startswith(TABLE_PREFIXES) and row[0] not in NOT_WRITTEN_BY_REQUESTS
     ]
     out = {}
     for table in tables:
