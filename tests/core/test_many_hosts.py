@@ -147,6 +147,15 @@ def _processing(host: Instance, supervisor: int) -> int:
     return sum(1 for p in host.workers(supervisor) if " processing" in title(p))
 
 
+def _stop(workers: dict) -> None:
+    """Stop every worker host still running (its whole process group), then reap them."""
+    for proc in workers.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in workers.values():
+        proc.wait(60)
+
+
 def _schedule(database: Instance, name: str, kind: str, next_run: str) -> None:
     """A schedule of the repo's engine-updates sweep (``kind``: its type and minutes)."""
     database.query(
@@ -288,11 +297,7 @@ def test_two_web_hosts_and_three_worker_clusters_on_one_database(hosts, openai_s
         left = database.query("SELECT name FROM django_q_schedule WHERE name LIKE 'once-%'")
         assert left == []  # a one-off schedule is deleted when it fires
     finally:
-        for proc in workers.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in workers.values():
-            proc.wait(60)
+        _stop(workers)
         for server in web:
             server.stop()
 
@@ -377,8 +382,4 @@ def test_a_dead_hosts_claimed_task_runs_on_another_host_long_before_q_retry(two_
         assert database.query("SELECT id FROM django_q_ormq") == []
         assert database.query("SELECT task_id FROM core_workerclaim") == []
     finally:
-        for proc in workers.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in workers.values():
-            proc.wait(60)
+        _stop(workers)

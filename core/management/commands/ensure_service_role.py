@@ -54,14 +54,11 @@ class Command(BaseCommand):
                 try:
                     cur.execute(statement)
                 except errors.DuplicateObject:  # (another host's, meanwhile)
-                    raw.rollback()
                     self.stdout.write(f"role {role} exists")
                     return
                 except errors.InsufficientPrivilege as exc:
-                    raw.rollback()
                     raise CommandError(
                         f"the tables' owner may not create the role {role} ({exc}): create it "
                         "as docs/operations.md says (Row-level security)"
                     ) from exc
-            raw.commit()
-        self.stdout.write(f"role {role} created")
+        self.stdout.write(f"role {role} created")  # (autocommit: made by the statement)
