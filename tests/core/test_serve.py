@@ -84,7 +84,9 @@ def _wait_healthy(base: str, proc: subprocess.Popen[str], timeout: float = 90) -
         try:
             status, raw = _get(base + "/healthz")
             body = json.loads(raw)
-            if status == 200 and body["worker"]["status"] == "ok":
+            # (the host's own worker counts once its supervisor has noted the cluster it
+            # started, a moment after the cluster's first heartbeat)
+            if status == 200 and body["worker"]["status"] == "ok" and body["status"] == "ok":
                 return body
         except (OSError, ValueError):  # refused, reset or slow while booting
             pass
