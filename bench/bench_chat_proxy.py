@@ -30,7 +30,6 @@ os.environ.setdefault("EMBEDDING_PROVIDER", "hashing")
 os.environ["CONN_MAX_AGE"] = "60"
 # 900 requests a minute would trip the API key's chat throttle (CHAT_THROTTLE_RATE).
 os.environ.setdefault("CHAT_THROTTLE_RATE", "1000000/minute")
-os.environ["Q_SYNC"] = "false"
 
 import django  # noqa: E402
 

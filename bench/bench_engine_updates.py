@@ -35,11 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryproject.settings")
 os.environ.setdefault("EMBEDDING_PROVIDER", "hashing")
-os.environ["Q_SYNC"] = "true"  # queued tasks run in the request: every call is counted
 
 import django  # noqa: E402
 
 django.setup()
+
+from django_q.conf import Conf  # noqa: E402
+
+Conf.SYNC = True  # queued tasks run in the request: every call is counted
 
 import bench_db  # noqa: E402
 

@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=10)
     parser.add_argument("--task-seconds", type=float, default=0.01)
     args = parser.parse_args()
-    inst = Instance(env_overrides={"Q_WORKERS": "2", "Q_POLL": "0.05"})
+    inst = Instance(env_overrides={"Q_WORKERS": "2"})
     inst.start("serve", "--no-worker", "--web-workers", "1")
     worker = None
     try:

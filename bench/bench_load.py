@@ -114,7 +114,6 @@ class Deployment:
             "API_THROTTLE_RATE": "",
             "CHAT_THROTTLE_RATE": "",
             "MEMORY_UPDATE_DEBOUNCE_SECONDS": "2",
-            "Q_POLL": "0.1",  # the default (the harness polls faster, for its tests)
             **llm,
         }
         self.web_env = {**self.env, **replica_env}

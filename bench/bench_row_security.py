@@ -291,7 +291,6 @@ def main() -> None:
     if args.what == "chat":  # (as bench_chat_proxy.py: its requests, none throttled)
         os.environ["CONN_MAX_AGE"] = "60"
         os.environ["CHAT_THROTTLE_RATE"] = "1000000/minute"
-        os.environ["Q_SYNC"] = "false"
     _setup(args.off)
     from django.core.management import call_command
 

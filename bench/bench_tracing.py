@@ -42,7 +42,6 @@ os.environ["EMBEDDING_PROVIDER"] = "hashing"
 os.environ["CONN_MAX_AGE"] = "600"
 os.environ.setdefault("CHAT_THROTTLE_RATE", "1000000/minute")
 os.environ.setdefault("API_THROTTLE_RATE", "1000000/minute")
-os.environ["Q_SYNC"] = "false"
 for name in [n for n in os.environ if n.startswith("OTEL_")]:
     del os.environ[name]  # off unless this bench turns it on
 

@@ -381,8 +381,7 @@ def ensure_embedded_postgres(
         _ensure_database(info)
         if service_role:
             _ensure_role(info, service_role)
-    if os.environ.get("MEMORY_SKIP_SELF_CHECK") != "1":
-        pgvector_self_check(info.conninfo())
+    pgvector_self_check(info.conninfo())
     return info
 
 

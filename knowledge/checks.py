@@ -58,19 +58,3 @@ def knowledge_base_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
         )
         for provider, model, dims in stale
     ]
-
-
-@register()
-def query_rewriting_without_llm(app_configs: Any, **kwargs: Any) -> list:
-    """``SEARCH_REWRITE`` on with no chat LLM: every search with a text query that does
-    not say ``"rewrite": false`` answers 503 naming ``LLM_BASE_URL``."""
-    if not settings.SEARCH_REWRITE or settings.LLM_BASE_URL:
-        return []
-    return [
-        Warning(
-            "SEARCH_REWRITE is on but no chat LLM is configured: searches with a text query "
-            'answer 503 unless they say "rewrite": false.',
-            hint="Set LLM_BASE_URL (and LLM_MODEL), or SEARCH_REWRITE=false.",
-            id="knowledge.W001",
-        )
-    ]

@@ -3,8 +3,7 @@ searches of all of them are fused.
 
 A question is often worded unlike the passage that answers it ("Where did she go on
 holiday?" / "We spent two weeks in Crete"). With an LLM configured, a search that asks
-for it (``"rewrite": true``, or ``SEARCH_REWRITE`` for every search that does not say)
-first asks the model for up to ``REWRITE_QUERIES`` other queries (a paraphrase,
+for it (``"rewrite": true``) first asks the model for up to ``REWRITE_QUERIES`` other queries (a paraphrase,
 the key names and terms, words the answer would hold) as a JSON object, repaired or
 asked again once when it cannot be read (``core.providers.json_answer``, which
 reads the variants models write: fences, prose, other list keys, a bare list). Each query is then
@@ -76,11 +75,6 @@ class RewrittenSearch:
     error: str | None = None
 
 
-def rewrite_wanted(asked: bool | None) -> bool:
-    """Whether a search rewrites: as the request says, else ``SEARCH_REWRITE``."""
-    return settings.SEARCH_REWRITE if asked is None else asked
-
-
 def rewrite_queries(query: str, *, llm: ChatLLM) -> tuple[list[str], str]:
     """Up to ``REWRITE_QUERIES`` queries other than ``query`` written by ``llm``,
     and the model that answered. Raises ``ProviderError`` when the LLM fails,
@@ -91,8 +85,6 @@ def rewrite_queries(query: str, *, llm: ChatLLM) -> tuple[list[str], str]:
         "max_tokens": 40 * wanted + 40,
         "timeout": settings.SEARCH_REWRITE_TIMEOUT,
     }
-    if settings.SEARCH_REWRITE_MODEL:
-        kwargs["model"] = settings.SEARCH_REWRITE_MODEL
     answer = complete_answer(
         llm, rewrite_messages(query, wanted), shape=REWRITE, what="query_rewrite", **kwargs
     )

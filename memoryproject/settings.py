@@ -361,12 +361,12 @@ Q_CLUSTER: dict[str, Any] = {
     # retry must exceed timeout, or a slow task is handed to a second worker while
     # the first still runs it.
     "retry": env_int("Q_RETRY", 360, minimum=2),
-    "max_attempts": env_int("Q_MAX_ATTEMPTS", 3, minimum=1),
-    "poll": env_float("Q_POLL", 0.1, minimum=0.01),
+    "max_attempts": 3,  # deliveries of one task before it is given up
+    "poll": 0.1,  # seconds between the broker's polls of an empty queue
     "catch_up": False,
     "save_limit": 1000,
     "ack_failures": True,
-    "sync": TESTING or env_bool("Q_SYNC", False),
+    "sync": TESTING,  # tasks run inline in the tests (a bench sets django_q's Conf.SYNC)
     "label": "Background tasks",
 }
 # The worker supervisor (manage.py serve / manage.py worker) restarts the whole cluster
@@ -429,12 +429,9 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 # --- Knowledge bases and retrieval ----------------------------------------------------
 # (How search ranks is the retrieval engine's, knowledge/retrieval, and each collection's:
 # named constants in the code, not settings.)
-# Query rewriting (knowledge/rewrite.py), opt-in: a search asking "rewrite": true (or every
-# search that does not say, with SEARCH_REWRITE) has the chat LLM write other queries,
-# searched and fused with the original. Needs LLM_BASE_URL; model SEARCH_REWRITE_MODEL
-# (default: LLM_MODEL); an LLM failure searches as asked.
-SEARCH_REWRITE = env_bool("SEARCH_REWRITE", False)
-SEARCH_REWRITE_MODEL = env_str("SEARCH_REWRITE_MODEL")
+# Query rewriting (knowledge/rewrite.py), opt-in: a search asking "rewrite": true has the
+# chat LLM (LLM_MODEL) write other queries, searched and fused with the original. Needs
+# LLM_BASE_URL; an LLM failure searches as asked.
 SEARCH_REWRITE_TIMEOUT = 10.0
 INGEST_MAX_DOCUMENTS = env_int("INGEST_MAX_DOCUMENTS", 1000, minimum=1)
 INGEST_MAX_DOCUMENT_CHARS = env_int("INGEST_MAX_DOCUMENT_CHARS", 200_000, minimum=100)
@@ -445,6 +442,7 @@ INGEST_SYNC_MAX_CHARS = 200_000
 
 # --- Memory bases ---------------------------------------------------------------------
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000, minimum=100)
+# The most messages one request carries: a run, an engine update, a chat through the proxy.
 RUN_MAX_MESSAGES = env_int("RUN_MAX_MESSAGES", 500, minimum=1)
 
 # --- Conversation and node memory -----------------------------------------------------
@@ -495,20 +493,16 @@ ENGINE_MAX_FACTS = env_int("ENGINE_MAX_FACTS", 500, minimum=1)
 ENGINE_FLIP_FLOP_WINDOW = 20
 # Injection: the share of the token budget kept for corrections.
 ENGINE_CORRECTION_SHARE = 0.25
-CHAT_MAX_MESSAGES = env_int("CHAT_MAX_MESSAGES", 500, minimum=1)
 # Open WebUI's forwarded chat id: the chat is recorded as a conversation (session) of the
 # owner's flow CHAT_PROXY_FLOW, for history and summaries.
 MEMORY_CHAT_HEADER = "X-OpenWebUI-Chat-Id"
 MEMORY_USER_NAME_HEADER = "X-OpenWebUI-User-Name"
 MEMORY_USER_EMAIL_HEADER = "X-OpenWebUI-User-Email"
 CHAT_PROXY_FLOW = "chat-proxy"
-# GET /v1/models when the upstream lists none (or has no such endpoint): these ids
-# (default: LLM_MODEL).
-CHAT_MODELS = env_list("CHAT_MODELS", [])
 # Server-side memory tools in the proxy (opt-in per request with "memory_tools": true, or
-# for every request with a user): the proxy offers manage_memory/search_memory to the
-# model and runs the calls itself, at most CHAT_TOOL_MAX_ROUNDS model calls per request.
-CHAT_MEMORY_TOOLS = env_bool("CHAT_MEMORY_TOOLS", False)
+# for every chat of an owner's end users with its engine setting memory_tools): the proxy
+# offers manage_memory/search_memory to the model and runs the calls itself, at most
+# CHAT_TOOL_MAX_ROUNDS model calls per request.
 CHAT_TOOL_MAX_ROUNDS = 4
 # /metrics needs "Authorization: Bearer <METRICS_TOKEN>" (or a staff session); unset, it
 # is closed to all but staff sessions (its counts span every tenant).
@@ -528,8 +522,6 @@ ENGINE_STORAGE = "default"
 ENGINE_DREAM_LOOKBACK_DAYS = 3
 # A dream that would drop more than this share of a scope's facts is refused (nothing changes).
 ENGINE_DREAM_MAX_DROP = 0.5
-# The daily dream schedule, for owners who have not turned it off (EngineSettings).
-ENGINE_DREAM_SCHEDULE = env_bool("ENGINE_DREAM_SCHEDULE", True)
 # The daily dream takes a scope only once this many of its facts changed or flushes were
 # processed since its last dream (issue 29's idle gate; 1: any change).
 ENGINE_DREAM_MIN_CHANGES = 3

@@ -166,12 +166,10 @@ def test_env_example_lists_exactly_the_variables_the_code_reads():
     read = _environment_variables_read()
     assert sorted(read - set(example)) == []  # read but not listed
     assert sorted(set(example) - read) == []  # listed but read by nothing
-    # Ranking and plan constants are not variables (issue 22); the 61st is the deployment's
-    # default budget issue 29 asks for in the environment, the 62nd-66th the standard
-    # OTEL_* variables that turn traces on and off (the SDK reads its others itself), the
-    # 67th-69th the read replicas, their allowed lag and the web processes' statement
-    # limit (issue 28), the 70th the tables' owner for row-level security (issue 30).
-    assert len(read) <= 70
+    # Ranking and plan constants are not variables (issue 22): what remains is what a
+    # deployment sets (database, providers and keys, limits, schedules, security, the
+    # standard OTEL_* switches of traces).
+    assert len(read) <= 60
     assert sorted(name for name, explained in example.items() if not explained) == []
 
 
@@ -183,3 +181,12 @@ def test_benchmarks_open_with_the_current_figures():
     assert [c.strip() for c in header.strip("|").split("|")][:5] == [
         "benchmark", "figure", "command", "date", "machine"
     ]  # fmt: skip
+
+
+def test_the_variables_no_longer_read_are_not_read_and_are_in_the_upgrade_notes():
+    from core.checks import NO_LONGER_READ
+
+    assert sorted(NO_LONGER_READ & _environment_variables_read()) == []
+    notes = (DOCS / "operations.md").read_text().split("## Upgrades", 1)[1]
+    named = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", notes))
+    assert sorted(NO_LONGER_READ - named) == []

@@ -129,7 +129,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
     env = {k: v for k, v in os.environ.items() if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"}}
     env.update(
         EMBEDDED_DB_NAME=dbname, PORT=str(_free_port()), ADMIN_PASSWORD="docs-password",
-        Q_POLL="0.05", LLM_BASE_URL=llm.base_url, LLM_MODEL="fake-model", LLM_API_KEY="sk-test",
+        LLM_BASE_URL=llm.base_url, LLM_MODEL="fake-model", LLM_API_KEY="sk-test",
         # Facts are learned once a user's messages pause (30 s by default): at once here.
         MEMORY_UPDATE_DEBOUNCE_SECONDS="0",
         MEMORY_STORE_FILE_ROOTS=str(ROOT),  # docs/memory-stores.md's file store reads docs/

@@ -156,7 +156,7 @@ class SearchSerializer(serializers.Serializer):
         default=None,
         help_text="Opt-in query rewriting: the chat LLM writes other queries, searched and "
         "fused with this one (needs LLM_BASE_URL: 503 without it; an LLM failure searches "
-        "as asked). Unset: SEARCH_REWRITE (default false).",
+        "as asked). Default false.",
     )
 
     def validate_filters(self, value: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from knowledge.api.serializers import (
     job_answer,
 )
 from knowledge.models import IngestJob, KnowledgeBase
-from knowledge.rewrite import rewrite_wanted, search_rewritten
+from knowledge.rewrite import search_rewritten
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.selectors import (
     chunk_list,
@@ -67,8 +67,7 @@ def _search_request(data: dict[str, Any]) -> SearchRequest:
 
 def _run_search(bases: list[KnowledgeBase], data: dict[str, Any]) -> Response:
     request = _search_request(data)
-    # SEARCH_REWRITE rewrites the searches that do not say, when they have a text query.
-    if rewrite_wanted(data.get("rewrite")) and request.query:
+    if data.get("rewrite") and request.query:
         found = search_rewritten(bases=bases, request=request)
         return Response(
             {

@@ -285,7 +285,7 @@ class EngineFactAdmin(ReadOnlyAdmin):
 
 @admin.register(EngineSettings)
 class EngineSettingsAdmin(admin.ModelAdmin):
-    list_display = ["owner", "dream_schedule", "updated_at"]
+    list_display = ["owner", "dream_schedule", "memory_tools", "updated_at"]
     list_select_related = ["owner"]
-    list_editable = ["dream_schedule"]
+    list_editable = ["dream_schedule", "memory_tools"]
     raw_id_fields = ["owner"]

@@ -592,17 +592,30 @@ def _revert(scope: Scope, change: dict[str, Any], embedding_of: dict[str, list[f
 
 
 # --- the schedule -------------------------------------------------------------------
+def engine_settings_get(*, owner: AbstractBaseUser | int) -> EngineSettings:
+    """The owner's engine settings: its row, or an unsaved one with the defaults."""
+    pk = owner_pk(owner)
+    return EngineSettings.objects.filter(owner_id=pk).first() or EngineSettings(owner_id=pk)
+
+
 def dream_schedule_enabled(*, owner: AbstractBaseUser | int) -> bool:
-    row = EngineSettings.objects.filter(owner_id=owner_pk(owner)).first()
-    return settings.ENGINE_DREAM_SCHEDULE if row is None else row.dream_schedule
+    return engine_settings_get(owner=owner).dream_schedule
+
+
+def memory_tools_enabled(*, owner: AbstractBaseUser | int) -> bool:
+    """Whether the owner's chats get the proxy's memory tools when a request does not say."""
+    return engine_settings_get(owner=owner).memory_tools
 
 
 def engine_settings_update(
-    *, owner: AbstractBaseUser | int, dream_schedule: bool
-) -> EngineSettings:
-    """Turn the owner's daily dream on or off."""
+    *, owner: AbstractBaseUser | int, dream_schedule: bool | None = None,
+    memory_tools: bool | None = None,
+) -> EngineSettings:  # fmt: skip
+    """Turn the owner's daily dream, or its chats' memory tools, on or off (a switch not
+    given keeps its value)."""
+    changes = {"dream_schedule": dream_schedule, "memory_tools": memory_tools}
     row, _ = EngineSettings.objects.update_or_create(
-        owner_id=owner_pk(owner), defaults={"dream_schedule": dream_schedule}
+        owner_id=owner_pk(owner), defaults={k: v for k, v in changes.items() if v is not None}
     )
     return row
 
@@ -640,7 +653,7 @@ def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
         .values_list("owner_id", "pk")
     )
     switches = dict(EngineSettings.objects.values_list("owner_id", "dream_schedule"))
-    default = settings.ENGINE_DREAM_SCHEDULE
+    default = EngineSettings().dream_schedule  # an owner without a row
     return [(owner, scope) for owner, scope in rows if switches.get(owner, default)]
 
 

@@ -159,13 +159,17 @@ class Dream(models.Model):
 
 
 class EngineSettings(models.Model):
-    """Per-owner switches of the engine's background work."""
+    """Per-owner switches of the engine's background work and of the chat proxy's
+    memory tools (an owner without a row has the defaults)."""
 
     owner = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, primary_key=True, related_name="+"
     )
     # The daily Deep Dream of the owner's scopes; off: only explicit dreams run.
     dream_schedule = models.BooleanField(default=True)
+    # The chat proxy's server-side memory tools (manage_memory, search_memory) for every
+    # chat of the owner's end users that does not say ("memory_tools": false opts out).
+    memory_tools = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -111,7 +111,6 @@ class Instance:
             SECRET_KEY="fault-suite-secret-key-not-for-production",
             ADMIN_PASSWORD="fault-suite-password",
             PORT=str(self.port),
-            Q_POLL="0.05",
             LOG_LEVEL="WARNING",
             PYTHONUNBUFFERED="1",
         )

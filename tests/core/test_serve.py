@@ -49,7 +49,6 @@ def serve_env():
         EMBEDDED_DB_NAME=dbname,
         PORT=str(_free_port()),
         ADMIN_PASSWORD="e2e-password",
-        Q_POLL="0.05",
     )
     yield env
     db = settings.DATABASES["default"]

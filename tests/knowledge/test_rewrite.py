@@ -68,17 +68,16 @@ def test_rewritten_queries_are_searched_and_fused(alice_client, kb, llm_settings
     assert messages[-1] == {"role": "user", "content": "holiday"}
 
 
-def test_hybrid_rewrite_and_the_model_setting(
+def test_hybrid_rewrite_asks_the_chat_model(
     alice_client, kb, llm_settings, openai_server, monkeypatch
 ):
-    llm_settings.SEARCH_REWRITE_MODEL = "rewriter"
     monkeypatch.setattr(rewrite, "REWRITE_QUERIES", 1)
     openai_server.push(_answer("two weeks in Crete", "ignored: over the limit"))
     response = _search(alice_client, kb, query="holiday", rewrite=True, top_k=2)
     assert response.status_code == 200
     assert response.json()["rewrite"]["queries"] == ["two weeks in Crete"]
     assert len(response.json()["results"]) == 2
-    assert openai_server.requests[0]["json"]["model"] == "rewriter"
+    assert openai_server.requests[0]["json"]["model"] == "fake-model"  # LLM_MODEL
     assert (
         "1 different short search queries"
         in (openai_server.requests[0]["json"]["messages"][0]["content"])
@@ -104,19 +103,18 @@ def test_without_an_llm_it_is_503_naming_llm_base_url(alice_client, kb, settings
     assert _texts(_search(alice_client, kb, query="holiday", mode="keyword")) == [DOCS[1][1]]
 
 
-def test_the_setting_makes_it_the_default(alice_client, kb, llm_settings, openai_server):
-    llm_settings.SEARCH_REWRITE = True
+def test_a_search_that_does_not_ask_is_not_rewritten(alice_client, kb, llm_settings, openai_server):
     openai_server.push(_answer("Crete"))
-    response = _search(alice_client, kb, query="holiday", mode="keyword")
+    for asked in ({}, {"rewrite": False}, {"rewrite": None}):  # an LLM is configured
+        response = _search(alice_client, kb, query="holiday", mode="keyword", **asked)
+        assert "rewrite" not in response.json() and _texts(response) == [DOCS[1][1]]
+    assert openai_server.requests == []  # the LLM was asked nothing
+    response = _search(alice_client, kb, query="holiday", mode="keyword", rewrite=True)
     assert response.json()["rewrite"]["queries"] == ["Crete"]
     assert _texts(response) == [DOCS[1][1], DOCS[0][1]]
-    # A request saying false is not rewritten (and asks the LLM nothing).
-    response = _search(alice_client, kb, query="holiday", mode="keyword", rewrite=False)
-    assert "rewrite" not in response.json() and _texts(response) == [DOCS[1][1]]
-    assert len(openai_server.requests) == 1
-    # With the setting on and no LLM, a search that does not say is refused, naming it.
+    # No LLM: a search that does not ask is answered as ever.
     llm_settings.LLM_BASE_URL = ""
-    assert _search(alice_client, kb, query="holiday").status_code == 503
+    assert _texts(_search(alice_client, kb, query="holiday", mode="keyword")) == [DOCS[1][1]]
 
 
 def test_malformed_json_is_repaired_by_one_more_ask(alice_client, kb, llm_settings, openai_server):

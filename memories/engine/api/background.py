@@ -37,8 +37,8 @@ from memories.engine.dreams import (
     ScopeNotFound,
     dream_get,
     dream_list,
-    dream_schedule_enabled,
     dream_undo,
+    engine_settings_get,
     engine_settings_update,
 )
 from memories.engine.models import Dream, PendingUpdate
@@ -72,8 +72,30 @@ class DreamInSerializer(ScopedSerializer):
     lookback_days = serializers.IntegerField(min_value=1, max_value=90, required=False)
 
 
+@extend_schema_serializer(component_name="EngineSettingsIn")
 class SettingsInSerializer(serializers.Serializer):
-    dream_schedule = StrictBooleanField()
+    dream_schedule = StrictBooleanField(
+        required=False, help_text="The daily dream of the owner's scopes (default true)."
+    )
+    memory_tools = StrictBooleanField(
+        required=False,
+        help_text="The chat proxy's memory tools for every chat of the owner's end users "
+        "that does not say (default false; per request: memory_tools).",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: f"Unknown field {name}." for name in unknown})
+        if not attrs:
+            raise serializers.ValidationError("Give dream_schedule or memory_tools.")
+        return attrs
+
+
+@extend_schema_serializer(component_name="EngineSettings")
+class SettingsOutSerializer(serializers.Serializer):
+    dream_schedule = serializers.BooleanField()
+    memory_tools = serializers.BooleanField()
 
 
 class SummaryMessageSerializer(serializers.Serializer):
@@ -262,21 +284,24 @@ class DreamUndoView(APIView):
 class EngineSettingsView(APIView):
     owner_wide = ("PATCH",)  # not to a narrowed key (core.key_limits)
 
-    @extend_schema(summary="The engine settings of the owner", responses=SettingsInSerializer)
+    @extend_schema(summary="The engine settings of the owner", responses=SettingsOutSerializer)
     def get(self, request: Request) -> Response:
-        return Response({"dream_schedule": dream_schedule_enabled(owner=_owner(request))})
+        row = engine_settings_get(owner=_owner(request))
+        return Response(SettingsOutSerializer(row).data)
 
     @extend_schema(
         summary="Change the engine settings",
         request=SettingsInSerializer,
-        responses=SettingsInSerializer,
+        responses=SettingsOutSerializer,
     )
     def patch(self, request: Request) -> Response:
-        """``{"dream_schedule": false}`` turns the owner's daily dream off."""
+        """``{"dream_schedule": false}`` turns the owner's daily dream off,
+        ``{"memory_tools": true}`` its chats' memory tools on; a switch not sent keeps
+        its value."""
         data = SettingsInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         row = engine_settings_update(owner=_owner(request), **data.validated_data)
-        return Response({"dream_schedule": row.dream_schedule})
+        return Response(SettingsOutSerializer(row).data)
 
 
 class SummariesView(APIView):

@@ -45,8 +45,8 @@ class ChatCompletionSerializer(serializers.Serializer):
         return value
 
     def validate_messages(self, value: list[Any]) -> list[Any]:
-        if len(value) > settings.CHAT_MAX_MESSAGES:
-            raise serializers.ValidationError(f"At most {settings.CHAT_MAX_MESSAGES} messages.")
+        if len(value) > settings.RUN_MAX_MESSAGES:
+            raise serializers.ValidationError(f"At most {settings.RUN_MAX_MESSAGES} messages.")
         return value
 
 

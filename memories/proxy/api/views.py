@@ -25,6 +25,7 @@ from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
 from core.tracing import carry_iter
 from core.validation import validate_end_user_id, validate_session_id
+from memories.engine.dreams import memory_tools_enabled
 from memories.proxy.api.serializers import ChatCompletionSerializer, ModelListSerializer
 from memories.proxy.chat import PreparedChat, chat_complete, chat_prepare, chat_stream
 from memories.proxy.tool_loop import loop_complete, loop_stream
@@ -157,7 +158,7 @@ def event_stream(events: Any) -> StreamingHttpResponse:
 
 class ModelsView(APIView):
     """OpenAI-compatible ``GET /v1/models``: the upstream's list as it came; when the
-    upstream lists none (or has no such endpoint), ``CHAT_MODELS`` (default LLM_MODEL)."""
+    upstream lists none (or has no such endpoint), ``LLM_MODEL``."""
 
     def get_exception_handler(self):  # type: ignore[no-untyped-def]
         return openai_exception_handler
@@ -169,11 +170,11 @@ class ModelsView(APIView):
         try:
             listed = get_llm(feature="The chat proxy").models()
         except ProviderError as exc:  # no such endpoint, or down: clients still list ours
-            logger.warning("the upstream lists no models (%s); answering CHAT_MODELS", exc)
+            logger.warning("the upstream lists no models (%s); answering LLM_MODEL", exc)
             listed = None
         if isinstance(listed, dict) and isinstance(listed.get("data"), list) and listed["data"]:
             return Response(listed)
-        ids = settings.CHAT_MODELS or [settings.LLM_MODEL]
+        ids = [settings.LLM_MODEL] if settings.LLM_MODEL else []
         created = int(time.time())
         return Response(
             {
@@ -188,8 +189,8 @@ class ModelsView(APIView):
 
 
 class MemoryToolsChatView(ChatCompletionsView):
-    """The chat proxy; with ``"memory_tools": true`` in the request (or
-    ``CHAT_MEMORY_TOOLS`` on and the request not saying false) and an end user, the
+    """The chat proxy; with ``"memory_tools": true`` in the request (or the owner's engine
+    setting ``memory_tools`` on and the request not saying false) and an end user, the
     proxy also offers the model manage_memory/search_memory and runs them itself.
     ``memory_tools`` is this service's own field and never goes upstream."""
 
@@ -217,8 +218,9 @@ class MemoryToolsChatView(ChatCompletionsView):
                 details={"memory_tools": "no end user"},
             )
         prepared = self.prepare(request, body)
-        wanted = settings.CHAT_MEMORY_TOOLS if opt_in is None else opt_in
-        if not wanted or prepared.end_user is None:
+        if prepared.end_user is None or not (
+            opt_in if opt_in is not None else memory_tools_enabled(owner=prepared.end_user.owner_id)
+        ):
             return self.answer(prepared)
         if prepared.body.get("stream"):
             return event_stream(loop_stream(prepared))

@@ -114,7 +114,8 @@ def test_without_an_llm_flush_and_dream_are_503_and_the_rest_works(
     created = alice_client.post("/api/v1/engine/facts", {"scope": SCOPE, "content": "User likes tea"},
                                 format="json")  # fmt: skip
     assert created.status_code == 201
-    assert alice_client.get("/api/v1/engine/settings").json() == {"dream_schedule": True}
+    assert alice_client.get("/api/v1/engine/settings").json() == {
+        "dream_schedule": True, "memory_tools": False}  # fmt: skip
     summary = alice_client.post("/api/v1/engine/summaries", {
         "scope": SCOPE, "conversation_id": "c1", "max_tokens": 500,
         "messages": [{"role": "user", "content": "hello"}]}, format="json")  # fmt: skip
@@ -198,11 +199,18 @@ def test_dream_undo_and_settings_over_rest(alice, alice_client, bob_client, engi
     assert again.status_code == 409 and again.json()["error"]["code"] == "dream_not_undoable"
 
     off = alice_client.patch("/api/v1/engine/settings", {"dream_schedule": False}, format="json")
-    assert off.json() == {"dream_schedule": False}
-    assert bob_client.get("/api/v1/engine/settings").json() == {"dream_schedule": True}
-    assert alice_client.patch("/api/v1/engine/settings", {"dream_schedule": "maybe"},
-                              format="json").status_code == 400  # fmt: skip
-    assert alice_client.get("/api/v1/engine/settings").json() == {"dream_schedule": False}
+    assert off.json() == {"dream_schedule": False, "memory_tools": False}
+    tools = alice_client.patch("/api/v1/engine/settings", {"memory_tools": True}, format="json")
+    assert tools.json() == {"dream_schedule": False, "memory_tools": True}  # the other kept
+    assert bob_client.get("/api/v1/engine/settings").json() == {
+        "dream_schedule": True, "memory_tools": False}  # fmt: skip
+    for bad, field in (({"dream_schedule": "maybe"}, "dream_schedule"),
+                       ({"memory_tools": False, "dreams": False}, "dreams"),
+                       ({}, "non_field_errors")):  # fmt: skip
+        refused = alice_client.patch("/api/v1/engine/settings", bad, format="json")
+        assert refused.status_code == 400 and field in refused.json()["error"]["details"]
+    kept = {"dream_schedule": False, "memory_tools": True}  # the refused changed nothing
+    assert alice_client.get("/api/v1/engine/settings").json() == kept
     unknown = alice_client.post(
         "/api/v1/engine/dream", {"scope": ["user", "nobody"]}, format="json"
     )

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from core.services import api_key_create
+from memories.engine.dreams import engine_settings_update
 from memories.facts.models import Fact
 from memories.facts.scopes import scope_find
 from memories.facts.selectors import fact_list
@@ -168,8 +169,8 @@ def test_streamed_answer_after_memory_tools(live_server, alice, llm_settings, op
     assert len(_sent(openai_server)) == 2
 
 
-def test_opt_in_needs_an_end_user_and_the_setting_turns_it_on(
-    live_server, alice, llm_settings, openai_server
+def test_opt_in_needs_an_end_user_and_the_owners_setting_turns_it_on(
+    live_server, alice, bob, llm_settings, openai_server
 ):
     key = api_key_create(owner=alice)[1]
     refused = httpx.post(
@@ -188,7 +189,14 @@ def test_opt_in_needs_an_end_user_and_the_setting_turns_it_on(
         headers={"Authorization": f"Bearer {key}", **USER},
     )
     assert bad.status_code == 400 and _sent(openai_server) == []
-    llm_settings.CHAT_MEMORY_TOOLS = True
+    engine_settings_update(owner=bob, memory_tools=True)  # another owner's: not alice's
+    openai_server.push(Scripted(body=chat_body("Hello.")))
+    _client(live_server, alice).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert "tools" not in _sent(openai_server)[0]
+    openai_server.requests.clear()
+    engine_settings_update(owner=alice, memory_tools=True)  # the owner's chats: on
     openai_server.push(Scripted(body=chat_body("Hello.")))
     _client(live_server, alice).chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": "Hi"}]

@@ -96,9 +96,10 @@ def test_models_passes_the_upstream_list_through(live_server, alice, llm_setting
 def test_models_falls_back_to_the_configured_list(live_server, alice, llm_settings, openai_server):
     client = openai.OpenAI(base_url=live_server.url + "/v1", api_key=_key(alice), max_retries=0)
     assert [m.id for m in client.models.list()] == ["fake-model"]  # upstream 404: LLM_MODEL
-    llm_settings.CHAT_MODELS = ["a", "b"]
-    openai_server.models = {"object": "list", "data": []}
-    assert [m.id for m in client.models.list()] == ["a", "b"]
+    openai_server.models = {"object": "list", "data": []}  # an empty list: the same
+    assert [m.id for m in client.models.list()] == ["fake-model"]
+    llm_settings.LLM_MODEL = ""  # no model configured either: an empty list, not [""]
+    assert [m.id for m in client.models.list()] == []
 
 
 # --- tool calls pass through --------------------------------------------------------
