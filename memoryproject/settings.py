@@ -373,7 +373,11 @@ Q_CLUSTER: dict[str, Any] = {
 # when tasks wait and, for this long, no task finished and no worker was busy: a worker
 # killed while holding a lock of django-q2's internal queues freezes the others.
 WORKER_STALL_SECONDS = env_float("WORKER_STALL_SECONDS", 60.0, minimum=1.0)
-WORKER_STATE_DIR = DATA_DIR / "worker"
+# Each database served from this data directory has its own (two deployments on one
+# embedded server, or the tests' served instances, would read each other's supervisors
+# and report this host's worker down): .data/worker for the default database "memory".
+_DB_NAME = str(DATABASES["default"]["NAME"])
+WORKER_STATE_DIR = DATA_DIR / ("worker" if _DB_NAME == "memory" else f"worker-{_DB_NAME}")
 if Q_CLUSTER["retry"] <= Q_CLUSTER["timeout"]:
     from memoryproject.env import EnvError
 

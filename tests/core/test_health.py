@@ -152,3 +152,26 @@ def test_the_next_supervisor_sweeps_a_killed_ones_file_and_keeps_a_live_ones(sta
     sweep_stale_states(base)
     assert sorted(p.name for p in base.iterdir()) == ["supervisor-200"]
     assert local_supervisors(base) == [LocalSupervisor(pid=200, alive=True, cluster_pid=201)]
+
+
+def test_each_database_of_a_data_directory_has_its_own_worker_state(tmp_path):
+    """Two deployments on one embedded server (two EMBEDDED_DB_NAMEs) must not read each
+    other's supervisors: /healthz would call this host's worker down."""
+    import subprocess
+    import sys
+
+    def state_dir(**env: str) -> str:
+        code = (
+            "import django; django.setup(); from django.conf import settings; "
+            "print(settings.WORKER_STATE_DIR)"
+        )
+        clean = {k: v for k, v in os.environ.items() if k not in {"TESTING", "EMBEDDED_DB_NAME"}}
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            env={**clean, "DJANGO_SETTINGS_MODULE": "memoryproject.settings",
+                 "MEMORY_DATA_DIR": str(tmp_path), "MEMORY_ENV_FILE": "", **env},
+        )  # fmt: skip
+        return done.stdout.strip()
+
+    assert state_dir() == str(tmp_path / "worker")  # the default database's, as before
+    assert state_dir(EMBEDDED_DB_NAME="other") == str(tmp_path / "worker-other")
