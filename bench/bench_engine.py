@@ -81,6 +81,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
+from core.db_backend.base import table_owner  # noqa: E402
 from core.providers.tokens import count_tokens  # noqa: E402
 from memories.facts.injection import format_for_injection  # noqa: E402
 from memories.facts.models import Scope  # noqa: E402
@@ -115,7 +116,13 @@ def text() -> str:
 
 
 def load(owner_id: int, scopes: list[tuple[int, int]]) -> None:
-    """COPY facts for [(scope row id, count)], rows of all scopes interleaved."""
+    """COPY facts for [(scope row id, count)], rows of all scopes interleaved, as the
+    tables' owner (PostgreSQL refuses COPY FROM into a table whose policies hold)."""
+    with table_owner(connection):
+        _load(owner_id, scopes)
+
+
+def _load(owner_id: int, scopes: list[tuple[int, int]]) -> None:
     order = np.concatenate([np.full(n, sid, dtype=np.int64) for sid, n in scopes])
     rng.shuffle(order)
     total, t0 = len(order), time.perf_counter()
@@ -163,8 +170,9 @@ def load(owner_id: int, scopes: list[tuple[int, int]]) -> None:
 
 def without_hnsw(maintenance_work_mem: str) -> Callable[[], None]:
     """Drop the fact table's HNSW indexes (a COPY of 1M rows would pay an insert into
-    each graph per row); returns the function that builds them again."""
-    with connection.cursor() as cur:
+    each graph per row); returns the function that builds them again. As the tables'
+    owner (their indexes are its)."""
+    with table_owner(connection), connection.cursor() as cur:
         cur.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_fact' "
             "AND indexdef LIKE '%USING hnsw%'"
@@ -174,7 +182,7 @@ def without_hnsw(maintenance_work_mem: str) -> Callable[[], None]:
             cur.execute(f"DROP INDEX {name}")
 
     def build() -> None:
-        with connection.cursor() as cur:
+        with table_owner(connection), connection.cursor() as cur:
             cur.execute(
                 "SELECT set_config('maintenance_work_mem', %s, false)", [maintenance_work_mem]
             )
@@ -189,7 +197,7 @@ def without_hnsw(maintenance_work_mem: str) -> Callable[[], None]:
 
 
 def fix_times() -> None:
-    with connection.cursor() as cur:
+    with table_owner(connection), connection.cursor() as cur:
         cur.execute("VACUUM ANALYZE memories_fact")
         cur.execute("VACUUM ANALYZE memories_factlink")
         cur.execute("SELECT to_regclass('memories_fact_half') IS NOT NULL")
@@ -233,11 +241,10 @@ def explain(label: str, scope: Scope, q: np.ndarray, words: str = "w1 w2 w3") ->
     from knowledge.retrieval.engine import Ranking, statement
     from memories.facts import search
 
-    pool = max(50, 5 * 10)
     vector = q.tolist()
     legs = (
-        search.fact_vector_leg(scope, vector, MODEL, pool),
-        search.fact_keyword_leg(scope, words, pool),
+        search.fact_vector_leg(scope, vector, MODEL, search._vector_pool(10, 0)),
+        search.fact_keyword_leg(scope, words, search._pool(10, 0)),
     )
     ranking = Ranking(limit=10, half_life=search.HALF_LIFE_DAYS, now=datetime.now(UTC))
     one = statement(search.FACTS, *legs, ranking)

@@ -905,6 +905,7 @@ def _override_target(target: str) -> Any:
     from memories.facts import search as facts
 
     return {
+        "factsearch": facts,
         "chunks": chunks.CHUNKS,
         "context": chunks.CHUNKS.context,
         "facts": facts.FACTS,

@@ -81,18 +81,19 @@ def row_count(relname: str) -> float:
     return rows
 
 
-def ef_search(prefix: str, dims: int, limit: int) -> int:
-    """hnsw.ef_search for a walk of the index of ``dims`` wanting ``limit`` rows."""
-    ef = EF_SEARCH
+def ef_search(prefix: str, dims: int, limit: int, base: int = EF_SEARCH) -> int:
+    """hnsw.ef_search for a walk of the index of ``dims`` wanting ``limit`` rows
+    (``base``: a collection's own, up to ``EF_SCALE_ROWS`` rows)."""
+    ef = base
     rows = row_count(index_name(prefix, dims))
     if rows > EF_SCALE_ROWS:
         ef = round(ef * (1 + math.log10(rows / EF_SCALE_ROWS)))
     return min(max(ef, limit * 2), EF_MAX)
 
 
-def walk_settings(prefix: str, dims: int, limit: int) -> list[Setting]:
+def walk_settings(prefix: str, dims: int, limit: int, base: int = EF_SEARCH) -> list[Setting]:
     """The settings of a walk of the index of ``dims`` wanting ``limit`` rows."""
-    local: list[Setting] = [("hnsw.ef_search", ef_search(prefix, dims, limit))]
+    local: list[Setting] = [("hnsw.ef_search", ef_search(prefix, dims, limit, base))]
     if iterative_scan():
         local += [
             ("hnsw.iterative_scan", "strict_order"),

@@ -160,7 +160,7 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
     if walk is False:
         return Leg(sql, params, [], path)
     local = [
-        *hnsw.walk_settings(c.index_prefix, dims, pool),
+        *hnsw.walk_settings(c.index_prefix, dims, pool, c.ef_search or hnsw.EF_SEARCH),
         ("max_parallel_workers_per_gather", 0),
     ]
     return Leg(sql, params, local, path)

@@ -117,6 +117,11 @@ FACTS = Collection(
     exact_max=2000,
     walk_min_share=0.05,
     exact_cap=20_000,
+    # pgvector's default (a walked scope is large and most of its table): at least twice
+    # the 30 candidates, so 60, whose walk found 99.3% of the exact top 10 of MiniLM
+    # vectors where 100 found 99.7% (BENCHMARKS.md, "The engine's search beside mem0's,
+    # again"), in three quarters of the time.
+    ef_search=40,
 )
 # Facts in time (``timeline``): current facts and their closed versions, ranked the same
 # way, always exactly (a read of the past is rare; no index holds closed versions). Each
@@ -185,7 +190,7 @@ def fact_keyword_leg(
     )  # fmt: skip
 
 
-def _past_legs(row: Scope, text: str, q: QueryVector, pool: int, at: At,
+def _past_legs(row: Scope, text: str, q: QueryVector, pool: int, vector_pool: int, at: At,
                filter: FactFilter | None) -> tuple[Leg | None, Leg | None]:  # fmt: skip
     """The vector and keyword legs over the scope's timeline at ``at``: its own versions
     (``scope_id``) and the current facts it shares. Document frequencies count every
@@ -203,7 +208,7 @@ def _past_legs(row: Scope, text: str, q: QueryVector, pool: int, at: At,
             extra=(f"id IN ({_SHARED}) AND scope_id IS NULL AND embedding_model = %s{cond}",
                    [row.pk, q.model, *cond_params]),
         )  # fmt: skip
-        vector = vector_leg(TIMELINE, scope, dims, q.vector, pool)
+        vector = vector_leg(TIMELINE, scope, dims, q.vector, vector_pool)
     vwhen, _ = at.sql("v.")
     vwhere, _ = (filter or FactFilter()).sql("v.")
     shared = (
@@ -272,9 +277,21 @@ def fact_filter(value: Mapping[str, Any] | None) -> FactFilter | None:
     return FactFilter(categories=categories, min_confidence=value.get("min_confidence"))
 
 
+# Candidates each leg hands to fusion (decay reorders them): the keyword leg's, 5x what
+# is asked, at least 50 (a posting list: cheap); the vector leg's, 3x, at least 30 (a walk
+# of the index costs in proportion to them: ef_search is at least twice the rows it
+# wants). 30 ranked LoCoMo's facts as 50 did (R@5 and R@10 the same; BENCHMARKS.md, "The
+# engine's search beside mem0's, again") in two thirds of a 10,000-fact scope's walk.
+POOL_FACTOR, POOL_MIN = 5, 50
+VECTOR_POOL_FACTOR, VECTOR_POOL_MIN = 3, 30
+
+
 def _pool(limit: int, offset: int) -> int:
-    # Decay reorders the best candidates by relevance; 5x what is asked, at least 50.
-    return max(5 * (limit + offset), 50)
+    return max(POOL_FACTOR * (limit + offset), POOL_MIN)
+
+
+def _vector_pool(limit: int, offset: int) -> int:
+    return max(VECTOR_POOL_FACTOR * (limit + offset), VECTOR_POOL_MIN)
 
 
 def fact_search(
@@ -336,16 +353,16 @@ def scope_search(
     mode = "keyword" if q.vector is None else "hybrid"
     if row is None:
         return SearchResult([], mode, q.error)
-    pool = _pool(limit, offset)
+    pool, vector_pool = _pool(limit, offset), _vector_pool(limit, offset)
     half_life = HALF_LIFE_DAYS if half_life_days is None else half_life_days
     empty = Leg("", [], [], rows=[])  # keyword-only: the keyword score alone, over the best
     collection, vector, keyword = FACTS, None, None
     if at is not None and at.past:
         collection = TIMELINE
-        vector, keyword = _past_legs(row, query, q, pool, at, filter)
+        vector, keyword = _past_legs(row, query, q, pool, vector_pool, at, filter)
     else:
         if q.vector is not None and q.model is not None:
-            vector = fact_vector_leg(row, q.vector, q.model, pool, filter)
+            vector = fact_vector_leg(row, q.vector, q.model, vector_pool, filter)
         keyword = fact_keyword_leg(row, query, pool, filter)
     ranking = Ranking(
         limit=limit, offset=offset, half_life=half_life,

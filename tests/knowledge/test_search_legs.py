@@ -117,6 +117,25 @@ def test_ef_search_grows_with_the_index(monkeypatch, rows, limit, expected):
     assert hnsw.ef_search("chunk_hnsw", 384, limit) == expected
 
 
+@pytest.mark.parametrize(
+    ("rows", "limit", "expected"),
+    [
+        (10_000, 30, 60),  # the facts' base, 40, and at least twice the 30 candidates
+        (10_000, 10, 40),
+        (1_000_000, 10, 80),  # grown with the index as the others
+    ],
+)
+def test_a_collection_walks_from_its_own_ef_search(monkeypatch, rows, limit, expected):
+    from memories.facts.search import FACTS, _vector_pool
+
+    monkeypatch.setattr(hnsw, "row_count", lambda relname: float(rows))
+    monkeypatch.setattr(hnsw, "index_name", lambda prefix, dims: f"{prefix}_half_{dims}")
+    monkeypatch.setattr(hnsw, "iterative_scan", lambda: True)
+    assert FACTS.ef_search == 40 and _vector_pool(10, 0) == 30
+    settings = dict(hnsw.walk_settings("fact_hnsw", 384, limit, FACTS.ef_search))
+    assert settings["hnsw.ef_search"] == expected
+
+
 @pytest.mark.django_db
 def test_row_count_reads_the_planner_statistics(alice):
     hnsw._row_counts.clear()

@@ -22,6 +22,7 @@ from memories.facts.scopes import scope_find
 from memories.facts.search import (
     FactFilter,
     _pool,
+    _vector_pool,
     fact_keyword_leg,
     fact_search,
     fact_vector_leg,
@@ -80,20 +81,21 @@ def reference_search(owner, scope, query, *, embedder, limit, offset=0, filter=N
     Python: w x similarity (negative: 0) + (1 - w) x BM25 over the best, times the decay;
     equal scores ordered newer first, then by id."""
     row = scope_find(owner=owner, scope=scope)
-    pool = _pool(limit, offset)
+    pool, vector_pool = _pool(limit, offset), _vector_pool(limit, offset)
     try:
         vector, model = [float(x) for x in embedder.embed([query])[0]], embedder.model
     except Exception:
         vector, model = None, None
     vector_hits: list[tuple[uuid.UUID, float]] = []
     if vector is not None:
-        rows = fact_vector_leg(row, vector, model, pool, filter).run()
+        rows = fact_vector_leg(row, vector, model, vector_pool, filter).run()
         if any(r[2] for r in rows):  # walked: the walk is the leg's definition
             vector_hits = [(r[0], 1.0 - float(r[1])) for r in rows]
         else:
             vector_hits = exact_vector_ranking(
-                scope_id=row.pk, vector=vector, embedding_model=model, limit=pool, filter=filter
-            )
+                scope_id=row.pk, vector=vector, embedding_model=model, limit=vector_pool,
+                filter=filter,
+            )  # fmt: skip
     leg = fact_keyword_leg(row, query, pool, filter)
     keyword_hits = [] if leg is None else [(r[0], float(r[1])) for r in leg.run()]
     similarity, keyword = dict(vector_hits), dict(keyword_hits)
@@ -178,7 +180,7 @@ def test_the_statement_ranks_as_the_definition(alice, monkeypatch, exact_max):
             assert got == [(pk, sim, kw) for pk, _, sim, kw in expected], (query, case)
             scores = [s for _, s, _, _ in expected]
             assert [h.score for h in result.hits] == pytest.approx(scores, abs=1e-6)
-            pool = _pool(case["limit"], case.get("offset", 0))
+            pool = _vector_pool(case["limit"], case.get("offset", 0))
             path = walked(alice, ("org", "big"), query, embedder, pool, case.get("filter"))
             if exact_max == 2000 or pool >= 123:
                 assert not path  # small, or the pool is the whole scope: exact
@@ -206,7 +208,7 @@ def test_large_scope_returns_min_limit_matching_when_the_walk_comes_back_short(a
         )  # fmt: skip
         assert len(result.hits) == min(limit, matching)
         # the walk came back short: redone exactly
-        assert not walked(alice, ("org", "big"), "sailing", embedder, _pool(limit, 0), rare)
+        assert not walked(alice, ("org", "big"), "sailing", embedder, _vector_pool(limit, 0), rare)
         assert all(h.category == "goal" and h.confidence >= 0.95 for h in result.hits)
     everything = fact_search(owner=alice, scope=("org", "big"), query="sailing", limit=200,
                                   embedder=embedder)  # fmt: skip
