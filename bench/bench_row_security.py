@@ -21,8 +21,8 @@ p50s and the median of the per-query ratios.
 
 ``knowledge``: ``bench_knowledge.py``'s 100,000 chunks and its five hybrid scenarios
 (load them with it first). ``engine``: ``bench_engine.py``'s owner ``bench-engine``
-(its scope of 10,000 facts and scopes of 100, loaded here into a database without
-them: ``--small-scopes``, default 100; on ``bench_engine.py --large``'s database its
+(its scope of 10,000 facts and scopes of 100, loaded here for the scopes that have
+none: ``--small-scopes``, default 100; on ``bench_engine.py --large``'s database its
 1,000,000 facts), hybrid ``fact_search`` in the 10,000-fact scope and in the small ones.
 ``chat``: ``bench_chat_proxy.py``'s request with retrieval (``POST /v1/chat/completions``
 with a ``user`` of 200 facts, through the whole Django stack, to a scripted upstream on
@@ -161,9 +161,7 @@ def engine(args: argparse.Namespace) -> None:
     import random
 
     import bench_engine as be
-    from django.db import connection
 
-    from core.db_backend.base import table_owner
     from memories.facts.models import Fact, Scope
     from memories.facts.scopes import scope_ensure
     from memories.facts.search import fact_search
@@ -171,9 +169,15 @@ def engine(args: argparse.Namespace) -> None:
     owner, _ = be.get_user_model().objects.get_or_create(username="bench-engine")
     big = scope_ensure(owner=owner, scope=("bench", "big"))
     smalls = [scope_ensure(owner=owner, scope=("s", str(i))) for i in range(args.small_scopes)]
-    if not big.links.exists():  # bench_engine.py's facts (COPY: the tables' owner's)
-        with table_owner(connection):
-            be.load(owner.pk, [(big.pk, 10_000)] + [(s.pk, 100) for s in smalls])
+    # bench_engine.py's facts (by COPY, as the tables' owner), for the scopes that have
+    # none: on bench_engine.py's own database the big scope is there and the small ones
+    # are not (they were timed empty). Then the planner's statistics, or the first
+    # searches are planned blind.
+    todo = [(big.pk, 10_000)] if not big.links.exists() else []
+    todo += [(s.pk, 100) for s in smalls if not s.links.exists()]
+    if todo:
+        be.load(owner.pk, todo)
+        be.fix_times()
     rng = random.Random(args.seed)
     queries = [(be.unit(1)[0], " ".join(rng.choice(be.VOCAB) for _ in range(3))) for _ in range(64)]
 
