@@ -51,6 +51,7 @@ from memories.engine.llm import (
 )
 from memories.engine.locks import ScopeBusy, scope_run_lock, scope_run_lock_waiting
 from memories.engine.models import Dream, EngineSettings, PendingUpdate
+from memories.engine.owner_settings import dream_schedule_enabled
 from memories.facts.models import CATEGORIES, FactChange, Scope
 from memories.facts.scopes import ScopePath, owner_pk, scope_find, scope_parse
 from memories.facts.selectors import FactNotFound, ScopeNotFound, facts_snapshot
@@ -592,34 +593,6 @@ def _revert(scope: Scope, change: dict[str, Any], embedding_of: dict[str, list[f
 
 
 # --- the schedule -------------------------------------------------------------------
-def engine_settings_get(*, owner: AbstractBaseUser | int) -> EngineSettings:
-    """The owner's engine settings: its row, or an unsaved one with the defaults."""
-    pk = owner_pk(owner)
-    return EngineSettings.objects.filter(owner_id=pk).first() or EngineSettings(owner_id=pk)
-
-
-def dream_schedule_enabled(*, owner: AbstractBaseUser | int) -> bool:
-    return engine_settings_get(owner=owner).dream_schedule
-
-
-def memory_tools_enabled(*, owner: AbstractBaseUser | int) -> bool:
-    """Whether the owner's chats get the proxy's memory tools when a request does not say."""
-    return engine_settings_get(owner=owner).memory_tools
-
-
-def engine_settings_update(
-    *, owner: AbstractBaseUser | int, dream_schedule: bool | None = None,
-    memory_tools: bool | None = None,
-) -> EngineSettings:  # fmt: skip
-    """Turn the owner's daily dream, or its chats' memory tools, on or off (a switch not
-    given keeps its value)."""
-    changes = {"dream_schedule": dream_schedule, "memory_tools": memory_tools}
-    row, _ = EngineSettings.objects.update_or_create(
-        owner_id=owner_pk(owner), defaults={k: v for k, v in changes.items() if v is not None}
-    )
-    return row
-
-
 def dream_candidates(*, now: datetime | None = None) -> list[tuple[int, int]]:
     """(owner id, scope id) of every scope (not an owner's global memories) with at least
     ``ENGINE_DREAM_MIN_CHANGES`` changes of its facts and journal since its last dream

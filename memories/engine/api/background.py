@@ -38,10 +38,9 @@ from memories.engine.dreams import (
     dream_get,
     dream_list,
     dream_undo,
-    engine_settings_get,
-    engine_settings_update,
 )
 from memories.engine.models import Dream, PendingUpdate
+from memories.engine.owner_settings import engine_settings_get, engine_settings_update
 from memories.engine.updates import pending_of, update_list
 from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, scope_find

@@ -25,7 +25,7 @@ from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
 from core.tracing import carry_iter
 from core.validation import validate_end_user_id, validate_session_id
-from memories.engine.dreams import memory_tools_enabled
+from memories.engine.owner_settings import memory_tools_enabled
 from memories.proxy.api.serializers import ChatCompletionSerializer, ModelListSerializer
 from memories.proxy.chat import PreparedChat, chat_complete, chat_prepare, chat_stream
 from memories.proxy.tool_loop import loop_complete, loop_stream

@@ -20,11 +20,11 @@ from memories.engine.dreams import (
     dream_run,
     dream_undo,
     dreams_daily,
-    engine_settings_update,
     memory_md_read,
     render_memory_md,
 )
 from memories.engine.models import Dream
+from memories.engine.owner_settings import engine_settings_update
 from memories.engine.updates import update_record
 from memories.facts.models import Fact, FactChange, FactVersion
 from memories.facts.scopes import global_scope_ensure, scope_find

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from core.services import api_key_create
-from memories.engine.dreams import engine_settings_update
+from memories.engine.owner_settings import engine_settings_update
 from memories.facts.models import Fact
 from memories.facts.scopes import scope_find
 from memories.facts.selectors import fact_list
