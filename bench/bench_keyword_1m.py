@@ -124,6 +124,15 @@ _TYPES = [
 
 
 def load(specs: list[bk.BaseSpec], corpus: bk.Corpus, text: ZipfText, seed: int, marker: str):
+    """Write the chunks, then build the indexes, as the tables' owner (PostgreSQL refuses
+    COPY into a table whose policies hold, and the indexes are the owner's)."""
+    from core.db_backend.base import table_owner
+
+    with table_owner(connection):
+        _load(specs, corpus, text, seed, marker)
+
+
+def _load(specs: list[bk.BaseSpec], corpus: bk.Corpus, text: ZipfText, seed: int, marker: str):
     from django.contrib.auth import get_user_model
 
     User = get_user_model()
