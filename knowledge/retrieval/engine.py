@@ -111,8 +111,8 @@ class Collection:
     exact_max: int = 10_000
     walk_min_share: float = 0.0
     exact_cap: int = 10**12
-    # A walk's ``hnsw.ef_search`` up to ``hnsw.EF_SCALE_ROWS`` rows (0: ``hnsw.EF_SEARCH``),
-    # at least twice the rows it wants.
+    # A walk's ``hnsw.ef_search`` up to ``hnsw.EF_SCALE_ROWS`` rows (0: ``hnsw.EF_SEARCH``;
+    # beyond, every collection's grows from ``EF_SEARCH``), at least twice the rows it wants.
     ef_search: int = 0
 
 

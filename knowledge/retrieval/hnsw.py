@@ -83,11 +83,13 @@ def row_count(relname: str) -> float:
 
 def ef_search(prefix: str, dims: int, limit: int, base: int = EF_SEARCH) -> int:
     """hnsw.ef_search for a walk of the index of ``dims`` wanting ``limit`` rows
-    (``base``: a collection's own, up to ``EF_SCALE_ROWS`` rows)."""
+    (``base``: a collection's own, up to ``EF_SCALE_ROWS`` rows; beyond, every
+    collection's grows from ``EF_SEARCH``: a lower base was measured on small indexes
+    only)."""
     ef = base
     rows = row_count(index_name(prefix, dims))
     if rows > EF_SCALE_ROWS:
-        ef = round(ef * (1 + math.log10(rows / EF_SCALE_ROWS)))
+        ef = round(max(base, EF_SEARCH) * (1 + math.log10(rows / EF_SCALE_ROWS)))
     return min(max(ef, limit * 2), EF_MAX)
 
 

@@ -122,7 +122,8 @@ def test_ef_search_grows_with_the_index(monkeypatch, rows, limit, expected):
     [
         (10_000, 30, 60),  # the facts' base, 40, and at least twice the 30 candidates
         (10_000, 10, 40),
-        (1_000_000, 10, 80),  # grown with the index as the others
+        (100_000, 10, 40),
+        (1_000_000, 10, 200),  # past 100,000 rows, grown from EF_SEARCH as the others
     ],
 )
 def test_a_collection_walks_from_its_own_ef_search(monkeypatch, rows, limit, expected):
