@@ -11,10 +11,9 @@ claimed (``core.worker_claims``: forgotten on acknowledgement, and handed back b
 host's supervisor once the cluster stops beating) and in a state directory which
 workers are busy (``busy-<pid>``). When tasks wait (a ready row of our queue, or one
 of our claims) and for ``WORKER_STALL_SECONDS`` no task finished and no worker was
-busy, the
-supervisor kills the cluster's whole process group, hands our claimed rows back to
-the broker at once (instead of after ``Q_RETRY``) and starts a new cluster. Every
-process of the cluster dies with its parent (``PR_SET_PDEATHSIG`` set after each
+busy, the supervisor kills the cluster's whole process group, hands our claimed rows
+back to the broker at once (instead of after ``Q_RETRY``) and starts a new cluster.
+Every process of the cluster dies with its parent (``PR_SET_PDEATHSIG`` set after each
 fork), so a ``kill -9`` anywhere leaves no orphan polling the broker.
 """
 

@@ -3,15 +3,15 @@ searches of all of them are fused.
 
 A question is often worded unlike the passage that answers it ("Where did she go on
 holiday?" / "We spent two weeks in Crete"). With an LLM configured, a search that asks
-for it (``"rewrite": true``) first asks the model for up to ``REWRITE_QUERIES`` other queries (a paraphrase,
-the key names and terms, words the answer would hold) as a JSON object, repaired or
-asked again once when it cannot be read (``core.providers.json_answer``, which
-reads the variants models write: fences, prose, other list keys, a bare list). Each query is then
-searched as the request says (same mode, filters, top_k), and the rankings are fused:
-a chunk scores the sum over the queries of the query's weight x its score there
-divided by that query's best score; the original query weighs 1, each rewritten one
-``REWRITE_WEIGHT``. So what the question itself finds keeps its lead unless the
-rewrites agree on something else.
+for it (``"rewrite": true``) first asks the model (``LLM_MODEL``) for up to
+``REWRITE_QUERIES`` other queries (a paraphrase, the key names and terms, words the
+answer would hold) as a JSON object, repaired or asked again once when it cannot be read
+(``core.providers.json_answer``, which reads the variants models write: fences, prose,
+other list keys, a bare list). Each query is then searched as the request says (same
+mode, filters, top_k), and the rankings are fused: a chunk scores the sum over the
+queries of the query's weight x its score there divided by that query's best score; the
+original query weighs 1, each rewritten one ``REWRITE_WEIGHT``. So what the question
+itself finds keeps its lead unless the rewrites agree on something else.
 
 Never the default, and never in the way: without ``LLM_BASE_URL`` a search asking for
 it is refused (503 naming the variable, before anything runs); an LLM that fails, times

@@ -138,13 +138,16 @@ def test_operator_reads_the_journal_dreams_and_undoes(
     assert fits_the_window(browser, "#result_list")
     shot(browser, "admin-engine-facts")
 
-    # The per-owner switch for the daily dream, edited in the list.
+    # The per-owner switches (the daily dream, the chats' memory tools), edited in the list.
     EngineSettings.objects.get_or_create(owner=alice)
     browser.get(f"{live_server.url}/admin/memory_engine/enginesettings/")
     box = browser.find_element(By.CSS_SELECTOR, "#result_list input[name$='dream_schedule']")
-    assert box.is_selected()
+    tools = browser.find_element(By.CSS_SELECTOR, "#result_list input[name$='memory_tools']")
+    assert box.is_selected() and not tools.is_selected()
     box.click()
+    tools.click()
     browser.find_element(By.CSS_SELECTOR, "input[name=_save]").click()
     WebDriverWait(browser, 30).until(lambda b: "successfully" in messages(b))
-    assert EngineSettings.objects.get(owner=alice).dream_schedule is False
+    saved = EngineSettings.objects.get(owner=alice)
+    assert (saved.dream_schedule, saved.memory_tools) == (False, True)
     shot(browser, "admin-engine-settings")
