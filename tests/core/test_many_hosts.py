@@ -33,6 +33,7 @@ once, minutes before ``Q_RETRY``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -364,7 +365,12 @@ def test_a_dead_hosts_claimed_task_runs_on_another_host_long_before_q_retry(two_
         assert CLUSTER_DEAD_SECONDS - CLUSTER_BEAT_SECONDS - 2 < handed_over < limit
         assert handed_over < DEAD_HOST_RETRY / 5
         assert _lines(runs) == [str(a.data_dir), str(b.data_dir)]
-        assert "stopped beating; handed back 1 task(s)" in b.log()
+        # a's cluster, named; its claims were the task and any other row it had claimed
+        # by then (b's start queues the due schedules, which a's idle worker may take).
+        handed = re.search(
+            rf"cluster {re.escape(cluster_a)} stopped beating; handed back (\d+) task", b.log()
+        )
+        assert handed is not None and int(handed.group(1)) >= 1, b.log()[-3000:]
         (cluster_b,) = database.query("SELECT name FROM core_workercluster")[0]
         assert cluster_b != cluster_a  # a's record went with its claims
         ((claimer, claimed, lock_b),) = database.query(
