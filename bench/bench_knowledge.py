@@ -87,6 +87,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
+from core.db_backend.base import table_owner  # noqa: E402
 from core.providers.embeddings import HashingEmbedder, _feature_slot  # noqa: E402
 from knowledge import search  # noqa: E402
 from knowledge.models import Chunk, KnowledgeBase  # noqa: E402
@@ -321,9 +322,10 @@ def existing_data_matches(specs: list[BaseSpec], marker: str) -> bool:
 def drop_bench_data() -> None:
     users = get_user_model().objects.filter(username__startswith=USER_PREFIX)
     only_bench = not KnowledgeBase.objects.exclude(owner__username__startswith=USER_PREFIX).exists()
-    with connection.cursor() as cur:
-        if only_bench:
-            # The chunk table holds nothing else: TRUNCATE also empties the indexes.
+    if only_bench:
+        # The chunk table holds nothing else: TRUNCATE also empties the indexes (as the
+        # tables' owner: the service's role may not truncate).
+        with table_owner(connection), connection.cursor() as cur:
             cur.execute("TRUNCATE knowledge_chunk")
     users.delete()
 
@@ -483,16 +485,18 @@ class Query:
 
 
 def fetch_scope(bases: list[KnowledgeBase]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, vectors, session ids) of every chunk of ``bases``."""
-    raw = services._raw_connection()  # registers pgvector's loaders on it
-    with psycopg.Cursor(raw) as cur:  # Django's cursors are client-side: no binary results
-        cur.execute(
-            "SELECT id, embedding, session_id FROM knowledge_chunk "
-            "WHERE knowledge_base_id = ANY(%s::uuid[]) ORDER BY id",
-            ([str(kb.pk) for kb in bases],),
-            binary=True,
-        )
-        rows = cur.fetchall()
+    """(ids, vectors, session ids) of every chunk of ``bases`` (read as the tables' owner:
+    a statement on the raw connection carries no owner's settings for the policies)."""
+    with table_owner(connection):
+        raw = services._raw_connection()  # registers pgvector's loaders on it
+        with psycopg.Cursor(raw) as cur:  # Django's cursors are client-side: no binary results
+            cur.execute(
+                "SELECT id, embedding, session_id FROM knowledge_chunk "
+                "WHERE knowledge_base_id = ANY(%s::uuid[]) ORDER BY id",
+                ([str(kb.pk) for kb in bases],),
+                binary=True,
+            )
+            rows = cur.fetchall()
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     vectors = np.stack(
         [np.asarray(getattr(r[1], "to_numpy", lambda v=r[1]: v)(), dtype=np.float32) for r in rows]

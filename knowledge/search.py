@@ -54,6 +54,10 @@ FILTER_KEYS = (
 # instead of both (BENCHMARKS.md, "Hybrid search at 100k, split legs").
 SPLIT_MIN_ROWS = 2000
 
+# The filters the chunks' 16-bit copies can answer (knowledge 0018): with any other, an
+# exact ranking reads the chunk table.
+COPIED = ("session_id",)
+
 _DETAILS = (
     "id, knowledge_base_id, text, source_key, document_key, chunk_index, chunk_total, "
     "source_type, message_id, session_id, flow_id, run_id, sender, file_path, content_hash, "
@@ -84,7 +88,14 @@ CHUNKS = Collection(
         ),
     ),  # fmt: skip
     pending="index_pending",
+    copies="knowledge_chunk_half",  # (migration 0018)
+    # Past 10,000 chunks a scope walks the HNSW index if it also holds 5% of the table or
+    # more than 20,000 chunks, as facts do: a walk filtered to a rare slice (a session of
+    # a large base) visits many nodes of other slices, where the slice's copies are
+    # ranked exactly in less time (BENCHMARKS.md, "A million chunks: 16-bit copies").
     exact_max=10_000,
+    walk_min_share=0.05,
+    exact_cap=20_000,
 )
 
 
@@ -146,7 +157,9 @@ def _scope_of(bases: list[KnowledgeBase], request: SearchRequest) -> Scope:
     kb_ids = [str(kb.pk) for kb in bases]
     sql, params = _scope(kb_ids, request)
     rows = None if _filtered(request) else sum(kb.chunk_count for kb in bases)
-    return Scope(sql, params, rows)
+    # The copies hold the base, the session and the time a filter can name, not the rest.
+    in_copies = all(key not in request.filters for key in FILTER_KEYS if key not in COPIED)
+    return Scope(sql, params, rows, in_copies=in_copies)
 
 
 def _neighbours(request: SearchRequest, kb_ids: list[str]) -> tuple[str, list[Any]]:

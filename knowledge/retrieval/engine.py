@@ -129,6 +129,9 @@ class Scope:
     # Rows of the scope outside ``sql``'s range (a fact shared with it: few), always
     # ranked exactly: a condition on the collection's rows.
     extra: tuple[str, list[Any]] | None = None
+    # Whether ``sql`` names only columns the collection's copies hold (an exact ranking
+    # may read them instead of the table).
+    in_copies: bool = True
 
 
 @dataclass

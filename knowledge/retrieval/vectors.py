@@ -13,7 +13,8 @@ Which scopes are small: up to the collection's ``exact_max`` rows, or, past it, 
 that holds less than ``walk_min_share`` of the table and at most ``exact_cap`` rows (a
 walk filtered to a rare scope visits about as many graph nodes as the scope is rare in
 the table: 10,000 facts among 1M are ranked faster exactly). A scope of unknown size (a
-filter) is counted in the statement, up to ``exact_max`` + 1 rows.
+filter) is counted in the statement, up to ``exact_max`` + 1 rows (``exact_cap`` + 1 where
+rare scopes are ranked exactly).
 """
 
 from __future__ import annotations
@@ -42,8 +43,13 @@ def _walk(c: Collection, scope: Scope) -> bool | None:
     return share >= c.walk_min_share or scope.rows > c.exact_cap
 
 
-def _copies(c: Collection, dims: int) -> bool:
-    return bool(c.copies) and dims <= c.copies_max_dims and hnsw.table_exists(c.copies)
+def _copies(c: Collection, scope: Scope, dims: int) -> bool:
+    return (
+        bool(c.copies)
+        and scope.in_copies
+        and dims <= c.copies_max_dims
+        and hnsw.table_exists(c.copies)
+    )
 
 
 def _exact(c: Collection, scope: Scope, dims: int, pool: int, gate: str) -> tuple[str, list[Any]]:
@@ -61,7 +67,7 @@ def _exact(c: Collection, scope: Scope, dims: int, pool: int, gate: str) -> tupl
     primary key. When the band runs past the ``n`` kept (distances closer than the margin,
     as near duplicates are), the range is read again for the whole band."""
     d = f"{c.embedding} <=> (SELECT q FROM qv)"
-    if not _copies(c, dims):
+    if not _copies(c, scope, dims):
         sql = (
             f"e AS MATERIALIZED (SELECT id, {d} AS d, {c.time} AS o FROM {c.table}"
             f" WHERE {scope.sql} AND {gate} ORDER BY d, id LIMIT {pool})"
@@ -97,23 +103,25 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
     walk = _walk(c, scope) if kind is not None else False
     gate = ""
     if walk is None:
-        # A scope of unknown size: its counter read, or its rows counted up to exact_max
-        # + 1, in the statement; walked when it is not small.
+        # A scope of unknown size: its counter read, or its rows counted in the
+        # statement (up to exact_max + 1, or exact_cap + 1 where rare scopes are ranked
+        # exactly); walked when it is not small.
         n = c.exact_max
+        rare = (
+            f"n < {float(c.walk_min_share)} * (SELECT reltuples FROM pg_class"
+            f" WHERE oid = '{c.table}'::regclass) AND n <= {int(c.exact_cap)}"
+        )
         if scope.size is not None:
-            rare = (
-                f"n < {float(c.walk_min_share)} * (SELECT reltuples FROM pg_class"
-                f" WHERE oid = '{c.table}'::regclass) AND n <= {int(c.exact_cap)}"
-            )
             ctes.append(
                 f"sm AS MATERIALIZED (SELECT n <= {n} OR ({rare}) AS yes"
                 f" FROM (SELECT coalesce(({scope.size[0]}), 0) AS n) s)"
             )
             params += scope.size[1]
         else:
+            most = max(n, min(c.exact_cap, 10**9)) if c.walk_min_share > 0 else n
             ctes.append(
-                f"sm AS MATERIALIZED (SELECT count(*) <= {n} AS yes FROM "
-                f"(SELECT 1 FROM {c.table} WHERE {scope.sql} LIMIT {n + 1}) s)"
+                f"sm AS MATERIALIZED (SELECT n <= {n} OR ({rare}) AS yes FROM (SELECT count(*)"
+                f" AS n FROM (SELECT 1 FROM {c.table} WHERE {scope.sql} LIMIT {most + 1}) x) s)"
             )
             params += scope.params
         gate = " AND NOT (SELECT yes FROM sm)"

@@ -62,7 +62,7 @@ def test_ingest_leaves_rows_pending_and_the_indexer_clears_them(alice):
 def test_pending_rows_are_found_on_the_index_path(alice, monkeypatch):
     """A scope large enough for HNSW: indexed rows come from the index, pending ones
     from the exact scan next to it, merged into one ranking."""
-    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0, walk_min_share=0.0))
     kb = make_kb(alice)
     ingest(kb, *_docs(30))
     knowledge_index_pending()

@@ -108,7 +108,9 @@ def test_the_statement_ranks_as_the_definition(alice, monkeypatch, path):
     legs, on the exact path (a small base) and the index path (HNSW and the rows it has
     not reached yet), for every mode, fusion, filter, time range, threshold and decay."""
     if path == "index":
-        monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
+        monkeypatch.setattr(
+            search, "CHUNKS", replace(search.CHUNKS, exact_max=0, walk_min_share=0.0)
+        )
     kb = make_kb(alice, chunk_size=120, chunk_overlap=0)
     _zipf_corpus(kb, 240, seed=5, repeat=True)
     _documents(kb, 8, seed=9)  # (context within a document's own chunks)
@@ -160,7 +162,8 @@ def test_a_search_is_one_round_trip_and_its_settings_end_with_it(monkeypatch, ex
     (prepared, with a generic plan, filtered or not; HNSW settings on the index path);
     none of them left on the connection afterwards. (The index's row count, cached for
     minutes, is read before: a first search.)"""
-    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=exact_max))
+    chunks = replace(search.CHUNKS, exact_max=exact_max, walk_min_share=0.0)
+    monkeypatch.setattr(search, "CHUNKS", chunks)
     kb = make_kb(UserFactory(username=f"rita{exact_max}{len(filters)}"))
     _zipf_corpus(kb, 60, seed=8, repeat=True)
     knowledge_index_pending()
@@ -176,7 +179,10 @@ def test_a_search_is_one_round_trip_and_its_settings_end_with_it(monkeypatch, ex
     kind = "filtered" if filters else "exact" if exact_max else "index"
     assert statement.startswith("/* chunks search */")
     assert f"/* vector leg, {kind} */" in statement and "/* keyword leg */" in statement
-    assert ("halfvec" in statement) == (not exact_max)
+    # (the walk on the index's type; every exact ranking, the walk's fallback too, on
+    # the 16-bit copies)
+    assert ("::halfvec(" in statement) == (not exact_max)
+    assert "FROM knowledge_chunk_half" in statement
     assert {name: _setting(name) for name in before} == before
     assert before["plan_cache_mode"] == "auto"
 
@@ -218,7 +224,9 @@ def test_split_legs_rank_as_the_one_statement(monkeypatch, path):
     filters; this connection sees the vector leg and the fusion, and no setting is left
     on it."""
     if path == "index":
-        monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
+        monkeypatch.setattr(
+            search, "CHUNKS", replace(search.CHUNKS, exact_max=0, walk_min_share=0.0)
+        )
     kb = make_kb(UserFactory(username=f"sam{path}"))
     _zipf_corpus(kb, 240, seed=5, repeat=True)
     if path == "index":
@@ -262,7 +270,7 @@ def test_a_filtered_vector_legs_generic_plan_takes_the_hnsw_index(monkeypatch):
     large for an exact scan, its walk must take the HNSW index, which it does because its
     scope is written so that no b-tree index can serve it. (Sequential scans are off, as
     for every search: on a table this small the planner would rather sort it all.)"""
-    chunks = replace(search.CHUNKS, exact_max=0)
+    chunks = replace(search.CHUNKS, exact_max=0, walk_min_share=0.0)
     kb = make_kb(UserFactory(username="uma"))
     _zipf_corpus(kb, 300, seed=5, repeat=True)
     knowledge_index_pending()

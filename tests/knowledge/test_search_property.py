@@ -239,7 +239,7 @@ def test_vector_search_matches_brute_force(
         # force_index: every scope counts as large, so a 384-dimension base goes
         # through the HNSW index (8 dimensions have no index and stay exact), merged
         # with the exact ranking of its pending rows (indexed < 1).
-        tuned = replace(search.CHUNKS, exact_max=0 if force_index else 10_000)
+        tuned = replace(search.CHUNKS, exact_max=0 if force_index else 10_000, walk_min_share=0.0)
         with mock.patch.object(search, "CHUNKS", tuned):
             hits = _search(kb, query, top_k, session=session, since=since, until=until)
         expected = _brute_force(by_id, vectors, query, session=session, since=since, until=until)
@@ -315,7 +315,7 @@ def _search_filters(flt: dict) -> dict:
 
 def test_index_path_with_a_one_percent_filter_returns_min_top_k(alice, monkeypatch):
     """Always min(top_k, 30) rows of the filter, nearest first; exact when not on HNSW."""
-    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0, walk_min_share=0.0))
     # On 3,000 rows the planner only picks HNSW at pgvector's default ef_search (40);
     # at the project's default (100) it prefers an exact scan and the trap is not reached.
     monkeypatch.setattr(hnsw, "EF_SEARCH", 40)
@@ -361,7 +361,7 @@ def test_index_path_with_a_one_percent_filter_keeps_recall(alice, monkeypatch):
     (noisy copies of cluster centres and a stored row). Random directions far from every
     cluster are only held to the row count. pgvector's default ef_search (40) gave
     recall@10 of 0.7-0.9 here; the project's floor is 100."""
-    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0, walk_min_share=0.0))
     kb, by_id, vectors, queries = _one_percent_corpus(alice)
     rare = RARE_FILTERS["run"]
     recalls = []
@@ -378,7 +378,7 @@ def test_index_path_with_a_one_percent_filter_keeps_recall(alice, monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_index_path_without_filter_returns_top_k(monkeypatch):
     """The unfiltered index path returns top_k rows, nearly all of the true nearest."""
-    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0))
+    monkeypatch.setattr(search, "CHUNKS", replace(search.CHUNKS, exact_max=0, walk_min_share=0.0))
     # Rows of earlier tests were rolled back, but their HNSW entries stay until a
     # vacuum: thousands of dead nodes crowding the graph make a top-1 lookup a
     # coin toss. Production tables get autovacuum; this test gets a clean graph.

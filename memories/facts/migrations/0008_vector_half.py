@@ -40,7 +40,7 @@ from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndex
 from django.db import migrations, models, transaction
 
 from core.hnsw import supports_halfvec
-from core.triggers import statement_triggers
+from core.triggers import copy_in_batches, statement_triggers
 
 HALF_MAX_DIMENSIONS = 1024  # (selectors.HALF_MAX_DIMENSIONS: 2 kB of halfvec in a btree tuple)
 BATCH = 5000
@@ -129,23 +129,13 @@ def forward(apps, schema_editor):
         return
     with transaction.atomic(using=schema_editor.connection.alias):
         schema_editor.execute(CREATE + TRIGGERS)
-    last = "00000000-0000-0000-0000-000000000000"
-    alias = schema_editor.connection.alias
-    while True:
-        with transaction.atomic(using=alias), schema_editor.connection.cursor() as cur:
-            cur.execute(
-                "SELECT id FROM (SELECT id FROM memories_vector WHERE id > %s ORDER BY id "
-                f"LIMIT {BATCH}) b ORDER BY id DESC LIMIT 1",
-                [last],
-            )
-            row = cur.fetchone()
-            if row is None:
-                break
-            # FOR SHARE: a row being updated is read once its writer commits (whose
-            # trigger wrote its copy: ON CONFLICT keeps that one), and no writer
-            # changes a row read before this batch commits.
-            cur.execute(COPY, [last, row[0]])
-            last = row[0]
+    copy_in_batches(
+        schema_editor,
+        table="memories_vector",
+        first="00000000-0000-0000-0000-000000000000",
+        copy_sql=COPY,
+        batch=BATCH,
+    )
     # Built once the copies are in (sorted, its pages full); new facts then append to
     # their scope's run (equal keys are ordered by the row's place in the table).
     schema_editor.execute(SCOPE_INDEX)

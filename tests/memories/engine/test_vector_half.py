@@ -30,6 +30,7 @@ from memories.facts.services import (
     fact_update,
     scope_erase,
 )
+from tests.half_copies import copies_out_of_sync
 from tests.memories.engine.test_search_statement import exact_vector_ranking, reference_search
 from tests.memories.facts.old_schema import old_schema
 
@@ -74,16 +75,10 @@ def add_facts(owner, scope: tuple[str, ...], count: int, dims: int = 384) -> Non
 
 def out_of_sync() -> list[tuple]:
     """Rows where the copy differs from what the facts say it must hold (both ways)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"WITH want AS (SELECT {COPIED}, l2_normalize(embedding)::halfvec::text AS half "
-            "FROM memories_fact WHERE scope_id IS NOT NULL "
-            f"AND dimensions <= {HALF_MAX_DIMENSIONS}), "
-            f"have AS (SELECT {COPIED}, half::text FROM memories_fact_half) "
-            "(SELECT 'missing', * FROM (SELECT * FROM want EXCEPT ALL SELECT * FROM have) a) "
-            "UNION ALL (SELECT 'stale', * FROM (SELECT * FROM have EXCEPT ALL SELECT * FROM want) b)"
-        )
-        return cur.fetchall()
+    where = f"scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS}"
+    return copies_out_of_sync(
+        table="memories_fact", copies="memories_fact_half", columns=COPIED, where=where
+    )
 
 
 def copies(scope: Scope) -> dict[uuid.UUID, tuple]:

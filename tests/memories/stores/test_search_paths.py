@@ -444,7 +444,11 @@ def test_outside_a_transaction_a_file_store_searches_as_its_base_does(
 def test_a_file_stores_threshold_and_pending_chunks(with_files, monkeypatch):
     """Rows the background indexer has not reached are found beside the index's; a
     threshold keeps only chunks near enough by meaning in the vector leg."""
-    monkeypatch.setattr(knowledge_search, "CHUNKS", replace(knowledge_search.CHUNKS, exact_max=0))
+    monkeypatch.setattr(
+        knowledge_search,
+        "CHUNKS",
+        replace(knowledge_search.CHUNKS, exact_max=0, walk_min_share=0.0),
+    )
     kb = with_files.knowledge_base
     want = _chunk_search(with_files, "deploy the database", 3, None)
     Chunk.objects.filter(knowledge_base=kb, pk=want[0].chunk_id).update(index_pending=True)
