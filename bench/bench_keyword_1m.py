@@ -3,7 +3,8 @@
 Run from the repository root, against a private database kept between runs:
 
     EMBEDDED_DB_NAME=bench_kw1m .venv/bin/python bench/bench_keyword_1m.py \\
-        [--chunks 1000000] [--queries 200] [--fresh] [--before /path/to/old/checkout]
+        [--chunks 1000000] [--queries 200] [--fresh] [--before /path/to/old/checkout] \\
+        [--paired-copies]
 
 Data (built once, reused while the marker matches; ``--fresh`` rebuilds): the bases and
 tenants of ``bench_knowledge.py`` (``plan_bases``: one 300,000-chunk base at 1M, six mid
@@ -24,6 +25,8 @@ pruned BM25 (the default), with every match scored (no pruning: the definition) 
 ``--before``, the keyword leg and the hybrid search of that checkout; how many
 queries' pruned top 50 differ from the exact BM25 top 50 (by id and order, exact ties
 allowed); and hybrid top-10 p50/p95 through ``search_chunks``. Runs take turns per query.
+``--paired-copies`` then times each scenario's hybrid search with the chunks' collection
+as it is and without its 16-bit copies (``bench_knowledge.paired_collections``).
 """
 
 from __future__ import annotations
@@ -295,6 +298,11 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--load-only", action="store_true")
     ap.add_argument("--before", type=Path, help="a checkout whose keyword leg to time too")
+    ap.add_argument(
+        "--paired-copies",
+        action="store_true",
+        help="then time each scenario's hybrid with and without the chunks' 16-bit copies",
+    )
     args = ap.parse_args()
     bk.migrate_if_needed()
     specs = bk.plan_bases(args.chunks, args.seed)
@@ -366,6 +374,13 @@ def main() -> None:
             f"{scenario.name:36} {cell(pruned):>17} {cell(full):>15} {cell(old):>18} "
             f"{differ:>6} {cell(hybrid):>17} {cell(old_hybrid):>17}"
         )
+    if args.paired_copies:
+        prepared = [
+            (scenario, make_queries(scenario, corpus, text, args.queries + args.warmup, args.seed))
+            for scenario in bk.build_scenarios(specs)
+        ]
+        variants = {"without": bk.without_copies(search.CHUNKS), "copies": search.CHUNKS}
+        bk.paired_collections(prepared, variants, args.warmup)
     with connection.cursor() as cur:
         cur.execute("SELECT pg_size_pretty(pg_total_relation_size('knowledge_chunk'))")
         size = cur.fetchone()[0]

@@ -41,6 +41,8 @@ Reported:
 
 ``--tune`` also measures alternatives for the constants that decide the path (the chunks'
 ``exact_max``, ``hnsw.MAX_SCAN_TUPLES`` and ``hnsw.EF_SEARCH``) and the split legs.
+``--paired-copies`` times each scenario's hybrid search with the chunks' collection as it
+is and without its 16-bit copies (``without_copies``), query by query in one process.
 """
 
 from __future__ import annotations
@@ -617,6 +619,45 @@ class ScenarioResult:
         )
 
 
+def without_copies(chunks: Any) -> Any:
+    """The chunks' collection as before their 16-bit copies (knowledge 0018): exact scans
+    read the table, and every scope past ``exact_max`` walks the index."""
+    return replace(chunks, copies="", walk_min_share=0.0, exact_cap=10**12)
+
+
+def paired_collections(
+    prepared: list[tuple[Scenario, list[Query]]], variants: dict[str, Any], warmup: int
+) -> None:
+    """Hybrid top 10 of each scenario's queries under two settings of the chunks'
+    collection (``search.CHUNKS``), in one process, query by query, which goes first
+    swapped every six queries (a rotating scenario's scopes get both orders); p50 / p95
+    of each, the median of the per-query ratios (second / first) and how many queries'
+    top 10 differ."""
+    (a, first), (b, second) = variants.items()
+    saved = search.CHUNKS
+    print(f"\npaired hybrid top 10, {a} then {b} (ms; ratio = {b} / {a} per query)")
+    try:
+        for scenario, queries in prepared:
+            times: dict[str, list[float]] = {a: [], b: []}
+            differ = 0
+            for i, query in enumerate(queries):
+                got = {}
+                for name in (a, b) if (i // 6) % 2 == 0 else (b, a):
+                    search.CHUNKS = variants[name]
+                    got[name], ms = run_search(query, "hybrid")
+                    if i >= warmup:
+                        times[name].append(ms)
+                differ += i >= warmup and got[a] != got[b]
+            ratio = statistics.median(y / x for x, y in zip(times[a], times[b]))
+            print(
+                f"{scenario.name:36} {a} {statistics.median(times[a]):6.2f} / "
+                f"{pct(times[a], 95):6.2f}  {b} {statistics.median(times[b]):6.2f} / "
+                f"{pct(times[b], 95):6.2f}  ratio {ratio:.2f}  top 10 differ {differ}"
+            )
+    finally:
+        search.CHUNKS = saved
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -840,6 +881,11 @@ def main() -> None:
     ap.add_argument("--tune-queries", type=int, default=100)
     ap.add_argument("--skip-probes", action="store_true")
     ap.add_argument(
+        "--paired-copies",
+        action="store_true",
+        help="also time each scenario with and without the chunks' 16-bit copies, paired",
+    )
+    ap.add_argument(
         "--bulk-load",
         action="store_true",
         help="with a rebuild: drop the HNSW index, load, then rebuild it (insert-then-build)",
@@ -941,6 +987,9 @@ def main() -> None:
         "min(10, matching)"
     )
     print_results(results)
+    if args.paired_copies:
+        variants = {"without": without_copies(search.CHUNKS), "copies": search.CHUNKS}
+        paired_collections(prepared, variants, args.warmup)
     if args.tune:
         tune(prepared, truth, args.tune_queries)
 
