@@ -8,7 +8,10 @@ query (which goes first alternates too), so load hits both alike:
         bench/bench_search_ab.py --before /path/to/old/checkout [--queries 200]
 
 ``--before``: a checkout of the older code; its knowledge search is loaded next to the
-current one (``bench/before.py``; the rest of the code is this checkout's).
+current one (``bench/before.py``; the rest of the code is this checkout's). Both run as
+the tables' owner, which row-level security exempts: the older search (c246bc8) sends no
+owner settings, so the policies would refuse its statements; what the policies cost is
+``bench_row_security.py``'s to say.
 The data are ``bench_knowledge.py``'s (load them with it first: same ``--chunks`` and
 seed); the scenarios and queries are its five. Printed per scenario: hybrid top-10 p50
 and p95 of each version, the ratio of the p50s and the median of the per-query ratios.
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_knowledge as bk  # noqa: E402  (sets Django up, EMBEDDED_DB_NAME=bench)
 from before import load_before  # noqa: E402
+from django.db import DEFAULT_DB_ALIAS, connections  # noqa: E402
 
 from knowledge import search as current  # noqa: E402
 
@@ -56,6 +60,11 @@ def main() -> None:
     specs = bk.plan_bases(args.chunks, args.seed)
     if not bk.existing_data_matches(specs, bk._marker(args.chunks, args.seed, 1.0)):
         raise SystemExit("no matching data: load it with bench_knowledge.py --chunks first")
+    # Every connection of the process (the split legs' threads' too) as the tables' owner.
+    connections.settings[DEFAULT_DB_ALIAS]["USER"] = connections.settings[DEFAULT_DB_ALIAS].get(
+        "OWNER_USER", connections.settings[DEFAULT_DB_ALIAS]["USER"]
+    )
+    connections[DEFAULT_DB_ALIAS].close()
     before = load_before(args.before)
     corpus = bk.Corpus(args.seed, 1.0)
     print(f"hybrid top-10, ms; before = {args.before}; {args.queries} paired queries")

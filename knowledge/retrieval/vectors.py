@@ -52,7 +52,9 @@ def _copies(c: Collection, scope: Scope, dims: int) -> bool:
     )
 
 
-def _exact(c: Collection, scope: Scope, dims: int, pool: int, gate: str) -> tuple[str, list[Any]]:
+def _exact(
+    c: Collection, scope: Scope, dims: int, pool: int, gate: str, copies: bool = True
+) -> tuple[str, list[Any]]:
     """CTE ``e``: the ``pool`` rows of the scope nearest the query by the exact distance of
     their stored vectors, (d, id) order; nothing when ``gate`` (an uncorrelated condition)
     is false.
@@ -67,7 +69,7 @@ def _exact(c: Collection, scope: Scope, dims: int, pool: int, gate: str) -> tupl
     primary key. When the band runs past the ``n`` kept (distances closer than the margin,
     as near duplicates are), the range is read again for the whole band."""
     d = f"{c.embedding} <=> (SELECT q FROM qv)"
-    if not _copies(c, scope, dims):
+    if not (copies and _copies(c, scope, dims)):
         sql = (
             f"e AS MATERIALIZED (SELECT id, {d} AS d, {c.time} AS o FROM {c.table}"
             f" WHERE {scope.sql} AND {gate} ORDER BY d, id LIMIT {pool})"
@@ -147,9 +149,12 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
             params += scope.params
             found += " UNION ALL SELECT id, d, false, o FROM p"
         found = f"SELECT * FROM ({found}) w WHERE (SELECT count(*) FROM i) >= {pool} UNION ALL "
+    # A scope that always walks reads the table if its walk comes back short (rare): the
+    # copies' four CTEs cost every walk's statement a tenth of a millisecond to start.
     exact, exact_params = _exact(
-        c, scope, dims, pool, "true" if walk is False else f"(SELECT count(*) FROM i) < {pool}"
-    )
+        c, scope, dims, pool, "true" if walk is False else f"(SELECT count(*) FROM i) < {pool}",
+        copies=walk is not True,
+    )  # fmt: skip
     ctes.append(exact)
     params += exact_params
     also = ""
