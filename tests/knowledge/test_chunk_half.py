@@ -20,10 +20,14 @@ from core.row_security import secure_tables
 from knowledge import search
 from knowledge.models import Chunk
 from knowledge.search import SearchRequest, search_chunks
-from knowledge.services import knowledge_base_delete, knowledge_base_recount
+from knowledge.services import (
+    knowledge_base_delete,
+    knowledge_base_delete_chunks,
+    knowledge_base_recount,
+)
 from tests.factories import UserFactory
 from tests.half_copies import copies_out_of_sync
-from tests.knowledge.factories import make_kb
+from tests.knowledge.factories import ingest, make_kb
 
 pytestmark = pytest.mark.django_db
 COPIED = "id, owner_id, knowledge_base_id, session_id, dimensions, source_timestamp, created_at"
@@ -219,3 +223,19 @@ def test_the_migration_copies_the_chunks_already_there(monkeypatch):
     assert out_of_sync() == [] and len(copies(kb)) == 8
     write(kb, unit(rng, 1), prefix="later")
     assert out_of_sync() == [] and len(copies(kb)) == 9
+
+
+def test_the_copies_follow_the_ingest_service():
+    """Through the documents' write path (a COPY into a stage, then one upsert: its
+    INSERT and its ON CONFLICT UPDATE each fire their triggers), a re-ingest that moves
+    a document to another session and another text, and the deletes by session."""
+    alice = UserFactory(username="alice")
+    kb = make_kb(alice, "docs")
+    ingest(kb, ("a", "alpha text", {"session_id": "s1"}), ("b", "beta text", {"session_id": "s2"}),
+           ("c", "gamma text"))  # fmt: skip
+    assert out_of_sync() == [] and len(copies(kb)) == 3
+    ingest(kb, ("a", "alpha text, again and longer", {"session_id": "s9"}), ("d", "delta"))
+    assert out_of_sync() == [] and len(copies(kb)) == 4
+    assert sorted(session for _, session in copies(kb).values()) == ["", "", "s2", "s9"]
+    assert knowledge_base_delete_chunks(knowledge_base=kb, session_id="s9") == 1
+    assert out_of_sync() == [] and len(copies(kb)) == 3
