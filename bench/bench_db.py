@@ -32,3 +32,15 @@ def as_operator(script: str) -> None:
     from core import tenancy
 
     tenancy.set_fallback(("", f"bench {Path(script).stem}"))
+
+
+def connect_as_tables_owner() -> None:
+    """Every connection of the process from now on (the split legs' threads' too) as the
+    tables' owner, which row-level security exempts: for a paired run against an older
+    search (c246bc8) that sends no owner settings, whose statements the policies would
+    refuse. What the policies cost is ``bench_row_security.py``'s to say."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    entry = connections.settings[DEFAULT_DB_ALIAS]
+    entry["USER"] = entry.get("OWNER_USER", entry["USER"])
+    connections[DEFAULT_DB_ALIAS].close()
