@@ -28,7 +28,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_db  # noqa: E402
 import bench_knowledge as bk  # noqa: E402  (sets Django up, EMBEDDED_DB_NAME=bench)
 from before import load_before  # noqa: E402
 
@@ -60,7 +59,7 @@ def main() -> None:
     specs = bk.plan_bases(args.chunks, args.seed)
     if not bk.existing_data_matches(specs, bk._marker(args.chunks, args.seed, 1.0)):
         raise SystemExit("no matching data: load it with bench_knowledge.py --chunks first")
-    bench_db.connect_as_tables_owner()
+    bk.bench_db.connect_as_tables_owner()
     before = load_before(args.before)
     corpus = bk.Corpus(args.seed, 1.0)
     print(f"hybrid top-10, ms; before = {args.before}; {args.queries} paired queries")
