@@ -159,7 +159,22 @@ def _scope_of(bases: list[KnowledgeBase], request: SearchRequest) -> Scope:
     rows = None if _filtered(request) else sum(kb.chunk_count for kb in bases)
     # The copies hold the base, the session and the time a filter can name, not the rest.
     in_copies = all(key not in request.filters for key in FILTER_KEYS if key not in COPIED)
-    return Scope(sql, params, rows, in_copies=in_copies)
+    return Scope(sql, params, rows, size=_session_size(kb_ids, request), in_copies=in_copies)
+
+
+def _session_size(kb_ids: list[str], request: SearchRequest) -> tuple[str, list[Any]] | None:
+    """A search filtered to a session only: its chunks' count, one row a base
+    (``knowledge_session_stats``, migration 0019), where its rows would be counted. It
+    only steers exact or walk: a count that were off would cost time, never rows."""
+    if set(request.filters) & set(FILTER_KEYS) != {"session_id"}:
+        return None
+    if request.since is not None or request.until is not None:
+        return None
+    return (
+        "SELECT sum(chunks) FROM knowledge_session_stats"
+        " WHERE knowledge_base_id = ANY(%s::uuid[]) AND session_id = %s",
+        [kb_ids, str(request.filters["session_id"])],
+    )
 
 
 def _neighbours(request: SearchRequest, kb_ids: list[str]) -> tuple[str, list[Any]]:
