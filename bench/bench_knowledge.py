@@ -633,7 +633,7 @@ def paired_collections(
     swapped every six queries (a rotating scenario's scopes get both orders); p50 / p95
     of each, the median of the per-query ratios (second / first) and how many queries'
     top 10 differ."""
-    (a, first), (b, second) = variants.items()
+    a, b = variants
     saved = search.CHUNKS
     print(f"\npaired hybrid top 10, {a} then {b} (ms; ratio = {b} / {a} per query)")
     try:

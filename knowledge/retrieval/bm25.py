@@ -112,20 +112,20 @@ t AS MATERIALIZED (
     FROM w
 ),
 c AS MATERIALIZED (
-    SELECT id, tv, length(tv)::float8 AS dl, o FROM ({matches}
+    SELECT id, tv, length(tv)::float8 AS dl FROM ({matches}
     ) m, t
     ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(tv) / t.avgdl)) DESC, id
     LIMIT %s
 )
 SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / t.avgdl)))
-    AS score, c.o
+    AS score, NULL::timestamptz AS o
 FROM c CROSS JOIN t
 CROSS JOIN LATERAL (
     SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf
     FROM unnest({query_terms})
 ) u
 JOIN w ON w.lexeme = u.lexeme
-GROUP BY c.id, c.o
+GROUP BY c.id
 ORDER BY score DESC, c.id
 LIMIT %s
 """
@@ -142,11 +142,11 @@ SCOPED_TEXT = (
     "(search_vector || array_to_tsvector(ARRAY['kb ' || knowledge_base_id::text, "
     "'se ' || knowledge_base_id::text || ' ' || session_id]))"
 )
-# No time (``o``): reading it from every match cost the leg 5% at 100,000 chunks; a decay
-# reads it for the few candidates that only this leg found (``engine._fuse_sql``), as
-# for the pruned leg's.
+# The leg gives no time (``o`` NULL): reading it from every match cost the leg 5% at
+# 100,000 chunks; a decay reads it for the few candidates that only this leg found
+# (``engine._fuse_sql``), as for the pruned leg's.
 _MATCHES = """
-        SELECT id, search_vector AS tv, NULL::timestamptz AS o
+        SELECT id, search_vector AS tv
         FROM knowledge_chunk, t
         WHERE ({scope}) IS TRUE AND {scoped_text} @@ (%s::tsquery && t.q)"""
 # The query's lexemes among a chunk's, with their positions (``search_vector`` holds weight

@@ -120,7 +120,7 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
             )
             params += scope.size[1]
         else:
-            most = max(n, min(c.exact_cap, 10**9)) if c.walk_min_share > 0 else n
+            most = max(n, c.exact_cap) if c.walk_min_share > 0 else n  # (past it: no change)
             ctes.append(
                 f"sm AS MATERIALIZED (SELECT n <= {n} OR ({rare}) AS yes FROM (SELECT count(*)"
                 f" AS n FROM (SELECT 1 FROM {c.table} WHERE {scope.sql} LIMIT {most + 1}) x) s)"
