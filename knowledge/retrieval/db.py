@@ -19,6 +19,7 @@ would), and statements are logged where Django logs its own (``CaptureQueriesCon
 from __future__ import annotations
 
 import os
+import re
 import struct
 import threading
 import time
@@ -26,6 +27,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import numpy as np
@@ -33,6 +35,7 @@ import psycopg
 from django.db import close_old_connections, connection, connections
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
+from psycopg.types.datetime import TimestamptzLoader
 
 from core import tenancy
 from core.db_backend.base import pending_settings
@@ -68,6 +71,41 @@ class _VectorBinaryDumper(Dumper):
 
 
 _with_vector_dumpers: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+_PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
+
+
+@lru_cache(maxsize=512)
+def native_sql(sql: str) -> str:
+    """``sql`` with PostgreSQL's own placeholders: ``$1``, ``$2``... for its ``%s``, ``%``
+    for ``%%``; made once per statement text.
+
+    psycopg converts a statement's ``%s`` on every execute and keeps the result only for
+    statements up to 4 kB; the engine's are 5-9 kB, so each search parsed its SQL again
+    in Python (26 us for a facts search of 0.7 ms). They run through a ``RawCursor``,
+    which sends the text as it is."""
+    count = 0
+
+    def placeholder(match: re.Match[str]) -> str:
+        nonlocal count
+        if match[1] == "%":
+            return "%"
+        if match[1] != "s":
+            raise ValueError(f"the engine's statements take %s placeholders only: {match[0]!r}")
+        count += 1
+        return f"${count}"
+
+    return _PLACEHOLDER.sub(placeholder, sql)
+
+
+def _results_cursor(raw: psycopg.Connection[Any]) -> psycopg.RawCursor[Any]:
+    """A cursor whose ``timestamptz`` values load through psycopg's own loader (its C
+    version): Django's connections load them with a Python subclass of it, which gives
+    the same value in the connection's zone (UTC) at five times the cost, 0.1 ms of a
+    small search that returns ten facts with four times each."""
+    cur = psycopg.RawCursor(raw)
+    cur.adapters.register_loader("timestamptz", TimestamptzLoader)
+    return cur
 
 
 def _adapt_vectors(raw: psycopg.Connection[Any]) -> None:
@@ -126,21 +164,18 @@ def fetch_all(statements: list[Statement]) -> list[tuple[list[tuple[Any, ...]], 
                 replace(statements[0], local=carried + statements[0].local),
                 *statements[1:],
             ]
-        cursors = [(psycopg.Cursor(raw), psycopg.Cursor(raw)) for _ in statements]
+        cursors = [(psycopg.RawCursor(raw), _results_cursor(raw)) for _ in statements]
         try:
             if len(statements) == 1 and not statements[0].local:
-                cursors[0][1].execute(statements[0].sql, statements[0].params,
+                cursors[0][1].execute(native_sql(statements[0].sql), statements[0].params,
                                       prepare=statements[0].prepare)  # fmt: skip
             else:
                 with raw.pipeline():
                     for (first, cur), s in zip(cursors, statements):
                         if s.local:
-                            setting_sql = "SELECT " + ", ".join(
-                                "set_config(%s, %s, true)" for _ in s.local
-                            )
                             params = [str(v) for pair in s.local for v in pair]
-                            first.execute(setting_sql, params, prepare=True)
-                        cur.execute(s.sql, s.params, prepare=s.prepare)
+                            first.execute(_settings_sql(len(s.local)), params, prepare=True)
+                        cur.execute(native_sql(s.sql), s.params, prepare=s.prepare)
             for _, cur in cursors:
                 out.append((cur.fetchall(), [c.name for c in cur.description or ()]))
         finally:
@@ -152,6 +187,13 @@ def fetch_all(statements: list[Statement]) -> list[tuple[list[tuple[Any, ...]], 
         for s in statements:
             connection.queries_log.append({"sql": f"{s.sql} -- {s.params!r}", "time": elapsed})
     return out
+
+
+@lru_cache(maxsize=32)
+def _settings_sql(count: int) -> str:
+    return "SELECT " + ", ".join(
+        f"set_config(${2 * i + 1}, ${2 * i + 2}, true)" for i in range(count)
+    )
 
 
 _legs_executor: ThreadPoolExecutor | None = None

@@ -4,9 +4,12 @@ are ranked by the same search in the owner's global scope."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from memories.facts.injection import format_for_injection, relevant_hits
+from memories.facts.models import Fact
 from memories.facts.scopes import end_user_ensure, global_scope_ensure
 from memories.facts.search import fact_search
 from memories.proxy.chat import chat_prepare
@@ -72,3 +75,19 @@ def test_global_memories_are_searched_in_their_own_scope(alice, user_with_facts)
                                  query=query, with_globals=True)  # fmt: skip
     assert [h.content for h in block.globals] == ["User lives in New York"]
     assert block.text.endswith("\n- [global] User lives in New York")
+
+
+def test_a_search_answers_the_facts_times_the_orm_reads(alice, fixture_embedder):
+    user = end_user_ensure(owner=alice, external_id="u1")
+    seed(user, *FACTS[:2])
+    Fact.objects.update(valid_from=datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=UTC))
+    hits = fact_search(owner=alice, scope=user, query="Where do I live?").hits
+    stored = {f.pk: f for f in Fact.objects.all()}
+    assert len(hits) == 2
+    for hit in hits:
+        fact = stored[hit.id]
+        times = (hit.created_at, hit.updated_at, hit.observed_at, hit.valid_from, hit.recorded_from)
+        assert times == (fact.created_at, fact.updated_at, fact.observed_at, fact.valid_from,
+                         fact.recorded_from)  # fmt: skip
+        assert {t.isoformat()[-6:] for t in times if t is not None} == {"+00:00"}
+        assert hit.valid_to is None and hit.recorded_to is None
