@@ -189,14 +189,15 @@ def _pinned() -> list[Setting]:
 
 
 def _given(
-    c: Collection, value: str, rows: list[tuple[Any, ...]], at: int
+    c: Collection, value: str, rows: list[tuple[Any, ...]], at: int | None
 ) -> tuple[str, list[Any]]:
     """A leg's rows as the statement's arrays (literals: psycopg's list adapter cost
     0.17 ms for four of them; a float's repr reads back as the same float8); ``at``: the
-    column of a row's time, when the rows have it."""
+    column of a row's time, when the rows have it and a decay reads it (None: every
+    time NULL, which ``unnest`` pads an empty array with)."""
     ids = "{" + ",".join(str(r[0]) for r in rows) + "}"
     values = "{" + ",".join(repr(float(r[1])) for r in rows) + "}"
-    times = "{" + ",".join(
+    times = "{}" if at is None else "{" + ",".join(
         f'"{r[at].isoformat()}"' if len(r) > at and r[at] is not None else "NULL" for r in rows
     ) + "}"  # fmt: skip
     sql = (
@@ -206,7 +207,7 @@ def _given(
     return sql, [ids, values, times]
 
 
-def _leg_sql(c: Collection, leg: Leg | None, value: str, at: int) -> tuple[str, list[Any]]:
+def _leg_sql(c: Collection, leg: Leg | None, value: str, at: int | None) -> tuple[str, list[Any]]:
     if leg is None:
         return (
             f"SELECT NULL::{c.id_type} AS id, NULL::float8 AS {value},"
@@ -301,8 +302,9 @@ def _fuse_sql(
 ) -> tuple[str, list[Any]]:
     """The statement fusing the legs (inline, or their rows as arrays), with context and
     decay, giving the page wanted with its rows' details, best first."""
-    vsql, vparams = _leg_sql(c, vector, "d", 3)
-    ksql, kparams = _leg_sql(c, keyword, "score", 2)
+    decayed = bool(r.half_life)  # (the rows' times matter only to a decay)
+    vsql, vparams = _leg_sql(c, vector, "d", 3 if decayed else None)
+    ksql, kparams = _leg_sql(c, keyword, "score", 2 if decayed else None)
     cut, cut_params = "", []
     if r.max_distance is not None:
         cut, cut_params = " WHERE d <= %s", [r.max_distance]
