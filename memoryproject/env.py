@@ -165,3 +165,30 @@ def database_from_url(url: str, *, conn_max_age: int, name: str = "DATABASE_URL"
         "CONN_MAX_AGE": conn_max_age,
         "OPTIONS": options,
     }
+
+
+_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def usable_memory(limits: tuple[str, ...] = _MEMORY_LIMITS) -> int:
+    """Bytes of memory this process may use: the machine's, or its container's limit
+    (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``) when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in limits:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # ("max": no limit)
+            total = min(total, int(text))
+    return total
+
+
+def shared_buffers_for(memory: int) -> str:
+    """The embedded server's ``shared_buffers`` on ``memory`` bytes: a quarter of it (what
+    PostgreSQL advises for a server of its own), from 128MB to 8GB. The HNSW index of a
+    million chunks of 384 dimensions is 1.1 GB: with 1GB its walks read pages from the OS
+    cache at every search (BENCHMARKS.md, "A million chunks: no parallel workers")."""
+    megabytes = memory // 4 // 2**20
+    return f"{min(max(megabytes, 128), 8192)}MB"

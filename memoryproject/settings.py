@@ -22,6 +22,8 @@ from memoryproject.env import (
     env_str,
     load_env_file,
     owner_credentials,
+    shared_buffers_for,
+    usable_memory,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -131,11 +133,14 @@ if DATABASE_URL:
 else:
     # PostgreSQL's default shared_buffers (128MB) is smaller than the HNSW index of a
     # 100,000-chunk table: searches and inserts then page index blocks in and out of
-    # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval").
+    # the OS cache on every call (BENCHMARKS.md, "Knowledge retrieval"). A quarter of
+    # the memory, 128MB to 8GB (memoryproject.env.shared_buffers_for).
     EMBEDDED_DB_OPTIONS: dict[str, Any] = {
         "dbname": env_str("EMBEDDED_DB_NAME", "memory"),
         "server_settings": {
-            "shared_buffers": env_str("EMBEDDED_DB_SHARED_BUFFERS", "1GB"),
+            "shared_buffers": env_str(
+                "EMBEDDED_DB_SHARED_BUFFERS", shared_buffers_for(usable_memory())
+            ),
             "maintenance_work_mem": "512MB",
         },
     }
