@@ -172,8 +172,12 @@ _MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.lim
 
 def usable_memory(limits: tuple[str, ...] = _MEMORY_LIMITS) -> int:
     """Bytes of memory this process may use: the machine's, or its container's limit
-    (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``) when that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``) when that is lower; 4 GiB
+    where the system does not say (no ``sysconf``)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        total = 4 * 2**30
     for path in limits:
         try:
             with open(path) as f:

@@ -34,6 +34,15 @@ def test_a_container_limit_below_the_machine_s_memory_wins(tmp_path):
     assert usable_memory((str(v2), str(v1), str(unset))) == min(machine, 2 * GiB)
 
 
+def test_a_system_that_does_not_say_counts_as_4_gib(monkeypatch, tmp_path):
+    def unknown(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(os, "sysconf", unknown)
+    assert usable_memory((str(tmp_path / "none"),)) == 4 * GiB
+    assert shared_buffers_for(usable_memory(())) == "1024MB"
+
+
 def _setting(**env: str | None) -> str:
     """The setting as a new process reads it, with ``env`` over this one's (None: unset)."""
     code = (
