@@ -29,8 +29,14 @@ EF_SCALE_ROWS = 100_000
 EF_MAX = 1000
 # A filtered walk goes on (pgvector >= 0.8's iterative scan, in strict distance order)
 # until it has the rows wanted or has read this many tuples; a walk that comes back
-# short is redone exactly by every collection.
-MAX_SCAN_TUPLES = 100_000
+# short is redone exactly by every collection (a rare scope from its 16-bit copies:
+# vectors.RARE_SHARE). A walk needs about its rows / the scope's share of the index:
+# 1,000 tuples for 50 rows of a 5% scope. At 1M chunks the walks filtered to a tenant
+# of 3-6% (past 20,000 chunks: walked) that went on past 5,000 tuples took 40-134 ms,
+# where the exact ranking of the tenant's copies takes 13-28: p95 halved, the median
+# the same (BENCHMARKS.md, "A million chunks: no parallel workers, and room in shared
+# buffers").
+MAX_SCAN_TUPLES = 5_000
 ROW_COUNT_TTL = 300.0  # seconds a planner row count is trusted
 
 _row_counts: dict[str, tuple[float, float]] = {}

@@ -19,6 +19,7 @@ from core.providers.embeddings import EmbeddingConfig
 from core.row_security import secure_tables
 from knowledge import search
 from knowledge.models import Chunk
+from knowledge.retrieval import hnsw
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import (
     knowledge_base_delete,
@@ -190,6 +191,45 @@ def test_a_search_through_the_copies_is_the_search_through_the_table(monkeypatch
             got, want, sql = both_ways(monkeypatch, crowd, request)
             assert got == want and len(got) == 10, (filters, mode)
             assert ("knowledge_chunk_half" in sql) == in_copies
+
+
+def test_a_walk_that_comes_back_short_is_redone_from_the_copies_exactly(monkeypatch):
+    """A scope that always walks (its size known), rare in its table, and whose walk stops
+    before it has the rows wanted (hnsw.max_scan_tuples read) is ranked again, exactly,
+    from the 16-bit copies: the exact ranking's hits, to the score."""
+    alice = UserFactory(username="alice")
+    rng = np.random.default_rng(11)
+    crowd, other = base(alice, "crowd"), base(alice, "other")
+    write(crowd, unit(rng, 60), prefix="c")
+    write(other, unit(rng, 2940), prefix="o")  # (crowd: 2% of the index)
+    walking = replace(search.CHUNKS, exact_max=0, walk_min_share=0.0)
+    monkeypatch.setattr(search, "CHUNKS", walking)
+    monkeypatch.setattr(hnsw, "MAX_SCAN_TUPLES", 1)  # (the walk stops after its first pass)
+    # (on 3,000 rows the planner takes the HNSW index at pgvector's ef_search, 40; at the
+    # project's 100 it prefers to rank them all: test_search_property.py)
+    monkeypatch.setattr(hnsw, "EF_SEARCH", 40)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE knowledge_chunk")  # (the table's size: crowd is rare in it)
+        cur.execute("SET LOCAL enable_seqscan = off")  # (searches' plan policy)
+    monkeypatch.setattr(hnsw, "_row_counts", {})
+    redone = 0
+    for _ in range(6):
+        request = SearchRequest(vector=unit(rng, 1)[0].tolist(), top_k=20, mode="vector")
+        leg = search._vector_leg([crowd], request, 20)
+        assert leg.path == "index" and "FROM knowledge_chunk_half" in leg.sql
+        if any(row[2] for row in leg.run()):
+            continue  # (its first pass found the rows: a walk, approximate)
+        redone += 1
+        short = [(h.chunk_id, h.score) for h in search_chunks(bases=[crowd], request=request)]
+        monkeypatch.setattr(search, "CHUNKS", replace(walking, exact_max=10**9))
+        exact = [(h.chunk_id, h.score) for h in search_chunks(bases=[crowd], request=request)]
+        monkeypatch.setattr(search, "CHUNKS", walking)
+        assert short == exact and len(short) == 20
+    assert redone >= 2, "too few walks came back short"
+    # A scope of most of the table keeps the table for a redo it does not need.
+    request = SearchRequest(vector=unit(rng, 1)[0].tolist(), top_k=20, mode="vector")
+    leg = search._vector_leg([other], request, 20)
+    assert leg.path == "index" and "knowledge_chunk_half" not in leg.sql
 
 
 def test_vectors_past_1024_dimensions_are_ranked_from_the_table(monkeypatch):

@@ -181,7 +181,7 @@ def test_a_search_is_one_round_trip_and_its_settings_end_with_it(monkeypatch, ex
     assert statement.startswith("/* chunks search */")
     assert f"/* vector leg, {kind} */" in statement and "/* keyword leg */" in statement
     # (the walk on the index's type; an exact ranking on the 16-bit copies, but for the
-    # fallback of a scope that always walks: the table)
+    # redo of a short walk of a scope that is not rare in its table: the table)
     assert ("::halfvec(" in statement) == (not exact_max)
     assert ("FROM knowledge_chunk_half" in statement) == (kind != "index")
     assert {name: _setting(name) for name in before} == before

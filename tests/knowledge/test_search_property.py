@@ -324,7 +324,7 @@ def test_index_path_with_a_one_percent_filter_returns_min_top_k(alice, monkeypat
         cur.execute("SET LOCAL enable_seqscan = off")
     walks: dict[str, set[bool]] = {name: set() for name in RARE_FILTERS}
     redone = 0
-    # 100,000 (the default): the iterative scan reaches 30 matches of 3,000 rows.
+    # 100,000: the iterative scan reaches 30 matches of 3,000 rows.
     # 1,000: it gives up first and comes back short, and the leg redoes it exactly.
     for max_scan_tuples in (100_000, 1_000):
         monkeypatch.setattr(hnsw, "MAX_SCAN_TUPLES", max_scan_tuples)
