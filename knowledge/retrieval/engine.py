@@ -154,7 +154,7 @@ class Leg:
         if self.rows is None and self.produce is not None:
             self.rows = self.produce()
         elif self.rows is None:
-            self.rows = fetch(self.sql, self.params, self.prepare, self.local + _pinned())[0]
+            self.rows = fetch(self.sql, self.params, self.prepare, _with_pinned(self.local))[0]
         return self.rows
 
 
@@ -193,6 +193,13 @@ def _pinned() -> list[Setting]:
         ("enable_seqscan", "off"),
         ("max_parallel_workers_per_gather", 0),
     ]
+
+
+def _with_pinned(local: list[Setting]) -> list[Setting]:
+    """``local`` and the plan policy's settings it does not name already (a walk asks for
+    no parallel workers itself, inside a transaction too: sent once)."""
+    named = {name for name, _ in local}
+    return local + [s for s in _pinned() if s[0] not in named]
 
 
 def _given(
@@ -388,7 +395,7 @@ def statement(c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking
     sql, params = _fuse_sql(c, vector, keyword, r)
     inline = [leg for leg in (vector, keyword) if leg is not None and leg.rows is None]
     local = [s for leg in inline for s in leg.local]
-    return Statement(sql, params, all(leg.prepare for leg in inline), local + _pinned())
+    return Statement(sql, params, all(leg.prepare for leg in inline), _with_pinned(local))
 
 
 def rows_of(result: tuple[list[tuple[Any, ...]], list[str]]) -> list[dict[str, Any]]:
