@@ -61,3 +61,65 @@ def copy_in_batches(
                 return
             cur.execute(copy_sql, [last, row[0]])
             last = row[0]
+
+
+def half_copies_sql(
+    *,
+    table: str,
+    copies: str,
+    function: str,
+    columns: str,
+    keep: str,
+    old: str,
+    new: str,
+    key: tuple[str, ...] = ("id",),
+) -> tuple[str, str]:
+    """(``CREATE FUNCTION function``, the batch copy) of a table of 16-bit copies:
+    ``copies`` holds, per row of ``table`` that ``keep`` admits, its ``columns`` and
+    ``half``, its ``embedding`` normalised to length 1 as ``halfvec``.
+
+    The function is the one of every statement trigger that keeps the copies
+    (``statement_triggers``, ``old`` and ``new`` its transition tables): an insert
+    copies, a delete removes by ``key``, a truncate empties, an update replaces the
+    copies of the rows whose copied columns or vector changed (an edit of any other
+    column changes nothing). The batch copy is ``copy_in_batches``'s ``copy_sql``."""
+    on = " AND ".join(f"h.{col} = o.{col}" for col in key)
+    function_sql = f"""
+CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        TRUNCATE {copies};
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        -- The copies of the rows whose copied columns changed are replaced (an edit of
+        -- any other column changes nothing here).
+        DELETE FROM {copies} h USING (
+            SELECT {columns}, embedding FROM {old}
+            EXCEPT SELECT {columns}, embedding FROM {new}) o
+        WHERE {on};
+        INSERT INTO {copies} ({columns}, half)
+        SELECT {columns}, l2_normalize(embedding)::halfvec FROM (
+            SELECT {columns}, embedding FROM {new}
+            EXCEPT SELECT {columns}, embedding FROM {old}) n
+        WHERE {keep};
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM {copies} h USING {old} o WHERE {on};
+        RETURN NULL;
+    END IF;
+    INSERT INTO {copies} ({columns}, half)
+    SELECT {columns}, l2_normalize(embedding)::halfvec FROM {new}
+    WHERE {keep};
+    RETURN NULL;
+END $$;
+"""
+    copy_sql = f"""
+INSERT INTO {copies} ({columns}, half)
+SELECT {columns}, l2_normalize(embedding)::halfvec FROM {table}
+WHERE id > %s AND id <= %s AND {keep}
+FOR SHARE
+ON CONFLICT DO NOTHING
+"""
+    return function_sql, copy_sql

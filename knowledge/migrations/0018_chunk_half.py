@@ -31,7 +31,7 @@ copy is made and searches scan the chunk table.
 from django.db import migrations, transaction
 
 from core.hnsw import supports_halfvec
-from core.triggers import copy_in_batches, statement_triggers
+from core.triggers import copy_in_batches, half_copies_sql, statement_triggers
 
 HALF_MAX_DIMENSIONS = 1024  # (2 kB of halfvec in a btree tuple)
 BATCH = 5000
@@ -43,7 +43,7 @@ TRIGGERS, DROP_TRIGGERS = statement_triggers(
     functions=dict.fromkeys(["insert", "update", "delete", "truncate"], "knowledge_chunk_half_sync"),
 )  # fmt: skip
 
-CREATE = f"""
+CREATE = """
 CREATE TABLE knowledge_chunk_half (
     id bigint NOT NULL,
     owner_id integer NOT NULL,
@@ -56,47 +56,13 @@ CREATE TABLE knowledge_chunk_half (
     PRIMARY KEY (id, owner_id)
 ) WITH (toast_tuple_target = 8160);
 ALTER TABLE knowledge_chunk_half ALTER COLUMN half SET STORAGE MAIN;
-
-CREATE FUNCTION knowledge_chunk_half_sync() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
-        TRUNCATE knowledge_chunk_half;
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'UPDATE' THEN
-        -- The copies of the rows whose copied columns changed are replaced (an edit of
-        -- the text, the metadata or index_pending alone changes nothing here).
-        DELETE FROM knowledge_chunk_half h USING (
-            SELECT {COLUMNS}, embedding FROM chunk_old
-            EXCEPT SELECT {COLUMNS}, embedding FROM chunk_new) o
-        WHERE h.id = o.id AND h.owner_id = o.owner_id;
-        INSERT INTO knowledge_chunk_half ({COLUMNS}, half)
-        SELECT {COLUMNS}, l2_normalize(embedding)::halfvec FROM (
-            SELECT {COLUMNS}, embedding FROM chunk_new
-            EXCEPT SELECT {COLUMNS}, embedding FROM chunk_old) n
-        WHERE dimensions <= {HALF_MAX_DIMENSIONS};
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        DELETE FROM knowledge_chunk_half h USING chunk_old o
-        WHERE h.id = o.id AND h.owner_id = o.owner_id;
-        RETURN NULL;
-    END IF;
-    INSERT INTO knowledge_chunk_half ({COLUMNS}, half)
-    SELECT {COLUMNS}, l2_normalize(embedding)::halfvec FROM chunk_new
-    WHERE dimensions <= {HALF_MAX_DIMENSIONS};
-    RETURN NULL;
-END $$;
-
 """
 
-COPY = f"""
-INSERT INTO knowledge_chunk_half ({COLUMNS}, half)
-SELECT {COLUMNS}, l2_normalize(embedding)::halfvec FROM knowledge_chunk
-WHERE id > %s AND id <= %s AND dimensions <= {HALF_MAX_DIMENSIONS}
-FOR SHARE
-ON CONFLICT DO NOTHING
-"""
+SYNC, COPY = half_copies_sql(
+    table="knowledge_chunk", copies="knowledge_chunk_half", function="knowledge_chunk_half_sync",
+    columns=COLUMNS, keep=f"dimensions <= {HALF_MAX_DIMENSIONS}", old="chunk_old",
+    new="chunk_new", key=("id", "owner_id"),
+)  # fmt: skip
 
 SCOPE_INDEX = (
     "CREATE INDEX CONCURRENTLY IF NOT EXISTS knowledge_chunk_half_scope "
@@ -112,7 +78,7 @@ def forward(apps, schema_editor):
         return
     alias = schema_editor.connection.alias
     with transaction.atomic(using=alias):
-        schema_editor.execute(CREATE + TRIGGERS)
+        schema_editor.execute(CREATE + SYNC + TRIGGERS)
     copy_in_batches(schema_editor, table="knowledge_chunk", first=0, copy_sql=COPY, batch=BATCH)
     # Built once the copies are in (sorted, its pages full); new chunks then append to
     # their (base, session)'s run.

@@ -40,7 +40,7 @@ from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndex
 from django.db import migrations, models, transaction
 
 from core.hnsw import supports_halfvec
-from core.triggers import copy_in_batches, statement_triggers
+from core.triggers import copy_in_batches, half_copies_sql, statement_triggers
 
 HALF_MAX_DIMENSIONS = 1024  # (selectors.HALF_MAX_DIMENSIONS: 2 kB of halfvec in a btree tuple)
 BATCH = 5000
@@ -52,7 +52,7 @@ TRIGGERS, DROP_TRIGGERS = statement_triggers(
     functions=dict.fromkeys(["insert", "update", "delete", "truncate"], "memories_vector_half_sync"),
 )  # fmt: skip
 
-CREATE = f"""
+CREATE = """
 CREATE TABLE memories_vector_half (
     id uuid PRIMARY KEY,
     scope_id bigint NOT NULL,
@@ -64,46 +64,13 @@ CREATE TABLE memories_vector_half (
     half halfvec NOT NULL
 ) WITH (toast_tuple_target = 8160);
 ALTER TABLE memories_vector_half ALTER COLUMN half SET STORAGE MAIN;
-
-CREATE FUNCTION memories_vector_half_sync() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
-        TRUNCATE memories_vector_half;
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'UPDATE' THEN
-        -- The copies of the rows whose copied columns changed are replaced (an edit of
-        -- the text or of updated_at alone changes nothing here).
-        DELETE FROM memories_vector_half h USING (
-            SELECT {COLUMNS}, embedding FROM vector_old
-            EXCEPT SELECT {COLUMNS}, embedding FROM vector_new) o
-        WHERE h.id = o.id;
-        INSERT INTO memories_vector_half ({COLUMNS}, half)
-        SELECT {COLUMNS}, l2_normalize(embedding)::halfvec FROM (
-            SELECT {COLUMNS}, embedding FROM vector_new
-            EXCEPT SELECT {COLUMNS}, embedding FROM vector_old) n
-        WHERE scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS};
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        DELETE FROM memories_vector_half h USING vector_old o WHERE h.id = o.id;
-        RETURN NULL;
-    END IF;
-    INSERT INTO memories_vector_half ({COLUMNS}, half)
-    SELECT {COLUMNS}, l2_normalize(embedding)::halfvec FROM vector_new
-    WHERE scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS};
-    RETURN NULL;
-END $$;
-
 """
 
-COPY = f"""
-INSERT INTO memories_vector_half ({COLUMNS}, half)
-SELECT {COLUMNS}, l2_normalize(embedding)::halfvec FROM memories_vector
-WHERE id > %s AND id <= %s AND scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS}
-FOR SHARE
-ON CONFLICT DO NOTHING
-"""
+SYNC, COPY = half_copies_sql(
+    table="memories_vector", copies="memories_vector_half", function="memories_vector_half_sync",
+    columns=COLUMNS, keep=f"scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS}",
+    old="vector_old", new="vector_new",
+)  # fmt: skip
 
 SCOPE_INDEX = (
     "CREATE INDEX CONCURRENTLY IF NOT EXISTS memories_vector_half_scope "
@@ -128,7 +95,7 @@ def forward(apps, schema_editor):
     if not supports_halfvec(schema_editor):
         return
     with transaction.atomic(using=schema_editor.connection.alias):
-        schema_editor.execute(CREATE + TRIGGERS)
+        schema_editor.execute(CREATE + SYNC + TRIGGERS)
     copy_in_batches(
         schema_editor,
         table="memories_vector",

@@ -29,7 +29,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-from core.triggers import statement_triggers
+from core.triggers import half_copies_sql, statement_triggers
 from knowledge.models import INDEXED_DIMENSIONS
 
 CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", "correction")
@@ -54,38 +54,11 @@ NEW = {
 
 def _half(n: dict) -> tuple[str, str]:
     """0008's copies, kept by one function for every operation."""
-    old, new, half, c = n["half_old"], n["half_new"], n["half"], COPY_COLUMNS
-    function = f"""
-CREATE FUNCTION {n["half_fn"]}() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'TRUNCATE' THEN
-        TRUNCATE {half};
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'UPDATE' THEN
-        -- The copies of the rows whose copied columns changed are replaced (an edit of
-        -- the text or of updated_at alone changes nothing here).
-        DELETE FROM {half} h USING (
-            SELECT {c}, embedding FROM {old}
-            EXCEPT SELECT {c}, embedding FROM {new}) o
-        WHERE h.id = o.id;
-        INSERT INTO {half} ({c}, half)
-        SELECT {c}, l2_normalize(embedding)::halfvec FROM (
-            SELECT {c}, embedding FROM {new}
-            EXCEPT SELECT {c}, embedding FROM {old}) n
-        WHERE scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS};
-        RETURN NULL;
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        DELETE FROM {half} h USING {old} o WHERE h.id = o.id;
-        RETURN NULL;
-    END IF;
-    INSERT INTO {half} ({c}, half)
-    SELECT {c}, l2_normalize(embedding)::halfvec FROM {new}
-    WHERE scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS};
-    RETURN NULL;
-END $$;
-"""
+    old, new = n["half_old"], n["half_new"]
+    function, _ = half_copies_sql(
+        table=n["fact"], copies=n["half"], function=n["half_fn"], columns=COPY_COLUMNS,
+        keep=f"scope_id IS NOT NULL AND dimensions <= {HALF_MAX_DIMENSIONS}", old=old, new=new,
+    )  # fmt: skip
     create, drop = statement_triggers(
         table=n["fact"], prefix=n["half_trigger"], functions=dict.fromkeys(OPS, n["half_fn"]),
         old=old, new=new,
