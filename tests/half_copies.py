@@ -18,3 +18,11 @@ def copies_out_of_sync(*, table: str, copies: str, columns: str, where: str) -> 
             "UNION ALL (SELECT 'stale', * FROM (SELECT * FROM have EXCEPT ALL SELECT * FROM want) b)"
         )
         return cur.fetchall()
+
+
+def copies_of(copies: str, columns: str, where: str, value: object) -> dict[object, tuple]:
+    """``copies``' rows with ``where`` = ``value`` as {id: (columns...)}: which rows a write
+    left in place (their ``ctid`` / ``xmin``) and what they hold."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT id, {columns} FROM {copies} WHERE {where} = %s", [value])
+        return {row[0]: row[1:] for row in cur.fetchall()}

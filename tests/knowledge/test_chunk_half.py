@@ -27,7 +27,7 @@ from knowledge.services import (
     knowledge_base_recount,
 )
 from tests.factories import UserFactory
-from tests.half_copies import copies_out_of_sync
+from tests.half_copies import copies_of, copies_out_of_sync
 from tests.knowledge.factories import ingest, make_kb
 
 pytestmark = pytest.mark.django_db
@@ -44,13 +44,7 @@ def out_of_sync() -> list[tuple]:
 
 
 def copies(kb) -> dict[int, tuple]:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, ctid::text, session_id FROM knowledge_chunk_half "
-            "WHERE knowledge_base_id = %s",
-            [kb.pk],
-        )
-        return {row[0]: row[1:] for row in cur.fetchall()}
+    return copies_of("knowledge_chunk_half", "ctid::text, session_id", "knowledge_base_id", kb.pk)
 
 
 def base(owner, name: str, dims: int = 384):

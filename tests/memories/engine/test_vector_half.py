@@ -30,7 +30,7 @@ from memories.facts.services import (
     fact_update,
     scope_erase,
 )
-from tests.half_copies import copies_out_of_sync
+from tests.half_copies import copies_of, copies_out_of_sync
 from tests.memories.engine.test_search_statement import exact_vector_ranking, reference_search
 from tests.memories.facts.old_schema import old_schema
 
@@ -82,13 +82,7 @@ def out_of_sync() -> list[tuple]:
 
 
 def copies(scope: Scope) -> dict[uuid.UUID, tuple]:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, xmin::text, confidence, category FROM memories_fact_half "
-            "WHERE scope_id = %s",
-            [scope.pk],
-        )
-        return {row[0]: row[1:] for row in cur.fetchall()}
+    return copies_of("memories_fact_half", "xmin::text, confidence, category", "scope_id", scope.pk)
 
 
 def test_the_copy_follows_every_write(alice):
