@@ -123,3 +123,29 @@ FOR SHARE
 ON CONFLICT DO NOTHING
 """
     return function_sql, copy_sql
+
+
+def store_copies_plain(*, copies: str, index: str) -> Any:
+    """A migration's operation storing the ``half`` column of the 16-bit copies
+    ``copies`` as it is (``PLAIN``), in the table and in its scope index ``index``
+    (rebuilt concurrently, as its writes go on): never compressed. With ``MAIN`` a btree
+    compresses any column of more than 512 bytes of an index tuple, so a copy that
+    compresses (an embedding with many zeros, as the hashing embedder's) was decompressed
+    for every row an exact ranking read: 10,000 copies took 17 ms to rank instead of 4
+    (BENCHMARKS.md, "The stores' 15 ms: copies stored plain, text vectors in line, one
+    walk"). A copy that does not compress (a dense embedding) was stored as it is
+    already; it no longer costs a compression attempt when written. Nothing to do where
+    the copies do not exist (pgvector without ``halfvec``); nothing to undo (plain copies
+    rank the same). For a migration with ``atomic = False``."""
+    from django.db import migrations
+
+    def forward(apps: Any, schema_editor: Any) -> None:
+        with schema_editor.connection.cursor() as cur:
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL", [copies])
+            if not cur.fetchone()[0]:
+                return
+        schema_editor.execute(f"ALTER TABLE {copies} ALTER COLUMN half SET STORAGE PLAIN")
+        # (an index column keeps the storage it was built with: rebuilt, it takes the table's)
+        schema_editor.execute(f"REINDEX INDEX CONCURRENTLY {index}")
+
+    return migrations.RunPython(forward, migrations.RunPython.noop, atomic=False)
