@@ -607,3 +607,38 @@ def test_every_way_to_the_sample_ranks_the_same(stores, monkeypatch, text, sampl
     assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-12)
     monkeypatch.setattr(bm25, "COUNTED_PROBE", 0)  # (nothing probed: never walked first)
     assert _walked_leg(store, text) == ("counted", got)
+
+
+def test_an_items_text_vector_stays_in_its_row(stores):
+    """The keyword leg reads every scored item's text vector: it stays in the item's row
+    (memory_stores 0008, ``STORAGE MAIN``) beside the 32-bit vector, where PostgreSQL
+    used to move it out of line (TOAST: one lookup per item scored) as the largest column
+    of a row past 2 kB; the snapshots and the summary, read for hits only, go first."""
+    rng = random.Random(3)
+    words = (TOPICS + FILLER) * 3
+    store = stores["a"]
+    embedder = backend_for(store).embedder()
+    assert embedder is not None
+    items = []
+    for i in range(20):
+        asked = " ".join(rng.choice(words) for _ in range(12))
+        answer = " ".join(rng.choice(words) for _ in range(30))
+        summary = f"Input: {asked} Output: {answer} #{i}"
+        vector = embedder.embed([summary])[0]
+        items.append(MemoryItem(
+            store=store, content_summary=summary, summary_hash=summary_hash(summary),
+            input_snapshot={"text": summary[:80], "blocks": []},
+            output_snapshot={"text": summary, "blocks": []},
+            embedding=vector, dimensions=len(vector),
+        ))  # fmt: skip
+    made = MemoryItem.objects.bulk_create(items)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*), count(pg_column_toast_chunk_id(search_vector)),"
+            " count(pg_column_toast_chunk_id(output_snapshot)), min(pg_column_size(i.*))"
+            " FROM memory_stores_memoryitem i WHERE id = ANY(%s)",
+            [[m.pk for m in made]],
+        )
+        rows, text_out, snapshot_out, smallest = cur.fetchone()
+    assert (rows, text_out, snapshot_out) == (20, 0, 20)
+    assert smallest < 2032 < smallest + 1544  # (past 2 kB with its vector: toasted)
