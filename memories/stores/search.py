@@ -10,7 +10,10 @@ does (``knowledge.search``); a ``blackboard`` reads its newest entries.
 
 from __future__ import annotations
 
+import functools
 import json
+import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,10 +23,19 @@ import numpy as np
 from django.db import connection
 
 from knowledge.models import KnowledgeBase
+from knowledge.retrieval import hnsw
 from knowledge.retrieval.bm25 import counted_leg
-from knowledge.retrieval.db import Statement, at_once, fetch_all
-from knowledge.retrieval.engine import CANDIDATES, Collection, Ranking, Scope, rows_of, statement
-from knowledge.retrieval.vectors import vector_leg
+from knowledge.retrieval.db import Statement, at_once, fetch, fetch_all
+from knowledge.retrieval.engine import (
+    CANDIDATES,
+    Collection,
+    Leg,
+    Ranking,
+    Scope,
+    rows_of,
+    statement,
+)
+from knowledge.retrieval.vectors import shared_walk, vector_leg
 from knowledge.search import Hit, SearchRequest, chunk_statement, hit_of, search_chunks
 from memories.stores.backends.base import StoreHit
 
@@ -86,8 +98,12 @@ class ItemSearch:
         dims = store.embedding_dimensions
         return cls(str(store.pk), text, data, dims, top_k, max_distance, keyword_share)
 
-    def statement(self) -> Statement:
-        pool = max(self.top_k * 3, CANDIDATES)
+    @property
+    def pool(self) -> int:
+        return max(self.top_k * 3, CANDIDATES)
+
+    def legs(self) -> tuple[Leg | None, Leg | None, Ranking]:
+        pool = self.pool
         vector = None
         if self.vector is not None and self.dims:
             size = (
@@ -108,6 +124,10 @@ class ItemSearch:
             vector_weight=1.0 - self.keyword_share,
             vector_required=self.max_distance is not None and vector is not None,
         )
+        return vector, keyword, ranking
+
+    def statement(self) -> Statement:
+        vector, keyword, ranking = self.legs()
         if vector is None and keyword is None:
             return Newest(self.store_id, self.top_k).statement()
         return statement(ITEMS, vector, keyword, ranking)
@@ -172,17 +192,115 @@ def run(searches: list[Search]) -> list[list[Any]]:
     """Each search's hits, best first: the searches at once, each on its own connection
     (``at_once``: a retrieve call takes its longest search's time, not their sum: each
     is a statement the server runs on one core), a file store's on this thread (its
-    base's legs may go on two more); inside a transaction, all in one round trip."""
+    base's legs may go on two more); large stores searched with the same query vector
+    share one walk of the index (``_run_sharing``); inside a transaction, all in one
+    round trip."""
     if not searches:
         return []
     if connection.in_atomic_block:
         results = fetch_all([s.statement() for s in searches])
         return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
+    groups = _sharing(searches)
+    if groups:
+        return _run_sharing(searches, groups)
     order = sorted(range(len(searches)), key=lambda i: not isinstance(searches[i], ChunkSearch))
     out: list[list[Any]] = [[] for _ in searches]
     for i, hits in zip(order, at_once([_found(searches[i]) for i in order])):
         out[i] = hits
     return out
+
+
+# Stores' sizes (items) as last read here, and when: whether two stores may share a walk.
+# A size that has changed since costs time, never rows: the shared walk reads the sizes
+# itself and walks only the stores past ITEMS.exact_max, as their own searches would.
+_sizes: dict[str, tuple[int, float]] = {}
+
+
+def _large(store_ids: list[str]) -> set[str]:
+    now = time.monotonic()
+    stale = [i for i in store_ids if i not in _sizes or now - _sizes[i][1] >= hnsw.ROW_COUNT_TTL]
+    if stale:
+        rows, _ = fetch(
+            "SELECT id::text, item_count FROM memory_stores_memorystore WHERE id = ANY(%s::uuid[])",
+            [stale],
+        )
+        _sizes.update((store_id, (int(n), now)) for store_id, n in rows)
+    return {i for i in store_ids if i in _sizes and _sizes[i][0] > ITEMS.exact_max}
+
+
+def _sharing(searches: list[Search]) -> list[list[ItemSearch]]:
+    """Groups of two or more large stores' searches with the same query vector (and
+    pool): each group's stores are walked once, together."""
+    groups: dict[tuple[Any, ...], list[ItemSearch]] = defaultdict(list)
+    for s in searches:
+        if isinstance(s, ItemSearch) and s.vector is not None and s.dims:
+            if hnsw.index_type(ITEMS.index_prefix, s.dims) is not None:
+                groups[(s.dims, s.vector, s.pool)].append(s)
+    pairs = [g for g in groups.values() if len({s.store_id for s in g}) > 1]
+    if not pairs:
+        return []
+    large = _large(sorted({s.store_id for g in pairs for s in g}))
+    pairs = [[s for s in g if s.store_id in large] for g in pairs]
+    return [g for g in pairs if len({s.store_id for s in g}) > 1]
+
+
+# The stores of a shared walk: those past the items' exact_max, as each store's own
+# search decides (its vector leg's ``sm``).
+_WALKED = (
+    "SELECT coalesce(array_agg(id), '{}') AS keys FROM memory_stores_memorystore"
+    " WHERE id = ANY(%s::uuid[]) AND item_count > %s"
+)
+
+
+def _shared_walk(group: list[ItemSearch]) -> Statement:
+    first = group[0]
+    vector = np.frombuffer(first.vector or b"", dtype=np.float64)
+    walked = (_WALKED, [[s.store_id for s in group], ITEMS.exact_max])
+    return shared_walk(
+        ITEMS, first.dims or 0, vector, first.pool, "store_id", walked, "embedding IS NOT NULL"
+    )
+
+
+def _run_sharing(searches: list[Search], groups: list[list[ItemSearch]]) -> list[list[Any]]:
+    """``run`` where stores share walks: at once, each group's walk, the grouped stores'
+    keyword legs and every other search; then, in one round trip, each grouped store's
+    search with its legs' rows given: a store's first ``pool`` rows of the walk are its
+    own walk's (``vectors.shared_walk``), and a store left with fewer walks alone there.
+    The same rows and scores as each store searching alone."""
+    grouped = [s for g in groups for s in g]
+    legs = {s: s.legs() for s in grouped}
+    walks = [_shared_walk(g) for g in groups]
+    others = sorted(
+        (i for i, s in enumerate(searches) if s not in legs),
+        key=lambda i: not isinstance(searches[i], ChunkSearch),
+    )
+    keyword = [leg for s in grouped if (leg := legs[s][1]) is not None]
+    calls: list[Callable[[], Any]] = [_found(searches[i]) for i in others]
+    calls += [functools.partial(_rows, w) for w in walks]
+    calls += [leg.run for leg in keyword]
+    done = at_once(calls)
+    out: list[list[Any]] = [[] for _ in searches]
+    for i, hits in zip(others, done):
+        out[i] = hits
+    for g, rows in zip(groups, done[len(others) :]):
+        walked: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+        for row in rows:  # (in the index's order)
+            walked[str(row[4])].append(tuple(row[:4]))
+        for s in g:
+            vector = legs[s][0]
+            found = walked.get(s.store_id, [])
+            if vector is not None and len(found) >= s.pool:
+                vector.rows = sorted(found[: s.pool], key=lambda r: (r[1], r[0]))
+    results = fetch_all([statement(ITEMS, *legs[s]) for s in grouped])
+    hits = {s: s.hits(rows_of(result)) for s, result in zip(grouped, results)}
+    for i, search in enumerate(searches):
+        if search in hits:
+            out[i] = hits[search]
+    return out
+
+
+def _rows(s: Statement) -> list[tuple[Any, ...]]:
+    return fetch_all([s])[0][0]
 
 
 def _found(search: Search) -> Callable[[], list[Any]]:

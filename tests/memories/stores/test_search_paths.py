@@ -216,6 +216,39 @@ def test_outside_a_transaction_the_stores_search_at_once(stores, flow, monkeypat
 
 
 @pytest.mark.django_db(transaction=True)
+def test_large_stores_searched_with_one_vector_share_one_walk(stores, flow, monkeypatch):
+    """Stores past the items' exact_max searched with the same query vector (a and b)
+    are walked once, together: a store's first rows of that walk are its own walk's (the
+    index hands its tuples in one order whatever the filter). Store a takes them; b, whose
+    45 items are fewer than the 50 it wants, walks alone (and is redone exactly, as
+    alone); c (768 dimensions: another vector) searches alone. Every answer is the exact
+    reference's and the store's alone."""
+    monkeypatch.setattr(store_search, "ITEMS", replace(store_search.ITEMS, exact_max=10))
+    store_search._sizes.clear()
+    sent: list[str] = []
+    original = retrieval_db.fetch_all
+
+    def recording(statements):
+        sent.extend(s.sql for s in statements)
+        return original(statements)
+
+    monkeypatch.setattr(store_search, "fetch_all", recording)
+    for query in QUERIES[:3]:
+        sent.clear()
+        result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
+        shared = [sql for sql in sent if sql.startswith("/* shared walk */")]
+        searches = [sql for sql in sent if sql.startswith("/* items search */")]
+        assert len(shared) == 1 and len(searches) == 3
+        # a's rows come from the shared walk; b's and c's statements walk themselves
+        assert sorted("/* vector leg" in sql for sql in searches) == [False, True, True]
+        got = {g.store: [h.id for h in g.hits] for g in result.stores}
+        for name, (top_k, threshold) in SETUP.items():
+            expected = _reference(stores[name], query, top_k, threshold)
+            assert got[name] == expected, (query, name)
+            assert _alone(stores[name], query, top_k, threshold) == expected
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_stores_searches_on_the_pool_run_as_the_callers_owner(stores, flow, monkeypatch):
     """Row-level security: the pool's threads start as nobody (as when served); each
     search there carries the caller's owner (core.tenancy), or it would fail."""
