@@ -18,7 +18,11 @@ Fusion (``Collection.fusion``):
   a leg gets 0 from it. Unlike reciprocal ranks it keeps how far apart the scores are: a
   row with a BM25 score far above the rest (a rare name) stays far ahead.
 - ``max``: w x cosine similarity (negative counts as 0) + (1 - w) x the BM25 score over the
-  best keyword candidate's.
+  best keyword candidate's. A keyword candidate the vector leg did not hand over counts
+  its own similarity, its vector read by its key (``Collection.complete``), not 0: the
+  row scores the same whatever the vector leg's pool (a store of LoCoMo turns: R@5
+  0.514 -> 0.581 and 0.600 -> 0.635; BENCHMARKS.md, "The stores' 15 ms: copies stored
+  plain, text vectors in line, one walk").
 - ``rrf`` (asked per search): the sum over the legs of 1 / (k + rank).
 A search with one leg scores by that leg's raw value (similarity or BM25).
 
@@ -114,6 +118,9 @@ class Collection:
     # A walk's ``hnsw.ef_search`` up to ``hnsw.EF_SCALE_ROWS`` rows (0: ``hnsw.EF_SEARCH``;
     # beyond, every collection's grows from ``EF_SEARCH``), at least twice the rows it wants.
     ef_search: int = 0
+    # ``max`` fusion: a keyword candidate the vector leg did not hand over gets its own
+    # cosine similarity (its vector read by its key), not 0 (see the module).
+    complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,11 @@ class Leg:
     # A leg computed in Python (statements of its own, e.g. the pruned BM25 leg): called
     # by ``run``, so a split search runs it beside the other leg rather than before it.
     produce: Callable[[], list[tuple[Any, ...]]] | None = None
+    # A vector leg's query (VectorParam) and dimensions: what the fusion measures a
+    # keyword candidate against when the leg did not find it (``Collection.complete``).
+    query: Any = None
+    dims: int = 0
+    within: tuple[str, list[Any]] = ("true", [])  # (the rows it ranks, as a condition)
 
     def run(self) -> list[tuple[Any, ...]]:
         if self.rows is None and self.produce is not None:
@@ -246,7 +258,7 @@ def _fusion(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]:
     w = float(c.vector_weight if r.vector_weight is None else r.vector_weight)
     if c.fusion == "max":
         return (
-            "%s::float8 * greatest(coalesce(vr.s, 0), 0) + %s::float8 * coalesce(kr.s, 0)"
+            "%s::float8 * greatest(coalesce(vr.s, fl.s, 0), 0) + %s::float8 * coalesce(kr.s, 0)"
             " / coalesce(nullif(kx.hi, 0), 1)::float8",
             [w, 1.0 - w],
         )
@@ -311,6 +323,31 @@ def _context_sql(c: Collection, ctx: Context, limit: int) -> tuple[str, list[Any
     return sql, [float(ctx.weight)]
 
 
+def _fill_sql(
+    c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking
+) -> tuple[str, list[Any]]:
+    """CTE ``fl``: (id, s) of the keyword candidates the vector leg did not hand over
+    and could have (rows of its dimension and scope: ``Leg.within``), ``s`` their
+    cosine similarity to the query (within ``max_distance`` when it is set), for ``max``
+    fusion with ``Collection.complete``; no rows otherwise."""
+    if (
+        not c.complete or c.fusion != "max" or r.rrf_k is not None
+        or vector is None or keyword is None or vector.query is None
+    ):  # fmt: skip
+        return f"SELECT NULL::{c.id_type} AS id, NULL::float8 AS s WHERE false", []
+    near, near_params = "", []
+    if r.max_distance is not None:
+        near, near_params = " AND x.d <= %s", [r.max_distance]
+    within, within_params = vector.within
+    sql = (
+        f"SELECT x.id, 1.0::float8 - x.d AS s FROM (SELECT k.id, (SELECT t.{c.embedding}"
+        f" <=> %s::vector FROM {c.table} t WHERE t.id = k.id AND t.{c.dims_column} ="
+        f" {int(vector.dims)} AND ({within})) AS d FROM k"
+        f" WHERE NOT EXISTS (SELECT 1 FROM v WHERE v.id = k.id)) x WHERE x.d IS NOT NULL{near}"
+    )
+    return sql, [vector.query, *within_params, *near_params]
+
+
 def _fuse_sql(
     c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking
 ) -> tuple[str, list[Any]]:
@@ -341,6 +378,7 @@ def _fuse_sql(
             f" FROM (SELECT {halvings} AS h) x)"
         )
         decay_params = [r.now, float(r.half_life)]
+    fill, fill_params = _fill_sql(c, vector, keyword, r)
     ctes = [
         f"v AS MATERIALIZED ({vsql})",
         f"k AS MATERIALIZED ({ksql})",
@@ -348,14 +386,15 @@ def _fuse_sql(
         f" AS rank FROM v{cut})",
         "kr AS (SELECT id, score AS s, o, (row_number() OVER (ORDER BY score DESC, id))::int"
         " AS rank FROM k)",
+        f"fl AS MATERIALIZED ({fill})",
         f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, ({fusion}){decay} AS score,"
-        " vr.rank AS vrank, kr.rank AS krank, vr.s AS vscore, kr.s AS kscore,"
+        " vr.rank AS vrank, kr.rank AS krank, coalesce(vr.s, fl.s) AS vscore, kr.s AS kscore,"
         " coalesce(vr.o, kr.o) AS o"
-        " FROM vr FULL JOIN kr ON kr.id = vr.id"
+        " FROM vr FULL JOIN kr ON kr.id = vr.id LEFT JOIN fl ON fl.id = kr.id AND vr.id IS NULL"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
     ]
-    params = [*vparams, *kparams, *cut_params, *fusion_params, *decay_params]
+    params = [*vparams, *kparams, *cut_params, *fill_params, *fusion_params, *decay_params]
     context = c.context if r.context and vector is not None and keyword is not None else None
     if context is not None:
         sql, context_params = _context_sql(c, context, r.limit + r.offset)

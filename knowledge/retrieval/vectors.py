@@ -231,10 +231,15 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
         f"/* vector leg, {path} */WITH " + ",\n".join(ctes)
         + f"\n{found}SELECT id, d, false AS walked, o FROM e{also} ORDER BY d, id LIMIT {pool}"
     )  # fmt: skip
+    # What the fusion may measure a keyword candidate the leg did not hand over against:
+    # the query, and the rows the leg ranks.
+    query, within = params[0], (scope.sql, list(scope.params))
+    if scope.extra is not None:
+        within = (f"({scope.sql}) OR ({scope.extra[0]})", [*scope.params, *scope.extra[1]])
     if walk is False:
-        return Leg(sql, params, [], path)
+        return Leg(sql, params, [], path, query=query, dims=dims, within=within)
     local = [
         *hnsw.walk_settings(c.index_prefix, dims, pool, c.ef_search or hnsw.EF_SEARCH),
         ("max_parallel_workers_per_gather", 0),
     ]
-    return Leg(sql, params, local, path)
+    return Leg(sql, params, local, path, query=query, dims=dims, within=within)

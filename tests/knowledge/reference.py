@@ -32,13 +32,20 @@ def weighted_scores(
 
 
 def max_scores(
-    vector: Sequence[tuple[K, float]], keyword: Sequence[tuple[K, float]], vector_weight: float
+    vector: Sequence[tuple[K, float]],
+    keyword: Sequence[tuple[K, float]],
+    vector_weight: float,
+    fill: dict[K, float] | None = None,
 ) -> dict[K, float]:
-    """w x similarity (negative counts as 0) + (1 - w) x BM25 over the best BM25."""
+    """w x similarity (negative counts as 0) + (1 - w) x BM25 over the best BM25; a
+    keyword candidate the vector leg did not hand over counts its similarity in ``fill``
+    (none there: 0)."""
     best = max((s for _, s in keyword), default=0.0) or 1.0
     out = {key: vector_weight * max(sim, 0.0) for key, sim in vector}
     for key, score in keyword:
-        out[key] = out.get(key, 0.0) + (1.0 - vector_weight) * score / best
+        if key not in out:
+            out[key] = vector_weight * max((fill or {}).get(key, 0.0), 0.0)
+        out[key] += (1.0 - vector_weight) * score / best
     return out
 
 
@@ -96,6 +103,7 @@ def ranked(
     half_life: float | None = None,
     now: datetime | None = None,
     time_of: Callable[[K], datetime] | None = None,
+    similarity: dict[K, float] | None = None,
 ) -> list[tuple[K, float]]:
     """The page (id, score) best first. ``vector``: (id, distance) nearest first;
     ``keyword``: (id, BM25) best first (None: no such leg). Decay applies to each
@@ -108,7 +116,11 @@ def ranked(
     elif rrf_k is not None:
         scores = rrf_scores(sims, words, rrf_k)
     elif fusion == "max":
-        scores = max_scores(sims, words, weight)
+        near = {
+            k: sim for k, sim in (similarity or {}).items()
+            if max_distance is None or 1.0 - sim <= max_distance
+        }  # fmt: skip
+        scores = max_scores(sims, words, weight, near)
     else:
         scores = weighted_scores(sims, words, weight)
     ranks = {k: (r, 10**9) for r, (k, _) in enumerate(sims, start=1)}

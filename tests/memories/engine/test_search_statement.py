@@ -78,8 +78,9 @@ def _shared(row) -> set:
 def reference_search(owner, scope, query, *, embedder, limit, offset=0, filter=None, half_life):
     """The definition of the search: its vector leg (the exact scan of the table, or when
     the scope is walked the walk run alone) and its keyword leg (run alone) merged in
-    Python: w x similarity (negative: 0) + (1 - w) x BM25 over the best, times the decay;
-    equal scores ordered newer first, then by id."""
+    Python: w x similarity (negative: 0) + (1 - w) x BM25 over the best, times the decay,
+    a keyword hit the vector leg did not give counting its own similarity (that of the
+    exact scan); equal scores ordered newer first, then by id."""
     row = scope_find(owner=owner, scope=scope)
     pool, vector_pool = _pool(limit, offset), _vector_pool(limit, offset)
     try:
@@ -99,6 +100,11 @@ def reference_search(owner, scope, query, *, embedder, limit, offset=0, filter=N
     leg = fact_keyword_leg(row, query, pool, filter)
     keyword_hits = [] if leg is None else [(r[0], float(r[1])) for r in leg.run()]
     similarity, keyword = dict(vector_hits), dict(keyword_hits)
+    if vector is not None:
+        every = exact_vector_ranking(
+            scope_id=row.pk, vector=vector, embedding_model=model, limit=10**6, filter=filter
+        )
+        similarity |= {pk: sim for pk, sim in every if pk in keyword and pk not in similarity}
     best = max(keyword.values(), default=0.0) or 1.0
     weight = 0.0 if vector is None else search.FACTS.vector_weight
     now = timezone.now()

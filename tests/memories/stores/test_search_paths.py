@@ -121,23 +121,27 @@ def _bm25(store: MemoryStore, text: str) -> list[tuple[int, float]]:
     return sorted(scores.items(), key=lambda r: (-r[1], r[0]))
 
 
-def _reference(store: MemoryStore, query: str, top_k: int, threshold: float) -> list[str]:
+def _reference(
+    store: MemoryStore, query: str, top_k: int, threshold: float, pool: int = 50
+) -> list[str]:
     """The simple store's answer computed the long way: every item's exact distance
-    (pgvector's arithmetic) and BM25, the 50 best of each, fused as the engine defines it
-    (vector weight 1 - rerank_weight), the threshold keeping rows near enough only."""
+    (pgvector's arithmetic) and BM25, the ``pool`` best of each, fused as the engine
+    defines it (vector weight 1 - rerank_weight; a keyword candidate outside the vector
+    pool counts its own similarity), the threshold keeping rows near enough only."""
     backend = backend_for(store)
     text = key_content(query, max_chars=backend.config["max_content_length"])
     vector = backend.embedder().embed([text])[0]
     rows, _ = retrieval_db.fetch(
         "SELECT id, embedding <=> %s::vector AS d FROM memory_stores_memoryitem "
-        "WHERE store_id = %s ORDER BY d, id LIMIT 50",
+        "WHERE store_id = %s AND embedding IS NOT NULL ORDER BY d, id",
         [retrieval_db.VectorParam(vector), store.pk],
     )
     cut = None if threshold <= -1 else 1.0 - threshold
-    keyword = _bm25(store, text)[:50]
+    keyword = _bm25(store, text)[:pool]
     fused = reference.ranked(
-        [(r[0], r[1]) for r in rows], keyword, limit=10**6, fusion="max",
+        [(r[0], r[1]) for r in rows[:pool]], keyword, limit=10**6, fusion="max",
         weight=1.0 - backend.config["rerank_weight"], max_distance=cut,
+        similarity={r[0]: 1.0 - r[1] for r in rows},
     )  # fmt: skip
     near = {r[0] for r in rows if cut is None or r[1] <= cut}
     return [str(i) for i, _ in fused if cut is None or i in near][:top_k]
@@ -675,3 +679,34 @@ def test_an_items_text_vector_stays_in_its_row(stores):
         rows, text_out, snapshot_out, smallest = cur.fetchone()
     assert (rows, text_out, snapshot_out) == (20, 0, 20)
     assert smallest < 2032 < smallest + 1544  # (past 2 kB with its vector: toasted)
+
+
+def test_a_keyword_candidate_outside_the_vector_pool_counts_its_own_similarity(stores, monkeypatch):
+    """``max`` fusion: an item the keyword leg found and the vector leg did not hand over
+    is scored with its own cosine similarity, read by its key, not with 0. Three items
+    nearer the query than K (cosines 0.90, 0.89, 0.88) fill a vector pool of three; K
+    (cosine 0.80) alone holds the query's word. K: 0.7 x 0.80 + 0.3 x 1 = 0.86 beats the
+    nearest's 0.7 x 0.90 = 0.63; counted with 0 (``complete`` off) it would score 0.3."""
+    store = stores["a"]
+    axis = np.eye(384)
+    near = [(f"plain note {i}", c * axis[0] + math.sqrt(1 - c * c) * axis[i + 1])
+            for i, c in enumerate((0.90, 0.89, 0.88))]  # fmt: skip
+    made = MemoryItem.objects.bulk_create(
+        MemoryItem(
+            store=store,
+            content_summary=text,
+            summary_hash=summary_hash(text),
+            embedding=vector.tolist(),
+            dimensions=384,
+        )  # fmt: skip
+        for text, vector in [*near, ("zebra crossing", 0.8 * axis[0] + 0.6 * axis[50])]
+    )
+    monkeypatch.setattr(store_search, "CANDIDATES", 1)  # (pools of 3 x top_k)
+    search = store_search.ItemSearch.of(store, "zebra", axis[0], 1, None, 0.3)
+    [hit] = store_search.run([search])[0]
+    assert hit.id == str(made[3].pk) and hit.content == "zebra crossing"
+    assert hit.similarity == pytest.approx(0.8, abs=1e-6)
+    assert hit.score == pytest.approx(0.7 * 0.8 + 0.3, abs=1e-6)
+    monkeypatch.setattr(store_search, "ITEMS", replace(store_search.ITEMS, complete=False))
+    [hit] = store_search.run([search])[0]
+    assert hit.id == str(made[0].pk) and hit.score == pytest.approx(0.7 * 0.9, abs=1e-6)
