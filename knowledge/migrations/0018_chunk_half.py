@@ -55,7 +55,8 @@ CREATE TABLE knowledge_chunk_half (
     half halfvec NOT NULL,
     PRIMARY KEY (id, owner_id)
 ) WITH (toast_tuple_target = 8160);
-ALTER TABLE knowledge_chunk_half ALTER COLUMN half SET STORAGE MAIN;
+-- (plain: never compressed, in the table or its index; 0020 does it for copies made before)
+ALTER TABLE knowledge_chunk_half ALTER COLUMN half SET STORAGE PLAIN;
 """
 
 SYNC, COPY = half_copies_sql(

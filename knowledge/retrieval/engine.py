@@ -245,7 +245,7 @@ def _leg_sql(c: Collection, leg: Leg | None, value: str, at: int | None) -> tupl
     return leg.sql, leg.params
 
 
-def _fusion(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]:
+def _fusion(c: Collection, r: Ranking, one_leg: bool, filled: bool) -> tuple[str, list[Any]]:
     if one_leg:
         return "coalesce(vr.s, kr.s)", []
     if r.rrf_k is not None:
@@ -258,7 +258,8 @@ def _fusion(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]:
     w = float(c.vector_weight if r.vector_weight is None else r.vector_weight)
     if c.fusion == "max":
         return (
-            "%s::float8 * greatest(coalesce(vr.s, fl.s, 0), 0) + %s::float8 * coalesce(kr.s, 0)"
+            f"%s::float8 * greatest(coalesce(vr.s,{' fl.s,' if filled else ''} 0), 0)"
+            " + %s::float8 * coalesce(kr.s, 0)"
             " / coalesce(nullif(kx.hi, 0), 1)::float8",
             [w, 1.0 - w],
         )
@@ -325,16 +326,16 @@ def _context_sql(c: Collection, ctx: Context, limit: int) -> tuple[str, list[Any
 
 def _fill_sql(
     c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[Any]] | None:
     """CTE ``fl``: (id, s) of the keyword candidates the vector leg did not hand over
     and could have (rows of its dimension and scope: ``Leg.within``), ``s`` their
     cosine similarity to the query (within ``max_distance`` when it is set), for ``max``
-    fusion with ``Collection.complete``; no rows otherwise."""
+    fusion with ``Collection.complete``; None otherwise."""
     if (
         not c.complete or c.fusion != "max" or r.rrf_k is not None
         or vector is None or keyword is None or vector.query is None
     ):  # fmt: skip
-        return f"SELECT NULL::{c.id_type} AS id, NULL::float8 AS s WHERE false", []
+        return None
     near, near_params = "", []
     if r.max_distance is not None:
         near, near_params = " AND x.d <= %s", [r.max_distance]
@@ -359,7 +360,8 @@ def _fuse_sql(
     cut, cut_params = "", []
     if r.max_distance is not None:
         cut, cut_params = " WHERE d <= %s", [r.max_distance]
-    fusion, fusion_params = _fusion(c, r, vector is None or keyword is None)
+    fill = _fill_sql(c, vector, keyword, r)
+    fusion, fusion_params = _fusion(c, r, vector is None or keyword is None, fill is not None)
     decay, decay_params = "", []
     if r.half_life:
         # A row's own score decays with its age, before context: what a row lends is
@@ -378,7 +380,10 @@ def _fuse_sql(
             f" FROM (SELECT {halvings} AS h) x)"
         )
         decay_params = [r.now, float(r.half_life)]
-    fill, fill_params = _fill_sql(c, vector, keyword, r)
+    vscore, join, fill_ctes, fill_params = "vr.s", "", [], []
+    if fill is not None:  # (keyword candidates the vector leg did not hand over, measured)
+        vscore, join = "coalesce(vr.s, fl.s)", " LEFT JOIN fl ON fl.id = kr.id AND vr.id IS NULL"
+        fill_ctes, fill_params = [f"fl AS MATERIALIZED ({fill[0]})"], fill[1]
     ctes = [
         f"v AS MATERIALIZED ({vsql})",
         f"k AS MATERIALIZED ({ksql})",
@@ -386,11 +391,10 @@ def _fuse_sql(
         f" AS rank FROM v{cut})",
         "kr AS (SELECT id, score AS s, o, (row_number() OVER (ORDER BY score DESC, id))::int"
         " AS rank FROM k)",
-        f"fl AS MATERIALIZED ({fill})",
+        *fill_ctes,
         f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, ({fusion}){decay} AS score,"
-        " vr.rank AS vrank, kr.rank AS krank, coalesce(vr.s, fl.s) AS vscore, kr.s AS kscore,"
-        " coalesce(vr.o, kr.o) AS o"
-        " FROM vr FULL JOIN kr ON kr.id = vr.id LEFT JOIN fl ON fl.id = kr.id AND vr.id IS NULL"
+        f" vr.rank AS vrank, kr.rank AS krank, {vscore} AS vscore, kr.s AS kscore,"
+        f" coalesce(vr.o, kr.o) AS o FROM vr FULL JOIN kr ON kr.id = vr.id{join}"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
     ]

@@ -105,16 +105,17 @@ def _exact(
 
 
 def _walk_sql(
-    c: Collection, dims: int, kind: str, scope: str, gate: str, limit: str, also: str = ""
+    c: Collection, dims: int, kind: str, scope: str, limit: str, gate: str = "", also: str = ""
 ) -> str:
     """The walk of the index of ``dims`` (its type ``kind``): (id, exact distance, time
     ``o``, then ``also``) of the first ``limit`` rows meeting ``scope`` (and ``gate``) in
-    the index's order. The scope is written so that no b-tree index can serve it: the
-    scope is large here, and a plan made without its values (a generic one) must still
-    walk."""
+    the index's order, none waiting for the indexer. The scope is written so that no
+    b-tree index can serve it: the scope is large here, and a plan made without its
+    values (a generic one) must still walk."""
+    pending = f" AND NOT {c.pending}" if c.pending else ""
     return (
         f"SELECT id, {c.embedding}::vector({dims}) <=> (SELECT q FROM qv) AS d, {c.time} AS o"
-        f"{also} FROM {c.table} WHERE {c.dims_column} = {dims} AND ({scope}) IS TRUE{gate}"
+        f"{also} FROM {c.table} WHERE {c.dims_column} = {dims}{pending} AND ({scope}) IS TRUE{gate}"
         f" ORDER BY {c.embedding}::{kind}({dims}) <=> (SELECT q::{kind}({dims}) FROM qv)"
         f" LIMIT {limit}"
     )
@@ -141,10 +142,11 @@ def shared_walk(
     ``pool``); a scope with fewer must walk alone, where its walk reads on."""
     kind = hnsw.index_type(c.index_prefix, dims)
     assert kind is not None, "a shared walk needs the index"
+    assert not c.pending, "a shared walk ranks no row waiting for the indexer"
     keys = "(SELECT keys FROM ws)"
     limit = f"ceil({float(SHARED_SLACK)} * {int(pool)} * coalesce(cardinality({keys}), 0))::bigint"
     scope = f"{key} = ANY(ARRAY(SELECT unnest(keys) FROM ws)) AND {also}"
-    walk = _walk_sql(c, dims, kind, scope, "", limit, f", {key} AS k")
+    walk = _walk_sql(c, dims, kind, scope, limit, also=f", {key} AS k")
     sql = (
         "/* shared walk */WITH qv AS MATERIALIZED (SELECT %s::vector AS q),\n"
         f"ws AS MATERIALIZED ({walked[0]}),\ni AS MATERIALIZED ({walk})\n"
@@ -193,8 +195,7 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
         gate = " AND NOT (SELECT yes FROM sm)"
     found = ""
     if walk is not False:
-        pending = f" AND NOT {c.pending}" if c.pending else ""
-        walk_sql = _walk_sql(c, dims, str(kind), scope.sql, f"{pending}{gate}", str(pool))
+        walk_sql = _walk_sql(c, dims, str(kind), scope.sql, str(pool), gate)
         ctes.append(f"i AS MATERIALIZED ({walk_sql})")
         params += scope.params
         found = "SELECT id, d, true AS walked, o FROM i"

@@ -298,10 +298,15 @@ def test_the_copies_are_never_compressed_in_their_scope_index():
     rng = np.random.default_rng(4)
     sparse = unit(rng, 300) * (rng.random((300, 384)) < 0.125)
     sparse /= np.linalg.norm(sparse, axis=1, keepdims=True)
-    write(base(UserFactory(username="alice"), "sparse"), sparse)
+    kb = base(UserFactory(username="alice"), "sparse")
+    write(kb, sparse)
     with connection.cursor() as cur:
         cur.execute("SELECT pg_relation_size('knowledge_chunk_half_scope')")
         size = cur.fetchone()[0]
-        cur.execute("SELECT count(*), min(pg_column_size(half)) FROM knowledge_chunk_half")
+        cur.execute(
+            "SELECT count(*), min(pg_column_size(half)) FROM knowledge_chunk_half"
+            " WHERE knowledge_base_id = %s",
+            [kb.pk],
+        )
         assert cur.fetchone() == (300, 776)
     assert size >= 300 * 776

@@ -63,7 +63,8 @@ CREATE TABLE memories_vector_half (
     category varchar(16) NOT NULL,
     half halfvec NOT NULL
 ) WITH (toast_tuple_target = 8160);
-ALTER TABLE memories_vector_half ALTER COLUMN half SET STORAGE MAIN;
+-- (plain: never compressed, in the table or its index; 0023 does it for copies made before)
+ALTER TABLE memories_vector_half ALTER COLUMN half SET STORAGE PLAIN;
 """
 
 SYNC, COPY = half_copies_sql(
