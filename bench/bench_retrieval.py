@@ -24,6 +24,9 @@ one, the local MiniLM by default, and no LLM is used.) The measurement is the on
   and NDCG@10; printed overall, per category (1 multi-hop, 2 temporal, 3 open-domain,
   4 single-hop) and per conversation, with the search's p50/p95 latency.
 
+``--stores`` adds node memory: each conversation one ``simple`` memory store of its turns
+(item text ``"<speaker>: <text>"``, the configured embedder), each question through the
+store's search (``memories.stores.search``, top_k 10): turn recall@5 and @10.
 ``--documents`` adds the hand-written document base (``bench/data/document_base_dev.json``:
 ordinary documents, no sessions), ``--personal`` runs only the hand-written personal-facts
 set through the chat proxy's preparation (``bench/data/personal_facts_dev.json``).
@@ -683,6 +686,77 @@ def run_documents(args: argparse.Namespace) -> None:
     print(f"  search latency: p50 {statistics.median(latencies):.1f} ms")
 
 
+# --- node memory: a store of turns -------------------------------------------------------
+def ensure_store(owner: Any, conv: Conversation, fresh: bool) -> Any:
+    """The conversation's turns as the items of one ``simple`` store (default config, the
+    configured embedder), each with its ``dia_id`` in metadata; made once."""
+    from memories.stores.config import memory_config_apply
+    from memories.stores.models import MemoryItem, MemoryStore
+    from memories.stores.services import backend_for, memory_store_delete
+    from memories.stores.text import summary_hash
+
+    store = MemoryStore.objects.filter(owner=owner, name=conv.sample_id).first()
+    if store is not None and (fresh or store.items.count() != len(conv.documents)):
+        memory_store_delete(store=store)
+        store = None
+    if store is None:
+        config = {"max_items": len(conv.documents)}
+        document = {"memory": [{"name": conv.sample_id, "type": "simple", "config": config}]}
+        memory_config_apply(owner=owner, document=document, load=False)
+        store = MemoryStore.objects.get(owner=owner, name=conv.sample_id)
+        embedder = backend_for(store).embedder()
+        assert embedder is not None
+        texts = [d.text for d in conv.documents]
+        vectors = embedder.embed(texts)
+        MemoryItem.objects.bulk_create(
+            MemoryItem(
+                store=store,
+                content_summary=text,
+                summary_hash=summary_hash(text),
+                metadata={"dia_id": d.source_key},
+                embedding=list(map(float, v)),
+                dimensions=len(v),
+            )  # fmt: skip
+            for d, text, v in zip(conv.documents, texts, vectors, strict=True)
+        )
+    return store
+
+
+def run_stores(args: argparse.Namespace, convs: list[Conversation]) -> None:
+    """Node memory on LoCoMo: each conversation one ``simple`` store of its turns, each
+    question through the store's search (``memories.stores.search``, top_k 10, the store's
+    own fusion of cosine and BM25): turn recall@5 and @10."""
+    from memories.stores.search import ItemSearch, run
+    from memories.stores.services import backend_for
+
+    owner = bench_owner("bench-retrieval-stores")
+    rows, latencies = [], []
+    for conv in convs:
+        store = ensure_store(owner, conv, args.fresh)
+        backend = backend_for(store)
+        embedder = backend.embedder()
+        assert embedder is not None
+        for question in conv.questions:
+            started = time.perf_counter()
+            search = ItemSearch.of(
+                store, question.text, embedder.embed([question.text])[0], 10, None,
+                backend.config["rerank_weight"],
+            )  # fmt: skip
+            hits = run([search])[0]
+            latencies.append((time.perf_counter() - started) * 1000)
+            found = [h.metadata.get("dia_id", "") for h in hits]
+            rows.append(
+                (question, {f"R@{k}": recall(found, question.evidence, k) for k in (5, 10)})
+            )
+    report(
+        f"store of turns (a simple store per conversation; {settings.EMBEDDING_PROVIDER} embedder)",
+        rows,
+    )
+    print(
+        f"  store search latency: p50 {statistics.median(latencies):.1f} ms (with the query's embedding)"
+    )
+
+
 # --- personal facts through the chat proxy: the hand-written set (issue 25) --------------
 PERSONAL_DATA = ROOT / "bench" / "data" / "personal_facts_dev.json"
 
@@ -890,7 +964,7 @@ def parse_overrides(values: list[str]) -> dict[str, Any]:
         target, _, attr = name.partition(".")
         current = getattr(
             _override_target(target),
-            attr.lower() if target in ("chunks", "context", "facts") else attr,
+            attr.lower() if target in ("chunks", "context", "facts", "items") else attr,
             None,
         )
         if current is None:
@@ -903,8 +977,10 @@ def _override_target(target: str) -> Any:
     from knowledge import search as chunks
     from knowledge.retrieval import bm25, hnsw
     from memories.facts import search as facts
+    from memories.stores import search as stores
 
     return {
+        "items": stores.ITEMS,
         "factsearch": facts,
         "chunks": chunks.CHUNKS,
         "context": chunks.CHUNKS.context,
@@ -920,6 +996,7 @@ def apply_overrides(overrides: dict[str, Any]) -> None:
 
     from knowledge import search as chunks
     from memories.facts import search as facts
+    from memories.stores import search as stores
 
     for name, value in overrides.items():
         target, _, attr = name.partition(".")
@@ -930,6 +1007,8 @@ def apply_overrides(overrides: dict[str, Any]) -> None:
             chunks.CHUNKS = replace(chunks.CHUNKS, context=context)
         elif target == "facts":
             facts.FACTS = replace(facts.FACTS, **{attr: value})
+        elif target == "items":
+            stores.ITEMS = replace(stores.ITEMS, **{attr: value})
         else:
             setattr(_override_target(target), attr, value)
 
@@ -999,6 +1078,9 @@ def main() -> None:
         action="store_true",
         help="only the personal-facts set through the chat proxy (--personal-data)",
     )
+    parser.add_argument(
+        "--stores", action="store_true", help="also node memory: a store of turns per conversation"
+    )
     parser.add_argument("--personal-data", type=Path, default=PERSONAL_DATA)
     parser.add_argument(
         "--documents",
@@ -1037,6 +1119,8 @@ def main() -> None:
         run_turns(args, convs)
     if args.documents:
         run_documents(args)
+    if args.stores:
+        run_stores(args, convs)
     if args.facts or args.facts_only:
         run_facts(args, convs)
     if args.engine_facts:

@@ -5,7 +5,8 @@ the largest of its other columns out of line (TOAST), and that was the text vect
 the keyword leg reads for every item it scores: a lookup in TOAST per item, 500 items per
 search of a large store. With ``MAIN`` the snapshots and the summary, which a search reads
 only for its hits, go out of line first. One store's keyword leg took 0.78 of its time
-(BENCHMARKS.md, "The 16-bit copies stored plain, and the items' text vectors in line").
+(BENCHMARKS.md, "The stores' 15 ms: copies stored plain, text vectors in line, one
+walk").
 
 Items written before keep their layout until they are rewritten; both are read the same.
 No rewrite, no lock held past the catalogue update.
