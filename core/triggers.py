@@ -141,11 +141,23 @@ def store_copies_plain(*, copies: str, index: str) -> Any:
 
     def forward(apps: Any, schema_editor: Any) -> None:
         with schema_editor.connection.cursor() as cur:
-            cur.execute("SELECT to_regclass(%s) IS NOT NULL", [copies])
-            if not cur.fetchone()[0]:
+            cur.execute("SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s)", [copies, index])
+            table, built = cur.fetchone()
+            if not table:
                 return
+            # A rebuild interrupted before (its copy is left invalid, and slows writes).
+            cur.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+                " WHERE c.relname LIKE %s AND NOT i.indisvalid",
+                [f"{index}_ccnew%"],
+            )
+            stale = [row[0] for row in cur.fetchall()]
+        for name in stale:
+            schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        # (a brief exclusive lock on the copies: it waits for the statements reading them)
         schema_editor.execute(f"ALTER TABLE {copies} ALTER COLUMN half SET STORAGE PLAIN")
-        # (an index column keeps the storage it was built with: rebuilt, it takes the table's)
-        schema_editor.execute(f"REINDEX INDEX CONCURRENTLY {index}")
+        if built is not None:
+            # (an index column keeps the storage it was built with: rebuilt, it takes the table's)
+            schema_editor.execute(f"REINDEX INDEX CONCURRENTLY {index}")
 
     return migrations.RunPython(forward, migrations.RunPython.noop, atomic=False)

@@ -166,7 +166,7 @@ class Leg:
         if self.rows is None and self.produce is not None:
             self.rows = self.produce()
         elif self.rows is None:
-            self.rows = fetch(self.sql, self.params, self.prepare, _with_pinned(self.local))[0]
+            self.rows = fetch(self.sql, self.params, self.prepare, with_pinned(self.local))[0]
         return self.rows
 
 
@@ -185,7 +185,7 @@ class Ranking:
     context: bool = True
     neighbours: tuple[str, list[Any]] = ("true", [])
     vector_weight: float | None = None
-    vector_required: bool = False  # only rows of the vector leg (within max_distance)
+    vector_required: bool = False  # only rows with a similarity (within max_distance)
 
 
 def _pinned() -> list[Setting]:
@@ -207,7 +207,7 @@ def _pinned() -> list[Setting]:
     ]
 
 
-def _with_pinned(local: list[Setting]) -> list[Setting]:
+def with_pinned(local: list[Setting]) -> list[Setting]:
     """``local`` and the plan policy's settings it does not name already (a walk asks for
     no parallel workers itself, inside a transaction too: sent once)."""
     named = {name for name, _ in local}
@@ -438,7 +438,7 @@ def statement(c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking
     sql, params = _fuse_sql(c, vector, keyword, r)
     inline = [leg for leg in (vector, keyword) if leg is not None and leg.rows is None]
     local = [s for leg in inline for s in leg.local]
-    return Statement(sql, params, all(leg.prepare for leg in inline), _with_pinned(local))
+    return Statement(sql, params, all(leg.prepare for leg in inline), with_pinned(local))
 
 
 def rows_of(result: tuple[list[tuple[Any, ...]], list[str]]) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from knowledge.retrieval import hnsw
 from knowledge.retrieval.db import Statement, VectorParam
-from knowledge.retrieval.engine import Collection, Leg, Scope
+from knowledge.retrieval.engine import Collection, Leg, Scope, with_pinned
 
 # Twice the most a copy's ranking distance can differ from the cosine distance of the
 # 32-bit vectors. The copies are unit vectors rounded to 11 significant bits, each within
@@ -156,7 +156,9 @@ def shared_walk(
         *hnsw.walk_settings(c.index_prefix, dims, pool, c.ef_search or hnsw.EF_SEARCH),
         ("max_parallel_workers_per_gather", 0),
     ]
-    return Statement(sql, [VectorParam(vector), *walked[1]], True, local)
+    # (and the plan policy of every search statement: a plan that sorted the scope instead
+    # of walking would hand back the exact order, not the index's)
+    return Statement(sql, [VectorParam(vector), *walked[1]], True, with_pinned(local))
 
 
 def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -> Leg:

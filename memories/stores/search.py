@@ -216,8 +216,13 @@ def run(searches: list[Search]) -> list[list[Any]]:
 _sizes: dict[str, tuple[int, float]] = {}
 
 
+_SIZES_KEPT = 10_000  # stores whose sizes a process keeps, at most (then it starts over)
+
+
 def _large(store_ids: list[str]) -> set[str]:
     now = time.monotonic()
+    if len(_sizes) > _SIZES_KEPT:
+        _sizes.clear()
     stale = [i for i in store_ids if i not in _sizes or now - _sizes[i][1] >= hnsw.ROW_COUNT_TTL]
     if stale:
         rows, _ = fetch(
