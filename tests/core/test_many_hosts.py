@@ -341,6 +341,12 @@ def test_a_dead_hosts_claimed_task_runs_on_another_host_long_before_q_retry(two_
             f"async_task('subprocess.check_call', ['sh', '-c', {script!r}], task_name='dead-host')",
         )  # fmt: skip
         assert _wait(lambda: _lines(runs) == [str(a.data_dir)], 90), a.log()[-2000:]
+        # a's start queued the due schedules too: its other worker runs them (two rows in
+        # one CI run); then the blocked task is the queue's one row.
+        assert _wait(lambda: len(database.query("SELECT id FROM django_q_ormq")) == 1, 60), (
+            database.query("SELECT id, lock FROM django_q_ormq"),
+            a.log()[-2000:],
+        )
         ((task_id, lock),) = database.query("SELECT id, lock FROM django_q_ormq")
         claims = database.query("SELECT cluster_id, task_id, lock FROM core_workerclaim")
         (cluster_a,) = database.query("SELECT name FROM core_workercluster")[0]
