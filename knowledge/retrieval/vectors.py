@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from knowledge.retrieval import hnsw
-from knowledge.retrieval.db import Statement, VectorParam
+from knowledge.retrieval.db import Setting, Statement, VectorParam
 from knowledge.retrieval.engine import Collection, Leg, Scope, with_pinned
 
 # Twice the most a copy's ranking distance can differ from the cosine distance of the
@@ -121,6 +121,14 @@ def _walk_sql(
     )
 
 
+def _walk_local(c: Collection, dims: int, pool: int) -> list[Setting]:
+    """A walk's settings (its own, inside a caller's transaction too: no parallel workers)."""
+    return [
+        *hnsw.walk_settings(c.index_prefix, dims, pool, c.ef_search or hnsw.EF_SEARCH),
+        ("max_parallel_workers_per_gather", 0),
+    ]
+
+
 # A walk shared by several scopes reads this many times the rows they want together: at
 # equal shares each scope then had its own rows in 384 of 384 searches of the stores'
 # bench, where reading just the rows they want together left 190 of 384 short.
@@ -152,13 +160,10 @@ def shared_walk(
         f"ws AS MATERIALIZED ({walked[0]}),\ni AS MATERIALIZED ({walk})\n"
         "SELECT id, d, true AS walked, o, k FROM i"
     )
-    local = [
-        *hnsw.walk_settings(c.index_prefix, dims, pool, c.ef_search or hnsw.EF_SEARCH),
-        ("max_parallel_workers_per_gather", 0),
-    ]
     # (and the plan policy of every search statement: a plan that sorted the scope instead
     # of walking would hand back the exact order, not the index's)
-    return Statement(sql, [VectorParam(vector), *walked[1]], True, with_pinned(local))
+    local = with_pinned(_walk_local(c, dims, pool))
+    return Statement(sql, [VectorParam(vector), *walked[1]], True, local)
 
 
 def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -> Leg:
@@ -241,8 +246,4 @@ def vector_leg(c: Collection, scope: Scope, dims: int, vector: Any, pool: int) -
         within = (f"({scope.sql}) OR ({scope.extra[0]})", [*scope.params, *scope.extra[1]])
     if walk is False:
         return Leg(sql, params, [], path, query=query, dims=dims, within=within)
-    local = [
-        *hnsw.walk_settings(c.index_prefix, dims, pool, c.ef_search or hnsw.EF_SEARCH),
-        ("max_parallel_workers_per_gather", 0),
-    ]
-    return Leg(sql, params, local, path, query=query, dims=dims, within=within)
+    return Leg(sql, params, _walk_local(c, dims, pool), path, query=query, dims=dims, within=within)

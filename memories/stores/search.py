@@ -54,6 +54,7 @@ ITEMS = Collection(
     # of their dimension (filtered to the store).
     exact_max=2000,
 )
+_EMBEDDED = "embedding IS NOT NULL"  # (the items a vector leg ranks, of a store's)
 # The store's size (``item_count``) and text statistics, kept on its row by triggers
 # (migration 0004).
 _TOTALS = "SELECT item_count, text_lexemes FROM memory_stores_memorystore WHERE id = %s"
@@ -110,7 +111,7 @@ class ItemSearch:
                 "SELECT item_count FROM memory_stores_memorystore WHERE id = %s",
                 [self.store_id],
             )
-            scope = Scope("store_id = %s AND embedding IS NOT NULL", [self.store_id], size=size)
+            scope = Scope(f"store_id = %s AND {_EMBEDDED}", [self.store_id], size=size)
             values = np.frombuffer(self.vector, dtype=np.float64)
             vector = vector_leg(ITEMS, scope, self.dims, values, pool)
         keyword = counted_leg(
@@ -193,21 +194,14 @@ def run(searches: list[Search]) -> list[list[Any]]:
     (``at_once``: a retrieve call takes its longest search's time, not their sum: each
     is a statement the server runs on one core), a file store's on this thread (its
     base's legs may go on two more); large stores searched with the same query vector
-    share one walk of the index (``_run_sharing``); inside a transaction, all in one
+    share one walk of the index (``_run_at_once``); inside a transaction, all in one
     round trip."""
     if not searches:
         return []
     if connection.in_atomic_block:
         results = fetch_all([s.statement() for s in searches])
         return [s.hits(rows_of(result)) for s, result in zip(searches, results)]
-    groups = _sharing(searches)
-    if groups:
-        return _run_sharing(searches, groups)
-    order = sorted(range(len(searches)), key=lambda i: not isinstance(searches[i], ChunkSearch))
-    out: list[list[Any]] = [[] for _ in searches]
-    for i, hits in zip(order, at_once([_found(searches[i]) for i in order])):
-        out[i] = hits
-    return out
+    return _run_at_once(searches, _sharing(searches))
 
 
 # Stores' sizes (items) as last read here, and when: whether two stores may share a walk.
@@ -261,17 +255,16 @@ def _shared_walk(group: list[ItemSearch]) -> Statement:
     first = group[0]
     vector = np.frombuffer(first.vector or b"", dtype=np.float64)
     walked = (_WALKED, [[s.store_id for s in group], ITEMS.exact_max])
-    return shared_walk(
-        ITEMS, first.dims or 0, vector, first.pool, "store_id", walked, "embedding IS NOT NULL"
-    )
+    return shared_walk(ITEMS, first.dims or 0, vector, first.pool, "store_id", walked, _EMBEDDED)
 
 
-def _run_sharing(searches: list[Search], groups: list[list[ItemSearch]]) -> list[list[Any]]:
-    """``run`` where stores share walks: at once, each group's walk, the grouped stores'
-    keyword legs and every other search; then, in one round trip, each grouped store's
-    search with its legs' rows given: a store's first ``pool`` rows of the walk are its
-    own walk's (``vectors.shared_walk``), and a store left with fewer walks alone there.
-    The same rows and scores as each store searching alone."""
+def _run_at_once(searches: list[Search], groups: list[list[ItemSearch]]) -> list[list[Any]]:
+    """``run`` outside a transaction: at once, each group's shared walk, the grouped
+    stores' keyword legs and every other search (a file store's first: on this thread);
+    then, in one round trip, each grouped store's search with its legs' rows given: a
+    store's first ``pool`` rows of the walk are its own walk's (``vectors.shared_walk``),
+    and a store left with fewer walks alone there. The same rows and scores as each
+    store searching alone."""
     grouped = [s for g in groups for s in g]
     legs = {s: s.legs() for s in grouped}
     walks = [_shared_walk(g) for g in groups]
@@ -296,6 +289,8 @@ def _run_sharing(searches: list[Search], groups: list[list[ItemSearch]]) -> list
             found = walked.get(s.store_id, [])
             if vector is not None and len(found) >= s.pool:
                 vector.rows = sorted(found[: s.pool], key=lambda r: (r[1], r[0]))
+    if not grouped:
+        return out
     results = fetch_all([statement(ITEMS, *legs[s]) for s in grouped])
     hits = {s: s.hits(rows_of(result)) for s, result in zip(grouped, results)}
     for i, search in enumerate(searches):
