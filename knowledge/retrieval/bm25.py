@@ -86,8 +86,9 @@ CROSS JOIN LATERAL (
 JOIN w ON w.lexeme = u.lexeme
 GROUP BY c.id, c.first
 """
-# The same ranking in one statement, for searches that are not pruned (small or filtered
-# scopes): the idf computed in the statement, the tf = 1 terms from arrays.
+# The same ranking in one statement, for searches that are not pruned by ``_pruned``
+# (small or filtered scopes): the idf computed in the statement, the tf = 1 terms from
+# arrays; ``c``: the best chunks by the tf = 1 score, to be scored exactly.
 _ONE_SQL = """
 WITH tot AS (
     SELECT coalesce(sum(chunks), 0)::float8 AS n,
@@ -105,18 +106,12 @@ w AS MATERIALIZED (
 ),
 t AS MATERIALIZED (
     SELECT array_agg(quote_literal(lexeme)::tsquery ORDER BY idf DESC, lexeme) AS qs,
-           array_agg(idf ORDER BY idf DESC, lexeme) AS idf,
+           array_agg(idf ORDER BY idf DESC, lexeme) AS idf, count(*) AS n,
            string_agg(quote_literal(lexeme), ' | ')::tsquery AS q,
            array_agg(lexeme) AS lexemes,
-           (SELECT avgdl FROM tot) AS avgdl
+           (SELECT avgdl FROM tot) AS avgdl{probe}
     FROM w
-),
-c AS MATERIALIZED (
-    SELECT id, tv, length(tv)::float8 AS dl FROM ({matches}
-    ) m, t
-    ORDER BY ({terms}) / (1 + {k1} * (1 - {b} + {b} * length(tv) / t.avgdl)) DESC, id
-    LIMIT %s
-)
+),{c}
 SELECT c.id, sum(w.idf * u.tf * ({k1} + 1) / (u.tf + {k1} * (1 - {b} + {b} * c.dl / t.avgdl)))
     AS score, NULL::timestamptz AS o
 FROM c CROSS JOIN t
@@ -129,6 +124,54 @@ GROUP BY c.id
 ORDER BY score DESC, c.id
 LIMIT %s
 """
+_FIRST = "({terms}) / (1 + {k1} * (1 - {b} + {b} * length(tv) / t.avgdl))"
+_C = """
+c AS MATERIALIZED (
+    SELECT id, tv, length(tv)::float8 AS dl FROM ({matches}
+    ) m, t
+    ORDER BY {first} DESC, id
+    LIMIT %s
+)"""
+# In a scope of PROBE_MIN_ROWS chunks or more, when the query's terms are few and common
+# enough that PROBE_MARGIN x ``ranked`` chunks are expected to hold them all (``t.aq``:
+# terms taken as independent), the statement prunes as ``_pruned`` does, with a theta it finds
+# instead of guessing: the best ``ranked`` chunks holding every term (``p``, a GIN lookup
+# of their AND) are real chunks, so the ``ranked``-th best tf = 1 score among them
+# (``th``) is at most the one among all matches, and the chunks that can reach it hold
+# one of the minimal term sets whose bounds add up to it (``cq``: the function
+# ``knowledge_bm25_sets``, migration 0021). Those are read instead of every match
+# (``x``), or none more when the only set is all the terms (``p`` is the answer). The
+# result is the unpruned one. A query of rare terms reads nothing more (``t.aq`` NULL:
+# ``p`` stops at ``t``, the function is not called).
+_PROBE_COLUMNS = """,
+           CASE WHEN count(*) <= {max_terms} AND (SELECT n FROM tot) > 0 AND (SELECT n FROM tot)
+                     * exp(sum(ln(least(greatest(df, 0.5) / (SELECT n FROM tot), 1)))) >= %s
+                     * {margin}
+                THEN string_agg(quote_literal(lexeme), ' & ')::tsquery END AS aq,
+           array_agg(quote_literal(lexeme) ORDER BY idf DESC, lexeme) AS ls"""
+_PROBED_C = """
+p AS MATERIALIZED (
+    SELECT id, tv, length(tv)::float8 AS dl, {first} AS f
+    FROM ({probe}
+    ) m, t
+    ORDER BY f DESC, id
+    LIMIT %s
+),
+th AS MATERIALIZED (SELECT min(f) AS theta FROM p HAVING count(*) >= %s),
+cq AS MATERIALIZED (
+    SELECT s.sets AS q, s.all_terms AS whole
+    FROM th, t, knowledge_bm25_sets(t.ls, t.idf, {bound}, th.theta, {max_sets}) s
+),
+x AS MATERIALIZED (SELECT coalesce((SELECT q FROM cq), t.q) AS q FROM t),
+c AS MATERIALIZED (
+    SELECT id, tv, dl FROM p WHERE (SELECT whole FROM cq)
+    UNION ALL
+    (SELECT id, tv, length(tv)::float8 AS dl FROM ({matches}
+    ) m, t
+    WHERE NOT coalesce((SELECT whole FROM cq), false)
+    ORDER BY {first} DESC, id
+    LIMIT %s)
+)"""
 # The text index (migration 0012) holds each chunk's lexemes and two tokens no text can
 # give (they hold a space): its base's, ``kb <base id>``, and its session's, ``se <base
 # id> <session id>``. A scope's matches are one lookup in it: the scope's tokens AND any
@@ -147,8 +190,8 @@ SCOPED_TEXT = (
 # (``engine._fuse_sql``), as for the pruned leg's.
 _MATCHES = """
         SELECT id, search_vector AS tv
-        FROM knowledge_chunk, t
-        WHERE ({scope}) IS TRUE AND {scoped_text} @@ (%s::tsquery && t.q)"""
+        FROM knowledge_chunk, {source}
+        WHERE {guard}({scope}) IS TRUE AND {scoped_text} @@ (%s::tsquery && {source}.{query})"""
 # The query's lexemes among a chunk's, with their positions (``search_vector`` holds weight
 # D only: the query's lexemes are marked A and kept). Unnesting the whole tsvector and
 # joining it to the query terms cost 0.6 ms for 100 chunks of 18 lexemes.
@@ -163,6 +206,17 @@ EXACT_FACTOR = 2
 # Bases smaller than this rank every match, in one statement: cheap there (at 100k
 # chunks, a 30,000-chunk base was faster unpruned on bench_search_ab.py).
 PRUNE_MIN_ROWS = 100_000
+# Unfiltered scopes from this many chunks on are pruned in the one statement when the
+# query's terms are common (``_PROBED_C``). Its set-up costs a search 0.03-0.1 ms whether
+# it prunes or not (1-4% of a keyword leg at 100,000 chunks); a smaller scope ranks its
+# every match (at most this many, a few ms), and a filtered scope's matches are too few
+# to say from its bases' statistics.
+PROBE_MIN_ROWS = 5_000
+# Chunks expected to hold every term, per chunk ranked, for the statement to look for
+# them: a probe that finds fewer than ``ranked`` was read for nothing (29.5 ms against
+# 23 unpruned for 11 words over 10,000 chunks); words of real text occur together more
+# often than independent ones would, random ones (bench_stores.py) as often.
+PROBE_MARGIN = 2.0
 # Query terms over which candidate sets are built, at most; longer queries rank every
 # chunk matching any term (no pruning).
 PRUNE_MAX_TERMS = 12
@@ -270,8 +324,9 @@ def chunk_leg(
     rows = scope.rows
     if filtered or (rows is not None and rows < PRUNE_MIN_ROWS):
         tokens = scope_tokens(kb_ids, session_id)
+        probe = not filtered and rows is not None and rows >= PROBE_MIN_ROWS
         sql, params = one_statement_sql(
-            language, text, scope.sql, scope.params, kb_ids, limit, tokens
+            language, text, scope.sql, scope.params, kb_ids, limit, tokens, probe
         )
         return Leg("/* keyword leg */" + sql, params, [])
     return Leg("", [], [], produce=lambda: _pruned(kb_ids, language, text, scope.sql,
@@ -335,6 +390,21 @@ def _pruned(
     return [(chunk_id, score) for chunk_id, _, score in best]
 
 
+def _first_pass_terms(slots: int) -> str:
+    """The tf = 1 score's sum over the query's terms: a slot per lexeme the text could
+    give (a hyphenated word gives up to three), each slot inside the one before, so that
+    a row's evaluation stops at the first slot past the terms (``t.n``) rather than
+    testing every empty one (24 empty slots cost 3.5 ms of a 23 ms leg over 10,000
+    chunks: each reads its element of ``t.qs`` by walking the array)."""
+    if slots <= 0:
+        return "0"
+    sql = "0"
+    for i in range(slots, 0, -1):
+        term = f"CASE WHEN tv @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END"
+        sql = term if sql == "0" else f"{term} + (CASE WHEN t.n < {i + 1} THEN 0 ELSE {sql} END)"
+    return sql
+
+
 def one_statement_sql(
     language: str,
     text: str,
@@ -343,25 +413,42 @@ def one_statement_sql(
     kb_ids: list[str],
     limit: int,
     tokens: str,
+    probe: bool = False,
 ) -> tuple[str, list[Any]]:
     """The unpruned ranking as one statement (``_ONE_SQL``) and its parameters: rows
     (chunk id, BM25 score), best first, ``limit`` of them at most. ``tokens``: the
-    scope's tokens (``scope_tokens``)."""
-    # A slot per lexeme the text could give (a hyphenated word gives up to three); empty
-    # slots add 0.
+    scope's tokens (``scope_tokens``); ``probe``: prune a query of common terms as
+    ``_PROBED_C`` does (a scope of PROBE_MIN_ROWS chunks or more)."""
     slots = min(ONE_TERMS, 2 * len(re.findall(r"\w+", text)))
-    terms = " + ".join(
-        f"CASE WHEN tv @@ t.qs[{i}] THEN t.idf[{i}] ELSE 0 END" for i in range(1, slots + 1)
-    )
+    terms = _first_pass_terms(slots)
     k1, b = K1, B
-    sql = _ONE_SQL.format(
-        matches=_MATCHES.format(scope=scope, scoped_text=SCOPED_TEXT),
-        terms=terms,
-        k1=repr(k1),
-        b=repr(b),
-        query_terms=_QUERY_TERMS,
-    )
-    return sql, [kb_ids, language, text, kb_ids, *scope_params, tokens, limit * EXACT_FACTOR, limit]
+    ranked = limit * EXACT_FACTOR
+    parts = {"k1": repr(k1), "b": repr(b)}
+    first = _FIRST.format(terms=terms, **parts)
+    matched = [*scope_params, tokens]
+    if probe:
+        c = _PROBED_C.format(
+            probe=_MATCHES.format(scope=scope, scoped_text=SCOPED_TEXT, source="t", query="aq",
+                                  guard="t.aq IS NOT NULL AND "),
+            matches=_MATCHES.format(scope=scope, scoped_text=SCOPED_TEXT, source="x", query="q",
+                                    guard=""),
+            first=first, bound=f"(1 + {k1!r} * (1 - {b!r}))", max_sets=PRUNE_MAX_SETS,
+        )  # fmt: skip
+        # (every term in the first pass's slots: at most PRUNE_MAX_TERMS of them)
+        columns = _PROBE_COLUMNS.format(
+            max_terms=min(slots, PRUNE_MAX_TERMS), margin=repr(PROBE_MARGIN)
+        )
+        params = [ranked, *matched, ranked, ranked, *matched, ranked]
+    else:
+        c = _C.format(
+            matches=_MATCHES.format(
+                scope=scope, scoped_text=SCOPED_TEXT, source="t", query="q", guard=""
+            ),
+            first=first,
+        )
+        columns, params = "", [*matched, ranked]
+    sql = _ONE_SQL.format(probe=columns, c=c, query_terms=_QUERY_TERMS, **parts)
+    return sql, [kb_ids, language, text, kb_ids, *params, limit]
 
 
 # --- BM25 with statistics counted as it goes (facts, store items) -----------------------

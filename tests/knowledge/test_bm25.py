@@ -264,6 +264,105 @@ def test_pruned_ranking_is_the_ranking_of_every_match(alice, monkeypatch):
     assert pruned_queries > 20
 
 
+_COMMON = _WORDS[:12]
+
+
+def _common_corpus(kb, n: int, seed: int) -> None:
+    """``n`` chunks of 6-30 words drawn from 12 (words repeat): most chunks hold most
+    words, as in a base whose queries are made of its commonest words."""
+    rng = random.Random(seed)
+    ingest(kb, *((f"c{i:04d}", " ".join(rng.choices(_COMMON, k=rng.randint(6, 30))))
+                 for i in range(n)))  # fmt: skip
+    ingest(kb, *((f"r{i}", f"{_WORDS[60]} {' '.join(_COMMON[:6])}") for i in range(4)))
+
+
+def _one_statement(kb, query: str, limit: int, probe: bool) -> list[tuple[int, float]]:
+    kb_ids = [str(kb.pk)]
+    sql, params = bm25.one_statement_sql(
+        "english", query, "knowledge_base_id = ANY(%s::uuid[])", [kb_ids], kb_ids, limit,
+        bm25.scope_tokens(kb_ids), probe,
+    )  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return [(row[0], float(row[1])) for row in cur.fetchall()]
+
+
+def _probe_path(kb, query: str, limit: int) -> str:
+    """Which way the probed statement went: ``none`` (no probe), ``short`` (fewer chunks
+    hold every term than are ranked), ``all`` (the probe is the answer), ``sets`` (the
+    minimal sets read) or ``every`` (too many sets: every match read)."""
+    kb_ids = [str(kb.pk)]
+    sql, params = bm25.one_statement_sql(
+        "english", query, "knowledge_base_id = ANY(%s::uuid[])", [kb_ids], kb_ids, limit,
+        bm25.scope_tokens(kb_ids), True,
+    )  # fmt: skip
+    head = sql[: sql.rindex("SELECT c.id, sum(")]
+    probe = (
+        "SELECT (SELECT aq IS NOT NULL FROM t), (SELECT count(*) FROM th),"
+        " (SELECT whole FROM cq), (SELECT q IS NOT NULL FROM cq)"
+    )
+    with connection.cursor() as cur:
+        cur.execute(head + probe, params[:-1])
+        probed, found, whole, sets = cur.fetchone()
+    if not probed:
+        return "none"
+    if not found:
+        return "short"
+    return "all" if whole else ("sets" if sets else "every")
+
+
+def test_a_probed_statement_ranks_as_ranking_every_match(alice, monkeypatch):
+    """The one statement's pruning of common terms (``_PROBED_C``) returns the ids and
+    scores of ranking every match, whichever way it goes."""
+    kb = make_kb(alice)
+    _common_corpus(kb, 300, seed=7)
+    rng = random.Random(8)
+    queries = [" ".join(rng.sample(_COMMON, k)) for k in range(1, 13) for _ in range(3)]
+    queries += [f"{_WORDS[60]} {_COMMON[0]}", f"{_WORDS[60]} {_COMMON[1]}", "nothing here"]
+    paths = []
+    for margin in (1.0, 0.01):  # 0.01: probes that find too few chunks
+        monkeypatch.setattr(bm25, "PROBE_MARGIN", margin)
+        for query in queries:
+            for limit in (3, 10):
+                want = _one_statement(kb, query, limit, probe=False)
+                assert _one_statement(kb, query, limit, probe=True) == want, query
+                paths.append(_probe_path(kb, query, limit))
+    assert {p: paths.count(p) > 3 for p in set(paths)} == dict.fromkeys(
+        ("none", "short", "all", "sets", "every"), True
+    )
+
+
+def test_the_term_sets_function_matches_candidate_query(alice):
+    """``knowledge_bm25_sets`` (migration 0021) gives the sets ``candidate_query`` gives."""
+    rng = random.Random(4)
+    for _ in range(60):
+        n = rng.randint(1, 9)
+        lexemes = [f"t{i}" for i in range(n)]
+        idf = sorted((rng.uniform(0.1, 5) for _ in range(n)), reverse=True)
+        theta = rng.uniform(0, sum(idf) * 1.1) / 2.0
+        bounds = [x / 2.0 for x in idf]
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT sets::text, all_terms FROM knowledge_bm25_sets("
+                "%s::text[], %s::float8[], 2.0, %s, %s)",
+                [[f"'{x}'" for x in lexemes], idf, theta, bm25.PRUNE_MAX_SETS],
+            )
+            sets, whole = cur.fetchone()
+            want = candidate_query(lexemes, bounds, theta)
+            cur.execute("SELECT %s::tsquery::text", [want])
+            (want_text,) = cur.fetchone()
+        if theta > sum(bounds):
+            assert sets is None, (bounds, theta)  # (no set reaches it)
+            continue
+        assert _clauses(sets) == _clauses(want_text), (bounds, theta)
+        assert whole == (_clauses(want_text) == {frozenset(f"'{x}'" for x in lexemes)})
+
+
+def _clauses(tsquery: str) -> set[frozenset[str]]:
+    """An OR of ANDs as its sets of terms."""
+    return {frozenset(c.strip("() ").split(" & ")) for c in tsquery.split(" | ")}
+
+
 def test_pruned_ranking_is_exact_bm25_when_no_chunk_repeats_a_word(alice, monkeypatch):
     monkeypatch.setattr(bm25, "PRUNE_MIN_ROWS", 0)
     kb = make_kb(alice)
