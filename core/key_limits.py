@@ -121,10 +121,15 @@ def resource_check(kind: str, resource_id: Any) -> None:
         )
 
 
+def resource_ids(kind: str) -> frozenset[str] | None:
+    """The resources of ``kind`` the key is narrowed to (None: not narrowed)."""
+    limits = current()
+    return None if limits is None else getattr(limits, kind)
+
+
 def resource_filter(qs: QuerySet[M], kind: str, field: str = "pk") -> QuerySet[M]:
     """``qs`` cut to the rows the key may reach (its ``field`` holds the resource id)."""
-    limits = current()
-    named = None if limits is None else getattr(limits, kind)
+    named = resource_ids(kind)
     return qs if named is None else qs.filter(**{f"{field}__in": sorted(named)})
 
 

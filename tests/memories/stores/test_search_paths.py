@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from django.db import connection, transaction
 
-from core import tenancy
+from core import key_limits, tenancy
 from knowledge import search as knowledge_search
 from knowledge.models import Chunk
 from knowledge.retrieval import db as retrieval_db
@@ -26,8 +26,9 @@ from knowledge.services import knowledge_index_pending
 from memories.stores import search as store_search
 from memories.stores.backends.base import QueryVectors, RetrieveQuery
 from memories.stores.config import memory_config_apply
-from memories.stores.models import MemoryItem, MemoryStore
+from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.runtime import node_memory_retrieve
+from memories.stores.selectors import node_attachments
 from memories.stores.services import backend_for
 from memories.stores.text import key_content, summary_hash
 from tests.knowledge import reference
@@ -177,7 +178,9 @@ def test_one_round_trip_gives_each_store_its_own_answer(stores, flow, monkeypatc
     for query in queries:
         trips = _round_trips(monkeypatch)
         result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
-        assert trips == [3]  # the three stores' searches: one round trip
+        # the node's attachments (one prepared statement), then the three stores'
+        # searches: one round trip
+        assert trips == [1, 3]
         got = {g.store: [h.id for h in g.hits] for g in result.stores}
         for name, (top_k, threshold) in SETUP.items():
             expected = _reference(stores[name], query, top_k, threshold)
@@ -216,7 +219,7 @@ def test_outside_a_transaction_the_stores_search_at_once(stores, flow, monkeypat
     with transaction.atomic():
         trips = _round_trips(monkeypatch)
         node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=QUERIES[0])
-        assert trips == [3]
+        assert trips == [1, 3]  # the attachments, then the searches
 
 
 @pytest.mark.django_db(transaction=True)
@@ -437,7 +440,8 @@ def test_a_file_store_searches_its_chunks_in_the_same_round_trip(with_files, flo
     for query in QUERIES[:3]:
         trips = _round_trips(monkeypatch)
         result = node_memory_retrieve(flow=flow, node_id="n", stage="gen", query=query)
-        assert trips == [5]  # three item stores, the file store, the blackboard's newest
+        # the attachments; then three item stores, the file store, the blackboard's newest
+        assert trips == [1, 5]
         hits = next(g for g in result.stores if g.store == "docs").hits
         want = _chunk_search(with_files, query, 4, None)
         assert [h.id for h in hits] == [f"chunk:{h.chunk_id}" for h in want], query
@@ -710,3 +714,37 @@ def test_a_keyword_candidate_outside_the_vector_pool_counts_its_own_similarity(s
     monkeypatch.setattr(store_search, "ITEMS", replace(store_search.ITEMS, complete=False))
     [hit] = store_search.run([search])[0]
     assert hit.id == str(made[0].pk) and hit.score == pytest.approx(0.7 * 0.9, abs=1e-6)
+
+
+def _fields(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def test_a_nodes_attachments_are_the_orms_with_their_stores_and_bases(
+    with_files, flow, django_assert_num_queries, monkeypatch
+):
+    """``node_attachments`` (one prepared statement) gives the attachments the ORM's query
+    gives, in order, each with its store and a file store's knowledge base already there;
+    a key narrowed to named stores gets those of its stores."""
+    orm = list(
+        MemoryAttachment.objects.filter(flow_id=flow.pk, node_id="n")
+        .select_related("store", "store__knowledge_base")
+        .order_by("position", "id")
+    )
+    with django_assert_num_queries(1):
+        got = node_attachments(flow_id=flow.pk, node_id="n")
+        assert [_fields(a) for a in got] == [_fields(a) for a in orm]
+        assert [_fields(a.store) for a in got] == [_fields(a.store) for a in orm]
+        bases = [a.store.knowledge_base for a in got]
+    assert [b and _fields(b) for b in bases] == [
+        a.store.knowledge_base and _fields(a.store.knowledge_base) for a in orm
+    ]
+    assert [a.store.name for a in got] == ["a", "b", "c", "docs", "log"]
+    assert isinstance(got[0].retrieve_stage, list) and isinstance(got[0].store.config, dict)
+    assert bases[3] == with_files.knowledge_base and bases[4] is None
+    kept = [str(got[1].store_id), str(got[3].store_id)]
+    limits = key_limits.KeyLimits(memory_stores=frozenset(kept))
+    monkeypatch.setattr(key_limits, "current", lambda: limits)
+    narrowed = node_attachments(flow_id=flow.pk, node_id="n")
+    assert [a.store.name for a in narrowed] == ["b", "docs"]
+    assert node_attachments(flow_id=flow.pk, node_id="nobody") == []
