@@ -13,12 +13,13 @@ from django.db import migrations
 FUNCTION = """
 CREATE OR REPLACE FUNCTION knowledge_bm25_sets(
     literals text[], idf float8[], factor float8, theta float8, max_sets integer,
-    OUT sets tsquery, OUT all_terms boolean
+    max_terms integer, OUT sets tsquery, OUT all_terms boolean
 ) LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
 BEGIN
     -- literals: the terms as quoted tsquery literals, by idf descending; a term's bound
     -- is its idf / factor. A set is minimal in the order of the terms: it stops growing
-    -- once it reaches theta. NULL sets when there are more than max_sets.
+    -- once it reaches theta. NULL sets when there are more than max_sets, or more than
+    -- max_terms terms in them together.
     WITH RECURSIVE tb AS (
         SELECT i, literals[i] AS l, idf[i] / factor AS ub,
                sum(idf[i]) OVER (ORDER BY i DESC) / factor AS suffix
@@ -31,7 +32,7 @@ BEGIN
         FROM ms, tb
         WHERE tb.i > ms.last AND ms.total < theta AND ms.total + tb.suffix >= theta
     )
-    SELECT CASE WHEN count(*) <= max_sets
+    SELECT CASE WHEN count(*) <= max_sets AND sum(ms.k) <= max_terms
                 THEN string_agg('(' || ms.terms || ')', ' | ')::tsquery END,
            count(*) = 1 AND min(ms.k) = coalesce(array_length(idf, 1), 0)
     INTO sets, all_terms
@@ -47,6 +48,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.RunSQL(
             FUNCTION,
-            "DROP FUNCTION IF EXISTS knowledge_bm25_sets(text[], float8[], float8, float8, integer)",
+            "DROP FUNCTION IF EXISTS knowledge_bm25_sets(text[], float8[], float8, float8, integer, integer)",
         )
     ]

@@ -332,30 +332,33 @@ def test_a_probed_statement_ranks_as_ranking_every_match(alice, monkeypatch):
     )
 
 
-def test_the_term_sets_function_matches_candidate_query(alice):
-    """``knowledge_bm25_sets`` (migration 0021) gives the sets ``candidate_query`` gives."""
+def test_the_term_sets_function_matches_the_python_sets(alice, monkeypatch):
+    """``knowledge_bm25_sets`` (migration 0021) gives the minimal sets the 100,000-chunk
+    path builds in Python (``_minimal_sets``), and none where it gives none (too many
+    sets, or too many terms in them)."""
     rng = random.Random(4)
-    for _ in range(60):
-        n = rng.randint(1, 9)
-        lexemes = [f"t{i}" for i in range(n)]
-        idf = sorted((rng.uniform(0.1, 5) for _ in range(n)), reverse=True)
-        theta = rng.uniform(0, sum(idf) * 1.1) / 2.0
-        bounds = [x / 2.0 for x in idf]
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT sets::text, all_terms FROM knowledge_bm25_sets("
-                "%s::text[], %s::float8[], 2.0, %s, %s)",
-                [[f"'{x}'" for x in lexemes], idf, theta, bm25.PRUNE_MAX_SETS],
-            )
-            sets, whole = cur.fetchone()
-            want = candidate_query(lexemes, bounds, theta)
-            cur.execute("SELECT %s::tsquery::text", [want])
-            (want_text,) = cur.fetchone()
-        if theta > sum(bounds):
-            assert sets is None, (bounds, theta)  # (no set reaches it)
-            continue
-        assert _clauses(sets) == _clauses(want_text), (bounds, theta)
-        assert whole == (_clauses(want_text) == {frozenset(f"'{x}'" for x in lexemes)})
+    for max_sets, max_terms in ((64, 100), (5, 12)):
+        monkeypatch.setattr(bm25, "PRUNE_MAX_SETS", max_sets)
+        monkeypatch.setattr(bm25, "PRUNE_MAX_SET_TERMS", max_terms)
+        for _ in range(60):
+            n = rng.randint(1, 12)
+            lexemes = [f"t{i}" for i in range(n)]
+            idf = sorted((rng.uniform(0.1, 5) for _ in range(n)), reverse=True)
+            theta = rng.uniform(0, sum(idf) * 1.1) / 2.0
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT sets::text, all_terms FROM knowledge_bm25_sets("
+                    "%s::text[], %s::float8[], 2.0, %s, %s, %s)",
+                    [[f"'{x}'" for x in lexemes], idf, theta, max_sets, max_terms],
+                )
+                sets, whole = cur.fetchone()
+            want = bm25._minimal_sets([x / 2.0 for x in idf], theta)
+            if want is None or not want:  # (too many, or none reaches theta)
+                assert sets is None, (idf, theta)
+                continue
+            clauses = {frozenset(f"'{lexemes[i]}'" for i in c) for c in want}
+            assert _clauses(sets) == clauses, (idf, theta)
+            assert whole == (clauses == {frozenset(f"'{x}'" for x in lexemes)})
 
 
 def _clauses(tsquery: str) -> set[frozenset[str]]:
