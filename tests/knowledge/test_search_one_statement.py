@@ -13,6 +13,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from core.db_backend.base import table_owner
 from knowledge import search
 from knowledge.retrieval import engine
 from knowledge.retrieval.engine import CANDIDATES
@@ -204,7 +205,15 @@ def _workers_to_launch() -> int:
 
 def _search_on_a_planner_that_wants_workers(kb, request) -> int:
     """The parallel workers the search's statements asked for, on a fresh connection whose
-    planner finds workers free (its generic plan is made and cached at the first run)."""
+    planner finds workers free (its generic plan is made and cached at the first run).
+    The tables' statistics are taken first: an autovacuum that found the chunk table
+    emptied by an earlier test leaves it at 0 rows over hundreds of pages, and a planner
+    that expects no rows plans no workers."""
+    with table_owner(connection), connection.cursor() as cur:
+        cur.execute(
+            "ANALYZE knowledge_chunk, knowledge_chunk_half, knowledge_term_stats,"
+            " knowledge_base_text_stats, knowledge_knowledgebase"
+        )
     connection.close()
     with connection.cursor() as cur:
         for name in ("parallel_setup_cost", "parallel_tuple_cost",
