@@ -252,17 +252,20 @@ def _minimal_sets(bounds: list[float], theta: float) -> list[list[int]] | None:
     or None when there are more than PRUNE_MAX_SETS or PRUNE_MAX_SET_TERMS terms in
     them together."""
     out: list[list[int]] = []
+    terms = 0  # (in ``out``, together)
     suffix = [0.0] * (len(bounds) + 1)
     for i in range(len(bounds) - 1, -1, -1):
         suffix[i] = suffix[i + 1] + bounds[i]
 
     def extend(start: int, total: float, chosen: list[int]) -> bool:
+        nonlocal terms
         for j in range(start, len(bounds)):
             if total + suffix[j] < theta:
                 return True  # the remaining terms together cannot complete a set
             if total + bounds[j] >= theta:
                 out.append([*chosen, j])
-                if len(out) > PRUNE_MAX_SETS or sum(map(len, out)) > PRUNE_MAX_SET_TERMS:
+                terms += len(chosen) + 1
+                if len(out) > PRUNE_MAX_SETS or terms > PRUNE_MAX_SET_TERMS:
                     return False
             elif not extend(j + 1, total + bounds[j], [*chosen, j]):
                 return False
