@@ -276,12 +276,17 @@ def _common_corpus(kb, n: int, seed: int) -> None:
     ingest(kb, *((f"r{i}", f"{_WORDS[60]} {' '.join(_COMMON[:6])}") for i in range(4)))
 
 
-def _one_statement(kb, query: str, limit: int, probe: bool) -> list[tuple[int, float]]:
+def _one_sql(kb, query: str, limit: int, probe: bool) -> tuple[str, list]:
+    """The keyword leg's one statement over ``kb`` (its parameters too)."""
     kb_ids = [str(kb.pk)]
-    sql, params = bm25.one_statement_sql(
+    return bm25.one_statement_sql(
         "english", query, "knowledge_base_id = ANY(%s::uuid[])", [kb_ids], kb_ids, limit,
         bm25.scope_tokens(kb_ids), probe,
     )  # fmt: skip
+
+
+def _one_statement(kb, query: str, limit: int, probe: bool) -> list[tuple[int, float]]:
+    sql, params = _one_sql(kb, query, limit, probe)
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return [(row[0], float(row[1])) for row in cur.fetchall()]
@@ -291,11 +296,7 @@ def _probe_path(kb, query: str, limit: int) -> str:
     """Which way the probed statement went: ``none`` (no probe), ``short`` (fewer chunks
     hold every term than are ranked), ``all`` (the probe is the answer), ``sets`` (the
     minimal sets read) or ``every`` (too many sets: every match read)."""
-    kb_ids = [str(kb.pk)]
-    sql, params = bm25.one_statement_sql(
-        "english", query, "knowledge_base_id = ANY(%s::uuid[])", [kb_ids], kb_ids, limit,
-        bm25.scope_tokens(kb_ids), True,
-    )  # fmt: skip
+    sql, params = _one_sql(kb, query, limit, True)
     head = sql[: sql.rindex("SELECT c.id, sum(")]
     probe = (
         "SELECT (SELECT aq IS NOT NULL FROM t), (SELECT count(*) FROM th),"
