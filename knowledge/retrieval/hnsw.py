@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Callable, Sequence
 
 from django.db import connection
 
@@ -37,9 +38,27 @@ EF_MAX = 1000
 # the same (BENCHMARKS.md, "A million chunks: no parallel workers, and room in shared
 # buffers").
 MAX_SCAN_TUPLES = 5_000
-ROW_COUNT_TTL = 300.0  # seconds a planner row count is trusted
+ROW_COUNT_TTL = 300.0  # seconds a planner row count (or a scope's size) is trusted
+KEPT_MOST = 10_000  # counts a process keeps of one kind, at most (then it starts over)
 
 _row_counts: dict[str, tuple[float, float]] = {}
+
+
+def kept_counts(
+    kept: dict[str, tuple[float, float]],
+    keys: Sequence[str],
+    load: Callable[[list[str]], dict[str, float]],
+) -> dict[str, float]:
+    """``keys``' counts, each read by ``load`` (one call for those not kept, 0 for a key it
+    does not find) and kept in ``kept`` with the time it was read, ROW_COUNT_TTL seconds."""
+    now = time.monotonic()
+    if len(kept) > KEPT_MOST:
+        kept.clear()
+    stale = [k for k in keys if k not in kept or now - kept[k][1] >= ROW_COUNT_TTL]
+    if stale:
+        loaded = load(stale)
+        kept.update((k, (loaded.get(k, 0.0), now)) for k in stale)
+    return {k: kept[k][0] for k in keys}
 
 
 @functools.cache
@@ -74,17 +93,14 @@ def index_name(prefix: str, dims: int) -> str:
 
 
 def row_count(relname: str) -> float:
-    """Rows of the table or index ``relname`` (planner statistics), cached a while."""
-    now = time.monotonic()
-    cached = _row_counts.get(relname)
-    if cached is not None and now - cached[1] < ROW_COUNT_TTL:
-        return cached[0]
+    """Rows of the table or index ``relname`` (planner statistics), kept a while."""
+    return kept_counts(_row_counts, [relname], _reltuples)[relname]
+
+
+def _reltuples(names: list[str]) -> dict[str, float]:
     with connection.cursor() as cur:
-        cur.execute("SELECT reltuples FROM pg_class WHERE relname = %s", [relname])
-        row = cur.fetchone()
-    rows = max(float(row[0]), 0.0) if row else 0.0
-    _row_counts[relname] = (rows, now)
-    return rows
+        cur.execute("SELECT relname, reltuples FROM pg_class WHERE relname = ANY(%s)", [names])
+        return {name: max(float(rows), 0.0) for name, rows in cur.fetchall()}
 
 
 def ef_search(prefix: str, dims: int, limit: int, base: int = EF_SEARCH) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,27 +203,24 @@ def run(searches: list[Search]) -> list[list[Any]]:
     return _run_at_once(searches, _sharing(searches))
 
 
-# Stores' sizes (items) as last read here, and when: whether two stores may share a walk.
-# A size that has changed since costs time, never rows: the shared walk reads the sizes
-# itself and walks only the stores past ITEMS.exact_max, as their own searches would.
-_sizes: dict[str, tuple[int, float]] = {}
+# Stores' sizes (items) as last read here, and when (``hnsw.kept_counts``): whether two
+# stores may share a walk. A size that has changed since costs time, never rows: the
+# shared walk reads the sizes itself and walks only the stores past ITEMS.exact_max, as
+# their own searches would.
+_sizes: dict[str, tuple[float, float]] = {}
 
 
-_SIZES_KEPT = 10_000  # stores whose sizes a process keeps, at most (then it starts over)
+def _store_sizes(store_ids: list[str]) -> dict[str, float]:
+    rows, _ = fetch(
+        "SELECT id::text, item_count FROM memory_stores_memorystore WHERE id = ANY(%s::uuid[])",
+        [store_ids],
+    )
+    return {store_id: float(n) for store_id, n in rows}
 
 
 def _large(store_ids: list[str]) -> set[str]:
-    now = time.monotonic()
-    if len(_sizes) > _SIZES_KEPT:
-        _sizes.clear()
-    stale = [i for i in store_ids if i not in _sizes or now - _sizes[i][1] >= hnsw.ROW_COUNT_TTL]
-    if stale:
-        rows, _ = fetch(
-            "SELECT id::text, item_count FROM memory_stores_memorystore WHERE id = ANY(%s::uuid[])",
-            [stale],
-        )
-        _sizes.update((store_id, (int(n), now)) for store_id, n in rows)
-    return {i for i in store_ids if i in _sizes and _sizes[i][0] > ITEMS.exact_max}
+    sizes = hnsw.kept_counts(_sizes, store_ids, _store_sizes)
+    return {i for i in store_ids if sizes[i] > ITEMS.exact_max}
 
 
 def _sharing(searches: list[Search]) -> list[list[ItemSearch]]:
