@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
-from django.db import connection
 from django.db.models import Count, Field, Model, QuerySet
 
 from core.key_limits import not_owned, resource_check, resource_filter, resource_ids
+from core.replicas import read_connection
 from knowledge.models import Chunk, KnowledgeBase
 from knowledge.retrieval.db import fetch
 from memories.stores.models import MemoryAttachment, MemoryItem, MemoryStore
@@ -99,14 +99,14 @@ _NODE_ATTACHMENTS = (
 )
 
 
-def _instance(model: type[M], fields: list[Field[Any, Any]], values: Sequence[Any]) -> M:
-    """A model instance from its columns' values, as the ORM makes it (each field's
-    conversion from the database applied)."""
+def _instance(model: type[M], fields: list[Field[Any, Any]], values: Sequence[Any], db: Any) -> M:
+    """A model instance from its columns' values read on the connection ``db``, as the
+    ORM makes it (each field's conversion from the database applied)."""
     converted = [
-        v if v is None or not hasattr(f, "from_db_value") else f.from_db_value(v, None, connection)
+        v if v is None or not hasattr(f, "from_db_value") else f.from_db_value(v, None, db)
         for f, v in zip(fields, values)
     ]
-    return model.from_db(connection.alias, [f.attname for f in fields], converted)
+    return model.from_db(db.alias, [f.attname for f in fields], converted)
 
 
 def node_attachments(*, flow_id: Any, node_id: str) -> list[MemoryAttachment]:
@@ -116,12 +116,13 @@ def node_attachments(*, flow_id: Any, node_id: str) -> list[MemoryAttachment]:
     named = resource_ids("memory_stores")
     ids = None if named is None else sorted(named)
     rows, _ = fetch(_NODE_ATTACHMENTS, [flow_id, node_id, ids, ids])
+    db = read_connection()  # (where ``fetch`` read them, as the ORM's router chooses)
     a, s = len(_ATTACHMENT), len(_ATTACHMENT) + len(_STORE)
     out = []
     for row in rows:
-        attachment = _instance(MemoryAttachment, _ATTACHMENT, row[:a])
-        store = _instance(MemoryStore, _STORE, row[a:s])
-        base = None if row[s] is None else _instance(KnowledgeBase, _BASE, row[s:])
+        attachment = _instance(MemoryAttachment, _ATTACHMENT, row[:a], db)
+        store = _instance(MemoryStore, _STORE, row[a:s], db)
+        base = None if row[s] is None else _instance(KnowledgeBase, _BASE, row[s:], db)
         store._state.fields_cache["knowledge_base"] = base
         attachment._state.fields_cache["store"] = store
         out.append(attachment)
