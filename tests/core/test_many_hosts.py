@@ -218,6 +218,8 @@ def test_two_web_hosts_and_three_worker_clusters_on_one_database(hosts, openai_s
         embedder.delay = 3.0
         for n in range(JOBS):
             _ingest(web[n % 2], f"doc-2-{n}")
+        # b and c hold at most 10 of the 12 (each cluster: 2 running, 2 queued, 1 in its
+        # pusher: queue_limit), so a gets work however its pusher's polls fall
         assert _wait(lambda: _processing(host["a"], workers["a"].pid) >= 1, 30)
         time.sleep(1.0)  # its runs have claimed their jobs and wait for their embeddings
         os.killpg(workers["a"].pid, signal.SIGKILL)  # supervisor, cluster, workers
