@@ -975,7 +975,7 @@ def parse_overrides(values: list[str]) -> dict[str, Any]:
 
 def _override_target(target: str) -> Any:
     from knowledge import search as chunks
-    from knowledge.retrieval import bm25, hnsw
+    from knowledge.retrieval import bm25, dates, hnsw
     from memories.facts import search as facts
     from memories.stores import search as stores
 
@@ -987,6 +987,7 @@ def _override_target(target: str) -> Any:
         "facts": facts.FACTS,
         "hnsw": hnsw,
         "bm25": bm25,
+        "dates": dates,
         "search": chunks,
     }.get(target)
 

@@ -24,6 +24,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from knowledge.models import KnowledgeBase
 from knowledge.retrieval import bm25
+from knowledge.retrieval.dates import Dated, dated
 from knowledge.retrieval.db import Statement, fetch
 from knowledge.retrieval.engine import (
     CANDIDATES,
@@ -96,6 +97,10 @@ CHUNKS = Collection(
     exact_max=10_000,
     walk_min_share=0.05,
     exact_cap=20_000,
+    # A turn of a conversation (a chunk with a session) was said at its timestamp; a
+    # document's timestamp is its ingestion time unless given, which is not when its text
+    # was said: a date the query names lifts turns only (``dates``).
+    event_time="CASE WHEN session_id <> '' THEN source_timestamp END",
 )
 
 
@@ -115,6 +120,9 @@ class SearchRequest:
     until: datetime | None = None
     rrf_k: int | None = None  # fuse by reciprocal ranks at this k
     half_life_days: float | None = None
+    # Lift the chunks said in a period the query names ("in June", "on May 23, 2023"):
+    # hybrid search only (``knowledge.retrieval.dates``).
+    query_dates: bool = True
 
 
 @dataclass
@@ -278,6 +286,14 @@ def _keyword_leg(bases: list[KnowledgeBase], request: SearchRequest, pool: int) 
     return _merged(legs, lambda r: (-r[1], r[0]), pool) or Leg("", [], [], rows=[])
 
 
+def _dated(request: SearchRequest) -> Dated | None:
+    """Chunks said in a period the query names lifted (``dates``): hybrid search only, and
+    only a conversation's turns (``CHUNKS.event_time``)."""
+    if not request.query_dates or request.mode != "hybrid":
+        return None
+    return dated(request.query)
+
+
 def _validate(request: SearchRequest) -> None:
     if request.mode not in MODES:
         raise SearchError(f"mode must be one of {', '.join(MODES)}")
@@ -306,6 +322,7 @@ def _plan(
         half_life=request.half_life_days,
         now=timezone.now(),
         neighbours=_neighbours(request, [str(kb.pk) for kb in bases]),
+        dated=_dated(request),
     )
     return vector, keyword, ranking
 

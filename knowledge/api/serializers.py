@@ -150,6 +150,14 @@ class SearchSerializer(serializers.Serializer):
         help_text="Each chunk's own score x 0.5^(age / half-life), before context: an old "
         "chunk lends its neighbours only its decayed score.",
     )  # fmt: skip
+    query_dates = StrictBooleanField(
+        required=False,
+        default=True,
+        help_text='Hybrid search: a chunk said in a period the query names ("in June", '
+        '"on May 23, 2023", "in 2023") or up to 7 days after it has its own score s '
+        "lifted to s + 0.3 x (1 - s), before context. Only chunks with a timestamp (a "
+        "chat's turns) are lifted. Default true.",
+    )
     rewrite = StrictBooleanField(
         required=False,
         allow_null=True,

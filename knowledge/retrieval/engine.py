@@ -54,6 +54,7 @@ from typing import Any
 
 from django.db import connection
 
+from knowledge.retrieval.dates import Dated
 from knowledge.retrieval.db import Setting, Statement, at_once, fetch, fetch_all
 
 # Rows each leg hands to fusion, at least (3 x the page wanted when that is more).
@@ -121,6 +122,9 @@ class Collection:
     # ``max`` fusion: a keyword candidate the vector leg did not hand over gets its own
     # cosine similarity (its vector read by its key), not 0 (see the module).
     complete: bool = True
+    # The time a row's text was said or written, when it has one (a chat turn's): what
+    # a date the query names is matched against (``Dated``). "": no row has one.
+    event_time: str = ""
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,7 @@ class Ranking:
     neighbours: tuple[str, list[Any]] = ("true", [])
     vector_weight: float | None = None
     vector_required: bool = False  # only rows with a similarity (within max_distance)
+    dated: Dated | None = None  # (fused scores only: not with rrf_k or one leg)
 
 
 def _pinned() -> list[Setting]:
@@ -349,6 +354,48 @@ def _fill_sql(
     return sql, [vector.query, *within_params, *near_params]
 
 
+def _dated_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]] | None:
+    """CTE ``ev``: (id, w) of the candidates whose ``event_time`` (UTC) falls in one of the
+    periods ``Dated`` names or up to ``grace`` days after it, w its lift; None when nothing
+    is lifted (no period, no such column, or scores that are no fusion's: rrf, or one
+    leg's raw values). The candidates' rows are read once, by id, and each one's date
+    tested with scalar operations: a range test for a period with its year, month (and
+    day) numbers of the date and of the date ``grace`` days before for one without (a
+    window shorter than a month holds a named day or month iff one of its ends is in it,
+    or, for a day, the day lies between them)."""
+    d = r.dated
+    if d is None or not d.periods or not c.event_time or one_leg or r.rrf_k is not None:
+        return None
+    ranges, months, days = d.windows()
+    tests: list[str] = []
+    params: list[Any] = [float(d.boost)]
+    if ranges:
+        tests.append("e.d <@ %s::datemultirange")
+        params.append(ranges)
+    grace = int(d.grace)
+    for month in months:
+        tests.append(
+            f"extract(month FROM e.d) = {int(month)}"
+            f" OR extract(month FROM e.d - {grace}) = {int(month)}"
+        )
+    if days:
+        key = "(extract(month FROM {x}) * 100 + extract(day FROM {x}))"
+        last, first = key.format(x="e.d"), key.format(x=f"(e.d - {grace})")
+        for month, day in days:
+            md = int(month) * 100 + int(day)
+            tests.append(
+                f"CASE WHEN {first} <= {last} THEN {md} BETWEEN {first} AND {last}"
+                f" ELSE {md} >= {first} OR {md} <= {last} END"
+            )
+    sql = (
+        f"SELECT a.id, %s::float8 AS w FROM {c.table} a"
+        f" CROSS JOIN LATERAL (SELECT ({c.event_time} AT TIME ZONE 'UTC')::date AS d) e"
+        " WHERE a.id IN (SELECT id FROM v UNION SELECT id FROM k)"
+        f" AND ({' OR '.join(f'({t})' for t in tests)})"
+    )
+    return sql, params
+
+
 def _fuse_sql(
     c: Collection, vector: Leg | None, keyword: Leg | None, r: Ranking
 ) -> tuple[str, list[Any]]:
@@ -380,6 +427,12 @@ def _fuse_sql(
             f" FROM (SELECT {halvings} AS h) x)"
         )
         decay_params = [r.now, float(r.half_life)]
+    own, dated_ctes, dated_params, lifted = f"({fusion}){decay}", [], [], ""
+    dated = _dated_sql(c, r, vector is None or keyword is None)
+    if dated is not None:  # (a date the query names: the candidates said then, lifted)
+        own = f"(SELECT z.s + (1 - z.s) * coalesce(ev.w, 0) FROM (SELECT {own} AS s) z)"
+        dated_ctes, dated_params = [f"ev AS MATERIALIZED ({dated[0]})"], dated[1]
+        lifted = " LEFT JOIN ev ON ev.id = coalesce(vr.id, kr.id)"
     vscore, join, fill_ctes, fill_params = "vr.s", "", [], []
     if fill is not None:  # (keyword candidates the vector leg did not hand over, measured)
         vscore, join = "coalesce(vr.s, fl.s)", " LEFT JOIN fl ON fl.id = kr.id AND vr.id IS NULL"
@@ -392,13 +445,17 @@ def _fuse_sql(
         "kr AS (SELECT id, score AS s, o, (row_number() OVER (ORDER BY score DESC, id))::int"
         " AS rank FROM k)",
         *fill_ctes,
-        f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, ({fusion}){decay} AS score,"
+        *dated_ctes,
+        f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, {own} AS score,"
         f" vr.rank AS vrank, kr.rank AS krank, {vscore} AS vscore, kr.s AS kscore,"
-        f" coalesce(vr.o, kr.o) AS o FROM vr FULL JOIN kr ON kr.id = vr.id{join}"
+        f" coalesce(vr.o, kr.o) AS o FROM vr FULL JOIN kr ON kr.id = vr.id{join}{lifted}"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx"
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
     ]
-    params = [*vparams, *kparams, *cut_params, *fill_params, *fusion_params, *decay_params]
+    params = [
+        *vparams, *kparams, *cut_params, *fill_params, *dated_params, *fusion_params,
+        *decay_params,
+    ]  # fmt: skip
     context = c.context if r.context and vector is not None and keyword is not None else None
     if context is not None:
         sql, context_params = _context_sql(c, context, r.limit + r.offset)

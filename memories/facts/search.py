@@ -30,6 +30,7 @@ from django.utils import timezone
 from core.errors import InvalidInput
 from core.providers.embeddings import Embedder, get_embedder
 from knowledge.retrieval.bm25 import counted_leg
+from knowledge.retrieval.dates import dated
 from knowledge.retrieval.engine import Collection, Leg, Ranking, rank
 from knowledge.retrieval.engine import Scope as Rows
 from knowledge.retrieval.vectors import vector_leg
@@ -105,6 +106,7 @@ FACTS = Collection(
         "coalesce(t.recorded_at, t.created_at) AS recorded_from, NULL::timestamptz AS recorded_to"
     ),
     time="observed_at",
+    event_time="observed_at",  # (a date the query names lifts the facts said then)
     tiebreak="{top}.o DESC, {top}.id",
     fusion="max",
     # w, tuned on LoCoMo facts (BENCHMARKS.md, "The engine's keyword leg is BM25 now").
@@ -137,6 +139,7 @@ TIMELINE = Collection(
         "t.recorded_from, t.recorded_to",
     ),
     time="observed_at",
+    event_time="observed_at",
     tiebreak=FACTS.tiebreak,
     fusion=FACTS.fusion,
     vector_weight=FACTS.vector_weight,
@@ -368,7 +371,7 @@ def scope_search(
     ranking = Ranking(
         limit=limit, offset=offset, half_life=half_life,
         now=at.when() if at is not None else timezone.now(),
-        vector_weight=None if q.vector is not None else 0.0,
+        vector_weight=None if q.vector is not None else 0.0, dated=dated(query),
     )  # fmt: skip
     path = tuple(row.path)
     hits = [_hit(hit, path) for hit in rank(collection, vector or empty, keyword or empty,

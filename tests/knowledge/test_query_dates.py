@@ -1,0 +1,276 @@
+"""Dates a query names lift the rows said then (issue 25): the periods read out of a
+question, and what they do to a hybrid search of a chat's turns, of a document base and of
+an end user's facts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from knowledge import search
+from knowledge.models import Chunk
+from knowledge.retrieval import dates
+from knowledge.retrieval.dates import periods
+from knowledge.search import SearchRequest, search_chunks
+from memories.facts.scopes import end_user_ensure
+from memories.facts.search import fact_search
+from tests.knowledge.factories import ingest, make_kb
+from tests.memories.facts.seed import seed
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("When did Melanie go camping in June?", [(0, 6, 0)]),
+        ("What did she show him on October 13, 2023?", [(2023, 10, 13)]),
+        ("What did Gina find on 1 February, 2023?", [(2023, 2, 1)]),
+        ("the 13th of October", [(0, 10, 13)]),
+        ("Oct. 13th and Sept 2, 2024", [(0, 10, 13), (2024, 9, 2)]),
+        ("What setback did she face in October 2023?", [(2023, 10, 0)]),
+        ("How often did he go to the beach in 2023?", [(2023, 0, 0)]),
+        ("on 2023-05-23", [(2023, 5, 23)]),
+        ("in mid-July, and again in July", [(0, 7, 0)]),  # once each
+        ("between March 3 and in 2024", [(0, 3, 3), (2024, 0, 0)]),
+        ("February 29, 2024", [(2024, 2, 29)]),
+        ("in December 2022", [(2022, 12, 0)]),
+        # Not dates: a modal verb, a name, a count, a day no month has.
+        ("May I ask what June said about March?", []),
+        ("I ate 2000 calories", []),
+        ("The 2023 report", []),
+        ("February 30, 2023", []),
+        ("", []),
+    ],
+)
+def test_the_periods_a_query_names(text, expected):
+    assert periods(text) == expected
+
+
+def _turns(kb, turns: list[tuple[str, str, str]]) -> None:
+    """One session a turn (no neighbour lends it context): (key, text, ISO time)."""
+    ingest(kb, *((k, text, {"session_id": k, "timestamp": at}) for k, text, at in turns))
+
+
+def _scores(kb, **request) -> dict[str, float]:
+    hits = search_chunks(bases=[kb], request=SearchRequest(top_k=20, **request))
+    return {h.metadata["source_key"].split("#")[0]: h.score for h in hits}
+
+
+TURNS = [
+    ("june", "Mel: we went camping by the lake, lovely", "2023-06-27T10:00:00+00:00"),
+    ("july", "Mel: we went camping by the lake, it was lovely again", "2023-07-03T10:00:00+00:00"),
+    ("august", "Mel: we went camping by the lake, it was lovely", "2023-08-14T10:00:00+00:00"),
+    ("other", "Mel: the pottery class starts tomorrow", "2023-06-20T10:00:00+00:00"),
+]
+
+
+def test_a_month_lifts_the_turns_said_in_it_or_in_the_week_after(alice):
+    kb = make_kb(alice)
+    _turns(kb, TURNS)
+    query = "When did Mel go camping in June?"
+    plain = _scores(kb, query=query, query_dates=False)
+    lifted = _scores(kb, query=query)
+    # June's turn, and July's 3rd (within 7 days of June's end), are lifted by exactly
+    # s + 0.3 x (1 - s) of their own scores; August's is not, nor is the turn that was no
+    # candidate's better for being said in June.
+    for key in ("june", "july", "other"):
+        assert lifted[key] == pytest.approx(plain[key] + 0.3 * (1 - plain[key]), abs=1e-12)
+    assert lifted["august"] == plain["august"]
+    assert next(iter(lifted)) in ("june", "july")
+    assert all(0.0 <= s <= 1.0 for s in lifted.values())
+
+
+def test_a_day_with_its_year_lifts_only_that_day_and_the_days_after(alice):
+    kb = make_kb(alice)
+    _turns(
+        kb,
+        [
+            ("best", "Ann: my painting, the painting of the sunset", "2023-09-01T08:00:00+00:00"),
+            ("before", "Ann: the painting of the sunset, pink", "2023-10-12T23:59:00+00:00"),
+            ("day", "Ann: the painting of the sunset, gold", "2023-10-13T08:00:00+00:00"),
+            ("week", "Ann: the painting of the sunset, red", "2023-10-20T08:00:00+00:00"),
+            ("later", "Ann: the painting of the sunset, blue", "2023-10-21T08:00:00+00:00"),
+            ("year", "Ann: the painting of the sunset, grey", "2022-10-13T08:00:00+00:00"),
+        ],
+    )
+    query = "What painting did Ann show on October 13, 2023?"
+    plain = _scores(kb, query=query, query_dates=False)
+    lifted = _scores(kb, query=query)
+    moved = {k for k in plain if lifted[k] != plain[k]}
+    assert moved == {"day", "week"}
+    # Without its year the day matches in any year.
+    query = "What painting did Ann show on October 13?"
+    plain = _scores(kb, query=query, query_dates=False)
+    any_year = _scores(kb, query=query)
+    assert {k for k in plain if any_year[k] != plain[k]} == {"day", "week", "year"}
+
+
+@pytest.mark.parametrize(
+    ("query", "lifted"),
+    [
+        # up to 7 days after: January 6 is the 7th day after December 30
+        ("the fireworks on December 30", {"dec30", "jan5", "jan6"}),
+        ("the fireworks in December", {"dec1", "dec30", "jan5", "jan6", "jan7"}),
+        ("the fireworks in 2023", {"nov", "dec1", "dec30", "jan5", "jan6", "jan7"}),
+        ("the fireworks in December 2022", set()),
+        ("the fireworks on January 6", {"jan6", "jan7"}),
+    ],
+)
+def test_the_days_after_a_period_reach_into_the_next_year(alice, query, lifted):
+    kb = make_kb(alice)
+    _turns(
+        kb,
+        [
+            ("dec1", "Ann: fireworks, the first", "2023-12-01T08:00:00+00:00"),
+            ("dec30", "Ann: fireworks, the best", "2023-12-30T08:00:00+00:00"),
+            ("jan5", "Ann: fireworks, what a show", "2024-01-05T08:00:00+00:00"),
+            ("jan6", "Ann: fireworks again, a late one", "2024-01-06T08:00:00+00:00"),
+            ("jan7", "Ann: fireworks, the last ones", "2024-01-07T08:00:00+00:00"),
+            ("nov", "Ann: fireworks, early", "2023-11-20T08:00:00+00:00"),
+        ],
+    )
+    plain = _scores(kb, query=query, query_dates=False)
+    lifted_now = _scores(kb, query=query)
+    assert len(plain) == 6
+    for key, score in plain.items():
+        expected = score + 0.3 * (1 - score) if key in lifted else score
+        assert lifted_now[key] == pytest.approx(expected, abs=1e-12), key
+
+
+def test_the_lift_can_change_the_order(alice):
+    kb = make_kb(alice)
+    _turns(
+        kb,
+        [
+            ("close", "Mel: we went camping, camping is the best", "2023-08-14T10:00:00+00:00"),
+            ("june", "Mel: a weekend by the lake with a tent", "2023-06-27T10:00:00+00:00"),
+            ("lake", "Mel: the lake was cold", "2023-09-27T10:00:00+00:00"),
+            ("other", "Mel: pottery class starts tomorrow", "2023-05-20T10:00:00+00:00"),
+        ],
+    )
+    query = "camping by the lake in June"
+    assert list(_scores(kb, query=query, query_dates=False)) == ["close", "lake", "june", "other"]
+    assert list(_scores(kb, query=query)) == ["close", "june", "lake", "other"]
+
+
+def test_documents_are_never_lifted(alice):
+    """A chunk without a session is a document's: its timestamp, given or its ingestion
+    time, is not when its text was said."""
+    kb = make_kb(alice)
+    ingest(
+        kb,
+        ("report", "The annual report for 2023 lists revenue by region."),
+        (
+            "plan",
+            "The plan for June covers the office move.",
+            {"timestamp": "2023-06-02T00:00:00Z"},
+        ),
+        ("now", "The plan for this year covers hiring."),
+    )
+    year = Chunk.objects.get(knowledge_base=kb, source_key="now#0").source_timestamp.year
+    for query in ("the report in 2023", "the plan in June", f"the plan in {year}"):
+        assert _scores(kb, query=query) == _scores(kb, query=query, query_dates=False)
+
+
+@pytest.mark.parametrize("extra", [{"rrf_k": 60}, {"mode": "vector"}, {"mode": "keyword"}])
+def test_no_lift_where_scores_are_no_fusions(alice, extra):
+    kb = make_kb(alice)
+    _turns(kb, TURNS)
+    query = "When did Mel go camping in June?"
+    assert _scores(kb, query=query, **extra) == _scores(kb, query=query, query_dates=False, **extra)
+
+
+def test_the_lift_is_a_constant_of_the_engine(alice, monkeypatch):
+    kb = make_kb(alice)
+    _turns(kb, TURNS)
+    query = "When did Mel go camping in June?"
+    plain = _scores(kb, query=query, query_dates=False)
+    monkeypatch.setattr(dates, "BOOST", 0.5)
+    lifted = _scores(kb, query=query)
+    assert lifted["june"] == pytest.approx(plain["june"] + 0.5 * (1 - plain["june"]), abs=1e-12)
+    # The lift is applied before context: a turn lends its lifted score.
+    monkeypatch.setattr(dates, "BOOST", 0.3)
+    with monkeypatch.context() as m:
+        m.setattr(search, "CHUNKS", replace(search.CHUNKS, event_time=""))
+        assert _scores(kb, query=query) == plain
+
+
+def test_a_lifted_turn_lends_its_lifted_score_to_its_neighbours(alice):
+    kb = make_kb(alice)
+    ingest(
+        kb,
+        (
+            "q",
+            "Ann: how was the trip?",
+            {"session_id": "s", "timestamp": "2023-06-27T10:00:00+00:00"},
+        ),
+        (
+            "a",
+            "Mel: camping by the lake",
+            {"session_id": "s", "timestamp": "2023-06-27T10:00:01+00:00"},
+        ),
+        (
+            "x",
+            "Mel: camping at the lake",
+            {"session_id": "t", "timestamp": "2023-09-01T10:00:00+00:00"},
+        ),
+    )
+    query = "camping lake in June"
+    plain = _scores(kb, query=query, query_dates=False)
+    lifted = _scores(kb, query=query)
+    assert lifted["q"] > plain["q"]  # (lifted itself, and lent more by its lifted neighbour)
+    assert lifted["x"] == plain["x"]
+
+
+def test_the_api_takes_query_dates_as_a_boolean(alice, alice_client):
+    kb = make_kb(alice)
+    _turns(kb, TURNS)
+    url = f"/api/v1/knowledge-bases/{kb.pk}/search"
+    body = {"query": "When did Mel go camping in June?", "top_k": 4}
+    on = alice_client.post(url, body, format="json").json()["results"]
+    off = alice_client.post(url, {**body, "query_dates": False}, format="json").json()["results"]
+    assert {r["metadata"]["source_key"][:-2]: r["score"] for r in on} == pytest.approx(
+        _scores(kb, query=body["query"])
+    )
+    assert [r["score"] for r in off] == sorted(
+        _scores(kb, query=body["query"], query_dates=False).values(), reverse=True
+    )
+    chunks = Chunk.objects.filter(knowledge_base=kb).count()
+    response = alice_client.post(url, {**body, "query_dates": "yes"}, format="json")
+    assert response.status_code == 400
+    assert "query_dates" in response.json()["error"]["details"]
+    assert Chunk.objects.filter(knowledge_base=kb).count() == chunks
+
+
+def test_a_date_lifts_the_facts_observed_then(alice, monkeypatch):
+    """Facts are a collection of the same engine: their ``observed_at`` is when they were
+    said."""
+    user = end_user_ensure(owner=alice, external_id="u1")
+    seed(user, "User went sailing near Lisbon", observed_at=datetime(2023, 3, 10, tzinfo=UTC))
+    seed(user, "User went sailing with friends", observed_at=datetime(2023, 8, 1, tzinfo=UTC))
+    seed(user, "User bought a violin", observed_at=datetime(2023, 3, 20, tzinfo=UTC))
+
+    def scores() -> dict[str, float]:
+        query = "Where did I go sailing in March?"
+        found = fact_search(owner=alice, scope=user, query=query, half_life_days=0)
+        return {h.content: h.score for h in found.hits}
+
+    lifted = scores()
+    monkeypatch.setattr(dates, "BOOST", 0.0)
+    plain = scores()
+    assert set(lifted) == set(plain) and len(plain) == 3
+    for content in ("User went sailing near Lisbon", "User bought a violin"):
+        assert lifted[content] == pytest.approx(plain[content] + 0.3 * (1 - plain[content]))
+    assert lifted["User went sailing with friends"] == plain["User went sailing with friends"]
+
+
+def test_the_windows_the_engine_tests():
+    d = dates.Dated(((2023, 12, 0), (0, 6, 0), (0, 10, 13), (2024, 2, 29), (2022, 0, 0)))
+    assert d.windows() == (
+        "{[2022-01-01,2023-01-08),[2023-12-01,2024-01-08),[2024-02-29,2024-03-08)}",
+        [6],
+        [(10, 13)],
+    )
+    with pytest.raises(ValueError):
+        dates.Dated(((0, 6, 0),), grace=28)
