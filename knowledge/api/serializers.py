@@ -150,13 +150,13 @@ class SearchSerializer(serializers.Serializer):
         help_text="Each chunk's own score x 0.5^(age / half-life), before context: an old "
         "chunk lends its neighbours only its decayed score.",
     )  # fmt: skip
-    query_dates = StrictBooleanField(
+    query_cues = StrictBooleanField(
         required=False,
         default=True,
-        help_text='Hybrid search: a chunk said in a period the query names ("in June", '
-        '"on May 23, 2023", "in 2023") or up to 7 days after it has its own score s '
-        "lifted to s + 0.3 x (1 - s), before context. Only chunks with a timestamp (a "
-        "chat's turns) are lifted. Default true.",
+        help_text="Hybrid search: a turn (a chunk with a session) said in a period the query "
+        'names ("in June", "on May 23, 2023", "in 2023") or up to 7 days after it, '
+        "or by the one speaker the query names (its sender, or the name its text opens "
+        "with), has its own score s lifted to s + 0.3 x (1 - s), before context. Default true.",
     )
     rewrite = StrictBooleanField(
         required=False,

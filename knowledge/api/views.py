@@ -62,7 +62,7 @@ def _search_request(data: dict[str, Any]) -> SearchRequest:
         filters=filters,
         rrf_k=data.get("rrf_k"),
         half_life_days=data.get("half_life_days"),
-        query_dates=data.get("query_dates", True),
+        query_cues=data.get("query_cues", True),
     )
 
 

@@ -125,6 +125,9 @@ class Collection:
     # The time a row's text was said or written, when it has one (a chat turn's): what
     # a date the query names is matched against (``Dated``). "": no row has one.
     event_time: str = ""
+    # A row's speaker in lower case, when it has one (a chat turn's): what the speaker
+    # a query names (``Ranking.speaker``) is matched against. "": no row has one.
+    speaker: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,11 @@ class Ranking:
     neighbours: tuple[str, list[Any]] = ("true", [])
     vector_weight: float | None = None
     vector_required: bool = False  # only rows with a similarity (within max_distance)
-    dated: Dated | None = None  # (fused scores only: not with rrf_k or one leg)
+    # Lifts (fused scores only: not with rrf_k or one leg; see the module): the periods
+    # a query names, and the speaker it names (lower case) with the lift of their rows.
+    dated: Dated | None = None
+    speaker: str = ""
+    speaker_lift: float = 0.0
 
 
 def _pinned() -> list[Setting]:
@@ -354,21 +361,55 @@ def _fill_sql(
     return sql, [vector.query, *within_params, *near_params]
 
 
-def _dated_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]] | None:
-    """CTE ``ev``: (id, w) of the candidates whose ``event_time`` (UTC) falls in one of the
-    periods ``Dated`` names or up to ``grace`` days after it, w its lift; None when nothing
-    is lifted (no period, no such column, or scores that are no fusion's: rrf, or one
-    leg's raw values). The candidates' rows are read once, by id, and each one's date
-    tested with scalar operations: a range test for a period with its year, month (and
-    day) numbers of the date and of the date ``grace`` days before for one without (a
-    window shorter than a month holds a named day or month iff one of its ends is in it,
-    or, for a day, the day lies between them)."""
-    d = r.dated
-    if d is None or not d.periods or not c.event_time or one_leg or r.rrf_k is not None:
+def _lift_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]] | None:
+    """CTE ``ev``: (id, w) of the candidates a cue of the query lifts, w their lift: the
+    speaker it names (``Ranking.speaker``: a row of that ``Collection.speaker`` gets
+    ``speaker_lift``) and the periods it names (``Dated``: a row whose ``event_time``, in
+    UTC, falls in one or up to ``grace`` days after it gets ``boost``), both combined as
+    1 - (1 - a)(1 - b). None when nothing is lifted (no cue, no such column, or scores
+    that are no fusion's: rrf, or one leg's raw values). The candidates' rows are read
+    once, by id, and each one's date tested with scalar operations: a range test for a
+    period with its year; month (and day) numbers of the date and of the date ``grace``
+    days before for one without (a window shorter than a month holds a named day or
+    month iff one of its ends is in it or, for a day, the day lies between them)."""
+    if one_leg or r.rrf_k is not None:
         return None
+    d = r.dated if r.dated is not None and r.dated.periods and c.event_time else None
+    speaks = bool(r.speaker and c.speaker and r.speaker_lift)
+    if d is None and not speaks:
+        return None
+    lifts: list[str] = []  # (each a CASE giving its lift or 0)
+    params: list[Any] = []
+    conditions: list[str] = []  # (a candidate is a row of ``ev`` when one holds)
+    where: list[Any] = []
+    if speaks:
+        lifts.append(f"CASE WHEN {c.speaker} = %s THEN %s::float8 ELSE 0 END")
+        params += [r.speaker, float(r.speaker_lift)]
+        conditions.append(f"{c.speaker} = %s")
+        where.append(r.speaker)
+    day = ""
+    if d is not None:
+        tests, test_params = _period_tests(d)
+        lifts.append(f"CASE WHEN {tests} THEN %s::float8 ELSE 0 END")
+        params += [*test_params, float(d.boost)]
+        conditions.append(tests)
+        where += test_params
+        day = f" CROSS JOIN LATERAL (SELECT ({c.event_time} AT TIME ZONE 'UTC')::date AS d) e"
+    w = lifts[0] if len(lifts) == 1 else f"1 - (1 - {lifts[0]}) * (1 - {lifts[1]})"
+    sql = (
+        f"SELECT a.id, {w} AS w FROM {c.table} a{day}"
+        " WHERE a.id IN (SELECT id FROM v UNION SELECT id FROM k)"
+        f" AND ({' OR '.join(conditions)})"
+    )
+    return sql, [*params, *where]
+
+
+def _period_tests(d: Dated) -> tuple[str, list[Any]]:
+    """Whether a row's date ``e.d`` falls in one of ``d``'s periods or the ``grace`` days
+    after it (see ``_lift_sql``), as one condition and its parameters."""
     ranges, months, days = d.windows()
     tests: list[str] = []
-    params: list[Any] = [float(d.boost)]
+    params: list[Any] = []
     if ranges:
         tests.append("e.d <@ %s::datemultirange")
         params.append(ranges)
@@ -378,22 +419,15 @@ def _dated_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]
             f"extract(month FROM e.d) = {int(month)}"
             f" OR extract(month FROM e.d - {grace}) = {int(month)}"
         )
-    if days:
-        key = "(extract(month FROM {x}) * 100 + extract(day FROM {x}))"
-        last, first = key.format(x="e.d"), key.format(x=f"(e.d - {grace})")
-        for month, day in days:
-            md = int(month) * 100 + int(day)
-            tests.append(
-                f"CASE WHEN {first} <= {last} THEN {md} BETWEEN {first} AND {last}"
-                f" ELSE {md} >= {first} OR {md} <= {last} END"
-            )
-    sql = (
-        f"SELECT a.id, %s::float8 AS w FROM {c.table} a"
-        f" CROSS JOIN LATERAL (SELECT ({c.event_time} AT TIME ZONE 'UTC')::date AS d) e"
-        " WHERE a.id IN (SELECT id FROM v UNION SELECT id FROM k)"
-        f" AND ({' OR '.join(f'({t})' for t in tests)})"
-    )
-    return sql, params
+    key = "(extract(month FROM {x}) * 100 + extract(day FROM {x}))"
+    last, first = key.format(x="e.d"), key.format(x=f"(e.d - {grace})")
+    for month, day in days:
+        md = int(month) * 100 + int(day)
+        tests.append(
+            f"CASE WHEN {first} <= {last} THEN {md} BETWEEN {first} AND {last}"
+            f" ELSE {md} >= {first} OR {md} <= {last} END"
+        )
+    return "(" + " OR ".join(f"({t})" for t in tests) + ")", params
 
 
 def _fuse_sql(
@@ -427,11 +461,11 @@ def _fuse_sql(
             f" FROM (SELECT {halvings} AS h) x)"
         )
         decay_params = [r.now, float(r.half_life)]
-    own, dated_ctes, dated_params, lifted = f"({fusion}){decay}", [], [], ""
-    dated = _dated_sql(c, r, vector is None or keyword is None)
-    if dated is not None:  # (a date the query names: the candidates said then, lifted)
+    own, lift_ctes, lift_params, lifted = f"({fusion}){decay}", [], [], ""
+    lift = _lift_sql(c, r, vector is None or keyword is None)
+    if lift is not None:  # (cues of the query: the candidates they name, lifted)
         own = f"(SELECT z.s + (1 - z.s) * coalesce(ev.w, 0) FROM (SELECT {own} AS s) z)"
-        dated_ctes, dated_params = [f"ev AS MATERIALIZED ({dated[0]})"], dated[1]
+        lift_ctes, lift_params = [f"ev AS MATERIALIZED ({lift[0]})"], lift[1]
         lifted = " LEFT JOIN ev ON ev.id = coalesce(vr.id, kr.id)"
     vscore, join, fill_ctes, fill_params = "vr.s", "", [], []
     if fill is not None:  # (keyword candidates the vector leg did not hand over, measured)
@@ -445,7 +479,7 @@ def _fuse_sql(
         "kr AS (SELECT id, score AS s, o, (row_number() OVER (ORDER BY score DESC, id))::int"
         " AS rank FROM k)",
         *fill_ctes,
-        *dated_ctes,
+        *lift_ctes,
         f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, {own} AS score,"
         f" vr.rank AS vrank, kr.rank AS krank, {vscore} AS vscore, kr.s AS kscore,"
         f" coalesce(vr.o, kr.o) AS o FROM vr FULL JOIN kr ON kr.id = vr.id{join}{lifted}"
@@ -453,7 +487,7 @@ def _fuse_sql(
         " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
     ]
     params = [
-        *vparams, *kparams, *cut_params, *fill_params, *dated_params, *fusion_params,
+        *vparams, *kparams, *cut_params, *fill_params, *lift_params, *fusion_params,
         *decay_params,
     ]  # fmt: skip
     context = c.context if r.context and vector is not None and keyword is not None else None

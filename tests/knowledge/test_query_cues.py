@@ -1,6 +1,6 @@
-"""Dates a query names lift the rows said then (issue 25): the periods read out of a
-question, and what they do to a hybrid search of a chat's turns, of a document base and of
-an end user's facts."""
+"""What a query names lifts the rows it points at (issue 25): the periods read out of a
+question lift the turns said then (and an end user's facts observed then), the one speaker
+it names lifts their turns; a document base is never lifted."""
 
 from __future__ import annotations
 
@@ -68,12 +68,11 @@ TURNS = [
 def test_a_month_lifts_the_turns_said_in_it_or_in_the_week_after(alice):
     kb = make_kb(alice)
     _turns(kb, TURNS)
-    query = "When did Mel go camping in June?"
-    plain = _scores(kb, query=query, query_dates=False)
+    query = "When did we go camping in June?"
+    plain = _scores(kb, query=query, query_cues=False)
     lifted = _scores(kb, query=query)
-    # June's turn, and July's 3rd (within 7 days of June's end), are lifted by exactly
-    # s + 0.3 x (1 - s) of their own scores; August's is not, nor is the turn that was no
-    # candidate's better for being said in June.
+    # June's turns, and July's 3rd (within 7 days of June's end), are lifted to exactly
+    # s + 0.3 x (1 - s) of their own scores; August's is not.
     for key in ("june", "july", "other"):
         assert lifted[key] == pytest.approx(plain[key] + 0.3 * (1 - plain[key]), abs=1e-12)
     assert lifted["august"] == plain["august"]
@@ -94,14 +93,14 @@ def test_a_day_with_its_year_lifts_only_that_day_and_the_days_after(alice):
             ("year", "Ann: the painting of the sunset, grey", "2022-10-13T08:00:00+00:00"),
         ],
     )
-    query = "What painting did Ann show on October 13, 2023?"
-    plain = _scores(kb, query=query, query_dates=False)
+    query = "What painting was shown on October 13, 2023?"
+    plain = _scores(kb, query=query, query_cues=False)
     lifted = _scores(kb, query=query)
     moved = {k for k in plain if lifted[k] != plain[k]}
     assert moved == {"day", "week"}
     # Without its year the day matches in any year.
-    query = "What painting did Ann show on October 13?"
-    plain = _scores(kb, query=query, query_dates=False)
+    query = "What painting was shown on October 13?"
+    plain = _scores(kb, query=query, query_cues=False)
     any_year = _scores(kb, query=query)
     assert {k for k in plain if any_year[k] != plain[k]} == {"day", "week", "year"}
 
@@ -130,7 +129,7 @@ def test_the_days_after_a_period_reach_into_the_next_year(alice, query, lifted):
             ("nov", "Ann: fireworks, early", "2023-11-20T08:00:00+00:00"),
         ],
     )
-    plain = _scores(kb, query=query, query_dates=False)
+    plain = _scores(kb, query=query, query_cues=False)
     lifted_now = _scores(kb, query=query)
     assert len(plain) == 6
     for key, score in plain.items():
@@ -150,7 +149,7 @@ def test_the_lift_can_change_the_order(alice):
         ],
     )
     query = "camping by the lake in June"
-    assert list(_scores(kb, query=query, query_dates=False)) == ["close", "lake", "june", "other"]
+    assert list(_scores(kb, query=query, query_cues=False)) == ["close", "lake", "june", "other"]
     assert list(_scores(kb, query=query)) == ["close", "june", "lake", "other"]
 
 
@@ -170,22 +169,22 @@ def test_documents_are_never_lifted(alice):
     )
     year = Chunk.objects.get(knowledge_base=kb, source_key="now#0").source_timestamp.year
     for query in ("the report in 2023", "the plan in June", f"the plan in {year}"):
-        assert _scores(kb, query=query) == _scores(kb, query=query, query_dates=False)
+        assert _scores(kb, query=query) == _scores(kb, query=query, query_cues=False)
 
 
 @pytest.mark.parametrize("extra", [{"rrf_k": 60}, {"mode": "vector"}, {"mode": "keyword"}])
 def test_no_lift_where_scores_are_no_fusions(alice, extra):
     kb = make_kb(alice)
     _turns(kb, TURNS)
-    query = "When did Mel go camping in June?"
-    assert _scores(kb, query=query, **extra) == _scores(kb, query=query, query_dates=False, **extra)
+    query = "When did we go camping in June?"
+    assert _scores(kb, query=query, **extra) == _scores(kb, query=query, query_cues=False, **extra)
 
 
 def test_the_lift_is_a_constant_of_the_engine(alice, monkeypatch):
     kb = make_kb(alice)
     _turns(kb, TURNS)
-    query = "When did Mel go camping in June?"
-    plain = _scores(kb, query=query, query_dates=False)
+    query = "When did we go camping in June?"
+    plain = _scores(kb, query=query, query_cues=False)
     monkeypatch.setattr(dates, "BOOST", 0.5)
     lifted = _scores(kb, query=query)
     assert lifted["june"] == pytest.approx(plain["june"] + 0.5 * (1 - plain["june"]), abs=1e-12)
@@ -217,29 +216,29 @@ def test_a_lifted_turn_lends_its_lifted_score_to_its_neighbours(alice):
         ),
     )
     query = "camping lake in June"
-    plain = _scores(kb, query=query, query_dates=False)
+    plain = _scores(kb, query=query, query_cues=False)
     lifted = _scores(kb, query=query)
     assert lifted["q"] > plain["q"]  # (lifted itself, and lent more by its lifted neighbour)
     assert lifted["x"] == plain["x"]
 
 
-def test_the_api_takes_query_dates_as_a_boolean(alice, alice_client):
+def test_the_api_takes_query_cues_as_a_boolean(alice, alice_client):
     kb = make_kb(alice)
     _turns(kb, TURNS)
     url = f"/api/v1/knowledge-bases/{kb.pk}/search"
-    body = {"query": "When did Mel go camping in June?", "top_k": 4}
+    body = {"query": "When did we go camping in June?", "top_k": 4}
     on = alice_client.post(url, body, format="json").json()["results"]
-    off = alice_client.post(url, {**body, "query_dates": False}, format="json").json()["results"]
+    off = alice_client.post(url, {**body, "query_cues": False}, format="json").json()["results"]
     assert {r["metadata"]["source_key"][:-2]: r["score"] for r in on} == pytest.approx(
         _scores(kb, query=body["query"])
     )
     assert [r["score"] for r in off] == sorted(
-        _scores(kb, query=body["query"], query_dates=False).values(), reverse=True
+        _scores(kb, query=body["query"], query_cues=False).values(), reverse=True
     )
     chunks = Chunk.objects.filter(knowledge_base=kb).count()
-    response = alice_client.post(url, {**body, "query_dates": "yes"}, format="json")
+    response = alice_client.post(url, {**body, "query_cues": "yes"}, format="json")
     assert response.status_code == 400
-    assert "query_dates" in response.json()["error"]["details"]
+    assert "query_cues" in response.json()["error"]["details"]
     assert Chunk.objects.filter(knowledge_base=kb).count() == chunks
 
 
@@ -274,3 +273,71 @@ def test_the_windows_the_engine_tests():
     )
     with pytest.raises(ValueError):
         dates.Dated(((0, 6, 0),), grace=28)
+
+
+CHAT = [
+    ("a1", "Ann: we went camping by the lake", "2023-06-27T10:00:00+00:00"),
+    ("b1", "Bob: camping sounds lovely, where was it?", "2023-06-27T10:00:01+00:00"),
+    ("a2", "Ann: the lake is two hours north", "2023-06-27T10:00:02+00:00"),
+    ("b2", "Bob: I went camping in the hills last year", "2023-07-20T10:00:00+00:00"),
+    ("a3", "Ann: pottery class starts tomorrow", "2023-07-20T10:00:01+00:00"),
+    ("b3", "Bob: good luck with the pottery", "2023-07-20T10:00:02+00:00"),
+]
+
+
+def _chat(kb) -> None:
+    """``CHAT``, each turn a session of its own: no turn lends another context."""
+    _turns(kb, CHAT)
+
+
+def _lifted(plain: dict[str, float], keys: set[str], lift: float = 0.3) -> dict[str, float]:
+    return {k: (s + lift * (1 - s) if k in keys else s) for k, s in plain.items()}
+
+
+def test_the_one_speaker_a_query_names_lifts_their_turns(alice):
+    kb = make_kb(alice)
+    _chat(kb)
+    query = "Where has Ann gone camping?"
+    plain = _scores(kb, query=query, query_cues=False)
+    assert len(plain) == 6
+    assert _scores(kb, query=query) == pytest.approx(_lifted(plain, {"a1", "a2", "a3"}), abs=1e-12)
+    # Both speakers named: neither is lifted.
+    query = "Where have Ann and Bob gone camping?"
+    assert _scores(kb, query=query) == _scores(kb, query=query, query_cues=False)
+
+
+def test_a_speaker_and_a_date_combine(alice):
+    kb = make_kb(alice)
+    _chat(kb)
+    query = "Where did Ann go camping in June?"
+    plain = _scores(kb, query=query, query_cues=False)
+    both = 1 - (1 - 0.3) * (1 - 0.3)
+    expected = _lifted(_lifted(plain, {"a3"}), {"b1"})  # (one of the two each)
+    expected |= {k: s + both * (1 - s) for k, s in plain.items() if k in ("a1", "a2")}
+    assert _scores(kb, query=query) == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_turns_sender_is_its_speaker(alice):
+    kb = make_kb(alice)
+    turns = [
+        ("n1", "Note: Ann went camping by the lake", "ann"),
+        ("n2", "Note: Ann asked Bob about camping", "bob"),
+        ("n3", "Note: pottery class for Ann", "bob"),
+    ]
+    ingest(
+        kb,
+        *(
+            (k, text, {"session_id": "s", "sender": sender, "timestamp": f"2023-06-0{i}T10:00:00Z"})
+            for i, (k, text, sender) in enumerate(turns, 1)
+        ),
+    )
+    query = "Where did Ann go camping?"
+    plain = _scores(kb, query=query, query_cues=False)
+    assert _scores(kb, query=query) == pytest.approx(_lifted(plain, {"n1"}), abs=1e-12)
+
+
+def test_a_documents_opening_name_is_no_speaker(alice):
+    kb = make_kb(alice)
+    ingest(kb, *((k, text) for k, text, _ in CHAT))  # (no session: documents)
+    query = "Where has Ann gone camping?"
+    assert _scores(kb, query=query) == _scores(kb, query=query, query_cues=False)
