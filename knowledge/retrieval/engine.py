@@ -40,6 +40,11 @@ Decay (a half-life in days): a candidate's own score x ``0.5 ** (age / half_life
 age from the collection's ``time`` to now, never negative (``core.scoring.decay``, same
 float operations), before context: a row lends its decayed score.
 
+Lifts (``_lift_sql``): a candidate a cue of the query points at (a period it names, the
+row's ``event_time`` in it: ``dates.Dated``; the one speaker it names, the row's
+``speaker``) has its own score s lifted to s + (1 - s) x w, after decay and before
+context, w the cues' lifts combined as 1 - prod(1 - lift): fused scores only.
+
 A similarity threshold (``Ranking.max_distance``) drops the vector candidates past it and
 every row that is no candidate of a leg: each hit then matches a leg itself.
 Ties: the collection's ``tiebreak``.
