@@ -3,8 +3,8 @@
 LoCoMo dev's questions, each searched in process through ``search_chunks`` (hybrid, top
 20, the query embedded by the default embedder) with ``query_cues`` on and off, the two
 alternated in turn, on the bases ``bench_retrieval.py`` builds (the chat protocol).
-Prints, for every question and for those naming a date, the p50 of each and the median
-of the paired ratios (on / off).
+Prints, for every question and for those naming a date or asking when, the p50 of each
+and the median of the paired ratios (on / off).
 
     MEMORY_DATA_DIR=... .venv/bin/python bench/bench_query_cues.py [--rounds 10]
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_retrieval as br  # noqa: E402  (sets Django up, on the database bench_retrieval)
 
 from knowledge.retrieval.dates import periods  # noqa: E402
-from knowledge.search import SearchRequest, search_chunks  # noqa: E402
+from knowledge.search import _ASKS_WHEN, SearchRequest, search_chunks  # noqa: E402
 
 
 def main() -> None:
@@ -44,16 +44,18 @@ def main() -> None:
 
     for kb, text in asked:  # warm-up: the embedder, the connection, the prepared plans
         timed(kb, text, True), timed(kb, text, False)
-    took: dict[bool, list[tuple[str, float, float]]] = {True: [], False: []}
+    took: list[tuple[str, float, float]] = []
     for round_ in range(args.rounds):
         for kb, text in asked:
             order = (True, False) if round_ % 2 == 0 else (False, True)
             ms = {on: timed(kb, text, on) for on in order}
-            took[bool(periods(text))].append((text, ms[True], ms[False]))
-    for title, rows in (
-        ("every question", took[True] + took[False]),
-        ("naming a date", took[True]),
-    ):
+            took.append((text, ms[True], ms[False]))
+    subsets = (
+        ("every question", took),
+        ("naming a date", [r for r in took if periods(r[0])]),
+        ("asking when", [r for r in took if _ASKS_WHEN.search(r[0])]),
+    )
+    for title, rows in subsets:
         print(
             f"{title} ({len(rows) // args.rounds}): query_cues on p50 "
             f"{statistics.median(r[1] for r in rows):.2f} ms, off p50 "

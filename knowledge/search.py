@@ -32,6 +32,7 @@ from knowledge.retrieval.engine import (
     Context,
     Lane,
     Leg,
+    Lift,
     Ranking,
     Scope,
     rank,
@@ -101,9 +102,16 @@ CHUNKS = Collection(
     # document's timestamp is its ingestion time unless given, which is not when its text
     # was said: a date the query names lifts turns only (``dates``).
     event_time="CASE WHEN session_id <> '' THEN source_timestamp END",
-    # A turn's speaker: its sender, or the name its text opens with ("Caroline: ...").
-    speaker="CASE WHEN session_id <> '' THEN lower(CASE WHEN sender <> '' THEN sender"
-    " ELSE split_part(left(text, 41), ':', 1) END) END",
+    cues=(
+        # A turn by a speaker: its sender, or the name its text opens with ("Caroline: ...").
+        (
+            "speaker",
+            "session_id <> '' AND lower(CASE WHEN sender <> '' THEN sender"
+            " ELSE split_part(left(text, 41), ':', 1) END) = %s",
+        ),
+        # A turn that tells a time ("last week", "two days ago"), as its lexemes hold it.
+        ("tells_time", "session_id <> '' AND search_vector @@ %s::tsquery"),
+    ),
 )
 
 
@@ -271,11 +279,14 @@ def _merged(legs: list[Leg], key: Any, limit: int) -> Leg | None:
 def _vector_leg(
     bases: list[KnowledgeBase], request: SearchRequest, pool: int, common: set[str] | None = None
 ) -> Leg | None:
-    """The vector leg (one per embedding model, merged); ``common``: the query's common
-    names (``common_names``), found here when not given."""
+    """The vector leg (one per embedding model, merged). ``common``: the query's common
+    names over ``bases`` (``common_names``), what a single model's leg leaves out of the
+    text it embeds; with several models each group's own are found."""
     groups: dict[tuple[str, str, int], list[KnowledgeBase]] = defaultdict(list)
     for kb in bases:
         groups[(kb.embedding_provider, kb.embedding_model, kb.embedding_dimensions)].append(kb)
+    if len(groups) > 1:
+        common = None
     legs = [
         vector_leg(
             CHUNKS,
@@ -313,15 +324,38 @@ def _keyword_leg(bases: list[KnowledgeBase], request: SearchRequest, pool: int) 
 # speaker). A query naming both (or no) speakers lifts none. BENCHMARKS.md, "The speaker
 # the question names".
 SPEAKER_LIFT = 0.3
+# A question asking when ("When did ...", "What year ...") is answered by a turn that tells
+# a time, mostly relative to the day it was said ("last week", "two weekends ago"): such
+# turns are lifted by TIME_LIFT.
+TIME_LIFT = 0.2
+_ASKS_WHEN = re.compile(
+    r"^\W*(?:when\b|what (?:year|month|day|date|time)\b)|\bhow long ago\b", re.IGNORECASE
+)
+# English lexemes (stemmed: "morn" for morning, "recent" for recently, "late" for lately;
+# a test holds them to the English stemmer) of a time told relative to the day: one, or
+# "last"/"next" before a unit or a day's name.
+_UNITS = (
+    "week | weekend | month | year | night | morn | summer | winter | spring | fall"
+    " | autumn | monday | tuesday | wednesday | thursday | friday | saturday | sunday"
+)
+TIME_WORDS = (
+    "yesterday | today | tonight | tomorrow | ago | recent | earlier | late"
+    f" | last <-> ({_UNITS}) | next <-> ({_UNITS})"
+)
 
 
-def _cues(request: SearchRequest, common: set[str]) -> tuple[Dated | None, str]:
-    """What the query names that lifts turns (hybrid search only): the periods, and the
-    one speaker."""
+def _cues(request: SearchRequest, common: set[str]) -> tuple[Dated | None, tuple[Lift, ...]]:
+    """What the query names that lifts turns (hybrid search only): the periods, the one
+    speaker, a question asking when."""
     if not request.query_cues or request.mode != "hybrid" or not request.query:
-        return None, ""
+        return None, ()
+    lifts = []
     speakers = {name.lower() for name in common}
-    return dated(request.query), (speakers.pop() if len(speakers) == 1 else "")
+    if len(speakers) == 1:
+        lifts.append(Lift("speaker", (speakers.pop(),), SPEAKER_LIFT))
+    if TIME_LIFT and _ASKS_WHEN.search(request.query):
+        lifts.append(Lift("tells_time", (TIME_WORDS,), TIME_LIFT))
+    return dated(request.query), tuple(lifts)
 
 
 def _validate(request: SearchRequest) -> None:
@@ -338,10 +372,11 @@ def _plan(
     _validate(request)
     top_k = request.top_k
     pool = top_k if request.mode != "hybrid" else max(top_k * 3, CANDIDATES)
-    # (the names the vector leg's text leaves out, the speaker a hybrid search lifts)
-    common = (
-        common_names(bases, request.query) if request.query and request.mode != "keyword" else set()
-    )
+    # The names the vector leg's text leaves out (when it embeds the query), the speaker a
+    # hybrid search lifts: one statement for both, only for a query with a capitalised word.
+    embeds = request.vector is None and request.mode != "keyword"
+    cues = request.query_cues and request.mode == "hybrid"
+    common = common_names(bases, request.query) if request.query and (embeds or cues) else set()
     vector = _vector_leg(bases, request, pool, common) if request.mode != "keyword" else None
     keyword = None
     if request.mode == "keyword" or (request.mode == "hybrid" and request.query):
@@ -349,7 +384,7 @@ def _plan(
     if request.mode == "hybrid" and keyword is None:
         keyword = Leg("", [], [], rows=[])  # (a vector alone: still fused, with context)
     threshold = request.similarity_threshold
-    dated_, speaker = _cues(request, common)
+    dated_, lifts = _cues(request, common)
     ranking = Ranking(
         limit=top_k,
         rrf_k=request.rrf_k,
@@ -358,8 +393,7 @@ def _plan(
         now=timezone.now(),
         neighbours=_neighbours(request, [str(kb.pk) for kb in bases]),
         dated=dated_,
-        speaker=speaker,
-        speaker_lift=SPEAKER_LIFT,
+        lifts=lifts,
     )
     return vector, keyword, ranking
 

@@ -156,7 +156,9 @@ class SearchSerializer(serializers.Serializer):
         help_text="Hybrid search: a turn (a chunk with a session) said in a period the query "
         'names ("in June", "on May 23, 2023", "in 2023") or up to 7 days after it, '
         "or by the one speaker the query names (its sender, or the name its text opens "
-        "with), has its own score s lifted to s + 0.3 x (1 - s), before context. Default true.",
+        "with), has its own score s lifted to s + 0.3 x (1 - s), before context; for a "
+        'question asking when, a turn telling a time ("last week", "two days ago") by 0.2; '
+        "several cues combine as 1 - prod(1 - lift). Default true.",
     )
     rewrite = StrictBooleanField(
         required=False,

@@ -4,15 +4,19 @@
 beach in 2023": a chat's turns carry the time they were said, and the event a question
 names by its date was usually told of on that date or in the days after it ("we went
 camping two weekends ago"). The engine lifts the rows told of in such a period
-(``engine.Dated``); this module only reads the periods out of the text.
+(``Dated``, tested by ``engine._period_tests``); this module reads the periods out of the
+text.
 
 What is read, English only, written out (no relative dates: "last week" of a question
 is not the week before its row's time):
 - a day: ``October 13, 2023``, ``13 October 2023``, ``1 February, 2023``, ``Oct 13th``,
   ``2023-10-13``;
 - a month: ``October 2023``, or a month's full name after a preposition (``in June``,
-  ``since March``), which keeps "May I ..." and "June said ..." out;
-- a year after a preposition: ``in 2023``, ``during 1999`` (not "2000 calories").
+  ``In June``, ``since March``), which keeps "May I ..." and "June said ..." out;
+- a year after a preposition of time: ``in 2023``, ``during 1999`` (not "2000 calories",
+  nor "a diet of 2000 calories").
+
+A heuristic: "May 5 people" reads as May 5, "a gift from June" as June.
 
 A period is (year, month, day), 0 where the text names none: ``(0, 6, 0)`` is any June.
 """
@@ -41,7 +45,7 @@ class Dated:
     grace: int = GRACE_DAYS
 
     def __post_init__(self) -> None:
-        if not 0 <= self.grace <= 27:  # (shorter than any month: ``engine._dated_sql``)
+        if not 0 <= self.grace <= 27:  # (shorter than any month: ``engine._period_tests``)
             raise ValueError("grace must be 0 to 27 days")
 
     def windows(self) -> tuple[str, list[int], list[tuple[int, int]]]:
@@ -89,7 +93,10 @@ _FULL = "|".join(MONTHS)
 _ANY = "|".join([*MONTHS, "Sept", *(m[:3] for m in MONTHS)])
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _YEAR = r"((?:19|20)\d\d)"
-_PREPOSITION = r"(?:in|on|during|since|by|until|till|through|throughout|of|from|before|after)"
+# (any case: a question may open with one, "In June, ...")
+_PREPOSITION = r"(?i:in|on|during|since|by|until|till|through|throughout|of|from|before|after)"
+# A year is read after these only ("of 2000 calories", "from 1999 people" are no years).
+_YEAR_PREPOSITION = r"(?i:in|during|since|by|until|till|through|throughout|before|after)"
 
 _PATTERNS = (
     # 2023-10-13
@@ -103,14 +110,16 @@ _PATTERNS = (
     # in June
     ("m", re.compile(r"\b" + _PREPOSITION + r" (?:early |late |mid-?)?(" + _FULL + r")\b")),
     # in 2023
-    ("y", re.compile(r"\b" + _PREPOSITION + r" (?:early |late |mid-?)?" + _YEAR + r"\b")),
+    ("y", re.compile(r"\b" + _YEAR_PREPOSITION + r" (?:early |late |mid-?)?" + _YEAR + r"\b")),
 )
 
 
-def _valid(year: int, month: int, day: int) -> bool:
+def _valid(year: int, month: int, day: int | None) -> bool:
+    """Whether a month (and day, None when the text named none) exists: 2023-00-05,
+    October 0 and February 30 do not."""
     if not 1 <= month <= 12:
         return False
-    if day == 0:
+    if day is None:
         return True
     try:
         date(year or 2000, month, day)  # (2000: a leap year, so "February 29" passes)
@@ -128,6 +137,7 @@ def periods(text: str) -> list[tuple[int, int, int]]:
         for m in pattern.finditer(text):
             if any(m.start() < end and start < m.end() for start, end in taken):
                 continue
+            day: int | None = None
             if kind == "ymd":
                 year, month, day = int(m[1]), int(m[2]), int(m[3])
             elif kind == "mdy":
@@ -135,15 +145,15 @@ def periods(text: str) -> list[tuple[int, int, int]]:
             elif kind == "dmy":
                 year, month, day = int(m[3] or 0), _NUMBER[m[2].lower()], int(m[1])
             elif kind == "my":
-                year, month, day = int(m[2]), _NUMBER[m[1].lower()], 0
+                year, month = int(m[2]), _NUMBER[m[1].lower()]
             elif kind == "m":
-                year, month, day = 0, _NUMBER[m[1].lower()], 0
+                year, month = 0, _NUMBER[m[1].lower()]
             else:
-                year, month, day = int(m[1]), 0, 0
-            if month and not _valid(year, month, day):
+                year, month = int(m[1]), 0
+            if kind != "y" and not _valid(year, month, day):
                 continue
             taken.append((m.start(), m.end()))
-            found.append((m.start(), (year, month, day)))
+            found.append((m.start(), (year, month, day or 0)))
     out: list[tuple[int, int, int]] = []
     for _, period in sorted(found):
         if period not in out:

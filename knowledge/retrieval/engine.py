@@ -41,8 +41,8 @@ age from the collection's ``time`` to now, never negative (``core.scoring.decay`
 float operations), before context: a row lends its decayed score.
 
 Lifts (``_lift_sql``): a candidate a cue of the query points at (a period it names, the
-row's ``event_time`` in it: ``dates.Dated``; the one speaker it names, the row's
-``speaker``) has its own score s lifted to s + (1 - s) x w, after decay and before
+row's ``event_time`` in it: ``dates.Dated``; another cue, ``Lift``, by the condition the
+collection gives it: chunks have the speaker a query names and turns that tell a time) has its own score s lifted to s + (1 - s) x w, after decay and before
 context, w the cues' lifts combined as 1 - prod(1 - lift): fused scores only.
 
 A similarity threshold (``Ranking.max_distance``) drops the vector candidates past it and
@@ -130,9 +130,9 @@ class Collection:
     # The time a row's text was said or written, when it has one (a chat turn's): what
     # a date the query names is matched against (``Dated``). "": no row has one.
     event_time: str = ""
-    # A row's speaker in lower case, when it has one (a chat turn's): what the speaker
-    # a query names (``Ranking.speaker``) is matched against. "": no row has one.
-    speaker: str = ""
+    # Conditions a query's cue (``Lift``) names by key: each a condition on a row's
+    # columns, its %s the lift's parameters (a chat turn's speaker, a turn telling a time).
+    cues: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,16 @@ class Leg:
 
 
 @dataclass(frozen=True)
+class Lift:
+    """A cue of the query (``Collection.cues`` key ``cue``, with ``params``): the rows
+    meeting its condition are lifted by ``lift`` (see the module)."""
+
+    cue: str
+    params: tuple[Any, ...]
+    lift: float
+
+
+@dataclass(frozen=True)
 class Ranking:
     """How a search ranks (beside its collection's defaults) and which page comes back.
     ``max_distance``: vector candidates farther than this are dropped. ``neighbours``:
@@ -199,10 +209,9 @@ class Ranking:
     vector_weight: float | None = None
     vector_required: bool = False  # only rows with a similarity (within max_distance)
     # Lifts (fused scores only: not with rrf_k or one leg; see the module): the periods
-    # a query names, and the speaker it names (lower case) with the lift of their rows.
+    # a query names, and its other cues.
     dated: Dated | None = None
-    speaker: str = ""
-    speaker_lift: float = 0.0
+    lifts: tuple[Lift, ...] = ()
 
 
 def _pinned() -> list[Setting]:
@@ -367,31 +376,32 @@ def _fill_sql(
 
 
 def _lift_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]] | None:
-    """CTE ``ev``: (id, w) of the candidates a cue of the query lifts, w their lift: the
-    speaker it names (``Ranking.speaker``: a row of that ``Collection.speaker`` gets
-    ``speaker_lift``) and the periods it names (``Dated``: a row whose ``event_time``, in
-    UTC, falls in one or up to ``grace`` days after it gets ``boost``), both combined as
-    1 - (1 - a)(1 - b). None when nothing is lifted (no cue, no such column, or scores
-    that are no fusion's: rrf, or one leg's raw values). The candidates' rows are read
-    once, by id, and each one's date tested with scalar operations: a range test for a
-    period with its year; month (and day) numbers of the date and of the date ``grace``
-    days before for one without (a window shorter than a month holds a named day or
-    month iff one of its ends is in it or, for a day, the day lies between them)."""
+    """CTE ``ev``: (id, w) of the candidates a cue of the query lifts, w their lift: each
+    ``Lift`` whose cue the collection has (a row meeting its condition gets its lift) and
+    the periods it names (``Dated``: a row whose ``event_time``, in UTC, falls in one or up
+    to ``grace`` days after it gets ``boost``), combined as 1 - prod(1 - lift). None when
+    nothing is lifted (no cue the collection has, or scores that are no fusion's: rrf, or
+    one leg's raw values). The candidates' rows are read once, by id, and each one's date
+    tested with scalar operations: a range test for a period with its year; month (and
+    day) numbers of the date and of the date ``grace`` days before for one without (a
+    window shorter than a month holds a named day or month iff one of its ends is in it
+    or, for a day, the day lies between them)."""
     if one_leg or r.rrf_k is not None:
         return None
     d = r.dated if r.dated is not None and r.dated.periods and c.event_time else None
-    speaks = bool(r.speaker and c.speaker and r.speaker_lift)
-    if d is None and not speaks:
+    cues = dict(c.cues)
+    named = [x for x in r.lifts if x.cue in cues and x.lift]
+    if d is None and not named:
         return None
     lifts: list[str] = []  # (each a CASE giving its lift or 0)
     params: list[Any] = []
     conditions: list[str] = []  # (a candidate is a row of ``ev`` when one holds)
     where: list[Any] = []
-    if speaks:
-        lifts.append(f"CASE WHEN {c.speaker} = %s THEN %s::float8 ELSE 0 END")
-        params += [r.speaker, float(r.speaker_lift)]
-        conditions.append(f"{c.speaker} = %s")
-        where.append(r.speaker)
+    for x in named:
+        lifts.append(f"CASE WHEN {cues[x.cue]} THEN %s::float8 ELSE 0 END")
+        params += [*x.params, float(x.lift)]
+        conditions.append(cues[x.cue])
+        where += x.params
     day = ""
     if d is not None:
         tests, test_params = _period_tests(d)
@@ -400,11 +410,11 @@ def _lift_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]
         conditions.append(tests)
         where += test_params
         day = f" CROSS JOIN LATERAL (SELECT ({c.event_time} AT TIME ZONE 'UTC')::date AS d) e"
-    w = lifts[0] if len(lifts) == 1 else f"1 - (1 - {lifts[0]}) * (1 - {lifts[1]})"
+    w = lifts[0] if len(lifts) == 1 else "1 - " + " * ".join(f"(1 - {x})" for x in lifts)
     sql = (
         f"SELECT a.id, {w} AS w FROM {c.table} a{day}"
         " WHERE a.id IN (SELECT id FROM v UNION SELECT id FROM k)"
-        f" AND ({' OR '.join(conditions)})"
+        f" AND ({' OR '.join(f'({x})' for x in conditions)})"
     )
     return sql, [*params, *where]
 
@@ -418,20 +428,19 @@ def _period_tests(d: Dated) -> tuple[str, list[Any]]:
     if ranges:
         tests.append("e.d <@ %s::datemultirange")
         params.append(ranges)
-    grace = int(d.grace)
+    grace = int(d.grace)  # (a constant: the statement's text varies with the count only)
     for month in months:
-        tests.append(
-            f"extract(month FROM e.d) = {int(month)}"
-            f" OR extract(month FROM e.d - {grace}) = {int(month)}"
-        )
+        tests.append(f"extract(month FROM e.d) = %s OR extract(month FROM e.d - {grace}) = %s")
+        params += [int(month), int(month)]
     key = "(extract(month FROM {x}) * 100 + extract(day FROM {x}))"
     last, first = key.format(x="e.d"), key.format(x=f"(e.d - {grace})")
     for month, day in days:
         md = int(month) * 100 + int(day)
         tests.append(
-            f"CASE WHEN {first} <= {last} THEN {md} BETWEEN {first} AND {last}"
-            f" ELSE {md} >= {first} OR {md} <= {last} END"
+            f"CASE WHEN {first} <= {last} THEN %s BETWEEN {first} AND {last}"
+            f" ELSE %s >= {first} OR %s <= {last} END"
         )
+        params += [md, md, md]
     return "(" + " OR ".join(f"({t})" for t in tests) + ")", params
 
 

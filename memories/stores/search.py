@@ -147,9 +147,11 @@ class ChunkSearch:
     threshold: float | None
 
     def _request(self) -> SearchRequest:
+        # (a file store's chunks are documents, which no cue of the query lifts: without
+        # cues, and with the vector given, the search sends no statement of its own)
         return SearchRequest(
             query=self.text, vector=np.frombuffer(self.vector, dtype=np.float64).tolist(),
-            top_k=self.top_k, similarity_threshold=self.threshold,
+            top_k=self.top_k, similarity_threshold=self.threshold, query_cues=False,
         )  # fmt: skip
 
     def statement(self) -> Statement:
