@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 
 # A row told of in a period the query names, or up to GRACE_DAYS after it, has its own
-# score s lifted to s + (1 - s) x BOOST (BENCHMARKS.md, "Dates the question names").
-BOOST = 0.3
+# score s lifted to s + (1 - s) x LIFT (BENCHMARKS.md, "Dates the question names").
+LIFT = 0.3
 GRACE_DAYS = 7
 
 
@@ -37,11 +37,11 @@ GRACE_DAYS = 7
 class Dated:
     """Periods a query names (``periods``): a candidate whose ``Collection.event_time``
     falls in one, or up to ``grace`` days after it, has its own score s lifted to
-    s + (1 - s) x ``boost`` before context (an event is often told of in the days after
+    s + (1 - s) x ``lift`` before context (an event is often told of in the days after
     it). The engine applies it to fused scores only (not rrf, not one leg's raw values)."""
 
     periods: tuple[tuple[int, int, int], ...]
-    boost: float = BOOST
+    lift: float = LIFT
     grace: int = GRACE_DAYS
 
     def __post_init__(self) -> None:
@@ -77,7 +77,7 @@ class Dated:
 def dated(text: str | None) -> Dated | None:
     """The lift for a query's text: None when it names no date."""
     named = periods(text or "")
-    return Dated(tuple(named), BOOST, GRACE_DAYS) if named else None
+    return Dated(tuple(named), LIFT, GRACE_DAYS) if named else None
 
 
 MONTHS = (

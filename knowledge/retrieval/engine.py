@@ -42,8 +42,9 @@ float operations), before context: a row lends its decayed score.
 
 Lifts (``_lift_sql``): a candidate a cue of the query points at (a period it names, the
 row's ``event_time`` in it: ``dates.Dated``; another cue, ``Lift``, by the condition the
-collection gives it: chunks have the speaker a query names and turns that tell a time) has its own score s lifted to s + (1 - s) x w, after decay and before
-context, w the cues' lifts combined as 1 - prod(1 - lift): fused scores only.
+collection gives it: chunks have the speaker a query names and turns that tell a time)
+has its own score s lifted to s + (1 - s) x w, after decay and before context, w the
+cues' lifts combined as 1 - prod(1 - lift): fused scores only.
 
 A similarity threshold (``Ranking.max_distance``) drops the vector candidates past it and
 every row that is no candidate of a leg: each hit then matches a leg itself.
@@ -379,9 +380,10 @@ def _lift_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]
     """CTE ``ev``: (id, w) of the candidates a cue of the query lifts, w their lift: each
     ``Lift`` whose cue the collection has (a row meeting its condition gets its lift) and
     the periods it names (``Dated``: a row whose ``event_time``, in UTC, falls in one or up
-    to ``grace`` days after it gets ``boost``), combined as 1 - prod(1 - lift). None when
-    nothing is lifted (no cue the collection has, or scores that are no fusion's: rrf, or
-    one leg's raw values). The candidates' rows are read once, by id, and each one's date
+    to ``grace`` days after it gets its ``lift``), combined as 1 - prod(1 - lift), 0 for a
+    candidate no cue points at. None when nothing is lifted (no cue the collection has, or
+    scores that are no fusion's: rrf, or one leg's raw values). The candidates' rows are
+    read once, by id, each cue's condition tested once, and each one's date
     tested with scalar operations: a range test for a period with its year; month (and
     day) numbers of the date and of the date ``grace`` days before for one without (a
     window shorter than a month holds a named day or month iff one of its ends is in it
@@ -395,28 +397,21 @@ def _lift_sql(c: Collection, r: Ranking, one_leg: bool) -> tuple[str, list[Any]]
         return None
     lifts: list[str] = []  # (each a CASE giving its lift or 0)
     params: list[Any] = []
-    conditions: list[str] = []  # (a candidate is a row of ``ev`` when one holds)
-    where: list[Any] = []
     for x in named:
         lifts.append(f"CASE WHEN {cues[x.cue]} THEN %s::float8 ELSE 0 END")
         params += [*x.params, float(x.lift)]
-        conditions.append(cues[x.cue])
-        where += x.params
     day = ""
     if d is not None:
         tests, test_params = _period_tests(d)
         lifts.append(f"CASE WHEN {tests} THEN %s::float8 ELSE 0 END")
-        params += [*test_params, float(d.boost)]
-        conditions.append(tests)
-        where += test_params
+        params += [*test_params, float(d.lift)]
         day = f" CROSS JOIN LATERAL (SELECT ({c.event_time} AT TIME ZONE 'UTC')::date AS d) e"
     w = lifts[0] if len(lifts) == 1 else "1 - " + " * ".join(f"(1 - {x})" for x in lifts)
     sql = (
         f"SELECT a.id, {w} AS w FROM {c.table} a{day}"
         " WHERE a.id IN (SELECT id FROM v UNION SELECT id FROM k)"
-        f" AND ({' OR '.join(f'({x})' for x in conditions)})"
     )
-    return sql, [*params, *where]
+    return sql, params
 
 
 def _period_tests(d: Dated) -> tuple[str, list[Any]]:

@@ -193,11 +193,11 @@ def test_the_lift_is_a_constant_of_the_engine(alice, monkeypatch):
     _turns(kb, TURNS)
     query = "Did we go camping in June?"
     plain = _scores(kb, query=query, query_cues=False)
-    monkeypatch.setattr(dates, "BOOST", 0.5)
+    monkeypatch.setattr(dates, "LIFT", 0.5)
     lifted = _scores(kb, query=query)
     assert lifted["june"] == pytest.approx(plain["june"] + 0.5 * (1 - plain["june"]), abs=1e-12)
     # The lift is applied before context: a turn lends its lifted score.
-    monkeypatch.setattr(dates, "BOOST", 0.3)
+    monkeypatch.setattr(dates, "LIFT", 0.3)
     with monkeypatch.context() as m:
         m.setattr(search, "CHUNKS", replace(search.CHUNKS, event_time=""))
         assert _scores(kb, query=query) == plain
@@ -264,7 +264,7 @@ def test_a_date_lifts_the_facts_observed_then(alice, monkeypatch):
         return {h.content: h.score for h in found.hits}
 
     lifted = scores()
-    monkeypatch.setattr(dates, "BOOST", 0.0)
+    monkeypatch.setattr(dates, "LIFT", 0.0)
     plain = scores()
     assert set(lifted) == set(plain) and len(plain) == 3
     for content in ("User went sailing near Lisbon", "User bought a violin"):
