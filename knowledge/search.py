@@ -324,12 +324,15 @@ def _keyword_leg(bases: list[KnowledgeBase], request: SearchRequest, pool: int) 
 # speaker). A query naming both (or no) speakers lifts none. BENCHMARKS.md, "The speaker
 # the question names".
 SPEAKER_LIFT = 0.3
-# A question asking when ("When did ...", "What year ...") is answered by a turn that tells
-# a time, mostly relative to the day it was said ("last week", "two weekends ago"): such
-# turns are lifted by TIME_LIFT.
+# A question asking when ("When did ...", "What year ...", "In which month ...", "How
+# many weeks ago ...") is answered by a turn that tells a time, mostly relative to the day
+# it was said ("last week", "two weekends ago"): such turns are lifted by TIME_LIFT.
 TIME_LIFT = 0.2
 _ASKS_WHEN = re.compile(
-    r"^\W*(?:when\b|what (?:year|month|day|date|time)\b)|\bhow long ago\b", re.IGNORECASE
+    r"^\W*(?:(?:in|on|during|around|by|since|until)\s+)?"
+    r"(?:when\b|(?:what|which)\s+(?:year|month|week|weekend|day|date|time|season)\b)"
+    r"|\bhow\s+(?:long|many\s+(?:days|weeks|weekends|months|years))\s+ago\b",
+    re.IGNORECASE,
 )
 # English lexemes (stemmed: "morn" for morning, "recent" for recently, "late" for lately;
 # a test holds them to the English stemmer) of a time told relative to the day: one, or

@@ -361,7 +361,14 @@ TIMES = [
 
 
 @pytest.mark.parametrize(
-    "query", ["When did we go camping?", "what year did we go camping", "How long ago was camping?"]
+    "query",
+    [
+        "When did we go camping?",
+        "what year did we go camping",
+        "How long ago was camping?",
+        "In which month did we go camping?",
+        "How many weeks ago did we go camping?",
+    ],
 )
 def test_a_question_asking_when_lifts_the_turns_that_tell_a_time(alice, query):
     kb = make_kb(alice)
@@ -373,12 +380,52 @@ def test_a_question_asking_when_lifts_the_turns_that_tell_a_time(alice, query):
 
 
 @pytest.mark.parametrize(
-    "query", ["Where did we go camping?", "Whenever we go camping, who comes?"]
+    "query",
+    [
+        "Where did we go camping?",
+        "Whenever we go camping, who comes?",
+        "How long have we gone camping for?",
+    ],
 )
 def test_a_question_not_asking_when_lifts_no_time(alice, query):
     kb = make_kb(alice)
     _turns(kb, TIMES)
     assert _scores(kb, query=query) == _scores(kb, query=query, query_cues=False)
+
+
+ASKING_WHEN = [
+    "When did we go camping?",
+    "  when is the party?",
+    "What year did Ann move?",
+    "In what year was it?",
+    "In which month did Ann move?",
+    "Which weekend did we hike?",
+    "On what date did they marry?",
+    "What time is the class?",
+    "Since when has Bob painted?",
+    "How long ago was camping?",
+    "How many years ago did Bob start?",
+]
+NOT_ASKING_WHEN = [
+    "Whenever we go camping, who comes?",
+    "What did Ann say when we met?",  # (when, but not what the question asks)
+    "What timeline do we have?",
+    "Which days are open?",
+    "Which months are warm?",
+    "In what way did it help?",
+    "How long has Bob painted?",  # (a duration: its answer tells none of TIME_WORDS)
+    "Where did we go camping?",
+]
+
+
+@pytest.mark.parametrize("query", ASKING_WHEN)
+def test_the_forms_of_a_question_asking_when(query):
+    assert search._ASKS_WHEN.search(query)
+
+
+@pytest.mark.parametrize("query", NOT_ASKING_WHEN)
+def test_questions_that_do_not_ask_when(query):
+    assert not search._ASKS_WHEN.search(query)
 
 
 def test_a_document_that_tells_a_time_is_not_lifted(alice):
