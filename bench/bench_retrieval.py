@@ -13,7 +13,9 @@ one, the local MiniLM by default, and no LLM is used.) The measurement is the on
   ``"<speaker>: <text>"`` with its ``dia_id`` as ``source_key`` and in metadata (one batch
   per conversation, sessions in order), stored as a chat stores it (``--protocol
   sessions``, the default): ``session_id`` ``<sample>/session_N``, timestamp the session's
-  date plus N seconds for turn N; ``--protocol documents``: no session, no date. Bases are
+  date plus N seconds for turn N; ``--protocol documents``: no session, no date;
+  ``--protocol senders``: as ``sessions``, but the text without its ``"<speaker>: "``, the
+  speaker its ``sender`` (as a memory base stores a chat's messages). Bases are
   reused while their documents and embedder are the same (the name carries a
   fingerprint); ``--fresh`` rebuilds them;
 * questions: every ``qa`` entry but category 5, evidence ids normalised (``"D8:6; D9:17"``
@@ -170,10 +172,14 @@ def load(
             for turn in conv[key]:
                 # --protocol sessions: stored as a chat stores its turns (the README's
                 # measurement); documents: each turn a document of its own, no session.
-                chat = protocol == "sessions"
+                chat = protocol in ("sessions", "senders")
+                said = (
+                    turn["text"] if protocol == "senders" else f"{turn['speaker']}: {turn['text']}"
+                )
                 documents.append(
                     DocumentIn(
-                        text=(f"[{date}] " if date else "") + f"{turn['speaker']}: {turn['text']}",
+                        text=(f"[{date}] " if date else "") + said,
+                        sender=turn["speaker"] if protocol == "senders" else "",
                         source_key=turn["dia_id"],
                         metadata={"dia_id": turn["dia_id"]},
                         session_id=f"{sample['sample_id']}/{key}" if chat else "",
@@ -286,7 +292,11 @@ def _ensure_no_stop_config() -> None:
 def ensure_base(
     owner: Any, conv: Conversation, fresh: bool, language: str = "english"
 ) -> KnowledgeBase:
-    documents = [(d.text, d.source_key, d.session_id, str(d.timestamp)) for d in conv.documents]
+    documents = [
+        (d.text, d.source_key, d.session_id, str(d.timestamp))
+        + ((d.sender,) if d.sender else ())  # (a fingerprint unchanged for the others)
+        for d in conv.documents
+    ]
     text = repr((sorted(_embedding_fields().items()), documents))
     if language != "english":
         text += language
@@ -1043,10 +1053,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--protocol",
-        choices=("sessions", "documents"),
+        choices=("sessions", "documents", "senders"),
         default="sessions",
         help="sessions (the README's measurement): each turn with its LoCoMo session as "
-        "session_id and its date as timestamp; documents: each turn alone",
+        "session_id and its date as timestamp; documents: each turn alone; senders: as "
+        "sessions, the speaker as sender, not in the text",
     )
     parser.add_argument(
         "--vectors",

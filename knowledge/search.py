@@ -211,11 +211,13 @@ def _neighbours(request: SearchRequest, kb_ids: list[str]) -> tuple[str, list[An
 # answers, and pulls the query's embedding toward all of them. So a capitalised word of
 # the query (not its first word) whose lexeme at least COMMON_NAME_SHARE of the bases'
 # chunks hold is left out of the text the vector leg embeds; the keyword leg keeps it
-# (BM25 weighs it by its rarity). BENCHMARKS.md, "Retrieval quality, round two".
+# (BM25 weighs it by its rarity). So is a word that is the sender of a turn (``Names``):
+# a chat stored with its senders need not write their names in its text, and the speaker
+# lift carries what the name says. BENCHMARKS.md, "Retrieval quality, round two".
 COMMON_NAME_SHARE = 0.1
 _NAME = re.compile(r"(?<=\W)([A-Z][\w-]*)(?:'s)?")
 _SHARES_SQL = """
-SELECT w.word, coalesce(max(s.df::float8 / t.n), 0)
+SELECT w.word, coalesce(max(s.df::float8 / t.n), 0), coalesce(bool_or(p.said), false)
 FROM unnest(%s::text[]) AS w(word)
 CROSS JOIN (
     SELECT greatest(coalesce(sum(chunks), 0), 1)::float8 AS n
@@ -226,26 +228,54 @@ LEFT JOIN LATERAL (
     WHERE knowledge_base_id = ANY(%s::uuid[])
       AND lexeme = ANY(tsvector_to_array(to_tsvector(%s::regconfig, w.word)))
 ) s ON true
+-- A turn sent by the word as the query writes it, or in lower or upper case ("Ann", "ann",
+-- "ANN"): an index lookup of each spelling (chunk_kb_turn_sender, knowledge 0022; row-level
+-- security keeps an index on lower(sender) from serving it: lower() is not leakproof).
+LEFT JOIN LATERAL (
+    SELECT true AS said FROM knowledge_chunk c
+    WHERE c.knowledge_base_id = ANY(%s::uuid[]) AND c.session_id <> '' AND c.sender <> ''
+      AND c.sender = ANY(ARRAY[w.word, lower(w.word), upper(w.word)])
+    LIMIT 1
+) p ON true
 GROUP BY w.word
 """
 
 
-def common_names(members: list[KnowledgeBase], query: str) -> set[str]:
-    """The capitalised words of ``query`` past its first whose lexeme at least
-    ``COMMON_NAME_SHARE`` of ``members``' chunks hold (see there): one small statement,
-    only for a query with such a word."""
+@dataclass(frozen=True)
+class Names:
+    """The capitalised words of a query (past its first) that name who the searched chunks
+    are by: the words whose lexeme at least ``COMMON_NAME_SHARE`` of the chunks hold (a
+    conversation's speakers written before their turns, "Caroline: ..."), and the
+    ``sender`` of a turn (a chunk with a session; "Ann" for ``Ann``, ``ann`` or
+    ``ANN``). ``unembedded``: those words as the query writes them, which the vector leg
+    leaves out; ``speakers``: the senders among them, or else the common ones (where the
+    chunks have no sender), lowercased, as the speaker lift compares them: "What did Ann
+    say about Decathlon?" names one speaker in a chat about the shop."""
+
+    unembedded: frozenset[str] = frozenset()
+    speakers: frozenset[str] = frozenset()
+
+
+NO_NAMES = Names()
+
+
+def query_names(members: list[KnowledgeBase], query: str) -> Names:
+    """The names ``query`` holds among ``members``' chunks (``Names``): one small
+    statement, only for a query with a capitalised word past its first."""
     names = sorted({m.group(1) for m in _NAME.finditer(query)})
-    if not names or COMMON_NAME_SHARE > 1:
-        return set()
+    if not names:
+        return NO_NAMES
     kb_ids = [str(kb.pk) for kb in members]
-    rows, _ = fetch(_SHARES_SQL, [names, kb_ids, kb_ids, members[0].language])
-    return {word for word, share in rows if share >= COMMON_NAME_SHARE}
+    rows, _ = fetch(_SHARES_SQL, [names, kb_ids, kb_ids, members[0].language, kb_ids])
+    common = {word for word, share, _ in rows if share >= COMMON_NAME_SHARE}
+    senders = {word for word, _, sent in rows if sent}
+    return Names(frozenset(common | senders), frozenset(word.lower() for word in senders or common))
 
 
 def vector_text(members: list[KnowledgeBase], query: str, common: set[str] | None = None) -> str:
-    """``query`` without the names most of ``members``' chunks carry (``common``, or
-    ``common_names``): what the vector leg embeds."""
-    common = common_names(members, query) if common is None else common
+    """``query`` without the names of who ``members``' chunks are by (``common``, or
+    ``query_names``): what the vector leg embeds."""
+    common = set(query_names(members, query).unembedded) if common is None else common
     if not common:
         return query
     kept = _NAME.sub(lambda m: "" if m.group(1) in common else m.group(0), query)
@@ -279,8 +309,8 @@ def _merged(legs: list[Leg], key: Any, limit: int) -> Leg | None:
 def _vector_leg(
     bases: list[KnowledgeBase], request: SearchRequest, pool: int, common: set[str] | None = None
 ) -> Leg | None:
-    """The vector leg (one per embedding model, merged). ``common``: the query's common
-    names over ``bases`` (``common_names``), what a single model's leg leaves out of the
+    """The vector leg (one per embedding model, merged). ``common``: the query's names
+    over ``bases`` (``Names.unembedded``), what a single model's leg leaves out of the
     text it embeds; with several models each group's own are found."""
     groups: dict[tuple[str, str, int], list[KnowledgeBase]] = defaultdict(list)
     for kb in bases:
@@ -317,8 +347,8 @@ def _keyword_leg(bases: list[KnowledgeBase], request: SearchRequest, pool: int) 
     return _merged(legs, lambda r: (-r[1], r[0]), pool) or Leg("", [], [], rows=[])
 
 
-# The turns of the one speaker a query names (a common name of the searched chunks, see
-# ``COMMON_NAME_SHARE``, and a turn's ``CHUNKS.speaker``) have their own score s lifted
+# The turns of the one speaker a query names (``Names.speakers``: a common name of the
+# searched chunks or a turn's sender; a turn's ``CHUNKS.speaker``) have their own score s lifted
 # to s + (1 - s) x SPEAKER_LIFT, before context: "Where has Melanie camped?" is answered
 # by Melanie's turns (97% of LoCoMo dev's evidence turns for a question naming one
 # speaker). A query naming both (or no) speakers lifts none. BENCHMARKS.md, "The speaker
@@ -347,15 +377,14 @@ TIME_WORDS = (
 )
 
 
-def _cues(request: SearchRequest, common: set[str]) -> tuple[Dated | None, tuple[Lift, ...]]:
+def _cues(request: SearchRequest, names: Names) -> tuple[Dated | None, tuple[Lift, ...]]:
     """What the query names that lifts turns (hybrid search only): the periods, the one
     speaker, a question asking when."""
     if not request.query_cues or request.mode != "hybrid" or not request.query:
         return None, ()
     lifts = []
-    speakers = {name.lower() for name in common}
-    if len(speakers) == 1:
-        lifts.append(Lift("speaker", (speakers.pop(),), SPEAKER_LIFT))
+    if len(names.speakers) == 1:
+        lifts.append(Lift("speaker", (next(iter(names.speakers)),), SPEAKER_LIFT))
     if TIME_LIFT and _ASKS_WHEN.search(request.query):
         lifts.append(Lift("tells_time", (TIME_WORDS,), TIME_LIFT))
     return dated(request.query), tuple(lifts)
@@ -379,7 +408,8 @@ def _plan(
     # hybrid search lifts: one statement for both, only for a query with a capitalised word.
     embeds = request.vector is None and request.mode != "keyword"
     cues = request.query_cues and request.mode == "hybrid"
-    common = common_names(bases, request.query) if request.query and (embeds or cues) else set()
+    names = query_names(bases, request.query) if request.query and (embeds or cues) else NO_NAMES
+    common = set(names.unembedded)
     vector = _vector_leg(bases, request, pool, common) if request.mode != "keyword" else None
     keyword = None
     if request.mode == "keyword" or (request.mode == "hybrid" and request.query):
@@ -387,7 +417,7 @@ def _plan(
     if request.mode == "hybrid" and keyword is None:
         keyword = Leg("", [], [], rows=[])  # (a vector alone: still fused, with context)
     threshold = request.similarity_threshold
-    dated_, lifts = _cues(request, common)
+    dated_, lifts = _cues(request, names)
     ranking = Ranking(
         limit=top_k,
         rrf_k=request.rrf_k,

@@ -8,8 +8,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
+from core import tenancy
 from knowledge import search
 from knowledge.models import Chunk
 from knowledge.retrieval import dates
@@ -342,6 +343,112 @@ def test_a_turns_sender_is_its_speaker(alice):
     query = "Where did Ann go camping?"
     plain = _scores(kb, query=query, query_cues=False)
     assert _scores(kb, query=query) == pytest.approx(_lifted(plain, {"n1"}), abs=1e-12)
+
+
+# A chat stored with its senders, as a memory base stores messages: no name in the text.
+SENT = [
+    ("a1", "we went camping by the lake", "Ann"),
+    ("b1", "camping sounds lovely, where was it?", "bob"),
+    ("a2", "the lake is two hours north", "Ann"),
+    ("b2", "I went camping in the hills last year", "bob"),
+    ("a3", "pottery class starts tomorrow", "Ann"),
+    ("b3", "good luck with the pottery", "bob"),
+]
+
+
+def _sent(kb, *, session: bool = True) -> None:
+    ingest(
+        kb,
+        *(
+            (k, text, {"sender": sender, "timestamp": f"2023-06-0{i}T10:00:00Z"}
+             | ({"session_id": k} if session else {}))
+            for i, (k, text, sender) in enumerate(SENT, 1)
+        ),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("query", "lifted"),
+    [
+        ("Where has Ann gone camping?", {"a1", "a2", "a3"}),
+        ("Has Bob been camping?", {"b1", "b2", "b3"}),
+    ],
+)
+def test_a_sender_the_query_names_is_its_speaker(alice, query, lifted):
+    """The names are in no turn's text (so none is common): the sender makes the speaker,
+    as the query writes the name or in lower case; the vector leg leaves it out too."""
+    kb = make_kb(alice)
+    _sent(kb)
+    name = "Ann" if "Ann" in query else "Bob"
+    assert search.query_names([kb], query) == search.Names(
+        frozenset({name}), frozenset({name.lower()})
+    )
+    assert search.vector_text([kb], query) == " ".join(query.replace(name, "").split())
+    plain = _scores(kb, query=query, query_cues=False)
+    assert len(plain) == 6
+    assert _scores(kb, query=query) == pytest.approx(_lifted(plain, lifted), abs=1e-12)
+
+
+def test_two_senders_named_lift_neither(alice):
+    kb = make_kb(alice)
+    _sent(kb)
+    query = "What did Ann tell Bob about camping?"
+    assert search.query_names([kb], query).speakers == {"ann", "bob"}
+    assert _scores(kb, query=query) == _scores(kb, query=query, query_cues=False)
+
+
+def test_a_common_name_that_sends_nothing_is_no_speaker_beside_a_sender(alice):
+    """In a chat about a shop, the shop's name is common (and left out of the vector
+    query); the sender is the one speaker the query names."""
+    kb = make_kb(alice)
+    _sent(kb)
+    ingest(
+        kb,
+        ("d1", "Decathlon has tents on sale", {"session_id": "d1", "sender": "bob"}),
+        ("d2", "the Decathlon by the lake", {"session_id": "d2", "sender": "Ann"}),
+    )
+    query = "What did Ann buy at Decathlon?"
+    names = search.query_names([kb], query)
+    assert names == search.Names(frozenset({"Ann", "Decathlon"}), frozenset({"ann"}))
+    plain = _scores(kb, query=query, query_cues=False)
+    assert _scores(kb, query=query) == pytest.approx(
+        _lifted(plain, {"a1", "a2", "a3", "d2"} & set(plain)), abs=1e-12
+    )
+
+
+def test_a_documents_sender_is_no_speaker(alice):
+    kb = make_kb(alice)
+    _sent(kb, session=False)  # (documents: no session)
+    query = "Where has Ann gone camping?"
+    assert search.query_names([kb], query) == search.NO_NAMES
+    assert search.vector_text([kb], query) == query
+    assert _scores(kb, query=query) == _scores(kb, query=query, query_cues=False)
+
+
+def test_another_bases_sender_is_no_speaker(alice):
+    kb, other = make_kb(alice), make_kb(alice, name="other")
+    _sent(other)
+    ingest(kb, ("k1", "we went camping by the lake", {"session_id": "s", "sender": "Cy"}))
+    assert search.query_names([kb], "Where has Ann gone camping?") == search.NO_NAMES
+
+
+def test_a_sender_is_looked_up_through_the_index(alice):
+    """One index lookup per spelling of a name, under row-level security (which keeps an
+    index on ``lower(sender)`` from serving it: ``lower`` is not leakproof): a first
+    version read every turn of the base to answer no."""
+    kb = make_kb(alice)
+    ingest(kb, *((f"t{i}", f"turn {i}", {"session_id": "s", "sender": "bob"}) for i in range(300)))
+    ids = [str(kb.pk)]
+    params = [["Ann"], ids, ids, "english", ids]
+    with tenancy.as_owner(alice.pk), transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")  # (a test's table is small)
+        cur.execute("EXPLAIN (ANALYZE, COSTS OFF) " + search._SHARES_SQL, params)
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    chunk_scans = [block for block in plan.split("->") if " on knowledge_chunk c" in block]
+    assert len(chunk_scans) == 1, plan
+    assert "chunk_kb_turn_sender" in chunk_scans[0], plan
+    assert "sender)::text = ANY (ARRAY[w.word" in chunk_scans[0].split("Filter")[0], plan
+    assert "Rows Removed" not in chunk_scans[0], plan
 
 
 def test_a_documents_opening_name_is_no_speaker(alice):
