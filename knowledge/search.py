@@ -215,6 +215,7 @@ def _neighbours(request: SearchRequest, kb_ids: list[str]) -> tuple[str, list[An
 # a chat stored with its senders need not write their names in its text, and the speaker
 # lift carries what the name says. BENCHMARKS.md, "Retrieval quality, round two".
 COMMON_NAME_SHARE = 0.1
+MAX_NAMES = 32  # (the first, alphabetically, of a query's capitalised words: each a lookup)
 _NAME = re.compile(r"(?<=\W)([A-Z][\w-]*)(?:'s)?")
 _SHARES_SQL = """
 SELECT w.word, coalesce(max(s.df::float8 / t.n), 0), coalesce(bool_or(p.said), false)
@@ -228,13 +229,14 @@ LEFT JOIN LATERAL (
     WHERE knowledge_base_id = ANY(%s::uuid[])
       AND lexeme = ANY(tsvector_to_array(to_tsvector(%s::regconfig, w.word)))
 ) s ON true
--- A turn sent by the word as the query writes it, or in lower or upper case ("Ann", "ann",
--- "ANN"): an index lookup of each spelling (chunk_kb_turn_sender, knowledge 0022; row-level
--- security keeps an index on lower(sender) from serving it: lower() is not leakproof).
+-- A turn sent by the word as the query writes it, in lower or upper case, or capitalised
+-- ("Ann", "ann", "ANN"): an index lookup of each spelling (chunk_kb_turn_sender, knowledge
+-- 0022; row-level security keeps an index on lower(sender) from serving it: lower() is not
+-- leakproof).
 LEFT JOIN LATERAL (
     SELECT true AS said FROM knowledge_chunk c
     WHERE c.knowledge_base_id = ANY(%s::uuid[]) AND c.session_id <> '' AND c.sender <> ''
-      AND c.sender = ANY(ARRAY[w.word, lower(w.word), upper(w.word)])
+      AND c.sender = ANY(ARRAY[w.word, lower(w.word), upper(w.word), initcap(w.word)])
     LIMIT 1
 ) p ON true
 GROUP BY w.word
@@ -246,7 +248,7 @@ class Names:
     """The capitalised words of a query (past its first) that name who the searched chunks
     are by: the words whose lexeme at least ``COMMON_NAME_SHARE`` of the chunks hold (a
     conversation's speakers written before their turns, "Caroline: ..."), and the
-    ``sender`` of a turn (a chunk with a session; "Ann" for ``Ann``, ``ann`` or
+    ``sender`` of a turn (a chunk with a session; "Ann" or "ANN" for ``Ann``, ``ann`` or
     ``ANN``). ``unembedded``: those words as the query writes them, which the vector leg
     leaves out; ``speakers``: the senders among them, or else the common ones (where the
     chunks have no sender), lowercased, as the speaker lift compares them: "What did Ann
@@ -262,7 +264,7 @@ NO_NAMES = Names()
 def query_names(members: list[KnowledgeBase], query: str) -> Names:
     """The names ``query`` holds among ``members``' chunks (``Names``): one small
     statement, only for a query with a capitalised word past its first."""
-    names = sorted({m.group(1) for m in _NAME.finditer(query)})
+    names = sorted({m.group(1) for m in _NAME.finditer(query)})[:MAX_NAMES]
     if not names:
         return NO_NAMES
     kb_ids = [str(kb.pk) for kb in members]
@@ -360,7 +362,7 @@ SPEAKER_LIFT = 0.3
 TIME_LIFT = 0.2
 _ASKS_WHEN = re.compile(
     r"^\W*(?:(?:in|on|during|around|by|since|until)\s+)?"
-    r"(?:when\b|(?:what|which)\s+(?:year|month|week|weekend|day|date|time|season)\b)"
+    r"(?:when\b|(?:what|which)\s+(?:year|month|week|weekend|day|date|time)(?![\w'-]))"
     r"|\bhow\s+(?:long|many\s+(?:days|weeks|weekends|months|years))\s+ago\b",
     re.IGNORECASE,
 )

@@ -6,7 +6,9 @@ launch?", turns sent by ``Ann``): one index lookup per spelling of the word, whe
 without it the base's every turn was read to answer no. (Row-level security keeps an
 index on ``lower(sender)`` from serving the lookup: ``lower`` is not leakproof.)
 
-Built concurrently: chunk writes go on meanwhile.
+Built concurrently: chunk writes go on meanwhile. A build that fails leaves an invalid
+index, which ``IF NOT EXISTS`` would keep on a second run (and the lookups would read the
+base's turns): drop it (``DROP INDEX CONCURRENTLY chunk_kb_turn_sender``) and migrate again.
 """
 
 from django.db import migrations

@@ -389,6 +389,16 @@ def test_a_sender_the_query_names_is_its_speaker(alice, query, lifted):
     assert _scores(kb, query=query) == pytest.approx(_lifted(plain, lifted), abs=1e-12)
 
 
+@pytest.mark.parametrize("query", ["Where has ANN gone camping?", "Where has ann's tent gone?"])
+def test_a_sender_in_other_capitals(alice, query):
+    """A query word in capitals finds the capitalised sender (``Ann``), and a lower-case
+    word is no name at all."""
+    kb = make_kb(alice)
+    _sent(kb)
+    expected = search.Names(frozenset({"ANN"}), frozenset({"ann"})) if "ANN" in query else None
+    assert search.query_names([kb], query) == (expected or search.NO_NAMES)
+
+
 def test_two_senders_named_lift_neither(alice):
     kb = make_kb(alice)
     _sent(kb)
@@ -522,6 +532,10 @@ NOT_ASKING_WHEN = [
     "In what way did it help?",
     "How long has Bob painted?",  # (a duration: its answer tells none of TIME_WORDS)
     "Where did we go camping?",
+    "Which week-long course did Ann take?",
+    "What date-night idea did Bob like?",
+    "What year's festival was the best?",
+    "What season is her favourite?",
 ]
 
 
