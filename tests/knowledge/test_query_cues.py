@@ -251,6 +251,32 @@ def test_the_api_takes_query_cues_as_a_boolean(alice, alice_client):
     assert Chunk.objects.filter(knowledge_base=kb).count() == chunks
 
 
+def test_a_chat_stored_with_senders_through_the_api(alice, alice_client):
+    """As an application stores a chat: each message a document with its sender and
+    session in metadata, no name in its text; the question names one sender."""
+    kb = make_kb(alice)
+    url = f"/api/v1/knowledge-bases/{kb.pk}"
+    documents = [
+        {"text": text, "source_key": key, "metadata": {"sender": who, "session_id": "chat-1"}}
+        for key, text, who in [
+            ("m1", "I finally booked the cabin by the lake", "Ann"),
+            ("m2", "I booked a cabin by the lake last year too", "Bob"),
+            ("m3", "The pottery class is on Tuesday", "Ann"),
+        ]
+    ]
+    response = alice_client.post(f"{url}/documents", {"documents": documents}, format="json")
+    assert response.status_code == 201, response.json()
+    body = {"query": "What did Ann book by the lake?", "top_k": 3}
+    on = alice_client.post(f"{url}/search", body, format="json").json()["results"]
+    off = alice_client.post(f"{url}/search", {**body, "query_cues": False}, format="json")
+    off_scores = {r["metadata"]["source_key"][:-2]: r["score"] for r in off.json()["results"]}
+    on_scores = {r["metadata"]["source_key"][:-2]: r["score"] for r in on}
+    assert [r["metadata"]["source_key"][:-2] for r in on][:1] == ["m1"]
+    assert on_scores["m1"] == off_scores["m1"] == 1.0  # (the best of both legs: 1 lifted is 1)
+    assert on_scores["m3"] > off_scores["m3"]  # Ann's other turn, lifted
+    assert on_scores["m2"] == off_scores["m2"]  # Bob's: not lifted (its best donor is m1)
+
+
 def test_a_date_lifts_the_facts_observed_then(alice, monkeypatch):
     """Facts are a collection of the same engine: their ``observed_at`` is when they were
     said."""
