@@ -66,6 +66,10 @@ def _scores(kb, **request) -> dict[str, float]:
     return {h.metadata["source_key"].split("#")[0]: h.score for h in hits}
 
 
+def _lifted(plain: dict[str, float], keys: set[str], lift: float = 0.3) -> dict[str, float]:
+    return {k: (s + lift * (1 - s) if k in keys else s) for k, s in plain.items()}
+
+
 TURNS = [
     ("june", "Mel: we went camping by the lake, lovely", "2023-06-27T10:00:00+00:00"),
     ("july", "Mel: we went camping by the lake, it was lovely again", "2023-07-03T10:00:00+00:00"),
@@ -82,8 +86,7 @@ def test_a_month_lifts_the_turns_said_in_it_or_in_the_week_after(alice):
     lifted = _scores(kb, query=query)
     # June's turns, and July's 3rd (within 7 days of June's end), are lifted to exactly
     # s + 0.3 x (1 - s) of their own scores; August's is not.
-    for key in ("june", "july", "other"):
-        assert lifted[key] == pytest.approx(plain[key] + 0.3 * (1 - plain[key]), abs=1e-12)
+    assert lifted == pytest.approx(_lifted(plain, {"june", "july", "other"}), abs=1e-12)
     assert lifted["august"] == plain["august"]
     assert next(iter(lifted)) in ("june", "july")
     assert all(0.0 <= s <= 1.0 for s in lifted.values())
@@ -141,9 +144,7 @@ def test_the_days_after_a_period_reach_into_the_next_year(alice, query, lifted):
     plain = _scores(kb, query=query, query_cues=False)
     lifted_now = _scores(kb, query=query)
     assert len(plain) == 6
-    for key, score in plain.items():
-        expected = score + 0.3 * (1 - score) if key in lifted else score
-        assert lifted_now[key] == pytest.approx(expected, abs=1e-12), key
+    assert lifted_now == pytest.approx(_lifted(plain, lifted), abs=1e-12)
 
 
 def test_the_lift_can_change_the_order(alice):
@@ -323,10 +324,6 @@ CHAT = [
 def _chat(kb) -> None:
     """``CHAT``, each turn a session of its own: no turn lends another context."""
     _turns(kb, CHAT)
-
-
-def _lifted(plain: dict[str, float], keys: set[str], lift: float = 0.3) -> dict[str, float]:
-    return {k: (s + lift * (1 - s) if k in keys else s) for k, s in plain.items()}
 
 
 def test_the_one_speaker_a_query_names_lifts_their_turns(alice):
