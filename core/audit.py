@@ -20,6 +20,7 @@ import ipaddress
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest
@@ -39,6 +40,7 @@ class Actor:
     address: str | None = None
     read_only: bool = False  # a read-only key acts (``core.api.permissions``)
     limits: KeyLimits | None = None  # a narrowed key acts (``core.key_limits``)
+    expires_at: datetime | None = None  # a key that ends acts (``core.key_limits``)
 
 
 _current: ContextVar[Actor | HttpRequest | None] = ContextVar("access_actor", default=None)
@@ -60,7 +62,8 @@ def _of_request(request: HttpRequest) -> Actor:
     if key is not None:
         from core.key_limits import KeyLimits
 
-        return Actor(f"key:{key.prefix}", key.pk, address, key.read_only, KeyLimits.of(key))
+        return Actor(f"key:{key.prefix}", key.pk, address, key.read_only, KeyLimits.of(key),
+                     key.expires_at)  # fmt: skip
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         role = "admin" if user.is_staff else "user"

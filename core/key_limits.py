@@ -21,7 +21,14 @@ proxy) is held by the same check:
   the ``users/{id}`` routes and the proxy's user header (``end_user_check``);
 - ``tool_check(name)`` and ``tool_allowed(name)`` for the tools;
 - ``owner_wide_check()`` for what spans the whole account (export, import, API keys,
-  the account's settings): only a key without resource, scope or tool limits.
+  the account's settings): only a key without resource, scope or tool limits;
+- ``key_outlives_check(expires_at)``: a key that ends makes and revokes only keys that
+  end no later than itself.
+
+A memory base, and a file store, keep their content in a knowledge base of their own:
+that knowledge base is the memory base's (the store's), so a key narrowed on memory bases
+(stores) reaches it only when it reaches its holder, whatever its ``knowledge_bases``
+(``HOLDERS``: the apps that hold one declare ``key_limit_holders``).
 
 Reaching outside the limits is a 403 ``key_limit`` before anything is written. Work
 outside a request (tasks, commands, the admin) has no key and no limits.
@@ -32,6 +39,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.apps import apps
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
 M = TypeVar("M", bound=Model)
 
 RESOURCE_KINDS = ("knowledge_bases", "memory_bases", "flows", "memory_stores")
+HOLDERS = ("memory_bases", "memory_stores")  # kinds that keep a knowledge base of their own
 LIMIT_NAMES = (*RESOURCE_KINDS, "scope", "tools")
 WHAT = {
     "knowledge_bases": "knowledge base",
@@ -113,12 +122,47 @@ def current() -> KeyLimits | None:
 
 def resource_check(kind: str, resource_id: Any) -> None:
     limits = current()
-    if limits is not None and not limits.allows(kind, resource_id):
+    if limits is None:
+        return
+    if not limits.allows(kind, resource_id):
         raise KeyLimitExceeded(
             f"this API key is limited to named {kind.replace('_', ' ')}; "
             f"{WHAT[kind]} {resource_id} is not one of them",
             details={kind: str(resource_id)},
         )
+    if kind != "knowledge_bases":
+        return
+    for holder_kind, outside in _held_outside(limits):
+        holder = outside.filter(knowledge_base_id=resource_id).values_list("pk", flat=True)
+        held_by = holder.first()
+        if held_by is not None:
+            raise KeyLimitExceeded(
+                f"this API key is limited to named {holder_kind.replace('_', ' ')}; knowledge "
+                f"base {resource_id} holds {WHAT[holder_kind]} {held_by}, which is not one "
+                "of them",
+                details={holder_kind: str(held_by)},
+            )
+
+
+def _held_outside(limits: KeyLimits) -> list[tuple[str, QuerySet[Any]]]:
+    """For each kind the key is narrowed on that keeps a knowledge base of its own, the
+    rows of that kind (with a knowledge base) the key does not reach."""
+    out = []
+    for kind in HOLDERS:
+        named: frozenset[str] | None = getattr(limits, kind)
+        if named is not None:
+            out.append((kind, _holders(kind).exclude(pk__in=sorted(named))))
+    return out
+
+
+def _holders(kind: str) -> QuerySet[Any]:
+    """The rows of ``kind`` that keep a knowledge base (``knowledge_base_id``), from the
+    function its app declares (``AppConfig.key_limit_holders = {kind: "dotted.path"}``)."""
+    for config in apps.get_app_configs():
+        path = getattr(config, "key_limit_holders", {}).get(kind)
+        if path is not None:
+            return import_string(path)()  # type: ignore[no-any-return]
+    raise LookupError(f"no app declares what holds a knowledge base for {kind!r}")
 
 
 def resource_ids(kind: str) -> frozenset[str] | None:
@@ -128,9 +172,18 @@ def resource_ids(kind: str) -> frozenset[str] | None:
 
 
 def resource_filter(qs: QuerySet[M], kind: str, field: str = "pk") -> QuerySet[M]:
-    """``qs`` cut to the rows the key may reach (its ``field`` holds the resource id)."""
-    named = resource_ids(kind)
-    return qs if named is None else qs.filter(**{f"{field}__in": sorted(named)})
+    """``qs`` cut to the rows the key may reach (its ``field`` holds the resource id;
+    knowledge bases: also those whose holder it reaches, ``HOLDERS``)."""
+    limits = current()
+    if limits is None:
+        return qs
+    named: frozenset[str] | None = getattr(limits, kind)
+    if named is not None:
+        qs = qs.filter(**{f"{field}__in": sorted(named)})
+    if kind == "knowledge_bases":
+        for _, outside in _held_outside(limits):
+            qs = qs.exclude(**{f"{field}__in": outside.values("knowledge_base_id")})
+    return qs
 
 
 def not_owned(owned: QuerySet[Any], ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
@@ -196,6 +249,25 @@ def tool_check(name: str) -> None:
             f"{name} is not one of them",
             details={"tools": name},
         )
+
+
+def key_outlives_check(expires_at: datetime | None, *, doing: str) -> None:
+    """A key that ends (``expires_at``) makes, and revokes, only keys that end no later
+    than itself: ``expires_at`` is the end of the key made or revoked (None: never)."""
+    ends = actor_expiry()
+    if ends is not None and (expires_at is None or expires_at > ends):
+        raise KeyLimitExceeded(
+            f"this API key expires at {ends.isoformat()}: it may not {doing} a key that "
+            "outlives it",
+            details={"expires_at": ends.isoformat()},
+        )
+
+
+def actor_expiry() -> datetime | None:
+    """When the key the current request authenticated with ends (None: never, or no key)."""
+    from core.audit import actor
+
+    return actor().expires_at
 
 
 def owner_wide_check() -> None:

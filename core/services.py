@@ -14,7 +14,13 @@ from django.utils import timezone
 
 from core.audit import access_record
 from core.errors import InvalidInput
-from core.key_limits import LIMIT_NAMES, RESOURCE_KINDS, limits_parse, unknown_of
+from core.key_limits import (
+    LIMIT_NAMES,
+    RESOURCE_KINDS,
+    key_outlives_check,
+    limits_parse,
+    unknown_of,
+)
 from core.models import APIKey
 from core.validation import END_USER_ID
 
@@ -43,6 +49,7 @@ def api_key_create(
         raise InvalidInput("expires_at must be in the future",
                            details={"expires_at": "not in the future"})  # fmt: skip
     narrowed = api_key_limits_clean(owner_id=owner.pk, limits=limits)
+    key_outlives_check(expires_at, doing="make")
     raw_key = KEY_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         api_key = APIKey.objects.create(
@@ -96,7 +103,9 @@ def _narrowing(narrowed: dict[str, Any]) -> dict[str, Any]:
 
 def api_key_revoke(*, api_key: APIKey) -> APIKey:
     """Revoke a key; revoking an already revoked key keeps its first revocation time
-    (and its one record in the audit trail)."""
+    (and its one record in the audit trail). A key that ends revokes only keys that end
+    no later (``key_outlives_check``)."""
+    key_outlives_check(api_key.expires_at, doing="revoke")
     with transaction.atomic():
         revoked = APIKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
             revoked_at=timezone.now()

@@ -4,7 +4,8 @@
 - ``AutoSchema`` tags each operation with its room, takes the summary from the view
   method's docstring (first line) unless ``extend_schema(summary=...)`` gives one, and
   documents the error answers every operation can give, in the project's shape (OpenAI's
-  under ``/v1/``): 400 (the middleware checks every query), 401, 429 and 503 always,
+  under ``/v1/``): 400 (the middleware checks every query), 401, 403 (a read-only or
+  narrowed key's refusal), 429 and 503 always,
   404 with path parameters, 413 and 415 with a request body. Views add their own (409,
   422, ...) with ``ERROR``.
 - ``paginated(X)`` and ``wrapped("jobs", X)`` describe the list envelopes views answer.
@@ -73,6 +74,8 @@ ROOM_TAGS = {
 _ERROR_DESCRIPTIONS = {
     "400": "Invalid input (details name the fields).",
     "401": "No valid API key.",
+    "403": "Not for this API key: a read-only key's write (read_only_key), or outside a "
+    "narrowed key's limits (key_limit).",
     "404": "Not found (or another owner's).",
     "409": "Conflict with the current state.",
     "413": "Request body too large.",
@@ -144,7 +147,7 @@ class AutoSchema(SpectacularAutoSchema):
         return parameters
 
     def _error_statuses(self) -> list[str]:
-        statuses = ["400", "401", "429", "503"]
+        statuses = ["400", "401", "403", "429", "503"]
         if "{" in self.path or self._paginated() or self.method in ("POST", "PUT", "PATCH"):
             statuses.append("404")  # the object of the URL, a page, an id in the body
         if self.method in ("POST", "PUT", "PATCH"):

@@ -106,7 +106,7 @@ class UsageView(APIView):
 
 
 class APIKeyListView(APIView):
-    owner_wide = ("POST",)  # not to a narrowed key (core.key_limits)
+    owner_wide = ("GET", "POST")  # not to a narrowed key (core.key_limits)
 
     @extend_schema(summary="List your API keys", responses=paginated(APIKeyOutputSerializer))
     def get(self, request: Request) -> Response:
@@ -128,7 +128,7 @@ class APIKeyListView(APIView):
 
 
 class APIKeyDetailView(APIView):
-    owner_wide = ("DELETE",)  # not to a narrowed key (core.key_limits)
+    owner_wide = ("GET", "DELETE")  # not to a narrowed key (core.key_limits)
 
     def _get(self, request: Request, key_id: int) -> APIKey:
         try:

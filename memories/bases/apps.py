@@ -6,6 +6,7 @@ class MemoryBasesConfig(AppConfig):
     label = "memory_bases"
     verbose_name = "Memory bases"
     key_limits = {"memory_bases": "memories.bases.selectors.memory_bases_not_owned"}
+    key_limit_holders = {"memory_bases": "memories.bases.selectors.memory_bases_holding"}
 
     def ready(self) -> None:
         from core.erasure import scope_erased

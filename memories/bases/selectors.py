@@ -34,6 +34,13 @@ def memory_base_list(*, owner: User) -> QuerySet[MemoryBase]:
     return with_counters(resource_filter(MemoryBase.objects.filter(owner=owner), "memory_bases"))
 
 
+def memory_bases_holding() -> QuerySet[MemoryBase]:
+    """The memory bases, each keeping a knowledge base of its own
+    (``knowledge_base_id``): a key narrowed on memory bases reaches such a base only
+    with its memory base (core.key_limits)."""
+    return MemoryBase.objects.filter(knowledge_base__isnull=False)
+
+
 def memory_bases_not_owned(owner_id: int, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     """Of ``ids``, those that are not the owner's memory bases (core.key_limits)."""
     return not_owned(MemoryBase.objects.filter(owner_id=owner_id), ids)

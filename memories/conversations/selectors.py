@@ -40,6 +40,14 @@ def flow_find(*, owner_id: int, name: str) -> Flow | None:
     return Flow.objects.filter(owner_id=owner_id, name=name).first()
 
 
+def session_has_other_sender(*, flow: Flow, session_id: str, sender: str,
+                             role: str = "user") -> bool:  # fmt: skip
+    """Whether ``session_id`` of ``flow`` holds a ``role`` message sent by another than
+    ``sender``."""
+    messages = Message.objects.filter(flow=flow, session_id=session_id, role=role)
+    return messages.exclude(sender=sender).exists()
+
+
 def session_ids_with_sender(*, flow: Flow, sender: str, role: str = "user") -> list[str]:
     """The sessions of ``flow`` with a ``role`` message sent by ``sender``."""
     return list(

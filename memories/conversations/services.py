@@ -80,6 +80,13 @@ def flow_ensure(*, owner_id: int, name: str) -> Flow:
         return Flow.objects.get(owner_id=owner_id, name=name)
 
 
+def session_lock(flow: Flow, session_id: str) -> None:
+    """Hold the (flow, session)'s lock until the transaction ends: what is read of the
+    session then stays true until its messages are stored (``messages_store`` takes the
+    same lock)."""
+    _session_lock(flow, session_id)
+
+
 def _session_lock(flow: Flow, session_id: str) -> None:
     """Serialise captures of one (flow, session) until the transaction ends.
 

@@ -23,13 +23,18 @@ from django.utils import timezone
 
 from core import replicas
 from core.audit import Actor, actor
+from core.errors import Conflict, KeyLimitExceeded
 from core.json_text import JsonText
+from core.key_limits import current as key_limits
+from core.key_limits import resource_check, resource_create_check
 from core.providers.errors import ProviderError
 from core.providers.llm import get_llm
 from core.providers.relay import SSEEvent
 from core.queue import enqueue_on_commit
 from core.usage import Attribution, usage_as
-from memories.conversations.services import MessageIn, flow_ensure, messages_store
+from memories.conversations.models import Flow
+from memories.conversations.selectors import flow_find, session_has_other_sender
+from memories.conversations.services import MessageIn, flow_ensure, messages_store, session_lock
 from memories.facts.injection import format_for_injection
 from memories.facts.models import Scope
 from memories.facts.scopes import end_user_ensure
@@ -72,6 +77,7 @@ class PreparedChat:
     received_at: datetime = field(default_factory=timezone.now)
     # Open WebUI's forwarded headers: the chat becomes a conversation (history, summaries)
     chat_id: str | None = None
+    chat_sender: str = ""  # who the chat's user messages are from (``chat_sender``)
     user_name: str = ""
     user_email: str = ""
     # extra fields reported beside ``memories`` (the server-side memory tools' calls)
@@ -130,7 +136,7 @@ def chat_prepare(
         request = request.set(("model",), settings.LLM_MODEL)
     prepared = PreparedChat(
         request=request, owner_id=owner_id, chat_id=chat_id, user_name=user_name,
-        user_email=user_email, actor=actor(),
+        user_email=user_email, actor=actor(), chat_sender=chat_sender(external_id),
     )  # fmt: skip
     users = [m for m in prepared.body["messages"] if m.get("role") == "user"]
     prepared.user_text = message_text(users[-1].get("content")) if users else ""
@@ -144,6 +150,46 @@ def chat_prepare(
     )
     prepared.request = inject(prepared.request, block)
     return prepared
+
+
+def chat_sender(external_id: str | None) -> str:
+    """The ``sender`` of a chat's user messages: the end user's id, or ``user`` for a
+    request that names none."""
+    return (external_id or "user")[:100]
+
+
+def chat_check(*, owner_id: int, chat_id: str | None, external_id: str | None) -> None:
+    """Before anything runs, whether a turn may join the chat its chat id names (the
+    conversation ``chat_id`` of the owner's ``CHAT_PROXY_FLOW`` flow, ``chat_record``):
+
+    - a chat is its end user's: one whose user messages another end user sent (or a
+      request without one) takes no turn of this one, so no end user writes into
+      another's history, nor takes it along when erased: a 409 ``conflict`` (a 403
+      ``key_limit`` to a narrowed key, whose reach it is outside);
+    - a key narrowed on flows records in that flow only when it reaches it (and creates
+      it only when not narrowed on flows), unless the key is narrowed to a scope: then
+      the chat is its end user's own, recorded with them and erased with them.
+    """
+    if not chat_id:
+        return
+    flow = flow_find(owner_id=owner_id, name=settings.CHAT_PROXY_FLOW)
+    limits = key_limits()
+    if limits is not None and limits.scope is None:
+        if flow is None:
+            resource_create_check("flows")
+        else:
+            resource_check("flows", flow.pk)
+    if flow is not None and _taken(flow, chat_id, chat_sender(external_id)):
+        refused = KeyLimitExceeded if limits is not None else Conflict
+        raise refused(
+            f"chat {chat_id!r} is another end user's: a chat takes the turns of the end user "
+            "it began with only",
+            details={settings.MEMORY_CHAT_HEADER: chat_id},
+        )
+
+
+def _taken(flow: Flow, chat_id: str, sender: str) -> bool:
+    return session_has_other_sender(flow=flow, session_id=chat_id, sender=sender)
 
 
 def memory_block(*, owner_id: int, end_user: Scope, query: str) -> tuple[str, list[InjectedMemory]]:
@@ -250,19 +296,23 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
     if not prepared.chat_id:
         return
     messages = []
+    sender = prepared.chat_sender or chat_sender(None)
     if _user_turn(prepared):
-        sender = prepared.end_user.external_id if prepared.end_user is not None else ""
         name = prepared.user_name
         if prepared.user_email:
             name = f"{name} <{prepared.user_email}>".strip()
         messages.append(MessageIn(role="user", text=prepared.user_text,
-                                  sender=(sender or "user")[:100], sender_name=name[:200]))  # fmt: skip
+                                  sender=sender, sender_name=name[:200]))  # fmt: skip
     if text.strip():
         messages.append(MessageIn(role="assistant", text=text))
     if not messages:
         return
     with transaction.atomic():
         flow = flow_ensure(owner_id=prepared.owner_id, name=settings.CHAT_PROXY_FLOW)
+        session_lock(flow, prepared.chat_id)
+        if _taken(flow, prepared.chat_id, sender):  # (another end user's first turn won)
+            logger.warning("chat turn not recorded: its chat is another end user's")
+            return
         stored = messages_store(flow=flow, session_id=prepared.chat_id,
                                 run_id=f"chat-{uuid.uuid4().hex}", messages=messages)  # fmt: skip
     replicas.wrote(prepared.owner_id)  # (a streamed turn: before its [DONE] goes out)

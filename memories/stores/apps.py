@@ -6,6 +6,7 @@ class MemoryStoresConfig(AppConfig):
     label = "memory_stores"
     verbose_name = "Memory stores"
     key_limits = {"memory_stores": "memories.stores.selectors.memory_stores_not_owned"}
+    key_limit_holders = {"memory_stores": "memories.stores.selectors.memory_stores_holding"}
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -42,6 +42,13 @@ def memory_store_get(*, owner: User, store_id: uuid.UUID | str) -> MemoryStore:
     return store
 
 
+def memory_stores_holding() -> QuerySet[MemoryStore]:
+    """The stores that keep a knowledge base of their own (a file store's, in
+    ``knowledge_base_id``): a key narrowed on memory stores reaches such a base only
+    with its store (core.key_limits)."""
+    return MemoryStore.objects.filter(knowledge_base__isnull=False)
+
+
 def memory_stores_not_owned(owner_id: int, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     """Of ``ids``, those that are not the owner's stores (core.key_limits)."""
     return not_owned(MemoryStore.objects.filter(owner_id=owner_id), ids)

@@ -7,10 +7,12 @@ created; ``GET /api/v1/me``, the command, the admin and the audit trail show the
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from core.models import AccessEvent, APIKey, UsageBudget
@@ -148,8 +150,8 @@ def test_the_command_narrows_a_key(alice, bob):
         ["--scope", '"user"'],
         ["--flow", "nope"],
     ]
-    for args in bad:
-        with pytest.raises(CommandError):
+    for args in bad:  # (the error names the option as the command spells it)
+        with pytest.raises(CommandError, match=args[0]):
             call_command("create_api_key", "alice", *args, stdout=StringIO())
     assert APIKey.objects.count() == before
 
@@ -257,6 +259,46 @@ def test_a_key_narrowed_to_flows(alice, alice_client):
         "flow": str(other.pk), "node_id": "answer", "input": "q", "output": "a"}}, format="json")  # fmt: skip
     _refused(called)
     assert Message.objects.count() == before and Flow.objects.filter(owner=alice).count() == 2
+
+
+def test_a_memory_bases_knowledge_base_is_the_memory_bases(alice, alice_client):
+    """A memory base (and a file store) keeps its content in a knowledge base of its
+    own: a key narrowed on memory bases (stores) reaches that base only with its holder,
+    whatever its knowledge_bases."""
+    flow = flow_create(owner=alice, name="bot")
+    mine = memory_base_create(owner=alice, name="mine", flow=flow)
+    other = memory_base_create(owner=alice, name="other", flow=flow)
+    docs = knowledge_base_create(owner=alice, name="docs")
+    files = knowledge_base_create(owner=alice, name="files of a store")
+    store = MemoryStore.objects.create(owner=alice, name="docs_store", type="file",
+                                       knowledge_base=files)  # fmt: skip
+    for kb, text in ((other.knowledge_base, "the other secret"), (docs, "a public note")):
+        added = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents",
+                                  {"documents": [{"text": text}]}, format="json")  # fmt: skip
+        assert added.status_code in (200, 201), added.content
+    key = _narrowed(alice, memory_bases=[str(mine.pk)], memory_stores=[])
+    listed = _names(key.get("/api/v1/knowledge-bases"))
+    assert listed == sorted(["docs", mine.knowledge_base.name]), listed
+    assert key.get(f"/api/v1/knowledge-bases/{mine.knowledge_base.pk}").status_code == 200
+    assert key.get(f"/api/v1/knowledge-bases/{docs.pk}").status_code == 200
+    held = other.knowledge_base
+    url = f"/api/v1/knowledge-bases/{held.pk}"
+    refused = _refused(key.get(url))
+    assert refused["details"] == {"memory_bases": str(other.pk)}
+    _refused(key.get(f"{url}/chunks"))
+    _refused(key.patch(url, {"description": "changed"}, format="json"))
+    _refused(key.post(f"{url}/documents", {"documents": [{"text": "injected"}]}, format="json"))
+    _refused(key.post(f"{url}/search", {"query": "secret"}, format="json"))
+    _refused(key.post("/api/v1/search", {"query": "secret", "knowledge_base_ids": [str(held.pk)]},
+                      format="json"))  # fmt: skip
+    _refused(key.get(f"/api/v1/knowledge-bases/{files.pk}"))  # (the store's)
+    found = key.post("/api/v1/search", {"query": "secret note", "mode": "keyword",
+                                        "include_memory_bases": True}, format="json")  # fmt: skip
+    assert found.status_code == 200, found.content
+    assert [h["text"] for h in found.json()["results"]] == ["a public note"]
+    held.refresh_from_db()
+    assert held.description == "" and held.chunks.count() == 1
+    assert store.knowledge_base_id == files.pk
 
 
 def test_a_key_narrowed_to_memory_stores(alice, alice_client):
@@ -407,9 +449,36 @@ def test_a_narrowed_key_does_nothing_that_spans_the_account(alice):
     _refused(key.get("/api/v1/memory-config"))
     _refused(key.get("/api/v1/usage"))
     _refused(key.patch("/api/v1/engine/settings", {}, format="json"))
+    # Reading the account's keys (their names and limits) or its settings spans it too.
+    _refused(key.get("/api/v1/api-keys"))
+    _refused(key.get(f"/api/v1/api-keys/{APIKey.objects.first().pk}"))
+    _refused(key.get("/api/v1/engine/settings"))
     assert APIKey.objects.count() == keys and APIKey.objects.filter(revoked_at=None).count() == keys
     assert not UsageBudget.objects.exists()
     assert key.get("/api/v1/me").status_code == 200
+
+
+def test_a_key_that_expires_makes_and_revokes_only_keys_that_end_no_later(alice):
+    ends = timezone.now() + timedelta(days=30)
+    temporary, raw = api_key_create(owner=alice, name="temporary", expires_at=ends)
+    lasting, _ = api_key_create(owner=alice, name="lasting")
+    later, _ = api_key_create(owner=alice, name="later", expires_at=ends + timedelta(days=1))
+    key = _client(raw)
+    keys = APIKey.objects.count()
+    for body in ({"name": "forever"}, {"name": "longer", "expires_at": (ends + timedelta(
+            seconds=1)).isoformat()}):  # fmt: skip
+        refused = _refused(key.post("/api/v1/api-keys", body, format="json"))
+        assert refused["details"] == {"expires_at": ends.isoformat()}
+    _refused(key.delete(f"/api/v1/api-keys/{lasting.pk}"))
+    _refused(key.delete(f"/api/v1/api-keys/{later.pk}"))
+    assert APIKey.objects.count() == keys and APIKey.objects.filter(revoked_at=None).count() == keys
+    assert not AccessEvent.objects.filter(action="key_revoked").exists()
+    # A key that ends no later is made, and revoked.
+    made = key.post("/api/v1/api-keys", {"name": "shorter", "expires_at": ends.isoformat()},
+                    format="json")  # fmt: skip
+    assert made.status_code == 201, made.content
+    assert key.delete(f"/api/v1/api-keys/{made.json()['id']}").status_code == 200
+    assert key.delete(f"/api/v1/api-keys/{temporary.pk}").status_code == 200  # (itself)
 
 
 # --- MCP ------------------------------------------------------------------------------

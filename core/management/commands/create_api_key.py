@@ -91,6 +91,16 @@ class Command(BaseCommand):
                         limits=limits,
                     )  # fmt: skip
                 except InvalidInput as exc:
-                    raise CommandError(str(exc).replace("limits.", "--")) from None
+                    raise CommandError(_as_options(str(exc))) from None
         self.stdout.write(f"Created API key {api_key.prefix}… for {username}. Store it now:")
         self.stdout.write(raw_key)
+
+
+def _as_options(message: str) -> str:
+    """A service's message naming the limits as the command's options name them
+    (``limits.knowledge_bases`` is ``--knowledge-base``)."""
+    names = {kind: option for option, kind in LIMIT_OPTIONS.items()}
+    names |= {"tools": "--tool", "scope": "--scope"}
+    for kind, option in names.items():
+        message = message.replace(f"limits.{kind}", option)
+    return message.replace("limits.", "--")

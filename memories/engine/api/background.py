@@ -281,7 +281,7 @@ class DreamUndoView(APIView):
 
 
 class EngineSettingsView(APIView):
-    owner_wide = ("PATCH",)  # not to a narrowed key (core.key_limits)
+    owner_wide = ("GET", "PATCH")  # not to a narrowed key (core.key_limits)
 
     @extend_schema(summary="The engine settings of the owner", responses=SettingsOutSerializer)
     def get(self, request: Request) -> Response:

@@ -27,7 +27,14 @@ from core.tracing import carry_iter
 from core.validation import validate_end_user_id, validate_session_id
 from memories.engine.owner_settings import memory_tools_enabled
 from memories.proxy.api.serializers import ChatCompletionSerializer, ModelListSerializer
-from memories.proxy.chat import PreparedChat, chat_complete, chat_prepare, chat_stream
+from memories.proxy.chat import (
+    PreparedChat,
+    chat_check,
+    chat_complete,
+    chat_prepare,
+    chat_sender,
+    chat_stream,
+)
 from memories.proxy.tool_loop import loop_complete, loop_stream
 
 logger = logging.getLogger(__name__)
@@ -44,6 +51,7 @@ COMPLETION_SCHEMA: dict[str, Any] = {
     "responses": {
         (200, "application/json"): OpenApiTypes.OBJECT,
         (200, "text/event-stream"): OpenApiTypes.STR,
+        409: OpenAIErrorSerializer,  # (a chat id of another end user's chat)
         502: OpenAIErrorSerializer,
         504: OpenAIErrorSerializer,
     },
@@ -106,6 +114,7 @@ class ChatCompletionsView(APIView):
         chat_id = self._chat_id(request)
         if not settings.LLM_BASE_URL:
             raise ProviderNotConfigured("LLM_BASE_URL", "The chat proxy")
+        chat_check(owner_id=request.user.pk, chat_id=chat_id, external_id=external_id)
         common = {
             "owner_id": request.user.pk,
             "body": body,
@@ -116,9 +125,12 @@ class ChatCompletionsView(APIView):
         try:
             return chat_prepare(external_id=external_id, **common)
         except ProviderError:
-            # Retrieval needs the embedder; without it the answer still goes through.
+            # Retrieval needs the embedder; without it the answer still goes through
+            # (its chat recorded as the end user's all the same).
             logger.exception("memory retrieval failed; answering without memories")
-            return chat_prepare(external_id=None, **common)
+            prepared = chat_prepare(external_id=None, **common)
+            prepared.chat_sender = chat_sender(external_id)
+            return prepared
 
     def answer(self, prepared: PreparedChat) -> HttpResponse | StreamingHttpResponse:
         if prepared.body.get("stream"):
