@@ -74,10 +74,11 @@ def knowledge_bases_for_search(
     """The bases a search covers.
 
     Named ids are searched whatever their kind (a memory base named by id is
-    searched); raises DoesNotExist if any id is not the owner's. Without ids: all
-    of the owner's bases, leaving out memory bases unless asked to include them.
+    searched); raises DoesNotExist if any id is not the owner's; an empty list names
+    none. Without ids (None): all of the owner's bases, leaving out memory bases
+    unless asked to include them.
     """
-    if kb_ids:
+    if kb_ids is not None:
         wanted = {str(k) for k in kb_ids}
         bases = list(KnowledgeBase.objects.filter(owner=owner, pk__in=wanted))
         if len(bases) != len(wanted):

@@ -8,8 +8,14 @@ from rest_framework import serializers
 
 from core.api.fields import QueryVectorField, StrictBooleanField, StrictCharField
 from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes
-from knowledge.models import FTS_LANGUAGES, IngestJob, KnowledgeBase
+from knowledge.models import FTS_LANGUAGES, Chunk, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
+from knowledge.services.errors import COLUMN_KEYS, KnowledgeError, parse_timestamp
+
+
+def column_limits() -> dict[str, int | None]:
+    """The most characters each source column of a chunk holds (None: no limit)."""
+    return {key: Chunk._meta.get_field(key).max_length for key in COLUMN_KEYS}
 
 
 class KnowledgeBaseOutputSerializer(serializers.ModelSerializer):
@@ -109,6 +115,31 @@ class DocumentSerializer(serializers.Serializer):
             )
         return value
 
+    def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
+        """The keys stored in their own chunk columns: a string (or a whole number, taken
+        as its digits) that fits its column; ``timestamp``: an ISO 8601 string."""
+        errors: dict[str, list[str]] = {}
+        for key, limit in column_limits().items():
+            given = value.get(key)
+            if given is None or given == "":
+                continue
+            if isinstance(given, bool) or not isinstance(given, str | int):
+                errors[key] = ["Must be a string."]
+            elif limit is not None and len(str(given)) > limit:
+                errors[key] = [f"Ensure this field has no more than {limit} characters."]
+        stamp = value.get("timestamp")
+        if stamp is not None and stamp != "":
+            if not isinstance(stamp, str):
+                errors["timestamp"] = ["Must be an ISO 8601 date-time string."]
+            else:
+                try:
+                    parse_timestamp(stamp)
+                except KnowledgeError as exc:
+                    errors["timestamp"] = [str(exc)]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         # Without a key the text itself names the document, so re-sending it is idempotent.
         if not attrs.get("source_key"):
@@ -180,9 +211,18 @@ class SearchSerializer(serializers.Serializer):
         for key in ("since", "until"):
             if key in out:
                 out[key] = serializers.DateTimeField().to_internal_value(out[key])
+        limits = column_limits()
         for key in FILTER_KEYS:
-            if key in out and not isinstance(out[key], str | int):
+            if key not in out:
+                continue
+            if isinstance(out[key], bool) or not isinstance(out[key], str | int):
                 raise serializers.ValidationError(f"Filter {key} must be a string.")
+            limit = limits.get(key)
+            if limit is not None and len(str(out[key])) > limit:
+                # (no chunk could match it, and the keyword leg's scoped token has a limit)
+                raise serializers.ValidationError(
+                    f"Filter {key} is longer than {limit} characters, the most a chunk holds."
+                )
         return out
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

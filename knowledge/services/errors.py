@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -41,14 +41,15 @@ class IngestCancelled(ServiceError):
 
 
 def parse_timestamp(value: Any) -> datetime | None:
+    """An ISO 8601 date-time (or date); one without an offset is UTC, as the search's
+    ``since`` and ``until`` take it."""
     if value is None or value == "":
         return None
-    if isinstance(value, datetime):
-        return value
-    parsed = parse_datetime(str(value))
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
     if parsed is None:
-        raise KnowledgeError(f"metadata timestamp {value!r} is not an ISO 8601 date-time")
-    return parsed
+        raise KnowledgeError(f"metadata timestamp {value!r} is not an ISO 8601 date-time",
+                             details={"timestamp": "not an ISO 8601 date-time"})  # fmt: skip
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
