@@ -27,7 +27,7 @@ from knowledge.retrieval import bm25
 from knowledge.retrieval.dates import Dated, dated
 from knowledge.retrieval.db import Statement, fetch
 from knowledge.retrieval.engine import (
-    CANDIDATES,
+    SCALED,
     Collection,
     Context,
     Lane,
@@ -405,7 +405,7 @@ def _plan(
     """The search's legs and how they are fused."""
     _validate(request)
     top_k = request.top_k
-    pool = top_k if request.mode != "hybrid" else max(top_k * 3, CANDIDATES)
+    pool = top_k if request.mode != "hybrid" else max(top_k * 3, SCALED)
     # The names the vector leg's text leaves out (when it embeds the query), the speaker a
     # hybrid search lifts: one statement for both, only for a query with a capitalised word.
     embeds = request.vector is None and request.mode != "keyword"

@@ -13,8 +13,9 @@ fusing statement as arrays: the same SQL over the same rows, so the same ranking
 bit, in the longer leg's time instead of both.
 
 Fusion (``Collection.fusion``):
-- ``minmax``: each leg's scores scaled to [0, 1] over its candidates (its best 1, its
-  worst 0; 1 when they are all equal), added with weights w and 1 - w; a row missing from
+- ``minmax``: each leg's scores scaled to [0, 1] over its best ``SCALED`` rows (its best 1,
+  the worst of those 0, and lower; 1 when they are all equal: a longer page, whose legs
+  hand over more, scales its first rows the same), added with weights w and 1 - w; a row missing from
   a leg gets 0 from it. Unlike reciprocal ranks it keeps how far apart the scores are: a
   row with a BM25 score far above the rest (a rare name) stays far ahead.
 - ``max``: w x cosine similarity (negative counts as 0) + (1 - w) x the BM25 score over the
@@ -65,6 +66,10 @@ from knowledge.retrieval.db import Setting, Statement, at_once, fetch, fetch_all
 
 # Rows each leg hands to fusion, at least (3 x the page wanted when that is more).
 CANDIDATES = 50
+# Min-max fusion scales each leg over its best this many rows (every row it hands over,
+# for a page of up to 20 of a search that hands over max(3 x the page, this)): a longer
+# page, whose legs hand over more, scores its first rows the same.
+SCALED = 60
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,8 @@ class Context:
     lanes: tuple[Lane, ...]
     weight: float = 0.6
     window: int = 2
-    # The best this many candidates lend (or as many as the page reaches, if more): a
-    # page's rows do not depend on how many rows it asks for.
+    # The best this many candidates lend, however long the page: a page's first rows do
+    # not depend on how many rows it asks for (nor does the legs' scaling, ``SCALED``).
     donors: int = 20
 
 
@@ -290,9 +295,9 @@ def _fusion(c: Collection, r: Ranking, one_leg: bool, filled: bool) -> tuple[str
             " / coalesce(nullif(kx.hi, 0), 1)::float8",
             [w, 1.0 - w],
         )
-    scaled = (
+    scaled = (  # (a row below the leg's best SCALED, its lo, counts 0: as if missing)
         "CASE WHEN {x}r.id IS NULL THEN 0 WHEN {x}x.hi > {x}x.lo"
-        " THEN ({x}r.s - {x}x.lo) / ({x}x.hi - {x}x.lo) ELSE 1 END"
+        " THEN greatest(({x}r.s - {x}x.lo) / ({x}x.hi - {x}x.lo), 0) ELSE 1 END"
     )
     return (
         f"%s::float8 * {scaled.format(x='v')} + %s::float8 * {scaled.format(x='k')}",
@@ -342,9 +347,9 @@ def _lane_sql(table: str, lanes: tuple[Lane, ...], after: bool, window: int) -> 
     return "CASE " + " ".join(whens) + " END"
 
 
-def _context_sql(c: Collection, ctx: Context, limit: int) -> tuple[str, list[Any]]:
+def _context_sql(c: Collection, ctx: Context) -> tuple[str, list[Any]]:
     sql = _CONTEXT.format(
-        donors=max(ctx.donors, limit), table=c.table,
+        donors=ctx.donors, table=c.table,
         before=_lane_sql(c.table, ctx.lanes, False, ctx.window),
         after=_lane_sql(c.table, ctx.lanes, True, ctx.window),
     )  # fmt: skip
@@ -492,8 +497,10 @@ def _fuse_sql(
         f"cand AS (SELECT coalesce(vr.id, kr.id) AS id, {own} AS score,"
         f" vr.rank AS vrank, kr.rank AS krank, {vscore} AS vscore, kr.s AS kscore,"
         f" coalesce(vr.o, kr.o) AS o FROM vr FULL JOIN kr ON kr.id = vr.id{join}{lifted}"
-        " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM vr) vx"
-        " CROSS JOIN (SELECT max(s) AS hi, min(s) AS lo FROM kr) kx)",
+        f" CROSS JOIN (SELECT max(s) AS hi, min(s) FILTER (WHERE rank <= {SCALED}) AS lo"
+        " FROM vr) vx"
+        f" CROSS JOIN (SELECT max(s) AS hi, min(s) FILTER (WHERE rank <= {SCALED}) AS lo"
+        " FROM kr) kx)",
     ]
     params = [
         *vparams, *kparams, *cut_params, *fill_params, *lift_params, *fusion_params,
@@ -501,7 +508,7 @@ def _fuse_sql(
     ]  # fmt: skip
     context = c.context if r.context and vector is not None and keyword is not None else None
     if context is not None:
-        sql, context_params = _context_sql(c, context, r.limit + r.offset)
+        sql, context_params = _context_sql(c, context)
         ctes.append(sql)
         params += context_params
         keep, keep_params = r.neighbours

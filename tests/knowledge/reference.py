@@ -14,19 +14,22 @@ from datetime import datetime
 from typing import TypeVar
 
 K = TypeVar("K", bound=Hashable)
+SCALED = 60  # the rows of each leg min-max fusion scales over (its best)
 
 
 def weighted_scores(
     vector: Sequence[tuple[K, float]], keyword: Sequence[tuple[K, float]], vector_weight: float
 ) -> dict[K, float]:
-    """Min-max normalised scores of the two legs, added with their weights."""
+    """Min-max normalised scores of the two legs, added with their weights: each leg
+    scaled over its best ``SCALED`` rows (ties by key), a row below them counting 0."""
     out: dict[K, float] = {}
     for leg, weight in ((vector, vector_weight), (keyword, 1.0 - vector_weight)):
         if not leg:
             continue
-        high, low = max(s for _, s in leg), min(s for _, s in leg)
+        best = sorted(leg, key=lambda row: (-row[1], row[0]))[:SCALED]  # type: ignore[operator]
+        high, low = best[0][1], best[-1][1]
         for key, score in leg:
-            scaled = (score - low) / (high - low) if high > low else 1.0
+            scaled = max((score - low) / (high - low), 0.0) if high > low else 1.0
             out[key] = out.get(key, 0.0) + weight * scaled
     return out
 
@@ -85,7 +88,7 @@ def with_context(
     return out
 
 
-DONORS = 20  # the candidates that lend, at least (the page's length when longer)
+DONORS = 20  # the candidates that lend, however long the page
 
 
 def ranked(
@@ -132,7 +135,7 @@ def ranked(
             age = max(0.0, (now - time_of(key)).total_seconds() / 86400)
             scores[key] *= math.pow(0.5, age / half_life)
     if neighbours is not None and vector is not None and keyword is not None:
-        donors = sorted(scores, key=lambda k: (-scores[k], k))[: max(DONORS, limit)]
+        donors = sorted(scores, key=lambda k: (-scores[k], k))[:DONORS]
         scores = with_context(
             scores,
             {d: neighbours(d) for d in donors},

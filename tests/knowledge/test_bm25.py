@@ -165,7 +165,7 @@ def test_a_hits_neighbours_in_its_session_earn_context(alice, monkeypatch):
 
 
 def test_a_neighbour_outside_the_filters_is_not_returned(alice, monkeypatch):
-    monkeypatch.setattr(search, "CANDIDATES", 1)
+    monkeypatch.setattr(search, "SCALED", 1)
     kb = make_kb(alice)
     ingest(
         kb,

@@ -185,3 +185,25 @@ def test_a_name_most_chunks_carry_is_left_out_of_the_vector_query(alice):
         *((f"x{i}", f"note {i}") for i in range(12)),
     )
     assert search.vector_text([other], "What did Ann found?") == "What did Ann found?"
+
+
+def test_a_page_does_not_depend_on_how_long_it_is(alice, alice_client):
+    """The first rows of a page, and their scores, are the same whatever top_k asks for:
+    the legs are scaled over their best SCALED rows and the best 20 candidates lend,
+    however many rows the page wants (a top_k of 30 or 100 once reordered the first ten:
+    more donors, and each leg scaled over more rows)."""
+    words = ["golf", "hotel", "item", "apple", "banana", "delta", "echo", "river"]
+    docs = []
+    for i in range(150):
+        text = f"{words[i % 8]} {words[(i * 3) % 8]} note {i} about {words[(i * 5) % 8]} plans"
+        meta = {"session_id": f"s{i % 5}", "timestamp": f"2024-01-01T10:{i // 5:02d}:00Z"}
+        docs.append((f"d{i}", text, meta) if i % 3 else (f"d{i}", text))
+    kb = make_kb(alice)
+    ingest(kb, *docs)
+    for query in ("golf hotel item", "apple banana plans", "delta echo"):
+        first = _search(kb, alice_client, query=query, top_k=10)
+        for top_k in (11, 20, 30, 100):
+            longer = _search(kb, alice_client, query=query, top_k=top_k)[:10]
+            assert [(h["id"], h["score"]) for h in longer] == [
+                (h["id"], h["score"]) for h in first
+            ], (query, top_k)

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from core.db_backend.base import table_owner
 from knowledge import search
 from knowledge.retrieval import engine
-from knowledge.retrieval.engine import CANDIDATES
+from knowledge.retrieval.engine import SCALED
 from knowledge.retrieval.vectors import vector_leg
 from knowledge.search import SearchRequest, search_chunks
 from knowledge.services import knowledge_index_pending
@@ -65,7 +65,7 @@ def _layout(kb) -> tuple[dict, dict]:
 
 def _expected(kb, request: SearchRequest, layout) -> list[tuple[int, float]]:
     info, around = layout
-    pool = request.top_k if request.mode != "hybrid" else max(request.top_k * 3, CANDIDATES)
+    pool = request.top_k if request.mode != "hybrid" else max(request.top_k * 3, SCALED)
     vector = keyword = None
     if request.mode != "keyword":
         vector = [(r[0], r[1]) for r in search._vector_leg([kb], request, pool).run()]
