@@ -293,10 +293,8 @@ def _query_vector(
         return kb_embedder(members[0]).embed([text])[0]
     vector = np.asarray(request.vector, dtype=np.float32)
     if vector.shape != (dims,):
-        raise SearchError(
-            f"vector has {vector.shape[0]} dimensions; knowledge base "
-            f"{members[0].name!r} uses {dims}"
-        )
+        said = f"has {vector.shape[0]} dimensions; knowledge base {members[0].name!r} uses {dims}"
+        raise SearchError(f"vector: {said}", details={"vector": said})
     return vector
 
 

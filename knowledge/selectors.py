@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Exists, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
+from core.errors import NotFound
 from core.key_limits import not_owned, resource_check, resource_filter
 from core.providers.embeddings import Embedder, EmbeddingConfig, embedder_for
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
@@ -74,7 +75,7 @@ def knowledge_bases_for_search(
     """The bases a search covers.
 
     Named ids are searched whatever their kind (a memory base named by id is
-    searched); raises DoesNotExist if any id is not the owner's; an empty list names
+    searched); raises NotFound (naming them) if any id is not the owner's; an empty list names
     none. Without ids (None): all of the owner's bases, leaving out memory bases
     unless asked to include them.
     """
@@ -82,7 +83,9 @@ def knowledge_bases_for_search(
         wanted = {str(k) for k in kb_ids}
         bases = list(KnowledgeBase.objects.filter(owner=owner, pk__in=wanted))
         if len(bases) != len(wanted):
-            raise KnowledgeBase.DoesNotExist("unknown knowledge base")
+            missing = sorted(wanted - {str(kb.pk) for kb in bases})
+            raise NotFound(f"knowledge_base_ids: no knowledge base {', '.join(missing)}",
+                           details={"knowledge_base_ids": missing})  # fmt: skip
         for kb in bases:
             resource_check("knowledge_bases", kb.pk)
         return bases

@@ -105,3 +105,22 @@ def test_an_empty_list_of_bases_searches_none(alice, alice_client, kb):
     assert answer.json()["results"] == []
     everything = alice_client.post("/api/v1/search", {"query": "refunds"}, format="json")
     assert [h["text"] for h in everything.json()["results"]] == ["Refunds take five days."]
+
+
+def test_search_errors_name_what_is_at_fault(alice_client, bob, kb):
+    wrong = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/search",
+                              {"vector": [0.1] * 10}, format="json")  # fmt: skip
+    assert wrong.status_code == 400, wrong.content
+    error = wrong.json()["error"]
+    assert error["message"].startswith("vector: has 10 dimensions")
+    assert error["details"] == {"vector": [error["message"].removeprefix("vector: ")]}
+    bobs = knowledge_base_create(owner=bob, name="bob's")
+    unknown = "00000000-0000-0000-0000-000000000000"
+    for named in ([unknown], [str(kb.pk), str(bobs.pk)]):
+        missing = alice_client.post("/api/v1/search", {"query": "x", "knowledge_base_ids": named},
+                                    format="json")  # fmt: skip
+        assert missing.status_code == 404, missing.content
+        error = missing.json()["error"]
+        assert error["code"] == "not_found"
+        assert error["details"] == {"knowledge_base_ids": [named[-1]]}
+        assert named[-1] in error["message"]
