@@ -13,11 +13,12 @@ fusing statement as arrays: the same SQL over the same rows, so the same ranking
 bit, in the longer leg's time instead of both.
 
 Fusion (``Collection.fusion``):
-- ``minmax``: each leg's scores scaled to [0, 1] over its best ``SCALED`` rows (its best 1,
-  the worst of those 0, and lower; 1 when they are all equal: a longer page, whose legs
-  hand over more, scales its first rows the same), added with weights w and 1 - w; a row missing from
-  a leg gets 0 from it. Unlike reciprocal ranks it keeps how far apart the scores are: a
-  row with a BM25 score far above the rest (a rare name) stays far ahead.
+- ``minmax``: each leg's scores scaled to [0, 1] over its best ``SCALED`` rows (its best
+  1, the worst of those 0, and lower; 1 when they are all equal: a longer page, whose
+  legs hand over more, scales its first rows the same), added with weights w and 1 - w;
+  a row missing from a leg gets 0 from it. Unlike reciprocal ranks it keeps how far
+  apart the scores are: a row with a BM25 score far above the rest (a rare name) stays
+  far ahead.
 - ``max``: w x cosine similarity (negative counts as 0) + (1 - w) x the BM25 score over the
   best keyword candidate's. A keyword candidate the vector leg did not hand over counts
   its own similarity, its vector read by its key (``Collection.complete``), not 0: the
