@@ -32,6 +32,7 @@ from core.providers.embeddings import Embedder, get_embedder
 from core.providers.errors import ProviderError
 from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
+from core.times import storable
 from core.tracing import annotate, span, traceparent
 from core.usage import budget_spent, usage_for
 from ingestion.erasure import queued_turns
@@ -209,9 +210,10 @@ def _valid_from(value: Any) -> datetime | None:
         when = parse_datetime(value.strip()) or _midnight(parse_date(value.strip()))
     except ValueError:
         return None
-    if when is None or when.year < 1900:
+    if when is None:
         return None
-    return (when if timezone.is_aware(when) else timezone.make_aware(when, UTC)).astimezone(UTC)
+    when = when if timezone.is_aware(when) else timezone.make_aware(when, UTC)
+    return when.astimezone(UTC) if storable(when) else None  # (core.times)
 
 
 def _midnight(day: date | None) -> datetime | None:
@@ -408,7 +410,7 @@ def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
     except ProviderError as exc:  # not configured, down, timed out: retried later
         return _failed(rows, result, exc, now)
     for row in rows:  # before the commit; a re-run finds them (same hash)
-        at = parse_datetime(row.messages[-1].get("at") or "") or row.created_at
+        at = _said_at(row.messages[-1].get("at")) or row.created_at
         result.journal_entries += files.journal_append(
             owner_id=scope.owner_id, scope=scope.path, messages=row.messages, at=at,
             source=row.source,
@@ -585,3 +587,15 @@ def updates_sweep(*, now: datetime | None = None) -> int:
         enqueue("ingestion.tasks.engine_updates_run", scope_id,
                 task_name=f"engine-updates-{scope_id}", owner_id=owner_id)  # fmt: skip
     return len(scopes)
+
+
+def _said_at(value: object) -> datetime | None:
+    """A stored message's ``at``, or None when it has none or it does not read as a time
+    (a flush stored before its ``at`` was checked, 2026-11-28: "2026-02-30T10:00:00"
+    once failed its scope's every run)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_datetime(value)
+    except ValueError:
+        return None

@@ -28,6 +28,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from core.api.parsers import UnstorableInput, check_parsed
 from core.providers.embeddings import Embedder, EmbeddingConfig, get_embedder
 from ingestion.portability import bases, conversations, facts, journals, knowledge, stores
 from ingestion.portability.common import FORMAT, VERSION, Ids, bad, dumps
@@ -109,6 +110,12 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
             raise bad(number, "not a JSON object (a truncated line?)") from None
         if not isinstance(obj, dict):
             raise bad(number, "not a JSON object")
+        try:  # (what the database cannot store: NUL, a lone surrogate, NaN, too deep)
+            check_parsed(obj)
+        except UnstorableInput as exc:
+            problems: dict[str, Any] = dict(exc.detail)  # type: ignore[arg-type]
+            field, messages = next(iter(problems.items()))
+            raise bad(number, f"{field}: {messages[0]}") from None
         if number == 1:
             if obj.get("format") != FORMAT or obj.get("version") != VERSION:
                 raise bad(1, f"not a {FORMAT} file of version {VERSION}: "

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from core.errors import InvalidInput
+from core.times import RANGE, storable
 
 FORMAT = "memory-export"
 VERSION = 1
@@ -72,6 +73,8 @@ def when(value: Any, line: int, name: str, required: bool = False) -> datetime |
         raise bad(line, f"{name} is not an ISO 8601 time") from None
     if parsed.tzinfo is None:
         raise bad(line, f"{name} has no time zone")
+    if not storable(parsed):
+        raise bad(line, f"{name} is not {RANGE}")
     return parsed
 
 

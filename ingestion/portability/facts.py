@@ -36,7 +36,7 @@ from ingestion.portability.common import (
 )
 from memories.facts.models import CATEGORIES, Fact, FactLink, FactVersion, Scope
 from memories.facts.scopes import global_scope_ensure, scope_ensure, scope_parse
-from memories.facts.services import fact_line, normalize_fact
+from memories.facts.services import MAX_FACT_CHARS, fact_line, normalize_fact
 from memories.facts.tasks import enqueue_fact_indexing
 
 Path = tuple[str, ...]
@@ -194,18 +194,25 @@ def _common(obj: dict[str, Any], line: int) -> dict[str, Any]:
         or not (0 <= confidence <= 1)
     ):
         raise bad(line, "confidence is not a number from 0 to 1")
+    if len(content) > MAX_FACT_CHARS:
+        raise bad(line, f"content is longer than {MAX_FACT_CHARS} characters")
     source = obj.get("source") or {}
     if not isinstance(source, dict):
         raise bad(line, "source is not an object")
     metadata = obj.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise bad(line, "metadata is not an object")
+    valid_from = when(obj.get("valid_from"), line, "valid_from")
+    valid_to = when(obj.get("valid_to"), line, "valid_to")
+    if valid_from is not None and valid_to is not None and valid_to <= valid_from:
+        raise bad(line, "valid_to is not after valid_from")
     return {
         "line": line, "content": content, "category": obj["category"],
         "confidence": float(confidence), "source_kind": str(source.get("kind") or "import")[:16],
         "source_ref": str(source.get("ref") or "")[:255],
         "metadata": metadata if isinstance(metadata, dict) else {},
         "observed_at": when(obj.get("observed_at"), line, "observed_at", required=True),
-        "valid_from": when(obj.get("valid_from"), line, "valid_from"),
-        "valid_to": when(obj.get("valid_to"), line, "valid_to"),
+        "valid_from": valid_from, "valid_to": valid_to,
         "created_at": when(obj.get("created_at"), line, "created_at", required=True),
         "recorded_from": when(obj.get("recorded_from"), line, "recorded_from", required=True),
         "embedding": embedding(obj, line), "embedding_model": obj.get("embedding_model") or "",

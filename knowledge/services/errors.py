@@ -10,6 +10,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from core.errors import Conflict, InvalidInput, ServiceError
+from core.times import RANGE, storable
 
 MESSAGE_CHUNKING = (1000, 100)
 FILE_CHUNKING = (500, 50)
@@ -49,7 +50,11 @@ def parse_timestamp(value: Any) -> datetime | None:
     if parsed is None:
         raise KnowledgeError(f"metadata timestamp {value!r} is not an ISO 8601 date-time",
                              details={"timestamp": "not an ISO 8601 date-time"})  # fmt: skip
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    if not storable(parsed):
+        raise KnowledgeError(f"metadata timestamp {value!r} is not {RANGE}",
+                             details={"timestamp": f"not {RANGE}"})  # fmt: skip
+    return parsed
 
 
 @dataclass(frozen=True)

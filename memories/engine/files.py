@@ -1,7 +1,8 @@
 """The engine's Markdown files, in the Django storage named by ``ENGINE_STORAGE``.
 
 Layout, per owner and scope (each scope segment percent-encoded, dots included, so a
-segment such as ``..`` or ``a/b`` stays one directory name)::
+segment such as ``..`` or ``a/b`` stays one directory name; one whose encoding is longer
+than a file name may be is shortened with a hash, ``scope_dir``)::
 
     journal/<owner id>/<scope>/YYYY-MM-DD.md   the daily journal (one entry per flush)
     memory/<owner id>/<scope>/MEMORY.md        the core facts rendered as Markdown
@@ -38,8 +39,22 @@ def storage() -> Storage:
     return storages[settings.ENGINE_STORAGE]
 
 
+# A file system takes names of up to 255 bytes; a segment's encoding may take 765 (255
+# dots). One that is longer is its first 200 bytes, "~" and 40 hex digits of its SHA-256:
+# "~" is no character of a segment, so no segment's own encoding is ever one of these,
+# and a name that fits keeps the encoding it always had.
+NAME_MAX = 255
+
+
 def scope_dir(owner_id: int, scope: list[str] | tuple[str, ...]) -> str:
-    return "/".join([str(owner_id), *(quote(s, safe="@:+=-_").replace(".", "%2E") for s in scope)])
+    return "/".join([str(owner_id), *(_dir_name(segment) for segment in scope)])
+
+
+def _dir_name(segment: str) -> str:
+    name = quote(segment, safe="@:+=-_").replace(".", "%2E")
+    if len(name) <= NAME_MAX:
+        return name
+    return f"{name[:200]}~{hashlib.sha256(segment.encode()).hexdigest()[:40]}"
 
 
 def journal_path(owner_id: int, scope: list[str] | tuple[str, ...], day: date) -> str:

@@ -28,6 +28,7 @@ from core.tracing import traceparent
 from memories.engine.models import PendingUpdate
 from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, owner_pk, scope_ensure
+from memories.facts.timeline import instant
 
 RUN_TASK = "ingestion.tasks.engine_updates_run"
 ROLES = ("user", "assistant", "system", "tool")
@@ -66,12 +67,22 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
                 details={"messages": {i: {"content": "too long"}}},
             )
         item: dict[str, Any] = {"role": role, "content": content}
-        if isinstance(message.get("at"), str):
-            item["at"] = message["at"]
+        if at := _message_at(message.get("at"), i):  # (stored as read: a run parses it)
+            item["at"] = at
         if message.get("id") is not None:
             item["id"] = _message_id(message["id"], i)
         out.append(item)
     return out
+
+
+def _message_at(value: Any, index: int) -> str:
+    """When a message was said: an ISO 8601 time (``instant``; a date, or without a zone,
+    UTC), as an ISO 8601 time with its zone; "" for none (null, or blank)."""
+    name = f"messages[{index}].at"
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput(f"{name} must be an ISO 8601 time", details={name: "not a string"})
+    when = instant(value.strip() if value else None, name)
+    return "" if when is None else when.isoformat()
 
 
 def _message_id(value: Any, index: int) -> str:

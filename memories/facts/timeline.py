@@ -26,8 +26,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from core.errors import InvalidInput
-
-EARLIEST_YEAR = 1900
+from core.times import RANGE, storable
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,9 @@ class At:
 
 def instant(value: Any, name: str) -> datetime | None:
     """A time a client sent (ISO 8601: a date, or a date and time; without a zone, UTC)
-    as an aware datetime; None for nothing. Unreadable or before 1900: ``InvalidInput``
-    naming ``name``."""
+    as an aware datetime; None for nothing. Unreadable, or outside the times the service
+    stores (``core.times``, from 1900 to before 9999 in UTC): ``InvalidInput`` naming
+    ``name``."""
     if value is None or value == "":
         return None
     if isinstance(value, datetime):
@@ -84,8 +84,8 @@ def instant(value: Any, name: str) -> datetime | None:
         )
     if not timezone.is_aware(when):
         when = timezone.make_aware(when, UTC)
-    if when.year < EARLIEST_YEAR:
-        raise InvalidInput(f"{name} is before {EARLIEST_YEAR}", details={name: "before 1900"})
+    if not storable(when):
+        raise InvalidInput(f"{name} is not {RANGE}", details={name: f"not {RANGE}"})
     return when
 
 

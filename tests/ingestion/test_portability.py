@@ -267,6 +267,26 @@ def _counts(owner) -> tuple[int, ...]:
         (lambda lines: [*lines[:-1], {**lines[-1], "type": "gossip"}], None),
         (lambda lines: _first(lines, "fact", {"category": "gossip"}), "fact"),
         (lambda lines: _first(lines, "fact", {"embedding": [0.1, 0.2]}), "fact"),
+        # What the database would refuse (a 500 once): NaN, NUL, an interval backwards, a
+        # time it stores but cannot read back; and what the API refuses.
+        (lambda lines: _first(lines, "fact", {"embedding": [float("nan")] * 384}), "fact"),
+        (lambda lines: _first(lines, "fact", {"content": "a\x00b"}), "fact"),
+        (lambda lines: _first(lines, "fact", {"metadata": {"k": "a\x00b"}}), "fact"),
+        (
+            lambda lines: _first(
+                lines,
+                "fact",
+                {
+                    "valid_from": "2026-05-01T00:00:00+00:00",
+                    "valid_to": "2026-04-01T00:00:00+00:00",
+                },
+            ),
+            "fact",
+        ),
+        (lambda lines: _first(lines, "fact", {"observed_at": "0001-01-01T00:00:00+14:00"}), "fact"),
+        (lambda lines: _first(lines, "fact", {"valid_from": "9999-12-31T23:59:59-05:00"}), "fact"),
+        (lambda lines: _first(lines, "fact", {"content": "x" * 2001}), "fact"),
+        (lambda lines: _first(lines, "fact", {"metadata": [1, 2]}), "fact"),
         (lambda lines: _first(lines, "message", {"role": "wizard"}), "message"),
         (lambda lines: _first(lines, "chunk", {"knowledge_base": "nope"}), "chunk"),
         (
