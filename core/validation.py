@@ -77,6 +77,11 @@ class _IdField(serializers.RegexField):
             f"^{self.kind.regex}$", error_messages={"invalid": self.kind.message}, **kwargs
         )
 
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):  # (DRF would take 12345 as "12345": a JSON string only)
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
 
 class SessionIdField(_IdField):
     kind = SESSION_ID

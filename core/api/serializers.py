@@ -1,3 +1,4 @@
+import uuid
 from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any
@@ -218,6 +219,16 @@ class JobOutputBase(serializers.ModelSerializer):
         return reverse("job-detail", kwargs={"job_id": job.pk})
 
 
+def refuse_unknown(data: Any, fields: Collection[str]) -> None:
+    """A body's keys that name no field of it, each named in one 400: a typo
+    (``session`` for ``session_id``) would otherwise ask for the request's widest form
+    (a flush of every session, a regeneration of the whole base)."""
+    if isinstance(data, Mapping):
+        unknown = sorted(str(key) for key in set(data) - set(fields))
+        if unknown:
+            raise serializers.ValidationError({key: f"Unknown field {key}." for key in unknown})
+
+
 def refuse_changes(
     data: Mapping[str, Any],
     *,
@@ -233,9 +244,20 @@ def refuse_changes(
     one 400. A GET body sent back unchanged passes."""
     errors = {}
     for key, value in data.items():
-        if key in fixed and str(value) != str(fixed[key]):
+        if key in fixed and not _same(value, fixed[key]):
             errors[key] = why_fixed.format(key=key)
         elif key not in changeable and key not in fixed and key not in ignored:
             errors[key] = unknown.format(key=key)
     if errors:
         raise serializers.ValidationError(errors)
+
+
+def _same(given: Any, kept: Any) -> bool:
+    """Whether a value sent back is the object's own: as text, or as the same UUID in any
+    case or form (Swift's ``uuidString`` is upper case)."""
+    if str(given) == str(kept):
+        return True
+    try:
+        return uuid.UUID(str(given)) == uuid.UUID(str(kept))
+    except ValueError:
+        return False

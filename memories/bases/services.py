@@ -225,6 +225,9 @@ def session_cursor_advance(
 
 
 # --- memory bases -------------------------------------------------------------------
+KB_NAME_CHARS = 200  # (KnowledgeBase.name)
+
+
 def memory_base_create(
     *,
     owner: User,
@@ -244,7 +247,7 @@ def memory_base_create(
         raise MemoryBaseError("threshold must be at least 1")
     if flow.owner_id != owner.pk:
         raise MemoryBaseError("unknown flow")
-    kb_name = kb_name or f"Memory: {name}"
+    kb_name = kb_name or f"Memory: {name}"[:KB_NAME_CHARS]  # (a name of 193-200: cut)
     with transaction.atomic():
         if MemoryBase.objects.filter(owner=owner, name=name).exists():
             raise NameTaken(f"a memory base named {name!r} already exists")

@@ -27,6 +27,7 @@ question. A newest turn that alone exceeds the budget gives an empty history
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -271,9 +272,14 @@ def resolve_message(messages: QuerySet[Message], reference: int | str) -> Messag
     server id."""
     if isinstance(reference, str):
         found = messages.filter(message_id=reference).first()
-        if found is not None or not reference.isdigit():
-            return found
+        if found is not None or not _SERVER_ID.fullmatch(reference):
+            return found  # (not "²" or "١", which isdigit() takes: ASCII digits that fit)
+    if not 0 < int(reference) < 2**63:
+        return None
     return messages.filter(pk=int(reference)).first()
+
+
+_SERVER_ID = re.compile(r"[0-9]{1,19}")
 
 
 def _candidates(

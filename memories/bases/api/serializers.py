@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField
-from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes
+from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes, refuse_unknown
 from core.validation import SessionIdField
 from memories.bases.models import MemoryBase, MemoryBaseJob
 from memories.bases.selectors import session_status
@@ -30,6 +30,10 @@ class MemoryBaseCreateSerializer(serializers.Serializer):
         if not value.strip():
             raise serializers.ValidationError("Name may not be blank.")
         return value.strip()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refuse_unknown(self.initial_data, self.fields)
+        return attrs
 
 
 # The answer's computed fields: a GET body sent back unchanged passes (refuse_changes).
@@ -137,3 +141,7 @@ class SessionOutputSerializer(serializers.Serializer):
 
 class FlushInSerializer(serializers.Serializer):
     session_id = SessionIdField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        refuse_unknown(self.initial_data, self.fields)
+        return attrs

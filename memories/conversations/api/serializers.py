@@ -45,12 +45,14 @@ def content_to_text(content: Any) -> tuple[str, list[dict[str, Any]]]:
     if isinstance(content, str):
         return content, []
     if isinstance(content, list) and all(isinstance(b, dict) and "type" in b for b in content):
-        parts = [str(b.get("text", "")) for b in content if b["type"] == "text"]
+        parts = [b.get("text") for b in content if b["type"] == "text"]
+        if not all(isinstance(p, str) for p in parts):  # (null or an object is no text)
+            raise serializers.ValidationError("A text block's text must be a string.")
         return "\n".join(p for p in parts if p), content
     raise serializers.ValidationError("Must be a string or a list of content blocks with a type.")
 
 
-class MessageIdField(serializers.CharField):
+class MessageIdField(StrictCharField):
     def __init__(self, **kwargs: Any):
         super().__init__(max_length=MESSAGE_ID_MAX, **kwargs)
 
