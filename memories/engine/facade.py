@@ -112,7 +112,7 @@ class MemoryEngine:
             fact = fact_update(
                 owner=self.owner, fact_id=id, scope=target, content=content, category=category,
                 confidence=confidence, reason=reason or "edited", source=source,
-                validity=validity,
+                validity=validity, refuse_duplicate=True,
             )  # fmt: skip
             return ManageResult("update", str(fact.pk), fact=fact)
         fact_delete(owner=self.owner, fact_id=id, scope=target, reason=reason or "deleted",

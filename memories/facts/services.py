@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 from core.audit import access_record
 from core.db import advisory_xact_lock, advisory_xact_lock_statement
 from core.erasure import send_scope_erased
-from core.errors import InvalidInput
+from core.errors import Conflict, InvalidInput
 from core.key_limits import scope_check
 from core.metrics import counter_add, counters_add
 from core.providers.embeddings import Embedder, get_embedder
@@ -528,6 +528,13 @@ def _count(decisions: list[FactDecision]) -> None:
 # --- Update, delete, share --------------------------------------------------------------
 
 
+class DuplicateFact(Conflict):
+    """An edit would make a fact say what another fact of its scope says (an add of that
+    text is a duplicate, and writes nothing)."""
+
+    code = "duplicate_fact"
+
+
 def fact_update(
     *,
     owner: AbstractBaseUser | int,
@@ -540,13 +547,16 @@ def fact_update(
     embedder: Embedder | None = None,
     source: Mapping[str, Any] | None = None,
     validity: Mapping[str, datetime | None] | None = None,
+    refuse_duplicate: bool = False,
 ) -> Fact:
     """Change a fact's text (re-embedded, outside the transaction), category,
     confidence or time in the world (``validity``: ``valid_from`` and/or ``valid_to``,
     None to clear), audited with ``reason``; the version it was is kept
     (``FactVersion``, closed with ``source``). A fact shared with other scopes is not
     changed under them: this scope gets a new fact instead (copy on write). The fact is
-    the owner's, in ``scope`` when given (``fact_resolve``: else 404)."""
+    the owner's, in ``scope`` when given (``fact_resolve``: else 404). An edit that
+    changes nothing writes nothing; ``refuse_duplicate`` (the API's doors): a text another
+    fact of the scope has is ``DuplicateFact`` (a dream, which merges facts, may)."""
     content = validate_content(content) if content is not None else None
     if category is not None:
         _validate_category(category)
@@ -569,6 +579,15 @@ def fact_update(
         fact = Fact.objects.get(pk=fact.pk)  # as it is now, under the lock
         old_content = fact.content
         text = content if content is not None else fact.content
+        if text == old_content and all(getattr(fact, k) == v for k, v in changes.items()):
+            return fact  # an edit that changes nothing: no version, no audit row, no "now"
+        if refuse_duplicate and text != old_content:
+            found = _check(row, normalize_fact(text))[1]
+            if found is not None and found != fact.pk:
+                raise DuplicateFact(
+                    f"content: another fact of the scope already says this ({found})",
+                    details={"content": f"the text of fact {found}"},
+                )
         now = timezone.now()
         if FactLink.objects.filter(fact=fact).exclude(scope=row).exists():
             new = _copy_for(row, fact, text, embedding, embedder, changes)

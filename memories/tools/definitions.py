@@ -16,12 +16,13 @@ from memories.facts.api.serializers import HitSerializer
 from memories.facts.models import CATEGORIES
 from memories.facts.scopes import owner_pk
 from memories.facts.search import FactHit
+from memories.facts.services import MAX_FACT_CHARS
 from memories.facts.timeline import at_from
 from memories.stores.models import STAGES
 from memories.stores.runtime import StoreError, node_memory_retrieve, node_memory_write
 from memories.tools.registry import Tool, ToolContext, ToolError, parse_uuid, register
 
-MAX_CONTENT = 10_000
+MAX_CONTENT = 10_000  # (a query's text)
 SEARCH_HINT = "call search_memory to find the id of the memory you mean"
 
 MANAGE_DESCRIPTION = (
@@ -124,7 +125,7 @@ register(
             "properties": {
                 "content": {
                     "type": ["string", "null"],
-                    "maxLength": MAX_CONTENT,
+                    "maxLength": MAX_FACT_CHARS,  # (what a fact may hold: longer is refused)
                     "description": "The memory's text: required to create, the new text to "
                     "update, left out to delete.",
                 },

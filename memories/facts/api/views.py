@@ -203,7 +203,7 @@ class UserMemoryDetailView(APIView):
     @extend_schema(
         summary="Change a memory",
         request=FactUpdateSerializer,
-        responses={200: MemoryOutputSerializer, 404: ERROR},
+        responses={200: MemoryOutputSerializer, 404: ERROR, 409: ERROR},
         description="Any of content (or text), category, confidence, and the reason the "
         "audit records. A memory shared with other users gives this user a new one "
         "(copy on write).",
@@ -215,6 +215,7 @@ class UserMemoryDetailView(APIView):
             owner=request.user, fact_id=memory_id, scope=end_user, content=data.get("content"),
             category=data.get("category"), confidence=data.get("confidence"),
             reason=data["reason"], source=API_SOURCE, validity=data["validity"],
+            refuse_duplicate=True,
         )  # fmt: skip
         return Response(MemoryOutputSerializer(fact).data)
 

@@ -163,3 +163,37 @@ def test_search_and_injection(alice_client, fixture_embedder):
     assert r.json()["text"].splitlines()[0] == "- [behavior | 0.90] User plays the violin"
     r = alice_client.post("/api/v1/engine/injection", {"scope": ["user", "u1"]}, format="json")
     assert r.status_code == 400
+
+
+def test_an_edit_that_changes_nothing_writes_nothing(alice, alice_client):
+    """Re-saving a fact unchanged kept a version, an audit row and a new observed_at (its
+    decay restarted) each time; and an edit could make a fact say what another fact of
+    its scope says, which an add refuses as a duplicate (a new user's audit)."""
+    from memories.facts.models import FactVersion
+
+    scope = ["p", "1"]
+    coffee = _create(alice_client, scope, "Likes coffee", confidence=0.8).json()["fact"]
+    _create(alice_client, scope, "Lives in Lisbon")
+    url = f"/api/v1/engine/facts/{coffee['id']}"
+    before = Fact.objects.get(pk=coffee["id"])
+    counts = (FactVersion.objects.count(), FactChange.objects.count())
+    for body in ({"content": "Likes coffee"}, {"confidence": 0.8},
+                 {"content": "Likes coffee", "confidence": 0.8}):  # fmt: skip
+        same = alice_client.patch(url, body, format="json")
+        assert same.status_code == 200, same.content
+        assert same.json()["content"] == "Likes coffee"
+    after = Fact.objects.get(pk=coffee["id"])
+    assert (FactVersion.objects.count(), FactChange.objects.count()) == counts
+    assert (after.observed_at, after.recorded_at) == (before.observed_at, before.recorded_at)
+    history = alice_client.get(f"{url}/history").json()
+    assert [v["content"] for v in history["versions"]] == ["Likes coffee"]
+    # Another fact's text: a 409, nothing changed.
+    taken = alice_client.patch(url, {"content": "Lives in Lisbon"}, format="json")
+    assert taken.status_code == 409, taken.content
+    assert taken.json()["error"]["code"] == "duplicate_fact"
+    assert Fact.objects.get(pk=coffee["id"]).content == "Likes coffee"
+    assert (FactVersion.objects.count(), FactChange.objects.count()) == counts
+    # A real change is one version and one audit row.
+    changed = alice_client.patch(url, {"content": "Likes strong coffee"}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert FactChange.objects.count() == counts[1] + 1
