@@ -288,12 +288,28 @@ class ChatMessageSerializer(serializers.Serializer):
     content = serializers.JSONField(help_text="The text, or content blocks with an image.")
 
 
+@extend_schema_field({"type": "string", "description": "format=text only: the transcript."})
+class _HistoryText(serializers.Field):
+    """A history as one text (``format=text``): not read-only, so the schema can say it is
+    not always there (drf-spectacular lists a read-only field as required)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(source="*", required=False, **kwargs)
+
+    def to_representation(self, history: Any) -> str:
+        context = self.parent.context
+        return str(history.as_text(
+            human_prefix=context.get("human_prefix", DEFAULT_HUMAN_PREFIX),
+            ai_prefix=context.get("ai_prefix", DEFAULT_AI_PREFIX),
+        ))  # fmt: skip
+
+
 class HistoryOutputSerializer(serializers.Serializer):
     """``messages`` (format=messages) or ``text`` (format=text), and the items."""
 
     format = serializers.SerializerMethodField()
     messages = ChatMessageSerializer(many=True, source="as_messages", required=False)
-    text = serializers.SerializerMethodField()
+    text = _HistoryText()
     items = ConversationItemSerializer(many=True)
     token_count = serializers.IntegerField(
         help_text="count_message_tokens of the messages: 3 + per message 3 + role + content."
@@ -306,12 +322,6 @@ class HistoryOutputSerializer(serializers.Serializer):
 
     def get_format(self, history: History) -> str:
         return self.context.get("format", "messages")
-
-    def get_text(self, history: History) -> str:
-        return history.as_text(
-            human_prefix=self.context.get("human_prefix", DEFAULT_HUMAN_PREFIX),
-            ai_prefix=self.context.get("ai_prefix", DEFAULT_AI_PREFIX),
-        )
 
     def to_representation(self, history: History) -> dict[str, Any]:
         data = super().to_representation(history)
@@ -340,6 +350,14 @@ class SummarizedHistoryOutputSerializer(ConversationHistoryOutputSerializer):
 
     def get_strategy(self, history: Any) -> str:
         return "summarize"
+
+
+class ConversationHistoryAnswerSerializer(ConversationHistoryOutputSerializer):
+    """Schema only: what a conversation's history answers; ``strategy`` and ``summary``
+    only with strategy=summarize (``SummarizedHistoryOutputSerializer``)."""
+
+    strategy = serializers.ChoiceField(choices=["summarize"], required=False)
+    summary = RunningSummarySerializer(required=False)
 
 
 class NodeHistoryOutputSerializer(HistoryOutputSerializer):

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
 from memories.conversations.api.serializers import (
+    ConversationHistoryAnswerSerializer,
     ConversationHistoryOutputSerializer,
     ConversationHistoryQuerySerializer,
     FlowInSerializer,
@@ -95,7 +96,7 @@ class ConversationHistoryView(APIView):
     @extend_schema(
         summary="A conversation's history",
         parameters=[ConversationHistoryQuerySerializer],
-        responses={200: ConversationHistoryOutputSerializer, 422: ERROR},
+        responses={200: ConversationHistoryAnswerSerializer, 422: ERROR},
         description="The current thread of a conversation (flow + session), cut to "
         "max_tokens by whole turns, newest kept; an empty conversation has an empty history; "
         "with strategy=summarize the older messages are folded into the conversation's "

@@ -77,3 +77,26 @@ def test_its_own_ids_sent_back_in_upper_case_are_no_change(alice, alice_client, 
     assert answer.status_code == 200, answer.content
     base.refresh_from_db()
     assert base.threshold == 5
+
+
+def test_a_history_answer_is_what_its_schema_says(alice_client, flow, settings):
+    """The default answer (format=messages) has no ``text``, and strategy=summarize adds
+    ``strategy`` and ``summary``: the schema said ``text`` was always there and knew
+    neither of the others (checked against the served schema with jsonschema)."""
+    import jsonschema
+    from drf_spectacular.generators import SchemaGenerator
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    answer = schema["paths"]["/api/v1/conversations/{session_id}/history"]["get"]
+    ref = answer["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    validator = jsonschema.Draft202012Validator(
+        {"$ref": ref, "components": schema["components"]}, format_checker=None
+    )
+    assert _post(alice_client, flow, content="Hello there").status_code == 201
+    for params in ({}, {"format": "text"}, {"strategy": "summarize"}):
+        got = alice_client.get("/api/v1/conversations/s1/history",
+                               {"flow": str(flow.pk), **params})  # fmt: skip
+        assert got.status_code == 200, got.content
+        validator.validate(got.json())
+    assert "text" not in alice_client.get("/api/v1/conversations/s1/history",
+                                          {"flow": str(flow.pk)}).json()  # fmt: skip
