@@ -50,7 +50,13 @@ def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
     """Annotate sessions, processed total, last sync, active jobs, ``chunk_total`` (rows
     in the knowledge base's chunk table: the one chunk count the API, the admin and
     the commands show) and ``mismatch``."""
-    processed = MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"), total_processed__gt=0)
+    # Sessions that processed messages and should hold chunks: not those whose last
+    # finished job wrote none on purpose (a preprocessing kill phrase, only empty answers).
+    processed = (
+        MemoryBaseSession.objects.filter(memory_base=OuterRef("pk"), total_processed__gt=0)
+        .annotate(last_wrote=_last_wrote())
+        .exclude(last_wrote=0)
+    )
     lost = lost_sessions(MemoryBaseSession.objects.filter(memory_base=OuterRef("pk")))
     return (
         qs.select_related("flow", "knowledge_base", "owner")
@@ -83,9 +89,9 @@ def with_counters(qs: QuerySet[MemoryBase]) -> QuerySet[MemoryBase]:
             has_processed=Exists(processed),
             has_lost_session=Exists(lost),
         )
-        # Mismatch, defined once: sessions report processed messages but the
-        # knowledge base holds no chunks, or one session's chunks are all gone (deleted
-        # behind our back: ``lost_sessions``).
+        # Mismatch, defined once: sessions report processed messages (that should have
+        # left chunks) but the knowledge base holds no chunks, or one session's chunks
+        # are all gone (deleted behind our back: ``lost_sessions``).
         .annotate(
             mismatch=ExpressionWrapper(
                 (Q(has_processed=True) & Q(chunk_total=0)) | Q(has_lost_session=True),
@@ -100,19 +106,25 @@ def lost_sessions(qs: QuerySet[MemoryBaseSession]) -> QuerySet[MemoryBaseSession
     """The sessions whose chunks are gone: they report processed messages, their last
     finished job wrote chunks, and the knowledge base holds none of them (a job that
     legitimately stored nothing, a preprocessing kill phrase, wrote none)."""
-    wrote = MemoryBaseJob.objects.filter(
-        session=OuterRef("pk"), status=MemoryBaseJob.Status.SUCCEEDED
-    )
     return (
         qs.filter(total_processed__gt=0)
         .annotate(
-            last_wrote=Subquery(wrote.order_by("-created_at").values("chunks_written")[:1]),
+            last_wrote=_last_wrote(),
             present=session_has_chunks(
                 OuterRef("memory_base__knowledge_base_id"), OuterRef("session_id")
             ),
         )
         .filter(last_wrote__gt=0, present=False)
     )
+
+
+def _last_wrote() -> Subquery:
+    """The chunks the last finished job of the session (``OuterRef("pk")``) wrote (NULL:
+    no job finished)."""
+    wrote = MemoryBaseJob.objects.filter(
+        session=OuterRef("pk"), status=MemoryBaseJob.Status.SUCCEEDED
+    )
+    return Subquery(wrote.order_by("-created_at").values("chunks_written")[:1])
 
 
 def memory_base_as_created(memory_base: MemoryBase) -> MemoryBase:

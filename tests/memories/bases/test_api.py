@@ -371,3 +371,20 @@ def test_counters_agree_across_pages_after_a_loss(alice_client, flow, memory_bas
     listed = [k for k in alice_client.get("/api/v1/knowledge-bases").json()["results"]
               if k["id"] == str(kb)]  # fmt: skip
     assert base["chunks"] == one["metadata"]["chunks"] == listed[0]["metadata"]["chunks"] == 1
+
+
+def test_a_base_whose_every_session_stored_nothing_on_purpose_is_no_mismatch(
+    alice_client, flow, memory_base
+):
+    """A new user's audit: a preprocessing kill phrase, or only an empty (pending) answer,
+    processes messages and stores nothing, and the whole base read as a mismatch that
+    Regenerate could never clear. Chunks deleted behind its back still are one."""
+    from memories.bases.models import MemoryBaseJob
+
+    record(flow, "s1", "m1", "m2", "m3")
+    base = f"/api/v1/memories/{memory_base.pk}"
+    Chunk.objects.all().delete()
+    assert alice_client.get(base).json()["mismatch"] is True  # (lost behind our back)
+    MemoryBaseJob.objects.update(chunks_written=0)  # as a kill phrase leaves it
+    body = alice_client.get(base).json()
+    assert (body["mismatch"], body["chunks"], body["total_processed"]) == (False, 0, 3)
