@@ -239,7 +239,15 @@ def test_a_search_statement_starts_no_parallel_workers(monkeypatch):
         "_pinned",
         lambda: [s for s in pinned() if s[0] != "max_parallel_workers_per_gather"],
     )
-    assert _search_on_a_planner_that_wants_workers(kb, request) > 0  # (what it guards against)
+    # (What it guards against. The planner's wish rests on the tables' sampled statistics,
+    # which an earlier test's churn can leave thin: it once planned none on a CI run, so
+    # it is asked up to three times, each on fresh statistics and a fresh connection.)
+    wanted = 0
+    for _ in range(3):
+        wanted = _search_on_a_planner_that_wants_workers(kb, request)
+        if wanted:
+            break
+    assert wanted > 0
     monkeypatch.setattr(engine, "_pinned", pinned)
     assert _search_on_a_planner_that_wants_workers(kb, request) == 0
     connection.close()
