@@ -108,8 +108,8 @@ def validate_budget(
 ) -> tuple[int, int, int]:
     def whole(name: str, value: Any, low: int) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise SummaryInputError(f"{name} must be a whole number of at least {low}",
-                                    details={name: value})  # fmt: skip
+            said = f"must be a whole number of at least {low}, not {value!r}"
+            raise SummaryInputError(f"{name}: {said}", details={name: said})
         return value
 
     limit = whole("max_tokens", max_tokens, 16)
@@ -120,8 +120,8 @@ def validate_budget(
     )
     summary = whole("max_summary_tokens", max_summary_tokens, 1)
     if summary >= limit:
-        raise SummaryInputError("max_summary_tokens must be less than max_tokens",
-                                details={"max_summary_tokens": summary, "max_tokens": limit})  # fmt: skip
+        said = f"must be less than max_tokens ({limit}), not {summary} (256 unless given)"
+        raise SummaryInputError(f"max_summary_tokens: {said}", details={"max_summary_tokens": said})
     return limit, trigger, summary
 
 

@@ -100,3 +100,19 @@ def test_a_history_answer_is_what_its_schema_says(alice_client, flow, settings):
         validator.validate(got.json())
     assert "text" not in alice_client.get("/api/v1/conversations/s1/history",
                                           {"flow": str(flow.pk)}).json()  # fmt: skip
+
+
+def test_a_summary_budget_error_names_its_field(alice_client, flow):
+    url = "/api/v1/conversations/s1/history"
+    cases = [
+        ({"strategy": "summarize", "max_tokens": 20}, "max_summary_tokens",
+         "must be less than max_tokens (20), not 256 (256 unless given)"),
+        ({"strategy": "summarize", "max_tokens": 300, "max_tokens_before_summary": 16,
+          "max_summary_tokens": 50}, "max_tokens_before_summary",
+         "must be a whole number of at least 300, not 16"),
+    ]  # fmt: skip
+    for params, field, said in cases:
+        answer = alice_client.get(url, {"flow": str(flow.pk), **params})
+        assert answer.status_code == 400, answer.content
+        error = answer.json()["error"]
+        assert (error["message"], error["details"]) == (f"{field}: {said}", {field: [said]})
