@@ -46,6 +46,29 @@ class StrictBooleanField(serializers.BooleanField):
         raise AssertionError  # fail() raises
 
 
+class StrictFloatField(serializers.FloatField):
+    """A JSON number is a number: ``true`` (DRF's FloatField made it 1.0) and ``"0.9"``
+    are refused. For a body's fields only (query parameters are text)."""
+
+    default_error_messages = {"invalid": "Must be a number."}
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return float(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON whole number: ``"3"`` and ``true`` are refused. For a body's fields only."""
+
+    default_error_messages = {"invalid": "Must be a whole number."}
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
 class QueryVectorField(serializers.ListField):
     """A query embedding for cosine search: finite floats a float4 column can hold, not
     all zero (a zero vector has no direction: cosine distances came back NaN). It is

@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.fields import StrictBooleanField, StrictCharField
+from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
 from memories.conversations.history import effective_message_limit
@@ -68,7 +68,7 @@ class FlushInSerializer(ScopedSerializer):
 
 
 class DreamInSerializer(ScopedSerializer):
-    lookback_days = serializers.IntegerField(min_value=1, max_value=90, required=False)
+    lookback_days = StrictIntegerField(min_value=1, max_value=90, required=False)
 
 
 @extend_schema_serializer(component_name="EngineSettingsIn")

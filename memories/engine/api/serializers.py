@@ -9,7 +9,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.fields import StrictCharField
+from core.api.fields import StrictCharField, StrictFloatField
 from memories.facts.api.serializers import (
     AliasesMixin,
     AtFieldsMixin,
@@ -52,7 +52,7 @@ class FactCreateSerializer(AliasesMixin, ValidityFieldsMixin, ScopedSerializer):
         max_length=MAX_FACT_CHARS, required=False, help_text="Another name for content."
     )
     category = serializers.ChoiceField(choices=CATEGORIES, default="context")
-    confidence = serializers.FloatField(min_value=0, max_value=1, default=1.0)
+    confidence = StrictFloatField(min_value=0, max_value=1, default=1.0)
     source_kind = serializers.ChoiceField(choices=SOURCE_KINDS, default="api")
     source_ref = StrictCharField(max_length=255, required=False, default="", allow_blank=True)
     metadata = serializers.DictField(required=False, default=dict)

@@ -20,7 +20,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.fields import CHAT_ROLES, StrictBooleanField, StrictCharField
+from core.api.fields import CHAT_ROLES, StrictBooleanField, StrictCharField, StrictFloatField
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange
 from memories.facts.services import MAX_FACT_CHARS
 from memories.facts.timeline import at_from, instant
@@ -256,7 +256,7 @@ class FactUpdateSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Serial
         max_length=MAX_FACT_CHARS, required=False, help_text="Another name for content."
     )
     category = serializers.ChoiceField(choices=CATEGORIES, required=False)
-    confidence = serializers.FloatField(min_value=0, max_value=1, required=False)
+    confidence = StrictFloatField(min_value=0, max_value=1, required=False)
     reason = StrictCharField(max_length=1000, required=False, default="edited")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +290,7 @@ class MemoryAddSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Seriali
     category = serializers.ChoiceField(
         choices=CATEGORIES, default="context", help_text="infer=false: the facts' category."
     )
-    confidence = serializers.FloatField(
+    confidence = StrictFloatField(
         min_value=0, max_value=1, default=1.0, help_text="infer=false: the facts' confidence."
     )
     metadata = serializers.DictField(required=False, default=dict)

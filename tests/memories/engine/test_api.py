@@ -197,3 +197,21 @@ def test_an_edit_that_changes_nothing_writes_nothing(alice, alice_client):
     changed = alice_client.patch(url, {"content": "Likes strong coffee"}, format="json")
     assert changed.status_code == 200, changed.content
     assert FactChange.objects.count() == counts[1] + 1
+
+
+@pytest.mark.parametrize("given", [True, "0.9", None])
+def test_a_confidence_is_a_json_number(alice, alice_client, given):
+    """DRF's FloatField took true as 1.0 and "0.9" as 0.9 (a new user's audit)."""
+    made = _create(alice_client, ["p", "1"], "Likes tea", confidence=given)
+    assert made.status_code == 400, made.content
+    assert "confidence" in made.json()["error"]["details"]
+    added = alice_client.post("/api/v1/users/u1/memories",
+                              {"text": "Likes tea", "infer": False, "confidence": given},
+                              format="json")  # fmt: skip
+    assert added.status_code == 400, added.content
+    assert not Fact.objects.exists()
+    fact = _create(alice_client, ["p", "1"], "Likes tea", confidence=0.9).json()["fact"]
+    patched = alice_client.patch(f"/api/v1/engine/facts/{fact['id']}", {"confidence": given},
+                                 format="json")  # fmt: skip
+    assert patched.status_code == 400, patched.content
+    assert Fact.objects.get().confidence == 0.9
