@@ -34,6 +34,7 @@ from memories.engine.facade import MemoryEngine
 from memories.facts.api.serializers import AS_OF_HELP, VALID_AT_HELP, FactHistoryOutputSerializer
 from memories.facts.api.views import history_response
 from memories.facts.injection import injection_payload
+from memories.facts.models import CATEGORIES
 from memories.facts.scopes import ScopePath
 from memories.facts.search import FactFilter
 from memories.facts.selectors import (
@@ -126,6 +127,10 @@ class FactsView(APIView):
         at = at_from(request.query_params.get("as_of"), request.query_params.get("valid_at"))
         row = engine.existing(cast(ScopePath, _query_scope(request, engine, required=True)))
         categories = request.query_params.getlist("category") or None
+        unknown = sorted(set(categories or ()) - set(CATEGORIES))
+        if unknown:  # (as the search's filter.category: a 400, not an empty list)
+            said = f"unknown {', '.join(unknown)}; the categories are {', '.join(CATEGORIES)}"
+            raise InvalidInput(f"category: {said}", details={"category": said})
         filter = FactFilter(categories=categories)
         qs: Any = (
             fact_list(scope=row, filter=filter)

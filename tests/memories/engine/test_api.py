@@ -215,3 +215,13 @@ def test_a_confidence_is_a_json_number(alice, alice_client, given):
                                  format="json")  # fmt: skip
     assert patched.status_code == 400, patched.content
     assert Fact.objects.get().confidence == 0.9
+
+
+def test_an_unknown_category_is_a_400_on_the_list_as_on_the_search(alice_client):
+    _create(alice_client, ["p", "1"], "Likes tea", category="preference")
+    listed = alice_client.get("/api/v1/engine/facts", {"scope": '["p", "1"]', "category": "nope"})
+    assert listed.status_code == 400, listed.content
+    assert listed.json()["error"]["message"].startswith("category: unknown nope")
+    known = alice_client.get("/api/v1/engine/facts",
+                             {"scope": '["p", "1"]', "category": "preference"})  # fmt: skip
+    assert known.status_code == 200 and known.json()["count"] == 1
