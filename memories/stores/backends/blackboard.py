@@ -28,14 +28,33 @@ _DURATION = re.compile(r"^(\d+)\s*([smhdw]?)$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+# The longest age a store keeps (100 years): "now - age" must stay a date Python has
+# (1000000w once failed every read and write of its node with an OverflowError).
+MAX_AGE = timedelta(days=36_500)
+
+
 def parse_duration(value: Any) -> timedelta | None:
-    """``"90"``/``90`` seconds, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"``; empty: None."""
+    """``"90"``/``90`` seconds, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"``, up to
+    ``MAX_AGE``; empty: None."""
     if value in (None, ""):
         return None
     match = _DURATION.match(str(value).strip().lower())
     if match is None or int(match.group(1)) == 0:
         raise ValueError("a positive duration like 3600, 90s, 15m, 12h, 7d or 2w")
-    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    digits, unit = match.groups()
+    if len(digits) > 12 or int(digits) * _UNITS[unit] > MAX_AGE.total_seconds():
+        raise ValueError("at most 100 years (36500d)")
+    return timedelta(seconds=int(digits) * _UNITS[unit])
+
+
+class DurationField(StrictCharField):
+    """A duration as text ("12h"), or a whole number of seconds (3600, as the docs write
+    it): kept as text."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if isinstance(data, int) and not isinstance(data, bool):
+            data = str(data)
+        return super().to_internal_value(data)
 
 
 class BlackboardConfig(StrictConfig):
@@ -48,7 +67,7 @@ class BlackboardConfig(StrictConfig):
         default=1000,
         help_text="Oldest entries beyond are dropped",
     )
-    max_age = StrictCharField(
+    max_age = DurationField(
         required=False,
         allow_blank=True,
         default="",
@@ -67,7 +86,10 @@ class BlackboardStore(StoreBackend):
     _newest: Newest | None = None  # this call's read, from prepare_retrieve
 
     def _oldest_kept(self) -> datetime | None:
-        age = parse_duration(self.config.get("max_age"))
+        try:
+            age = parse_duration(self.config.get("max_age"))
+        except ValueError:  # (a config stored before the bound: the longest age)
+            age = MAX_AGE
         return None if age is None else timezone.now() - age
 
     def prepare_retrieve(self, query: RetrieveQuery) -> None:

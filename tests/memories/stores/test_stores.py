@@ -164,6 +164,39 @@ def test_blackboard_trims_by_count_and_by_age(alice_client, flow):
     assert MemoryItem.objects.filter(store=store).count() == 3
 
 
+def test_a_max_age_past_100_years_is_a_400_and_a_stored_one_breaks_no_node(alice_client, flow):
+    """A new user's audit: "1000000w" was taken and then failed every read and write of
+    its node (now - age: an OverflowError), and "99999999999999999d" was a 500 on create;
+    3600, as the docs write it, was refused as no string."""
+    stores = "/api/v1/memory-stores"
+    for age in ("1000000w", "99999999999999999d", "36501d"):
+        refused = alice_client.post(stores, {"name": "log", "type": "blackboard",
+                                             "config": {"max_age": age}}, format="json")  # fmt: skip
+        assert refused.status_code == 400, (age, refused.content)
+        assert "config.max_age" in refused.json()["error"]["message"]
+    assert not MemoryStore.objects.exists()
+    made = alice_client.post(stores, {"name": "log", "type": "blackboard",
+                                      "config": {"max_age": 3600}}, format="json")  # fmt: skip
+    assert made.status_code == 201, made.content
+    assert MemoryStore.objects.get().config["max_age"] == "3600"
+    doc = {
+        "memory": [{"name": "log", "type": "blackboard", "config": {"max_age": "3600"}},
+                   {"name": "notes", "type": "blackboard", "config": {}}],
+        "nodes": [{"id": "worker", "flow": flow.name,
+                   "memories": [{"name": "log"}, {"name": "notes"}]}],
+    }  # fmt: skip
+    assert alice_client.post(URL, doc, format="json").status_code == 200
+    # One stored before the bound: read as the longest age, the node works.
+    log = MemoryStore.objects.get(name="log")
+    MemoryStore.objects.filter(pk=log.pk).update(config={**log.config, "max_age": "1000000w"})
+    node = f"/api/v1/flows/{flow.pk}/nodes/worker/memory"
+    wrote = alice_client.post(f"{node}/write", {"input": "q", "output": "done 1"}, format="json")
+    assert wrote.status_code == 200, wrote.content
+    found = alice_client.post(f"{node}/retrieve", {"stage": "gen", "query": ""}, format="json")
+    assert found.status_code == 200, found.content
+    assert [len(s["hits"]) for s in found.json()["stores"]] == [1, 1]
+
+
 # --- simple store details --------------------------------------------------------------
 def test_simple_store_without_embedder_searches_by_keyword(alice_client, flow):
     """Without an embedder a simple store ranks by BM25 over its items; a query without
