@@ -388,12 +388,17 @@ def memory_config_apply(
 def memory_config_export(*, owner: User) -> dict[str, Any]:
     """The owner's stores and attachments in the shape ``memory_config_apply`` takes."""
     stores = sorted(memory_stores_by_name(owner=owner).values(), key=lambda s: s.name)
+    ids = {str(flow.pk) for flow in flow_list(owner=owner)}
     nodes: dict[tuple[Any, str], dict[str, Any]] = {}
     for attachment in owner_attachments(owner=owner):
         key = (attachment.flow_id, attachment.node_id)
-        node = nodes.setdefault(
-            key, {"id": attachment.node_id, "flow": attachment.flow.name, "memories": []}
+        # A flow is named by its name, unless that name is another flow's id (an apply
+        # reads a reference as an id first): then by its own id.
+        name = attachment.flow.name
+        flow_ref = (
+            str(attachment.flow_id) if name in ids and name != str(attachment.flow_id) else name
         )
+        node = nodes.setdefault(key, {"id": attachment.node_id, "flow": flow_ref, "memories": []})
         node["memories"].append(_attachment_values(attachment))
     return {
         "memory": [{"name": s.name, "type": s.type, "config": s.config} for s in stores],

@@ -347,3 +347,21 @@ def test_load_memory_config_command(alice, base_doc, tmp_path: Path, flow):
     with pytest.raises(CommandError, match="no user 'carol'"):
         call_command("load_memory_config", str(path), "--owner", "carol")
     assert MemoryItem.objects.count() == 0
+
+
+def test_a_flow_named_like_another_flows_id_is_exported_by_its_own_id(alice, alice_client, flow):
+    """A new user's audit: a flow named with another flow's id was exported by that name,
+    which an apply reads as an id first: re-importing the export attached the store to
+    the other flow."""
+    from memories.conversations.services import flow_create
+    from memories.stores.models import MemoryAttachment
+
+    twin = flow_create(owner=alice, name=str(flow.pk))
+    doc = {"memory": [{"name": "board", "type": "blackboard", "config": {}}],
+           "nodes": [{"id": "n1", "flow": str(twin.pk), "memories": [{"name": "board"}]}]}  # fmt: skip
+    assert alice_client.post(URL, doc, format="json").status_code == 200
+    exported = alice_client.get(URL).json()
+    assert exported["nodes"][0]["flow"] == str(twin.pk)
+    again = alice_client.post(URL, exported, format="json").json()
+    assert again["changed"] is False, again["changes"]
+    assert list(MemoryAttachment.objects.values_list("flow_id", flat=True)) == [twin.pk]
