@@ -115,8 +115,8 @@ class BlackboardStore(StoreBackend):
             content_summary=turn_summary(write.input.text, write.output.text, max_chars=500),
             input_snapshot=write.input.as_dict(),
             output_snapshot=write.output.as_dict(),
-            metadata={"attachments": attachment_overview(write.input, write.output)}
-            | write.metadata,
+            metadata=write.metadata  # (the service's key last: the caller cannot forge it)
+            | {"attachments": attachment_overview(write.input, write.output)},
             session_id=write.session_id,
         )
         trimmed = sql.trim(

@@ -131,11 +131,11 @@ class SimpleStore(StoreBackend):
             summary_hash=prepared.digest,
             input_snapshot=write.input.as_dict(),
             output_snapshot=write.output.as_dict(),
-            metadata={
+            metadata={  # (the caller's keys, then the service's: those it cannot forge)
+                **write.metadata,
                 "input_preview": write.input.text[:200],
                 "content_length": len(prepared.summary),
                 "attachments": attachment_overview(write.input, write.output),
-                **write.metadata,
             },
             session_id=write.session_id,
             embedding=prepared.vector,

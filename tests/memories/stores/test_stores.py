@@ -197,6 +197,29 @@ def test_a_max_age_past_100_years_is_a_400_and_a_stored_one_breaks_no_node(alice
     assert [len(s["hits"]) for s in found.json()["stores"]] == [1, 1]
 
 
+def test_a_callers_metadata_cannot_forge_the_services_keys(alice_client, flow):
+    doc = {
+        "memory": [{"name": "log", "type": "blackboard", "config": {}},
+                   {"name": "plain", "type": "simple",
+                    "config": {"embedding": {"provider": "none"}}}],
+        "nodes": [{"id": "n1", "flow": flow.name,
+                   "memories": [{"name": "log"}, {"name": "plain"}]}],
+    }  # fmt: skip
+    assert alice_client.post(URL, doc, format="json").status_code == 200
+    forged = {"input_preview": "FORGED", "attachments": "FORGED", "content_length": -5,
+              "team": "ops"}  # fmt: skip
+    wrote = alice_client.post(f"/api/v1/flows/{flow.pk}/nodes/n1/memory/write",
+                              {"input": "What plan am I on?", "output": "You are on the team plan since May.",
+                               "metadata": forged}, format="json")  # fmt: skip
+    assert wrote.status_code == 200, wrote.content
+    items = {i.store.name: i.metadata for i in MemoryItem.objects.select_related("store")}
+    assert {name: (m["team"], m["attachments"] == "FORGED") for name, m in items.items()} == {
+        "log": ("ops", False), "plain": ("ops", False),
+    }  # fmt: skip
+    assert items["plain"]["input_preview"] == "What plan am I on?"
+    assert items["plain"]["content_length"] > 0
+
+
 # --- simple store details --------------------------------------------------------------
 def test_simple_store_without_embedder_searches_by_keyword(alice_client, flow):
     """Without an embedder a simple store ranks by BM25 over its items; a query without
