@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
@@ -436,9 +436,14 @@ class Relayed:
     done: bytes = DONE
     started: bool = False
     failed: bool = False
+    # called once, as the first event goes to the client (the tool loop's learning: a
+    # turn teaches once its answer has started, not when a round only called tools)
+    on_start: Callable[[], None] | None = None
 
     def sent(self, event: SSEEvent, raw: bytes | None = None) -> bytes:
         """Note ``event`` as sent; answers its bytes (``raw``: as the proxy changed it)."""
+        if not self.started and self.on_start is not None:
+            self.on_start()
         self.started = True
         chunk = event.json()
         if isinstance(chunk, dict):

@@ -136,8 +136,6 @@ def loop_complete(prepared: PreparedChat) -> bytes:
         last = number == rounds - 1
         with usage_as(proxy_usage(prepared, "tool_loop")):
             answer = llm.relay((conversation if last else offer(conversation, prepared)).encode())
-        if number == 0:
-            enqueue_formation(prepared)
         message = _message(answer.data)
         calls = message.get("tool_calls") or []
         ours = [c for c in calls if isinstance(c, dict) and _ours(c)]
@@ -148,6 +146,9 @@ def loop_complete(prepared: PreparedChat) -> bytes:
             answer = _keep_client_calls(answer, calls)
             break
         conversation = _next_body(conversation, message.get("content"), ours, results)
+    # The answer arrived: the turn teaches (a later round that failed, a 502, taught
+    # nothing; what the memory tools wrote in the rounds before stays, as they did it).
+    enqueue_formation(prepared)
     chat_record(prepared, answer_text(answer.data))
     return with_report(answer, prepared).encode()
 
@@ -335,7 +336,7 @@ def _loop_events(prepared: PreparedChat) -> Generator[bytes, None, None]:
     llm = get_llm(feature="The chat proxy")
     conversation = prepared.request
     prepared.report["memory_tool_calls"] = []
-    relayed = Relayed()
+    relayed = Relayed(on_start=lambda: enqueue_formation(prepared))  # (the answer started)
     rounds = settings.CHAT_TOOL_MAX_ROUNDS
     try:
         for number in range(rounds):
@@ -345,8 +346,6 @@ def _loop_events(prepared: PreparedChat) -> Generator[bytes, None, None]:
                 body = (conversation if last else offer(conversation, prepared)).encode()
                 events = llm.relay_stream(body, usage=proxy_usage(prepared, "tool_loop"))
                 try:
-                    if number == 0:
-                        enqueue_formation(prepared)
                     yield from current.relay(events)
                 finally:  # a round that ends early or fails: closed (and counted) now
                     close_stream(events)

@@ -99,6 +99,13 @@ def _owner() -> int:
 
 
 def _scope(requested: Any) -> list[Any] | None:
+    if requested is not None and not isinstance(requested, list):
+        # (a string was read as its characters: "user" wrote to the scope u/s/e/r)
+        raise ToolError(
+            f"scope must be a list of strings such as ['user', 'alice'], not {requested!r:.80}",
+            code="invalid",
+            status=400,
+        )
     fixed = served_scope.get()
     if fixed is None:
         return requested

@@ -403,3 +403,29 @@ def test_text_that_comes_with_a_memory_rounds_finish_still_reaches_the_client(
     assert (text, finishes) == ("Saved. Tea it is.", ["stop"])  # round 1's finish left out
     assert [r["result"]["action"] for r in extra["memory_tool_calls"]] == ["created"]
     assert len(_sent(openai_server)) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_whose_later_round_fails_teaches_nothing(
+    live_server, alice, llm_settings, openai_server, stream
+):
+    """A new user's audit: the memory tools ran in round one, round two failed (a 502 to
+    the client), and the turn was queued for learning all the same: "a failed request
+    writes no memory". What the model's tool call wrote stays (it was done, and is in
+    the journal of that call); the message itself teaches nothing."""
+    from memories.engine.models import PendingUpdate
+
+    llm_settings.LLM_MAX_RETRIES = 0
+    first = _streamed_call("manage_memory", {"content": "User likes jazz"}) if stream else _calls(
+        ("manage_memory", {"content": "User likes jazz"}))  # fmt: skip
+    openai_server.push(first, *[Scripted(status=500, body={"error": "down"})] * 4)
+    key = api_key_create(owner=alice)[1]
+    answer = httpx.post(
+        live_server.url + "/v1/chat/completions", timeout=30,
+        headers={"Authorization": f"Bearer {key}", **USER},
+        json={"model": "fake-model", "memory_tools": True, "stream": stream,
+              "messages": [{"role": "user", "content": "I like jazz, remember it."}]},
+    )  # fmt: skip
+    assert answer.status_code == 502, answer.text
+    assert _facts(alice) == ["User likes jazz"]  # (the tool call's own write)
+    assert not PendingUpdate.objects.exists()

@@ -282,3 +282,22 @@ def test_a_post_without_a_body_is_a_400_in_the_error_shape(live_server, alice):
     error = response.json()["error"]
     assert error["code"] == "parse_error"
     assert "JSON-RPC message" in error["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scope_given_as_a_string_is_refused_not_spelt_out(alice):
+    """A new user's audit: MCP read ``"scope": "user"`` as its characters and wrote the
+    fact to the scope ["u", "s", "e", "r"], where no search of the user's finds it (the
+    tool's schema says an array; the REST door refuses it)."""
+    from core.services import api_key_create
+    from memories.facts.models import Fact, Scope
+    from tests.core.key_clients import bearer_client, mcp_rpc
+
+    _, raw = api_key_create(owner=alice, name="mcp")
+    client = bearer_client(raw)
+    for scope in ("user", "abc"):
+        called = mcp_rpc(client, "tools/call", {"name": "manage_memory",
+                                                "arguments": {"scope": scope, "content": "x"}})  # fmt: skip
+        assert called["result"]["isError"] is True, called
+        assert "scope must be a list" in called["result"]["content"][0]["text"]
+    assert not Fact.objects.exists() and not Scope.objects.filter(owner=alice).exists()
