@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core import replicas
+from core.api.errors import openai_error_body
 from core.audit import Actor, actor
 from core.errors import Conflict, KeyLimitExceeded
 from core.json_text import JsonText
@@ -384,7 +385,10 @@ def upstream_error(event: SSEEvent) -> ProviderError | None:
 
 
 def error_event(exc: ProviderError) -> bytes:
-    return sse({"error": {"message": str(exc), "type": "upstream_error", "code": exc.status_code}})
+    """An upstream failure after the stream began, as an event in OpenAI's error shape:
+    the same body a failure before it gets as JSON (``type`` api_error, ``code`` a
+    string, ``param``)."""
+    return sse(openai_error_body(exc.status_code, exc.code, str(exc)))
 
 
 def stream_opening(events: Iterator[SSEEvent]) -> list[SSEEvent]:

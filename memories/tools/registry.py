@@ -146,17 +146,28 @@ def tools_unknown(owner_id: int, names: Sequence[str]) -> list[str]:
 
 def _argument_error(error: jsonschema.ValidationError) -> ToolError:
     where = ".".join(str(p) for p in error.absolute_path)
+    said = _said(error)
     if error.validator == "additionalProperties":
-        message = f"{error.message}; the arguments are: {', '.join(error.schema['properties'])}"
+        message = f"{said}; the arguments are: {', '.join(error.schema['properties'])}"
     elif error.validator == "required":
-        message = f"{error.message}: give it and call again"
+        message = f"{said}: give it and call again"
     else:
-        message = f"{where}: {error.message}" if where else error.message
+        message = f"{where}: {said}" if where else said
     return ToolError(
         f"invalid arguments: {message}",
         code="invalid_arguments",
-        details={where or "arguments": error.message},
+        details={where or "arguments": said},
     )
+
+
+def _said(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message, without the whole value it quotes when that is long (200 kB
+    of content came back twice in the error)."""
+    if error.validator in ("maxLength", "minLength") and isinstance(error.instance, str):
+        limit = error.validator_value
+        kind = "longer" if error.validator == "maxLength" else "shorter"
+        return f"{len(error.instance)} characters is {kind} than {limit}"
+    return error.message if len(error.message) <= 500 else error.message[:500] + " ..."
 
 
 def validate_arguments(tool: Tool, arguments: Any) -> dict[str, Any]:

@@ -130,3 +130,20 @@ def test_a_key_for_one_end_user_records_its_chats_whatever_its_flows(
     # It reads the flow through no other door.
     refused = key.get(f"/api/v1/flows/{Flow.objects.get().pk}")
     assert refused.status_code == 403
+
+
+def test_an_upstream_failure_mid_stream_is_an_event_in_openais_error_shape():
+    """A new user's audit: the event said type upstream_error and an integer code, where
+    the same failure before the stream began answers type api_error, a string code and
+    param (OpenAI's shape, and the schema's)."""
+    import json
+
+    from core.providers.errors import ProviderError
+    from memories.proxy.chat import error_event
+
+    raw = error_event(ProviderError("provider unreachable: connection reset"))
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+    assert json.loads(raw[6:]) == {"error": {
+        "message": "provider unreachable: connection reset", "type": "api_error",
+        "param": None, "code": "upstream_error", "details": None,
+    }}  # fmt: skip

@@ -301,3 +301,13 @@ def test_a_scope_given_as_a_string_is_refused_not_spelt_out(alice):
         assert called["result"]["isError"] is True, called
         assert "scope must be a list" in called["result"]["content"][0]["text"]
     assert not Fact.objects.exists() and not Scope.objects.filter(owner=alice).exists()
+
+
+def test_a_too_long_argument_is_not_echoed_back(alice, alice_client):
+    """A new user's audit: 200 kB of content came back twice in the 400's body."""
+    answer = alice_client.post("/api/v1/tools/search_memory/call",
+                               {"scope": ["user", "u1"], "arguments": {"query": "x" * 200_000}},
+                               format="json")  # fmt: skip
+    assert answer.status_code == 400, answer.content[:300]
+    assert len(answer.content) < 2_000
+    assert "200000 characters is longer than 10000" in answer.json()["error"]["message"]
