@@ -44,6 +44,7 @@ from mcp.types import (
 )
 
 from core import tenancy
+from core.api.parsers import UnstorableInput, check_parsed
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.dreams import memory_md_read
@@ -171,6 +172,12 @@ class MemoryMCPServer(MCPServer):
         except ToolNotFound as exc:  # the spec: a protocol error, not a failed tool run
             raise MCPError(code=INVALID_PARAMS, message=str(exc), data=exc.details) from exc
         arguments = dict(arguments)
+        try:  # (what the database cannot store, refused as at every door: NUL, surrogates)
+            check_parsed(arguments)
+        except UnstorableInput as exc:
+            problems: dict[str, Any] = dict(exc.detail)  # type: ignore[arg-type]
+            field, messages = next(iter(problems.items()))
+            raise MCPToolError(f"arguments.{field}: {messages[0]}") from None
         scope = arguments.pop("scope", None)
 
         def call() -> dict[str, Any]:

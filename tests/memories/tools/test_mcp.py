@@ -311,3 +311,20 @@ def test_a_too_long_argument_is_not_echoed_back(alice, alice_client):
     assert answer.status_code == 400, answer.content[:300]
     assert len(answer.content) < 2_000
     assert "200000 characters is longer than 10000" in answer.json()["error"]["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_nul_in_an_argument_is_refused_naming_it(alice):
+    """A new user's audit: MCP answered the database's own message ("PostgreSQL text
+    fields cannot contain NUL (0x00) bytes"); the other doors name the field."""
+    from core.services import api_key_create
+    from memories.facts.models import Fact
+    from tests.core.key_clients import bearer_client, mcp_rpc
+
+    _, raw = api_key_create(owner=alice, name="mcp")
+    client = bearer_client(raw)
+    called = mcp_rpc(client, "tools/call", {"name": "manage_memory", "arguments": {
+        "scope": ["user", "u1"], "content": "likes\\u0000 tea".encode().decode("unicode_escape")}})  # fmt: skip
+    assert called["result"]["isError"] is True, called
+    assert called["result"]["content"][0]["text"].startswith("arguments.content: NUL")
+    assert not Fact.objects.exists()
