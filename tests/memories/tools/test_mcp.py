@@ -324,7 +324,7 @@ def test_a_nul_in_an_argument_is_refused_naming_it(alice):
     _, raw = api_key_create(owner=alice, name="mcp")
     client = bearer_client(raw)
     called = mcp_rpc(client, "tools/call", {"name": "manage_memory", "arguments": {
-        "scope": ["user", "u1"], "content": "likes\\u0000 tea".encode().decode("unicode_escape")}})  # fmt: skip
+        "scope": ["user", "u1"], "content": "likes\x00 tea"}})  # fmt: skip
     assert called["result"]["isError"] is True, called
     assert called["result"]["content"][0]["text"].startswith("arguments.content: NUL")
     assert not Fact.objects.exists()
