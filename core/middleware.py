@@ -93,8 +93,16 @@ class RowOwnerMiddleware:
             response = self.get_response(request)
             if response.streaming:
                 streamed: Any = response
+                state = tenancy.state()
                 carry = tenancy.carried_async if streamed.is_async else tenancy.carried
-                streamed.streaming_content = carry(streamed.streaming_content, tenancy.state())
+                # Its closers too (the body's own close, which Django registered with the
+                # body and runs when the client goes away before the end): as the owner,
+                # or what they write (the proxy counts the upstream call's usage) is
+                # refused by row-level security.
+                closers = list(streamed._resource_closers)
+                streamed._resource_closers.clear()
+                streamed.streaming_content = carry(streamed.streaming_content, state)
+                streamed._resource_closers[:0] = [tenancy.bound(c) for c in closers]
             return response
         finally:
             tenancy.leave(token)

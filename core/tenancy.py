@@ -155,30 +155,51 @@ def bound(fn: Callable[[], T]) -> Callable[[], T]:
 
 def carried(iterable: Iterable[T], value: State) -> Iterator[T]:
     """``iterable``'s items, each produced as ``value`` (a streamed response's body is
-    produced after its request's middleware returned)."""
+    produced after its request's middleware returned); and its closing, when the client
+    went away before the end, as ``value`` too: what the body does then (the proxy
+    counts the upstream call's usage) ran as nobody, and row-level security refused it
+    (``invalid input syntax for type integer: ""``, the owner setting empty)."""
     iterator = iter(iterable)
-    while True:
-        token = _state.set(value)
-        try:
-            item = next(iterator)
-        except StopIteration:
-            return
-        finally:
-            _state.reset(token)
-        yield item
+    try:
+        while True:
+            token = _state.set(value)
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                _state.reset(token)
+            yield item
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:  # (a no-op for one read to its end)
+            token = _state.set(value)
+            try:
+                close()
+            finally:
+                _state.reset(token)
 
 
 async def carried_async(iterable: AsyncIterable[T], value: State) -> AsyncIterator[T]:
     iterator = aiter(iterable)
-    while True:
-        token = _state.set(value)
-        try:
-            item = await anext(iterator)
-        except StopAsyncIteration:
-            return
-        finally:
-            _state.reset(token)
-        yield item
+    try:
+        while True:
+            token = _state.set(value)
+            try:
+                item = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            finally:
+                _state.reset(token)
+            yield item
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            token = _state.set(value)
+            try:
+                await aclose()
+            finally:
+                _state.reset(token)
 
 
 # Commands that serve owners (each request, task or MCP session says whose rows it

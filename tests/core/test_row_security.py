@@ -445,3 +445,31 @@ def test_securing_the_tables_again_changes_nothing():
         q["sql"] for q in done.captured_queries if not q["sql"].lstrip().startswith("SELECT")
     ]
     assert changes == []
+
+
+def test_a_stream_the_client_leaves_is_closed_as_its_owner():
+    """A new user's audit, under ``manage.py serve``: a client that went away before a
+    slow upstream answered closed the response, and the proxy's stream counted the
+    upstream call's usage while closing, as nobody: the policies refused it (``invalid
+    input syntax for type integer: ""``) and the call went uncounted. The middleware's
+    wrapper now closes the body as its owner too."""
+    from core import tenancy
+
+    seen: list[int | None] = []
+
+    def body():
+        try:
+            yield b"first"
+            yield b"second"
+        finally:
+            seen.append(tenancy.current_owner_id())
+
+    with tenancy.running_as(tenancy.NOBODY):
+        stream = tenancy.carried(body(), ("7", ""))
+        assert next(stream) == b"first"
+        stream.close()
+        assert seen == [7]
+        # Read to its end, it is closed as its owner once, as before.
+        seen.clear()
+        assert list(tenancy.carried(body(), ("8", ""))) == [b"first", b"second"]
+        assert seen == [8]

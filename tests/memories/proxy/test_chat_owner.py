@@ -147,3 +147,27 @@ def test_an_upstream_failure_mid_stream_is_an_event_in_openais_error_shape():
         "message": "provider unreachable: connection reset", "type": "api_error",
         "param": None, "code": "upstream_error", "details": None,
     }}  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)  # (closing a response closes its connection)
+def test_a_stream_the_client_leaves_still_counts_its_usage(alice, llm_settings, openai_server):
+    """A new user's audit, under ``manage.py serve``: a client that went away mid-stream
+    closed the response, the stream counted the upstream call while closing, as nobody
+    (Django runs the body's closer after the middleware returned), and row-level
+    security refused the write: ``usage not recorded``. The closer now runs as the
+    request's owner."""
+    from core import tenancy
+    from core.models import UsageDay
+
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [{**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
+              for w in ("Hello", " there", " again")]  # fmt: skip
+    openai_server.push(Scripted(stream_chunks=chunks))
+    client = _client(alice)
+    with tenancy.running_as(tenancy.NOBODY):  # (as a server's thread: no owner of its own)
+        response = client.post("/v1/chat/completions", {**BODY, "stream": True}, format="json",
+                               HTTP_X_OPENWEBUI_USER_ID="u1")  # fmt: skip
+        assert response.status_code == 200
+        next(iter(response.streaming_content))  # the client reads one event, then leaves
+        response.close()  # (what a server does then: the response's closers)
+    assert list(UsageDay.objects.filter(owner=alice).values_list("kind", "calls")) == [("proxy", 1)]
