@@ -158,11 +158,7 @@ def _held_outside(limits: KeyLimits) -> list[tuple[str, QuerySet[Any]]]:
 def _holders(kind: str) -> QuerySet[Any]:
     """The rows of ``kind`` that keep a knowledge base (``knowledge_base_id``), from the
     function its app declares (``AppConfig.key_limit_holders = {kind: "dotted.path"}``)."""
-    for config in apps.get_app_configs():
-        path = getattr(config, "key_limit_holders", {}).get(kind)
-        if path is not None:
-            return import_string(path)()  # type: ignore[no-any-return]
-    raise LookupError(f"no app declares what holds a knowledge base for {kind!r}")
+    return _declared("key_limit_holders", kind)()  # type: ignore[no-any-return]
 
 
 def resource_ids(kind: str) -> frozenset[str] | None:
@@ -321,11 +317,16 @@ def unknown_of(kind: str) -> Any:
     """The function an app declares (``AppConfig.key_limits = {kind: "dotted.path"}``)
     answering, for an owner id and the values a key names, those that are not the
     owner's (an id of another owner's or no resource, an unknown tool name)."""
+    return _declared("key_limits", kind)
+
+
+def _declared(attribute: str, kind: str) -> Any:
+    """The function an app's ``AppConfig.<attribute>`` names for ``kind``."""
     for config in apps.get_app_configs():
-        path = getattr(config, "key_limits", {}).get(kind)
+        path = getattr(config, attribute, {}).get(kind)
         if path is not None:
             return import_string(path)
-    raise LookupError(f"no app declares the key limit {kind!r}")
+    raise LookupError(f"no app declares {attribute} for {kind!r}")
 
 
 def _uuids(values: list[str]) -> list[uuid.UUID] | None:

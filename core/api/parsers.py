@@ -46,6 +46,14 @@ def _refuse(path: str, message: str) -> None:
     raise UnstorableInput({path or "body": [message]})
 
 
+def unstorable_message(exc: UnstorableInput) -> str:
+    """``exc``'s first problem as ``<field>: <message>`` (the doors that answer in a
+    shape of their own: an import's line, an MCP tool's error)."""
+    problems: dict[str, Any] = dict(exc.detail)  # type: ignore[arg-type]
+    field, messages = next(iter(problems.items()))
+    return f"{field}: {messages[0]}"
+
+
 def check_parsed(data: Any, *, max_depth: int | None = None) -> Any:
     """Return ``data`` unchanged, or raise a 400 for the first string (key or value)
     with a NUL or a lone surrogate, or nesting deeper than ``max_depth``

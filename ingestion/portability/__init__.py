@@ -28,7 +28,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from core.api.parsers import UnstorableInput, check_parsed
+from core.api.parsers import UnstorableInput, check_parsed, unstorable_message
 from core.providers.embeddings import Embedder, EmbeddingConfig, get_embedder
 from ingestion.portability import bases, conversations, facts, journals, knowledge, stores
 from ingestion.portability.common import FORMAT, VERSION, Ids, bad, dumps
@@ -113,9 +113,7 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
         try:  # (what the database cannot store: NUL, a lone surrogate, NaN, too deep)
             check_parsed(obj)
         except UnstorableInput as exc:
-            problems: dict[str, Any] = dict(exc.detail)  # type: ignore[arg-type]
-            field, messages = next(iter(problems.items()))
-            raise bad(number, f"{field}: {messages[0]}") from None
+            raise bad(number, unstorable_message(exc)) from None
         if number == 1:
             if obj.get("format") != FORMAT or obj.get("version") != VERSION:
                 raise bad(1, f"not a {FORMAT} file of version {VERSION}: "

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -13,6 +14,7 @@ from knowledge.search import FILTER_KEYS, MODES
 from knowledge.services.errors import COLUMN_KEYS, KnowledgeError, parse_timestamp
 
 
+@cache
 def column_limits() -> dict[str, int | None]:
     """The most characters each source column of a chunk holds (None: no limit)."""
     return {key: Chunk._meta.get_field(key).max_length for key in COLUMN_KEYS}

@@ -566,6 +566,8 @@ def fact_update(
     validity = dict(validity or {})
     validate_validity(validity.get("valid_from", fact.valid_from),
                       validity.get("valid_to", fact.valid_to))  # fmt: skip
+    if content == fact.content:  # (its own text: nothing to embed, a remote call saved)
+        content = None
     embedding: list[float] | None = None
     if content is not None:
         embedder = embedder or get_embedder()

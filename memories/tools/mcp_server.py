@@ -44,7 +44,7 @@ from mcp.types import (
 )
 
 from core import tenancy
-from core.api.parsers import UnstorableInput, check_parsed
+from core.api.parsers import UnstorableInput, check_parsed, unstorable_message
 from core.errors import ServiceError
 from memories.engine import files
 from memories.engine.dreams import memory_md_read
@@ -175,9 +175,7 @@ class MemoryMCPServer(MCPServer):
         try:  # (what the database cannot store, refused as at every door: NUL, surrogates)
             check_parsed(arguments)
         except UnstorableInput as exc:
-            problems: dict[str, Any] = dict(exc.detail)  # type: ignore[arg-type]
-            field, messages = next(iter(problems.items()))
-            raise MCPToolError(f"arguments.{field}: {messages[0]}") from None
+            raise MCPToolError(f"arguments.{unstorable_message(exc)}") from None
         scope = arguments.pop("scope", None)
 
         def call() -> dict[str, Any]:

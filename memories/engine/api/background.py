@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
+from core.api.serializers import refuse_unknown
 from memories.conversations.history import effective_message_limit
 from memories.conversations.selectors import flow_get
 from memories.conversations.summaries import (
@@ -83,9 +84,7 @@ class SettingsInSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError({name: f"Unknown field {name}." for name in unknown})
+        refuse_unknown(self.initial_data, self.fields)
         if not attrs:
             raise serializers.ValidationError("Give dream_schedule or memory_tools.")
         return attrs
