@@ -232,11 +232,15 @@ LEFT JOIN LATERAL (
 -- A turn sent by the word as the query writes it, in lower or upper case, or capitalised
 -- ("Ann", "ann", "ANN"): an index lookup of each spelling (chunk_kb_turn_sender, knowledge
 -- 0022; row-level security keeps an index on lower(sender) from serving it: lower() is not
--- leakproof).
+-- leakproof). Ordered as that index is, so that the planner never reads the base's turns
+-- through the base's own index instead: where a base's turns have one or two senders, it
+-- estimates that any spelling is sent by most of them and that four spellings cost more
+-- than one pass over the base.
 LEFT JOIN LATERAL (
     SELECT true AS said FROM knowledge_chunk c
     WHERE c.knowledge_base_id = ANY(%s::uuid[]) AND c.session_id <> '' AND c.sender <> ''
       AND c.sender = ANY(ARRAY[w.word, lower(w.word), upper(w.word), initcap(w.word)])
+    ORDER BY c.knowledge_base_id, c.sender
     LIMIT 1
 ) p ON true
 GROUP BY w.word
