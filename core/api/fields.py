@@ -29,6 +29,11 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+def _from_query(field: serializers.Field) -> bool:
+    """Whether ``field`` reads query parameters (text, whatever they say)."""
+    return isinstance(getattr(field.root, "initial_data", None), QueryDict)
+
+
 class StrictBooleanField(serializers.BooleanField):
     """A JSON boolean is ``true`` or ``false``: the string ``"false"`` is refused (DRF's
     BooleanField reads it as False, and code that looked at the raw body saw a truthy
@@ -39,8 +44,7 @@ class StrictBooleanField(serializers.BooleanField):
     def to_internal_value(self, data: Any) -> bool:
         if isinstance(data, bool):
             return data
-        root = self.root
-        if isinstance(getattr(root, "initial_data", None), QueryDict):
+        if _from_query(self):
             return super().to_internal_value(data)
         self.fail("invalid", input=data)
         raise AssertionError  # fail() raises
@@ -48,22 +52,28 @@ class StrictBooleanField(serializers.BooleanField):
 
 class StrictFloatField(serializers.FloatField):
     """A JSON number is a number: ``true`` (DRF's FloatField made it 1.0) and ``"0.9"``
-    are refused. For a body's fields only (query parameters are text)."""
+    are refused. Query parameters are text, so there ``0.9`` is read as DRF reads it.
+    Every API serializer uses this one (``tests/core/test_strict_fields.py``)."""
 
     default_error_messages = {"invalid": "Must be a number."}
 
     def to_internal_value(self, data: Any) -> float:
+        if _from_query(self):
+            return float(super().to_internal_value(data))
         if isinstance(data, bool) or not isinstance(data, int | float):
             self.fail("invalid")
         return float(super().to_internal_value(data))
 
 
 class StrictIntegerField(serializers.IntegerField):
-    """A JSON whole number: ``"3"`` and ``true`` are refused. For a body's fields only."""
+    """A JSON whole number: ``"3"`` and ``true`` are refused; query parameters are read
+    as DRF reads them. Every API serializer uses this one."""
 
     default_error_messages = {"invalid": "Must be a whole number."}
 
     def to_internal_value(self, data: Any) -> int:
+        if _from_query(self):
+            return int(super().to_internal_value(data))
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("invalid")
         return int(super().to_internal_value(data))
@@ -75,7 +85,7 @@ class QueryVectorField(serializers.ListField):
     scaled to unit length, which leaves cosine distances unchanged and keeps pgvector's
     float4 sums of squares from overflowing (``[3e38, 3e38]``) or underflowing to 0."""
 
-    child = serializers.FloatField()
+    child = StrictFloatField()
     default_error_messages = {
         "not_finite": "Vector components must be finite numbers of magnitude at most 3.4e38.",
         "zero": "The vector is all zeros: it has no direction to search by.",

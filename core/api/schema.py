@@ -22,7 +22,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from rest_framework import serializers
 
-from core.api.fields import StrictCharField
+from core.api.fields import StrictCharField, StrictIntegerField
 from core.validation import END_USER_ID, NODE_ID, SESSION_ID
 
 # Path parameters named so are these kinds of id: their pattern goes in the schema.
@@ -55,7 +55,7 @@ ERROR = ErrorSerializer
 
 
 class DeletedSerializer(serializers.Serializer):
-    deleted = serializers.IntegerField(help_text="How many rows were deleted.")
+    deleted = StrictIntegerField(help_text="How many rows were deleted.")
 
 
 ROOM_TAGS = {
@@ -176,7 +176,7 @@ def paginated(serializer_class: type[serializers.Serializer]) -> type[serializer
         f"Paginated{name}ListSerializer",
         (serializers.Serializer,),
         {
-            "count": serializers.IntegerField(),
+            "count": StrictIntegerField(),
             "next": serializers.URLField(allow_null=True),
             "previous": serializers.URLField(allow_null=True),
             "results": serializer_class(many=True),

@@ -8,7 +8,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField, StrictCharField
+from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from core.key_limits import key_limits_payload
 from core.models import USAGE_KINDS, APIKey
 from core.selectors import USAGE_GROUPS
@@ -92,7 +92,7 @@ BUDGET_HELP = (
 
 
 class MeKeySerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = StrictIntegerField()
     prefix = StrictCharField()
     read_only = serializers.BooleanField()  # type: ignore[assignment]
     expires_at = serializers.DateTimeField(allow_null=True)
@@ -100,9 +100,9 @@ class MeKeySerializer(serializers.Serializer):
 
 
 class MeSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = StrictIntegerField()
     username = StrictCharField()
-    background_daily_tokens = serializers.IntegerField(allow_null=True, help_text=BUDGET_HELP)
+    background_daily_tokens = StrictIntegerField(allow_null=True, help_text=BUDGET_HELP)
     key = MeKeySerializer(
         allow_null=True,
         help_text="The API key of this request and its limits (null for an admin session).",
@@ -110,18 +110,18 @@ class MeSerializer(serializers.Serializer):
 
 
 class MeUpdateSerializer(serializers.Serializer):
-    background_daily_tokens = serializers.IntegerField(
+    background_daily_tokens = StrictIntegerField(
         min_value=0, max_value=10**15, allow_null=True, help_text=BUDGET_HELP
     )
 
 
 class UsageBudgetSerializer(serializers.Serializer):
-    daily_tokens = serializers.IntegerField(
+    daily_tokens = StrictIntegerField(
         allow_null=True, help_text="In force today (yours, or the default); null: no cap."
     )
-    spent_today = serializers.IntegerField(help_text="Tokens of extraction and dreams today.")
+    spent_today = StrictIntegerField(help_text="Tokens of extraction and dreams today.")
     resets_at = serializers.DateTimeField()
-    deferred_runs_today = serializers.IntegerField()
+    deferred_runs_today = StrictIntegerField()
     last_deferred_at = serializers.DateTimeField(allow_null=True)
 
 
@@ -157,10 +157,10 @@ class UsageQuerySerializer(serializers.Serializer):
 
 
 class UsageSumsSerializer(serializers.Serializer):
-    calls = serializers.IntegerField()
-    tokens_in = serializers.IntegerField()
-    tokens_out = serializers.IntegerField()
-    estimated_calls = serializers.IntegerField(
+    calls = StrictIntegerField()
+    tokens_in = StrictIntegerField()
+    tokens_out = StrictIntegerField()
+    estimated_calls = StrictIntegerField(
         help_text="Calls whose provider sent no usage: counted with the tokenizer."
     )
 

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.fields import StrictCharField
+from core.api.fields import StrictCharField, StrictIntegerField
 from core.api.schema import ERROR
 from ingestion.updates import updates_run_pending
 from memories.engine.api.serializers import DecisionSerializer, ScopedSerializer
@@ -30,7 +30,7 @@ class UpdatesRunOutputSerializer(serializers.Serializer):
         "malformed: its answer could not be read.",
     )
     note = StrictCharField(allow_blank=True)
-    updates = serializers.IntegerField(help_text="The flushes this run folded.")
+    updates = StrictIntegerField(help_text="The flushes this run folded.")
     decisions = DecisionSerializer(many=True)
 
 

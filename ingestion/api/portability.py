@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.fields import StrictIntegerField
 from core.api.schema import ERROR
 from core.errors import InvalidInput
 from ingestion.portability import export_lines, import_lines
@@ -23,22 +24,22 @@ class ImportReportSerializer(serializers.Serializer):
     """Schema only: what an import wrote (new rows and files per kind: a second import
     of the same file writes none), the texts it embedded again and the lines it read."""
 
-    flows = serializers.IntegerField()
-    messages = serializers.IntegerField()
-    summaries = serializers.IntegerField()
-    node_memories = serializers.IntegerField()
-    knowledge_bases = serializers.IntegerField()
-    memory_bases = serializers.IntegerField()
-    stores = serializers.IntegerField()
-    store_items = serializers.IntegerField()
-    attachments = serializers.IntegerField()
-    chunks = serializers.IntegerField()
-    scopes = serializers.IntegerField()
-    facts = serializers.IntegerField()
-    versions = serializers.IntegerField()
-    files = serializers.IntegerField()
-    embedded = serializers.IntegerField()
-    lines = serializers.IntegerField()
+    flows = StrictIntegerField()
+    messages = StrictIntegerField()
+    summaries = StrictIntegerField()
+    node_memories = StrictIntegerField()
+    knowledge_bases = StrictIntegerField()
+    memory_bases = StrictIntegerField()
+    stores = StrictIntegerField()
+    store_items = StrictIntegerField()
+    attachments = StrictIntegerField()
+    chunks = StrictIntegerField()
+    scopes = StrictIntegerField()
+    facts = StrictIntegerField()
+    versions = StrictIntegerField()
+    files = StrictIntegerField()
+    embedded = StrictIntegerField()
+    lines = StrictIntegerField()
 
 
 class ExportView(APIView):

@@ -7,7 +7,13 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from core.api.fields import QueryVectorField, StrictBooleanField, StrictCharField
+from core.api.fields import (
+    QueryVectorField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes
 from knowledge.models import FTS_LANGUAGES, Chunk, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
@@ -56,8 +62,8 @@ class KnowledgeBaseCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=200)
     description = StrictCharField(required=False, allow_blank=True, default="")
     language = serializers.ChoiceField(choices=FTS_LANGUAGES, default="english")
-    chunk_size = serializers.IntegerField(min_value=50, max_value=20000, required=False)
-    chunk_overlap = serializers.IntegerField(min_value=0, max_value=10000, required=False)
+    chunk_size = StrictIntegerField(min_value=50, max_value=20000, required=False)
+    chunk_overlap = StrictIntegerField(min_value=0, max_value=10000, required=False)
 
     def validate_name(self, value: str) -> str:
         if not value.strip():
@@ -169,16 +175,16 @@ class IngestSerializer(serializers.Serializer):
 class SearchSerializer(serializers.Serializer):
     query = StrictCharField(required=False, trim_whitespace=True, max_length=10000)
     vector = QueryVectorField(required=False, min_length=1, max_length=16000)
-    top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    top_k = StrictIntegerField(min_value=1, max_value=100, default=10)
     mode = serializers.ChoiceField(choices=MODES, default="hybrid")
-    similarity_threshold = serializers.FloatField(
+    similarity_threshold = StrictFloatField(
         min_value=-1.0, max_value=1.0, required=False, allow_null=True, default=None,
         help_text="A cosine similarity: every hit holds a query word or has a similarity "
         "at least this high (a chunk that would only borrow context is no hit).",
     )  # fmt: skip
     filters = serializers.DictField(required=False, default=dict)
-    rrf_k = serializers.IntegerField(min_value=1, max_value=1000, required=False)
-    half_life_days = serializers.FloatField(
+    rrf_k = StrictIntegerField(min_value=1, max_value=1000, required=False)
+    half_life_days = StrictFloatField(
         min_value=0.001, required=False, allow_null=True, default=None,
         help_text="Each chunk's own score x 0.5^(age / half-life), before context: an old "
         "chunk lends its neighbours only its decayed score.",
@@ -245,18 +251,18 @@ class MultiSearchSerializer(SearchSerializer):
 
 
 class HitSerializer(serializers.Serializer):
-    id = serializers.IntegerField(source="chunk_id")
+    id = StrictIntegerField(source="chunk_id")
     knowledge_base = StrictCharField(source="knowledge_base_id")
     text = StrictCharField()
     metadata = serializers.DictField()
-    score = serializers.FloatField(
+    score = StrictFloatField(
         help_text="hybrid (with or without rrf_k): 0 to 1, 1 first in both legs; mode "
         "vector: the cosine similarity (-1 to 1); mode keyword: the BM25 score (0 and up)."
     )
-    vector_score = serializers.FloatField(allow_null=True)
-    vector_rank = serializers.IntegerField(allow_null=True)
-    keyword_score = serializers.FloatField(allow_null=True)
-    keyword_rank = serializers.IntegerField(allow_null=True)
+    vector_score = StrictFloatField(allow_null=True)
+    vector_rank = StrictIntegerField(allow_null=True)
+    keyword_score = StrictFloatField(allow_null=True)
+    keyword_rank = StrictIntegerField(allow_null=True)
 
 
 class RewriteOutputSerializer(serializers.Serializer):
@@ -280,12 +286,12 @@ class SearchAnswerSerializer(serializers.Serializer):
 
 
 class ChunkOutputSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = StrictIntegerField()
     source_key = StrictCharField()
     document_key = StrictCharField()
     text = StrictCharField()
-    chunk_index = serializers.IntegerField()
-    chunk_total = serializers.IntegerField()
+    chunk_index = StrictIntegerField()
+    chunk_total = StrictIntegerField()
     source_type = StrictCharField()
     session_id = StrictCharField()
     metadata = serializers.DictField()
@@ -294,8 +300,8 @@ class ChunkOutputSerializer(serializers.Serializer):
 
 class IngestJobOutputSerializer(JobOutputBase):
     KIND = "knowledge_ingest"
-    documents = serializers.IntegerField(source="document_count")
-    characters = serializers.IntegerField(source="char_count")
+    documents = StrictIntegerField(source="document_count")
+    characters = StrictIntegerField(source="char_count")
 
     class Meta:
         model = IngestJob
@@ -317,11 +323,11 @@ IngestJobAnswerSerializer = IngestJobOutputSerializer
 class IngestResultSerializer(serializers.Serializer):
     """Schema only: what a batch ingested in the request did."""
 
-    documents = serializers.IntegerField()
-    chunks_written = serializers.IntegerField()
-    chunks_deleted = serializers.IntegerField()
+    documents = StrictIntegerField()
+    chunks_written = StrictIntegerField()
+    chunks_deleted = StrictIntegerField()
     knowledge_base = serializers.UUIDField(help_text="Its id, as every other answer names it.")
-    chunks = serializers.IntegerField(help_text="The base's chunks after the batch.")
+    chunks = StrictIntegerField(help_text="The base's chunks after the batch.")
 
 
 def job_answer(job: IngestJob) -> dict[str, Any]:

@@ -24,7 +24,12 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField, StrictCharField
+from core.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 from core.db import advisory_xact_lock
 from core.errors import ServiceError
 from core.validation import NODE_ID
@@ -54,8 +59,8 @@ class AttachmentConfig(StrictConfig):
     retrieve_stage = serializers.ListField(
         child=serializers.ChoiceField(STAGES), required=False, default=list
     )
-    top_k = serializers.IntegerField(min_value=1, max_value=100, default=3)
-    similarity_threshold = serializers.FloatField(min_value=-1.0, max_value=1.0, default=-1.0)
+    top_k = StrictIntegerField(min_value=1, max_value=100, default=3)
+    similarity_threshold = StrictFloatField(min_value=-1.0, max_value=1.0, default=-1.0)
     read = StrictBooleanField(default=True)
     write = StrictBooleanField(default=True)
 

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField, StrictCharField
+from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes, refuse_unknown
 from core.validation import SessionIdField
 from memories.bases.models import MemoryBase, MemoryBaseJob
@@ -14,7 +14,7 @@ from memories.bases.selectors import session_status
 class MemoryBaseCreateSerializer(serializers.Serializer):
     name = StrictCharField(max_length=200)
     flow = serializers.UUIDField()
-    threshold = serializers.IntegerField(min_value=1, max_value=100000, default=10)
+    threshold = StrictIntegerField(min_value=1, max_value=100000, default=10)
     auto_capture = StrictBooleanField(default=True)
     kb_name = StrictCharField(max_length=200, required=False)
     preprocess = StrictBooleanField(default=False)
@@ -45,7 +45,7 @@ class MemoryBaseUpdateSerializer(serializers.Serializer):
     """Needs ``context={"memory_base": mb}``."""
 
     name = StrictCharField(max_length=200, required=False)
-    threshold = serializers.IntegerField(min_value=1, max_value=100000, required=False)
+    threshold = StrictIntegerField(min_value=1, max_value=100000, required=False)
     auto_capture = StrictBooleanField(required=False)
     preprocess = StrictBooleanField(required=False)
     preprocess_model = StrictCharField(max_length=200, required=False, allow_blank=True)
@@ -73,11 +73,11 @@ class MemoryBaseUpdateSerializer(serializers.Serializer):
 class MemoryBaseOutputSerializer(serializers.ModelSerializer):
     flow = serializers.UUIDField(source="flow_id")
     knowledge_base = serializers.UUIDField(source="knowledge_base_id")
-    sessions = serializers.IntegerField(source="session_count")
-    total_processed = serializers.IntegerField(source="processed_total")
+    sessions = StrictIntegerField(source="session_count")
+    total_processed = StrictIntegerField(source="processed_total")
     last_sync_at = serializers.DateTimeField(source="last_sync", allow_null=True)
-    active_jobs = serializers.IntegerField()
-    chunks = serializers.IntegerField(source="chunk_total", help_text="Rows in the chunk table.")
+    active_jobs = StrictIntegerField()
+    chunks = StrictIntegerField(source="chunk_total", help_text="Rows in the chunk table.")
     mismatch = serializers.BooleanField()
 
     class Meta:
@@ -124,8 +124,8 @@ class JobOutputSerializer(JobOutputBase):
 
 class SessionOutputSerializer(serializers.Serializer):
     session_id = StrictCharField()
-    pending = serializers.IntegerField()
-    total_processed = serializers.IntegerField()
+    pending = StrictIntegerField()
+    total_processed = StrictIntegerField()
     last_sync_at = serializers.DateTimeField(allow_null=True)
     active_job = serializers.SerializerMethodField()
     status = serializers.SerializerMethodField()

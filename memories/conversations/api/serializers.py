@@ -6,7 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField, StrictCharField
+from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from memories.conversations.history import (
     DEFAULT_AI_PREFIX,
     DEFAULT_HUMAN_PREFIX,
@@ -194,7 +194,7 @@ class FlowQuerySerializer(serializers.Serializer):
 
 
 class _HistoryQuerySerializer(FlowQuerySerializer):
-    max_tokens = serializers.IntegerField(
+    max_tokens = StrictIntegerField(
         min_value=1, max_value=MAX_TOKENS_CEILING, default=_default_max_tokens
     )
     format = serializers.ChoiceField(choices=("messages", "text"), default="messages")
@@ -208,7 +208,7 @@ class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):
     current_message_id = MessageIdField(
         required=False, help_text="Your message_id or the server id (default: the newest)."
     )
-    message_limit = serializers.IntegerField(
+    message_limit = StrictIntegerField(
         min_value=0,
         default=0,
         help_text=f"Newest messages considered; 0: HISTORY_MESSAGE_LIMIT; at most "
@@ -220,11 +220,11 @@ class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):
         help_text="truncate: the oldest messages are dropped. summarize: they are folded "
         "into the conversation's running summary (an LLM call when it grows).",
     )
-    max_tokens_before_summary = serializers.IntegerField(
+    max_tokens_before_summary = StrictIntegerField(
         min_value=16, max_value=MAX_TOKENS_CEILING, required=False,
         help_text="summarize: fold once the history passes this (default max_tokens).",
     )  # fmt: skip
-    max_summary_tokens = serializers.IntegerField(
+    max_summary_tokens = StrictIntegerField(
         min_value=1, max_value=MAX_TOKENS_CEILING, default=256,
         help_text="summarize: the summary's size limit.",
     )  # fmt: skip
@@ -266,12 +266,12 @@ class _HistoryItemSerializer(serializers.Serializer):
     role = StrictCharField()
     content = StrictCharField()
     files = serializers.ListField(child=serializers.DictField())
-    token_count = serializers.IntegerField(help_text="Tokens of the content alone.")
+    token_count = StrictIntegerField(help_text="Tokens of the content alone.")
     created_at = serializers.DateTimeField()
 
 
 class ConversationItemSerializer(_HistoryItemSerializer):
-    id = serializers.IntegerField(help_text="The server id.")
+    id = StrictIntegerField(help_text="The server id.")
     message_id = serializers.JSONField(help_text="Your message_id, else the server id.")
     parent_message_id = serializers.JSONField(
         help_text="The parent's message_id, else its server id; null without a parent."
@@ -311,14 +311,14 @@ class HistoryOutputSerializer(serializers.Serializer):
     messages = ChatMessageSerializer(many=True, source="as_messages", required=False)
     text = _HistoryText()
     items = ConversationItemSerializer(many=True)
-    token_count = serializers.IntegerField(
+    token_count = StrictIntegerField(
         help_text="count_message_tokens of the messages: 3 + per message 3 + role + content."
     )
-    max_tokens = serializers.IntegerField()
-    thread_length = serializers.IntegerField(
+    max_tokens = StrictIntegerField()
+    thread_length = StrictIntegerField(
         help_text="Messages in the thread before the cut (pending answers left out)."
     )
-    truncated = serializers.IntegerField(help_text="Oldest thread messages dropped.")
+    truncated = StrictIntegerField(help_text="Oldest thread messages dropped.")
 
     def get_format(self, history: History) -> str:
         return self.context.get("format", "messages")
@@ -330,7 +330,7 @@ class HistoryOutputSerializer(serializers.Serializer):
 
 
 class ConversationHistoryOutputSerializer(HistoryOutputSerializer):
-    message_limit = serializers.IntegerField(help_text="The message_limit applied.")
+    message_limit = StrictIntegerField(help_text="The message_limit applied.")
 
 
 class RunningSummarySerializer(serializers.Serializer):
@@ -338,7 +338,7 @@ class RunningSummarySerializer(serializers.Serializer):
     summarized_message_ids = serializers.ListField(child=StrictCharField(), source="summarized_ids")
     last_summarized_message_id = StrictCharField(source="last_summarized_id")
     folded_now = serializers.ListField(child=StrictCharField(), source="folded")
-    llm_calls = serializers.IntegerField()
+    llm_calls = StrictIntegerField()
 
 
 class SummarizedHistoryOutputSerializer(ConversationHistoryOutputSerializer):

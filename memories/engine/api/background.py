@@ -105,16 +105,16 @@ class SummaryMessageSerializer(serializers.Serializer):
 class ConversationRefSerializer(serializers.Serializer):
     flow = serializers.UUIDField()
     session_id = StrictCharField(max_length=255)
-    message_limit = serializers.IntegerField(min_value=1, max_value=10_000, default=500)
+    message_limit = StrictIntegerField(min_value=1, max_value=10_000, default=500)
 
 
 class SummaryInSerializer(ScopedSerializer):
     conversation = ConversationRefSerializer(required=False)
     conversation_id = StrictCharField(max_length=255, required=False)
     messages = SummaryMessageSerializer(many=True, required=False)
-    max_tokens = serializers.IntegerField(min_value=16, max_value=1_000_000)
-    max_tokens_before_summary = serializers.IntegerField(min_value=16, required=False)
-    max_summary_tokens = serializers.IntegerField(min_value=1, default=256)
+    max_tokens = StrictIntegerField(min_value=16, max_value=1_000_000)
+    max_tokens_before_summary = StrictIntegerField(min_value=16, required=False)
+    max_summary_tokens = StrictIntegerField(min_value=1, default=256)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("conversation" in attrs) == ("messages" in attrs):

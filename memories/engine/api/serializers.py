@@ -9,7 +9,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.fields import StrictCharField, StrictFloatField
+from core.api.fields import StrictCharField, StrictFloatField, StrictIntegerField
 from memories.facts.api.serializers import (
     AliasesMixin,
     AtFieldsMixin,
@@ -71,7 +71,7 @@ class SearchSerializer(ScopedSerializer, FactSearchSerializer):
 
 
 class InjectionSerializer(AtFieldsMixin, ScopedSerializer):
-    max_tokens = serializers.IntegerField(min_value=1, max_value=100_000)
+    max_tokens = StrictIntegerField(min_value=1, max_value=100_000)
     query = StrictCharField(max_length=10_000, required=False, allow_blank=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

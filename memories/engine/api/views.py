@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.api.fields import StrictCharField
+from core.api.fields import StrictCharField, StrictIntegerField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
 from core.errors import InvalidInput
@@ -276,7 +276,7 @@ class ErasedScopeSerializer(serializers.Serializer):
     """Schema only: the scope erased and how many facts it held."""
 
     scope = serializers.ListField(child=StrictCharField())
-    facts_removed = serializers.IntegerField()
+    facts_removed = StrictIntegerField()
 
 
 class EraseView(APIView):

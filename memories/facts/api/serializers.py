@@ -20,7 +20,13 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.fields import CHAT_ROLES, StrictBooleanField, StrictCharField, StrictFloatField
+from core.api.fields import (
+    CHAT_ROLES,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange
 from memories.facts.services import MAX_FACT_CHARS
 from memories.facts.timeline import at_from, instant
@@ -153,12 +159,12 @@ class HitSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     content = StrictCharField()
     category = StrictCharField()
-    confidence = serializers.FloatField()
+    confidence = StrictFloatField()
     source = serializers.SerializerMethodField()  # type: ignore[assignment]  # (as above)
     metadata = serializers.JSONField()
-    score = serializers.FloatField()
-    similarity = serializers.FloatField(allow_null=True)
-    keyword_score = serializers.FloatField(allow_null=True)
+    score = StrictFloatField()
+    similarity = StrictFloatField(allow_null=True)
+    keyword_score = StrictFloatField(allow_null=True)
     observed_at = serializers.DateTimeField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
@@ -202,7 +208,7 @@ class FactFilterSerializer(serializers.Serializer):
     category = serializers.ListField(
         child=serializers.ChoiceField(choices=CATEGORIES), required=False, min_length=1
     )
-    min_confidence = serializers.FloatField(min_value=0, max_value=1, required=False)
+    min_confidence = StrictFloatField(min_value=0, max_value=1, required=False)
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("category"), str):
@@ -217,13 +223,13 @@ class FactSearchSerializer(AliasesMixin, AtFieldsMixin, serializers.Serializer):
 
     query = StrictCharField(max_length=10_000, required=False)
     q = StrictCharField(max_length=10_000, required=False, help_text="Another name for query.")
-    limit = serializers.IntegerField(min_value=1, max_value=100, required=False)
-    top_k = serializers.IntegerField(
+    limit = StrictIntegerField(min_value=1, max_value=100, required=False)
+    top_k = StrictIntegerField(
         min_value=1, max_value=100, required=False, help_text="Another name for limit."
     )
-    offset = serializers.IntegerField(min_value=0, max_value=10_000, default=0)
+    offset = StrictIntegerField(min_value=0, max_value=10_000, default=0)
     filter = FactFilterSerializer(required=False)
-    half_life_days = serializers.FloatField(min_value=0, required=False)
+    half_life_days = StrictFloatField(min_value=0, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
@@ -242,7 +248,7 @@ class MemorySearchSerializer(FactSearchSerializer):
         required=False, default=False,
         help_text="The owner's global memories fill what the user's hits leave of limit.",
     )  # fmt: skip
-    threshold = serializers.FloatField(
+    threshold = StrictFloatField(
         min_value=-1, max_value=1, required=False,
         help_text="Deprecated: hits with a lower similarity are left out of the page.",
     )  # fmt: skip
@@ -360,7 +366,7 @@ class VersionSerializer(serializers.Serializer):
     id = serializers.UUIDField(help_text="The fact's id in this version.")
     content = StrictCharField()
     category = StrictCharField()
-    confidence = serializers.FloatField()
+    confidence = StrictFloatField()
     source = serializers.SerializerMethodField()  # type: ignore[assignment]  # (as above)
     metadata = serializers.JSONField()
     observed_at = serializers.DateTimeField()
@@ -418,7 +424,7 @@ class DecisionSerializer(serializers.Serializer):
     fact_id = StrictCharField(allow_null=True)
     target_id = StrictCharField(allow_null=True)
     match = StrictCharField(allow_null=True)
-    similarity = serializers.FloatField(allow_null=True)
+    similarity = StrictFloatField(allow_null=True)
     evicted_ids = serializers.ListField(child=StrictCharField())
 
 
@@ -441,8 +447,8 @@ class ErasedSerializer(serializers.Serializer):
     name of ``facts_removed``)."""
 
     scope = serializers.ListField(child=StrictCharField())
-    facts_removed = serializers.IntegerField()
-    deleted = serializers.IntegerField(help_text="Deprecated: facts_removed.")
+    facts_removed = StrictIntegerField()
+    deleted = StrictIntegerField(help_text="Deprecated: facts_removed.")
 
 
 class FactHistoryOutputSerializer(serializers.Serializer):

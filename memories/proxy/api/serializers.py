@@ -8,7 +8,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.fields import CHAT_ROLES, StrictBooleanField, StrictCharField
+from core.api.fields import CHAT_ROLES, StrictBooleanField, StrictCharField, StrictIntegerField
 
 
 @extend_schema_serializer(component_name="ChatCompletionMessage")
@@ -53,7 +53,7 @@ class ChatCompletionSerializer(serializers.Serializer):
 class ModelEntrySerializer(serializers.Serializer):
     id = StrictCharField()
     object = StrictCharField()
-    created = serializers.IntegerField(required=False)
+    created = StrictIntegerField(required=False)
     owned_by = StrictCharField(required=False)
 
 

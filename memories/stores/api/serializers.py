@@ -5,7 +5,12 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField, StrictCharField
+from core.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 from core.validation import SessionIdField
 from knowledge.models import Chunk
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
@@ -127,7 +132,7 @@ class RetrieveInSerializer(serializers.Serializer):
     stage = serializers.ChoiceField(STAGES)
     query = StrictCharField(allow_blank=True, max_length=20_000, trim_whitespace=False)
     session_id = SessionIdField(required=False, default="")
-    max_tokens = serializers.IntegerField(min_value=20, max_value=100_000, required=False)
+    max_tokens = StrictIntegerField(min_value=20, max_value=100_000, required=False)
 
 
 class HitOutputSerializer(serializers.Serializer):
@@ -137,13 +142,13 @@ class HitOutputSerializer(serializers.Serializer):
         "the hit is an item of the store; null otherwise."
     )
 
-    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    @extend_schema_field(StrictIntegerField(allow_null=True))
     def get_item_id(self, hit: Any) -> int | None:
         return int(hit.id) if str(hit.id).isdigit() else None
 
     content = StrictCharField()
-    score = serializers.FloatField(allow_null=True)
-    similarity = serializers.FloatField(allow_null=True)
+    score = StrictFloatField(allow_null=True)
+    similarity = StrictFloatField(allow_null=True)
     metadata = serializers.JSONField()
     created_at = serializers.DateTimeField(allow_null=True)
 
@@ -151,7 +156,7 @@ class HitOutputSerializer(serializers.Serializer):
 class StoreHitsOutputSerializer(serializers.Serializer):
     store = StrictCharField()
     type = StrictCharField()
-    in_prompt = serializers.IntegerField()
+    in_prompt = StrictIntegerField()
     hits = HitOutputSerializer(many=True)
 
 
@@ -168,9 +173,9 @@ class RetrieveOutputSerializer(serializers.Serializer):
     stage = StrictCharField()
     stores = StoreHitsOutputSerializer(many=True)
     prompt = StrictCharField()
-    token_count = serializers.IntegerField()
-    max_tokens = serializers.IntegerField()
-    truncated = serializers.IntegerField(
+    token_count = StrictIntegerField()
+    max_tokens = StrictIntegerField()
+    truncated = StrictIntegerField(
         help_text="Hits left out of the prompt by max_tokens (0: none), as a history's "
         "truncated counts the messages it left out."
     )
@@ -188,9 +193,9 @@ class WriteOutputSerializer(serializers.Serializer):
     store = StrictCharField()
     type = StrictCharField()
     action = StrictCharField(source="result.action")
-    item_id = serializers.IntegerField(source="result.item_id", allow_null=True)
+    item_id = StrictIntegerField(source="result.item_id", allow_null=True)
     reason = StrictCharField(source="result.reason")
-    trimmed = serializers.IntegerField(source="result.trimmed")
+    trimmed = StrictIntegerField(source="result.trimmed")
 
 
 class ConfigQuerySerializer(serializers.Serializer):

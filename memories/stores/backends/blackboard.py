@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from core.api.fields import StrictCharField
+from core.api.fields import StrictCharField, StrictIntegerField
 from memories.stores.backends import sql
 from memories.stores.backends.base import (
     RetrieveQuery,
@@ -61,7 +61,7 @@ class BlackboardConfig(StrictConfig):
     memory_path = StrictCharField(
         required=False, allow_blank=True, default="", help_text=IGNORED_PATH_HELP
     )
-    max_items = serializers.IntegerField(
+    max_items = StrictIntegerField(
         min_value=1,
         max_value=1_000_000,
         default=1000,

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from rest_framework import serializers
 
-from core.api.fields import StrictCharField
+from core.api.fields import StrictCharField, StrictFloatField, StrictIntegerField
 from memories.stores.backends import sql
 from memories.stores.backends.base import (
     EmbeddingMismatch,
@@ -37,16 +36,16 @@ class SimpleConfig(StrictConfig):
         default=None,
         help_text="Absent: the service's embedding model (recorded at creation)",
     )
-    max_items = serializers.IntegerField(
+    max_items = StrictIntegerField(
         min_value=1, max_value=1_000_000, default=1000, help_text="Oldest items beyond are dropped"
     )
-    max_content_length = serializers.IntegerField(
+    max_content_length = StrictIntegerField(
         min_value=50, max_value=4000, default=500, help_text="Summary length cap (characters)"
     )
-    min_content_length = serializers.IntegerField(
+    min_content_length = StrictIntegerField(
         min_value=0, max_value=1000, default=20, help_text="Shorter outputs are skipped"
     )
-    rerank_weight = serializers.FloatField(
+    rerank_weight = StrictFloatField(
         min_value=0.0,
         max_value=1.0,
         default=0.3,
