@@ -248,6 +248,8 @@ REST_FRAMEWORK = {
         "core.api.parsers.FormParser",
         "core.api.parsers.MultiPartParser",
     ],
+    # ?format= that no renderer of the view writes: a 400 naming format (DRF's is a 404).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "core.api.negotiation.ContentNegotiation",
     "DEFAULT_THROTTLE_CLASSES": ["core.api.throttling.APIKeyRateThrottle"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,

@@ -69,7 +69,8 @@ def check_parsed(data: Any, *, max_depth: int | None = None) -> Any:
             if problem:
                 _refuse(path, problem)
         elif isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
-            _refuse(path, "Numbers must be finite (1e999 is out of range).")
+            said = "NaN is no number" if math.isnan(value) else "1e999 and .inf are out of range"
+            _refuse(path, f"Numbers must be finite ({said}).")
         elif isinstance(value, dict | list):
             if depth >= limit:
                 _refuse(path, f"JSON may be nested at most {limit} levels deep.")

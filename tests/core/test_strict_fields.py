@@ -36,16 +36,19 @@ def test_a_number_for_a_search_query_is_refused(alice_client, memory_base):
     assert response.json()["error"]["details"]["query"] == ["Must be a string."]
 
 
-def test_no_api_serializer_uses_drfs_lenient_char_field():
-    """Every text field of the API is ``core.api.fields.StrictCharField``."""
-    lenient = re.compile(r"\bserializers\.CharField\(")
-    found = [
+def _sources_using(pattern: str) -> list[str]:
+    lenient = re.compile(pattern)
+    return [
         str(path.relative_to(ROOT))
         for app in ("core", "memories", "knowledge", "ingestion")
         for path in (ROOT / app).rglob("*.py")
         if lenient.search(path.read_text())
     ]
-    assert found == []
+
+
+def test_no_api_serializer_uses_drfs_lenient_char_field():
+    """Every text field of the API is ``core.api.fields.StrictCharField``."""
+    assert _sources_using(r"\bserializers\.CharField\(") == []
 
 
 def test_a_400s_details_list_each_fields_messages_whatever_found_them(alice_client):
@@ -65,14 +68,7 @@ def test_no_api_serializer_uses_drfs_lenient_number_fields():
     """Every number a body takes is ``StrictIntegerField`` or ``StrictFloatField``: DRF's
     own read ``true`` as 1 and ``"3"`` as 3 (an audit found ``{"confidence": true}``
     stored as 1.0 and a store's ``"max_items": "5"`` taken)."""
-    lenient = re.compile(r"\bserializers\.(IntegerField|FloatField)\(")
-    found = [
-        str(path.relative_to(ROOT))
-        for app in ("core", "memories", "knowledge", "ingestion")
-        for path in (ROOT / app).rglob("*.py")
-        if lenient.search(path.read_text())
-    ]
-    assert found == []
+    assert _sources_using(r"\bserializers\.(IntegerField|FloatField)\(") == []
 
 
 def _search(client, kb, **fields):

@@ -11,6 +11,7 @@ from core.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
+from core.api.serializers import refuse_changes
 from core.validation import SessionIdField
 from knowledge.models import Chunk
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
@@ -25,7 +26,23 @@ class StoreCreateSerializer(serializers.Serializer):
 
 
 class StoreUpdateSerializer(serializers.Serializer):
+    """A PATCH: the config changes; a store's name and type are its identity (a node
+    attaches it by name), so another name or type is a 400, not a silent no-op."""
+
     config = serializers.JSONField()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        store: MemoryStore = self.context["store"]
+        refuse_changes(
+            self.initial_data,
+            changeable=self.fields,
+            fixed={"id": store.pk, "name": store.name, "type": store.type},
+            ignored=set(StoreOutputSerializer.Meta.fields) | {"load"},
+            why_fixed="{key} cannot be changed: create a store under the new {key} and "
+            "attach it in the node's place (docs/memory-stores.md).",
+            unknown="Unknown field {key}.",
+        )
+        return attrs
 
 
 class StoreOutputSerializer(serializers.ModelSerializer):

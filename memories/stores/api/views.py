@@ -117,7 +117,7 @@ class StoreDetailView(APIView):
     )
     def patch(self, request: Request, store_id: Any) -> Response:
         store = _store(request, store_id)
-        data = StoreUpdateSerializer(data=request.data)
+        data = StoreUpdateSerializer(data=request.data, context={"store": store})
         data.is_valid(raise_exception=True)
         store, load = memory_store_update(store=store, config=data.validated_data["config"])
         return Response({**StoreOutputSerializer(_store(request, store_id)).data, "load": load})
@@ -177,10 +177,10 @@ class MemoryConfigView(APIView):
         responses={
             (200, "application/json"): OpenApiTypes.OBJECT,
             (200, "application/yaml"): OpenApiTypes.OBJECT,
-            404: ERROR,
+            400: ERROR,
         },
         description="Export: `?format=yaml` (or Accept: application/yaml) for YAML "
-        "(another format: 404).",
+        "(another format: 400).",
     )
     def get(self, request: Request) -> Response:
         formats = request.query_params.getlist("format")

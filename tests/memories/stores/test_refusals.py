@@ -1,0 +1,109 @@
+"""What the stores' doors refuse, and how: a store's name and type are not changed by a
+PATCH that also changes its config; an export in a format the door does not write is a
+400 naming ``format``; a node write's errors name the same path in ``message`` and
+``details``; a YAML NaN is named as such. Each refusal changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from memories.stores.models import MemoryItem, MemoryStore
+from tests.memories.stores.conftest import snapshot_db
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/memory-stores"
+
+
+@pytest.fixture
+def board(alice_client, flow):
+    document = {
+        "memory": [{"name": "board", "type": "blackboard", "config": {"max_items": 5}}],
+        "nodes": [{"id": "answer", "flow": flow.name, "memories": [{"name": "board"}]}],
+    }
+    assert alice_client.post("/api/v1/memory-config", document, format="json").status_code == 200
+    return MemoryStore.objects.get(name="board")
+
+
+@pytest.mark.parametrize(
+    ("change", "details"),
+    [
+        ({"name": "renamed"}, {"name": ["name cannot be changed: create a store under the new "
+                                        "name and attach it in the node's place "
+                                        "(docs/memory-stores.md)."]}),
+        ({"type": "simple"}, {"type": ["type cannot be changed: create a store under the new "
+                                       "type and attach it in the node's place "
+                                       "(docs/memory-stores.md)."]}),
+        ({"bogus": 1}, {"bogus": ["Unknown field bogus."]}),
+    ],
+)  # fmt: skip
+def test_a_patch_naming_another_name_or_type_is_refused_and_changes_nothing(
+    alice_client, board, change, details
+):
+    before = snapshot_db()
+    response = alice_client.patch(f"{URL}/{board.pk}", {"config": {"max_items": 3}, **change},
+                                  format="json")  # fmt: skip
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == details
+    assert snapshot_db() == before
+
+
+def test_a_get_body_sent_back_with_a_new_config_is_applied(alice_client, board):
+    body = alice_client.get(f"{URL}/{board.pk}").json()
+    body["config"] = {**body["config"], "max_items": 3}
+    response = alice_client.patch(f"{URL}/{board.pk}", body, format="json")
+    assert response.status_code == 200, response.json()
+    board.refresh_from_db()
+    assert (board.name, board.type, board.config["max_items"]) == ("board", "blackboard", 3)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/memory-config", URL])
+def test_a_format_the_door_does_not_write_is_a_400_naming_format(alice_client, board, path):
+    response = alice_client.get(path, {"format": "xml"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert error["message"].startswith("format: this path answers in json")
+    assert list(error["details"]) == ["format"]
+    assert alice_client.get("/api/v1/memory-config", {"format": "yaml"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "said"),
+    [
+        ({"input": "x", "output": {"text": 5}}, "output.text", "must be a string"),
+        ({"input": "x", "output": {"text": "ok", "blocks": [{"type": "weird"}]}},
+         "output.blocks[0]", "a block is an object with type text, image, file"),
+        ({"input": "x", "output": {"blocks": [{"type": "text", "text": 3}]}},
+         "output.blocks[0].text", "must be a string"),
+        ({"input": "x", "output": {"blocks": "no"}}, "output.blocks", "must be a list"),
+        ({"input": 123, "output": "ok"}, "input", "a string or an object with text and blocks"),
+        ({"input": "x", "output": {"blocks": [{"type": "image"}]}},
+         "output.blocks[0]", "an image block needs url (a reference) or data (base64)"),
+        ({"input": "x", "output": {"blocks": [{"type": "file", "data": "%%"}]}},
+         "output.blocks[0].data", "not valid base64"),
+    ],
+)  # fmt: skip
+def test_a_node_writes_error_names_one_path_in_message_and_details(
+    alice_client, flow, board, body, path, said
+):
+    response = alice_client.post(f"/api/v1/flows/{flow.pk}/nodes/answer/memory/write", body,
+                                 format="json")  # fmt: skip
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["message"], error["details"]) == (f"{path}: {said}", {path: [said]})
+    assert not MemoryItem.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "said"), [(".nan", "NaN is no number"), (".inf", "1e999 and .inf are out of range")]
+)
+def test_a_yaml_nan_or_infinity_is_named_as_such(alice_client, value, said):
+    document = f"memory:\n  - name: board\n    type: blackboard\n    config: {{x: {value}}}\n"
+    response = alice_client.generic(
+        "POST", "/api/v1/memory-config", document, content_type="application/yaml"
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == {
+        "memory[0].config.x": [f"Numbers must be finite ({said})."]
+    }
+    assert not MemoryStore.objects.exists()
