@@ -32,27 +32,29 @@ class IdKind:
 
     def validate(self, value: Any) -> str:
         if not self.matches(value):
-            raise InvalidInput(self.message, code=self.code, details={self.name: self.message})
+            raise InvalidInput(
+                f"{self.name}: {self.message}", code=self.code, details={self.name: [self.message]}
+            )
         return value
 
 
 SESSION_ID = IdKind(
     "session_id",
     r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,254}",
-    "session_id must be 1-255 characters: letters, digits and . _ : @ / + = -, "
+    "must be 1-255 characters: letters, digits and . _ : @ / + = -, "
     "starting with a letter or digit",
 )
 END_USER_ID = IdKind(
     "user",
     r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,254}",
-    "user id must be 1-255 characters: letters, digits and . _ : @ / + = -, "
+    "must be 1-255 characters: letters, digits and . _ : @ / + = -, "
     "starting with a letter or digit",
     code="invalid_user",
 )
 NODE_ID = IdKind(
     "node_id",
     r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}",
-    "node_id must be 1-128 letters, digits and . _ -, starting with a letter or digit",
+    "must be 1-128 letters, digits and . _ -, starting with a letter or digit",
 )
 
 

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from core.errors import InvalidInput
 from core.key_limits import key_limits_payload
 from core.models import USAGE_KINDS, APIKey
 from core.selectors import USAGE_GROUPS
@@ -227,6 +228,21 @@ def refuse_unknown(data: Any, fields: Collection[str]) -> None:
         unknown = sorted(str(key) for key in set(data) - set(fields))
         if unknown:
             raise serializers.ValidationError({key: f"Unknown field {key}." for key in unknown})
+
+
+QUERY_TRUE, QUERY_FALSE = ("true", "1"), ("false", "0")
+
+
+def query_flag(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
+    """A query parameter's boolean, as the docs say they are written: ``true``/``false``/
+    ``1``/``0``. Another word (``yes``, a typo) is a 400 naming it, not the default."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if raw in QUERY_TRUE or raw in QUERY_FALSE:
+        return raw in QUERY_TRUE
+    said = "true, false, 1 or 0"
+    raise InvalidInput(f"{name}: {said}", details={name: [said]})
 
 
 def refuse_changes(

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from core.api.fields import StrictIntegerField
 from core.api.schema import ERROR
+from core.api.serializers import query_flag
 from core.errors import InvalidInput
 from ingestion.portability import export_lines, import_lines
 
@@ -47,17 +48,20 @@ class ExportView(APIView):
 
     @extend_schema(
         summary="Export the caller's memory",
-        parameters=[OpenApiParameter("vectors", bool, description="Include the vectors (true).")],
+        parameters=[
+            OpenApiParameter(
+                "vectors",
+                bool,
+                description="Include the vectors (true, the default, or 1; false or 0).",
+            )
+        ],
         responses={(200, "application/x-ndjson"): OpenApiTypes.STR},
         description="JSON Lines, streamed: a header, then the caller's knowledge bases, "
         "conversations, memory bases, memory stores, facts with every earlier version and "
         "journals (docs/history-and-export.md).",
     )
     def get(self, request: Request) -> StreamingHttpResponse:
-        raw = request.query_params.get("vectors", "true")
-        if raw not in ("true", "false"):
-            raise InvalidInput("vectors is true or false", details={"vectors": raw})
-        vectors = raw == "true"
+        vectors = query_flag(request.query_params, "vectors", default=True)
         lines = (line + "\n" for line in export_lines(owner=request.user, vectors=vectors))
         response = StreamingHttpResponse(lines, content_type="application/x-ndjson")
         response["Content-Disposition"] = 'attachment; filename="memory-export.jsonl"'

@@ -381,3 +381,18 @@ def test_imported_facts_are_searchable_at_once_then_indexed(alice, bob, alice_cl
     after = bob_client.post("/api/v1/engine/search", query, format="json").json()["results"]
     assert [h["id"] for h in after] == [h["id"] for h in before]
     assert index_pending_facts() == 0  # safe to run twice
+
+
+def test_vectors_is_a_query_boolean_as_every_other(alice, alice_client):
+    """``vectors`` takes ``1``/``0`` as the docs say query booleans do; another word is a
+    400 naming it in the error shape (its details were the bare value)."""
+    _facts(alice)
+    assert not any("embedding" in line for line in _export(alice_client, vectors="0")[1:])
+    assert any("embedding" in line for line in _export(alice_client, vectors="1")[1:])
+    refused = alice_client.get("/api/v1/export", {"vectors": "yes"})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["message"], error["details"]) == (
+        "vectors: true, false, 1 or 0",
+        {"vectors": ["true, false, 1 or 0"]},
+    )

@@ -126,6 +126,11 @@ class MessageInSerializer(serializers.Serializer):
         content_to_text(value)
         return value
 
+    def validate_message_id(self, value: Any) -> Any:
+        if value == UUID_NIL:  # (named here, where the body's path to it is known)
+            raise serializers.ValidationError(f"may not be {UUID_NIL} (it means 'no parent').")
+        return value
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         validate_message_content(attrs["role"], attrs["content"])
         return attrs

@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
-from core.api.serializers import refuse_unknown
+from core.api.serializers import query_flag, refuse_unknown
 from memories.conversations.history import effective_message_limit
 from memories.conversations.selectors import flow_get
 from memories.conversations.summaries import (
@@ -201,7 +201,7 @@ class JournalView(APIView):
         parameters=[
             SCOPE_PARAMETER,
             OpenApiParameter("date", OpenApiTypes.DATE, description="YYYY-MM-DD"),
-            OpenApiParameter("download", str, enum=["1", "true"], description="The .md file"),
+            OpenApiParameter("download", bool, description="The .md file (true/false/1/0)"),
         ],
         responses={
             (200, "application/json"): OpenApiTypes.OBJECT,
@@ -218,7 +218,7 @@ class JournalView(APIView):
             return Response({"scope": row.path, "days": [d.isoformat() for d in days]})
         day = files.parse_day(request.query_params["date"])
         text = files.journal_read(owner_id=row.owner_id, scope=row.path, day=day)
-        if request.query_params.get("download") in ("1", "true"):
+        if query_flag(request.query_params, "download", default=False):
             return markdown_download(text, f"journal-{'-'.join(row.path)}-{day.isoformat()}.md")
         return Response({"scope": row.path, "date": day.isoformat(), "markdown": text})
 

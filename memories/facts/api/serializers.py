@@ -27,6 +27,7 @@ from core.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
+from core.api.serializers import refuse_unknown
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange
 from memories.facts.services import MAX_FACT_CHARS
 from memories.facts.timeline import at_from, instant
@@ -333,6 +334,9 @@ class GlobalMemoryInSerializer(AliasesMixin, serializers.Serializer):
     category = serializers.ChoiceField(choices=CATEGORIES, default="context")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A global memory is the owner's word: no confidence, validity or scope (which
+        # a fact of the engine door takes, and this door would otherwise drop unsaid).
+        refuse_unknown(self.initial_data, self.fields)
         attrs = super().validate(attrs)
         if not attrs.get("content"):
             raise serializers.ValidationError({"content": "This field is required."})

@@ -24,7 +24,7 @@ from core.key_limits import end_user_check
 from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
 from core.tracing import carry_iter
-from core.validation import validate_end_user_id, validate_session_id
+from core.validation import SESSION_ID, validate_end_user_id, validate_session_id
 from memories.engine.owner_settings import memory_tools_enabled
 from memories.proxy.api.serializers import ChatCompletionSerializer, ModelListSerializer
 from memories.proxy.chat import (
@@ -82,8 +82,10 @@ class ChatCompletionsView(APIView):
         try:
             return validate_session_id(chat_id)
         except InvalidInput as exc:
-            message = str(exc).replace("session_id", f"the {header} header", 1)
-            raise InvalidInput(message, code=exc.code, details={header: message}) from None
+            said = SESSION_ID.message
+            raise InvalidInput(
+                f"{header}: {said}", code=exc.code, details={header: [said]}
+            ) from None
 
     def _body(self, request: Request) -> JsonText:
         """The client's body, validated where the proxy relies on it; it goes upstream

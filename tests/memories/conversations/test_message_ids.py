@@ -129,7 +129,7 @@ def test_uuid_nil_and_omitted_parents_follow_the_previous_message(alice_client, 
             {"message_id": UUID_NIL},
             400,
             "invalid",
-            f"message_id may not be {UUID_NIL} (it means 'no parent').",
+            f"message_id: may not be {UUID_NIL} (it means 'no parent').",
         ),
         ({"message_id": "x" * 201}, 400, "invalid", None),
         ({"parent_message_id": 0}, 400, "invalid", None),
@@ -206,3 +206,26 @@ def test_content_is_always_blocks(alice_client, flow):
     blocks = [{"type": "text", "text": "Look:"}, IMAGE]
     sent = _post(alice_client, flow, content=blocks).json()
     assert sent["content"] == blocks
+
+
+def test_a_runs_nil_message_id_is_named_by_its_path(alice_client, flow):
+    before = _rows(flow)
+    response = alice_client.post(f"/api/v1/flows/{flow.pk}/runs", {"session_id": "s1",
+                                 "messages": [{"role": "user", "content": "a"},
+                                              {"role": "assistant", "content": "b",
+                                               "message_id": UUID_NIL}]},
+                                 format="json")  # fmt: skip
+    assert response.status_code == 400
+    error = response.json()["error"]
+    said = f"may not be {UUID_NIL} (it means 'no parent')."
+    assert error["message"] == f"messages[1].message_id: {said}"
+    assert _rows(flow) == before
+
+
+def test_a_bad_node_id_is_named_by_its_path(alice_client, flow):
+    response = alice_client.get("/api/v1/conversations/desk-1/nodes/bad%20node/history",
+                                {"flow": str(flow.pk)})  # fmt: skip
+    assert response.status_code == 400
+    error = response.json()["error"]
+    said = "must be 1-128 letters, digits and . _ -, starting with a letter or digit"
+    assert (error["message"], error["details"]) == (f"node_id: {said}", {"node_id": [said]})

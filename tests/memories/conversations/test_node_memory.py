@@ -473,7 +473,7 @@ def test_service_bad_input_writes_nothing(flow, seed_turns, node_storage):
         _turn(flow, "t9", "t9")
     with pytest.raises(UnknownParent, match="'ghost' is not in this node memory"):
         _turn(flow, "t9", "ghost")
-    with pytest.raises(InvalidInput, match="node_id must be"):
+    with pytest.raises(InvalidInput, match="node_id: must be"):
         _turn(flow, "t9", node="../etc")
     with pytest.raises(HistoryError, match="message_id must be"):
         _turn(flow, "  ")

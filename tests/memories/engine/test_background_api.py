@@ -142,6 +142,15 @@ def test_journal_show_download_and_owner_isolation(alice, alice_client, bob_clie
         == f'attachment; filename="journal-org-acme-agent-1-{today}.md"'
     )
     assert download.content.decode() == shown["markdown"]
+    listed = alice_client.get(
+        "/api/v1/engine/journal", {"scope": SCOPE, "date": today, "download": "0"}
+    )
+    assert listed.json()["markdown"] == shown["markdown"]
+    refused = alice_client.get(
+        "/api/v1/engine/journal", {"scope": SCOPE, "date": today, "download": "yes"}
+    )
+    assert refused.status_code == 400  # (it showed the day, as if download were false)
+    assert refused.json()["error"]["details"] == {"download": ["true, false, 1 or 0"]}
     as_json = alice_client.get(
         "/api/v1/engine/journal", {"scope": '["org","acme","agent-1"]', "date": today}
     )

@@ -354,3 +354,15 @@ def test_adds_as_given_go_through_the_engine_max_facts_audited(alice, alice_clie
     stored = Fact.objects.get(content="User prefers dark mode")
     assert (stored.confidence, stored.category, stored.source_kind) == (1.0, "context", "api")
     assert not Fact.objects.filter(pk=first["id"]).exists()  # nobody else links it
+
+
+@pytest.mark.parametrize("extra", [{"confidence": 0.2}, {"scope": ["user", "u1"]}])
+def test_a_global_memory_refuses_what_only_a_fact_takes_and_writes_nothing(alice_client, extra):
+    """A global memory has no confidence or scope: such a field was dropped unsaid (an
+    audit's ``confidence: 0.2`` came back 1.0)."""
+    body = {"text": "The office closes at six", **extra}
+    response = alice_client.post("/api/v1/global-memories", body, format="json")
+    assert response.status_code == 400
+    [key] = extra
+    assert response.json()["error"]["details"] == {key: [f"Unknown field {key}."]}
+    assert not Fact.objects.exists()

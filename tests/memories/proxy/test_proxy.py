@@ -391,9 +391,7 @@ def test_a_bad_chat_id_is_a_400_and_nothing_is_sent(
     assert answer.json()["error"]["type"] == "invalid_request_error"
     # It names the header the client sent, not a session_id it never sent.
     message = answer.json()["error"]["message"]
-    assert (
-        message.startswith("the X-OpenWebUI-Chat-Id header must be") and "session_id" not in message
-    )
+    assert message.startswith("X-OpenWebUI-Chat-Id: must be 1-255") and "session_id" not in message
     assert openai_server.requests == []
 
 
