@@ -55,6 +55,8 @@ from memories.proxy.chat import (
 from memories.tools.registry import ToolError, openai_tools, tool_call
 
 MEMORY_TOOLS = ("manage_memory", "search_memory")
+# How much of a memory call's unreadable arguments its report shows (as text).
+REPORTED_TEXT = 2_000
 
 
 def offer(request: JsonText, prepared: PreparedChat) -> JsonText:
@@ -63,11 +65,11 @@ def offer(request: JsonText, prepared: PreparedChat) -> JsonText:
     client_tools = request.data.get("tools") or []
     taken = {t.get("function", {}).get("name") for t in client_tools if isinstance(t, dict)}
     if taken & set(MEMORY_TOOLS):
-        raise InvalidInput(
-            "memory_tools: the request already has a tool named "
-            f"{sorted(taken & set(MEMORY_TOOLS))[0]}; rename it or leave memory_tools out",
-            details={"memory_tools": "tool name taken"},
+        said = (
+            f"the request already has a tool named {sorted(taken & set(MEMORY_TOOLS))[0]}; "
+            "rename it or leave memory_tools out"
         )
+        raise InvalidInput(f"memory_tools: {said}", details={"memory_tools": [said]})
     with acting_as(prepared.actor):
         ours = openai_tools([n for n in MEMORY_TOOLS if tool_allowed(n)])
     if isinstance(request.data.get("tools"), list):
@@ -92,7 +94,8 @@ def run_calls(prepared: PreparedChat, calls: list[dict[str, Any]]) -> list[dict[
         # JSON cut off): what it cannot read goes back to the model as an error.
         arguments = parse_arguments(function.get("arguments"))
         try:
-            if arguments is None:
+            if arguments is None:  # (the report shows what was sent, as text)
+                record["arguments"] = str(function.get("arguments"))[:REPORTED_TEXT]
                 raise ToolError("the arguments are not valid JSON; send a JSON object")
             record["arguments"] = arguments
             with acting_as(prepared.actor):

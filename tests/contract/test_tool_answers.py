@@ -71,6 +71,7 @@ UNREADABLE = [
      "invalid arguments: Additional properties are not allowed"),
     ("wrong-types", json.dumps({"content": 42}), "invalid arguments: content: 42 is not of type"),
     ("garbage", "remember jazz please", "the arguments are not valid JSON"),
+    ("cut-to-nothing", "{not json", "the arguments are not valid JSON"),
     ("only-thinking", THINKING.replace("</think>", ""), "content is required to create a memory"),
 ]  # fmt: skip
 
@@ -84,6 +85,8 @@ def test_unreadable_tool_arguments_go_back_to_the_model(live_server, alice, llm_
     answer = _ask(live_server, alice)
     (ran,) = answer.model_extra["memory_tool_calls"]
     assert error in ran["error"] and "result" not in ran
+    if "not valid JSON" in error:  # (the report shows what the model sent)
+        assert ran["arguments"] == arguments
     sent = [r["json"] for r in openai_server.requests if r["path"].endswith("/chat/completions")]
     assert json.loads(sent[1]["messages"][-1]["content"]) == {"error": ran["error"]}
     assert answer.choices[0].message.content == "Sorry, I could not save it."

@@ -197,4 +197,8 @@ def parse_arguments(raw: Any) -> dict[str, Any] | None:
     if raw is None or (isinstance(raw, str) and not strip_thinking(raw)):
         return {}
     parsed = parse_json(str(raw))
-    return parsed.value if parsed is not None and isinstance(parsed.value, dict) else None
+    if parsed is None or not isinstance(parsed.value, dict):
+        return None
+    if parsed.truncated and not parsed.value and strip_thinking(str(raw)).strip() != "{":
+        return None  # ("{not json" cut back to "{}": nothing of what was sent is in it)
+    return parsed.value

@@ -37,7 +37,9 @@ class ChatCompletionSerializer(serializers.Serializer):
     model = StrictCharField(max_length=200, required=False)
     messages = ChatMessageSerializer(many=True, allow_empty=False)
     stream = StrictBooleanField(required=False, default=False)
-    user = StrictCharField(max_length=255, required=False, allow_blank=True)
+    # The end user's id when no header names one: checked as one (400 invalid_user, as
+    # the header's), so its length is not refused here with another code.
+    user = StrictCharField(required=False, allow_blank=True)
 
     def validate_model(self, value: str) -> str:
         if not isinstance(self.initial_data.get("model"), str):

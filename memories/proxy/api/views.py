@@ -212,7 +212,7 @@ class MemoryToolsChatView(ChatCompletionsView):
         value = body.data.get("memory_tools")
         if value is not None and not isinstance(value, bool):
             raise InvalidInput(
-                "memory_tools: Must be a boolean.", details={"memory_tools": "boolean"}
+                "memory_tools: Must be a boolean.", details={"memory_tools": ["Must be a boolean."]}
             )
         return value, body.remove(("memory_tools",)) if "memory_tools" in body.data else body
 
@@ -225,16 +225,19 @@ class MemoryToolsChatView(ChatCompletionsView):
     )
     def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
         opt_in, body = self._opt_in(self._body(request))
-        if opt_in and not self._external_id(request, body.data):
-            raise InvalidInput(
-                "memory_tools needs an end user: send the X-OpenWebUI-User-Id header or the "
-                "user field",
-                details={"memory_tools": "no end user"},
-            )
+        external_id = self._external_id(request, body.data)
+        if opt_in and not external_id:
+            said = "needs an end user: send the X-OpenWebUI-User-Id header or the user field"
+            raise InvalidInput(f"memory_tools {said}", details={"memory_tools": [said]})
+        runs = bool(external_id) and (
+            opt_in if opt_in is not None else memory_tools_enabled(owner=request.user.pk)
+        )
+        if runs and body.data.get("tools") is not None and not isinstance(body.data["tools"], list):
+            # (the memory tools are offered beside the client's: "tools": "x" was replaced)
+            said = "must be a list of tools; the memory tools are offered beside them"
+            raise InvalidInput(f"tools: {said}", details={"tools": [said]})
         prepared = self.prepare(request, body)
-        if prepared.end_user is None or not (
-            opt_in if opt_in is not None else memory_tools_enabled(owner=prepared.end_user.owner_id)
-        ):
+        if prepared.end_user is None or not runs:
             return self.answer(prepared)
         if prepared.body.get("stream"):
             return event_stream(loop_stream(prepared))

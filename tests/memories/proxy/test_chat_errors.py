@@ -74,6 +74,21 @@ def test_invalid_user_id(alice_client, configured):
     assert not Scope.objects.exists() and configured.requests == []
 
 
+@pytest.mark.parametrize("user", ["bad user id!", "u" * 256])
+def test_an_end_user_id_in_the_body_is_refused_as_the_headers(alice_client, configured, user):
+    """A body's ``user`` over 255 characters was a 400 ``invalid`` (its length checked
+    first), where the same id in the header is ``invalid_user``, as the docs say."""
+    response = alice_client.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "user": user},
+        format="json",
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_user", "user")
+    assert not Scope.objects.exists() and configured.requests == []
+
+
 def test_oversized_body_is_413_openai_style(alice_client, configured, settings):
     settings.MAX_REQUEST_BYTES = 2048
     response = alice_client.post(

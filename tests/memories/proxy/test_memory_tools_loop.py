@@ -429,3 +429,28 @@ def test_a_turn_whose_later_round_fails_teaches_nothing(
     assert answer.status_code == 502, answer.text
     assert _facts(alice) == ["User likes jazz"]  # (the tool call's own write)
     assert not PendingUpdate.objects.exists()
+
+
+@pytest.mark.parametrize("opt_in", [True, None])  # (None: the owner's setting turns it on)
+def test_client_tools_that_are_not_a_list_are_refused_not_replaced(
+    live_server, alice, llm_settings, openai_server, opt_in
+):
+    """``"tools": "x"`` with the memory tools on was replaced by the memory tools and
+    answered 200 (without them it goes upstream as sent): a 400 naming ``tools``, before
+    the upstream is asked or an end user made."""
+    from memories.facts.models import Scope
+
+    if opt_in is None:
+        engine_settings_update(owner=alice, memory_tools=True)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "tools": "x"}
+    if opt_in:
+        body["memory_tools"] = True
+    key = api_key_create(owner=alice)[1]
+    refused = httpx.post(timeout=30, url=live_server.url + "/v1/chat/completions", json=body,
+                         headers={"Authorization": f"Bearer {key}", **USER})  # fmt: skip
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert (error["param"], error["message"]) == (
+        "tools", "tools: must be a list of tools; the memory tools are offered beside them"
+    )  # fmt: skip
+    assert _sent(openai_server) == [] and not Scope.objects.filter(owner=alice).exists()
