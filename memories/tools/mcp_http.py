@@ -17,7 +17,9 @@ environ (body unread) to a2wsgi; the owner travels in the environ to a contextva
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
+import json
 import threading
 from typing import Any, cast
 
@@ -25,15 +27,61 @@ import anyio
 import anyio.to_thread
 from a2wsgi import ASGIMiddleware
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from core.api.errors import api_error_response
 from core.audit import acting_as, actor
 from core.tracing import attach_context, current_context, detach_context
+
+# JSON-RPC error codes (JSON-RPC 2.0, section 5.1).
+PARSE_ERROR, INVALID_REQUEST = -32700, -32600
+
+
+def jsonrpc_refusal(raw: bytes) -> tuple[Any, int, str] | None:
+    """What is wrong with a body that is no JSON-RPC message MCP takes: ``(id, code,
+    message)``, or None. The SDK answers these with -32602 ("Invalid params") and a 2 KB
+    dump of its validation, or takes a request whose id is null or an object for a
+    notification (202, no answer ever comes); one message per request (no batches)."""
+    try:
+        message = json.loads(raw)
+    except ValueError:  # (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        return None, PARSE_ERROR, "Parse error: the body is not JSON."
+    if isinstance(message, list):
+        return None, INVALID_REQUEST, "Invalid Request: send one JSON-RPC message, not a batch."
+    if not isinstance(message, dict):
+        return None, INVALID_REQUEST, "Invalid Request: a JSON-RPC message is a JSON object."
+    given = message.get("id")
+    known = given if isinstance(given, str | int) and not isinstance(given, bool) else None
+    if message.get("jsonrpc") != "2.0":
+        return known, INVALID_REQUEST, 'Invalid Request: jsonrpc must be "2.0".'
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            return known, INVALID_REQUEST, "Invalid Request: method must be a string."
+        if "id" in message and known is None:
+            return (
+                None,
+                INVALID_REQUEST,
+                (
+                    "Invalid Request: id must be a string or an integer (MCP: not null); "
+                    "leave it out for a notification."
+                ),
+            )
+    elif "result" not in message and "error" not in message:
+        return (
+            known,
+            INVALID_REQUEST,
+            (
+                "Invalid Request: a message has a method (a request or a notification), or a "
+                "result or an error (a response)."
+            ),
+        )
+    return None
+
 
 ENVIRON_OWNER = "memory.mcp_owner_id"
 ENVIRON_VALUES = "memory.mcp_values"
@@ -131,9 +179,11 @@ class MCPView(APIView):
             202: OpenApiResponse(description="a notification or response, accepted"),
             (400, "application/json"): OpenApiResponse(
                 response=OpenApiTypes.OBJECT,
-                description="not a valid JSON-RPC message: a JSON-RPC error object "
-                "(``error.code`` an integer such as -32602), or the API's error shape "
-                "for input refused before MCP reads it (no body)",
+                description="not a JSON-RPC request MCP takes: a JSON-RPC error object "
+                "(``error.code`` -32700 for a body that is not JSON, -32600 for an invalid "
+                "request: a batch, jsonrpc other than 2.0, an id null or not a string or "
+                "integer, a method that is not a string; -32602 for invalid params), or "
+                "the API's error shape for input refused before MCP reads it (no body)",
             ),
             406: OpenApiResponse(
                 response=OpenApiTypes.OBJECT,
@@ -145,7 +195,7 @@ class MCPView(APIView):
             ),
         },
     )
-    def post(self, request: Request) -> StreamingHttpResponse:
+    def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
         environ = request._request.META  # the WSGI environ; the body is unread: a2wsgi reads it
         # The SDK answers a missing body or Content-Type with a text/plain 400 that no
         # client can parse: refuse them here, in the API's JSON error shape.
@@ -155,6 +205,14 @@ class MCPView(APIView):
         media_type = (request.content_type or "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise UnsupportedMediaType(request.content_type or "(none)")
+        raw = _body(environ, chunked)
+        if raw is None:
+            return api_error_response(request._request, 413, "The request body is too large.")
+        refused = jsonrpc_refusal(raw)
+        if refused is not None:
+            known, code, message = refused
+            error = {"jsonrpc": "2.0", "id": known, "error": {"code": code, "message": message}}
+            return JsonResponse(error, status=400)
         environ[ENVIRON_OWNER] = request.user.pk
         user_id = request.headers.get(settings.MEMORY_USER_HEADER)
         environ[ENVIRON_VALUES] = {"user_id": user_id} if user_id else {}
@@ -175,6 +233,21 @@ class MCPView(APIView):
             if name.lower() not in ("content-length", "connection"):
                 response[name] = value
         return response
+
+
+def _body(environ: dict[str, Any], chunked: bool) -> bytes | None:
+    """The request's body, read (a chunked one up to the size limit, None past it: the
+    size middleware reads only Content-Length), and put back in the environ for the SDK."""
+    stream = environ["wsgi.input"]
+    if chunked:
+        raw = stream.read(settings.MAX_REQUEST_BYTES + 1)
+        if len(raw) > settings.MAX_REQUEST_BYTES:
+            return None
+        environ.pop("HTTP_TRANSFER_ENCODING", None)
+    else:
+        raw = stream.read(int(environ["CONTENT_LENGTH"]))
+    environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(raw), str(len(raw))
+    return raw
 
 
 @extend_schema(exclude=True)

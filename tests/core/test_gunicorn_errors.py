@@ -57,3 +57,24 @@ def test_django_answers_through_the_same_worker(shared_served):
     )
     assert got == 404
     assert json.loads(body)["error"]["code"] == "not_found"
+
+
+def test_a_chunked_mcp_request_is_read_whole(shared_served):
+    """``/mcp`` reads the body itself (to refuse what is no JSON-RPC request) and hands
+    it on: a chunked body, which gunicorn de-chunks and no Content-Length bounds, is read
+    to its end and answered."""
+    import http.client
+
+    key = shared_served.key_for("mcp-chunked")
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", shared_served.port, timeout=30)
+    connection.request("POST", "/mcp", body=iter([body[:10], body[10:]]), encode_chunked=True,
+                       headers={"Authorization": f"Bearer {key}",
+                                "Content-Type": "application/json",
+                                "Accept": "application/json, text/event-stream"})  # fmt: skip
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    assert response.status == 200, answer
+    assert answer["id"] == 7
+    assert {"manage_memory", "search_memory"} <= {t["name"] for t in answer["result"]["tools"]}

@@ -328,3 +328,64 @@ def test_a_nul_in_an_argument_is_refused_naming_it(alice):
     assert called["result"]["isError"] is True, called
     assert called["result"]["content"][0]["text"].startswith("arguments.content: NUL")
     assert not Fact.objects.exists()
+
+
+INVALID_REQUESTS = [
+    ('{"jsonrpc": "1.0", "id": 3, "method": "tools/list"}', 3, -32600,
+     'Invalid Request: jsonrpc must be "2.0".'),
+    ('{"id": 3, "method": "tools/list"}', 3, -32600, 'Invalid Request: jsonrpc must be "2.0".'),
+    ('{"jsonrpc": "2.0", "id": 3, "method": 5}', 3, -32600,
+     "Invalid Request: method must be a string."),
+    ("5", None, -32600, "Invalid Request: a JSON-RPC message is a JSON object."),
+    ("[]", None, -32600, "Invalid Request: send one JSON-RPC message, not a batch."),
+    ('[{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}]', None, -32600,
+     "Invalid Request: send one JSON-RPC message, not a batch."),
+    ('{"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/list"}', None, -32600,
+     "Invalid Request: id must be a string or an integer (MCP: not null); leave it out for a "
+     "notification."),
+    ('{"jsonrpc": "2.0", "id": null, "method": "tools/list"}', None, -32600,
+     "Invalid Request: id must be a string or an integer (MCP: not null); leave it out for a "
+     "notification."),
+    ('{"jsonrpc": "2.0", "id": true, "method": "tools/list"}', None, -32600,
+     "Invalid Request: id must be a string or an integer (MCP: not null); leave it out for a "
+     "notification."),
+    ('{"jsonrpc": "2.0", "id": 4}', 4, -32600,
+     "Invalid Request: a message has a method (a request or a notification), or a result or "
+     "an error (a response)."),
+    ("{not json", None, -32700, "Parse error: the body is not JSON."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "id", "code", "message"), INVALID_REQUESTS)
+def test_a_message_that_is_no_json_rpc_request_gets_a_short_invalid_request(
+    alice, body, id, code, message
+):
+    """A new client developer's audit: the SDK answered these -32602 ("Invalid params")
+    with a 2 KB dump of its validation, and a request whose id is null or an object
+    202 with no answer (taken for a notification), so a client waited for ever."""
+    from core.services import api_key_create as make_key
+    from tests.core.key_clients import bearer_client
+
+    client = bearer_client(make_key(owner=alice, name="mcp")[1])
+    before = Fact.objects.count()
+    response = client.post("/mcp", body, content_type="application/json",
+                           HTTP_ACCEPT="application/json, text/event-stream")  # fmt: skip
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    assert json.loads(response.content) == {
+        "jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}
+    }  # fmt: skip
+    assert Fact.objects.count() == before
+
+
+def test_requests_and_notifications_still_reach_the_server(alice):
+    from core.services import api_key_create as make_key
+    from tests.core.key_clients import bearer_client, mcp_rpc
+
+    client = bearer_client(make_key(owner=alice, name="mcp")[1])
+    listed = mcp_rpc(client, "tools/list")
+    assert {t["name"] for t in listed["result"]["tools"]} >= {"manage_memory", "search_memory"}
+    noted = client.post("/mcp", json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+                        content_type="application/json",
+                        HTTP_ACCEPT="application/json, text/event-stream")  # fmt: skip
+    assert noted.status_code == 202
