@@ -388,4 +388,4 @@ def test_requests_and_notifications_still_reach_the_server(alice):
     noted = client.post("/mcp", json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
                         content_type="application/json",
                         HTTP_ACCEPT="application/json, text/event-stream")  # fmt: skip
-    assert noted.status_code == 202
+    assert noted.status_code == 202 and b"".join(noted.streaming_content) == b""
