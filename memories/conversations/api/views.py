@@ -32,11 +32,12 @@ from memories.conversations.history import History, conversation_history
 from memories.conversations.models import Flow
 from memories.conversations.node_memory import (
     LATEST,
+    NodeMemoryNotFound,
     node_memory_append_turn,
     node_memory_clear,
     node_memory_history,
 )
-from memories.conversations.selectors import flow_get, flow_list
+from memories.conversations.selectors import flow_get, flow_list, session_has_messages
 from memories.conversations.services import flow_create
 from memories.conversations.summaries import conversation_history_summarized
 
@@ -167,13 +168,21 @@ class NodeHistoryView(APIView):
     def get(self, request: Request, session_id: str, node_id: str) -> Response:
         params = _query(NodeHistoryQuerySerializer, request)
         flow = flow_for(request, params["flow"])
-        history = node_memory_history(
-            flow=flow,
-            session_id=session_id,
-            node_id=node_id,
-            current_message_id=params.get("current_message_id"),
-            max_tokens=params["max_tokens"],
-        )
+        try:
+            history = node_memory_history(
+                flow=flow,
+                session_id=session_id,
+                node_id=node_id,
+                current_message_id=params.get("current_message_id"),
+                max_tokens=params["max_tokens"],
+            )
+        except NodeMemoryNotFound:
+            # A session id may hold "/nodes/" ("team/nodes/x"): its history's path is
+            # this route's. Without node x in conversation "team", it is that session's.
+            whole = f"{session_id}/nodes/{node_id}"
+            if not session_has_messages(flow_id=flow.pk, session_id=whole):
+                raise
+            return ConversationHistoryView().get(request, whole)
         return _history_response(NodeHistoryOutputSerializer, history, params)
 
 

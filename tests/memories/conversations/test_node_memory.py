@@ -607,3 +607,30 @@ def test_a_document_of_another_owner_is_not_found(flow, bob, node_storage):
     with pytest.raises(NodeMemoryNotFound):
         _turn(flow, "m2")
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("written", ["team/nodes/x", "team%2Fnodes%2Fx"])
+def test_a_session_id_holding_nodes_has_its_history_read(alice_client, flow, written):
+    """``/runs`` takes the session id ``team/nodes/x``, whose history's path is node
+    ``x``'s of conversation ``team``: it answered 404 "no memory for node 'x'", raw or
+    encoded. Without that node's memory, the path reads the session's history; with it,
+    the node's (the route's first meaning)."""
+    said = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi there"}]
+    posted = alice_client.post(f"/api/v1/flows/{flow.pk}/runs",
+                               {"session_id": "team/nodes/x", "messages": said}, format="json")  # fmt: skip
+    assert posted.status_code == 201
+    url = f"/api/v1/conversations/{written}/history"
+    read = alice_client.get(url, {"flow": str(flow.pk)})
+    assert read.status_code == 200, read.json()
+    assert read.json()["messages"] == said
+    summarized = alice_client.get(url, {"flow": str(flow.pk), "strategy": "summarize"})
+    assert summarized.status_code == 200 and summarized.json()["messages"] == said
+    node_memory_append_turn(flow=flow, session_id="team", node_id="x", message_id="m1",
+                            user_content="node question", assistant_content="node answer")  # fmt: skip
+    node = alice_client.get(url, {"flow": str(flow.pk)}).json()
+    assert [m["content"] for m in node["messages"]] == ["node question", "node answer"]
+    missing = alice_client.get("/api/v1/conversations/team/nodes/y/history", {"flow": str(flow.pk)})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == (
+        "no memory for node 'y' in conversation 'team' of this flow"
+    )
