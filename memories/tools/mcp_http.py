@@ -83,6 +83,25 @@ def jsonrpc_refusal(raw: bytes) -> tuple[Any, int, str] | None:
     return None
 
 
+# A JSON-RPC answer (schema only): the request's id, and its result or its error.
+JSONRPC_ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "jsonrpc": {"type": "string", "enum": ["2.0"]},
+        "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        "result": {"type": "object", "description": "the method's result (MCP's shape)"},
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "integer"},
+                "message": {"type": "string"},
+                "data": {},
+            },
+            "required": ["code", "message"],
+        },
+    },
+    "required": ["jsonrpc", "id"],
+}
 ENVIRON_OWNER = "memory.mcp_owner_id"
 ENVIRON_VALUES = "memory.mcp_values"
 ENVIRON_TRACE = "memory.mcp_trace"
@@ -175,7 +194,9 @@ class MCPView(APIView):
         summary="MCP over streamable HTTP (the agent tools)",
         request={"application/json": {"type": "object", "description": "a JSON-RPC message"}},
         responses={
-            200: OpenApiResponse(description="the JSON-RPC answer"),
+            (200, "application/json"): OpenApiResponse(
+                response=JSONRPC_ANSWER_SCHEMA, description="the JSON-RPC answer"
+            ),
             202: OpenApiResponse(description="a notification or response, accepted"),
             (400, "application/json"): OpenApiResponse(
                 response=OpenApiTypes.OBJECT,

@@ -62,3 +62,55 @@ class ModelEntrySerializer(serializers.Serializer):
 class ModelListSerializer(serializers.Serializer):
     object = StrictCharField()
     data = ModelEntrySerializer(many=True)  # type: ignore[assignment]  # the field is named data
+
+
+# The chat completion a proxy door answers (schema only): the upstream's answer as it
+# sent it, whatever members it has, plus this service's own (memories.proxy.chat).
+_NUMBER_OR_NULL = {"type": "number", "nullable": True}
+INJECTED_MEMORY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A fact the memory block held (memories.proxy.chat.InjectedMemory): "
+    "relevant ones (found by the search, with score and similarity) first, then the ones "
+    "that filled the block's budget by confidence.",
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "content": {"type": "string"},
+        "category": {"type": "string"},
+        "confidence": {"type": "number"},
+        "type": {"type": "string", "enum": ["memory", "global"]},
+        "relevant": {"type": "boolean"},
+        "score": _NUMBER_OR_NULL,
+        "similarity": _NUMBER_OR_NULL,
+    },
+    "required": ["id", "content", "category", "confidence", "type", "relevant", "score",
+                 "similarity"],
+}  # fmt: skip
+MEMORY_TOOL_CALL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A memory tool call the proxy ran: its arguments (the text sent, when it "
+    "was no JSON object), and its result or the error the model was told.",
+    "properties": {
+        "name": {"type": "string", "nullable": True},
+        "arguments": {"oneOf": [{"type": "object"}, {"type": "string"}]},
+        "result": {"type": "object"},
+        "error": {"type": "string"},
+    },
+    "required": ["name"],
+}
+CHAT_ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "OpenAI's chat completion as the upstream sent it (every member kept), "
+    "plus memories (the facts the memory block held: none without an end user) and, "
+    "when the proxy offered memory tools, memory_tool_calls.",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": "object", "nullable": True},
+        "memories": {"type": "array", "items": INJECTED_MEMORY_SCHEMA},
+        "memory_tool_calls": {"type": "array", "items": MEMORY_TOOL_CALL_SCHEMA},
+    },
+    "additionalProperties": True,
+}

@@ -26,7 +26,11 @@ from core.providers.llm import get_llm
 from core.tracing import carry_iter
 from core.validation import SESSION_ID, validate_end_user_id, validate_session_id
 from memories.engine.owner_settings import memory_tools_enabled
-from memories.proxy.api.serializers import ChatCompletionSerializer, ModelListSerializer
+from memories.proxy.api.serializers import (
+    CHAT_ANSWER_SCHEMA,
+    ChatCompletionSerializer,
+    ModelListSerializer,
+)
 from memories.proxy.chat import (
     PreparedChat,
     chat_check,
@@ -49,7 +53,7 @@ COMPLETION_SCHEMA: dict[str, Any] = {
     "summary": "Chat completion with the end user's memories",
     "request": ChatCompletionSerializer,
     "responses": {
-        (200, "application/json"): OpenApiTypes.OBJECT,
+        (200, "application/json"): CHAT_ANSWER_SCHEMA,
         (200, "text/event-stream"): OpenApiTypes.STR,
         409: OpenAIErrorSerializer,  # (a chat id of another end user's chat)
         502: OpenAIErrorSerializer,

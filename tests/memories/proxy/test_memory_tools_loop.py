@@ -454,3 +454,55 @@ def test_client_tools_that_are_not_a_list_are_refused_not_replaced(
         "tools", "tools: must be a list of tools; the memory tools are offered beside them"
     )  # fmt: skip
     assert _sent(openai_server) == [] and not Scope.objects.filter(owner=alice).exists()
+
+
+def _nullable_as_json_schema(node):
+    """OpenAPI 3.0's ``nullable`` as JSON Schema says it (``type: [t, "null"]``)."""
+    if isinstance(node, dict):
+        node = {k: _nullable_as_json_schema(v) for k, v in node.items()}
+        if node.pop("nullable", False) and "type" in node:
+            node["type"] = [node["type"], "null"]
+        return node
+    if isinstance(node, list):
+        return [_nullable_as_json_schema(v) for v in node]
+    return node
+
+
+def test_a_json_answer_is_what_the_schema_says(live_server, alice, llm_settings, openai_server):
+    """The schema said only "an object": it now names ``memories`` and
+    ``memory_tool_calls`` (a call that ran, one whose arguments were no JSON), checked
+    here against the served schema with answers that hold both kinds of memory."""
+    import jsonschema
+    from drf_spectacular.generators import SchemaGenerator
+
+    from memories.facts.scopes import end_user_ensure
+    from tests.memories.facts.seed import seed
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    operation = schema["paths"]["/v1/chat/completions"]["post"]
+    answer_schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    validator = jsonschema.Draft202012Validator(_nullable_as_json_schema(answer_schema))
+    seed(end_user_ensure(owner=alice, external_id="alice"), "User likes jazz", "User has a cat")
+    bad = _calls(("search_memory", {"query": "music"}))
+    bad.body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    openai_server.push(
+        _calls(("search_memory", {"query": "music"})), bad, Scripted(body=chat_body("Jazz."))
+    )
+    key = api_key_create(owner=alice)[1]
+    got = httpx.post(timeout=30, url=live_server.url + "/v1/chat/completions",
+                     json={"messages": [{"role": "user", "content": "What music do I like?"}],
+                           "memory_tools": True},
+                     headers={"Authorization": f"Bearer {key}", **USER})  # fmt: skip
+    assert got.status_code == 200, got.text
+    body = got.json()
+    validator.validate(body)
+    assert {m["relevant"] for m in body["memories"]} == {True, False}
+    assert [("error" in c, c["arguments"]) for c in body["memory_tool_calls"]] == [
+        (False, {"query": "music"}), (True, "{not json")
+    ]  # fmt: skip
+    openai_server.push(Scripted(body=chat_body("Hello.")))
+    anonymous = httpx.post(timeout=30, url=live_server.url + "/v1/chat/completions",
+                           json={"messages": [{"role": "user", "content": "Hi"}]},
+                           headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    assert anonymous.status_code == 200
+    validator.validate(anonymous.json())

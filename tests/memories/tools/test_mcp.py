@@ -385,6 +385,14 @@ def test_requests_and_notifications_still_reach_the_server(alice):
     client = bearer_client(make_key(owner=alice, name="mcp")[1])
     listed = mcp_rpc(client, "tools/list")
     assert {t["name"] for t in listed["result"]["tools"]} >= {"manage_memory", "search_memory"}
+    import jsonschema
+    from drf_spectacular.generators import SchemaGenerator
+
+    responses = SchemaGenerator().get_schema(request=None, public=True)["paths"]["/mcp"]
+    answer = responses["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+    jsonschema.validate(listed, answer)
+    unknown = mcp_rpc(client, "tools/call", {"name": "nope", "arguments": {}})
+    jsonschema.validate(unknown, answer)
     noted = client.post("/mcp", json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
                         content_type="application/json",
                         HTTP_ACCEPT="application/json, text/event-stream")  # fmt: skip
