@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import Tags, Warning, register
 from django.db.models import QuerySet
 
+from core import tenancy
 from knowledge.checks import leave_to_another_check
 
 
@@ -33,17 +34,24 @@ def memory_store_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
     from memories.stores.models import MemoryStore
 
     try:
-        stale = list(
-            MemoryStore.objects.exclude(embedding_provider__in=["", "none"])
-            .exclude(
-                embedding_provider=settings.EMBEDDING_PROVIDER,
-                embedding_model=settings.EMBEDDING_MODEL,
-                embedding_dimensions=settings.EMBEDDING_DIMENSIONS,
+        # Every owner's rows (a check runs as nobody under `serve`, where row-level
+        # security refused the query and the warning was never shown).
+        with tenancy.bypass("system check: memory stores' embedding"):
+            stale = list(
+                MemoryStore.objects.exclude(embedding_provider__in=["", "none"])
+                .exclude(
+                    embedding_provider=settings.EMBEDDING_PROVIDER,
+                    embedding_model=settings.EMBEDDING_MODEL,
+                    embedding_dimensions=settings.EMBEDDING_DIMENSIONS,
+                )
+                .values_list(
+                    "name",
+                    "config",
+                    "embedding_provider",
+                    "embedding_model",
+                    "embedding_dimensions",
+                )
             )
-            .values_list(
-                "name", "config", "embedding_provider", "embedding_model", "embedding_dimensions"
-            )
-        )
     except DatabaseError:  # not migrated yet, or no database
         return []
     warnings = []
