@@ -4,6 +4,7 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -59,6 +60,46 @@ class APIKeyAddForm(forms.ModelForm):
         return data
 
 
+def model_permission(model_admin: admin.ModelAdmin, request: HttpRequest, action: str) -> bool:
+    """The user's own permission ``action`` (``change``, ``delete``) on the admin's model,
+    for an action of an admin that refuses Django's own change or delete (its rows
+    change only through the services its actions call)."""
+    opts = model_admin.opts
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+
+
+class OwnerValidatedForm(forms.ModelForm):
+    """A change form whose owner is read-only still checks the constraints that hold the
+    owner (a name unique per owner): Django leaves out a field the form does not edit,
+    and the database's IntegrityError was a 500."""
+
+    def _get_validation_exclusions(self):  # type: ignore[no-untyped-def]
+        exclude = super()._get_validation_exclusions()
+        exclude.discard("owner")
+        return exclude
+
+
+class OwnerFixedAdmin(admin.ModelAdmin):
+    """A row's owner is chosen when it is added and never changed: on a row keyed by its
+    owner (a budget, engine settings) another owner would overwrite that owner's row, and
+    a flow given to another owner leaves its memory bases and messages with the first."""
+
+    form = OwnerValidatedForm
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        fields = list(super().get_readonly_fields(request, obj))
+        return fields if obj is None or "owner" in fields else [*fields, "owner"]
+
+
+class NoDjangoDeleteMixin:
+    """Django's delete is not offered: it would skip what the service's own deletion
+    does (an erasure's purge of chunks and files and its audit event, a key's
+    revocation event). The API's and the other actions' deletions remain."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows the service writes and nobody edits: listed and read, never changed."""
 
@@ -73,7 +114,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(APIKey)
-class APIKeyAdmin(admin.ModelAdmin):
+class APIKeyAdmin(NoDjangoDeleteMixin, admin.ModelAdmin):  # (revoked, never deleted)
     list_display = ["prefix", "name", "owner", "read_only", "narrowed_to", "last_used_at", "state"]
     list_filter = ["revoked_at", "read_only"]
     list_select_related = ["owner"]
@@ -143,7 +184,7 @@ class APIKeyAdmin(admin.ModelAdmin):
             level=messages.WARNING,
         )
 
-    @admin.action(description="Revoke selected API keys")
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     @confirm_first(
         title="Revoke these API keys?",
         consequences=["stop them working at once; a revoked key cannot be restored."],
@@ -200,7 +241,7 @@ class UsageDayAdmin(ReadOnlyAdmin):
 
 
 @admin.register(UsageBudget)
-class UsageBudgetAdmin(admin.ModelAdmin):
+class UsageBudgetAdmin(OwnerFixedAdmin):
     """Each owner's daily token budget for background work and what it spent today;
     deferred runs show when it ran out."""
 

@@ -8,7 +8,9 @@ from django.http import HttpRequest, HttpResponse
 from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html
 
+from core.admin import OwnerValidatedForm
 from core.admin_confirm import confirm_first
+from core.errors import ServiceError
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
 from knowledge.selectors import with_live_chunks
 from knowledge.services import knowledge_base_delete
@@ -21,6 +23,7 @@ MEMORY_BASE_KB_TEXT = (
 
 @admin.register(KnowledgeBase)
 class KnowledgeBaseAdmin(admin.ModelAdmin):
+    form = OwnerValidatedForm  # (a name taken by the same owner: a form error)
     list_display = ["name", "owner", "kind", "chunks", "size", "embedding", "updated"]
     list_filter = ["is_memory_base", "source_kind", "embedding_provider"]
     list_select_related = ["owner"]
@@ -95,7 +98,9 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: KnowledgeBase) -> None:
         knowledge_base_delete(knowledge_base=obj)
 
-    @admin.action(description="Delete selected knowledge bases and their chunks")
+    @admin.action(
+        description="Delete selected knowledge bases and their chunks", permissions=["delete"]
+    )
     @confirm_first(
         title="Delete these knowledge bases?",
         consequences=[
@@ -110,7 +115,11 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
             if kb.is_memory_base:
                 self.message_user(request, MEMORY_BASE_KB_TEXT.format(name=kb.name), messages.ERROR)
                 continue
-            knowledge_base_delete(knowledge_base=kb)
+            try:
+                knowledge_base_delete(knowledge_base=kb)
+            except ServiceError as exc:  # (a file store's base: "in use", was a 500)
+                self.message_user(request, f"{kb.name}: {exc}", messages.ERROR)
+                continue
             deleted.append(kb.name)
         if deleted:
             self.message_user(request, f"Deleted {', '.join(deleted)} and their chunks.")
@@ -148,6 +157,11 @@ class ChunkAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
+        # A read-only browser: a chunk deleted here left its base's counters stale (and
+        # a memory base mismatched); chunks go with their document, session or base.
         return False
 
     @admin.display(description="source key", ordering="source_key")

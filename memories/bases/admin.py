@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timezone import localtime
 
+from core.admin import OwnerValidatedForm
 from core.admin_confirm import confirm_first, confirmation_page, is_confirmed
 from core.errors import ServiceError
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
@@ -81,6 +82,7 @@ DELETE_CONSEQUENCES = [
 
 @admin.register(MemoryBase)
 class MemoryBaseAdmin(admin.ModelAdmin):
+    form = OwnerValidatedForm  # (a name taken by the same owner: a form error)
     list_display = [
         "name",
         "owner",
@@ -243,11 +245,17 @@ class MemoryBaseAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(self._change_url(mb))
 
     # --- list actions -----------------------------------------------------------------
-    @admin.action(description="Sync now (ingest pending messages, ignoring the threshold)")
+    @admin.action(
+        description="Sync now (ingest pending messages, ignoring the threshold)",
+        permissions=["change"],
+    )
     def sync_now(self, request: HttpRequest, queryset: QuerySet[MemoryBase]) -> None:
         self._run(request, list(queryset), memory_base_flush, SYNC_TEXTS)
 
-    @admin.action(description="Regenerate (clear the knowledge base and re-ingest everything)")
+    @admin.action(
+        description="Regenerate (clear the knowledge base and re-ingest everything)",
+        permissions=["change"],
+    )
     @confirm_first(
         title="Regenerate these memory bases?",
         consequences=REGENERATE_CONSEQUENCES,
@@ -256,7 +264,10 @@ class MemoryBaseAdmin(admin.ModelAdmin):
     def regenerate(self, request: HttpRequest, queryset: QuerySet[MemoryBase]) -> None:
         self._run(request, list(queryset), memory_base_regenerate, REGENERATE_TEXTS)
 
-    @admin.action(description="Delete selected memory bases and their knowledge bases")
+    @admin.action(
+        description="Delete selected memory bases and their knowledge bases",
+        permissions=["delete"],
+    )
     @confirm_first(
         title="Delete these memory bases?", consequences=DELETE_CONSEQUENCES, button="Yes, delete"
     )

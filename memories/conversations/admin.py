@@ -5,12 +5,13 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from core.admin import NoDjangoDeleteMixin, OwnerFixedAdmin
 from memories.conversations.models import ConversationSummary, Flow, Message
 from memories.conversations.summaries import summary_key_parts
 
 
 @admin.register(Flow)
-class FlowAdmin(admin.ModelAdmin):
+class FlowAdmin(NoDjangoDeleteMixin, OwnerFixedAdmin):  # (deleting would skip the erasure)
     list_display = ["name", "owner", "created_at"]
     list_select_related = ["owner"]
     search_fields = ["name", "owner__username"]
@@ -18,7 +19,7 @@ class FlowAdmin(admin.ModelAdmin):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(NoDjangoDeleteMixin, admin.ModelAdmin):  # (erased through the API)
     list_display = [
         "id",
         "flow",

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin import ReadOnlyAdmin
+from core.admin import OwnerFixedAdmin, ReadOnlyAdmin, model_permission
 from core.admin_confirm import confirm_first
 from core.errors import ServiceError
 from memories.engine import files
@@ -149,7 +149,10 @@ class DreamAdmin(admin.ModelAdmin):
                 for f in dream.facts_before)  # fmt: skip
         return _table(["fact", "category", "confidence", "source", "said at"], rows)
 
-    @admin.action(description="Undo the selected dreams (facts and MEMORY.md restored)")
+    @admin.action(
+        description="Undo the selected dreams (facts and MEMORY.md restored)",
+        permissions=["change"],
+    )
     @confirm_first(
         title="Undo these dreams?",
         consequences=[
@@ -187,6 +190,9 @@ class ScopeJournalAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a view of the scope's files; the actions call the services
+
+    def has_dream_permission(self, request: HttpRequest) -> bool:
+        return model_permission(self, request, "change")
 
     @admin.display(description="scope", ordering="path")
     def scope_path(self, scope: ScopeJournal) -> str:
@@ -231,7 +237,7 @@ class ScopeJournalAdmin(admin.ModelAdmin):
     def memory_md(self, scope: ScopeJournal) -> str:
         return format_html("<pre>{}</pre>", memory_md_read(scope))  # rendered now
 
-    @admin.action(description="Dream now (consolidate the selected scopes)")
+    @admin.action(description="Dream now (consolidate the selected scopes)", permissions=["dream"])
     def dream_now(self, request: HttpRequest, queryset: QuerySet[ScopeJournal]) -> None:
         for scope in queryset:
             try:
@@ -284,7 +290,7 @@ class EngineFactAdmin(ReadOnlyAdmin):
 
 
 @admin.register(EngineSettings)
-class EngineSettingsAdmin(admin.ModelAdmin):
+class EngineSettingsAdmin(OwnerFixedAdmin):
     list_display = ["owner", "dream_schedule", "memory_tools", "updated_at"]
     list_select_related = ["owner"]
     list_editable = ["dream_schedule", "memory_tools"]

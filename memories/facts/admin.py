@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin, model_permission
 from core.admin_confirm import confirm_first
 from core.metrics import counter_values
 from memories.facts.models import (
@@ -23,7 +23,7 @@ from memories.facts.models import (
 )
 from memories.facts.scopes import global_scope_ensure
 from memories.facts.selectors import links_count
-from memories.facts.services import FactIn, fact_add, fact_delete, scope_erase
+from memories.facts.services import MAX_FACT_CHARS, FactIn, fact_add, fact_delete, scope_erase
 
 
 class FactChangeInline(admin.TabularInline):
@@ -63,6 +63,11 @@ class ScopeAdmin(admin.ModelAdmin):
         # never by Django's delete, which would leave its facts, chats and engine data
         # behind and the audit trail of access without the event.
         return False
+
+    def has_erase_permission(self, request: HttpRequest) -> bool:
+        """The ``erase`` action's: the model's delete permission (Django's delete itself
+        is refused above)."""
+        return model_permission(self, request, "delete")
 
     @admin.display(description="path", ordering="path")
     def scope_path(self, scope: Scope) -> str:
@@ -109,7 +114,10 @@ class ScopeAdmin(admin.ModelAdmin):
             request, {**(extra_context or {}), "memory_counters": counters}
         )
 
-    @admin.action(description="Erase selected scopes (memories, links and audit trail)")
+    @admin.action(
+        description="Erase selected scopes (memories, links and audit trail)",
+        permissions=["erase"],
+    )
     @confirm_first(
         title="Erase these scopes?",
         consequences=[
@@ -130,6 +138,12 @@ class GlobalMemoryForm(forms.ModelForm):
     class Meta:
         model = GlobalMemory
         fields = ["owner", "content"]
+
+    def clean_content(self) -> str:
+        content = self.cleaned_data["content"]
+        if len(content) > MAX_FACT_CHARS:  # (the write service's limit: it was a 500)
+            raise forms.ValidationError(f"At most {MAX_FACT_CHARS:,} characters.")
+        return content
 
 
 @admin.register(GlobalMemory)

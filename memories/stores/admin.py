@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
 from django.db import transaction
@@ -114,6 +115,9 @@ class StoreForm(forms.ModelForm):
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
             raise forms.ValidationError(f"Not YAML or JSON{where}: {exc}") from None
+        except RecursionError:  # (nested past the parser's depth: it was a 500)
+            limit = settings.API_MAX_JSON_DEPTH
+            raise forms.ValidationError(f"Nested too deep: at most {limit} levels.") from None
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -362,7 +366,10 @@ class MemoryStoreAdmin(admin.ModelAdmin):
         if report is not None:
             self.message_user(request, f"Loaded {store.name}: {_load_summary(report)}.")
 
-    @admin.action(description="Load selected stores (a file store indexes changed files)")
+    @admin.action(
+        description="Load selected stores (a file store indexes changed files)",
+        permissions=["change"],
+    )
     def load_stores(self, request: HttpRequest, queryset: QuerySet[MemoryStore]) -> None:
         for store in queryset.select_related("knowledge_base"):
             self._load(request, store)
@@ -375,7 +382,10 @@ class MemoryStoreAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: MemoryStore) -> None:
         memory_store_delete(store=obj)
 
-    @admin.action(description="Delete selected stores with their items and attachments")
+    @admin.action(
+        description="Delete selected stores with their items and attachments",
+        permissions=["delete"],
+    )
     @confirm_first(
         title="Delete these memory stores?",
         consequences=[

@@ -1,0 +1,112 @@
+"""The admin follows Django's permissions and the service's rules (an operator's audit):
+a staff account that may only view runs no action that changes or deletes; an owner is
+fixed once a row exists (a budget or engine settings row keyed by its owner was
+overwritten with another owner's values, a flow moved away from its memory bases); and
+Django's delete is not offered where it would skip the service's own deletion (an
+erasure's purge and event, a key's revocation, a base's counters)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from core.models import APIKey, UsageBudget
+from core.services import api_key_create
+from knowledge.models import Chunk, KnowledgeBase
+from memories.bases.models import MemoryBase
+from memories.conversations.models import Flow, Message
+from memories.engine.models import EngineSettings
+from memories.facts.models import Scope
+from memories.facts.scopes import end_user_ensure
+from tests.conftest import record
+from tests.knowledge.factories import ingest, make_kb
+
+pytestmark = pytest.mark.django_db
+
+
+def test_every_admin_action_asks_for_more_than_view():
+    """Each action a model admin offers declares the permissions it needs, never view
+    alone (Django offers an action without ``permissions`` to every staff account that
+    can see the list)."""
+    bare = []
+    for model, model_admin in admin.site._registry.items():
+        if model._meta.app_label in ("auth", "django_q"):
+            continue
+        for name in model_admin.actions or ():
+            action = getattr(model_admin, name) if isinstance(name, str) else name
+            needs = set(getattr(action, "allowed_permissions", ()))
+            if not needs or needs == {"view"}:
+                bare.append(f"{model._meta.label}.{getattr(action, '__name__', name)}")
+    assert bare == []
+
+
+@pytest.fixture
+def viewer(db) -> Client:
+    user = User.objects.create_user("viewer", password="x", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__startswith="view_"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_a_view_only_account_runs_no_action(viewer, alice, memory_base):
+    scope = end_user_ensure(owner=alice, external_id="victim")
+    key, _ = api_key_create(owner=alice, name="kept")
+    kb = make_kb(alice, name="kept-kb")
+    runs = [
+        ("memories/scope", "erase", scope.pk),
+        ("core/apikey", "revoke_keys", key.pk),
+        ("knowledge/knowledgebase", "delete_with_chunks", kb.pk),
+        ("memory_bases/memorybase", "delete_with_knowledge_base", memory_base.pk),
+        ("memory_bases/memorybase", "regenerate", memory_base.pk),
+    ]
+    for path, action, pk in runs:
+        listing = viewer.get(f"/admin/{path}/")
+        assert listing.status_code == 200
+        assert f'value="{action}"' not in listing.content.decode()
+        viewer.post(f"/admin/{path}/", {"action": action, "_selected_action": [pk],
+                                        "confirmed": "yes"})  # fmt: skip
+    assert Scope.objects.filter(pk=scope.pk).exists()
+    assert APIKey.objects.get(pk=key.pk).revoked_at is None
+    assert KnowledgeBase.objects.filter(pk=kb.pk).exists()
+    assert MemoryBase.objects.filter(pk=memory_base.pk).exists()
+    assert not memory_base.jobs.exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "make"),
+    [
+        (UsageBudget, lambda owner: UsageBudget.objects.create(owner=owner, daily_tokens=1000)),
+        (EngineSettings, lambda owner: EngineSettings.objects.create(owner=owner)),
+        (Flow, lambda owner: Flow.objects.create(owner=owner, name="bot")),
+    ],
+)
+def test_an_owner_is_fixed_once_the_row_exists(admin_client, alice, bob, model, make):
+    row = make(alice)
+    model_admin = admin.site._registry[model]
+    request = admin_client.get("/admin/").wsgi_request
+    assert "owner" in model_admin.get_readonly_fields(request, row)
+    assert "owner" not in model_admin.get_form(request, row).base_fields
+    assert "owner" in model_admin.get_form(request, None).base_fields  # (chosen when added)
+
+
+def test_django_delete_is_not_offered_where_the_service_deletes(admin_client, alice, flow):
+    record(flow, "s1", "an answer worth keeping")
+    key, _ = api_key_create(owner=alice, name="kept")
+    kb = make_kb(alice, name="docs")
+    ingest(kb, ("d1", "a document"))
+    objects = [
+        ("conversations/flow", flow.pk),
+        ("conversations/message", Message.objects.first().pk),
+        ("core/apikey", key.pk),
+        ("knowledge/chunk", Chunk.objects.get(knowledge_base=kb).pk),
+    ]
+    for path, pk in objects:
+        assert admin_client.get(f"/admin/{path}/{pk}/delete/").status_code == 403
+        admin_client.post(f"/admin/{path}/", {"action": "delete_selected",
+                                              "_selected_action": [pk], "post": "yes"})  # fmt: skip
+    assert Flow.objects.filter(pk=flow.pk).exists() and Message.objects.exists()
+    assert APIKey.objects.filter(pk=key.pk).exists()
+    assert Chunk.objects.filter(knowledge_base=kb).count() == 1

@@ -1,0 +1,78 @@
+"""What the admin refuses is a form error or a message, never a 500, and nothing is
+changed (an operator's audit found five 500s)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.messages import get_messages
+
+from knowledge.models import KnowledgeBase
+from memories.bases.models import MemoryBase
+from memories.bases.services import memory_base_create
+from memories.facts.models import Fact
+from memories.stores.models import MemoryStore
+from tests.knowledge.factories import make_kb
+
+pytestmark = pytest.mark.django_db
+
+
+def _said(response) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def test_a_memory_base_renamed_to_a_name_its_owner_uses_is_a_form_error(
+    admin_client, alice, flow, memory_base
+):
+    other = memory_base_create(owner=alice, name="other-memory", flow=flow, threshold=3)
+    page = admin_client.get(f"/admin/memory_bases/memorybase/{other.pk}/change/")
+    form = page.context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if k in form.fields and v is not None}
+    data.update({"name": memory_base.name, "threshold": 3, "auto_capture": "on",
+                 "memorybasesession_set-TOTAL_FORMS": 0,
+                 "memorybasesession_set-INITIAL_FORMS": 0})  # fmt: skip
+    data = {k: v for k, v in data.items() if v is not False}
+    response = admin_client.post(f"/admin/memory_bases/memorybase/{other.pk}/change/", data)
+    assert response.status_code == 200
+    assert "already exists" in str(response.context["adminform"].form.errors)
+    assert MemoryBase.objects.get(pk=other.pk).name == "other-memory"
+
+
+def test_a_knowledge_base_renamed_to_a_name_its_owner_uses_is_a_form_error(admin_client, alice):
+    make_kb(alice, name="handbook")
+    kb = make_kb(alice, name="notes")
+    response = admin_client.post(f"/admin/knowledge/knowledgebase/{kb.pk}/change/",
+                                 {"name": "handbook", "description": ""})  # fmt: skip
+    assert response.status_code == 200
+    assert "already exists" in str(response.context["adminform"].form.errors)
+    assert KnowledgeBase.objects.get(pk=kb.pk).name == "notes"
+
+
+def test_a_global_memory_over_the_fact_limit_is_a_form_error(admin_client, alice):
+    response = admin_client.post("/admin/memories/globalmemory/add/",
+                                 {"owner": alice.pk, "content": "x" * 2001})  # fmt: skip
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {"content": ["At most 2,000 characters."]}
+    assert not Fact.objects.exists()
+
+
+def test_deleting_a_file_stores_knowledge_base_is_a_message(admin_client, alice):
+    kb = make_kb(alice, name="memory-store:files")
+    MemoryStore.objects.create(owner=alice, name="files", type="file", config={},
+                               knowledge_base=kb)  # fmt: skip
+    response = admin_client.post("/admin/knowledge/knowledgebase/",
+                                 {"action": "delete_with_chunks", "_selected_action": [kb.pk],
+                                  "confirmed": "yes"}, follow=True)  # fmt: skip
+    assert response.status_code == 200
+    assert any("belongs to memory store files" in said for said in _said(response))
+    assert KnowledgeBase.objects.filter(pk=kb.pk).exists()
+
+
+def test_a_store_config_nested_past_the_parsers_depth_is_a_form_error(admin_client, alice):
+    deep = "a: " + "[" * 2000 + "]" * 2000
+    response = admin_client.post("/admin/memory_stores/memorystore/add/",
+                                 {"owner": alice.pk, "name": "deep", "type": "simple",
+                                  "config": deep})  # fmt: skip
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert errors["config"] == ["Nested too deep: at most 64 levels."]
+    assert not MemoryStore.objects.exists()
