@@ -191,9 +191,14 @@ class APIKeyAdmin(NoDjangoDeleteMixin, admin.ModelAdmin):  # (revoked, never del
         button="Yes, revoke",
     )
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> None:
-        for api_key in queryset:
+        keys = list(queryset)
+        already = sum(1 for api_key in keys if api_key.revoked_at is not None)
+        for api_key in keys:
             api_key_revoke(api_key=api_key)
-        self.message_user(request, f"Revoked {queryset.count()} key(s).")
+        said = f"Revoked {len(keys) - already} key(s)."
+        if already:  # (counted apart: nothing happened to them)
+            said += f" {already} already revoked, unchanged."
+        self.message_user(request, said)
 
 
 # Repeated wrong passwords are refused unchecked for a while (core.login_throttle).

@@ -21,6 +21,7 @@ from core.admin_confirm import confirm_first, confirmation_page, is_confirmed
 from core.errors import ServiceError
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.bases.selectors import (
+    lost_sessions,
     memory_base_pending_total,
     session_status,
     sessions_with_status,
@@ -32,10 +33,20 @@ from memories.bases.services import (
     memory_base_regenerate,
 )
 
-MISMATCH_TEXT = (
-    "Mismatch detected: {processed} message(s) were processed but the knowledge base holds "
-    "no chunks. Press Regenerate… above to rebuild it."
-)
+MISMATCH_TEXT = "Mismatch detected: {what}. Press Regenerate… above to rebuild it."
+
+
+def mismatch_text(mb: MemoryBase) -> str:
+    """What is wrong, as the counters beside it show it: an empty knowledge base, or
+    sessions whose chunks are gone while others' remain."""
+    if not mb.chunk_total:
+        what = (
+            f"{mb.processed_total} message(s) were processed but the knowledge base holds no chunks"
+        )
+    else:
+        lost = lost_sessions(MemoryBaseSession.objects.filter(memory_base=mb)).count()
+        what = f"the chunks of {lost} processed session(s) are gone from the knowledge base"
+    return MISMATCH_TEXT.format(what=what)
 
 
 class MemoryBaseSessionInline(admin.TabularInline):
@@ -187,7 +198,7 @@ class MemoryBaseAdmin(admin.ModelAdmin):
         extra = dict(extra_context or {})
         if mb is not None:
             if mb.mismatch and request.method == "GET":
-                messages.warning(request, MISMATCH_TEXT.format(processed=mb.processed_total))
+                messages.warning(request, mismatch_text(mb))
             extra["counters"] = [
                 ("Sessions", mb.session_count),
                 ("Pending", memory_base_pending_total(memory_base=mb)),
@@ -204,13 +215,23 @@ class MemoryBaseAdmin(admin.ModelAdmin):
             if broken:
                 messages.warning(
                     request,
-                    f"Mismatch detected in {', '.join(broken)}: processed messages but no chunks. "
-                    "Open it and press Regenerate (or select it and run “Regenerate”).",
+                    f"Mismatch detected in {', '.join(broken)}: chunks of processed messages "
+                    "are missing. Open it and press Regenerate (or select it and run "
+                    "“Regenerate”).",
                 )
         return super().changelist_view(request, extra_context)
 
     def delete_model(self, request: HttpRequest, obj: MemoryBase) -> None:
         memory_base_delete(memory_base=obj)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """Django's delete page, naming the knowledge base that goes with each memory
+        base (``memory_base_delete``): it listed only the sessions and jobs."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        for mb in objs:
+            kb = mb.knowledge_base
+            deleted.append(f"Knowledge base: {kb.name} (and its {kb.chunk_count:,} chunks)")
+        return deleted, counts, perms_needed, protected
 
     # --- the change page's buttons ------------------------------------------------------
     def _object_or_404(self, request: HttpRequest, object_id: str) -> MemoryBase:

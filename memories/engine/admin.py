@@ -42,6 +42,9 @@ class PendingUpdateAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # (every field is the service's: Save changed nothing, said it did)
+
     @admin.display(description="scope", ordering="scope__path")
     def scope_label(self, update: PendingUpdate) -> str:
         label = update.scope.label
@@ -73,6 +76,9 @@ class FormationRunAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # (every field is the service's: Save changed nothing, said it did)
 
 
 def _table(head: list[str], rows: Any) -> str:

@@ -3,10 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -169,6 +169,20 @@ class GlobalMemoryAdmin(admin.ModelAdmin):
             facts=[FactIn(form.cleaned_data["content"], source_kind="api", source_ref="admin")],
         )  # fmt: skip
         obj.pk = decision.fact_id
+        obj._decision = decision  # type: ignore[attr-defined]  # (for response_add)
+
+    def response_add(self, request: HttpRequest, obj: Any, post_url_continue: Any = None) -> Any:
+        """A text the global memories hold already (word for word or in meaning) is not
+        added: said so, where Django would say "added successfully"."""
+        decision = getattr(obj, "_decision", None)
+        if decision is not None and decision.action != "add":
+            self.message_user(
+                request,
+                f"Not added ({decision.action}): the global memories already hold it.",
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(reverse("admin:memories_globalmemory_changelist"))
+        return super().response_add(request, obj, post_url_continue)
 
     def delete_model(self, request: HttpRequest, obj: Fact) -> None:
         fact_delete(

@@ -352,7 +352,8 @@ class MemoryStoreAdmin(admin.ModelAdmin):
         obj._state.adding, obj._state.db = False, saved._state.db
         transaction.on_commit(functools.partial(self._load, request, saved))
 
-    def _load(self, request: HttpRequest, store: MemoryStore) -> None:
+    def _load(self, request: HttpRequest, store: MemoryStore) -> bool:
+        """Load ``store``, saying how it went; False when its type loads nothing."""
         try:
             report = memory_store_load(store=store)
         except ServiceError as exc:
@@ -362,17 +363,23 @@ class MemoryStoreAdmin(admin.ModelAdmin):
                 "“Load selected stores” again.",
                 messages.ERROR,
             )
-            return
-        if report is not None:
-            self.message_user(request, f"Loaded {store.name}: {_load_summary(report)}.")
+            return True
+        if report is None:
+            return False
+        self.message_user(request, f"Loaded {store.name}: {_load_summary(report)}.")
+        return True
 
     @admin.action(
         description="Load selected stores (a file store indexes changed files)",
         permissions=["change"],
     )
     def load_stores(self, request: HttpRequest, queryset: QuerySet[MemoryStore]) -> None:
-        for store in queryset.select_related("knowledge_base"):
-            self._load(request, store)
+        idle = [store.name for store in queryset.select_related("knowledge_base")
+                if not self._load(request, store)]  # fmt: skip
+        if idle:  # (it said nothing, and the operator could not tell whether it ran)
+            self.message_user(
+                request, f"Nothing to load for {', '.join(idle)}: only a file store loads files."
+            )
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)

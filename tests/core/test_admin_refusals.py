@@ -76,3 +76,47 @@ def test_a_store_config_nested_past_the_parsers_depth_is_a_form_error(admin_clie
     errors = response.context["adminform"].form.errors
     assert errors["config"] == ["Nested too deep: at most 64 levels."]
     assert not MemoryStore.objects.exists()
+
+
+def test_revoking_keys_counts_only_what_it_revoked(admin_client, alice):
+    from core.models import AccessEvent, APIKey
+    from core.services import api_key_create, api_key_revoke
+
+    live, _ = api_key_create(owner=alice, name="live")
+    gone, _ = api_key_create(owner=alice, name="gone")
+    api_key_revoke(api_key=gone)
+    events = AccessEvent.objects.count()
+    response = admin_client.post("/admin/core/apikey/", {"action": "revoke_keys",
+                                 "_selected_action": [live.pk, gone.pk], "confirmed": "yes"},
+                                 follow=True)  # fmt: skip
+    assert _said(response) == ["Revoked 1 key(s). 1 already revoked, unchanged."]
+    assert APIKey.objects.get(pk=live.pk).revoked_at is not None
+    assert AccessEvent.objects.count() == events + 1
+
+
+def test_a_global_memory_already_held_is_not_said_to_be_added(admin_client, alice):
+    text = {"owner": alice.pk, "content": "The office closes at six"}
+    first = admin_client.post("/admin/memories/globalmemory/add/", text, follow=True)
+    assert any("was added successfully" in said for said in _said(first))
+    again = admin_client.post("/admin/memories/globalmemory/add/", text, follow=True)
+    assert _said(again) == ["Not added (duplicate): the global memories already hold it."]
+    assert Fact.objects.count() == 1
+
+
+def test_a_pending_update_page_offers_no_save(admin_client, alice, llm_settings):
+    from memories.engine.facade import MemoryEngine
+    from memories.engine.models import PendingUpdate
+
+    engine = MemoryEngine(owner=alice.pk, values={})
+    engine.flush(["user", "u1"], [{"role": "user", "content": "I moved to Porto"}])
+    update = PendingUpdate.objects.get()
+    html = admin_client.get(f"/admin/memory_engine/pendingupdate/{update.pk}/change/")
+    assert html.status_code == 200 and 'name="_save"' not in html.content.decode()
+
+
+def test_loading_a_store_that_loads_nothing_says_so(admin_client, alice):
+    store = MemoryStore.objects.create(owner=alice, name="notes", type="simple", config={})
+    response = admin_client.post("/admin/memory_stores/memorystore/",
+                                 {"action": "load_stores", "_selected_action": [store.pk]},
+                                 follow=True)  # fmt: skip
+    assert _said(response) == ["Nothing to load for notes: only a file store loads files."]

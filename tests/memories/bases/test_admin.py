@@ -192,3 +192,38 @@ def test_owners_are_usernames_on_every_admin_page(admin_client, alice, flow, mem
         "alice"
         in admin_client.get(f"/admin/knowledge/knowledgebase/{kb.pk}/change/").content.decode()
     )
+
+
+def test_a_mismatch_says_what_the_counters_show(admin_client, flow, memory_base):
+    """One session's chunks deleted behind the base's back, another's kept: the warning
+    said the knowledge base "holds no chunks" beside a count of 3 (an operator's audit)."""
+    record(flow, "s1", "a", "b", "c")
+    record(flow, "s2", "d", "e", "f")
+    Chunk.objects.filter(session_id="s1").delete()
+    response = admin_client.get(_change(memory_base))
+    assert _messages(response) == [(
+        "warning",
+        "Mismatch detected: the chunks of 1 processed session(s) are gone from the knowledge "
+        "base. Press Regenerate… above to rebuild it.",
+    )]  # fmt: skip
+    listing = admin_client.get(LIST)
+    assert [text for _, text in _messages(listing)] == [
+        "Mismatch detected in support-memory: chunks of processed messages are missing. Open "
+        "it and press Regenerate (or select it and run “Regenerate”)."
+    ]
+
+
+def test_the_delete_page_names_the_knowledge_base_that_goes_too(admin_client, memory_base):
+    html = admin_client.get(f"{LIST}{memory_base.pk}/delete/").content.decode()
+    assert f"Knowledge base: {memory_base.knowledge_base.name} (and its 0 chunks)" in html
+
+
+def test_a_view_only_account_sees_no_buttons(client, flow, memory_base):
+    from django.contrib.auth.models import Permission, User
+
+    viewer = User.objects.create_user("viewer", password="x", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename__startswith="view_"))
+    client.force_login(viewer)
+    html = client.get(_change(memory_base)).content.decode()
+    assert "support-memory" in html
+    assert "Sync now" not in html and "Regenerate…" not in html
