@@ -13,7 +13,7 @@ from core.admin_confirm import confirm_first
 from core.errors import InvalidInput
 from core.key_limits import LIMIT_NAMES, KeyLimits
 from core.login_throttle import ThrottledAdminLoginForm
-from core.models import AccessEvent, APIKey, UsageBudget, UsageDay
+from core.models import MAX_DAILY_TOKENS, AccessEvent, APIKey, UsageBudget, UsageDay
 from core.services import api_key_create, api_key_limits_clean, api_key_revoke
 from core.usage import Budget, budget_of
 
@@ -47,6 +47,9 @@ class APIKeyAddForm(forms.ModelForm):
     def clean(self):  # type: ignore[no-untyped-def]
         """The limits checked as the API checks them (the owner's ids, known tools)."""
         data = super().clean()
+        for name in LIMIT_NAMES:  # an empty field: not narrowed (the model's null)
+            if name in data and not data[name]:
+                data[name] = None
         owner = data.get("owner")
         given = {n: [str(v) for v in data[n]] for n in LIMIT_NAMES if data.get(n)}
         if owner is None:
@@ -245,8 +248,17 @@ class UsageDayAdmin(ReadOnlyAdmin):
         return f"{obj.tokens_in:,} / {obj.tokens_out:,}"
 
 
+class UsageBudgetForm(OwnerValidatedForm):
+    def clean_daily_tokens(self) -> int | None:
+        value = self.cleaned_data.get("daily_tokens")
+        if value is not None and not 0 <= value <= MAX_DAILY_TOKENS:  # (as PATCH /me)
+            raise forms.ValidationError(f"From 0 to {MAX_DAILY_TOKENS:,}, or empty.")
+        return value
+
+
 @admin.register(UsageBudget)
 class UsageBudgetAdmin(OwnerFixedAdmin):
+    form = UsageBudgetForm
     """Each owner's daily token budget for background work and what it spent today;
     deferred runs show when it ran out."""
 

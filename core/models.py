@@ -68,6 +68,9 @@ class MetricCounter(models.Model):
         return f"{self.name}={self.value}"
 
 
+# The largest daily token budget an owner can set (the API and the admin).
+MAX_DAILY_TOKENS = 10**15
+
 USAGE_KINDS = (
     ("extraction", "Fact extraction"),
     ("dream", "Dreams"),

@@ -11,7 +11,7 @@ from rest_framework import serializers
 from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from core.errors import InvalidInput
 from core.key_limits import key_limits_payload
-from core.models import USAGE_KINDS, APIKey
+from core.models import MAX_DAILY_TOKENS, USAGE_KINDS, APIKey
 from core.selectors import USAGE_GROUPS
 
 LIMIT_IDS = "Only these ids (an empty list: none); null: every one."
@@ -112,7 +112,7 @@ class MeSerializer(serializers.Serializer):
 
 class MeUpdateSerializer(serializers.Serializer):
     background_daily_tokens = StrictIntegerField(
-        min_value=0, max_value=10**15, allow_null=True, help_text=BUDGET_HELP
+        min_value=0, max_value=MAX_DAILY_TOKENS, allow_null=True, help_text=BUDGET_HELP
     )
 
 

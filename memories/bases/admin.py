@@ -19,6 +19,7 @@ from django.utils.timezone import localtime
 from core.admin import OwnerValidatedForm
 from core.admin_confirm import confirm_first, confirmation_page, is_confirmed
 from core.errors import ServiceError
+from memories.bases.api.serializers import MemoryBaseUpdateSerializer
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
 from memories.bases.selectors import (
     lost_sessions,
@@ -91,9 +92,29 @@ DELETE_CONSEQUENCES = [
 ]
 
 
+class MemoryBaseForm(OwnerValidatedForm):
+    """What the API's PATCH refuses, refused here too (a threshold of 2,147,483,647 was
+    saved, and the unchanged GET body then failed the PATCH); a name the owner uses is
+    a form error (``OwnerValidatedForm``)."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        given = {k: v for k, v in data.items() if k in CHANGEABLE and v is not None}
+        checked = MemoryBaseUpdateSerializer(data=given, context={"memory_base": self.instance})
+        if not checked.is_valid():
+            for field, errors in checked.errors.items():
+                for error in errors:
+                    self.add_error(field if field in self.fields else None, str(error))
+        return data
+
+
+CHANGEABLE = ("name", "threshold", "auto_capture", "preprocess", "preprocess_model",
+              "preprocess_instructions", "preprocess_kill_phrase")  # fmt: skip
+
+
 @admin.register(MemoryBase)
 class MemoryBaseAdmin(admin.ModelAdmin):
-    form = OwnerValidatedForm  # (a name taken by the same owner: a form error)
+    form = MemoryBaseForm
     list_display = [
         "name",
         "owner",

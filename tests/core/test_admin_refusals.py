@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.messages import get_messages
 
+from core.models import APIKey
 from knowledge.models import KnowledgeBase
 from memories.bases.models import MemoryBase
 from memories.bases.services import memory_base_create
@@ -120,3 +121,54 @@ def test_loading_a_store_that_loads_nothing_says_so(admin_client, alice):
                                  {"action": "load_stores", "_selected_action": [store.pk]},
                                  follow=True)  # fmt: skip
     assert _said(response) == ["Nothing to load for notes: only a file store loads files."]
+
+
+def _mb_form_data(admin_client, mb, **changes) -> dict:
+    page = admin_client.get(f"/admin/memory_bases/memorybase/{mb.pk}/change/")
+    form = page.context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if k in form.fields and v not in (None, False)}
+    data.update({"memorybasesession_set-TOTAL_FORMS": 0,
+                 "memorybasesession_set-INITIAL_FORMS": 0, **changes})  # fmt: skip
+    return data
+
+
+@pytest.mark.parametrize(
+    ("changes", "errors"),
+    [
+        ({"threshold": 2147483647},
+         {"threshold": ["Ensure this value is less than or equal to 100000."]}),
+        ({"threshold": 0}, {"threshold": ["Ensure this value is greater than or equal to 1."]}),
+        ({"preprocess_instructions": "x" * 10001},
+         {"preprocess_instructions": ["Ensure this field has no more than 10000 characters."]}),
+    ],
+)  # fmt: skip
+def test_the_admin_refuses_what_the_api_refuses(admin_client, memory_base, changes, errors):
+    """The admin saved a threshold the API refuses, so the unchanged GET body then
+    failed its PATCH; a threshold of 0 showed a raw constraint name."""
+    data = _mb_form_data(admin_client, memory_base, **changes)
+    response = admin_client.post(f"/admin/memory_bases/memorybase/{memory_base.pk}/change/",
+                                 data)  # fmt: skip
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == errors
+    memory_base.refresh_from_db()
+    assert memory_base.threshold == 3 and memory_base.preprocess_instructions == ""
+
+
+def test_a_budget_over_the_apis_limit_is_a_form_error(admin_client, alice):
+    response = admin_client.post("/admin/core/usagebudget/add/",
+                                 {"owner": alice.pk, "daily_tokens": 10**15 + 1})  # fmt: skip
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {
+        "daily_tokens": ["From 0 to 1,000,000,000,000,000, or empty."]
+    }
+
+
+def test_a_key_forms_other_error_brings_no_constraint_error(admin_client, alice):
+    """Any error of the add form also showed "Constraint apikey_scope_1_to_8_segments is
+    violated" though the scope was left empty."""
+    response = admin_client.post("/admin/core/apikey/add/", {"owner": alice.pk, "name": "k",
+                                 "tools": "no_such_tool"})  # fmt: skip
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["tools"]
+    assert not APIKey.objects.filter(name="k").exists()
