@@ -8,6 +8,7 @@ names the variable, instead of surfacing later as a confusing runtime error.
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from typing import Any
 
@@ -87,12 +88,23 @@ def read_env_file(text: str) -> dict[str, str]:
         name, value = name.strip(), value.strip()
         if not sep or not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise EnvError(f".env line {number} is not NAME=value: {raw!r}")
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        else:
-            value = value.split(" #", 1)[0].rstrip()
-        values[name] = value
+        values[name] = _env_value(value, number, raw)
     return values
+
+
+def _env_value(value: str, number: int, raw: str) -> str:
+    """A line's value: in quotes, what they hold (a comment may follow them); else the
+    text before a comment (`` #``, or ``#`` first: ``NAME=   # a note`` is empty, as
+    ``.env.example`` writes its blank settings)."""
+    if value[:1] in ("'", '"'):
+        end = value.find(value[0], 1)
+        rest = value[end + 1 :].strip() if end > 0 else "?"
+        if end < 0 or (rest and not rest.startswith("#")):
+            raise EnvError(f".env line {number}: a quoted value must end its line: {raw!r}")
+        return value[1:end]
+    if value.startswith("#"):
+        return ""
+    return re.split(r"\s#", value, maxsplit=1)[0].rstrip()
 
 
 def load_env_file(path: str) -> list[str]:

@@ -55,3 +55,31 @@ def test_a_management_command_reads_the_file_and_the_environment_wins(tmp_path):
     assert _command(tmp_path, str(local), LOG_LEVEL="ERROR") == "7/minute ERROR"
     assert _command(tmp_path, "") == "6000/minute INFO"  # no file
     assert _command(tmp_path, str(tmp_path / "missing.env")) == "6000/minute INFO"
+
+
+def test_blank_settings_with_a_note_are_blank_and_quotes_may_carry_a_note():
+    """``NAME=   # a note`` is how ``.env.example`` writes its blank settings: the note
+    was read as the value (the admin password among them), as was a quoted value's
+    quotes when a note followed them."""
+    text = 'A=   # a note\nB="quoted"  # a note\nC=value # a note\nD=a#b\nE=v\t# tab\n'
+    assert read_env_file(text) == {"A": "", "B": "quoted", "C": "value", "D": "a#b", "E": "v"}
+    with pytest.raises(EnvError, match="line 1: a quoted value must end its line"):
+        read_env_file('F="open\n')
+
+
+def test_the_example_file_copied_as_it_is_gives_the_defaults(tmp_path):
+    """The README and docs/operations.md say: copy .env.example to .env. Every command
+    then failed (DATABASE_REPLICA_URLS read as its note)."""
+    values = read_env_file((ROOT / ".env.example").read_text())
+    assert [name for name, value in values.items() if "#" in value] == []
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"} and k not in values}  # fmt: skip
+    env["MEMORY_ENV_FILE"] = str(ROOT / ".env.example")
+    read = ("import os; from django.conf import settings; print(repr((os.environ["
+            "'ADMIN_PASSWORD'], settings.LLM_BASE_URL, settings.METRICS_TOKEN, "
+            "settings.EMBEDDING_DIMENSIONS)))")  # fmt: skip
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c", read], cwd=tmp_path,
+                          env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "('', '', '', 384)"
