@@ -25,3 +25,10 @@ def send_scope_erased(*, sender: type, owner_id: int, scope_id: int, scope: list
     """Tell every room that keeps something of the scope to erase it (in the caller's
     transaction; a receiver's error aborts the erasure)."""
     scope_erased.send(sender=sender, owner_id=owner_id, scope_id=scope_id, scope=list(scope))
+
+
+# Sent by ``manage.py flush`` once it emptied every table and reset the sequences: owner
+# ids start again at 1, so what a room keeps outside the database under an owner's id
+# (the engine's journals) would be the next owner of that id's. Each such room deletes
+# it. (The test harness's flush keeps the sequences: nothing is sent.)
+everything_flushed = Signal()

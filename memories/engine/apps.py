@@ -21,7 +21,8 @@ class MemoryEngineConfig(AppConfig):
     health_sections = {"formation": "memories.engine.health.formation_health"}
 
     def ready(self) -> None:
-        from core.erasure import scope_erased
-        from memories.engine.erasure import scope_erase_engine_data
+        from core.erasure import everything_flushed, scope_erased
+        from memories.engine.erasure import all_files_delete, scope_erase_engine_data
 
         scope_erased.connect(scope_erase_engine_data, dispatch_uid="engine-scope-erasure")
+        everything_flushed.connect(all_files_delete, dispatch_uid="engine-flush")

@@ -59,6 +59,43 @@ def scope_files_delete(*, owner_id: int, scope: list[str]) -> int:
     return deleted
 
 
+def all_files_delete(**_: Any) -> int:
+    """Receiver of ``everything_flushed``: delete every owner's journals, ``MEMORY.md``
+    files and diaries (the tables are empty and owner ids start again)."""
+    store = files.storage()
+    deleted = 0
+    pending = list(FOLDERS)
+    while pending:
+        name = pending.pop()
+        try:
+            subfolders, names = store.listdir(name)
+        except FileNotFoundError:
+            continue
+        for file_name in names:
+            store.delete(f"{name}/{file_name}")
+            deleted += 1
+        pending.extend(f"{name}/{sub}" for sub in subfolders)
+    for folder in FOLDERS:
+        _remove_empty_tree(store, folder)
+    logger.info("flushed: deleted %d engine files", deleted)
+    return deleted
+
+
+def _remove_empty_tree(store: Any, name: str) -> None:
+    """``name``'s now empty folders, where the storage has local paths."""
+    import os
+
+    try:
+        top = store.path(name)
+    except NotImplementedError:
+        return
+    for path, _, _ in sorted(os.walk(top), key=lambda walked: -len(walked[0])):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
 def _remove_empty_folders(store: Any, name: str) -> None:
     """The scope's folder and its empty parents (a folder name can hold an end user's
     id); only for storages with local paths."""
