@@ -35,6 +35,8 @@ from ingestion.portability.common import FORMAT, VERSION, Ids, bad, dumps
 from memories.facts.scopes import owner_pk
 
 EMBED_BATCH = 256
+# The type of the line that closes an export (``end_line`` in its header).
+END = "end"
 
 
 def export_lines(*, owner: AbstractBaseUser | int, vectors: bool = True) -> Iterator[str]:
@@ -44,7 +46,9 @@ def export_lines(*, owner: AbstractBaseUser | int, vectors: bool = True) -> Iter
     yield json.dumps({
         "format": FORMAT, "version": VERSION, "exported_at": timezone.now().isoformat(),
         "embedding_model": EmbeddingConfig.from_settings().model, "vectors": vectors,
+        "end_line": True,
     })  # fmt: skip
+    count = 1
     for family in (
         knowledge.export(owner_id, vectors), conversations.export(owner_id),
         bases.export(owner_id), stores.export(owner_id, vectors),
@@ -52,6 +56,9 @@ def export_lines(*, owner: AbstractBaseUser | int, vectors: bool = True) -> Iter
     ):  # fmt: skip
         for line in family:
             yield dumps(line)
+            count += 1
+    # Last, the lines before it: a file cut at a line's end is told from a whole one.
+    yield dumps({"type": END, "lines": count})
 
 
 @dataclass
@@ -101,9 +108,13 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
     parsed = _File(facts.scope_map(scope_map))
     parsed.facts = facts.Facts(parsed.mapping)
     number = 0
+    ends = False  # the header says an end line closes the file
+    ended = 0  # the end line's number, once read
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        if ended:
+            raise bad(number, f"a line after the end line (line {ended})")
         try:
             obj = json.loads(raw)
         except ValueError:
@@ -119,10 +130,19 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
                 raise bad(1, f"not a {FORMAT} file of version {VERSION}: "
                              f"{obj.get('format')!r} version {obj.get('version')!r}")  # fmt: skip
             parsed.model = str(obj.get("embedding_model") or "")
+            ends = obj.get("end_line") is True
+            continue
+        if obj.get("type") == END:
+            if obj.get("lines") != number - 1:
+                raise bad(number, f"the end line counts {obj.get('lines')!r} lines before "
+                                  f"it, the file has {number - 1}")  # fmt: skip
+            ended = number
             continue
         parsed.read(obj, number)
     if number == 0:
         raise bad(1, "the file is empty")
+    if ends and not ended:  # (an export cut short at a line's end: written whole or not)
+        raise bad(number + 1, "the file ends before its end line: it was cut short")
     return parsed, number
 
 

@@ -173,8 +173,9 @@ def test_round_trip_of_a_fully_populated_owner(alice, bob, alice_client, bob_cli
         "knowledge_base": 2, "chunk": 4, "flow": 1, "message": 2, "node_memory": 1,
         "summary": 1, "memory_base": 1, "memory_base_session": 1, "memory_store": 1,
         "store_item": 1, "attachment": 1, "scope": 3, "fact": 4, "version": 3, "journal": 1,
-        "memory_md": 1,
+        "memory_md": 1, "end": 1,
     }  # fmt: skip
+    assert first[-1] == {"type": "end", "lines": len(first) - 1}
     # The other owner's database is as fresh as this one can be made: nothing of alice's
     # is left when bob imports (her files aside, which are hers by path).
     alice.delete()
@@ -351,7 +352,7 @@ def test_the_commands_export_and_import(alice, bob, tmp_path, capsys):
     _facts(alice)
     path = tmp_path / "alice.jsonl"
     call_command("export_memory", "alice", "--output", str(path))
-    assert len(path.read_text().splitlines()) == 11
+    assert len(path.read_text().splitlines()) == 12  # (the header, 10 lines, the end line)
     call_command("import_memory", "bob", str(path), "--scope-map", "org/acme=org/globex")
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["facts"] == 4
@@ -363,7 +364,8 @@ def test_the_commands_export_and_import(alice, bob, tmp_path, capsys):
 def test_the_export_holds_only_the_callers_data(alice, bob, bob_client):
     _populate(alice)
     lines = _export(bob_client)
-    assert len(lines) == 1  # the header alone
+    assert len(lines) == 2  # the header and the end line alone
+    assert lines[1] == {"type": "end", "lines": 1}
 
 
 def test_imported_facts_are_searchable_at_once_then_indexed(alice, bob, alice_client, bob_client):
@@ -396,3 +398,40 @@ def test_vectors_is_a_query_boolean_as_every_other(alice, alice_client):
         "vectors: true, false, 1 or 0",
         {"vectors": ["true, false, 1 or 0"]},
     )
+
+
+@pytest.mark.parametrize("cut", ["the end line", "the last record too"])
+def test_an_export_cut_at_a_lines_end_is_refused_and_nothing_is_written(
+    alice, bob, alice_client, bob_client, cut
+):
+    """An export cut at a line's end (a copy stopped, a full disk, ``head``) imported
+    what it held and said 200 (an operator's audit): its end line is missing now, and
+    the import is all or nothing, as the docs say."""
+    _facts(alice)
+    lines = _export(alice_client)
+    kept = lines[:-1] if cut == "the end line" else lines[:-2]
+    before = Fact.objects.filter(owner=bob).count()
+    response = _import(bob_client, kept)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_import"
+    assert error["message"].endswith("the file ends before its end line: it was cut short")
+    assert Fact.objects.filter(owner=bob).count() == before
+
+
+def test_an_end_line_that_miscounts_or_is_not_last_is_refused(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    lines = _export(alice_client)
+    miscounted = [*lines[:-1], {"type": "end", "lines": len(lines)}]
+    assert "the end line counts" in _import(bob_client, miscounted).json()["error"]["message"]
+    after = [*lines, lines[1]]
+    assert "a line after the end line" in _import(bob_client, after).json()["error"]["message"]
+    assert not Fact.objects.filter(owner=bob).exists()
+
+
+def test_an_export_made_before_the_end_line_still_imports(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    lines = _export(alice_client)
+    header = {k: v for k, v in lines[0].items() if k != "end_line"}
+    response = _import(bob_client, [header, *lines[1:-1]])
+    assert response.status_code == 200 and response.json()["facts"] == 4
