@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.audit import access_record
-from core.errors import InvalidInput
+from core.errors import Conflict, InvalidInput
 from core.key_limits import (
     LIMIT_NAMES,
     RESOURCE_KINDS,
@@ -128,6 +128,12 @@ def admin_ensure(*, username: str = "admin", password: str | None = None) -> str
     user_model = get_user_model()
     if user_model.objects.filter(is_superuser=True).exists():
         return None
+    if user_model.objects.filter(username=username).exists():  # (an owner: never promoted)
+        raise Conflict(
+            f"a user named {username!r} exists and is no superuser (an API owner made by "
+            "create_api_key --create-user?): set ADMIN_USERNAME to another name, or make "
+            "a superuser with manage.py createsuperuser"
+        )
     password = password or secrets.token_urlsafe(12)
     user_model.objects.create_superuser(username=username, email="", password=password)
     return password

@@ -153,7 +153,10 @@ def database_from_url(url: str, *, conn_max_age: int, name: str = "DATABASE_URL"
     parts = urllib.parse.urlsplit(url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
     if "," not in hosts:
-        return dict(dj_database_url.parse(url, conn_max_age=conn_max_age, engine=ENGINE))
+        try:
+            return dict(dj_database_url.parse(url, conn_max_age=conn_max_age, engine=ENGINE))
+        except ValueError as exc:  # (its errors name no variable: UnknownSchemeError...)
+            raise EnvError(f"{name} is not a database URL ({exc})") from None
     if parts.scheme not in ("postgres", "postgresql"):
         raise EnvError(f"{name} with several hosts must be postgresql://, not {parts.scheme}://")
     names, ports = [], []

@@ -304,7 +304,7 @@ API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "6000/minute")
 CHAT_THROTTLE_RATE = env_str("CHAT_THROTTLE_RATE", "600/minute")
 # Where the counts live: "throttle" is a per-process memory cache (no query per request;
 # W web workers allow up to W x the rate); name a shared cache in CACHES for exact limits.
-API_THROTTLE_CACHE = env_str("API_THROTTLE_CACHE", "throttle")
+API_THROTTLE_CACHE = env_choice("API_THROTTLE_CACHE", "throttle", tuple(CACHES))
 for _rate in ("API_THROTTLE_RATE", "CHAT_THROTTLE_RATE"):
     if globals()[_rate] and not re.fullmatch(
         r"\d+/(second|minute|hour|day|[smhd])", globals()[_rate]

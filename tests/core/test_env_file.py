@@ -83,3 +83,36 @@ def test_the_example_file_copied_as_it_is_gives_the_defaults(tmp_path):
                           timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "('', '', '', 384)"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("EMBEDDING_DIMENSIONS", "38a", "EMBEDDING_DIMENSIONS must be an integer, got '38a'"),
+        ("API_THROTTLE_CACHE", "nope",
+         "API_THROTTLE_CACHE must be one of default, throttle, got 'nope'"),
+        ("DATABASE_URL", "notaurl", "DATABASE_URL is not a database URL (Scheme '://' is"),
+    ],
+)  # fmt: skip
+def test_a_bad_setting_stops_a_command_with_one_line_naming_it(tmp_path, name, value, said):
+    """A bad value was a 30-line traceback (and DATABASE_URL's did not name it); an
+    unknown API_THROTTLE_CACHE passed start-up, then every API request was a 500."""
+    env = {k: v for k, v in os.environ.items() if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"}}
+    env.update({"MEMORY_ENV_FILE": "", name: value})
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"configuration error: {said}")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_embedded_db_status_reports_a_stopped_server_and_starts_none(tmp_path):
+    """``status`` ran what ``start`` runs: it started a stopped server (undoing a
+    ``make db-stop`` before a cold copy) and never said "not running"."""
+    env = {k: v for k, v in os.environ.items() if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"}}
+    env.update({"MEMORY_ENV_FILE": "", "MEMORY_DATA_DIR": str(tmp_path),
+                "DATABASE_URL": "", "EMBEDDED_DB_NAME": "memory"})  # fmt: skip
+    done = subprocess.run([sys.executable, "manage.py", "embedded_db", "status"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (done.returncode, done.stderr.strip()) == (1, "CommandError: not running")
+    assert not (tmp_path / "pgdata").exists()

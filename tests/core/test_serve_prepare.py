@@ -77,3 +77,21 @@ def _prepare_and_close() -> None:
 def _conninfo() -> str:
     db = connection.settings_dict
     return f"host={db['HOST']} port={db['PORT']} user={db['USER']} dbname={db['NAME']}"
+
+
+@pytest.mark.django_db
+def test_an_owner_named_as_the_admin_is_refused_in_one_line_and_not_promoted():
+    """``create_api_key admin --create-user`` made an API owner named admin; serve then
+    failed to start with an IntegrityError's traceback (an operator's audit). It stops
+    with one line, and the owner is not made a superuser."""
+    from django.contrib.auth.models import User
+
+    from core.errors import Conflict
+    from core.services import admin_ensure
+
+    User.objects.create_user("admin")
+    with pytest.raises(Conflict, match="a user named 'admin' exists and is no superuser"):
+        admin_ensure(username="admin")
+    assert not User.objects.filter(is_superuser=True).exists()
+    assert admin_ensure(username="root") is not None  # (another name: made as before)
+    assert User.objects.get(is_superuser=True).username == "root"

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from core.embedded_pg import ensure_embedded_postgres, stop_embedded_postgres
+from core.embedded_pg import (
+    ensure_embedded_postgres,
+    postmaster_running,
+    stop_embedded_postgres,
+)
 
 
 class Command(BaseCommand):
@@ -23,6 +28,11 @@ class Command(BaseCommand):
             stopped = stop_embedded_postgres(settings.DATA_DIR)
             self.stdout.write("stopped" if stopped else "not running")
             return
+        if action == "status" and not postmaster_running(
+            Path(settings.DATA_DIR).resolve() / "pgdata"
+        ):
+            # (it started the server: undoing a db-stop before a cold copy)
+            raise CommandError("not running")
         info = ensure_embedded_postgres(
             settings.DATA_DIR, dbname=settings.DATABASES["default"]["NAME"]
         )

@@ -9,10 +9,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.db import advisory_session_lock_wait
 from core.db_recovery import watch_embedded
+from core.errors import Conflict
 from core.qcluster import QclusterProgram
 from core.services import admin_ensure
 from core.supervisor import Program, Supervisor
@@ -51,7 +52,10 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("createcachetable", verbosity=0)
         username = os.environ.get("ADMIN_USERNAME", "admin")
-        password = admin_ensure(username=username, password=os.environ.get("ADMIN_PASSWORD"))
+        try:
+            password = admin_ensure(username=username, password=os.environ.get("ADMIN_PASSWORD"))
+        except Conflict as exc:  # (it was an IntegrityError's traceback)
+            raise CommandError(str(exc)) from None
         if password:
             self.stdout.write(self.style.WARNING("Created the admin user (shown once):"))
             self.stdout.write(f"  username: {username}\n  password: {password}")
