@@ -401,6 +401,9 @@ BYPASS_SITES = {
     ("core/selectors.py", 'tenancy.bypass("api key lookup")'),  # whose key it is
     ("core/views.py", 'tenancy.bypass("healthz")'),  # a staff session's report
     ("core/views.py", 'tenancy.bypass("metrics")'),  # counts across owners
+    # start-up checks: which embedding configurations the bases and stores hold
+    ("knowledge/checks.py", 'tenancy.bypass("system check: knowledge bases\' embedding")'),
+    ("memories/stores/checks.py", 'tenancy.bypass("system check: memory stores\' embedding")'),
     ("knowledge/tasks.py", '@maintenance("task index_pending_chunks")'),
     ("knowledge/tasks.py", '@maintenance("task ingest_jobs_sweep")'),
     ("memories/facts/tasks.py", '@maintenance("task index_pending_facts")'),
