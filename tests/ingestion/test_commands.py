@@ -54,3 +54,11 @@ def test_errors(flow, memory_base):
         _call("nope")
     with pytest.raises(CommandError, match="no session 'zz'"):
         _call(memory_base.name, "--session", "zz")
+
+
+def test_an_id_of_another_owners_base_is_no_base_of_the_owner_named(flow, memory_base, bob):
+    """``--owner bob`` with alice's memory base id showed (and would have rebuilt)
+    alice's base (an operator's audit); ``index_files`` refuses the same case."""
+    with pytest.raises(CommandError, match="No memory base"):
+        _call(str(memory_base.pk), "--owner", "bob", "--dry-run")
+    assert "Dry run" in _call(str(memory_base.pk), "--owner", "alice", "--dry-run")

@@ -88,13 +88,13 @@ class Command(BaseCommand):
 
     def _resolve(self, value: str, owner: str | None) -> MemoryBase:
         qs = MemoryBase.objects.select_related("knowledge_base")
+        if owner:  # (an id of another owner's base is no base of this owner's either)
+            qs = qs.filter(owner__username=owner)
         try:
             return qs.get(pk=uuid.UUID(value))
         except (ValueError, MemoryBase.DoesNotExist):
             pass
         matches = qs.filter(name=value)
-        if owner:
-            matches = matches.filter(owner__username=owner)
         found = list(matches[:2])
         if not found:
             raise CommandError(f"No memory base {value!r}.")
