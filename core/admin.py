@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -95,12 +97,24 @@ class OwnerFixedAdmin(admin.ModelAdmin):
 
 
 class NoDjangoDeleteMixin:
-    """Django's delete is not offered: it would skip what the service's own deletion
-    does (an erasure's purge of chunks and files and its audit event, a key's
-    revocation event). The API's and the other actions' deletions remain."""
+    """Django's delete of these rows is not offered (no delete page, button or bulk
+    action): it would skip what the service's own deletion does (an erasure's purge of
+    chunks and files and its audit event, a key's revocation event). The permission
+    itself stays, so deleting what holds them (a knowledge base and its chunks, through
+    its service) is not refused for their sake."""
 
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)  # type: ignore[misc]
+        actions.pop("delete_selected", None)
+        return actions
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        raise PermissionDenied
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: Any = None) -> Any:  # fmt: skip
+        extra = {**(extra_context or {}), "show_delete": False}
+        return super().change_view(request, object_id, form_url, extra)  # type: ignore[misc]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -258,9 +272,10 @@ class UsageBudgetForm(OwnerValidatedForm):
 
 @admin.register(UsageBudget)
 class UsageBudgetAdmin(OwnerFixedAdmin):
-    form = UsageBudgetForm
     """Each owner's daily token budget for background work and what it spent today;
     deferred runs show when it ran out."""
+
+    form = UsageBudgetForm
 
     list_display = ["owner", "own_budget", "in_force", "spent_today", "deferred_at",
                     "runs_deferred"]  # fmt: skip

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html
 
-from core.admin import OwnerValidatedForm
+from core.admin import NoDjangoDeleteMixin, OwnerValidatedForm
 from core.admin_confirm import confirm_first
 from core.errors import ServiceError
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
@@ -126,7 +126,9 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
 
 
 @admin.register(Chunk)
-class ChunkAdmin(admin.ModelAdmin):
+class ChunkAdmin(NoDjangoDeleteMixin, admin.ModelAdmin):
+    # (a read-only browser: a chunk deleted here left its base's counters stale and a
+    # memory base mismatched; chunks go with their document, session or base)
     """A read-only chunk browser. The embedding is never loaded or rendered."""
 
     # Few narrow columns so the text gets the width (source type is a filter; the
@@ -157,11 +159,6 @@ class ChunkAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Chunk | None = None) -> bool:
-        # A read-only browser: a chunk deleted here left its base's counters stale (and
-        # a memory base mismatched); chunks go with their document, session or base.
         return False
 
     @admin.display(description="source key", ordering="source_key")

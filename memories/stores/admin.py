@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
 from django.db import transaction
@@ -27,9 +26,11 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from core.admin_confirm import confirm_first
+from core.api.parsers import UnstorableInput, check_parsed, too_deep, unstorable_message
 from core.errors import NameTaken, ServiceError
 from core.validation import NODE_ID
 from memories.conversations.models import Flow
+from memories.stores.api.parsers import yaml_load
 from memories.stores.config import attached_twice, attachment_validate, attachment_write_check
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
 from memories.stores.registry import store_type, store_types
@@ -110,14 +111,17 @@ class StoreForm(forms.ModelForm):
     def clean_config(self) -> dict[str, Any]:
         text = self.cleaned_data.get("config") or ""
         try:
-            value = yaml.safe_load(text) if text.strip() else {}
+            value = yaml_load(text) if text.strip() else {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
             raise forms.ValidationError(f"Not YAML or JSON{where}: {exc}") from None
-        except RecursionError:  # (nested past the parser's depth: it was a 500)
-            limit = settings.API_MAX_JSON_DEPTH
-            raise forms.ValidationError(f"Nested too deep: at most {limit} levels.") from None
+        except RecursionError:  # (nested past the parser's own depth: it was a 500)
+            raise forms.ValidationError(unstorable_message(too_deep())) from None
+        try:  # (what the API's parsers refuse: too deep, NaN, NUL...)
+            check_parsed(value)
+        except UnstorableInput as exc:
+            raise forms.ValidationError(unstorable_message(exc)) from None
         if value is None:
             return {}
         if not isinstance(value, dict):

@@ -110,3 +110,17 @@ def test_django_delete_is_not_offered_where_the_service_deletes(admin_client, al
     assert Flow.objects.filter(pk=flow.pk).exists() and Message.objects.exists()
     assert APIKey.objects.filter(pk=key.pk).exists()
     assert Chunk.objects.filter(knowledge_base=kb).count() == 1
+
+
+def test_what_holds_those_rows_is_still_deleted_through_its_page(admin_client, alice):
+    """Refusing Django's delete of chunks (or keys) must not refuse, for their sake, the
+    delete of what holds them: Django's delete page checks every row it cascades to."""
+    kb = make_kb(alice, name="docs")
+    ingest(kb, ("d1", "a document"))
+    page = admin_client.get(f"/admin/knowledge/knowledgebase/{kb.pk}/delete/")
+    assert page.status_code == 200 and not page.context["perms_lacking"]
+    admin_client.post(f"/admin/knowledge/knowledgebase/{kb.pk}/delete/", {"post": "yes"})
+    assert not KnowledgeBase.objects.filter(pk=kb.pk).exists() and not Chunk.objects.exists()
+    api_key_create(owner=alice, name="kept")
+    page = admin_client.get(f"/admin/auth/user/{alice.pk}/delete/")
+    assert page.status_code == 200 and "API key" not in page.context["perms_lacking"]

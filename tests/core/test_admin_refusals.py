@@ -75,7 +75,7 @@ def test_a_store_config_nested_past_the_parsers_depth_is_a_form_error(admin_clie
                                   "config": deep})  # fmt: skip
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
-    assert errors["config"] == ["Nested too deep: at most 64 levels."]
+    assert errors["config"] == ["body: JSON may be nested at most 64 levels deep."]
     assert not MemoryStore.objects.exists()
 
 
@@ -172,3 +172,16 @@ def test_a_key_forms_other_error_brings_no_constraint_error(admin_client, alice)
     errors = response.context["adminform"].form.errors
     assert list(errors) == ["tools"]
     assert not APIKey.objects.filter(name="k").exists()
+
+
+def test_a_store_config_past_the_apis_depth_or_with_nan_is_a_form_error(admin_client, alice):
+    """The admin checked only Python's recursion limit: 65 to ~900 levels were saved,
+    and a YAML .nan too, where the API refuses both."""
+    for config, said in (("a: " + "[" * 100 + "]" * 100, "nested at most 64 levels deep"),
+                         ("a: .nan", "Numbers must be finite (NaN is no number).")):  # fmt: skip
+        response = admin_client.post("/admin/memory_stores/memorystore/add/",
+                                     {"owner": alice.pk, "name": "deep", "type": "simple",
+                                      "config": config})  # fmt: skip
+        assert response.status_code == 200
+        assert said in response.context["adminform"].form.errors["config"][0]
+    assert not MemoryStore.objects.exists()
