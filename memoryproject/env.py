@@ -76,7 +76,8 @@ def env_list(name: str, default: list[str]) -> list[str]:
 def read_env_file(text: str) -> dict[str, str]:
     """``KEY=value`` lines of a ``.env`` file (as docker compose reads one): blank lines
     and ``#`` comments skipped, an optional ``export``, values optionally in single or
-    double quotes (kept as written inside), an unquoted value's `` #`` comment dropped.
+    double quotes (kept as written inside; a comment may follow them), an unquoted
+    value's comment (from a ``#`` after white space) dropped.
     A line that is none of these is an ``EnvError`` naming it."""
     values: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -85,25 +86,27 @@ def read_env_file(text: str) -> dict[str, str]:
             continue
         line = line.removeprefix("export ").lstrip()
         name, sep, value = line.partition("=")
-        name, value = name.strip(), value.strip()
+        name = name.strip()
         if not sep or not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise EnvError(f".env line {number} is not NAME=value: {raw!r}")
         values[name] = _env_value(value, number, raw)
     return values
 
 
-def _env_value(value: str, number: int, raw: str) -> str:
-    """A line's value: in quotes, what they hold (a comment may follow them); else the
-    text before a comment (`` #``, or ``#`` first: ``NAME=   # a note`` is empty, as
-    ``.env.example`` writes its blank settings)."""
+def _env_value(text: str, number: int, raw: str) -> str:
+    """A line's value (``text``: all after ``=``): in quotes, what they hold (a comment
+    may follow them); else the text before a comment, which starts at a ``#`` after
+    white space (``NAME=   # a note`` is empty, as ``.env.example`` writes its blank
+    settings; ``NAME=#abc`` is ``#abc``)."""
+    if re.match(r"\s+#", text):
+        return ""
+    value = text.strip()
     if value[:1] in ("'", '"'):
         end = value.find(value[0], 1)
         rest = value[end + 1 :].strip() if end > 0 else "?"
         if end < 0 or (rest and not rest.startswith("#")):
             raise EnvError(f".env line {number}: a quoted value must end its line: {raw!r}")
         return value[1:end]
-    if value.startswith("#"):
-        return ""
     return re.split(r"\s#", value, maxsplit=1)[0].rstrip()
 
 

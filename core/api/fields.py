@@ -29,8 +29,20 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+# A boolean as text (a query parameter, a form field): these words, in any case.
+QUERY_TRUE, QUERY_FALSE = ("true", "1"), ("false", "0")
+QUERY_BOOLEAN = "true, false, 1 or 0"
+
+
+def query_boolean(text: str) -> bool | None:
+    """``text`` as a boolean (None: it is none of the words)."""
+    word = text.strip().lower()
+    return True if word in QUERY_TRUE else False if word in QUERY_FALSE else None
+
+
 def _from_query(field: serializers.Field) -> bool:
-    """Whether ``field`` reads query parameters (text, whatever they say)."""
+    """Whether ``field`` reads text: query parameters, or a form or multipart body (a
+    ``QueryDict`` either way), where ``"3"`` is how a number is written."""
     return isinstance(getattr(field.root, "initial_data", None), QueryDict)
 
 
@@ -39,13 +51,19 @@ class StrictBooleanField(serializers.BooleanField):
     BooleanField reads it as False, and code that looked at the raw body saw a truthy
     string). Query parameters are text, so there ``true``/``false``/``1``/``0`` stay."""
 
-    default_error_messages = {"invalid": "Must be a boolean (true or false)."}
+    default_error_messages = {
+        "invalid": "Must be a boolean (true or false).",
+        "invalid_text": f"Must be {QUERY_BOOLEAN}.",
+    }
 
     def to_internal_value(self, data: Any) -> bool:
         if isinstance(data, bool):
             return data
-        if _from_query(self):
-            return super().to_internal_value(data)
+        if _from_query(self):  # (DRF's own took yes/no/on/off too: one set of words)
+            read = query_boolean(str(data))
+            if read is not None:
+                return read
+            self.fail("invalid_text")
         self.fail("invalid", input=data)
         raise AssertionError  # fail() raises
 

@@ -8,7 +8,13 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
-from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from core.api.fields import (
+    QUERY_BOOLEAN,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    query_boolean,
+)
 from core.errors import InvalidInput
 from core.key_limits import key_limits_payload
 from core.models import MAX_DAILY_TOKENS, USAGE_KINDS, APIKey
@@ -230,19 +236,17 @@ def refuse_unknown(data: Any, fields: Collection[str]) -> None:
             raise serializers.ValidationError({key: f"Unknown field {key}." for key in unknown})
 
 
-QUERY_TRUE, QUERY_FALSE = ("true", "1"), ("false", "0")
-
-
 def query_flag(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
     """A query parameter's boolean, as the docs say they are written: ``true``/``false``/
-    ``1``/``0``. Another word (``yes``, a typo) is a 400 naming it, not the default."""
+    ``1``/``0`` (the words ``StrictBooleanField`` takes). Another word (``yes``, a typo)
+    is a 400 naming it, not the default."""
     raw = params.get(name)
     if raw is None:
         return default
-    if raw in QUERY_TRUE or raw in QUERY_FALSE:
-        return raw in QUERY_TRUE
-    said = "true, false, 1 or 0"
-    raise InvalidInput(f"{name}: {said}", details={name: [said]})
+    read = query_boolean(str(raw))
+    if read is None:
+        raise InvalidInput(f"{name}: {QUERY_BOOLEAN}", details={name: [QUERY_BOOLEAN]})
+    return read
 
 
 def refuse_changes(

@@ -110,9 +110,11 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
     number = 0
     ends = False  # the header says an end line closes the file
     ended = 0  # the end line's number, once read
+    read = 0  # the lines read, blank ones left out (as the end line counts them)
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        read += 1
         if ended:
             raise bad(number, f"a line after the end line (line {ended})")
         try:
@@ -133,9 +135,9 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
             ends = obj.get("end_line") is True
             continue
         if obj.get("type") == END:
-            if obj.get("lines") != number - 1:
+            if obj.get("lines") != read - 1:
                 raise bad(number, f"the end line counts {obj.get('lines')!r} lines before "
-                                  f"it, the file has {number - 1}")  # fmt: skip
+                                  f"it, the file has {read - 1}")  # fmt: skip
             ended = number
             continue
         parsed.read(obj, number)

@@ -10,8 +10,9 @@ a2wsgi. Three traps, found by running it (see the commit and README):
 - the SDK's DNS-rebinding guard only accepts a 127.0.0.1/localhost Host: it is off, and
   Django's ALLOWED_HOSTS checks the Host as for every other endpoint.
 
-The view authenticates the Bearer key like every API view, then hands the untouched WSGI
-environ (body unread) to a2wsgi; the owner travels in the environ to a contextvar.
+The view authenticates the Bearer key like every API view, reads the body (to refuse what
+is no JSON-RPC request MCP takes, ``jsonrpc_refusal``), puts it back in the WSGI environ and
+hands the environ to a2wsgi; the owner travels in the environ to a contextvar.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ class MCPView(APIView):
         },
     )
     def post(self, request: Request) -> HttpResponse | StreamingHttpResponse:
-        environ = request._request.META  # the WSGI environ; the body is unread: a2wsgi reads it
+        environ = request._request.META  # the WSGI environ; the body is read below (_body)
         # The SDK answers a missing body or Content-Type with a text/plain 400 that no
         # client can parse: refuse them here, in the API's JSON error shape.
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()

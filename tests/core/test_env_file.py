@@ -61,8 +61,10 @@ def test_blank_settings_with_a_note_are_blank_and_quotes_may_carry_a_note():
     """``NAME=   # a note`` is how ``.env.example`` writes its blank settings: the note
     was read as the value (the admin password among them), as was a quoted value's
     quotes when a note followed them."""
-    text = 'A=   # a note\nB="quoted"  # a note\nC=value # a note\nD=a#b\nE=v\t# tab\n'
-    assert read_env_file(text) == {"A": "", "B": "quoted", "C": "value", "D": "a#b", "E": "v"}
+    text = 'A=   # a note\nB="quoted"  # a note\nC=value # a note\nD=a#b\nE=v\t# tab\nF=#s3cret\n'
+    assert read_env_file(text) == {
+        "A": "", "B": "quoted", "C": "value", "D": "a#b", "E": "v", "F": "#s3cret"
+    }  # fmt: skip
     with pytest.raises(EnvError, match="line 1: a quoted value must end its line"):
         read_env_file('F="open\n')
 

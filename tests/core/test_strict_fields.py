@@ -137,3 +137,19 @@ def test_query_parameters_stay_text_that_reads_as_a_number(alice_client):
     refused = alice_client.get("/api/v1/users/u1/memories/search", {"q": "tea", "limit": "five"})
     assert refused.status_code == 400
     assert refused.json()["error"]["details"] == {"limit": ["Must be a whole number."]}
+
+
+def test_a_query_boolean_takes_the_documented_words_and_no_other(alice_client):
+    """DRF's own reading took yes/no/on/off too, where ``query_flag`` (``download``,
+    ``vectors``) refused them: one set of words, in any case, everywhere."""
+    made = alice_client.post("/api/v1/engine/facts", {"scope": ["user", "u1"],
+                             "content": "User likes tea"}, format="json")  # fmt: skip
+    assert made.status_code == 201
+    url = "/api/v1/users/u1/memories/search"
+    for word in ("true", "TRUE", "1", "false", "0"):
+        assert alice_client.get(url, {"q": "tea", "include_globals": word}).status_code == 200
+    refused = alice_client.get(url, {"q": "tea", "include_globals": "yes"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["details"] == {
+        "include_globals": ["Must be true, false, 1 or 0."]
+    }

@@ -427,6 +427,8 @@ def test_an_end_line_that_miscounts_or_is_not_last_is_refused(alice, bob, alice_
     after = [*lines, lines[1]]
     assert "a line after the end line" in _import(bob_client, after).json()["error"]["message"]
     assert not Fact.objects.filter(owner=bob).exists()
+    spaced = [lines[0], "", *lines[1:-1], "  ", lines[-1]]  # (blank lines are not counted)
+    assert _import(bob_client, spaced).status_code == 200
 
 
 def test_an_export_made_before_the_end_line_still_imports(alice, bob, alice_client, bob_client):

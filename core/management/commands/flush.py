@@ -5,20 +5,29 @@ would otherwise read the journal of the last one."""
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.commands.flush import Command as DjangoCommand
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from core.erasure import everything_flushed
 from core.management.table_owner import as_table_owner
 
+PROMPT = """You have requested a flush of the database.
+This will IRREVERSIBLY DESTROY all data currently in the "%s" database,
+and return each table to an empty state, and delete the files kept under owner ids.
+Are you sure you want to do this?
+
+    Type 'yes' to continue, or 'no' to cancel: """
+
 
 class Command(as_table_owner(DjangoCommand, secure=False)):  # type: ignore[misc]
     def handle(self, *args: Any, **options: Any) -> Any:
+        if options.get("interactive"):  # (asked here: Django's own answer is not told)
+            name = connections[options.get("database") or DEFAULT_DB_ALIAS].settings_dict["NAME"]
+            if input(PROMPT % name) != "yes":
+                self.stdout.write("Flush cancelled.")
+                return None
+            options["interactive"] = False
         result = super().handle(*args, **options)
-        model = get_user_model()
-        if (
-            options.get("reset_sequences", True)
-            and not model.objects.using(options.get("database") or "default").exists()
-        ):  # (not a flush the operator declined)
+        if options.get("reset_sequences", True):
             everything_flushed.send(sender=Command)
         return result

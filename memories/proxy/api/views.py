@@ -232,7 +232,7 @@ class MemoryToolsChatView(ChatCompletionsView):
         external_id = self._external_id(request, body.data)
         if opt_in and not external_id:
             said = "needs an end user: send the X-OpenWebUI-User-Id header or the user field"
-            raise InvalidInput(f"memory_tools {said}", details={"memory_tools": [said]})
+            raise InvalidInput(f"memory_tools: {said}", details={"memory_tools": [said]})
         runs = bool(external_id) and (
             opt_in if opt_in is not None else memory_tools_enabled(owner=request.user.pk)
         )

@@ -61,3 +61,12 @@ def test_a_flush_that_keeps_the_ids_keeps_the_files(engine_storage):  # noqa: F8
     _journal(owner.pk)
     call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
     assert len(list(engine_storage.rglob("*.md"))) == 2
+
+
+def test_a_declined_flush_deletes_nothing(engine_storage, monkeypatch):  # noqa: F811
+    """(It decided from "no user is left", which a declined flush of a database without
+    users also met.)"""
+    _journal(7)
+    monkeypatch.setattr("builtins.input", lambda prompt: "no")
+    call_command("flush", interactive=True, verbosity=0)
+    assert len(list(engine_storage.rglob("*.md"))) == 2

@@ -180,7 +180,7 @@ def test_opt_in_needs_an_end_user_and_the_owners_setting_turns_it_on(
         headers={"Authorization": f"Bearer {key}"},
     )
     assert refused.status_code == 400
-    assert refused.json()["error"]["message"].startswith("memory_tools needs an end user")
+    assert refused.json()["error"]["message"].startswith("memory_tools: needs an end user")
     assert _sent(openai_server) == []
     bad = httpx.post(
         timeout=30,

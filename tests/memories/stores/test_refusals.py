@@ -107,3 +107,19 @@ def test_a_yaml_nan_or_infinity_is_named_as_such(alice_client, value, said):
         "memory[0].config.x": [f"Numbers must be finite ({said})."]
     }
     assert not MemoryStore.objects.exists()
+
+
+def test_a_yaml_number_in_exponent_form_is_a_number(alice_client, flow):
+    """PyYAML (YAML 1.1) reads ``5e-1`` as text, which a number field now refuses: the
+    configuration's YAML reads it as JSON and YAML 1.2 do."""
+    document = (
+        "memory:\n  - name: board\n    type: blackboard\n"
+        f"nodes:\n  - id: answer\n    flow: {flow.name}\n"
+        "    memories:\n      - {name: board, similarity_threshold: 5e-1, top_k: 3}\n"
+    )
+    response = alice_client.generic(
+        "POST", "/api/v1/memory-config", document, content_type="application/yaml"
+    )
+    assert response.status_code == 200, response.json()
+    exported = alice_client.get("/api/v1/memory-config").json()
+    assert exported["nodes"][0]["memories"][0]["similarity_threshold"] == 0.5
