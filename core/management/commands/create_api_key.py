@@ -4,6 +4,7 @@ import json
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.utils import timezone
@@ -11,6 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 from core.audit import Actor, acting_as
 from core.errors import InvalidInput
+from core.models import APIKey
 from core.services import api_key_create
 
 LIMIT_OPTIONS = {
@@ -66,7 +68,13 @@ class Command(BaseCommand):
             except ValueError:
                 raise CommandError(f'--scope must be a JSON list such as \'["user", "alice"]\', '
                                    f"not {scope!r}") from None  # fmt: skip
-        expiry = parse_datetime(expires_at) if expires_at else None
+        try:  # (2030-02-30 or an offset of +25:00 was a ValueError's traceback)
+            expiry = parse_datetime(expires_at) if expires_at else None
+        except ValueError as exc:
+            raise CommandError(f"--expires-at {expires_at!r} is no time: {exc}") from None
+        longest = APIKey._meta.get_field("name").max_length or 0
+        if len(name) > longest:  # (the column's length: it was a DataError's traceback)
+            raise CommandError(f"--name is at most {longest} characters")
         if expires_at and (expiry is None or expiry.tzinfo is None):
             raise CommandError(
                 f"--expires-at must be an ISO 8601 time with its zone, not {expires_at!r}"
@@ -82,6 +90,13 @@ class Command(BaseCommand):
                     "one with `manage.py createsuperuser` (or in the admin: Users → Add)."
                 )
             if owner is None:
+                try:  # (Django's own rules for a username: "" or "bad user/name" passed)
+                    users.model.username_validator(username)
+                    longest = users.model._meta.get_field("username").max_length or 0
+                    if not 0 < len(username) <= longest:
+                        raise ValidationError(f"1 to {longest} characters")
+                except ValidationError as exc:
+                    raise CommandError(f"{username!r} is no username: {exc.messages[0]}") from None
                 owner = users.create_user(username=username)  # an unusable password
                 self.stdout.write(f"Created user {username} (API access only, no password).")
             with acting_as(Actor("command")):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import fcntl
 import os
 import sys
@@ -19,6 +20,14 @@ from core.services import admin_ensure
 from core.supervisor import Program, Supervisor
 
 
+def _at_least_one(text: str) -> int:
+    """``--web-workers``: 0 was taken, and gunicorn listened with no worker to answer."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 class Command(BaseCommand):
     help = (
         "Prepare the database and run the web server (gunicorn) and the django-q2 worker "
@@ -30,7 +39,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-        parser.add_argument("--web-workers", type=int, default=2)
+        parser.add_argument("--web-workers", type=_at_least_one, default=2)
         parser.add_argument("--no-worker", action="store_true", help="Run the web server only.")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.db_recovery import watch_embedded
 from core.qcluster import QclusterProgram, run_cluster
@@ -33,10 +33,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        given = options["stall_seconds"]
+        if given is not None and not given >= 1:  # (-5 restarted the cluster every 3 s)
+            raise CommandError(f"--stall-seconds must be at least 1, got {given:g}")
         if options["run_cluster"]:
             run_cluster()
             return
-        stall = options["stall_seconds"] or settings.WORKER_STALL_SECONDS
+        stall = given or settings.WORKER_STALL_SECONDS
         supervisor = Supervisor([QclusterProgram(stall_seconds=stall)], periodic=[watch_embedded()])
         self.stdout.write(f"Supervising the worker cluster (stall limit {stall:.0f}s)")
         supervisor.run()

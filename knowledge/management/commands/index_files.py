@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import codecs
 import uuid
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ class Command(BaseCommand):
         for path in paths:
             if not path.expanduser().exists():
                 raise CommandError(f"Path does not exist: {path}")
+        try:  # (checked before --create makes the base: a refusal changes nothing)
+            codecs.lookup(encoding)
+        except LookupError:
+            raise CommandError(f"unknown encoding {encoding!r}") from None
         user = _user(owner) if owner else None
         if not dry_run:
             # No surrounding transaction: embedding calls must not hold one open, and
