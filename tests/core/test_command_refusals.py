@@ -51,3 +51,20 @@ def test_worker_refuses_a_stall_limit_under_a_second(value):
 def test_serve_refuses_no_web_workers():
     with pytest.raises(CommandError, match="--web-workers: must be at least 1, got 0"):
         call_command("serve", "--web-workers", "0")
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on():
+    """A port in use, port 99999, a host that resolves to nothing: gunicorn exited at
+    once and the supervisor restarted it forever. Checked before anything is prepared."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot listen on 127.0.0.1:{port}: "):
+            call_command("serve", "--host", "127.0.0.1", "--port", str(port))
+    with pytest.raises(CommandError, match="cannot listen on 127.0.0.1:99999: "):
+        call_command("serve", "--host", "127.0.0.1", "--port", "99999")
+    with pytest.raises(CommandError, match="cannot listen on no-such-host.invalid:8000: "):
+        call_command("serve", "--host", "no-such-host.invalid", "--port", "8000")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,21 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _bindable(host: str, port: int) -> None:
+    """Refuse, in one line, an address the web server cannot listen on (a port in use,
+    port 99999, a host that resolves to nothing): gunicorn exited at once and the
+    supervisor restarted it forever, as it restarts a crash after a good start."""
+    if not 0 < port < 65536:  # (getaddrinfo takes 99999 as 34463)
+        raise CommandError(f"cannot listen on {host}:{port}: a port is 1 to 65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as gunicorn)
+            probe.bind(address)
+    except (OSError, OverflowError) as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc}") from None
+
+
 class Command(BaseCommand):
     help = (
         "Prepare the database and run the web server (gunicorn) and the django-q2 worker "
@@ -43,6 +59,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-worker", action="store_true", help="Run the web server only.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        _bindable(options["host"], options["port"])
         self._prepare()
         supervisor = Supervisor(self._programs(options), periodic=[watch_embedded()])
         supervisor.run()
