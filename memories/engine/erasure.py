@@ -6,6 +6,7 @@ dream diaries (files, once the erasure commits)."""
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Any
 
 from django.db import transaction
@@ -46,13 +47,8 @@ def scope_files_delete(*, owner_id: int, scope: list[str]) -> int:
     deleted = 0
     for folder in FOLDERS:
         name = f"{folder}/{files.scope_dir(owner_id, scope)}"
-        try:
-            subfolders, names = store.listdir(name)
-        except FileNotFoundError:
-            continue
-        for file_name in names:
-            store.delete(f"{name}/{file_name}")
-            deleted += 1
+        count, subfolders = _delete_files_in(store, name)
+        deleted += count
         if not subfolders:
             _remove_empty_folders(store, name)
     logger.info("erased %d engine files of a scope of owner %s", deleted, owner_id)
@@ -61,39 +57,34 @@ def scope_files_delete(*, owner_id: int, scope: list[str]) -> int:
 
 def all_files_delete(**_: Any) -> int:
     """Receiver of ``everything_flushed``: delete every owner's journals, ``MEMORY.md``
-    files and diaries (the tables are empty and owner ids start again)."""
+    files and diaries (the tables are empty and owner ids start again), folders
+    included where the storage has local paths."""
     store = files.storage()
     deleted = 0
     pending = list(FOLDERS)
     while pending:
         name = pending.pop()
-        try:
-            subfolders, names = store.listdir(name)
-        except FileNotFoundError:
-            continue
-        for file_name in names:
-            store.delete(f"{name}/{file_name}")
-            deleted += 1
+        count, subfolders = _delete_files_in(store, name)
+        deleted += count
         pending.extend(f"{name}/{sub}" for sub in subfolders)
     for folder in FOLDERS:
-        _remove_empty_tree(store, folder)
+        try:
+            shutil.rmtree(store.path(folder), ignore_errors=True)  # (empty folders by now)
+        except NotImplementedError:
+            pass
     logger.info("flushed: deleted %d engine files", deleted)
     return deleted
 
 
-def _remove_empty_tree(store: Any, name: str) -> None:
-    """``name``'s now empty folders, where the storage has local paths."""
-    import os
-
+def _delete_files_in(store: Any, name: str) -> tuple[int, list[str]]:
+    """Delete the files directly in folder ``name``: how many, and its subfolders."""
     try:
-        top = store.path(name)
-    except NotImplementedError:
-        return
-    for path, _, _ in sorted(os.walk(top), key=lambda walked: -len(walked[0])):
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
+        subfolders, names = store.listdir(name)
+    except FileNotFoundError:
+        return 0, []
+    for file_name in names:
+        store.delete(f"{name}/{file_name}")
+    return len(names), subfolders
 
 
 def _remove_empty_folders(store: Any, name: str) -> None:
