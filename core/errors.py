@@ -26,6 +26,12 @@ class InvalidInput(ServiceError):
     status_code = 400
     code = "invalid"
 
+    @classmethod
+    def at(cls, path: str, said: str, *, code: str | None = None) -> InvalidInput:
+        """The error of one field: ``message`` names it by its path, ``details`` holds
+        the same words as that field's list (the API's error shape)."""
+        return cls(f"{path}: {said}", code=code, details={path: [said]})
+
 
 class NotFound(ServiceError):
     status_code = 404

@@ -32,9 +32,7 @@ class IdKind:
 
     def validate(self, value: Any) -> str:
         if not self.matches(value):
-            raise InvalidInput(
-                f"{self.name}: {self.message}", code=self.code, details={self.name: [self.message]}
-            )
+            raise InvalidInput.at(self.name, self.message, code=self.code)
         return value
 
 

@@ -24,4 +24,4 @@ class ContentNegotiation(DefaultContentNegotiation):
         except Http404:
             known = ", ".join(dict.fromkeys(str(r.format) for r in renderers))
             said = f"this path answers in {known}"
-            raise InvalidInput(f"format: {said}", details={"format": [said]}) from None
+            raise InvalidInput.at("format", said) from None

@@ -245,7 +245,7 @@ def query_flag(params: Mapping[str, Any], name: str, *, default: bool) -> bool:
         return default
     read = query_boolean(str(raw))
     if read is None:
-        raise InvalidInput(f"{name}: {QUERY_BOOLEAN}", details={name: [QUERY_BOOLEAN]})
+        raise InvalidInput.at(name, QUERY_BOOLEAN)
     return read
 
 

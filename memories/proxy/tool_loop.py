@@ -69,7 +69,7 @@ def offer(request: JsonText, prepared: PreparedChat) -> JsonText:
             f"the request already has a tool named {sorted(taken & set(MEMORY_TOOLS))[0]}; "
             "rename it or leave memory_tools out"
         )
-        raise InvalidInput(f"memory_tools: {said}", details={"memory_tools": [said]})
+        raise InvalidInput.at("memory_tools", said)
     with acting_as(prepared.actor):
         ours = openai_tools([n for n in MEMORY_TOOLS if tool_allowed(n)])
     if isinstance(request.data.get("tools"), list):

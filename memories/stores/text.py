@@ -29,30 +29,27 @@ class Snapshot:
         return {"text": self.text, "blocks": self.blocks}
 
 
-def _refused(path: str, said: str) -> InvalidInput:
-    """A 400 whose message and ``details`` name the same path and say the same."""
-    return InvalidInput(f"{path}: {said}", details={path: [said]})
-
-
 def _block(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict) or raw.get("type") not in BLOCK_TYPES:
-        raise _refused(where, f"a block is an object with type {', '.join(BLOCK_TYPES)}")
+        raise InvalidInput.at(where, f"a block is an object with type {', '.join(BLOCK_TYPES)}")
     kind = raw["type"]
     if kind == "text":
         if not isinstance(raw.get("text"), str):
-            raise _refused(f"{where}.text", "must be a string")
+            raise InvalidInput.at(f"{where}.text", "must be a string")
         return {"type": "text", "text": raw["text"]}
     out = {k: raw[k] for k in ("url", "name", "mime_type") if isinstance(raw.get(k), str)}
     out["type"] = kind
     data = raw.get("data")
     if data is None:
         if "url" not in out:
-            raise _refused(where, f"an {kind} block needs url (a reference) or data (base64)")
+            raise InvalidInput.at(
+                where, f"an {kind} block needs url (a reference) or data (base64)"
+            )
         return out
     try:
         decoded = base64.b64decode(str(data), validate=True)
     except (binascii.Error, ValueError):
-        raise _refused(f"{where}.data", "not valid base64") from None
+        raise InvalidInput.at(f"{where}.data", "not valid base64") from None
     out["size"] = len(decoded)
     out["sha256"] = hashlib.sha256(decoded).hexdigest()
     if len(decoded) <= settings.MEMORY_STORE_INLINE_MAX_BYTES:
@@ -69,14 +66,14 @@ def snapshot_from(raw: Any, where: str) -> Snapshot:
     if isinstance(raw, str):
         return Snapshot(text=raw)
     if not isinstance(raw, dict) or set(raw) - {"text", "blocks"}:
-        raise _refused(where, "a string or an object with text and blocks")
+        raise InvalidInput.at(where, "a string or an object with text and blocks")
     blocks_in = raw.get("blocks") or []
     if not isinstance(blocks_in, list):
-        raise _refused(f"{where}.blocks", "must be a list")
+        raise InvalidInput.at(f"{where}.blocks", "must be a list")
     blocks = [_block(b, f"{where}.blocks[{i}]") for i, b in enumerate(blocks_in)]
     text = raw.get("text")
     if text is not None and not isinstance(text, str):
-        raise _refused(f"{where}.text", "must be a string")
+        raise InvalidInput.at(f"{where}.text", "must be a string")
     if not text:
         text = "\n".join(b["text"] for b in blocks if b["type"] == "text")
     return Snapshot(text=text, blocks=blocks)

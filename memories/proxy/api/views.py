@@ -86,10 +86,7 @@ class ChatCompletionsView(APIView):
         try:
             return validate_session_id(chat_id)
         except InvalidInput as exc:
-            said = SESSION_ID.message
-            raise InvalidInput(
-                f"{header}: {said}", code=exc.code, details={header: [said]}
-            ) from None
+            raise InvalidInput.at(header, SESSION_ID.message, code=exc.code) from None
 
     def _body(self, request: Request) -> JsonText:
         """The client's body, validated where the proxy relies on it; it goes upstream
@@ -215,9 +212,7 @@ class MemoryToolsChatView(ChatCompletionsView):
     def _opt_in(self, body: JsonText) -> tuple[bool | None, JsonText]:
         value = body.data.get("memory_tools")
         if value is not None and not isinstance(value, bool):
-            raise InvalidInput(
-                "memory_tools: Must be a boolean.", details={"memory_tools": ["Must be a boolean."]}
-            )
+            raise InvalidInput.at("memory_tools", "Must be a boolean.")
         return value, body.remove(("memory_tools",)) if "memory_tools" in body.data else body
 
     @extend_schema(
@@ -232,14 +227,14 @@ class MemoryToolsChatView(ChatCompletionsView):
         external_id = self._external_id(request, body.data)
         if opt_in and not external_id:
             said = "needs an end user: send the X-OpenWebUI-User-Id header or the user field"
-            raise InvalidInput(f"memory_tools: {said}", details={"memory_tools": [said]})
+            raise InvalidInput.at("memory_tools", said)
         runs = bool(external_id) and (
             opt_in if opt_in is not None else memory_tools_enabled(owner=request.user.pk)
         )
         if runs and body.data.get("tools") is not None and not isinstance(body.data["tools"], list):
             # (the memory tools are offered beside the client's: "tools": "x" was replaced)
             said = "must be a list of tools; the memory tools are offered beside them"
-            raise InvalidInput(f"tools: {said}", details={"tools": [said]})
+            raise InvalidInput.at("tools", said)
         prepared = self.prepare(request, body)
         if prepared.end_user is None or not runs:
             return self.answer(prepared)
