@@ -43,23 +43,32 @@ pytestmark = pytest.mark.slow
 
 SCOPES = {"u1": ["user", "u1"], "u2": ["user", "u2"], "acme": ["org", "acme"]}
 LLM_DELAY = 4.0
-PROMPT_SCOPE = re.compile(r"long-term memory of one scope \(([^)]*)\)")
+# An extraction's prompt names its scope; a dream's names it too (the daily dream
+# schedule fires once the worker is up, and a dream of a scope whose run committed
+# meanwhile calls the LLM): only extractions are counted below.
+PROMPT_SCOPE = re.compile(r"You maintain the long-term memory of one scope \(([^)]*)\)")
+DREAM_SCOPE = re.compile(r"You consolidate the long-term memory of one scope \(([^)]*)\)")
 SAID = re.compile(r"^\[[^\]]+\] user: (\S+) likes (\S+)$", re.M)
 
 
 class SlowLLM:
     """Extraction answers after ``LLM_DELAY``: "<tag> likes <thing>" becomes the fact
-    "User likes <thing>". Records when each request arrived, and for which scope."""
+    "User likes <thing>". Records when each extraction arrived, and for which scope;
+    any other call (a dream) apart."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.arrivals: list[tuple[float, str]] = []
+        self.arrivals: list[tuple[float, str]] = []  # extractions: (when, scope)
+        self.others: list[tuple[float, str]] = []  # any other call (a dream)
 
     def __call__(self, payload: dict) -> Scripted:
         prompt = "\n".join(str(m.get("content")) for m in payload.get("messages", []))
-        scope = PROMPT_SCOPE.search(prompt)
+        scope, dream = PROMPT_SCOPE.search(prompt), DREAM_SCOPE.search(prompt)
         with self.lock:
-            self.arrivals.append((time.time(), scope.group(1) if scope else "?"))
+            if scope:
+                self.arrivals.append((time.time(), scope.group(1)))
+            else:
+                self.others.append((time.time(), f"dream {dream.group(1)}" if dream else "?"))
         facts = [{"content": f"User likes {thing}", "category": "preference",
                   "confidence": 0.9} for _tag, thing in SAID.findall(prompt)]  # fmt: skip
         answer = {"newFacts": facts, "factsToRemove": []}
@@ -212,6 +221,7 @@ def test_worker_killed_with_updates_pending_and_running_then_restarted(instance,
     # short (at most one per killed worker process); none for a scope already done
     calls_1, calls_2 = Counter(phase_1), Counter(llm.scopes()[len(phase_1) :])
     tags = {"/".join(s) for s in SCOPES.values()}
-    assert calls_2 == Counter(tags) + Counter(cut_2), llm.arrivals  # exact: counted after death
-    assert set(calls_1) == tags and set(calls_1.values()) <= {1, 2}, llm.arrivals
-    assert 1 <= sum(calls_1.values()) - 3 <= len(killed), llm.arrivals
+    seen = (llm.arrivals, llm.others)
+    assert calls_2 == Counter(tags) + Counter(cut_2), seen  # exact: counted after death
+    assert set(calls_1) == tags and set(calls_1.values()) <= {1, 2}, seen
+    assert 1 <= sum(calls_1.values()) - 3 <= len(killed), seen
