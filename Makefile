@@ -67,7 +67,7 @@ check: lint-quick
 	$(call PYTEST_BESIDE_MYPY,--reuse-db -m "not slow and not browser")
 
 db-stop: install
-	$(BIN)/python -c "from pathlib import Path; import os; from core.embedded_pg import stop_embedded_postgres; print('stopped' if stop_embedded_postgres(Path(os.environ.get('MEMORY_DATA_DIR', '.data'))) else 'not running')"
+	$(BIN)/python manage.py embedded_db stop  # the server of MEMORY_DATA_DIR, .env's too
 
 clean:
 	rm -rf $(VENV) staticfiles

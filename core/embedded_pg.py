@@ -227,6 +227,8 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
             raise EmbeddedPostgresError(
                 f"server setting {name}={value!r}: give a size with a unit, e.g. 512MB"
             )
+    auto_conf = pgdata / "postgresql.auto.conf"
+    before = auto_conf.read_text() if auto_conf.exists() else ""  # put back if it fails
     with psycopg.connect(info.conninfo("postgres"), autocommit=True) as conn:
         changed: list[tuple[str, str]] = []
         for name, value in wanted.items():
@@ -261,10 +263,11 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
             ["-w", "-m", "fast", "-l", log, "restart"], pgdata=pgdata, user=user
         )
     except Exception as exc:
-        # ALTER SYSTEM already saved the values: take them out again and start the
-        # server as it was, or no later start could get past them.
+        # ALTER SYSTEM already saved the values: put the file back as it was (the
+        # values it held before, not PostgreSQL's defaults) and start the server so,
+        # or no later start could get past them.
         names = [name for name, _ in changed]
-        _forget_auto_settings(pgdata, names)
+        auto_conf.write_text(before)
         if _postmaster_pid(pgdata) is None or not _pid_is_postgres(_postmaster_pid(pgdata) or 0):
             commands.pg_ctl(  # type: ignore[attr-defined]
                 ["-w", "-o", '-h ""', "-o", f"-k {info.socket_dir}", "-l", log, "start"],
@@ -274,21 +277,10 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
         tail = (pgdata / "log").read_text(errors="replace")[-1500:]
         raise EmbeddedPostgresError(
             f"the embedded server did not start with {', '.join(names)} = "
-            f"{', '.join(wanted[n] for n in names)} ({exc}); the values were removed again. "
-            f"Lower EMBEDDED_DB_SHARED_BUFFERS / EMBEDDED_DB_MAINTENANCE_WORK_MEM.\n{tail}"
+            f"{', '.join(wanted[n] for n in names)} ({exc}); it runs with the values it had "
+            f"before. Lower EMBEDDED_DB_SHARED_BUFFERS.\n{tail}"
         ) from exc
     return True
-
-
-def _forget_auto_settings(pgdata: Path, names: list[str]) -> None:
-    """Remove ``names`` from postgresql.auto.conf (the server is down: no ALTER SYSTEM)."""
-    path = pgdata / "postgresql.auto.conf"
-    keep = [
-        line
-        for line in path.read_text().splitlines(keepends=True)
-        if line.split("=", 1)[0].strip() not in names
-    ]
-    path.write_text("".join(keep))
 
 
 def pgvector_self_check(conninfo: str) -> float:

@@ -185,18 +185,27 @@ def test_unknown_server_setting_is_refused(data_dir):
 
 
 def test_a_setting_the_server_cannot_start_with_is_taken_back(data_dir):
-    first = ensure_embedded_postgres(data_dir, dbname="app")
+    first = ensure_embedded_postgres(
+        data_dir, dbname="app", server_settings={"shared_buffers": "48MB"}
+    )
+    auto_conf = data_dir / "pgdata" / "postgresql.auto.conf"
+    kept = auto_conf.read_text()
     _forget_handles(data_dir)
     # Within shared_buffers' range, so ALTER SYSTEM takes it; no machine here can map it.
     with pytest.raises(EmbeddedPostgresError, match="did not start with shared_buffers = 4TB"):
         ensure_embedded_postgres(data_dir, dbname="app", server_settings={"shared_buffers": "4TB"})
-    auto_conf = (data_dir / "pgdata" / "postgresql.auto.conf").read_text()
-    assert "shared_buffers" not in auto_conf
-    # The server is up again with what it had, for everyone attached to it.
+    # The file as it was: the value it had before, not PostgreSQL's 128MB (which the
+    # next start would have restarted the server for, dropping everyone's connections).
+    assert auto_conf.read_text() == kept and "shared_buffers = '48MB'" in kept
+    restarted = embedded_pg._postmaster_pid((data_dir / "pgdata").resolve())
+    # The server is up again with what it had, for everyone attached to it: the next
+    # process finds nothing to change and restarts nothing.
     _forget_handles(data_dir)
-    again = ensure_embedded_postgres(data_dir, dbname="app")
-    assert _show(again, "shared_buffers") == "128MB"
-    assert again.port == first.port
+    again = ensure_embedded_postgres(
+        data_dir, dbname="app", server_settings={"shared_buffers": "48MB"}
+    )
+    assert _show(again, "shared_buffers") == "48MB"
+    assert again.port == first.port and again.pid == restarted
 
 
 def test_server_sizes_need_a_unit(data_dir):
