@@ -15,6 +15,30 @@ def main() -> None:
         execute_from_command_line(sys.argv)
     except EnvError as exc:  # a bad setting: one line naming it, not a traceback
         sys.exit(f"configuration error: {exc}")
+    except Exception as exc:
+        said = _operator_message(exc)
+        if said is None or "--traceback" in sys.argv:
+            raise
+        sys.exit(said)
+
+
+def _operator_message(exc: BaseException) -> str | None:
+    """What an operator is told, in a line or a few, for a failure that is theirs to
+    fix (the database down, the embedded server refusing a value) rather than a bug:
+    None for anything else, which keeps its traceback."""
+    from django.db import OperationalError
+
+    from core.embedded_pg import EmbeddedPostgresError
+
+    if isinstance(exc, EmbeddedPostgresError):
+        return f"embedded database error: {exc}"
+    text = str(exc).strip()
+    if isinstance(exc, OperationalError) and text.startswith(
+        ("connection failed", "connection to server")
+    ):
+        first = text.splitlines()[0]
+        return f"database unreachable: {first} (is the server running? DATABASE_URL)"
+    return None
 
 
 if __name__ == "__main__":

@@ -59,6 +59,17 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
     return value
 
 
+def env_size(name: str, default: str) -> str:
+    """A memory size for the database server, with its unit (``512MB``): a bare number
+    means bytes to ``pg_size_bytes`` but 8kB pages to the server, so it is refused."""
+    value = (os.environ.get(name) or default).strip()
+    if not re.fullmatch(r"\d+(kB|MB|GB|TB)", value):
+        raise EnvError(
+            f"{name} must be a size with a unit (kB, MB, GB, TB), e.g. 512MB, got {value!r}"
+        )
+    return value
+
+
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = os.environ.get(name) or default
     if value not in choices:

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from memoryproject.env import (
+    EnvError,
     database_from_url,
     env_bool,
     env_choice,
     env_float,
     env_int,
     env_list,
+    env_size,
     env_str,
     load_env_file,
     owner_credentials,
@@ -32,7 +34,9 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # tests set it). A variable of the environment wins over the file's.
 ENV_FILE = env_str("MEMORY_ENV_FILE", str(BASE_DIR / ".env"))
 ENV_FILE_LOADED = load_env_file(ENV_FILE) if ENV_FILE else []
-DATA_DIR = Path(env_str("MEMORY_DATA_DIR", str(BASE_DIR / ".data")))
+# A relative path (.env.example's ".data") is the project directory's, not the current
+# directory's: a client that starts ``manage.py mcp`` from elsewhere finds the same data.
+DATA_DIR = BASE_DIR / (env_str("MEMORY_DATA_DIR") or ".data")
 TESTING = "pytest" in sys.modules or env_bool("TESTING", False)
 
 DEBUG = env_bool("DEBUG", False)
@@ -138,7 +142,7 @@ else:
     EMBEDDED_DB_OPTIONS: dict[str, Any] = {
         "dbname": env_str("EMBEDDED_DB_NAME", "memory"),
         "server_settings": {
-            "shared_buffers": env_str(
+            "shared_buffers": env_size(
                 "EMBEDDED_DB_SHARED_BUFFERS", shared_buffers_for(usable_memory())
             ),
             "maintenance_work_mem": "512MB",
@@ -309,8 +313,6 @@ for _rate in ("API_THROTTLE_RATE", "CHAT_THROTTLE_RATE"):
     if globals()[_rate] and not re.fullmatch(
         r"\d+/(second|minute|hour|day|[smhd])", globals()[_rate]
     ):
-        from memoryproject.env import EnvError
-
         raise EnvError(f"{_rate} must look like 6000/minute (second, minute, hour or day)")
 # The admin login: after this many wrong passwords for a username (4x from one
 # address) attempts are refused unchecked until this long after the first failure.
@@ -391,12 +393,14 @@ WORKER_STALL_SECONDS = env_float("WORKER_STALL_SECONDS", 60.0, minimum=1.0)
 _DB_NAME = str(DATABASES["default"]["NAME"])
 WORKER_STATE_DIR = DATA_DIR / ("worker" if _DB_NAME == "memory" else f"worker-{_DB_NAME}")
 if Q_CLUSTER["retry"] <= Q_CLUSTER["timeout"]:
-    from memoryproject.env import EnvError
-
     raise EnvError("Q_RETRY must be greater than Q_TIMEOUT")
 
 # --- Logging --------------------------------------------------------------------------
-LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()  # "info" as well as "INFO"
+if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise EnvError(
+        f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {LOG_LEVEL!r}"
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -462,7 +466,7 @@ MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 100_000, minimum=100)
 RUN_MAX_MESSAGES = env_int("RUN_MAX_MESSAGES", 500, minimum=1)
 
 # --- Conversation and node memory -----------------------------------------------------
-MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(DATA_DIR / "media")))
+MEDIA_ROOT = BASE_DIR / (env_str("MEDIA_ROOT") or DATA_DIR / "media")  # (relative: as DATA_DIR)
 # Node memory documents go through this storage alias (any Django storage backend: a
 # deployment's settings module that adds one to STORAGES names it here).
 NODE_MEMORY_STORAGE = "default"

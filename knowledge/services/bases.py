@@ -31,6 +31,11 @@ def knowledge_base_create(
     model of its own) is recorded; later searches and ingestion always embed with it. Raises ``NameTaken`` if the owner already has
     a base with this name (the database enforces it).
     """
+    longest = KnowledgeBase._meta.get_field("name").max_length or 200
+    if not name.strip() or len(name) > longest:  # (the API's serializer says it too)
+        said = ("name must not be blank" if not name.strip()
+                else f"name must be at most {longest} characters, not {len(name)}")  # fmt: skip
+        raise KnowledgeError(said, details={"name": said})
     if source_kind == KnowledgeBase.SourceKind.DOCUMENTS and not is_memory_base:
         resource_create_check("knowledge_bases")  # (a store's or memory base's: their own)
     if language not in FTS_LANGUAGES:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from core.db_backend.base import table_owner
@@ -68,3 +68,9 @@ def test_without_an_owner_url_there_is_nothing_to_make():
         assert _run() == "no DATABASE_OWNER_URL: the service's role owns the tables"
     connection.close()
     assert _role(ROLE) is None
+
+
+def test_an_unknown_database_alias_is_one_line():
+    """``--database nosuch`` was a ConnectionDoesNotExist traceback."""
+    with pytest.raises(CommandError, match=r"^--database: no database 'nosuch' \(known: "):
+        call_command("ensure_service_role", "--database", "nosuch")

@@ -94,6 +94,11 @@ def test_the_example_file_copied_as_it_is_gives_the_defaults(tmp_path):
         ("API_THROTTLE_CACHE", "nope",
          "API_THROTTLE_CACHE must be one of default, throttle, got 'nope'"),
         ("DATABASE_URL", "notaurl", "DATABASE_URL is not a database URL (Scheme '://' is"),
+        # (a logging ValueError that did not name it; the size, after a traceback)
+        ("LOG_LEVEL", "bogus",
+         "LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'BOGUS'"),
+        ("EMBEDDED_DB_SHARED_BUFFERS", "lots", "EMBEDDED_DB_SHARED_BUFFERS must be a size with "
+         "a unit (kB, MB, GB, TB), e.g. 512MB, got 'lots'"),
     ],
 )  # fmt: skip
 def test_a_bad_setting_stops_a_command_with_one_line_naming_it(tmp_path, name, value, said):
@@ -106,6 +111,53 @@ def test_a_bad_setting_stops_a_command_with_one_line_naming_it(tmp_path, name, v
     assert done.returncode == 1
     assert done.stderr.startswith(f"configuration error: {said}")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_port_stops_serve_even_its_help_with_one_line():
+    """``PORT=abc manage.py serve --help`` was an int() traceback that did not name PORT."""
+    env = {k: v for k, v in os.environ.items() if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"}}
+    env.update({"MEMORY_ENV_FILE": "", "PORT": "abc"})
+    done = subprocess.run([sys.executable, "manage.py", "serve", "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (done.returncode, done.stderr) == (1, "configuration error: PORT must be an integer, "
+                                                 "got 'abc'\n")  # fmt: skip
+
+
+def test_a_database_that_cannot_be_reached_is_said_in_one_line():
+    """A command with the database down was a 40-line OperationalError traceback."""
+    env = {k: v for k, v in os.environ.items() if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"}}
+    env.update({"MEMORY_ENV_FILE": "", "DATABASE_URL": "postgres://u:p@127.0.0.1:9/db"})
+    done = subprocess.run([sys.executable, "manage.py", "create_api_key", "someone"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        'database unreachable: connection failed: connection to server at "127.0.0.1", port 9 '
+        "failed: Connection refused (is the server running? DATABASE_URL)"
+    )
+    # --traceback still shows where
+    done = subprocess.run([sys.executable, "manage.py", "create_api_key", "someone", "--traceback"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" in done.stderr
+
+
+def test_a_relative_data_directory_is_the_projects_whatever_the_current_one(tmp_path):
+    """``MEMORY_DATA_DIR=.data`` (.env.example's) was taken against the current directory:
+    a desktop client starting ``manage.py mcp`` from elsewhere made a second data
+    directory (a new secret key, a second empty database) there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    relative = os.path.relpath(tmp_path / "data", ROOT)  # relative, to the project
+    env = {k: v for k, v in os.environ.items() if k not in {"TESTING", "DJANGO_SETTINGS_MODULE"}}
+    env.update({"MEMORY_ENV_FILE": "", "MEMORY_DATA_DIR": relative, "MEDIA_ROOT": "",
+                "SECRET_KEY": "", "PYTHONPATH": str(ROOT)})  # fmt: skip
+    read = "from django.conf import settings; print(settings.DATA_DIR, settings.MEDIA_ROOT)"
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c", read],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    data_dir, media = (Path(p).resolve() for p in done.stdout.strip().splitlines()[-1].split())
+    real = (tmp_path / "data").resolve()
+    assert (data_dir, media) == (real, real / "media")
+    assert (tmp_path / "data" / "secret_key").exists() and not any(elsewhere.iterdir())
 
 
 def test_embedded_db_status_reports_a_stopped_server_and_starts_none(tmp_path):

@@ -5,14 +5,16 @@ it into an empty one, exports again and compares the two files, ids aside."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import jsonschema
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from core.providers.embeddings import get_embedder
 from ingestion.capture import messages_record
@@ -359,6 +361,44 @@ def test_the_commands_export_and_import(alice, bob, tmp_path, capsys):
     assert Scope.objects.filter(owner=bob, path=["org", "globex"]).exists()
     call_command("import_memory", "bob", str(path), "--scope-map", "org/acme=org/globex")
     assert json.loads(capsys.readouterr().out.strip())["facts"] == 0
+
+
+def test_the_commands_say_in_one_line_what_they_cannot_read_or_write(alice, bob, tmp_path):
+    """Each was a traceback (audit of the commands, 2026-11-27)."""
+    _facts(alice)
+    binary = tmp_path / "photo.jpg"
+    binary.write_bytes(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
+    with pytest.raises(CommandError, match=f"^{binary} is not UTF-8 text: nothing imported$"):
+        call_command("import_memory", "bob", str(binary))
+    assert not Scope.objects.filter(owner=bob).exists()
+    missing = tmp_path / "no" / "such" / "dir.jsonl"
+    with pytest.raises(CommandError, match=f"^cannot write {missing}: No such file or directory$"):
+        call_command("export_memory", "alice", "--output", str(missing))
+    with pytest.raises(CommandError, match=f"^cannot write {tmp_path}: Is a directory$"):
+        call_command("export_memory", "alice", "--output", str(tmp_path))
+
+
+def test_an_export_to_a_reader_that_leaves_early_ends_without_a_traceback(
+    alice, tmp_path, monkeypatch
+):
+    """``export_memory alice | head -1``: a BrokenPipeError traceback on stderr. Now
+    stdout goes to /dev/null (nothing more is said into the closed pipe) and the
+    command ends with status 1."""
+    _facts(alice)
+    sink = (tmp_path / "fd").open("w")
+
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return sink.fileno()
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    with pytest.raises(SystemExit) as ended:
+        call_command("export_memory", "alice")
+    assert ended.value.code == 1
+    sink.close()
 
 
 def test_the_export_holds_only_the_callers_data(alice, bob, bob_client):

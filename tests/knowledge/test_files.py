@@ -425,6 +425,12 @@ def test_command_errors(alice, bob, tree):
         _command("nope", str(tree), "--create")
     with pytest.raises(CommandError, match="No user named 'carol'"):
         _command("docs", str(tree), "--owner", "carol")
+    # (a name too long for the column was a DataError traceback)
+    with pytest.raises(CommandError, match="^name must be at most 200 characters, not 300$"):
+        _command("N" * 300, str(tree), "--owner", "alice", "--create")
+    with pytest.raises(CommandError, match="^name must not be blank$"):
+        _command("  ", str(tree), "--owner", "alice", "--create")
+    assert not KnowledgeBase.objects.exists()
     make_kb(alice, name="api")
     with pytest.raises(CommandError, match="'api' is not file-backed"):
         _command("api", str(tree))

@@ -34,6 +34,9 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["database"] not in connections.settings:
+            known = ", ".join(connections.settings)
+            raise CommandError(f"--database: no database {options['database']!r} (known: {known})")
         connection = connections[options["database"]]
         password = connection.settings_dict.get("PASSWORD") or ""
         with table_owner(connection):

@@ -19,6 +19,7 @@ from core.errors import Conflict
 from core.qcluster import QclusterProgram
 from core.services import admin_ensure
 from core.supervisor import Program, Supervisor
+from memoryproject.env import env_int
 
 
 def _at_least_one(text: str) -> int:
@@ -54,7 +55,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--port", type=int, default=env_int("PORT", 8000, minimum=1))
         parser.add_argument("--web-workers", type=_at_least_one, default=2)
         parser.add_argument("--no-worker", action="store_true", help="Run the web server only.")
 

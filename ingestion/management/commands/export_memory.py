@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,20 @@ class Command(BaseCommand):
             raise CommandError(f"No user {owner!r}.")
         lines = export_lines(owner=user, vectors=not no_vectors)
         if output is None:
-            for line in lines:
-                sys.stdout.write(line + "\n")
+            try:
+                for line in lines:
+                    sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:  # the reader left (``| head``): no traceback
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(1)
             return
         count = 0
-        with Path(output).open("w", encoding="utf-8") as out:
-            for line in lines:
-                out.write(line + "\n")
-                count += 1
+        try:
+            with Path(output).open("w", encoding="utf-8") as out:
+                for line in lines:
+                    out.write(line + "\n")
+                    count += 1
+        except OSError as exc:  # no such directory, a directory, no space left
+            raise CommandError(f"cannot write {output}: {exc.strerror or exc}") from exc
         self.stderr.write(f"Wrote {count} lines to {output}.")

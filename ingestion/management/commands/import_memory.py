@@ -40,6 +40,8 @@ class Command(BaseCommand):
                 report = import_lines(owner=user, lines=lines, scope_map=mapping)
         except OSError as exc:
             raise CommandError(str(exc)) from exc
+        except UnicodeDecodeError as exc:  # (read in the import's transaction: nothing kept)
+            raise CommandError(f"{file} is not UTF-8 text: nothing imported") from exc
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(json.dumps(report.as_dict()))
