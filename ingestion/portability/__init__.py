@@ -145,6 +145,7 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
         raise bad(1, "the file is empty")
     if ends and not ended:  # (an export cut short at a line's end: written whole or not)
         raise bad(number + 1, "the file ends before its end line: it was cut short")
+    parsed.facts.all_mapped()
     return parsed, number
 
 

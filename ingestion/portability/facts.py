@@ -116,7 +116,18 @@ class Facts:
     scopes: dict[Path, str | None] = field(default_factory=dict)
     facts: list[dict[str, Any]] = field(default_factory=list)
     versions: list[dict[str, Any]] = field(default_factory=list)
+    mapped: set[Path] = field(default_factory=set)  # the map's scopes the file has
     types = ("scope", "fact", "version")
+
+    def all_mapped(self) -> None:
+        """A map naming a scope the file does not have (a typo: ``user/alcie``) is
+        refused, rather than the file imported unrenamed."""
+        missing = ["/".join(k) for k in self.mapping if k not in self.mapped]
+        if missing:
+            raise InvalidInput(
+                f"scope_map: the file has no scope {', '.join(missing)}",
+                details={"scope_map": {"/".join(k): "/".join(v) for k, v in self.mapping.items()}},
+            )
 
     def path(self, value: Any, line: int) -> Path:
         if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
@@ -127,6 +138,8 @@ class Facts:
                 details={"scope_map": {"/".join(k): "/".join(v) for k, v in self.mapping.items()},
                          "line": line},
             )  # fmt: skip
+        if tuple(value) in self.mapping:
+            self.mapped.add(tuple(value))
         path = self.mapping.get(tuple(value), tuple(value))
         if path:
             try:

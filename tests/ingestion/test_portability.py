@@ -251,6 +251,24 @@ def test_scope_map_renames_an_end_user(alice, bob, alice_client, bob_client):
     assert not Scope.objects.filter(owner=bob, path=["user", "alice"]).exists()
 
 
+def test_a_scope_map_naming_a_scope_the_file_lacks_is_refused(alice, bob, alice_client,
+                                                              bob_client, tmp_path):  # fmt: skip
+    """A typo in the map (``user/alcie``) imported everything unrenamed, with 200."""
+    _facts(alice)
+    lines = _export(alice_client)
+    mapping = {"user/alice": "user/ann", "user/alcie": "user/bo"}
+    response = _import(bob_client, lines, scope_map=json.dumps(mapping))
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "scope_map: the file has no scope user/alcie"
+    assert response.json()["error"]["details"] == {"scope_map": mapping}
+    assert _counts(bob) == (0,) * 8
+    path = tmp_path / "alice.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    with pytest.raises(CommandError, match="^scope_map: the file has no scope users/alice$"):
+        call_command("import_memory", "bob", str(path), "--scope-map", "users/alice=user/ann")
+    assert _counts(bob) == (0,) * 8
+
+
 def _counts(owner) -> tuple[int, ...]:
     return (
         Scope.objects.filter(owner=owner).count(), Fact.objects.filter(owner=owner).count(),
