@@ -117,6 +117,22 @@ class NoDjangoDeleteMixin:
         return super().change_view(request, object_id, form_url, extra)  # type: ignore[misc]
 
 
+class ScopePathSearchMixin:
+    """The search box also finds a scope written as the lists show it (``user/alice``):
+    the segments matched as one path, besides the admin's own fields."""
+
+    scope_path_lookup = "path"  # the scope's path, from the listed model
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
+        found, duplicates = super().get_search_results(  # type: ignore[misc]
+            request, queryset, search_term
+        )
+        term = search_term.strip()
+        if "/" in term:
+            found = found | queryset.filter(**{self.scope_path_lookup: term.split("/")})
+        return found, duplicates
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows the service writes and nobody edits: listed and read, never changed."""
 

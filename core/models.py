@@ -160,7 +160,7 @@ class UsageBudget(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
-        return f"budget of {self.owner_id}"
+        return f"budget of {self.owner.username}"  # (the admin's messages name owners)
 
 
 class AccessEvent(models.Model):
@@ -176,7 +176,7 @@ class AccessEvent(models.Model):
     id = models.BigAutoField(primary_key=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     action = models.CharField(max_length=32, choices=Action.choices)
-    actor = models.CharField(max_length=200, help_text="key:<prefix>, admin:<username>, ...")
+    actor = models.CharField(max_length=200, help_text="key:PREFIX, admin:USERNAME, ...")
     key = models.ForeignKey(
         APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         help_text="the key that acted",

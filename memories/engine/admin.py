@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin import OwnerFixedAdmin, ReadOnlyAdmin, model_permission
+from core.admin import OwnerFixedAdmin, ReadOnlyAdmin, ScopePathSearchMixin, model_permission
 from core.admin_confirm import confirm_first
 from core.errors import ServiceError
 from memories.engine import files
@@ -30,7 +30,8 @@ from memories.engine.models import (
 
 
 @admin.register(PendingUpdate)
-class PendingUpdateAdmin(admin.ModelAdmin):
+class PendingUpdateAdmin(ScopePathSearchMixin, admin.ModelAdmin):
+    scope_path_lookup = "scope__path"
     list_display = ["id", "scope_label", "owner", "status", "source", "when", "attempts",
                     "outcome"]  # fmt: skip
     list_filter = ["status", "source"]
@@ -64,8 +65,10 @@ class PendingUpdateAdmin(admin.ModelAdmin):
 
 
 @admin.register(FormationRun)
-class FormationRunAdmin(admin.ModelAdmin):
+class FormationRunAdmin(ScopePathSearchMixin, admin.ModelAdmin):
     """Each update run and how it ended (what the index's formation health counts)."""
+
+    scope_path_lookup = "scope__path"
 
     list_display = ["created_at", "scope", "owner", "status", "updates", "facts_learned"]
     list_filter = ["status"]
@@ -91,7 +94,8 @@ def _table(head: list[str], rows: Any) -> str:
 
 
 @admin.register(Dream)
-class DreamAdmin(admin.ModelAdmin):
+class DreamAdmin(ScopePathSearchMixin, admin.ModelAdmin):
+    scope_path_lookup = "scope__path"
     list_display = [
         "created_at",
         "scope",
@@ -178,7 +182,7 @@ class DreamAdmin(admin.ModelAdmin):
 
 
 @admin.register(ScopeJournal)
-class ScopeJournalAdmin(admin.ModelAdmin):
+class ScopeJournalAdmin(ScopePathSearchMixin, admin.ModelAdmin):
     list_display = ["scope_path", "owner", "created_at"]
     list_display_links = ["scope_path"]
     list_select_related = ["owner"]
@@ -258,9 +262,11 @@ class ScopeJournalAdmin(admin.ModelAdmin):
 
 
 @admin.register(EngineFact)
-class EngineFactAdmin(ReadOnlyAdmin):
+class EngineFactAdmin(ScopePathSearchMixin, ReadOnlyAdmin):
     """The core facts of every scope, read only (they change through the write service:
     the API, the tools, the updates and dreams); a fact's earlier versions are linked."""
+
+    scope_path_lookup = "scope__path"
 
     list_display = ["content", "scope_label", "category", "confidence", "source", "said"]
     list_filter = ["category", "source_kind"]

@@ -177,7 +177,7 @@ class EngineSettings(models.Model):
         verbose_name_plural = "engine settings"
 
     def __str__(self) -> str:
-        return f"engine settings of {self.owner_id}"
+        return f"engine settings of {self.owner.username}"
 
 
 class ScopeJournal(Scope):

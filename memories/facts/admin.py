@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from core.admin import ReadOnlyAdmin, model_permission
+from core.admin import ReadOnlyAdmin, ScopePathSearchMixin, model_permission
 from core.admin_confirm import confirm_first
 from core.metrics import counter_values
 from memories.facts.models import (
@@ -40,11 +40,12 @@ class FactChangeInline(admin.TabularInline):
 
 
 @admin.register(Scope)
-class ScopeAdmin(admin.ModelAdmin):
+class ScopeAdmin(ScopePathSearchMixin, admin.ModelAdmin):
     list_display = ["scope_path", "owner", "memory_count", "last_seen_at", "created_at"]
     list_display_links = ["scope_path"]
     list_select_related = ["owner"]
     search_fields = ["external_id", "owner__username"]
+    ordering = ["owner__username", "path"]  # (a stable order to page through)
     list_filter = ["owner"]
     # The scope written one way (user/alice), not the array's "user, alice".
     fields = ["owner", "scope_path", "external_id", "created_at", "last_seen_at", "memories"]
@@ -218,7 +219,8 @@ class FactVersionAdmin(ReadOnlyAdmin):
 
 
 @admin.register(FactChange)
-class FactChangeAdmin(admin.ModelAdmin):
+class FactChangeAdmin(ScopePathSearchMixin, admin.ModelAdmin):
+    scope_path_lookup = "scope__path"
     list_display = ["created_at", "scope", "action", "old_content", "new_content", "reason"]
     ordering = ["-created_at", "-id"]  # the audit in time order, the newest first
     list_filter = ["action"]

@@ -288,6 +288,7 @@ class MemoryStoreAdmin(admin.ModelAdmin):
     list_filter = ["type"]
     list_select_related = ["owner", "knowledge_base"]
     search_fields = ["name", "owner__username"]
+    ordering = ["owner__username", "name"]  # (a stable order to page through)
     autocomplete_fields = ["owner"]  # chosen by username
     inlines = [AttachmentInline]
     actions = ["load_stores", "delete_with_items"]
