@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -40,7 +41,47 @@ class Command(BaseCommand):
             run_cluster()
             return
         stall = given or settings.WORKER_STALL_SECONDS
+        self._wait_for_migrations()
         supervisor = Supervisor([QclusterProgram(stall_seconds=stall)], periodic=[watch_embedded()])
         self.stdout.write(f"Supervising the worker cluster (stall limit {stall:.0f}s)")
         supervisor.run()
         self.stdout.write("Stopped.")
+
+    def _wait_for_migrations(self, every: float = 2.0) -> None:
+        """The worker does not migrate (operations.md): on a database not migrated yet
+        it says so once and waits, rather than starting a cluster whose every process
+        logs a traceback a second until ``migrate`` (or ``serve``, which migrates) ran.
+        A database it cannot reach at first is left to the cluster and the supervisor,
+        as before."""
+        from django.db import DatabaseError, connection
+        from django.db.migrations.executor import MigrationExecutor
+
+        configured = cast(dict[str, dict[str, Any]], settings.CACHES)
+        caches = [str(c.get("LOCATION")) for c in configured.values()
+                  if str(c.get("BACKEND")).endswith(".DatabaseCache")]  # fmt: skip
+        said = False
+        while True:
+            try:
+                executor = MigrationExecutor(connection)
+                plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+                missing = set(caches) - set(connection.introspection.table_names())
+            except DatabaseError:
+                if not said:  # not reachable: the cluster and the supervisor see to it
+                    return
+                time.sleep(every)  # (mid-migration: a table being made)
+                continue
+            finally:
+                connection.close()
+            if not plan and not missing:
+                if said:
+                    self.stdout.write("The database is ready: starting.")
+                return
+            if not said:
+                self.stdout.write(
+                    f"The database is not ready ({len(plan)} migration(s) to apply, "
+                    f"{len(missing)} cache table(s) to create): waiting for `manage.py "
+                    "migrate` and `createcachetable` (or `serve`, which runs both)."
+                )
+                self.stdout.flush()
+                said = True
+            time.sleep(every)
