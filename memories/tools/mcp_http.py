@@ -43,7 +43,7 @@ from core.tracing import attach_context, current_context, detach_context
 PARSE_ERROR, INVALID_REQUEST = -32700, -32600
 
 
-def jsonrpc_refusal(raw: bytes) -> tuple[Any, int, str] | None:
+def jsonrpc_refusal(raw: bytes, what: str = "the body") -> tuple[Any, int, str] | None:
     """What is wrong with a body that is no JSON-RPC message MCP takes: ``(id, code,
     message)``, or None. The SDK answers these with -32602 ("Invalid params") and a 2 KB
     dump of its validation, or takes a request whose id is null or an object for a
@@ -51,7 +51,7 @@ def jsonrpc_refusal(raw: bytes) -> tuple[Any, int, str] | None:
     try:
         message = json.loads(raw)
     except ValueError:  # (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
-        return None, PARSE_ERROR, "Parse error: the body is not JSON."
+        return None, PARSE_ERROR, f"Parse error: {what} is not JSON."
     if isinstance(message, list):
         return None, INVALID_REQUEST, "Invalid Request: send one JSON-RPC message, not a batch."
     if not isinstance(message, dict):

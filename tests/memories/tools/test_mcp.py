@@ -259,6 +259,46 @@ def test_stdio_unknown_owner_exits_with_a_message():
     assert "no user 'nobody'" in done.stderr and done.stdout == ""
 
 
+@pytest.mark.slow
+def test_stdio_answers_every_request_bad_lines_and_the_last_one_too(alice):
+    """The SDK's stdio server answered nothing to a line that is not JSON, a batch or a
+    request with a null id (a client waits for its own timeout), and dropped a request
+    sent just before stdin closed (``printf ... | manage.py mcp``)."""
+    import subprocess
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    call = {"jsonrpc": "2.0", "id": "last", "method": "tools/call",
+            "params": {"name": "manage_memory",
+                       "arguments": {"scope": ["user", "ann"], "content": "User likes tea"}}}  # fmt: skip
+    lines = [
+        json.dumps(init), json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        "this is not json", json.dumps([{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}]),
+        json.dumps({"jsonrpc": "2.0", "id": None, "method": "tools/list"}),
+        json.dumps({"jsonrpc": "1.0", "id": 7, "method": "tools/list"}), "",
+        json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}), json.dumps(call),
+    ]  # fmt: skip
+    params = _stdio("--owner", "alice")
+    done = subprocess.run([params.command, *params.args], cwd=params.cwd, env=params.env,
+                          input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["id"] for a in answers if "result" in a] == [1, 9, "last"]
+    assert [(a["id"], a["error"]["code"], a["error"]["message"]) for a in answers
+            if "error" in a] == [
+        (None, -32700, "Parse error: the line is not JSON."),
+        (None, -32600, "Invalid Request: send one JSON-RPC message, not a batch."),
+        (None, -32600, "Invalid Request: id must be a string or an integer (MCP: not null); "
+                       "leave it out for a notification."),
+        (7, -32600, 'Invalid Request: jsonrpc must be "2.0".'),
+    ]  # fmt: skip
+    assert list(Fact.objects.filter(owner=alice).values_list("content", flat=True)) == [
+        "User likes tea"
+    ]
+
+
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
 def test_a_body_not_sent_as_json_is_a_415_in_the_error_shape(live_server, alice, content_type):
     """The SDK's own answer is a text/plain 400 ("Invalid Content-Type header")."""

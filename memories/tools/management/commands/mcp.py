@@ -8,12 +8,14 @@ import logging
 import sys
 from typing import Any
 
+import anyio
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ServiceError
 from memories.facts.scopes import scope_parse
 from memories.tools.mcp_server import build_server, current_owner, served_scope
+from memories.tools.mcp_stdio import serve_stdio
 
 
 class Command(BaseCommand):
@@ -39,4 +41,4 @@ class Command(BaseCommand):
             except ServiceError as exc:
                 raise CommandError(str(exc)) from None
         current_owner.set(owner.pk)  # before the loop starts: every task inherits it
-        build_server().run("stdio")
+        anyio.run(serve_stdio, build_server())  # (every request answered: mcp_stdio)
