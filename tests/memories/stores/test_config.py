@@ -349,6 +349,31 @@ def test_load_memory_config_command(alice, base_doc, tmp_path: Path, flow):
     assert MemoryItem.objects.count() == 0
 
 
+def test_a_store_whose_variable_is_unset_is_applied_and_said_not_to_load(
+    alice, alice_client, tmp_path: Path, monkeypatch
+):
+    """A simple store has nothing to load, so its unset ${VAR} went unreported: the
+    command said "create store x", "1 changed" and nothing else (audit of the commands,
+    finding 17); the API's ``loads`` had no entry for it."""
+    monkeypatch.delenv("UNSET_KEY_XYZ", raising=False)
+    document = {"memory": [{"name": "notes", "type": "simple", "config": {"embedding": {
+        "provider": "openai", "model": "text-embedding-3-small",
+        "api_key": "${UNSET_KEY_XYZ}"}}}]}  # fmt: skip
+    said = "environment variable UNSET_KEY_XYZ is not set (referenced by a memory store)"
+    path = tmp_path / "memory.yaml"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    out, err = StringIO(), StringIO()
+    call_command("load_memory_config", str(path), "--owner", "alice", stdout=out, stderr=err)
+    assert out.getvalue().splitlines() == ["create    store notes", "1 changed, 0 unchanged"]
+    assert err.getvalue().splitlines() == [f"not loaded notes: {said}"]
+    stored = MemoryStore.objects.get(owner=alice, name="notes").config
+    assert stored["embedding"]["api_key"] == "${UNSET_KEY_XYZ}"  # applied all the same
+    document["memory"][0]["config"]["embedding"]["model"] = "text-embedding-3-large"
+    answer = alice_client.post(URL, document, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["loads"]["notes"]["error"]["message"] == said
+
+
 def test_a_flow_named_like_another_flows_id_is_exported_by_its_own_id(alice, alice_client, flow):
     """A new user's audit: a flow named with another flow's id was exported by that name,
     which an apply reads as an id first: re-importing the export attached the store to

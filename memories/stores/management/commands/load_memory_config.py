@@ -56,7 +56,10 @@ class Command(BaseCommand):
             where = f" on {change.flow}/{change.node}" if change.kind == "attachment" else ""
             self.stdout.write(f"{change.action:9} {change.kind} {change.store}{where}")
         for name, report in result.loads.items():
-            self.stdout.write(f"loaded    {name}: {report}")
+            if "error" in report:  # applied all the same: said, and on stderr
+                self.stderr.write(f"not loaded {name}: {report['error']['message']}")
+            else:
+                self.stdout.write(f"loaded    {name}: {report}")
         verb = "would change" if dry_run else "changed"
         counted = sum(1 for c in result.changes if c.action != "unchanged")
         self.stdout.write(f"{counted} {verb}, {len(result.changes) - counted} unchanged")
