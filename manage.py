@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 import os
+import re
 import sys
 
 
@@ -26,7 +27,7 @@ def _operator_message(exc: BaseException) -> str | None:
     """What an operator is told, in a line or a few, for a failure that is theirs to
     fix (the database down, the embedded server refusing a value) rather than a bug:
     None for anything else, which keeps its traceback."""
-    from django.db import OperationalError
+    from django.db import OperationalError, ProgrammingError
 
     from core.embedded_pg import EmbeddedPostgresError
 
@@ -38,6 +39,13 @@ def _operator_message(exc: BaseException) -> str | None:
     ):
         first = text.splitlines()[0]
         return f"database unreachable: {first} (is the server running? DATABASE_URL)"
+    role = re.fullmatch(r'role "([^"]+)" does not exist', text.splitlines()[0] if text else "")
+    if isinstance(exc, ProgrammingError) and role:  # (migrate grants to the service's role)
+        return (
+            f"database error: the service's role {role[1]!r} does not exist: make it first "
+            "(manage.py ensure_service_role, as a role that may create roles; "
+            "docs/operations.md, 'Row-level security')"
+        )
     return None
 
 

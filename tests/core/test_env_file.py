@@ -170,3 +170,25 @@ def test_embedded_db_status_reports_a_stopped_server_and_starts_none(tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert (done.returncode, done.stderr.strip()) == (1, "CommandError: not running")
     assert not (tmp_path / "pgdata").exists()
+
+
+def test_a_missing_service_role_is_said_with_what_to_do():
+    """``migrate`` with DATABASE_OWNER_URL before the service's role exists ended in
+    ``ProgrammingError: role "app2" does not exist`` (a traceback); any other error
+    keeps its traceback."""
+    import importlib.util
+
+    from django.db import ProgrammingError
+
+    spec = importlib.util.spec_from_file_location("manage_py", ROOT / "manage.py")
+    assert spec and spec.loader
+    manage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(manage)
+    said = manage._operator_message(ProgrammingError('role "app2" does not exist'))
+    assert said == (
+        "database error: the service's role 'app2' does not exist: make it first (manage.py "
+        "ensure_service_role, as a role that may create roles; docs/operations.md, "
+        "'Row-level security')"
+    )
+    assert manage._operator_message(ProgrammingError('relation "x" does not exist')) is None
+    assert manage._operator_message(ValueError("anything")) is None
