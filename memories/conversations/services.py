@@ -107,9 +107,8 @@ def _check_caller_ids(flow: Flow, session_id: str, messages: Sequence[MessageIn]
     ids: list[str] = [m.message_id for m in messages if m.message_id is not None]
     nil = next((i for i, m in enumerate(messages) if m.message_id == UUID_NIL), None)
     if nil is not None:
-        said = f"may not be {UUID_NIL} (it means 'no parent')"
-        path = f"messages[{nil}].message_id"
-        raise InvalidInput(f"{path}: {said}.", details={path: [said]})
+        raise InvalidInput.at(f"messages[{nil}].message_id",
+                              f"may not be {UUID_NIL} (it means 'no parent').")  # fmt: skip
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     taken = Message.objects.filter(flow=flow, session_id=session_id, message_id__in=ids)
     taken_ids = repeated or sorted(str(i) for i in taken.values_list("message_id", flat=True))

@@ -78,3 +78,31 @@ def test_a_chunked_mcp_request_is_read_whole(shared_served):
     assert response.status == 200, answer
     assert answer["id"] == 7
     assert {"manage_memory", "search_memory"} <= {t["name"] for t in answer["result"]["tools"]}
+
+
+def test_a_chunked_mcp_request_over_the_size_limit_is_a_413(shared_served):
+    """A chunked body has no Content-Length for the size middleware to refuse: ``/mcp``
+    reads it up to ``MAX_REQUEST_BYTES`` and answers 413 past it, in the error shape,
+    without reading the rest into memory."""
+    import http.client
+
+    from django.conf import settings
+
+    key = shared_served.key_for("mcp-chunked-large")
+    piece = b" " * (1024 * 1024)
+    pieces = [piece] * (settings.MAX_REQUEST_BYTES // len(piece)) + [b" " * 4096]
+    connection = http.client.HTTPConnection("127.0.0.1", shared_served.port, timeout=60)
+    try:
+        connection.request("POST", "/mcp", body=iter([b'{"jsonrpc": "2.0"', *pieces]),
+                           encode_chunked=True,
+                           headers={"Authorization": f"Bearer {key}",
+                                    "Content-Type": "application/json",
+                                    "Accept": "application/json, text/event-stream"})  # fmt: skip
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+    finally:
+        connection.close()
+    assert response.status == 413, answer
+    assert (answer["error"]["code"], answer["error"]["message"]) == (
+        "payload_too_large", "The request body is too large.",
+    )  # fmt: skip

@@ -104,27 +104,33 @@ class ConversationHistoryView(APIView):
         "running summary instead of dropped.",
     )
     def get(self, request: Request, session_id: str) -> Response:
-        params = _query(ConversationHistoryQuerySerializer, request)
-        flow = flow_for(request, params["flow"])
-        if params["strategy"] == "summarize":
-            summarized = conversation_history_summarized(
-                flow=flow,
-                session_id=session_id,
-                current_message_id=params.get("current_message_id"),
-                max_tokens=params["max_tokens"],
-                message_limit=params["message_limit"],
-                max_tokens_before_summary=params.get("max_tokens_before_summary"),
-                max_summary_tokens=params["max_summary_tokens"],
-            )
-            return _history_response(SummarizedHistoryOutputSerializer, summarized, params)
-        history = conversation_history(
+        return _conversation_history(request, session_id)
+
+
+def _conversation_history(request: Request, session_id: str) -> Response:
+    """A conversation's history, as its route answers it (the node route's too, for a
+    session id holding "/nodes/")."""
+    params = _query(ConversationHistoryQuerySerializer, request)
+    flow = flow_for(request, params["flow"])
+    if params["strategy"] == "summarize":
+        summarized = conversation_history_summarized(
             flow=flow,
             session_id=session_id,
             current_message_id=params.get("current_message_id"),
             max_tokens=params["max_tokens"],
             message_limit=params["message_limit"],
+            max_tokens_before_summary=params.get("max_tokens_before_summary"),
+            max_summary_tokens=params["max_summary_tokens"],
         )
-        return _history_response(ConversationHistoryOutputSerializer, history, params)
+        return _history_response(SummarizedHistoryOutputSerializer, summarized, params)
+    history = conversation_history(
+        flow=flow,
+        session_id=session_id,
+        current_message_id=params.get("current_message_id"),
+        max_tokens=params["max_tokens"],
+        message_limit=params["message_limit"],
+    )
+    return _history_response(ConversationHistoryOutputSerializer, history, params)
 
 
 class NodeTurnsView(APIView):
@@ -182,7 +188,7 @@ class NodeHistoryView(APIView):
             whole = f"{session_id}/nodes/{node_id}"
             if not session_has_messages(flow_id=flow.pk, session_id=whole):
                 raise
-            return ConversationHistoryView().get(request, whole)
+            return _conversation_history(request, whole)
         return _history_response(NodeHistoryOutputSerializer, history, params)
 
 
