@@ -240,14 +240,18 @@ def test_a_search_statement_starts_no_parallel_workers(monkeypatch):
         lambda: [s for s in pinned() if s[0] != "max_parallel_workers_per_gather"],
     )
     # (What it guards against. The planner's wish rests on the tables' sampled statistics,
-    # which an earlier test's churn can leave thin: it once planned none on a CI run, so
-    # it is asked up to three times, each on fresh statistics and a fresh connection.)
+    # which an earlier test's churn can leave thin: it is asked up to three times, each on
+    # fresh statistics and a fresh connection. On two CI runs of some hundred it planned
+    # none all three times: then there is nothing to guard against on this database, and
+    # the test says so rather than fail the run on the planner's mood.)
     wanted = 0
     for _ in range(3):
         wanted = _search_on_a_planner_that_wants_workers(kb, request)
         if wanted:
             break
-    assert wanted > 0
+    if not wanted:
+        connection.close()
+        pytest.skip("this planner wanted no parallel workers for the search, even unpinned")
     monkeypatch.setattr(engine, "_pinned", pinned)
     assert _search_on_a_planner_that_wants_workers(kb, request) == 0
     connection.close()
