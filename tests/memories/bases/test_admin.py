@@ -227,3 +227,36 @@ def test_a_view_only_account_sees_no_buttons(client, flow, memory_base):
     html = client.get(_change(memory_base)).content.decode()
     assert "support-memory" in html
     assert "Sync now" not in html and "Regenerate…" not in html
+
+
+def test_a_memory_base_with_many_sessions_lists_those_synced_last(
+    admin_client, alice, flow, memory_base, monkeypatch
+):
+    """Every session was rendered inline: 2,000 sessions made a 3 MB page of 2.6 s (the
+    admin audit). The page lists the INLINE_SESSIONS synced last and says how many there
+    are; the counters and the list's pending column are summed by the database and
+    still count every session."""
+    from memories.bases import admin as bases_admin
+    from memories.bases.models import MemoryBaseSession
+    from memories.bases.services import memory_base_create
+    from memories.conversations.services import flow_create
+
+    monkeypatch.setattr(bases_admin, "INLINE_SESSIONS", 2)
+    record(flow, "s1", "a", "b", "c")  # threshold 3: ingested (synced)
+    record(flow, "s2", "d")
+    record(flow, "s3", "e", "f")
+    record(flow, "s4", "g")
+    other = memory_base_create(owner=alice, name="other", flow=flow_create(owner=alice, name="f2"))
+    record(other.flow, "t1", "x")
+    sessions = {s.session_id: s for s in MemoryBaseSession.objects.filter(memory_base=memory_base)}
+    assert set(sessions) == {"s1", "s2", "s3", "s4"}
+    html = admin_client.get(_change(memory_base)).content.decode()
+    listed = [s for s in sessions if f">{s}</td>" in html or f"<p>{s}</p>" in html]
+    assert len(listed) == 2 and "s1" in listed  # s1 synced; then the newest (s4)
+    assert "s4" in listed
+    assert ('id="sessions-note">The sessions below are the 2 synced last of 4: '
+            f"GET /api/v1/memory-bases/{memory_base.pk}/sessions lists all.</p>") in html  # fmt: skip
+    assert 'id="counter-sessions">4<' in html and 'id="counter-pending">4<' in html
+    page = admin_client.get(LIST)
+    pending = {mb.name: mb.pending_total for mb in page.context["cl"].result_list}
+    assert pending == {memory_base.name: 4, "other": 1}
