@@ -1,25 +1,30 @@
 """The MCP server over stdin/stdout (``manage.py mcp``), answering every request.
 
 Why: the SDK's stdio transport reads a line that is not a JSON-RPC message (not JSON, a
-batch, ``"jsonrpc": "1.0"``) and drops it without an answer, takes a request whose id is
-null or an object for a notification (no answer ever comes), and ends the server at the
-end of stdin with the requests still running cancelled: a client that sends a request
-and closes its end (``printf ... | manage.py mcp``) gets nothing. Each of these left the
-client waiting for its own timeout.
+batch, ``"jsonrpc": "1.0"``, ``params`` that are no object) and drops it without an
+answer, takes a request whose id is null or an object for a notification (no answer
+ever comes), and ends the server at the end of stdin with the requests still running
+cancelled: a client that sends a request and closes its end (``printf ... | manage.py
+mcp``) gets nothing. Each of these left the client waiting for its own timeout.
 
 What: stdin goes through ``RefusingLines`` first. A line that ``jsonrpc_refusal`` (the
-HTTP door's check) refuses is answered with its JSON-RPC error (-32700 or -32600, the
-request's id when it had a usable one) through the server's own writer, and not passed
-on. At the end of stdin the lines end only once every request passed on has been
-answered (``ANSWER_WAIT_SECONDS`` at most). The SDK's claim of stdout (stray output of
-a handler goes to stderr, not into the protocol) is kept.
+HTTP door's check) or the SDK's own parser refuses is answered with its JSON-RPC error
+(-32700 or -32600, the request's id when it had a usable one) through the server's own
+writer, and not passed on. At the end of stdin those answers are written first, then
+the lines end once every request passed on was answered or cancelled by the client
+(``ANSWER_WAIT_SECONDS`` at most). The SDK's claims stay: stdout carries the protocol
+only (stray output goes to stderr) and fd 0 reads the null device while serving (a
+handler or a child that reads stdin cannot take protocol lines).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from io import TextIOWrapper
 from typing import Any, cast
 
@@ -27,25 +32,28 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp.types import ErrorData, JSONRPCError, JSONRPCResponse
+from mcp.types import ErrorData, JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
+from pydantic import ValidationError
 
-from memories.tools.mcp_http import jsonrpc_refusal
+from memories.tools.mcp_http import INVALID_REQUEST, jsonrpc_refusal
 
 ANSWER_WAIT_SECONDS = 120.0  # at the end of stdin, how long running requests may finish
 
 
 class _InFlight:
-    """The ids of the requests passed to the server and not answered yet."""
+    """The ids of the requests passed to the server and not answered (or cancelled)."""
 
     def __init__(self) -> None:
-        self.ids: set[Any] = set()
+        self.ids: Counter[Any] = Counter()
         self.changed = anyio.Event()
 
     def add(self, request_id: Any) -> None:
-        self.ids.add(request_id)
+        self.ids[request_id] += 1
 
-    def answered(self, request_id: Any) -> None:
-        self.ids.discard(request_id)
+    def done(self, request_id: Any) -> None:
+        if self.ids[request_id] > 0:
+            self.ids[request_id] -= 1
+        self.ids += Counter()  # (drops the ids at zero)
         self.changed.set()
         self.changed = anyio.Event()
 
@@ -56,31 +64,53 @@ class _InFlight:
                 await self.changed.wait()
 
 
-class RefusingLines:
-    """stdin's lines, less those that are no JSON-RPC message MCP takes: each of those
-    goes to ``refused`` as ``(id, code, message)``. Ends after the last line once every
-    request passed on was answered."""
+def _refusal(line: str) -> tuple[Any, int, str] | None:
+    """Why ``line`` is no message the server takes: the HTTP door's reasons, then the
+    SDK parser's (``params`` that are no object...), or None."""
+    refused = jsonrpc_refusal(line.encode("utf-8", "replace"), "the line")
+    if refused is not None:
+        return refused
+    try:
+        jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        given = json.loads(line).get("id")
+        known = given if isinstance(given, str | int) and not isinstance(given, bool) else None
+        first = exc.errors()[0] if exc.errors() else None
+        if first is None:
+            return known, INVALID_REQUEST, "Invalid Request."
+        where = ".".join(str(p) for p in first["loc"][1:]) or "the message"
+        return known, INVALID_REQUEST, f"Invalid Request: {where}: {first['msg']}"
+    return None
 
-    def __init__(self, lines: Any, refused: Any, in_flight: _InFlight) -> None:
-        self.lines, self.refused, self.in_flight = lines, refused, in_flight
+
+class RefusingLines:
+    """stdin's lines, less those that are no JSON-RPC message the server takes: each of
+    those goes to ``refused`` as ``(id, code, message)``. At the end, once the refusals
+    are written (``written``) and every request passed on was answered, the lines end."""
+
+    def __init__(self, lines: Any, refused: Any, written: anyio.Event, in_flight: _InFlight):
+        self.lines, self.refused, self.written = lines, refused, written
+        self.in_flight = in_flight
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._read()
 
     async def _read(self) -> AsyncIterator[str]:
-        import json
-
         async for line in self.lines:
             if not line.strip():
                 continue
-            refusal = jsonrpc_refusal(line.encode("utf-8", "replace"), "the line")
+            refusal = _refusal(line)
             if refusal is not None:
                 await self.refused.send(refusal)
                 continue
             message = json.loads(line)
             if "method" in message and "id" in message:  # a request: an answer is due
                 self.in_flight.add(message["id"])
+            elif message.get("method") == "notifications/cancelled":  # none is, then
+                self.in_flight.done((message.get("params") or {}).get("requestId"))
             yield line
+        await self.refused.aclose()
+        await self.written.wait()
         await self.in_flight.drained(ANSWER_WAIT_SECONDS)
 
 
@@ -94,7 +124,7 @@ class _Answers:
     async def send(self, item: SessionMessage) -> None:
         await self.inner.send(item)
         if isinstance(item.message, JSONRPCResponse | JSONRPCError):
-            self.in_flight.answered(item.message.id)
+            self.in_flight.done(item.message.id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -106,25 +136,42 @@ class _Answers:
         await self.inner.aclose()
 
 
-async def _answer_refusals(refused: Any, write_stream: Any) -> None:
-    async for request_id, code, message in refused:
-        error = JSONRPCError(
-            jsonrpc="2.0", id=request_id, error=ErrorData(code=code, message=message)
-        )
-        await write_stream.send(SessionMessage(error))
+async def _answer_refusals(refused: Any, write_stream: Any, written: anyio.Event) -> None:
+    try:
+        async for request_id, code, message in refused:
+            error = ErrorData(code=code, message=message)
+            await write_stream.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id,
+                                                                error=error)))  # fmt: skip
+    finally:
+        written.set()
+
+
+@contextmanager
+def _stdin_claimed() -> Iterator[Any]:
+    """stdin's lines on a descriptor of their own, fd 0 on the null device meanwhile (as
+    the SDK's own claim does: nothing else reads protocol lines), given back after."""
+    private = os.dup(0)
+    saved = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        yield TextIOWrapper(os.fdopen(private, "rb"), encoding="utf-8", errors="replace")
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
 
 
 async def serve_stdio(server: MCPServer) -> None:
     """Run ``server`` on this process's stdin and stdout (module doc)."""
     refused_in, refused_out = anyio.create_memory_object_stream[tuple[Any, int, str]](64)
-    in_flight = _InFlight()
-    raw = os.fdopen(os.dup(0), "rb")  # (its own descriptor: closing it leaves fd 0 alone)
-    lines = anyio.wrap_file(TextIOWrapper(raw, encoding="utf-8", errors="replace"))
-    stdin = RefusingLines(lines, refused_in, in_flight)
-    async with stdio_server(stdin=cast(Any, stdin)) as (read_stream, write_stream):
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_answer_refusals, refused_out, write_stream)
-            lowlevel = server._lowlevel_server
-            await lowlevel.run(read_stream, cast(Any, _Answers(write_stream, in_flight)),
-                               lowlevel.create_initialization_options())  # fmt: skip
-            tasks.cancel_scope.cancel()
+    written, in_flight = anyio.Event(), _InFlight()
+    with _stdin_claimed() as text:
+        stdin = RefusingLines(anyio.wrap_file(text), refused_in, written, in_flight)
+        async with stdio_server(stdin=cast(Any, stdin)) as (read_stream, write_stream):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(_answer_refusals, refused_out, write_stream, written)
+                lowlevel = server._lowlevel_server
+                await lowlevel.run(read_stream, cast(Any, _Answers(write_stream, in_flight)),
+                                   lowlevel.create_initialization_options())  # fmt: skip
+                tasks.cancel_scope.cancel()
