@@ -93,6 +93,18 @@ def _table(head: list[str], rows: Any) -> str:
     return format_html("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", header, body)
 
 
+def _after(change: dict[str, Any]) -> str:
+    """A dream's change as it left the fact: its new text, or, for an update of the
+    category or confidence alone (the cells were empty), what changed."""
+    after = change.get("content") or (change.get("after") or {}).get("content")
+    if after:
+        return str(after)
+    before = change.get("before") or {}
+    moved = [f"{key}: {before.get(key)} → {value}"
+             for key, value in (change.get("after") or {}).items() if before.get(key) != value]  # fmt: skip
+    return "; ".join(moved)
+
+
 @admin.register(Dream)
 class DreamAdmin(ScopePathSearchMixin, admin.ModelAdmin):
     scope_path_lookup = "scope__path"
@@ -145,9 +157,8 @@ class DreamAdmin(ScopePathSearchMixin, admin.ModelAdmin):
     @admin.display(description="changes it made")
     def changes_table(self, dream: Dream) -> str:
         rows = (
-            (c.get("action", ""), (c.get("before") or {}).get("content", ""),
-             c.get("content") or (c.get("after") or {}).get("content") or "",
-             c.get("result") or "")
+            (c.get("action", ""), (c.get("before") or {}).get("content", ""), _after(c),
+             c.get("result") or ("update" if c.get("action") == "update" else ""))
             for c in dream.changes
         )  # fmt: skip
         return _table(["action", "before", "after", "result"], rows)

@@ -109,3 +109,23 @@ def test_running_summaries_listed_read_and_deleted_from_the_admin(
     assert again["llm_calls"] == 1 and again["folded_now"] == folded
     assert script.calls["summary"] == 2
     assert ConversationSummary.objects.get().summarized_ids == folded
+
+
+def test_a_dreams_update_of_category_or_confidence_shows_what_changed():
+    """The changes table showed empty "after" and "result" cells for an update that
+    changed only the category or the confidence (the admin audit)."""
+    from django.contrib import admin
+
+    from memories.engine.admin import DreamAdmin
+
+    before = {"id": "f1", "content": "User likes tea", "category": "context", "confidence": 0.6}
+    dream = Dream(changes=[
+        {"action": "update", "fact_id": "f1", "before": before,
+         "after": {"category": "preference", "confidence": 0.6}},
+        {"action": "replace", "fact_id": "f1", "before": before, "content": "User likes green tea",
+         "category": "preference", "confidence": 0.9, "result": "replace"},
+    ])  # fmt: skip
+    html = DreamAdmin(Dream, admin.site).changes_table(dream)
+    assert "<td>update</td><td>User likes tea</td><td>category: context → preference</td>" \
+           "<td>update</td>" in html  # fmt: skip
+    assert "<td>User likes green tea</td><td>replace</td>" in html
