@@ -34,12 +34,14 @@ def _operator_message(exc: BaseException) -> str | None:
     if isinstance(exc, EmbeddedPostgresError):
         return f"embedded database error: {exc}"
     text = str(exc).strip()
-    if isinstance(exc, OperationalError) and text.startswith(
-        ("connection failed", "connection to server")
+    first = text.splitlines()[0] if text else ""
+    if isinstance(exc, OperationalError) and first.startswith(
+        ("connection failed", "connection to server", "failed to resolve host")
     ):
-        first = text.splitlines()[0]
-        return f"database unreachable: {first} (is the server running? DATABASE_URL)"
-    role = re.fullmatch(r'role "([^"]+)" does not exist', text.splitlines()[0] if text else "")
+        hint = (" (is the server running? DATABASE_URL)" if "Connection refused" in text
+                else " (DATABASE_URL's host)" if "resolve host" in first else " (DATABASE_URL)")  # fmt: skip
+        return f"database connection failed: {first.removeprefix('connection failed: ')}{hint}"
+    role = re.fullmatch(r'role "([^"]+)" does not exist', first)
     if isinstance(exc, ProgrammingError) and role:  # (migrate grants to the service's role)
         return (
             f"database error: the service's role {role[1]!r} does not exist: make it first "

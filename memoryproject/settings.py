@@ -6,6 +6,7 @@ fail at start-up on malformed values.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import sys
@@ -397,7 +398,7 @@ if Q_CLUSTER["retry"] <= Q_CLUSTER["timeout"]:
 
 # --- Logging --------------------------------------------------------------------------
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()  # "info" as well as "INFO"
-if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+if LOG_LEVEL not in logging.getLevelNamesMapping():  # (WARN, FATAL, NOTSET too)
     raise EnvError(
         f"LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {LOG_LEVEL!r}"
     )

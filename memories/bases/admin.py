@@ -86,6 +86,9 @@ class MemoryBaseSessionInline(admin.TabularInline):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # (read-only rows: Django leaves them out of a save's validation)
+
     @admin.display(description="pending")
     def pending(self, session: MemoryBaseSession) -> int:
         return session.pending

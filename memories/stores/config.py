@@ -344,8 +344,8 @@ def _load(stores: list[MemoryStore]) -> dict[str, Any]:
     a failure is reported per store, the config stays applied."""
     out: dict[str, Any] = {}
     for store in stores:
-        backend = backend_for(store)
         try:
+            backend = backend_for(store)
             backend.check_load()  # (a store with nothing to load has its ${VAR}s too)
             report = backend.load()
         except ServiceError as exc:

@@ -131,7 +131,7 @@ def test_a_database_that_cannot_be_reached_is_said_in_one_line():
                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
-        'database unreachable: connection failed: connection to server at "127.0.0.1", port 9 '
+        'database connection failed: connection to server at "127.0.0.1", port 9 '
         "failed: Connection refused (is the server running? DATABASE_URL)"
     )
     # --traceback still shows where
@@ -192,3 +192,29 @@ def test_a_missing_service_role_is_said_with_what_to_do():
     )
     assert manage._operator_message(ProgrammingError('relation "x" does not exist')) is None
     assert manage._operator_message(ValueError("anything")) is None
+
+
+def test_connection_failures_say_which_in_one_line():
+    """A host that does not resolve kept its traceback; a refused password was said to be
+    a server not running."""
+    import importlib.util
+
+    from django.db import OperationalError
+
+    spec = importlib.util.spec_from_file_location("manage_py", ROOT / "manage.py")
+    assert spec and spec.loader
+    manage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(manage)
+    said = manage._operator_message
+    dns = OperationalError(
+        "failed to resolve host 'db.invalid': [Errno -2] Name or service not known"
+    )
+    assert said(dns) == ("database connection failed: failed to resolve host 'db.invalid': "
+                         "[Errno -2] Name or service not known (DATABASE_URL's host)")  # fmt: skip
+    password = OperationalError('connection failed: connection to server at "10.0.0.5", port '
+                                '5432 failed: FATAL:  password authentication failed for user "u"')  # fmt: skip
+    assert said(password) == (
+        'database connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+        'FATAL:  password authentication failed for user "u" (DATABASE_URL)'
+    )
+    assert said(OperationalError("could not serialize access")) is None

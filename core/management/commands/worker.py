@@ -56,6 +56,8 @@ class Command(BaseCommand):
         from django.db import DatabaseError, connection
         from django.db.migrations.executor import MigrationExecutor
 
+        from core.embedded_pg import EmbeddedPostgresError
+
         configured = cast(dict[str, dict[str, Any]], settings.CACHES)
         caches = [str(c.get("LOCATION")) for c in configured.values()
                   if str(c.get("BACKEND")).endswith(".DatabaseCache")]  # fmt: skip
@@ -65,7 +67,7 @@ class Command(BaseCommand):
                 executor = MigrationExecutor(connection)
                 plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
                 missing = set(caches) - set(connection.introspection.table_names())
-            except DatabaseError:
+            except (DatabaseError, EmbeddedPostgresError):
                 if not said:  # not reachable: the cluster and the supervisor see to it
                     return
                 time.sleep(every)  # (mid-migration: a table being made)

@@ -260,3 +260,44 @@ def test_a_memory_base_with_many_sessions_lists_those_synced_last(
     page = admin_client.get(LIST)
     pending = {mb.name: mb.pending_total for mb in page.context["cl"].result_list}
     assert pending == {memory_base.name: 4, "other": 1}
+
+
+def test_the_page_saves_when_the_sessions_listed_moved_since_it_was_read(
+    admin_client, flow, memory_base, monkeypatch
+):
+    """The sessions listed are those synced last, so one synced between the page's GET
+    and its POST changes the list. A review feared the save would then fail on a hidden
+    field ("Select a valid choice"); it does not (checked before and after making the
+    inline read-only for Django too)."""
+    from django.utils import timezone
+
+    from memories.bases import admin as bases_admin
+    from memories.bases.models import MemoryBaseSession
+
+    monkeypatch.setattr(bases_admin, "INLINE_SESSIONS", 2)
+    for session in ("s1", "s2", "s3"):
+        record(flow, session, "x")
+    page = admin_client.get(_change(memory_base))
+    form = page.context["adminform"].form
+    data = {
+        name: form.initial.get(name) for name in form.fields if form.initial.get(name) is not None
+    }
+    data.update({"name": "renamed", "auto_capture": "on" if memory_base.auto_capture else ""})
+    for inline in page.context["inline_admin_formsets"]:
+        formset = inline.formset
+        data.update(formset.management_form.initial | {
+            f"{formset.prefix}-{k}": v for k, v in formset.management_form.initial.items()
+        })  # fmt: skip
+        for n, inline_form in enumerate(formset.forms):
+            data[f"{formset.prefix}-{n}-id"] = inline_form.instance.pk
+            data[f"{formset.prefix}-{n}-memory_base"] = memory_base.pk
+    shown = {f.instance.session_id for i in page.context["inline_admin_formsets"]
+             for f in i.formset.forms}  # fmt: skip
+    hidden = ({"s1", "s2", "s3"} - shown).pop()
+    MemoryBaseSession.objects.filter(memory_base=memory_base, session_id=hidden).update(
+        last_sync_at=timezone.now()
+    )  # now one of those listed
+    saved = admin_client.post(_change(memory_base), {k: v for k, v in data.items() if v != ""})
+    assert saved.status_code == 302, saved.context["adminform"].form.errors if saved.context else ""
+    memory_base.refresh_from_db()
+    assert memory_base.name == "renamed"
