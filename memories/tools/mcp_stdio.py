@@ -33,7 +33,6 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp.types import ErrorData, JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
-from pydantic import ValidationError
 
 from memories.tools.mcp_http import INVALID_REQUEST, jsonrpc_refusal
 
@@ -72,10 +71,12 @@ def _refusal(line: str) -> tuple[Any, int, str] | None:
         return refused
     try:
         jsonrpc_message_adapter.validate_json(line, by_name=False)
-    except ValidationError as exc:
+    except ValueError as exc:  # (pydantic's ValidationError, which mcp brings, is one)
         given = json.loads(line).get("id")
         known = given if isinstance(given, str | int) and not isinstance(given, bool) else None
-        first = exc.errors()[0] if exc.errors() else None
+        listed = getattr(exc, "errors", None)
+        found: list[dict[str, Any]] = listed() if callable(listed) else []
+        first = found[0] if found else None
         if first is None:
             return known, INVALID_REQUEST, "Invalid Request."
         where = ".".join(str(p) for p in first["loc"][1:]) or "the message"
