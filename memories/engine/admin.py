@@ -260,16 +260,17 @@ class ScopeJournalAdmin(ScopePathSearchMixin, admin.ModelAdmin):
 
     @admin.action(description="Dream now (consolidate the selected scopes)", permissions=["dream"])
     def dream_now(self, request: HttpRequest, queryset: QuerySet[ScopeJournal]) -> None:
-        for scope in queryset:
+        for scope in queryset.select_related("owner"):
+            named = f"{scope.owner.username} · {scope}"  # (owners' scopes alike: "(global)")
             try:
                 outcome = dream_run(owner=scope.owner_id, scope=scope, trigger=Dream.Trigger.ADMIN)
             except ServiceError as exc:
-                self.message_user(request, f"{scope}: {exc}", level=messages.ERROR)
+                self.message_user(request, f"{named}: {exc}", level=messages.ERROR)
                 continue
             done = (
                 "unchanged, skipped" if outcome.skipped else f"{len(outcome.dream.changes)} changes"
             )
-            self.message_user(request, f"{scope}: dream {outcome.dream.pk} ({done}).")
+            self.message_user(request, f"{named}: dream {outcome.dream.pk} ({done}).")
 
 
 @admin.register(EngineFact)

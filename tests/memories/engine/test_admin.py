@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.messages import get_messages
 from django.utils import timezone
 
 from ingestion.updates import updates_run
@@ -49,9 +50,13 @@ def test_journal_dream_now_and_undo_from_the_admin(admin_client, alice, llm_sett
         == 404
     )
 
-    admin_client.post("/admin/memory_engine/scopejournal/",
-                      {"action": "dream_now", "_selected_action": [scope_id]})  # fmt: skip
+    dreamt = admin_client.post("/admin/memory_engine/scopejournal/",
+                               {"action": "dream_now", "_selected_action": [scope_id]})  # fmt: skip
     dream = Dream.objects.get()
+    # named with its owner: three owners' global scopes read alike (the admin audit)
+    assert [str(m) for m in get_messages(dreamt.wsgi_request)] == [
+        f"alice · {dream.scope}: dream {dream.pk} ({len(dream.changes)} changes)."
+    ]
     assert dream.trigger == "admin" and Fact.objects.filter(owner=alice).count() == 0
     assert "MEMORY · user/alice" in admin_client.get(
         f"/admin/memory_engine/scopejournal/{scope_id}/change/").content.decode()  # fmt: skip
