@@ -70,7 +70,7 @@ def messages(browser) -> str:
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    try:  # as rendered, but the admin's stylesheet capitalises the first letter
+    try:  # as rendered, lowercased (Django's own messages start with a capital)
         return "\n".join(
             ul.text for ul in browser.find_elements(By.CSS_SELECTOR, "ul.messagelist")
         ).lower()
