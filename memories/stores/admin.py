@@ -318,7 +318,7 @@ class MemoryStoreAdmin(admin.ModelAdmin):
             for store in self.get_queryset(request):
                 problem = memory_store_problem(store=store) if store_type(store.type) else None
                 if problem is not None:
-                    self.message_user(request, f"memory store {store.name}: {problem}; its "
+                    self.message_user(request, f"Memory store {store.name}: {problem}; its "
                                       "nodes answer without it", messages.WARNING)  # fmt: skip
         return super().changelist_view(request, extra_context)
 
