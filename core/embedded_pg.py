@@ -14,13 +14,14 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from memoryproject.env import SIZE_WITH_UNIT
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +223,7 @@ def _apply_server_settings(info: ServerInfo, pgdata: Path, wanted: dict[str, str
     from psycopg import sql
 
     for name, value in wanted.items():
-        # A bare number means bytes to pg_size_bytes but 8kB pages to the server.
-        if not re.fullmatch(r"\d+(kB|MB|GB|TB)", value):
+        if not SIZE_WITH_UNIT.fullmatch(value):  # (memoryproject.env: why a unit)
             raise EmbeddedPostgresError(
                 f"server setting {name}={value!r}: give a size with a unit, e.g. 512MB"
             )

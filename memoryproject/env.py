@@ -59,11 +59,15 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
     return value
 
 
+# A memory size the database server takes: a bare number means bytes to pg_size_bytes but
+# 8kB pages to the server, so a unit is required.
+SIZE_WITH_UNIT = re.compile(r"\d+(kB|MB|GB|TB)")
+
+
 def env_size(name: str, default: str) -> str:
-    """A memory size for the database server, with its unit (``512MB``): a bare number
-    means bytes to ``pg_size_bytes`` but 8kB pages to the server, so it is refused."""
+    """A memory size for the database server, with its unit (``512MB``: SIZE_WITH_UNIT)."""
     value = (os.environ.get(name) or default).strip()
-    if not re.fullmatch(r"\d+(kB|MB|GB|TB)", value):
+    if not SIZE_WITH_UNIT.fullmatch(value):
         raise EnvError(
             f"{name} must be a size with a unit (kB, MB, GB, TB), e.g. 512MB, got {value!r}"
         )

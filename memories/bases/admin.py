@@ -80,7 +80,7 @@ class MemoryBaseSessionInline(admin.TabularInline):
                 .order_by(F("last_sync_at").desc(nulls_last=True), "-id")
                 .values_list("pk", flat=True)[:INLINE_SESSIONS]
             )
-            qs = qs.filter(pk__in=list(shown))
+            qs = qs.filter(pk__in=shown)  # (a subquery with its LIMIT: one statement)
         return sessions_with_status(qs)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

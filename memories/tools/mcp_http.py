@@ -43,7 +43,7 @@ from core.tracing import attach_context, current_context, detach_context
 PARSE_ERROR, INVALID_REQUEST = -32700, -32600
 
 
-def jsonrpc_refusal(raw: bytes, what: str = "the body") -> tuple[Any, int, str] | None:
+def jsonrpc_refusal(raw: bytes) -> tuple[Any, int, str] | None:
     """What is wrong with a body that is no JSON-RPC message MCP takes: ``(id, code,
     message)``, or None. The SDK answers these with -32602 ("Invalid params") and a 2 KB
     dump of its validation, or takes a request whose id is null or an object for a
@@ -51,13 +51,22 @@ def jsonrpc_refusal(raw: bytes, what: str = "the body") -> tuple[Any, int, str] 
     try:
         message = json.loads(raw)
     except ValueError:  # (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
-        return None, PARSE_ERROR, f"Parse error: {what} is not JSON."
+        return None, PARSE_ERROR, "Parse error: the body is not JSON."
+    return message_refusal(message)
+
+
+def usable_id(value: Any) -> Any:
+    """A message's id as an answer may repeat it: a string or an integer, else None."""
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
+def message_refusal(message: Any) -> tuple[Any, int, str] | None:
+    """``jsonrpc_refusal`` of a body already parsed."""
     if isinstance(message, list):
         return None, INVALID_REQUEST, "Invalid Request: send one JSON-RPC message, not a batch."
     if not isinstance(message, dict):
         return None, INVALID_REQUEST, "Invalid Request: a JSON-RPC message is a JSON object."
-    given = message.get("id")
-    known = given if isinstance(given, str | int) and not isinstance(given, bool) else None
+    known = usable_id(message.get("id"))
     if message.get("jsonrpc") != "2.0":
         return known, INVALID_REQUEST, 'Invalid Request: jsonrpc must be "2.0".'
     if "method" in message:

@@ -7,10 +7,10 @@ ever comes), and ends the server at the end of stdin with the requests still run
 cancelled: a client that sends a request and closes its end (``printf ... | manage.py
 mcp``) gets nothing. Each of these left the client waiting for its own timeout.
 
-What: stdin goes through ``RefusingLines`` first. A line that ``jsonrpc_refusal`` (the
-HTTP door's check) or the SDK's own parser refuses is answered with its JSON-RPC error
-(-32700 or -32600, the request's id when it had a usable one) through the server's own
-writer, and not passed on. At the end of stdin those answers are written first, then
+What: stdin goes through ``RefusingLines`` first. A line that is not JSON, or that
+``message_refusal`` (the HTTP door's check) or the SDK's own parser refuses, is answered
+with its JSON-RPC error (-32700 or -32600, the request's id when it had a usable one)
+through the server's own writer, and not passed on. At the end of stdin those answers are written first, then
 the lines end once every request passed on was answered or cancelled by the client
 (``ANSWER_WAIT_SECONDS`` at most). The SDK's claims stay: stdout carries the protocol
 only (stray output goes to stderr) and fd 0 reads the null device while serving (a
@@ -34,7 +34,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp.types import ErrorData, JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
 
-from memories.tools.mcp_http import INVALID_REQUEST, jsonrpc_refusal
+from memories.tools.mcp_http import INVALID_REQUEST, PARSE_ERROR, message_refusal, usable_id
 
 ANSWER_WAIT_SECONDS = 120.0  # at the end of stdin, how long running requests may finish
 
@@ -63,17 +63,17 @@ class _InFlight:
                 await self.changed.wait()
 
 
-def _refusal(line: str) -> tuple[Any, int, str] | None:
-    """Why ``line`` is no message the server takes: the HTTP door's reasons, then the
-    SDK parser's (``params`` that are no object...), or None."""
-    refused = jsonrpc_refusal(line.encode("utf-8", "replace"), "the line")
+def _refusal(line: str, message: Any) -> tuple[Any, int, str] | None:
+    """Why ``line`` (parsed: ``message``) is no message the server takes: the HTTP
+    door's reasons, then the SDK parser's (``params`` that are no object...), or None.
+    (The SDK's words are those of its JSON reading: "an object", not "a dictionary".)"""
+    refused = message_refusal(message)
     if refused is not None:
         return refused
     try:
         jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError as exc:  # (pydantic's ValidationError, which mcp brings, is one)
-        given = json.loads(line).get("id")
-        known = given if isinstance(given, str | int) and not isinstance(given, bool) else None
+        known = usable_id(message.get("id"))
         listed = getattr(exc, "errors", None)
         found: list[dict[str, Any]] = listed() if callable(listed) else []
         first = found[0] if found else None
@@ -100,11 +100,15 @@ class RefusingLines:
         async for line in self.lines:
             if not line.strip():
                 continue
-            refusal = _refusal(line)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                await self.refused.send((None, PARSE_ERROR, "Parse error: the line is not JSON."))
+                continue
+            refusal = _refusal(line, message)
             if refusal is not None:
                 await self.refused.send(refusal)
                 continue
-            message = json.loads(line)
             if "method" in message and "id" in message:  # a request: an answer is due
                 self.in_flight.add(message["id"])
             elif message.get("method") == "notifications/cancelled":  # none is, then

@@ -172,40 +172,39 @@ def test_embedded_db_status_reports_a_stopped_server_and_starts_none(tmp_path):
     assert not (tmp_path / "pgdata").exists()
 
 
-def test_a_missing_service_role_is_said_with_what_to_do():
-    """``migrate`` with DATABASE_OWNER_URL before the service's role exists ended in
-    ``ProgrammingError: role "app2" does not exist`` (a traceback); any other error
-    keeps its traceback."""
+def _manage():
+    """manage.py as a module (it is a script, not a package's)."""
     import importlib.util
-
-    from django.db import ProgrammingError
 
     spec = importlib.util.spec_from_file_location("manage_py", ROOT / "manage.py")
     assert spec and spec.loader
     manage = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(manage)
-    said = manage._operator_message(ProgrammingError('role "app2" does not exist'))
+    return manage
+
+
+def test_a_missing_service_role_is_said_with_what_to_do():
+    """``migrate`` with DATABASE_OWNER_URL before the service's role exists ended in
+    ``ProgrammingError: role "app2" does not exist`` (a traceback); any other error
+    keeps its traceback."""
+    from django.db import ProgrammingError
+
+    said = _manage()._operator_message(ProgrammingError('role "app2" does not exist'))
     assert said == (
         "database error: the service's role 'app2' does not exist: make it first (manage.py "
         "ensure_service_role, as a role that may create roles; docs/operations.md, "
         "'Row-level security')"
     )
-    assert manage._operator_message(ProgrammingError('relation "x" does not exist')) is None
-    assert manage._operator_message(ValueError("anything")) is None
+    assert _manage()._operator_message(ProgrammingError('relation "x" does not exist')) is None
+    assert _manage()._operator_message(ValueError("anything")) is None
 
 
 def test_connection_failures_say_which_in_one_line():
     """A host that does not resolve kept its traceback; a refused password was said to be
     a server not running."""
-    import importlib.util
-
     from django.db import OperationalError
 
-    spec = importlib.util.spec_from_file_location("manage_py", ROOT / "manage.py")
-    assert spec and spec.loader
-    manage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(manage)
-    said = manage._operator_message
+    said = _manage()._operator_message
     dns = OperationalError(
         "failed to resolve host 'db.invalid': [Errno -2] Name or service not known"
     )
