@@ -8,10 +8,11 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryproject.settings")
     from django.core.management import execute_from_command_line
 
-    from core.tenancy import for_command
+    from core import embedded_pg, tenancy
     from memoryproject.env import EnvError
 
-    for_command(sys.argv)  # whose rows the command may touch (core.tenancy)
+    tenancy.for_command(sys.argv)  # whose rows the command may touch
+    embedded_pg.for_command(sys.argv)  # whether it may create a missing embedded database
     try:
         execute_from_command_line(sys.argv)
     except EnvError as exc:  # a bad setting: one line naming it, not a traceback
@@ -31,10 +32,13 @@ def _operator_message(exc: BaseException) -> str | None:
 
     from core.embedded_pg import EmbeddedPostgresError
 
-    if isinstance(exc, EmbeddedPostgresError):
-        return f"embedded database error: {exc}"
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
+    cause: BaseException | None = exc  # (a missing database: Django's OperationalError,
+    while cause is not None:  # from core.db_backend's DatabaseMissing, from embedded_pg's)
+        if isinstance(cause, EmbeddedPostgresError):
+            return f"embedded database error: {text}"
+        cause = cause.__cause__
     if isinstance(exc, OperationalError) and first.startswith(
         ("connection failed", "connection to server", "failed to resolve host")
     ):

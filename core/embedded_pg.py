@@ -37,6 +37,30 @@ class EmbeddedPostgresError(RuntimeError):
     """The embedded database could not be started or failed its self-check."""
 
 
+class EmbeddedDatabaseMissing(EmbeddedPostgresError):
+    """The server runs, but the database asked for does not exist and this process
+    does not make databases (``for_command``)."""
+
+
+# The manage.py commands that create their database on the embedded server when it is
+# missing (a first ``make run`` runs ``serve``; ``embedded_db start`` too). Any other
+# command (a worker, ``mcp``, an import) finds it made or says so: a mistyped
+# EMBEDDED_DB_NAME made an empty database and the command ran on it as if the memories
+# were gone. Processes that are no manage.py command (the tests, scripts) create it.
+COMMANDS_CREATING_DATABASE = frozenset({"migrate", "serve", "runserver", "test", "testserver"})
+_creates_database = True
+
+
+def for_command(argv: list[str]) -> None:
+    """Whether this ``manage.py`` process may create a missing database."""
+    global _creates_database
+    _creates_database = (
+        len(argv) < 2
+        or argv[1] in COMMANDS_CREATING_DATABASE
+        or argv[1:3] == ["embedded_db", "start"]
+    )
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     socket_dir: str
@@ -175,7 +199,7 @@ def _wait_for_connection(info: ServerInfo, timeout: float) -> None:
     raise EmbeddedPostgresError(f"embedded PostgreSQL did not accept connections: {last_error}")
 
 
-def _ensure_database(info: ServerInfo) -> None:
+def _ensure_database(info: ServerInfo, pgdata: Path) -> None:
     import psycopg
     from psycopg import errors, sql
 
@@ -185,6 +209,16 @@ def _ensure_database(info: ServerInfo) -> None:
         ).fetchone()
         if exists:
             return
+        if not _creates_database:
+            held = conn.execute(
+                "SELECT string_agg(quote_ident(datname), ', ' ORDER BY datname) FROM pg_database"
+                " WHERE NOT datistemplate AND datname <> 'postgres'"
+            ).fetchone()
+            raise EmbeddedDatabaseMissing(
+                f"the database {info.dbname!r} (EMBEDDED_DB_NAME) does not exist on the server "
+                f"in {pgdata}; it holds {(held and held[0]) or 'no database yet'}. "
+                "`manage.py migrate` (or `serve`) creates it."
+            )
         try:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(info.dbname)))
         except errors.DuplicateDatabase:
@@ -370,7 +404,7 @@ def ensure_embedded_postgres(
             pid = _postmaster_pid(pgdata)
             info = replace(info, pid=pid or info.pid)
             _wait_for_connection(info, timeout=30)
-        _ensure_database(info)
+        _ensure_database(info, pgdata)
         if service_role:
             _ensure_role(info, service_role)
     pgvector_self_check(info.conninfo())

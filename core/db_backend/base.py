@@ -30,10 +30,17 @@ from django.db.backends.postgresql import base, client, creation
 from psycopg.pq import TransactionStatus
 
 from core import tenancy
-from core.embedded_pg import ServerInfo, ensure_embedded_postgres
+from core.embedded_pg import EmbeddedDatabaseMissing, ServerInfo, ensure_embedded_postgres
 
 _lock = threading.Lock()
 _servers: dict[tuple[Path, str], ServerInfo] = {}
+
+
+class DatabaseMissing(psycopg.OperationalError):
+    """The embedded server has no database of that name and this process makes none
+    (``core.embedded_pg.for_command``): a connection error, as PostgreSQL's own "database
+    does not exist" is, so what copes with a database it cannot reach (a system check,
+    the worker's wait) copes with this one; Django raises it as its OperationalError."""
 
 
 def embedded_server(settings_dict: dict[str, Any]) -> ServerInfo | None:
@@ -46,10 +53,13 @@ def embedded_server(settings_dict: dict[str, Any]) -> ServerInfo | None:
     with _lock:  # two threads' first connections start (and self-check) it once
         info = _servers.get(key)
         if info is None:
-            info = ensure_embedded_postgres(
-                key[0], dbname=config["dbname"], server_settings=config.get("server_settings"),
-                service_role=config.get("service_role"),
-            )  # fmt: skip
+            try:
+                info = ensure_embedded_postgres(
+                    key[0], dbname=config["dbname"], server_settings=config.get("server_settings"),
+                    service_role=config.get("service_role"),
+                )  # fmt: skip
+            except EmbeddedDatabaseMissing as exc:
+                raise DatabaseMissing(str(exc)) from exc
             _servers[key] = info
     if not settings_dict.get("HOST"):  # a test may point the entry elsewhere on purpose
         settings_dict["HOST"] = info.socket_dir

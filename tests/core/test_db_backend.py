@@ -104,9 +104,12 @@ def test_commands_that_need_no_database_start_none(tmp_path):
         assert "embedded_db" in manage("help")  # every app loaded, the settings read
         assert not (data_dir / "pgdata").exists()  # no server, not even initialised
 
+        # the first command that connects starts it (`migrate`, which also makes the
+        # database: other commands make none, core.embedded_pg.for_command)
+        assert "Planned operations" in manage("migrate", "--plan")
+        assert postmaster_running(data_dir / "pgdata")
         code = "from django.db import connection as c; c.ensure_connection(); print(c.settings_dict['HOST'])"
         host = manage("shell", "-c", code).strip().splitlines()[-1]
-        assert postmaster_running(data_dir / "pgdata")
         assert host and Path(host, ".s.PGSQL.5432").exists()
     finally:
         stop_embedded_postgres(data_dir)

@@ -211,3 +211,35 @@ def test_a_setting_the_server_cannot_start_with_is_taken_back(data_dir):
 def test_server_sizes_need_a_unit(data_dir):
     with pytest.raises(EmbeddedPostgresError, match="give a size with a unit"):
         ensure_embedded_postgres(data_dir, dbname="app", server_settings={"work_mem": "16384"})
+
+
+def test_a_command_that_makes_no_database_names_a_missing_one_and_makes_none(data_dir, monkeypatch):
+    """A mistyped EMBEDDED_DB_NAME made an empty database on the server, and the command
+    (a worker, ``mcp``, an import) ran on it as if the memories were gone. Only
+    ``migrate``, ``serve`` and the tests make one now; any other command is told which
+    databases the server holds."""
+    info = ensure_embedded_postgres(data_dir, dbname="memory")
+    monkeypatch.setattr(embedded_pg, "_creates_database", True)  # (put back after)
+    embedded_pg.for_command(["manage.py", "export_memory"])
+    assert embedded_pg._creates_database is False
+    with pytest.raises(embedded_pg.EmbeddedDatabaseMissing) as refused:
+        ensure_embedded_postgres(data_dir, dbname="memroy")
+    assert str(refused.value) == (
+        f"the database 'memroy' (EMBEDDED_DB_NAME) does not exist on the server in "
+        f"{(data_dir / 'pgdata').resolve()}; it holds memory. `manage.py migrate` (or `serve`) "
+        "creates it."
+    )
+    with psycopg.connect(info.conninfo("postgres")) as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT datname FROM pg_database WHERE NOT datistemplate ORDER BY 1")]  # fmt: skip
+    assert names == ["memory", "postgres"]
+    # the one it has is found as before
+    assert ensure_embedded_postgres(data_dir, dbname="memory").dbname == "memory"
+    for command in (["migrate"], ["serve"], ["test"], ["embedded_db", "start"]):
+        embedded_pg.for_command(["manage.py", *command])
+        assert embedded_pg._creates_database is True
+    for command in (["worker"], ["mcp"], ["embedded_db", "status"], ["shell"]):
+        embedded_pg.for_command(["manage.py", *command])
+        assert embedded_pg._creates_database is False
+    embedded_pg.for_command(["manage.py", "migrate"])
+    assert ensure_embedded_postgres(data_dir, dbname="memroy").dbname == "memroy"

@@ -1,6 +1,8 @@
 """``manage.py worker`` on a database not migrated yet says so once and waits, then
 starts once ``migrate`` and ``createcachetable`` ran (it printed a traceback a second
-until then: 16 tracebacks and 164 "django_cache does not exist" lines in 45 s)."""
+until then: 16 tracebacks and 164 "django_cache does not exist" lines in 45 s). On an
+embedded database not made yet it waits too (it made the database before: a mistyped
+EMBEDDED_DB_NAME gave it an empty one), and other commands say so and make none."""
 
 from __future__ import annotations
 
@@ -41,8 +43,32 @@ def test_a_worker_on_an_unmigrated_database_waits_then_starts(tmp_path):
         worker = subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT, env=env,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        said = _wait_for(log, "waiting for `manage.py migrate`", 120)
+        said = _wait_for(log, "does not exist on the server", 120)
+        assert "Waiting: the database 'memory' (EMBEDDED_DB_NAME)" in said
+        assert "it holds no database yet. `manage.py migrate` (or `serve`) creates it." in said
+        typo = subprocess.run(
+            [sys.executable, "manage.py", "export_memory", "alice"], cwd=ROOT,
+            env={**env, "EMBEDDED_DB_NAME": "memroy"}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert typo.returncode == 1 and typo.stdout == ""
+        assert (
+            typo.stderr.splitlines()[-1].startswith(  # (after the system checks' warnings)
+                "embedded database error: the database 'memroy' (EMBEDDED_DB_NAME) does not exist"
+            )
+            and "Traceback" not in typo.stderr
+        ), typo.stderr
+        # `migrate` makes the database (--plan: and applies nothing): the worker waits on
+        subprocess.run([sys.executable, "manage.py", "migrate", "--plan"],
+                       cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+        said = _wait_for(log, "waiting for `manage.py migrate`", 60)
         assert said.count("The database is not ready") == 1
+        databases = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-v0", "-c", "from django.db import connection as c;"
+             "print(*sorted(r[0] for r in c.cursor().execute("
+             "'SELECT datname FROM pg_database WHERE NOT datistemplate')))"],
+            cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert databases.stdout.split() == ["memory", "postgres"]  # no "memroy"
         time.sleep(3)  # still waiting, quietly
         assert worker.poll() is None and "Traceback" not in log.read_text(errors="replace")
         for command in (["migrate", "-v0"], ["createcachetable"]):

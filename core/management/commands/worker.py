@@ -51,39 +51,45 @@ class Command(BaseCommand):
         """The worker does not migrate (operations.md): on a database not migrated yet
         it says so once and waits, rather than starting a cluster whose every process
         logs a traceback a second until ``migrate`` (or ``serve``, which migrates) ran.
+        So on an embedded database not made yet (``core.embedded_pg.for_command``).
         A database it cannot reach at first is left to the cluster and the supervisor,
         as before."""
         from django.db import DatabaseError, connection
         from django.db.migrations.executor import MigrationExecutor
 
+        from core.db_backend.base import DatabaseMissing
         from core.embedded_pg import EmbeddedPostgresError
 
         configured = cast(dict[str, dict[str, Any]], settings.CACHES)
         caches = [str(c.get("LOCATION")) for c in configured.values()
                   if str(c.get("BACKEND")).endswith(".DatabaseCache")]  # fmt: skip
-        said = False
+        said = ""  # the reason to wait it told last: each new one is told once
         while True:
             try:
                 executor = MigrationExecutor(connection)
                 plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
                 missing = set(caches) - set(connection.introspection.table_names())
-            except (DatabaseError, EmbeddedPostgresError):
-                if not said:  # not reachable: the cluster and the supervisor see to it
-                    return
-                time.sleep(every)  # (mid-migration: a table being made)
-                continue
-            finally:
-                connection.close()
-            if not plan and not missing:
-                if said:
-                    self.stdout.write("The database is ready: starting.")
-                return
-            if not said:
-                self.stdout.write(
+                waiting = (
                     f"The database is not ready ({len(plan)} migration(s) to apply, "
                     f"{len(missing)} cache table(s) to create): waiting for `manage.py "
                     "migrate` and `createcachetable` (or `serve`, which runs both)."
-                )
+                ) if plan or missing else ""  # fmt: skip
+            except (DatabaseError, EmbeddedPostgresError) as exc:
+                if isinstance(exc.__cause__, DatabaseMissing):  # (a first `serve` makes it)
+                    waiting = f"Waiting: {exc}"
+                elif not said:  # not reachable: the cluster and the supervisor see to it
+                    return
+                else:
+                    time.sleep(every)  # (mid-migration: a table being made)
+                    continue
+            finally:
+                connection.close()
+            if not waiting:
+                if said:
+                    self.stdout.write("The database is ready: starting.")
+                return
+            if waiting[:8] != said:  # (not again as the migrations left to apply go down)
+                self.stdout.write(waiting)
                 self.stdout.flush()
-                said = True
+                said = waiting[:8]
             time.sleep(every)
