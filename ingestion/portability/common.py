@@ -119,14 +119,16 @@ def embedding(obj: dict[str, Any], line: int) -> list[float] | None:
 class Ids:
     """The importing owner's ids for the file's: derived (``uuid5`` of the owner and the
     file's id), so the same file imported twice names the same objects, and another
-    owner gets ids of its own."""
+    owner gets ids of its own. ``variant`` sets apart the rows of one id placed
+    elsewhere (a fact in a scope the import's scope map renamed)."""
 
     owner_id: int
     known: dict[tuple[str, str], Any] = field(default_factory=dict)
 
-    def new(self, kind: str, old: str) -> uuid.UUID:
-        space = uuid.uuid5(uuid.NAMESPACE_URL, f"memory-import:{self.owner_id}:{kind}")
+    def new(self, kind: str, old: str, variant: str = "") -> uuid.UUID:
+        name = f"memory-import:{self.owner_id}:{kind}"
+        space = uuid.uuid5(uuid.NAMESPACE_URL, f"{name}:{variant}" if variant else name)
         return uuid.uuid5(space, str(old))
 
-    def maybe(self, kind: str, old: str | None) -> uuid.UUID | None:
-        return None if old is None else self.new(kind, old)
+    def maybe(self, kind: str, old: str | None, variant: str = "") -> uuid.UUID | None:
+        return None if old is None else self.new(kind, old, variant)

@@ -117,6 +117,7 @@ class Facts:
     facts: list[dict[str, Any]] = field(default_factory=list)
     versions: list[dict[str, Any]] = field(default_factory=list)
     mapped: set[Path] = field(default_factory=set)  # the map's scopes the file has
+    variants: dict[str, str] = field(default_factory=dict)  # a fact's id: its renamings
     types = ("scope", "fact", "version")
 
     def all_mapped(self) -> None:
@@ -149,6 +150,15 @@ class Facts:
         self.scopes.setdefault(path, path[1] if len(path) == 2 and path[0] == "user" else None)
         return path
 
+    def renamed(self, paths: list[Any]) -> str:
+        """The renamings of the map that place a row (its ids' ``variant``): a fact of a
+        scope mapped away is another row than the same fact imported where it was (the
+        file imported first with the map, then without it, wrote no fact the second
+        time, their ids taken, and left an empty scope); with the same map, the same."""
+        said = {f"{'/'.join(p)}>{'/'.join(self.mapping[tuple(p)])}" for p in paths
+                if isinstance(p, list) and tuple(p) in self.mapping}  # fmt: skip
+        return ",".join(sorted(said))
+
     def parse(self, obj: dict[str, Any], line: int) -> None:
         kind = obj["type"]
         if kind == "scope":
@@ -160,11 +170,13 @@ class Facts:
             row["scopes"] = [self.path(p, line) for p in obj.get("scopes") or []]
             if not row["scopes"]:
                 raise bad(line, "a fact needs the scopes that hold it")
+            row["variant"] = self.variants[row["id"]] = self.renamed(obj["scopes"])
             self.facts.append(row)
             return
         row["fact_id"] = old_id(obj.get("fact_id"), line, "fact_id")
         row["successor"] = str(obj["successor"]) if obj.get("successor") else None
         row["scope"] = self.path(obj.get("scope"), line)
+        row["variant"] = self.renamed([obj.get("scope")])
         row["recorded_to"] = when(obj.get("recorded_to"), line, "recorded_to", True)
         row["action"] = str(obj.get("action") or "update")[:16]
         row["reason"] = str(obj.get("reason") or "")
@@ -188,7 +200,7 @@ class Facts:
             )  # fmt: skip
             counts["scopes"] += 0 if before else 1
         counts["facts"] = _copy_facts(self.facts, owner_id, ids, rows, now)
-        counts["versions"] = _copy_versions(self.versions, owner_id, ids, rows)
+        counts["versions"] = _copy_versions(self.versions, owner_id, ids, rows, self.variants)
         if counts["facts"]:
             enqueue_fact_indexing(on_commit=True)
         return counts
@@ -292,7 +304,8 @@ def _copy_facts(facts: list[dict[str, Any]], owner_id: int, ids: Ids,
                 held = [scopes[p].pk for p in dict.fromkeys(row["scopes"])]
                 line = fact_line(_Line(row["category"], row["confidence"], row["content"]))
                 copy.write_row((
-                    ids.new("fact", row["id"]), row["content"], normalize_fact(row["content"]),
+                    ids.new("fact", row["id"], row["variant"]), row["content"],
+                    normalize_fact(row["content"]),
                     held[0] if len(held) == 1 else None, ",".join(map(str, held)),
                     row["category"], row["confidence"], row["source_kind"], row["source_ref"],
                     np.asarray(row["embedding"], dtype=np.float32), row["embedding_model"],
@@ -330,7 +343,7 @@ _VERSION_MOVE = (
 
 
 def _copy_versions(versions: list[dict[str, Any]], owner_id: int, ids: Ids,
-                   scopes: dict[Path, Scope]) -> int:  # fmt: skip
+                   scopes: dict[Path, Scope], variants: dict[str, str]) -> int:  # fmt: skip
     if not versions:
         return 0
     with _raw().cursor() as cur:
@@ -341,14 +354,19 @@ def _copy_versions(versions: list[dict[str, Any]], owner_id: int, ids: Ids,
         ) as copy:
             copy.set_types(_VERSION_TYPES)
             for row in versions:
+                # (a fact the file no longer holds, deleted: placed where its version was)
+                fact, successor = (variants.get(i, row["variant"]) if i else ""
+                                   for i in (row["fact_id"], row["successor"]))  # fmt: skip
                 copy.write_row((
-                    ids.new("version", row["id"]), ids.new("fact", row["fact_id"]),
+                    ids.new("version", row["id"], row["variant"]),
+                    ids.new("fact", row["fact_id"], fact),
                     scopes[row["scope"]].pk, row["content"], row["category"], row["confidence"],
                     row["source_kind"], row["source_ref"], Jsonb(row["metadata"]),
                     np.asarray(row["embedding"], dtype=np.float32), row["embedding_model"],
                     len(row["embedding"]), row["observed_at"], row["valid_from"],
                     row["valid_to"], min(row["recorded_from"], row["recorded_to"]),
-                    row["recorded_to"], row["created_at"], ids.maybe("fact", row["successor"]),
+                    row["recorded_to"], row["created_at"],
+                    ids.maybe("fact", row["successor"], successor),
                     row["action"], row["reason"], Jsonb(row["closed_by"]), row["superseded"],
                 ))  # fmt: skip
         cur.execute(_VERSION_MOVE, [owner_id])

@@ -251,6 +251,49 @@ def test_scope_map_renames_an_end_user(alice, bob, alice_client, bob_client):
     assert not Scope.objects.filter(owner=bob, path=["user", "alice"]).exists()
 
 
+def test_the_file_again_without_the_map_copies_the_renamed_scope(alice, bob, alice_client,
+                                                                  bob_client):  # fmt: skip
+    """Imported with ``user/alice`` mapped to ``user/ann``, then again without the map: the
+    second import made an empty ``user/alice`` and reported no fact (its facts' ids were
+    the mapped ones'). Now a fact placed by the map is a row of its own: without the map
+    the file's alice facts come to ``user/alice`` with their history, the scopes the map
+    did not touch are not copied twice, and each import again writes nothing."""
+    _facts(alice)
+    lines = _export(alice_client)
+    renamed = json.dumps({"user/alice": "user/ann"})
+
+    def held(path):
+        return sorted(FactLink.objects.filter(scope__owner=bob, scope__path=path)
+                      .values_list("fact__content", flat=True))  # fmt: skip
+
+    first = _import(bob_client, lines, scope_map=renamed).json()
+    assert (first["scopes"], first["facts"], first["versions"]) == (3, 4, 3)
+    again = _import(bob_client, lines, scope_map=renamed).json()
+    assert (again["scopes"], again["facts"], again["versions"]) == (0, 0, 0)
+    ann = {
+        f.content: f.pk for f in Fact.objects.filter(owner=bob, links__scope__path=["user", "ann"])
+    }
+
+    plain = _import(bob_client, lines).json()
+    assert (plain["scopes"], plain["facts"], plain["versions"]) == (1, 2, 3)
+    assert held(["user", "alice"]) == held(["user", "ann"]) == [
+        "User drinks green tea", "User lives in Porto",
+    ]  # fmt: skip
+    assert held(["org", "acme"]) == ["Acme ships on Fridays"]  # (not copied twice)
+    assert held([]) == ["Support answers within a day"]
+    porto = Fact.objects.get(owner=bob, links__scope__path=["user", "alice"],
+                             content="User lives in Porto")  # fmt: skip
+    assert porto.pk != ann["User lives in Porto"]
+    lisbon = FactVersion.objects.get(owner=bob, content="User lives in Lisbon",
+                                     scope__path=["user", "alice"])  # fmt: skip
+    assert lisbon.successor_id == porto.pk  # the copy's history is the copy's
+    assert FactVersion.objects.filter(owner=bob, scope__path=["user", "ann"]).count() == 3
+    assert FactVersion.objects.filter(owner=bob, scope__path=["user", "alice"]).count() == 3
+    last = _import(bob_client, lines).json()
+    assert (last["scopes"], last["facts"], last["versions"]) == (0, 0, 0)
+    assert Fact.objects.filter(owner=bob).count() == 6
+
+
 def test_a_scope_map_naming_a_scope_the_file_lacks_is_refused(alice, bob, alice_client,
                                                               bob_client, tmp_path):  # fmt: skip
     """A typo in the map (``user/alcie``) imported everything unrenamed, with 200."""
