@@ -5,7 +5,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.auth import get_permission_codename
+from django.contrib.auth import get_permission_codename, get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -348,3 +349,40 @@ class AccessEventAdmin(ReadOnlyAdmin):
         removed = ", ".join(f"{n:,} {k}" for k, n in counts.items() if n)
         kind = str(obj.detail.get("scope_kind", ""))
         return f"{kind}: {removed}" if removed else kind
+
+
+class OwnerChoosingUserAdmin(UserAdmin):
+    """Django's user admin, but the owner boxes of the rows an operator may add or change
+    (an API key, a budget, a flow, a memory store: chosen by username) answer them
+    without the permission to view users: Django's autocomplete asks for it, so an
+    operator granted the keys alone found no owner to give a new key."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or (
+            obj is None and _chooses_an_owner(request)
+        )
+
+
+def _chooses_an_owner(request: HttpRequest) -> bool:
+    """An autocomplete request for the ``owner`` field of a model whose admin lets the
+    user add or change its rows."""
+    match = getattr(request, "resolver_match", None)
+    if match is None or match.url_name != "autocomplete":
+        return False
+    if request.GET.get("field_name") != "owner":
+        return False
+    for model, model_admin in admin.site._registry.items():
+        if (model._meta.app_label, model._meta.model_name) == (
+            request.GET.get("app_label"),
+            request.GET.get("model_name"),
+        ):
+            field = next((f for f in model._meta.get_fields() if f.name == "owner"), None)
+            return getattr(field, "related_model", None) is get_user_model() and (
+                model_admin.has_add_permission(request)
+                or model_admin.has_change_permission(request)
+            )
+    return False
+
+
+admin.site.unregister(get_user_model())
+admin.site.register(get_user_model(), OwnerChoosingUserAdmin)

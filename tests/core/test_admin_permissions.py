@@ -124,3 +124,37 @@ def test_what_holds_those_rows_is_still_deleted_through_its_page(admin_client, a
     api_key_create(owner=alice, name="kept")
     page = admin_client.get(f"/admin/auth/user/{alice.pk}/delete/")
     assert page.status_code == 200 and "API key" not in page.context["perms_lacking"]
+
+
+@pytest.mark.parametrize(
+    ("app_label", "model_name"),
+    [
+        ("core", "apikey"),
+        ("core", "usagebudget"),
+        ("conversations", "flow"),
+        ("memory_stores", "memorystore"),
+    ],  # fmt: skip
+)
+def test_an_operator_who_may_add_the_rows_finds_their_owner_without_viewing_users(
+    alice, app_label, model_name
+):
+    """Owner boxes are Django autocompletes, which asked for the permission to view
+    users: an operator granted only the keys found no owner to give a new key."""
+    model = next(m for m in admin.site._registry if
+                 (m._meta.app_label, m._meta.model_name) == (app_label, model_name))  # fmt: skip
+    operator = User.objects.create_user("keys-only", password="x", is_staff=True)
+    client = Client()
+    client.force_login(operator)
+    ask = {"app_label": app_label, "model_name": model_name, "field_name": "owner", "term": "ali"}
+    assert client.get("/admin/autocomplete/", ask).status_code == 403  # no permission yet
+    operator.user_permissions.set(Permission.objects.filter(
+        content_type__app_label=model._meta.app_label, codename=f"add_{model_name}"))  # fmt: skip
+    found = client.get("/admin/autocomplete/", ask)
+    assert found.status_code == 200
+    assert found.json()["results"] == [{"id": str(alice.pk), "text": "alice"}]
+    # and no more than that: the users' own pages, another field, another model
+    assert client.get("/admin/auth/user/").status_code == 403
+    assert client.get(f"/admin/auth/user/{alice.pk}/change/").status_code == 403
+    assert client.get("/admin/autocomplete/", {**ask, "field_name": "name"}).status_code == 403
+    assert client.get("/admin/autocomplete/", {**ask, "model_name": "accessevent",
+                                               "app_label": "core"}).status_code == 403  # fmt: skip
