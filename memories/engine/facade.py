@@ -102,7 +102,10 @@ class MemoryEngine:
                               valid_to=validity.get("valid_to"))],
                 source=source,
             )  # fmt: skip
-            return ManageResult(decision.action, decision.fact_id, decision)
+            # a duplicate's fact is the one kept (its text may differ: a semantic match)
+            kept = Fact.objects.filter(pk=decision.fact_id).first() if (
+                decision.action == "duplicate" and decision.fact_id) else None  # fmt: skip
+            return ManageResult(decision.action, decision.fact_id, decision, kept)
         if action not in ACTIONS:
             raise InvalidInput(f"action must be one of {', '.join(ACTIONS)}",
                                details={"action": action})  # fmt: skip

@@ -59,7 +59,8 @@ def manage_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
             scope, content, "create", category=args.get("category"),
             reason="manage_memory tool", source_kind="api", source_ref="tool:manage_memory",
         )  # fmt: skip
-        return _created(result.action, result.fact_id, content or "")
+        kept = result.fact.content if result.fact is not None else None
+        return _created(result.action, result.fact_id, content or "", kept)
     if fact_id is None:
         raise ToolError(
             f"id is required to {action} a memory; {SEARCH_HINT}", code="invalid_arguments"
@@ -92,7 +93,9 @@ def manage_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     return {"action": "deleted", "id": str(parsed), "message": f"Deleted memory {parsed}."}
 
 
-def _created(decision: str, fact_id: str | None, content: str) -> dict[str, Any]:
+def _created(
+    decision: str, fact_id: str | None, content: str, kept: str | None = None
+) -> dict[str, Any]:
     if decision in ("add", "replace"):
         return {
             "action": "created",
@@ -101,12 +104,20 @@ def _created(decision: str, fact_id: str | None, content: str) -> dict[str, Any]
             "message": f"Created memory {fact_id}.",
         }
     if decision == "duplicate":
+        # The memory kept, as stored: a fact of the same meaning may say another thing
+        # ("User is 30 years old" for "... 31 ..."), and the caller was shown its own text
+        # as if stored. Said, with how to change it.
+        stored = content if kept is None else kept
+        same = stored.strip() == content.strip()
         return {
             "action": "unchanged",
             "id": fact_id,
-            "content": content,
-            "message": f"Already remembered as memory {fact_id}; nothing was added.",
-        }
+            "content": stored,
+            "message": f"Already remembered as memory {fact_id}; nothing was added."
+            if same else f"Already remembered, in other words, as memory {fact_id}: "
+            f"{stored!r}; nothing was added. If that is wrong, call again with action "
+            f"'update', id {fact_id} and the new content.",
+        }  # fmt: skip
     # below_threshold or evicted at once (the scope is full of surer facts)
     return {
         "action": "not_stored",

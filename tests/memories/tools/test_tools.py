@@ -34,6 +34,14 @@ def test_manage_and_search_in_process_follow_langmem(alice):
         "action": "unchanged", "id": fact_id, "content": "User prefers dark mode",
         "message": f"Already remembered as memory {fact_id}; nothing was added.",
     }  # fmt: skip
+    # a fact of the same meaning that says another thing: the stored one is shown, and
+    # how to change it (the caller's own text was shown, as if stored)
+    assert manage_memory("user prefers DARK MODE.") == {
+        "action": "unchanged", "id": fact_id, "content": "User prefers dark mode",
+        "message": f"Already remembered, in other words, as memory {fact_id}: 'User prefers "
+        f"dark mode'; nothing was added. If that is wrong, call again with action 'update', "
+        f"id {fact_id} and the new content.",
+    }  # fmt: skip
     found = search_memory("dark mode", limit=5)
     assert found["mode"] == "hybrid"
     assert [(h["id"], h["content"], h["category"]) for h in found["results"]] == [
