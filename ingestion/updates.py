@@ -144,23 +144,33 @@ def message_ref(row: PendingUpdate, message: dict[str, Any]) -> str:
     return str(message.get("id") or f"flush:{row.pk}")
 
 
-def _conversation(rows: list[PendingUpdate]) -> tuple[str, list[str]]:
-    lines, refs = [], []
+def _conversation(rows: list[PendingUpdate]) -> tuple[str, list[str], dict[str, datetime]]:
+    """The conversation shown to the model, its message references, and when each was
+    said (its ``at``, else when its flush came: the latest of a reference's messages)."""
+    lines, refs, said = [], [], {}
     for row in rows:
         for message in row.messages:
             ref = message_ref(row, message)
             lines.append(f"[{ref}] {message['role']}: {message['content']}")
             if ref not in refs:
                 refs.append(ref)
-    return "\n".join(lines), refs
+            at = _said_at(message.get("at")) or row.created_at
+            said[ref] = max(said.get(ref, at), at)
+    return "\n".join(lines), refs, said
+
+
+def _named(named: Any, refs: list[str]) -> list[str]:
+    """The references a fact names that are the batch's (all of the batch's when it
+    names none)."""
+    wanted = [str(r) for r in named if str(r) in refs] if isinstance(named, list) else []
+    return list(dict.fromkeys(wanted or refs))
 
 
 def _source_ref(named: Any, refs: list[str]) -> str:
     """The references a fact names that are the batch's (all of the batch's when it names
     none), joined by commas within the column's 255 characters."""
-    wanted = [str(r) for r in named if str(r) in refs] if isinstance(named, list) else []
     out = ""
-    for ref in dict.fromkeys(wanted or refs):
+    for ref in _named(named, refs):
         joined = f"{out},{ref}" if out else ref
         if len(joined) > 255:
             break
@@ -183,15 +193,18 @@ class ExtractionPrompt:
     conversation: str
     refs: list[str]
     known: dict[str, str]
+    said: dict[str, datetime] = field(default_factory=dict)  # a reference: when it was said
 
 
 def extraction_prompt(scope: Scope, rows: list[PendingUpdate]) -> ExtractionPrompt:
     listing, known = _fact_lines(scope)
-    conversation, refs = _conversation(rows)
+    conversation, refs, said = _conversation(rows)
     prompt = EXTRACTION_PROMPT.format(
         scope="/".join(scope.path), facts=listing, conversation=conversation
     )
-    return ExtractionPrompt([{"role": "system", "content": prompt}], conversation, refs, known)
+    return ExtractionPrompt(
+        [{"role": "system", "content": prompt}], conversation, refs, known, said
+    )
 
 
 @dataclass
@@ -221,24 +234,30 @@ def _midnight(day: date | None) -> datetime | None:
 
 
 def parse_extraction(
-    value: dict[str, Any], known: set[str] | dict[str, str], refs: list[str] | None = None
+    value: dict[str, Any],
+    known: set[str] | dict[str, str],
+    refs: list[str] | None = None,
+    said: dict[str, datetime] | None = None,
 ) -> Extracted:
     """The facts and removals of a read extraction answer (``EXTRACTION``'s value):
     a fact without a confidence gets ``ENGINE_MIN_CONFIDENCE`` (counted in
     ``defaulted``), one without a category "context"; a ``replaces`` or removal naming
     no current fact is dropped. A fact's source is the messages (``refs``) it names in
-    ``sources``, or every message of the batch."""
+    ``sources``, or every message of the batch; it was observed when the last of them
+    was said (``said``; a backfilled conversation's ``at``: not when the run came)."""
     items = (value.get("newFacts") or [])[:MAX_NEW_FACTS]
     facts: list[FactIn] = []
     for item in items:
         confidence = item.get("confidence")
         replaces = item.get("replaces") or ""
+        when = [said[r] for r in _named(item.get("sources"), refs or []) if r in (said or {})]
         facts.append(FactIn(content=item["content"][:MAX_FACT_CHARS],
                             category=item.get("category") or "context",
                             confidence=settings.ENGINE_MIN_CONFIDENCE if confidence is None else confidence,
                             source_kind="message", source_ref=_source_ref(item.get("sources"), refs or []),
                             replaces=replaces if replaces in known else None,
-                            valid_from=_valid_from(item.get("valid_from"))))  # fmt: skip
+                            valid_from=_valid_from(item.get("valid_from")),
+                            observed_at=max(when) if when else None))  # fmt: skip
     removed = [r for r in dict.fromkeys(value.get("factsToRemove") or []) if r in known]
     defaulted = sum(1 for item in items if item.get("confidence") is None)
     return Extracted(facts, removed, defaulted)
@@ -405,7 +424,7 @@ def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
                 counter_add("engine_llm_calls_total", calls.count)
                 counter_add("engine_llm_tokens_total", calls.tokens)
         if reading.status == "ok":
-            extracted = parse_extraction(reading.value, prompt.known, prompt.refs)
+            extracted = parse_extraction(reading.value, prompt.known, prompt.refs, prompt.said)
         pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in extracted.facts])
     except ProviderError as exc:  # not configured, down, timed out: retried later
         return _failed(rows, result, exc, now)
@@ -596,6 +615,10 @@ def _said_at(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        return parse_datetime(value)
+        when = parse_datetime(value)
     except ValueError:
         return None
+    if when is None:
+        return None
+    when = when if timezone.is_aware(when) else timezone.make_aware(when, UTC)
+    return when if storable(when) else None

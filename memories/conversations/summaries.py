@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -168,6 +168,7 @@ def summary_fold(
     max_tokens_before_summary: Any = None,
     max_summary_tokens: Any = 256,
     llm: ChatLLM | None = None,
+    with_store: Callable[[], Any] | None = None,
 ) -> SummaryResult:
     """Keep the conversation within ``max_tokens``, folding older messages into its
     running summary when it passes ``max_tokens_before_summary`` (default
@@ -177,7 +178,8 @@ def summary_fold(
     the stored summary advances only if nobody advanced it meanwhile (else the call
     starts again from the new state, so nothing is folded twice). Bad budgets raise
     ``InvalidInput``; a needed fold without an LLM raises ``ProviderNotConfigured``
-    (503); a provider error stores nothing.
+    (503); a provider error stores nothing. ``with_store`` runs in the transaction that
+    stores the summary (a scope's summary makes its scope, which erasure then finds).
     """
     limit, trigger, summary_budget = validate_budget(max_tokens, max_tokens_before_summary,
                                                      max_summary_tokens)  # fmt: skip
@@ -201,7 +203,12 @@ def summary_fold(
         with usage_for(owner_id=owner_id, kind="summary", subject=_usage_subject(key)):
             text = _summarise(llm, result.summary, to_fold, summary_budget)
         result.llm_calls = 1
-        if _store(owner_id, key, state, text, to_fold):
+        with transaction.atomic():
+            if with_store is not None:
+                with_store()
+            stored = _store(owner_id, key, state, text, to_fold)
+            transaction.set_rollback(not stored)
+        if stored:
             result.summary = text
             result.folded = [m.id for m in to_fold]
             result.summarized_ids += result.folded

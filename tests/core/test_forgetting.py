@@ -139,9 +139,9 @@ def _populate(owner, client, user: str) -> None:
     # Running summaries: of a conversation the client sends, and of the recorded chat.
     for body in (
         {"conversation_id": "c1", "messages": [
-            {"role": "user", "content": f"Let me tell you all about {m}: {LONG}"},
-            {"role": "assistant", "content": f"Please do, {m} sounds fine. {LONG}"},
-            {"role": "user", "content": "Go on."}]},
+            {"id": "1", "role": "user", "content": f"Let me tell you all about {m}: {LONG}"},
+            {"id": "2", "role": "assistant", "content": f"Please do, {m} sounds fine. {LONG}"},
+            {"id": "3", "role": "user", "content": "Go on."}]},
         {"conversation": {"flow": str(Flow.objects.get(owner=owner, name="chat-proxy").pk),
                           "session_id": f"chat-{user}"}},
     ):  # fmt: skip

@@ -7,6 +7,7 @@ Thin views: input serializer -> service -> output serializer. Errors are the ser
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, cast
 from uuid import UUID
 
@@ -44,7 +45,7 @@ from memories.engine.models import Dream, PendingUpdate
 from memories.engine.owner_settings import engine_settings_get, engine_settings_update
 from memories.engine.updates import pending_of, update_list
 from memories.facts.models import Scope
-from memories.facts.scopes import ScopePath, scope_find
+from memories.facts.scopes import ScopePath, scope_ensure, scope_find
 
 
 # --- input --------------------------------------------------------------------------
@@ -97,7 +98,10 @@ class SettingsOutSerializer(serializers.Serializer):
 
 
 class SummaryMessageSerializer(serializers.Serializer):
-    id = StrictCharField(max_length=255, required=False)
+    # (required, and unique in a call: the running summary remembers messages by id; an
+    # id left out was its place in the list, so the next call's new messages were taken
+    # for the folded ones and lost)
+    id = StrictCharField(max_length=255)
     role = serializers.ChoiceField(choices=("user", "assistant", "system", "tool"))
     content = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=100_000)
 
@@ -120,6 +124,12 @@ class SummaryInSerializer(ScopedSerializer):
         if ("conversation" in attrs) == ("messages" in attrs):
             raise serializers.ValidationError(
                 {"conversation": "send either a stored conversation or messages (one of them)"}
+            )
+        counted = Counter(m["id"] for m in attrs.get("messages") or ())
+        repeated = sorted(i for i, n in counted.items() if n > 1)
+        if repeated:
+            raise serializers.ValidationError(
+                {"messages": [f"message ids must differ: {', '.join(map(repr, repeated))} repeat"]}
             )
         if "messages" in attrs and not attrs.get("conversation_id"):
             raise serializers.ValidationError(
@@ -314,10 +324,15 @@ class SummariesView(APIView):
         values = _validated(SummaryInSerializer, request.data)
         values["scope"] = _engine(request, values["scope_values"]).scope(values["scope"])
         key, messages = _summary_input(request, values)
+        scope = values["scope"] if "messages" in values else None
         result = summary_fold(
             owner=_owner(request), key=key, messages=messages, max_tokens=values["max_tokens"],
             max_tokens_before_summary=values.get("max_tokens_before_summary"),
             max_summary_tokens=values["max_summary_tokens"],
+            # a scope's summary makes the scope, so erasing it finds the summary (it was
+            # kept for a scope no erasure could name)
+            with_store=None if scope is None else (
+                lambda: scope_ensure(owner=_owner(request), scope=scope)),
         )  # fmt: skip
         return Response({
             "scope": list(values["scope"]),
@@ -347,6 +362,5 @@ def _summary_input(request: Request, values: dict[str, Any]) -> tuple[str, list[
         return conversation_key(flow, ref["session_id"]), [
             SummaryMessage(str(i.id), i.role, i.text_content()) for i in items
         ]
-    messages = [SummaryMessage(str(m.get("id") or i), m["role"], m["content"])
-                for i, m in enumerate(values["messages"])]  # fmt: skip
+    messages = [SummaryMessage(m["id"], m["role"], m["content"]) for m in values["messages"]]
     return scope_conversation_key(list(values["scope"]), values["conversation_id"]), messages

@@ -118,7 +118,7 @@ def test_without_an_llm_flush_and_dream_are_503_and_the_rest_works(
         "dream_schedule": True, "memory_tools": False}  # fmt: skip
     summary = alice_client.post("/api/v1/engine/summaries", {
         "scope": SCOPE, "conversation_id": "c1", "max_tokens": 500,
-        "messages": [{"role": "user", "content": "hello"}]}, format="json")  # fmt: skip
+        "messages": [{"id": "1", "role": "user", "content": "hello"}]}, format="json")  # fmt: skip
     assert summary.status_code == 200 and summary.json()["llm_calls"] == 0
 
 
@@ -268,3 +268,69 @@ def test_a_malformed_dream_id_is_a_json_404_and_undoes_nothing(alice, alice_clie
     assert list(Dream.objects.values_list("pk", flat=True)) == [dream.pk]
     # A well-formed id reaches the view.
     assert alice_client.get(f"/api/v1/engine/dreams/{dream.pk}").json()["id"] == str(dream.pk)
+
+
+def test_summary_messages_need_ids_of_their_own(alice, alice_client, engine_llm):
+    """A message sent without an id was given its place in the list as one: the next
+    call's new messages then read as folded already and were lost (200, nothing folded,
+    in neither the summary nor the kept messages). Ids repeated in a call folded again."""
+    from memories.conversations.models import ConversationSummary
+
+    messages = [{"role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"turn {i} " + "word " * 25} for i in range(8)]  # fmt: skip
+    payload = {"scope": SCOPE, "conversation_id": "c-ids", "messages": messages,
+               "max_tokens": 120, "max_summary_tokens": 30}  # fmt: skip
+    missing = alice_client.post("/api/v1/engine/summaries", payload, format="json")
+    assert missing.status_code == 400
+    assert missing.json()["error"]["message"] == "messages[0].id: This field is required."
+    repeated = [{**m, "id": "a" if i < 2 else f"m{i}"} for i, m in enumerate(messages)]
+    twice = alice_client.post("/api/v1/engine/summaries", {**payload, "messages": repeated},
+                              format="json")  # fmt: skip
+    assert twice.status_code == 400
+    assert twice.json()["error"]["details"] == {"messages": ["message ids must differ: 'a' repeat"]}
+    assert engine_llm.calls["summary"] == 0 and not ConversationSummary.objects.exists()
+
+
+def test_a_summary_of_a_new_scope_makes_the_scope_so_erasure_finds_it(alice, alice_client,
+                                                                       engine_llm):  # fmt: skip
+    """The summary of a scope nobody had written to was kept with no scope row: both
+    erasure doors answered 404 and the summarised text stayed."""
+    from memories.conversations.models import ConversationSummary
+    from memories.facts.models import Scope
+
+    ghost = ["user", "ghost"]
+    messages = [{"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"secret turn {i} " + "word " * 25} for i in range(8)]  # fmt: skip
+    payload = {"scope": ghost, "conversation_id": "g-1", "messages": messages,
+               "max_tokens": 120, "max_summary_tokens": 30}  # fmt: skip
+    # within budget: nothing stored, no scope made
+    small = alice_client.post("/api/v1/engine/summaries", {**payload, "max_tokens": 100_000},
+                              format="json")  # fmt: skip
+    assert small.status_code == 200 and small.json()["llm_calls"] == 0
+    assert not Scope.objects.filter(owner=alice, path=ghost).exists()
+    folded = alice_client.post("/api/v1/engine/summaries", payload, format="json")
+    assert folded.status_code == 200 and folded.json()["llm_calls"] == 1
+    assert Scope.objects.filter(owner=alice, path=ghost).exists()
+    assert ConversationSummary.objects.filter(owner=alice).count() == 1
+    erased = alice_client.delete("/api/v1/users/ghost/memories")
+    assert erased.status_code == 200, erased.json()
+    assert not ConversationSummary.objects.filter(owner=alice).exists()
+
+
+def test_facts_learned_from_a_flush_were_observed_when_it_was_said(alice, alice_client,
+                                                                   engine_llm):  # fmt: skip
+    """A backfilled conversation's ``at`` dated its journal entry, but its facts were
+    observed when the run came (decay and the date cue then read the wrong day)."""
+    march = "2026-03-01T10:00:00"
+    flushed = _flush(alice_client, messages=[{"role": "user", "content": SAID, "at": march}])
+    assert flushed.status_code == 202
+    _process(alice)
+    [learned] = Fact.objects.filter(owner=alice)
+    assert learned.observed_at.isoformat() == "2026-03-01T10:00:00+00:00"
+    # without an `at`: when the flush came, not when the run did
+    later = _flush(alice_client, scope=["org", "acme", "agent-2"])
+    assert later.status_code == 202
+    came = PendingUpdate.objects.get(owner=alice, scope__path=["org", "acme", "agent-2"])
+    _process(alice)
+    [second] = Fact.objects.filter(owner=alice, links__scope__path=["org", "acme", "agent-2"])
+    assert second.observed_at == came.created_at
