@@ -206,14 +206,18 @@ def resource_create_check(kind: str) -> None:
         )
 
 
-def scope_check(path: Sequence[str]) -> None:
-    """``path`` (a scope a client names, or the global scope ``()``) is in reach."""
+def scope_check(path: Sequence[str], *, named: bool = True) -> None:
+    """``path`` (a scope a client names, or the global scope ``()``) is in reach.
+    ``named=False``: the scope of something the client asked for by id (a fact, a
+    dream), which the refusal does not name: it told a key limited to one end user the
+    path, and so the id, of another end user."""
     limits = current()
     if limits is not None and not limits.reaches(path):
+        said = (list(path) if path else "the global memories") if named else "what you asked for"
         raise KeyLimitExceeded(
-            f"this API key is limited to the scope {list(limits.scope or ())}; "
-            f"{list(path) if path else 'the global memories'} is outside it",
-            details={"scope": list(path)},
+            f"this API key is limited to the scope {list(limits.scope or ())}; {said} is "
+            "outside it",
+            details={"scope": list(path) if named else None},
         )
 
 

@@ -507,7 +507,7 @@ def dream_get(*, owner: AbstractBaseUser | int, dream_id: Any) -> Dream:
         dream = Dream.objects.select_related("scope").get(owner_id=owner_pk(owner), pk=dream_id)
     except (Dream.DoesNotExist, ValidationError, ValueError, TypeError):  # malformed ids too
         raise DreamNotFound("no such dream") from None
-    scope_check(dream.scope.path)
+    scope_check(dream.scope.path, named=False)
     return dream
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
 
+from core import key_limits
 from core.errors import InvalidInput, NotFound
 from core.key_limits import end_user_check, scope_check, scope_filter
 from core.replicas import read_connection
@@ -189,8 +190,11 @@ def fact_resolve(
         return fact, row
     scopes = [fact.scope] if fact.scope_id is not None else fact_scopes(fact=fact)
     scopes = [s for s in scopes if s is not None and not s.is_global]
+    limits = key_limits.current()
+    if limits is not None and len(scopes) > 1:  # (the others are not the key's to name)
+        scopes = [s for s in scopes if limits.reaches(s.path)] or scopes[:1]
     if len(scopes) == 1:
-        scope_check(scopes[0].path)
+        scope_check(scopes[0].path, named=False)
         return fact, scopes[0]
     if not scopes:
         raise FactNotFound("no such fact")
@@ -248,7 +252,7 @@ def version_scope(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) ->
     except (ValueError, TypeError):
         return None
     if version is not None:
-        scope_check(version.scope.path)
+        scope_check(version.scope.path, named=False)
     return version.scope if version is not None else None
 
 

@@ -373,6 +373,40 @@ def test_a_key_narrowed_to_one_end_user_over_rest(alice, two_users):
     assert not Scope.objects.filter(external_id="u3").exists()
 
 
+def test_a_refusal_of_something_asked_for_by_id_does_not_name_its_scope(alice, two_users):
+    """A fact, a fact's history (of a deleted one too) or a dream of another end user,
+    asked for by id with a key limited to one end user: refused, without the other end
+    user's scope (its path, so its id, was in the message and the details)."""
+    from memories.engine.models import Dream
+    from memories.facts.services import fact_delete
+
+    key = _narrowed(alice, scope=U1)
+    u2 = Scope.objects.get(owner=alice, path=U2)
+    u2_fact = Fact.objects.get(content="u2 lives in Lisbon")
+    gone = fact_add(owner=alice, scope=u2, facts=[FactIn("u2 has a cat")], reason="seed")[0]
+    fact_delete(owner=alice, fact_id=gone.fact_id, scope=u2, reason="seed")
+    dream = Dream.objects.create(owner=alice, scope=u2, lookback_days=1, input_hash="x" * 64)
+    for response in (
+        key.get(f"/api/v1/engine/facts/{u2_fact.pk}"),
+        key.get(f"/api/v1/engine/facts/{u2_fact.pk}/history"),
+        key.get(f"/api/v1/engine/facts/{gone.fact_id}/history"),
+        key.get(f"/api/v1/engine/dreams/{dream.pk}"),
+        key.post(f"/api/v1/engine/dreams/{dream.pk}/undo"),
+    ):
+        error = _refused(response)
+        assert "u2" not in response.content.decode(), error
+        assert error["details"] == {"scope": None}
+        assert error["message"] == (
+            "this API key is limited to the scope ['user', 'u1']; what you asked for is outside it"
+        )
+    # a scope the client names itself is named back
+    assert _refused(key.get("/api/v1/engine/facts", {"scope": json.dumps(U2)}))["details"] == {
+        "scope": U2
+    }
+    dream.refresh_from_db()
+    assert dream.undone_at is None
+
+
 def test_a_key_narrowed_to_one_end_user_through_the_tools(alice, two_users):
     key = _narrowed(alice, scope=U1)
     before = _facts()
