@@ -6,8 +6,9 @@
   documents the error answers every operation can give, in the project's shape (OpenAI's
   under ``/v1/``): 400 (the middleware checks every query), 401, 403 (a read-only or
   narrowed key's refusal), 429 and 503 always,
-  404 with path parameters, 413 and 415 with a request body. Views add their own (409,
-  422, ...) with ``ERROR``.
+  404 with path parameters, 413, 415, 502 and 504 (a provider's failure) with a request
+  body.
+  Views add their own (409, 422, ...) with ``ERROR``.
 - ``paginated(X)`` and ``wrapped("jobs", X)`` describe the list envelopes views answer.
 - ``APIKeyScheme`` puts the API key in ``securitySchemes`` (HTTP bearer), so Swagger's
   Authorize takes one.
@@ -80,8 +81,12 @@ _ERROR_DESCRIPTIONS = {
     "409": "Conflict with the current state.",
     "413": "Request body too large.",
     "415": "Unsupported media type (send JSON).",
-    "422": "Well formed, but names something that is not there.",
+    "422": "Well formed, but cannot be done as asked: it names something that is not "
+    "there, or (a dream) would drop more than it may.",
     "429": "Too many requests for this key (see Retry-After).",
+    "502": "A provider (the chat LLM or the embedder) failed or answered what cannot be "
+    "read: nothing changed.",
+    "504": "A provider (the chat LLM or the embedder) timed out: nothing changed.",
     "503": "The database or a provider is unavailable (see Retry-After).",
 }
 
@@ -151,7 +156,8 @@ class AutoSchema(SpectacularAutoSchema):
         if "{" in self.path or self._paginated() or self.method in ("POST", "PUT", "PATCH"):
             statuses.append("404")  # the object of the URL, a page, an id in the body
         if self.method in ("POST", "PUT", "PATCH"):
-            statuses += ["413", "415"]
+            # (a write or a search may embed, or ask the chat LLM: a provider's failure)
+            statuses += ["413", "415", "502", "504"]
         return statuses
 
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:

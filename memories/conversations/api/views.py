@@ -97,7 +97,13 @@ class ConversationHistoryView(APIView):
     @extend_schema(
         summary="A conversation's history",
         parameters=[ConversationHistoryQuerySerializer],
-        responses={200: ConversationHistoryAnswerSerializer, 422: ERROR},
+        # 502, 504: strategy=summarize asks the chat LLM
+        responses={
+            200: ConversationHistoryAnswerSerializer,
+            422: ERROR,
+            502: ERROR,
+            504: ERROR,
+        },  # fmt: skip
         description="The current thread of a conversation (flow + session), cut to "
         "max_tokens by whole turns, newest kept; an empty conversation has an empty history; "
         "with strategy=summarize the older messages are folded into the conversation's "

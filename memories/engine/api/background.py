@@ -244,7 +244,13 @@ class DreamView(APIView):
     @extend_schema(
         summary="Dream the scope now",
         request=DreamInSerializer,
-        responses={201: DreamOutputSerializer, 200: DreamOutputSerializer, 409: ERROR},
+        # 422: a dream that would drop more than ENGINE_DREAM_MAX_DROP (dream_too_lossy)
+        responses={
+            201: DreamOutputSerializer,
+            200: DreamOutputSerializer,
+            409: ERROR,
+            422: ERROR,
+        },  # fmt: skip
     )
     def post(self, request: Request) -> Response:
         """Dream the scope now: 201 with the dream, or 200 with the last one and

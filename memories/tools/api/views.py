@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.schema import ERROR
 from memories.tools.api.serializers import (
     ToolCallOutputSerializer,
     ToolCallSerializer,
@@ -29,7 +30,7 @@ class ToolCallView(APIView):
     tools_may_write = True  # so it reads from the primary (core.replicas)
 
     @extend_schema(summary="Call an agent tool", request=ToolCallSerializer,
-                   responses=ToolCallOutputSerializer)  # fmt: skip
+                   responses={200: ToolCallOutputSerializer, 409: ERROR})  # fmt: skip
     def post(self, request: Request, name: str) -> Response:
         tool = tool_get(name)
         data = ToolCallSerializer(data=request.data)
