@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -27,6 +28,32 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+# The largest ``metadata`` object a fact, a memory store item or a document takes, as
+# JSON (UTF-8). Their text is capped; a 9 MB metadata was taken, then answered in every
+# list and search (18 MB through MCP's search_memory, into a model's context).
+MAX_METADATA_BYTES = 16_384
+
+
+class MetadataField(serializers.DictField):
+    """A JSON object of at most ``MAX_METADATA_BYTES`` (as JSON, UTF-8)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("default", dict)
+        kwargs.setdefault("help_text", f"A JSON object of at most {MAX_METADATA_BYTES} bytes.")
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        value = super().to_internal_value(data)
+        size = len(json.dumps(value, ensure_ascii=False, default=str).encode())
+        if size > MAX_METADATA_BYTES:
+            raise serializers.ValidationError(
+                f"Ensure this object has no more than {MAX_METADATA_BYTES} bytes as JSON "
+                f"(it has {size})."
+            )
+        return value
 
 
 # A boolean as text (a query parameter, a form field): these words, in any case.

@@ -8,6 +8,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from core.api.fields import (
+    MetadataField,
     QueryVectorField,
     StrictBooleanField,
     StrictCharField,
@@ -112,7 +113,7 @@ class KnowledgeBaseUpdateSerializer(serializers.Serializer):
 class DocumentSerializer(serializers.Serializer):
     text = StrictCharField(trim_whitespace=False)
     source_key = StrictCharField(max_length=500, required=False)
-    metadata = serializers.DictField(required=False, default=dict)
+    metadata = MetadataField()
 
     def validate_text(self, value: str) -> str:
         if not value.strip():

@@ -9,7 +9,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from core.api.fields import StrictCharField, StrictFloatField, StrictIntegerField
+from core.api.fields import MetadataField, StrictCharField, StrictFloatField, StrictIntegerField
 from memories.facts.api.serializers import (
     AliasesMixin,
     AtFieldsMixin,
@@ -55,7 +55,7 @@ class FactCreateSerializer(AliasesMixin, ValidityFieldsMixin, ScopedSerializer):
     confidence = StrictFloatField(min_value=0, max_value=1, default=1.0)
     source_kind = serializers.ChoiceField(choices=SOURCE_KINDS, default="api")
     source_ref = StrictCharField(max_length=255, required=False, default="", allow_blank=True)
-    metadata = serializers.DictField(required=False, default=dict)
+    metadata = MetadataField()
     reason = StrictCharField(max_length=1000, required=False, default="", allow_blank=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from rest_framework import serializers
 
 from core.api.fields import (
     CHAT_ROLES,
+    MetadataField,
     StrictBooleanField,
     StrictCharField,
     StrictFloatField,
@@ -300,7 +301,7 @@ class MemoryAddSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Seriali
     confidence = StrictFloatField(
         min_value=0, max_value=1, default=1.0, help_text="infer=false: the facts' confidence."
     )
-    metadata = serializers.DictField(required=False, default=dict)
+    metadata = MetadataField()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)

@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.fields import (
+    MetadataField,
     StrictBooleanField,
     StrictCharField,
     StrictFloatField,
@@ -202,7 +203,7 @@ class RetrieveOutputSerializer(serializers.Serializer):
 class WriteInSerializer(serializers.Serializer):
     input = serializers.JSONField(help_text="A string or {text, blocks}")
     output = serializers.JSONField(help_text="A string or {text, blocks}")
-    metadata = serializers.DictField(required=False, default=dict)
+    metadata = MetadataField()
     session_id = SessionIdField(required=False, default="")
 
 

@@ -108,3 +108,31 @@ def test_the_longest_ids_are_learned_journaled_and_erased(
     assert not Fact.objects.exists()
     assert not Scope.objects.filter(external_id=user).exists()
     assert not [p for p in engine_llm.rglob("*") if p.is_file()]
+
+
+def test_metadata_over_its_size_is_a_400_and_writes_nothing(alice, alice_client):
+    """A fact's text is capped, its metadata was not: 9 MB were taken, then answered by
+    every list and search (18 MB through MCP's search_memory, into a model's context)."""
+    from core.api.fields import MAX_METADATA_BYTES
+
+    kb = knowledge_base_create(owner=alice, name="docs")
+    fits = {"note": "x" * (MAX_METADATA_BYTES - 20)}
+    big = {"note": "é" * (MAX_METADATA_BYTES // 2)}  # (bytes counted: 2 per "é")
+    body = {"scope": ["user", "meta"], "content": "User likes tea", "metadata": big}
+    answer = alice_client.post("/api/v1/engine/facts", body, format="json")
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["details"] == {"metadata": [  # ({"note": "..."} around it)
+        f"Ensure this object has no more than {MAX_METADATA_BYTES} bytes as JSON "
+        f"(it has {MAX_METADATA_BYTES + 12})."]}  # fmt: skip
+    answer = alice_client.post("/api/v1/users/meta/memories", {
+        "content": "User likes tea", "infer": False, "metadata": big}, format="json")  # fmt: skip
+    assert answer.status_code == 400 and "metadata" in answer.json()["error"]["details"]
+    answer = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents", {
+        "documents": [{"text": "A document", "metadata": big}]}, format="json")  # fmt: skip
+    assert answer.status_code == 400, answer.content
+    assert not Fact.objects.exists() and not Chunk.objects.exists()
+    assert not Scope.objects.filter(path=["user", "meta"]).exists()
+    made = alice_client.post("/api/v1/engine/facts", {
+        "scope": ["user", "meta"], "content": "User likes tea", "metadata": fits}, format="json")  # fmt: skip
+    assert made.status_code == 201, made.content
+    assert Fact.objects.get().metadata == fits
