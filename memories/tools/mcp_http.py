@@ -52,7 +52,7 @@ def jsonrpc_refusal(raw: bytes) -> tuple[Any, int, str] | None:
         message = json.loads(raw)
     except ValueError:  # (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
         return None, PARSE_ERROR, "Parse error: the body is not JSON."
-    return message_refusal(message)
+    return message_refusal(message, raw)
 
 
 def usable_id(value: Any) -> Any:
@@ -60,8 +60,31 @@ def usable_id(value: Any) -> Any:
     return value if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
-def message_refusal(message: Any) -> tuple[Any, int, str] | None:
-    """``jsonrpc_refusal`` of a body already parsed."""
+def message_refusal(message: Any, raw: str | bytes) -> tuple[Any, int, str] | None:
+    """``jsonrpc_refusal`` of a body already parsed (``raw``: as it came): these
+    reasons, then the SDK parser's (``params`` that are no object...: it answered them
+    with -32602, a null id and its 2 KB dump over HTTP). (The SDK's words are those of
+    its JSON reading: "an object", not "a dictionary".)"""
+    from mcp.types import jsonrpc_message_adapter  # (1 s to import: at the first message)
+
+    refused = _refusal(message)
+    if refused is not None:
+        return refused
+    try:
+        jsonrpc_message_adapter.validate_json(raw, by_name=False)
+    except ValueError as exc:  # (pydantic's ValidationError, which mcp brings, is one)
+        known = usable_id(message.get("id"))
+        listed = getattr(exc, "errors", None)
+        found: list[dict[str, Any]] = listed() if callable(listed) else []
+        first = found[0] if found else None
+        if first is None:
+            return known, INVALID_REQUEST, "Invalid Request."
+        where = ".".join(str(p) for p in first["loc"][1:]) or "the message"
+        return known, INVALID_REQUEST, f"Invalid Request: {where}: {first['msg']}"
+    return None
+
+
+def _refusal(message: Any) -> tuple[Any, int, str] | None:
     if isinstance(message, list):
         return None, INVALID_REQUEST, "Invalid Request: send one JSON-RPC message, not a batch."
     if not isinstance(message, dict):

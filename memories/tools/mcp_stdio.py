@@ -32,9 +32,9 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp.types import ErrorData, JSONRPCError, JSONRPCResponse, jsonrpc_message_adapter
+from mcp.types import ErrorData, JSONRPCError, JSONRPCResponse
 
-from memories.tools.mcp_http import INVALID_REQUEST, PARSE_ERROR, message_refusal, usable_id
+from memories.tools.mcp_http import PARSE_ERROR, message_refusal
 
 ANSWER_WAIT_SECONDS = 120.0  # at the end of stdin, how long running requests may finish
 
@@ -63,27 +63,6 @@ class _InFlight:
                 await self.changed.wait()
 
 
-def _refusal(line: str, message: Any) -> tuple[Any, int, str] | None:
-    """Why ``line`` (parsed: ``message``) is no message the server takes: the HTTP
-    door's reasons, then the SDK parser's (``params`` that are no object...), or None.
-    (The SDK's words are those of its JSON reading: "an object", not "a dictionary".)"""
-    refused = message_refusal(message)
-    if refused is not None:
-        return refused
-    try:
-        jsonrpc_message_adapter.validate_json(line, by_name=False)
-    except ValueError as exc:  # (pydantic's ValidationError, which mcp brings, is one)
-        known = usable_id(message.get("id"))
-        listed = getattr(exc, "errors", None)
-        found: list[dict[str, Any]] = listed() if callable(listed) else []
-        first = found[0] if found else None
-        if first is None:
-            return known, INVALID_REQUEST, "Invalid Request."
-        where = ".".join(str(p) for p in first["loc"][1:]) or "the message"
-        return known, INVALID_REQUEST, f"Invalid Request: {where}: {first['msg']}"
-    return None
-
-
 class RefusingLines:
     """stdin's lines, less those that are no JSON-RPC message the server takes: each of
     those goes to ``refused`` as ``(id, code, message)``. At the end, once the refusals
@@ -105,7 +84,7 @@ class RefusingLines:
             except ValueError:
                 await self.refused.send((None, PARSE_ERROR, "Parse error: the line is not JSON."))
                 continue
-            refusal = _refusal(line, message)
+            refusal = message_refusal(message, line)
             if refusal is not None:
                 await self.refused.send(refusal)
                 continue

@@ -404,6 +404,9 @@ INVALID_REQUESTS = [
      "Invalid Request: a message has a method (a request or a notification), or a result or "
      "an error (a response)."),
     ("{not json", None, -32700, "Parse error: the body is not JSON."),
+    # (the SDK's own reading: -32602, a null id and its 2 KB dump before; stdio's answer)
+    ('{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": [1]}', 1, -32600,
+     "Invalid Request: params: Input should be an object"),
 ]  # fmt: skip
 
 
