@@ -233,7 +233,7 @@ def refuse_unknown(data: Any, fields: Collection[str]) -> None:
     if isinstance(data, Mapping):
         unknown = sorted(str(key) for key in set(data) - set(fields))
         if unknown:
-            raise serializers.ValidationError({key: f"Unknown field {key}." for key in unknown})
+            raise serializers.ValidationError({key: [f"Unknown field {key}."] for key in unknown})
 
 
 def query_flag(params: Mapping[str, Any], name: str, *, default: bool) -> bool:

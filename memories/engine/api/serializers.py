@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from core.api.fields import MetadataField, StrictCharField, StrictFloatField, StrictIntegerField
+from core.api.serializers import refuse_unknown
 from memories.facts.api.serializers import (
     AliasesMixin,
     AtFieldsMixin,
@@ -42,6 +43,13 @@ class ScopedSerializer(serializers.Serializer):
     scope_values = serializers.DictField(
         child=StrictCharField(max_length=255, allow_blank=True), required=False, default=dict
     )
+
+    def to_internal_value(self, data: Any) -> Any:
+        # A key that names no field is a 400 naming it: "confidance": 0.3 stored the fact
+        # at confidence 1.0, where 0.3 was below the threshold (nothing stored), and a
+        # misspelt "fliter" searched everything.
+        refuse_unknown(data, self.fields)
+        return super().to_internal_value(data)
 
 
 class FactCreateSerializer(AliasesMixin, ValidityFieldsMixin, ScopedSerializer):

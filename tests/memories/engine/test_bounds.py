@@ -136,3 +136,25 @@ def test_metadata_over_its_size_is_a_400_and_writes_nothing(alice, alice_client)
         "scope": ["user", "meta"], "content": "User likes tea", "metadata": fits}, format="json")  # fmt: skip
     assert made.status_code == 201, made.content
     assert Fact.objects.get().metadata == fits
+
+
+def test_a_misspelt_field_of_an_engine_body_is_a_400_naming_it(alice, alice_client):
+    """``"confidance": 0.3`` stored the fact at confidence 1.0 (0.3 was below the
+    threshold: nothing would have been stored), ``"fliter"`` searched every fact."""
+    made = alice_client.post("/api/v1/engine/facts", {
+        "scope": ["user", "typo"], "content": "User maybe likes jazz", "confidance": 0.3,
+    }, format="json")  # fmt: skip
+    assert made.status_code == 400
+    assert made.json()["error"]["details"] == {"confidance": ["Unknown field confidance."]}
+    assert not Fact.objects.exists() and not Scope.objects.filter(path=["user", "typo"]).exists()
+    searched = alice_client.post("/api/v1/engine/search", {
+        "scope": ["user", "typo"], "query": "jazz", "fliter": {"category": "preference"},
+    }, format="json")  # fmt: skip
+    assert searched.status_code == 400
+    assert searched.json()["error"]["details"] == {"fliter": ["Unknown field fliter."]}
+    # the names each body documents, aliases included, are taken
+    made = alice_client.post("/api/v1/engine/facts", {
+        "scope": ["user", "typo"], "text": "User likes jazz", "confidence": 0.9,
+        "category": "preference", "metadata": {}, "reason": "said so", "valid_from": None,
+    }, format="json")  # fmt: skip
+    assert made.status_code == 201, made.content
