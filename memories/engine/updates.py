@@ -49,22 +49,22 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not 1 <= len(messages) <= settings.RUN_MAX_MESSAGES:
         raise InvalidInput(
             f"messages must be a list of 1 to {settings.RUN_MAX_MESSAGES} messages",
-            details={"messages": 'a list such as [{"role": "user", "content": "..."}]'},
+            details={"messages": ['a list such as [{"role": "user", "content": "..."}]']},
         )
     out = []
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         content = message.get("content") if isinstance(message, dict) else None
+        # (each error names its field by its path, its words as that field's list: the
+        # API's error shape, which these broke with a string in nested objects)
         if role not in ROLES:
-            raise InvalidInput(f"messages[{i}].role must be one of {', '.join(ROLES)}",
-                               details={"messages": {i: {"role": role}}})  # fmt: skip
+            raise InvalidInput.at(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
         if not isinstance(content, str) or not content.strip():
-            raise InvalidInput(f"messages[{i}].content must be a non-empty string",
-                               details={"messages": {i: {"content": "blank or not text"}}})  # fmt: skip
+            raise InvalidInput.at(f"messages[{i}].content", "must be a non-empty string")
         if len(content) > settings.MESSAGE_MAX_CHARS:
-            raise InvalidInput(
-                f"messages[{i}].content is longer than {settings.MESSAGE_MAX_CHARS} characters",
-                details={"messages": {i: {"content": "too long"}}},
+            raise InvalidInput.at(
+                f"messages[{i}].content",
+                f"is longer than {settings.MESSAGE_MAX_CHARS} characters",
             )
         item: dict[str, Any] = {"role": role, "content": content}
         if at := _message_at(message.get("at"), i):  # (stored as read: a run parses it)
@@ -80,7 +80,7 @@ def _message_at(value: Any, index: int) -> str:
     UTC), as an ISO 8601 time with its zone; "" for none (null, or blank)."""
     name = f"messages[{index}].at"
     if value is not None and not isinstance(value, str):
-        raise InvalidInput(f"{name} must be an ISO 8601 time", details={name: "not a string"})
+        raise InvalidInput.at(name, "must be an ISO 8601 time")
     when = instant(value.strip() if value else None, name)
     return "" if when is None else when.isoformat()
 
@@ -88,10 +88,9 @@ def _message_at(value: Any, index: int) -> str:
 def _message_id(value: Any, index: int) -> str:
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
     if not text.strip() or len(text) > MESSAGE_ID_CHARS or "," in text:
-        raise InvalidInput(
-            f"messages[{index}].id must be a string (1-{MESSAGE_ID_CHARS} characters, no comma) "
-            "or a number",
-            details={"messages": {index: {"id": "invalid"}}},
+        raise InvalidInput.at(
+            f"messages[{index}].id",
+            f"must be a string (1-{MESSAGE_ID_CHARS} characters, no comma) or a number",
         )
     return text.strip()
 

@@ -588,7 +588,7 @@ def fact_update(
             if found is not None and found != fact.pk:
                 raise DuplicateFact(
                     f"content: another fact of the scope already says this ({found})",
-                    details={"content": f"the text of fact {found}"},
+                    details={"content": [f"the text of fact {found}"]},
                 )
         now = timezone.now()
         if FactLink.objects.filter(fact=fact).exclude(scope=row).exists():

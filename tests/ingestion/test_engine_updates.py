@@ -256,7 +256,9 @@ def test_a_bad_message_id_is_400_and_writes_nothing(alice, engine_llm, bad):
     with pytest.raises(InvalidInput) as error:
         update_record(owner=alice, scope=SCOPE,
                       messages=[{"role": "user", "content": TEA, "id": bad}])  # fmt: skip
-    assert error.value.details == {"messages": {0: {"id": "invalid"}}}
+    assert error.value.details == {
+        "messages[0].id": ["must be a string (1-255 characters, no comma) or a number"]
+    }
     assert PendingUpdate.objects.count() == 0
 
 

@@ -334,3 +334,21 @@ def test_facts_learned_from_a_flush_were_observed_when_it_was_said(alice, alice_
     _process(alice)
     [second] = Fact.objects.filter(owner=alice, links__scope__path=["org", "acme", "agent-2"])
     assert second.observed_at == came.created_at
+
+
+def test_a_flush_error_names_its_field_with_a_list_of_words(alice_client, engine_llm):
+    """The API's error shape: each field's messages as a list, the field named by its
+    path (a flush's were strings inside nested objects, or a flat key of another form)."""
+    cases = [
+        ([{"role": "user", "content": " "}], "messages[0].content", "must be a non-empty string"),
+        ([{"role": "robot", "content": "x"}], "messages[0].role",
+         "must be one of user, assistant, system, tool"),
+        ([{"role": "user", "content": "x", "at": 5}], "messages[0].at",
+         "must be an ISO 8601 time"),
+    ]  # fmt: skip
+    for messages, path, said in cases:
+        answer = _flush(alice_client, messages=messages)
+        assert answer.status_code == 400
+        assert answer.json()["error"]["details"] == {path: [said]}
+        assert answer.json()["error"]["message"] == f"{path}: {said}"
+    assert PendingUpdate.objects.count() == 0
