@@ -256,11 +256,23 @@ def version_scope(*, owner: AbstractBaseUser | int, fact_id: uuid.UUID | str) ->
     return version.scope if version is not None else None
 
 
-def fact_history(*, scope: Scope, fact_id: uuid.UUID | str) -> QuerySet[FactChange]:
-    """The scope's audit rows that created, replaced, changed or removed the fact."""
+def fact_history(
+    *, scope: Scope, fact_id: uuid.UUID | str, versions: list[FactVersion | Fact] | None = None
+) -> QuerySet[FactChange]:
+    """The scope's audit rows that created, replaced, changed or removed the fact, and
+    the facts of its lineage (``versions``, as ``fact_versions`` found them: whichever of
+    its ids is asked for, the same rows; the newest id gave only its own)."""
+    ids = {str(fact_id)}
+    for version in versions or ():
+        if isinstance(version, FactVersion):
+            ids |= {str(version.fact_id)} | (
+                {str(version.successor_id)} if version.successor_id else set()
+            )
+        else:
+            ids.add(str(version.pk))
     return (
         FactChange.objects.filter(scope=scope)
-        .filter(Q(old_fact_id=fact_id) | Q(new_fact_id=fact_id))
+        .filter(Q(old_fact_id__in=ids) | Q(new_fact_id__in=ids))
         .order_by("created_at", "id")
     )
 

@@ -240,7 +240,10 @@ class UserMemoryHistoryView(APIView):
 def history_response(owner: Any, fact_id: uuid.UUID, row: Any) -> Response:
     """``{"versions", "results"}`` of a fact in a scope; 404 when it has neither."""
     versions = fact_versions(scope=row, fact_id=fact_id) if row is not None else []
-    changes = list(fact_history(scope=row, fact_id=fact_id)) if row is not None else []
+    changes = (
+        list(fact_history(scope=row, fact_id=fact_id, versions=versions))
+        if row is not None else []
+    )  # fmt: skip
     if not versions and not changes:
         raise FactNotFound("no such fact")
     return Response({

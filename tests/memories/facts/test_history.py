@@ -105,12 +105,16 @@ def test_a_move_learned_from_a_conversation_is_true_until_it_happened(alice, ali
                               format="json").json()  # fmt: skip
     assert [h["content"] for h in found["results"]] == ["User lives in Lisbon"]
     assert found["results"][0]["valid_to"] == "2026-03-01T00:00:00Z"
-    # Either id gives the whole lineage.
+    # Either id gives the whole lineage: its versions and its audit rows (the newest id
+    # gave only its own audit row).
+    fact_update(owner=alice, fact_id=porto.fact_id, content="User lives in Porto, Portugal")
     for fact_id in (lisbon.fact_id, porto.fact_id):
-        versions = alice_client.get(f"/api/v1/engine/facts/{fact_id}/history").json()["versions"]
-        assert [(v["id"], v["content"]) for v in versions] == [
+        history = alice_client.get(f"/api/v1/engine/facts/{fact_id}/history").json()
+        assert [(v["id"], v["content"]) for v in history["versions"]] == [
             (lisbon.fact_id, "User lives in Lisbon"), (porto.fact_id, "User lives in Porto"),
+            (porto.fact_id, "User lives in Porto, Portugal"),
         ]  # fmt: skip
+        assert [r["action"] for r in history["results"]] == ["add", "replace", "update"]
 
 
 def test_a_correction_retracts_the_old_version(alice, alice_client):
