@@ -13,7 +13,7 @@ from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_get
 from memories.engine.facade import MemoryEngine
 from memories.facts.api.serializers import HitSerializer
-from memories.facts.models import CATEGORIES
+from memories.facts.models import CATEGORIES, Fact
 from memories.facts.scopes import owner_pk
 from memories.facts.search import FactHit
 from memories.facts.services import MAX_FACT_CHARS
@@ -71,6 +71,7 @@ def manage_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
             "content is required to update a memory: give the memory's new full text",
             code="invalid_arguments",
         )
+    before = Fact.objects.filter(pk=parsed).values_list("content", "category").first()
     try:
         result = engine.manage(
             scope, content or None, action, parsed, category=args.get("category"),
@@ -84,6 +85,13 @@ def manage_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
         ) from None
     if action == "update":
         assert result.fact is not None
+        if before == (result.fact.content, result.fact.category):  # (it was told "updated")
+            return {
+                "action": "unchanged",
+                "id": str(parsed),
+                "content": result.fact.content,
+                "message": f"Memory {parsed} already says this; nothing changed.",
+            }
         return {
             "action": "updated",
             "id": str(parsed),

@@ -52,6 +52,12 @@ def test_manage_and_search_in_process_follow_langmem(alice):
         "message": f"Updated memory {fact_id}.",
     }  # fmt: skip
     assert _facts(alice) == ["User prefers light mode"]
+    changes = FactChange.objects.filter(scope__owner=alice).count()
+    assert manage_memory("User prefers light mode", action="update", id=fact_id) == {
+        "action": "unchanged", "id": fact_id, "content": "User prefers light mode",
+        "message": f"Memory {fact_id} already says this; nothing changed.",
+    }  # fmt: skip
+    assert FactChange.objects.filter(scope__owner=alice).count() == changes
     assert manage_memory(action="delete", id=fact_id) == {
         "action": "deleted", "id": fact_id, "message": f"Deleted memory {fact_id}.",
     }  # fmt: skip
