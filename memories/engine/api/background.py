@@ -23,6 +23,7 @@ from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerFi
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
 from core.api.serializers import query_flag, refuse_unknown
+from core.errors import InvalidInput
 from memories.conversations.history import effective_message_limit
 from memories.conversations.selectors import flow_get
 from memories.conversations.summaries import (
@@ -224,6 +225,9 @@ class JournalView(APIView):
         file); without a date: the days the scope has a journal for."""
         row = scope_row(request)
         if "date" not in request.query_params:
+            if query_flag(request.query_params, "download", default=False):
+                # (the list of days came back, as if the file were a JSON list)
+                raise InvalidInput.at("date", "a download is of one day's journal: give its date")
             days = files.journal_days(owner_id=row.owner_id, scope=row.path)
             return Response({"scope": row.path, "days": [d.isoformat() for d in days]})
         day = files.parse_day(request.query_params["date"])

@@ -151,6 +151,11 @@ def test_journal_show_download_and_owner_isolation(alice, alice_client, bob_clie
     )
     assert refused.status_code == 400  # (it showed the day, as if download were false)
     assert refused.json()["error"]["details"] == {"download": ["true, false, 1 or 0"]}
+    undated = alice_client.get("/api/v1/engine/journal", {"scope": SCOPE, "download": "1"})
+    assert undated.status_code == 400  # (it answered the list of days)
+    assert undated.json()["error"]["details"] == {
+        "date": ["a download is of one day's journal: give its date"]
+    }
     as_json = alice_client.get(
         "/api/v1/engine/journal", {"scope": '["org","acme","agent-1"]', "date": today}
     )
