@@ -147,14 +147,17 @@ def message_ref(row: PendingUpdate, message: dict[str, Any]) -> str:
 def _conversation(rows: list[PendingUpdate]) -> tuple[str, list[str], dict[str, datetime]]:
     """The conversation shown to the model, its message references, and when each was
     said (its ``at``, else when its flush came: the latest of a reference's messages)."""
-    lines, refs, said = [], [], {}
+    lines: list[str] = []
+    refs: list[str] = []
+    said: dict[str, datetime] = {}
     for row in rows:
         for message in row.messages:
             ref = message_ref(row, message)
             lines.append(f"[{ref}] {message['role']}: {message['content']}")
             if ref not in refs:
                 refs.append(ref)
-            at = _said_at(message.get("at")) or row.created_at
+            # (no later than its flush came: an `at` in the future is not when it was said)
+            at = min(_said_at(message.get("at")) or row.created_at, row.created_at)
             said[ref] = max(said.get(ref, at), at)
     return "\n".join(lines), refs, said
 
@@ -247,10 +250,11 @@ def parse_extraction(
     was said (``said``; a backfilled conversation's ``at``: not when the run came)."""
     items = (value.get("newFacts") or [])[:MAX_NEW_FACTS]
     facts: list[FactIn] = []
+    times = said or {}
     for item in items:
         confidence = item.get("confidence")
         replaces = item.get("replaces") or ""
-        when = [said[r] for r in _named(item.get("sources"), refs or []) if r in (said or {})]
+        when = [times[r] for r in _named(item.get("sources"), refs or []) if r in times]
         facts.append(FactIn(content=item["content"][:MAX_FACT_CHARS],
                             category=item.get("category") or "context",
                             confidence=settings.ENGINE_MIN_CONFIDENCE if confidence is None else confidence,

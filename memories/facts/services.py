@@ -178,6 +178,19 @@ def _lock(scope: Scope) -> None:
     advisory_xact_lock(_lock_key(scope))
 
 
+def scope_hold(*, owner: AbstractBaseUser | int, scope: ScopePath) -> Scope:
+    """The scope, made if missing and locked for the caller's transaction against its
+    erasure (which takes the same lock): what another room writes for it then cannot
+    outlive an erasure running beside it (a summary stored as the scope was erased stayed,
+    with no scope left to erase it by)."""
+    row = scope_ensure(owner=owner, scope=scope)
+    _lock(row)
+    if not Scope.objects.filter(pk=row.pk).exists():  # erased while this waited
+        row = scope_ensure(owner=owner, scope=scope)
+        _lock(row)
+    return row
+
+
 # The scope's fact count and its fact with this normalised text, if any ((owner,
 # normalized) index: a handful of rows whatever the scope's size), in one round trip.
 _CHECK = (
@@ -253,7 +266,8 @@ _CLOSE = (
     "updated_at, successor_id, action, reason, source, superseded) "
     "SELECT %s, f.id, f.owner_id, %s, f.content, f.category, f.confidence, f.source_kind, "
     "f.source_ref, f.metadata, f.embedding, f.embedding_model, f.dimensions, f.tokens, "
-    "f.observed_at, f.valid_from, CASE WHEN %s THEN coalesce(f.valid_to, %s) ELSE f.valid_to "
+    "f.observed_at, f.valid_from, CASE WHEN %s THEN coalesce(f.valid_to, greatest(%s, "
+    "f.valid_from)) ELSE f.valid_to "
     "END, least(coalesce(f.recorded_at, f.created_at), %s), %s, f.created_at, f.updated_at, "
     "%s, %s, %s, %s::jsonb, %s FROM memories_fact f WHERE f.id = %s"
 )

@@ -46,7 +46,8 @@ from memories.engine.models import Dream, PendingUpdate
 from memories.engine.owner_settings import engine_settings_get, engine_settings_update
 from memories.engine.updates import pending_of, update_list
 from memories.facts.models import Scope
-from memories.facts.scopes import ScopePath, scope_ensure, scope_find
+from memories.facts.scopes import ScopePath, scope_find
+from memories.facts.services import scope_hold
 
 
 # --- input --------------------------------------------------------------------------
@@ -342,7 +343,7 @@ class SummariesView(APIView):
             # a scope's summary makes the scope, so erasing it finds the summary (it was
             # kept for a scope no erasure could name)
             with_store=None if scope is None else (
-                lambda: scope_ensure(owner=_owner(request), scope=scope)),
+                lambda: scope_hold(owner=_owner(request), scope=scope)),
         )  # fmt: skip
         return Response({
             "scope": list(values["scope"]),

@@ -357,3 +357,13 @@ def test_a_flush_error_names_its_field_with_a_list_of_words(alice_client, engine
         assert answer.json()["error"]["details"] == {path: [said]}
         assert answer.json()["error"]["message"] == f"{path}: {said}"
     assert PendingUpdate.objects.count() == 0
+
+
+def test_a_message_said_in_the_future_was_said_when_its_flush_came(alice, alice_client,
+                                                                   engine_llm):  # fmt: skip
+    flushed = _flush(alice_client, messages=[
+        {"role": "user", "content": SAID, "at": "2099-01-01T00:00:00"}])  # fmt: skip
+    assert flushed.status_code == 202
+    came = PendingUpdate.objects.get(owner=alice)
+    _process(alice)
+    assert Fact.objects.get(owner=alice).observed_at == came.created_at

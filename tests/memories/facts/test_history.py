@@ -294,3 +294,17 @@ def test_extraction_reads_when_a_fact_became_true(written, read):
             "valid_from": written}  # fmt: skip
     [fact] = parse_extraction({"newFacts": [item], "factsToRemove": []}, set()).facts
     assert (fact.valid_from.isoformat() if fact.valid_from else None) == read
+
+
+def test_a_replacement_said_before_the_fact_it_replaces_leaves_no_inverted_interval(alice):
+    """A backfilled conversation (its facts observed when they were said) can replace a
+    fact valid from a later day: the closed version ended before it began, and no
+    ``valid_at`` ever found it. It now ends where it began."""
+    march = timezone.now().replace(year=2026, month=3, day=1, hour=0, minute=0, second=0,
+                                   microsecond=0)  # fmt: skip
+    lisbon = _add(alice, "User lives in Lisbon", source_kind="message", valid_from=march)
+    porto = _add(alice, "User lives in Porto", source_kind="message", replaces=lisbon.fact_id,
+                 observed_at=march.replace(year=2024))  # fmt: skip
+    assert porto.action == "replace"
+    [version] = FactVersion.objects.all()
+    assert (version.valid_from, version.valid_to) == (march, march)
