@@ -362,10 +362,15 @@ class OwnerChoosingUserAdmin(UserAdmin):
             obj is None and _chooses_an_owner(request)
         )
 
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        if not super().has_view_permission(request) and _chooses_an_owner(request):
+            return ("username",)  # (not their names or addresses: the box shows usernames)
+        return super().get_search_fields(request)
+
 
 def _chooses_an_owner(request: HttpRequest) -> bool:
-    """An autocomplete request for the ``owner`` field of a model whose admin lets the
-    user add or change its rows."""
+    """An autocomplete request for the ``owner`` field of a model whose admin offers it
+    as an autocomplete and lets the user add or change its rows."""
     match = getattr(request, "resolver_match", None)
     if match is None or match.url_name != "autocomplete":
         return False
@@ -377,7 +382,10 @@ def _chooses_an_owner(request: HttpRequest) -> bool:
             request.GET.get("model_name"),
         ):
             field = next((f for f in model._meta.get_fields() if f.name == "owner"), None)
-            return getattr(field, "related_model", None) is get_user_model() and (
+            return (
+                getattr(field, "related_model", None) is get_user_model()
+                and "owner" in model_admin.get_autocomplete_fields(request)
+            ) and (
                 model_admin.has_add_permission(request)
                 or model_admin.has_change_permission(request)
             )

@@ -158,3 +158,23 @@ def test_an_operator_who_may_add_the_rows_finds_their_owner_without_viewing_user
     assert client.get("/admin/autocomplete/", {**ask, "field_name": "name"}).status_code == 403
     assert client.get("/admin/autocomplete/", {**ask, "model_name": "accessevent",
                                                "app_label": "core"}).status_code == 403  # fmt: skip
+    # by username only: not by a name or an address the box does not show
+    alice.email, alice.first_name = "alice@corp.example", "Alicia"
+    alice.save()
+    for term in ("corp.example", "Alicia"):
+        found = client.get("/admin/autocomplete/", {**ask, "term": term})
+        assert found.status_code == 200 and found.json()["results"] == []
+
+
+def test_an_owner_field_that_is_no_autocomplete_opens_no_user_list(alice):
+    """The knowledge bases' admin may be changed by this operator, but offers no owner
+    autocomplete: the users stay closed to them."""
+    operator = User.objects.create_user("kb-only", password="x", is_staff=True)
+    operator.user_permissions.set(Permission.objects.filter(
+        content_type__app_label="knowledge", codename__in=["add_knowledgebase",
+                                                          "change_knowledgebase"]))  # fmt: skip
+    client = Client()
+    client.force_login(operator)
+    ask = {"app_label": "knowledge", "model_name": "knowledgebase", "field_name": "owner",
+           "term": "ali"}  # fmt: skip
+    assert client.get("/admin/autocomplete/", ask).status_code == 403
