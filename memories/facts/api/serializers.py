@@ -213,6 +213,7 @@ class FactFilterSerializer(serializers.Serializer):
     min_confidence = StrictFloatField(min_value=0, max_value=1, required=False)
 
     def to_internal_value(self, data: Any) -> Any:
+        refuse_unknown(data, self.fields)  # ("categroy" searched every fact)
         if isinstance(data, dict) and isinstance(data.get("category"), str):
             data = {**data, "category": [data["category"]]}
         return super().to_internal_value(data)
@@ -266,6 +267,10 @@ class FactUpdateSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Serial
     category = serializers.ChoiceField(choices=CATEGORIES, required=False)
     confidence = StrictFloatField(min_value=0, max_value=1, required=False)
     reason = StrictCharField(max_length=1000, required=False, default="edited")
+
+    def to_internal_value(self, data: Any) -> Any:
+        refuse_unknown(data, self.fields)  # ("confidance": 0.3 changed nothing, and said 200)
+        return super().to_internal_value(data)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)

@@ -152,9 +152,23 @@ def test_a_misspelt_field_of_an_engine_body_is_a_400_naming_it(alice, alice_clie
     }, format="json")  # fmt: skip
     assert searched.status_code == 400
     assert searched.json()["error"]["details"] == {"fliter": ["Unknown field fliter."]}
+    nested = alice_client.post("/api/v1/engine/search", {
+        "scope": ["user", "typo"], "query": "jazz", "filter": {"categroy": "preference"},
+    }, format="json")  # fmt: skip
+    assert nested.status_code == 400
+    assert nested.json()["error"]["details"] == {
+        "filter": {"categroy": ["Unknown field categroy."]}
+    }
     # the names each body documents, aliases included, are taken
     made = alice_client.post("/api/v1/engine/facts", {
         "scope": ["user", "typo"], "text": "User likes jazz", "confidence": 0.9,
         "category": "preference", "metadata": {}, "reason": "said so", "valid_from": None,
     }, format="json")  # fmt: skip
     assert made.status_code == 201, made.content
+
+    fact_id = made.json()["fact"]["id"]
+    patched = alice_client.patch(f"/api/v1/engine/facts/{fact_id}",
+                                 {"confidance": 0.3}, format="json")  # fmt: skip
+    assert patched.status_code == 400
+    assert patched.json()["error"]["details"] == {"confidance": ["Unknown field confidance."]}
+    assert Fact.objects.get(pk=fact_id).confidence == 0.9
