@@ -47,13 +47,21 @@ class MetadataField(serializers.DictField):
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         value = super().to_internal_value(data)
-        size = len(json.dumps(value, ensure_ascii=False, default=str).encode())
-        if size > MAX_METADATA_BYTES:
-            raise serializers.ValidationError(
-                f"Ensure this object has no more than {MAX_METADATA_BYTES} bytes as JSON "
-                f"(it has {size})."
-            )
+        refused = metadata_refusal(value)
+        if refused:
+            raise serializers.ValidationError(refused)
         return value
+
+
+def metadata_refusal(value: Any) -> str | None:
+    """Why ``value`` is too large a metadata object (None: it is not): the API's and
+    an import's one check (an imported file took any size)."""
+    size = len(json.dumps(value, ensure_ascii=False, default=str).encode())
+    if size <= MAX_METADATA_BYTES:
+        return None
+    return (
+        f"Ensure this object has no more than {MAX_METADATA_BYTES} bytes as JSON (it has {size})."
+    )
 
 
 # A boolean as text (a query parameter, a form field): these words, in any case.

@@ -22,6 +22,7 @@ from django.db import connection
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
+from core.api.fields import metadata_refusal
 from core.errors import InvalidInput
 from core.providers.tokens import count_tokens
 from ingestion.portability.common import (
@@ -227,6 +228,8 @@ def _common(obj: dict[str, Any], line: int) -> dict[str, Any]:
     metadata = obj.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad(line, "metadata is not an object")
+    if metadata and (refused := metadata_refusal(metadata)):
+        raise bad(line, f"metadata: {refused}")
     valid_from = when(obj.get("valid_from"), line, "valid_from")
     valid_to = when(obj.get("valid_to"), line, "valid_to")
     if valid_from is not None and valid_to is not None and valid_to <= valid_from:
@@ -358,7 +361,7 @@ def _copy_versions(versions: list[dict[str, Any]], owner_id: int, ids: Ids,
                 fact, successor = (variants.get(i, row["variant"]) if i else ""
                                    for i in (row["fact_id"], row["successor"]))  # fmt: skip
                 copy.write_row((
-                    ids.new("version", row["id"], row["variant"]),
+                    ids.new("version", row["id"], fact),  # (a version is its fact's)
                     ids.new("fact", row["fact_id"], fact),
                     scopes[row["scope"]].pk, row["content"], row["category"], row["confidence"],
                     row["source_kind"], row["source_ref"], Jsonb(row["metadata"]),

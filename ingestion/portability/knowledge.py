@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.api.fields import metadata_refusal
 from ingestion.portability.common import (
     Ids,
     RawJSON,
@@ -105,7 +106,7 @@ class Knowledge:
             "chunk_index": int(number(obj, "chunk_index", line, 0)),
             "chunk_total": int(number(obj, "chunk_total", line, 1)),
             "sources": {name: text(obj, name, line) for name in SOURCE_FIELDS},
-            "metadata": obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {},
+            "metadata": _metadata(obj, line),
             "timestamp": when(obj.get("timestamp"), line, "timestamp"),
             "embedding": embedding(obj, line),
             "embedding_model": self.bases[kb]["embedding_model"],
@@ -161,3 +162,11 @@ class Knowledge:
             )  # fmt: skip
             for old, rows in by_base.items()
         )
+
+
+def _metadata(obj: dict[str, Any], line: int) -> dict[str, Any]:
+    given = obj.get("metadata")
+    value: dict[str, Any] = given if isinstance(given, dict) else {}
+    if value and (refused := metadata_refusal(value)):
+        raise bad(line, f"metadata: {refused}")
+    return value

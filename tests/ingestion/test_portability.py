@@ -538,3 +538,20 @@ def test_an_export_made_before_the_end_line_still_imports(alice, bob, alice_clie
     header = {k: v for k, v in lines[0].items() if k != "end_line"}
     response = _import(bob_client, [header, *lines[1:-1]])
     assert response.status_code == 200 and response.json()["facts"] == 4
+
+
+@pytest.mark.parametrize("kind", ["fact", "chunk", "store_item"])
+def test_an_imported_metadata_over_the_apis_size_is_refused(alice, bob, alice_client,
+                                                            bob_client, kind):  # fmt: skip
+    """The API takes a metadata of at most 16 KiB; an imported file took any size."""
+    from core.api.fields import MAX_METADATA_BYTES
+
+    _populate(alice)
+    lines = _export(alice_client)
+    at = next(i for i, line in enumerate(lines) if line.get("type") == kind)
+    lines[at] = {**lines[at], "metadata": {"note": "x" * MAX_METADATA_BYTES}}
+    response = _import(bob_client, lines)
+    assert response.status_code == 400, response.content
+    said = response.json()["error"]["message"]
+    assert f"line {at + 1}" in said and "metadata: Ensure this object has no more than" in said
+    assert _counts(bob) == (0,) * 8
