@@ -30,7 +30,7 @@ from memories.engine.models import PendingUpdate
 from memories.engine.updates import update_record
 from memories.facts.injection import Injection, format_for_injection
 from memories.facts.models import Fact, Scope
-from memories.facts.scopes import ScopePath, scope_fill, scope_find
+from memories.facts.scopes import ScopePath, owner_pk, scope_fill, scope_find
 from memories.facts.search import SearchResult, fact_filter, fact_search
 from memories.facts.selectors import ScopeNotFound
 from memories.facts.services import (
@@ -103,7 +103,7 @@ class MemoryEngine:
                 source=source,
             )  # fmt: skip
             # a duplicate's fact is the one kept (its text may differ: a semantic match)
-            kept = Fact.objects.filter(pk=decision.fact_id).first() if (
+            kept = Fact.objects.filter(owner_id=owner_pk(self.owner), pk=decision.fact_id).first() if (
                 decision.action == "duplicate" and decision.fact_id) else None  # fmt: skip
             return ManageResult(decision.action, decision.fact_id, decision, kept)
         if action not in ACTIONS:

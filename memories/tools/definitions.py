@@ -71,7 +71,11 @@ def manage_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
             "content is required to update a memory: give the memory's new full text",
             code="invalid_arguments",
         )
-    before = Fact.objects.filter(pk=parsed).values_list("content", "category").first()
+    before = (
+        Fact.objects.filter(owner_id=owner_pk(ctx.owner), pk=parsed)
+        .values_list("content", "category")
+        .first()
+    )
     try:
         result = engine.manage(
             scope, content or None, action, parsed, category=args.get("category"),
