@@ -4,6 +4,7 @@ from datetime import timedelta
 from typing import Any
 
 from django import forms
+from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename, get_user_model
 from django.contrib.auth.admin import UserAdmin
@@ -376,20 +377,15 @@ def _chooses_an_owner(request: HttpRequest) -> bool:
         return False
     if request.GET.get("field_name") != "owner":
         return False
-    for model, model_admin in admin.site._registry.items():
-        if (model._meta.app_label, model._meta.model_name) == (
-            request.GET.get("app_label"),
-            request.GET.get("model_name"),
-        ):
-            field = next((f for f in model._meta.get_fields() if f.name == "owner"), None)
-            return (
-                getattr(field, "related_model", None) is get_user_model()
-                and "owner" in model_admin.get_autocomplete_fields(request)
-            ) and (
-                model_admin.has_add_permission(request)
-                or model_admin.has_change_permission(request)
-            )
-    return False
+    try:
+        model = apps.get_model(request.GET.get("app_label", ""), request.GET.get("model_name"))
+    except (LookupError, ValueError):
+        return False
+    model_admin = admin.site._registry.get(model)
+    return model_admin is not None and (
+        "owner" in model_admin.get_autocomplete_fields(request)
+        and (model_admin.has_add_permission(request) or model_admin.has_change_permission(request))
+    )
 
 
 admin.site.unregister(get_user_model())
