@@ -63,20 +63,20 @@ class Command(BaseCommand):
         configured = cast(dict[str, dict[str, Any]], settings.CACHES)
         caches = [str(c.get("LOCATION")) for c in configured.values()
                   if str(c.get("BACKEND")).endswith(".DatabaseCache")]  # fmt: skip
-        said = ""  # the reason to wait it told last: each new one is told once
+        said = ""  # why it waited when it last said so: each new reason is told once
         while True:
             try:
                 executor = MigrationExecutor(connection)
                 plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
                 missing = set(caches) - set(connection.introspection.table_names())
-                waiting = (
+                why, waiting = ("migrations", (
                     f"The database is not ready ({len(plan)} migration(s) to apply, "
                     f"{len(missing)} cache table(s) to create): waiting for `manage.py "
                     "migrate` and `createcachetable` (or `serve`, which runs both)."
-                ) if plan or missing else ""  # fmt: skip
+                )) if plan or missing else ("", "")  # fmt: skip
             except (DatabaseError, EmbeddedPostgresError) as exc:
                 if isinstance(exc.__cause__, DatabaseMissing):  # (a first `serve` makes it)
-                    waiting = f"Waiting: {exc}"
+                    why, waiting = "database", f"Waiting: {exc}"
                 elif not said:  # not reachable: the cluster and the supervisor see to it
                     return
                 else:
@@ -84,12 +84,12 @@ class Command(BaseCommand):
                     continue
             finally:
                 connection.close()
-            if not waiting:
+            if not why:
                 if said:
                     self.stdout.write("The database is ready: starting.")
                 return
-            if waiting[:8] != said:  # (not again as the migrations left to apply go down)
+            if why != said:  # (not again as the migrations left to apply go down)
                 self.stdout.write(waiting)
                 self.stdout.flush()
-                said = waiting[:8]
+                said = why
             time.sleep(every)
