@@ -226,10 +226,17 @@ def _valid_from(value: Any) -> datetime | None:
         when = parse_datetime(value.strip()) or _midnight(parse_date(value.strip()))
     except ValueError:
         return None
+    when = _storable(when)
+    return when.astimezone(UTC) if when is not None else None
+
+
+def _storable(when: datetime | None) -> datetime | None:
+    """``when`` with a zone (UTC when it has none), or None when it is none or the
+    database cannot store it (core.times)."""
     if when is None:
         return None
     when = when if timezone.is_aware(when) else timezone.make_aware(when, UTC)
-    return when.astimezone(UTC) if storable(when) else None  # (core.times)
+    return when if storable(when) else None
 
 
 def _midnight(day: date | None) -> datetime | None:
@@ -619,10 +626,6 @@ def _said_at(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        when = parse_datetime(value)
+        return _storable(parse_datetime(value))
     except ValueError:
         return None
-    if when is None:
-        return None
-    when = when if timezone.is_aware(when) else timezone.make_aware(when, UTC)
-    return when if storable(when) else None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from core.api.fields import metadata_refusal
 from core.errors import InvalidInput
 from core.times import RANGE, storable
 
@@ -22,6 +23,13 @@ class InvalidImport(InvalidInput):
 
 def bad(line: int, why: str) -> InvalidImport:
     return InvalidImport(f"line {line}: {why}", details={"line": line, "error": why})
+
+
+def checked_metadata(value: dict[str, Any], line: int) -> dict[str, Any]:
+    """A line's metadata object, refused as the API refuses it when it is too large."""
+    if value and (refused := metadata_refusal(value)):
+        raise bad(line, f"metadata: {refused}")
+    return value
 
 
 def iso(value: datetime | None) -> str | None:

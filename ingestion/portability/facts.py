@@ -22,13 +22,13 @@ from django.db import connection
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
-from core.api.fields import metadata_refusal
 from core.errors import InvalidInput
 from core.providers.tokens import count_tokens
 from ingestion.portability.common import (
     Ids,
     RawJSON,
     bad,
+    checked_metadata,
     embedding,
     iso,
     old_id,
@@ -228,8 +228,8 @@ def _common(obj: dict[str, Any], line: int) -> dict[str, Any]:
     metadata = obj.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad(line, "metadata is not an object")
-    if metadata and (refused := metadata_refusal(metadata)):
-        raise bad(line, f"metadata: {refused}")
+    if metadata:
+        checked_metadata(metadata, line)
     valid_from = when(obj.get("valid_from"), line, "valid_from")
     valid_to = when(obj.get("valid_to"), line, "valid_to")
     if valid_from is not None and valid_to is not None and valid_to <= valid_from:

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.api.fields import metadata_refusal
 from ingestion.portability.common import (
     Ids,
     RawJSON,
     bad,
+    checked_metadata,
     embedding,
     iso,
     number,
@@ -106,7 +106,9 @@ class Knowledge:
             "chunk_index": int(number(obj, "chunk_index", line, 0)),
             "chunk_total": int(number(obj, "chunk_total", line, 1)),
             "sources": {name: text(obj, name, line) for name in SOURCE_FIELDS},
-            "metadata": _metadata(obj, line),
+            "metadata": checked_metadata(
+                obj["metadata"] if isinstance(obj.get("metadata"), dict) else {}, line
+            ),
             "timestamp": when(obj.get("timestamp"), line, "timestamp"),
             "embedding": embedding(obj, line),
             "embedding_model": self.bases[kb]["embedding_model"],
@@ -162,11 +164,3 @@ class Knowledge:
             )  # fmt: skip
             for old, rows in by_base.items()
         )
-
-
-def _metadata(obj: dict[str, Any], line: int) -> dict[str, Any]:
-    given = obj.get("metadata")
-    value: dict[str, Any] = given if isinstance(given, dict) else {}
-    if value and (refused := metadata_refusal(value)):
-        raise bad(line, f"metadata: {refused}")
-    return value

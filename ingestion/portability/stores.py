@@ -20,13 +20,13 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
-from core.api.fields import metadata_refusal
 from core.errors import ServiceError
 from core.validation import validate_node_id
 from ingestion.portability.common import (
     Ids,
     RawJSON,
     bad,
+    checked_metadata,
     embedding,
     iso,
     number,
@@ -97,8 +97,7 @@ class Stores:
             snapshots = {name: obj.get(name) or {} for name in SNAPSHOTS}
             if not all(isinstance(v, dict) for v in snapshots.values()):
                 raise bad(line, "input_snapshot, output_snapshot and metadata are objects")
-            if refused := metadata_refusal(snapshots["metadata"]):
-                raise bad(line, f"metadata: {refused}")
+            checked_metadata(snapshots["metadata"], line)
             digest = obj.get("summary_hash")
             self.items.append({
                 "line": line, "store": store,
