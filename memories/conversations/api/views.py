@@ -117,25 +117,21 @@ def _conversation_history(request: Request, session_id: str) -> Response:
     """A conversation's history, as its route answers it (the node route's too, for a
     session id holding "/nodes/")."""
     params = _query(ConversationHistoryQuerySerializer, request)
-    flow = flow_for(request, params["flow"])
+    thread = {
+        "flow": flow_for(request, params["flow"]),
+        "session_id": session_id,
+        "current_message_id": params.get("current_message_id"),
+        "max_tokens": params["max_tokens"],
+        "message_limit": params["message_limit"],
+    }
     if params["strategy"] == "summarize":
         summarized = conversation_history_summarized(
-            flow=flow,
-            session_id=session_id,
-            current_message_id=params.get("current_message_id"),
-            max_tokens=params["max_tokens"],
-            message_limit=params["message_limit"],
+            **thread,
             max_tokens_before_summary=params.get("max_tokens_before_summary"),
             max_summary_tokens=params["max_summary_tokens"],
         )
         return _history_response(SummarizedHistoryOutputSerializer, summarized, params)
-    history = conversation_history(
-        flow=flow,
-        session_id=session_id,
-        current_message_id=params.get("current_message_id"),
-        max_tokens=params["max_tokens"],
-        message_limit=params["message_limit"],
-    )
+    history = conversation_history(**thread)
     return _history_response(ConversationHistoryOutputSerializer, history, params)
 
 
