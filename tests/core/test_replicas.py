@@ -183,13 +183,13 @@ def test_every_search_sees_its_write_and_other_owners_read_the_replica(cluster):
     # take longer than that second; such a read may go to the standby, and it finds its
     # fact there (failures above): read-your-writes holds either way.
     assert sources["writer primary"] >= 0.98 * WRITERS * ROUNDS
-    # (a read the standby cancelled, a conflict with recovery, is answered from the primary)
-    assert set(sources) <= {
-        "writer primary",
-        "writer replica",
-        "reader replica",
-        f"reader {RETRIED}",
-    }, sources
+    # (a read the standby cancelled, a conflict with recovery, is answered from the primary;
+    # when the standby closed the connection, the host also takes it for down a few seconds
+    # and the reads of those seconds go to the primary: only after such a failure)
+    allowed = {"writer primary", "writer replica", "reader replica", f"reader {RETRIED}"}
+    if sources[f"reader {RETRIED}"] or sources[f"writer {RETRIED}"]:
+        allowed |= {"reader primary", f"writer {RETRIED}"}
+    assert set(sources) <= allowed, sources
     assert sources["reader replica"] > 0
 
 
