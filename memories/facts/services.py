@@ -419,6 +419,27 @@ def fact_add(
     return out
 
 
+_NEGATIONS = frozenset("not no never nor neither none nothing nobody nowhere cannot".split())
+
+
+def _negations(text: str) -> int:
+    text = unicodedata.normalize("NFKC", text).casefold().replace("\u2019", "'")
+    words = re.findall(r"[a-z']+", text)
+    return sum(1 for w in words if w in _NEGATIONS or w.endswith("n't"))
+
+
+def contradiction(fact: FactIn, near: str) -> str | None:
+    """Why ``fact``, as near in meaning as a duplicate to the scope's fact ``near``, replaces
+    it rather than being one: it is a correction, or it says the opposite (one of the two
+    is negated: "User does not live in Lisbon" against "User lives in Lisbon", which an
+    embedder places side by side). None: a duplicate."""
+    if fact.category == "correction":
+        return "a correction of a fact this near"
+    if _negations(fact.content) % 2 != _negations(near) % 2:
+        return "says the opposite of a fact this near"
+    return None
+
+
 def _duplicate(fact: FactIn, found: Any, match: str, similarity: float) -> FactDecision:
     return FactDecision(
         fact.content, "duplicate", f"{match} duplicate", fact_id=str(found), match=match,
@@ -437,7 +458,19 @@ def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, ded
         old = _replaced(scope, fact.replaces)
         if old is None:
             reason = f"{reason}; the fact to replace is gone, kept as new".lstrip("; ")
-    if old is not None and (undone := _flip_flop(scope, old, fact)) is not None:
+    if old is None:
+        if found is not None:  # (re-)checked under the lock
+            return _duplicate(fact, found, "exact", 1.0), count
+        nearest = fact_nearest(scope, embedding, model) if dedup <= 1 else None
+        if nearest is None or nearest[1] < dedup:
+            new_id = _insert(scope, fact, embedding, model, FactChange.Action.ADD, reason)
+            return FactDecision(fact.content, "add", reason, fact_id=str(new_id)), count + 1
+        near = _replaced(scope, nearest[0])
+        why = None if near is None else contradiction(fact, near.content)
+        if near is None or why is None:
+            return _duplicate(fact, nearest[0], "semantic", nearest[1]), count
+        old, reason = near, f"{reason}; {why} (similarity {nearest[1]:.2f})".lstrip("; ")
+    if (undone := _flip_flop(scope, old, fact)) is not None:
         return FactDecision(
             fact.content,
             "flip_flop",
@@ -447,14 +480,6 @@ def _add_one(scope: Scope, fact: FactIn, embedding: list[float], model: str, ded
             fact_id=str(old.pk),
             target_id=str(old.pk),
         ), count
-    if old is None:
-        if found is not None:  # (re-)checked under the lock
-            return _duplicate(fact, found, "exact", 1.0), count
-        nearest = fact_nearest(scope, embedding, model) if dedup <= 1 else None
-        if nearest is not None and nearest[1] >= dedup:
-            return _duplicate(fact, nearest[0], "semantic", nearest[1]), count
-        new_id = _insert(scope, fact, embedding, model, FactChange.Action.ADD, reason)
-        return FactDecision(fact.content, "add", reason, fact_id=str(new_id)), count + 1
     now, new_id = timezone.now(), uuid.uuid4()
     _close(scope, old.pk, _replacement(fact, reason, source, new_id, now), now)
     FactLink.objects.filter(scope=scope, fact=old).delete()

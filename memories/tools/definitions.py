@@ -60,7 +60,8 @@ def manage_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
             reason="manage_memory tool", source_kind="api", source_ref="tool:manage_memory",
         )  # fmt: skip
         kept = result.fact.content if result.fact is not None else None
-        return _created(result.action, result.fact_id, content or "", kept)
+        replaced = result.decision.target_id if result.decision is not None else None
+        return _created(result.action, result.fact_id, content or "", kept, replaced)
     if fact_id is None:
         raise ToolError(
             f"id is required to {action} a memory; {SEARCH_HINT}", code="invalid_arguments"
@@ -106,14 +107,21 @@ def manage_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _created(
-    decision: str, fact_id: str | None, content: str, kept: str | None = None
+    decision: str,
+    fact_id: str | None,
+    content: str,
+    kept: str | None = None,
+    replaced: str | None = None,
 ) -> dict[str, Any]:
     if decision in ("add", "replace"):
+        # (a correction, or the opposite of a memory as near as a duplicate, replaces it)
+        instead = f" It replaces memory {replaced}, which said otherwise." if replaced else ""
         return {
             "action": "created",
             "id": fact_id,
             "content": content,
-            "message": f"Created memory {fact_id}.",
+            "message": f"Created memory {fact_id}.{instead}",
+            **({"replaced_id": replaced} if replaced else {}),
         }
     if decision == "duplicate":
         # The memory kept, as stored: a fact of the same meaning may say another thing

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from core.errors import InvalidInput
 from memories.facts import search
-from memories.facts.models import Fact, FactChange, FactLink, Scope
+from memories.facts.models import Fact, FactChange, FactLink, FactVersion, Scope
 from memories.facts.scopes import ScopeValueMissing, end_user_ensure, scope_fill, scope_find
 from memories.facts.selectors import FactNotFound, fact_list
 from memories.facts.services import FactIn, fact_add, fact_delete, fact_share, fact_update
@@ -115,6 +115,59 @@ def test_contradiction_replacement_is_audited(alice, fixture_embedder):
     assert (audit.old_content, audit.new_content) == (
         "User lives in New York", "User moved to Los Angeles",
     )  # fmt: skip
+
+
+def test_the_opposite_of_a_memory_replaces_it_where_a_paraphrase_is_a_duplicate(
+    alice, fixture_embedder
+):
+    """An embedder puts "User is not vegan" beside "User is vegan" (cosine 0.977, above the
+    0.9 that makes a duplicate): refused as a duplicate, the correction was lost."""
+    scope = ("user", "u1")
+    [vegan] = fact_add(owner=alice, scope=scope, facts=[FactIn("User is vegan")])
+    [dog] = fact_add(owner=alice, scope=scope, facts=[FactIn("User has a dog named Rex")])
+    decisions = fact_add(
+        owner=alice, scope=scope, reason="added through the API",
+        facts=[FactIn("User is not vegan"), FactIn("User does not have a dog named Rex")],
+    )  # fmt: skip
+    assert [(d.action, d.target_id) for d in decisions] == [
+        ("replace", vegan.fact_id), ("replace", dog.fact_id),
+    ]  # fmt: skip
+    assert decisions[0].reason == (
+        "added through the API; says the opposite of a fact this near (similarity 0.98)"
+    )
+    assert _facts(alice, scope) == ["User does not have a dog named Rex", "User is not vegan"]
+    audit = FactChange.objects.filter(action="replace").order_by("created_at")
+    assert [(a.old_content, a.new_content) for a in audit] == [
+        ("User is vegan", "User is not vegan"),
+        ("User has a dog named Rex", "User does not have a dog named Rex"),
+    ]
+    # both negated: the same meaning, a duplicate; nothing written
+    before = (Fact.objects.count(), FactChange.objects.count())
+    [same] = fact_add(owner=alice, scope=scope, facts=[FactIn("User isn't vegan")])
+    assert (same.action, same.match, same.fact_id) == (
+        "duplicate", "semantic", decisions[0].fact_id,
+    )  # fmt: skip
+    # back again at the same confidence: the flip-flop guard keeps the newer fact
+    [back] = fact_add(owner=alice, scope=scope, facts=[FactIn("User is vegan")])
+    assert (back.action, back.fact_id) == ("flip_flop", decisions[0].fact_id)
+    assert (Fact.objects.count(), FactChange.objects.count()) == before
+
+
+def test_a_correction_replaces_the_memory_it_is_as_near_as_a_duplicate_to(alice, fixture_embedder):
+    scope = ("user", "u1")
+    [old] = fact_add(owner=alice, scope=scope, facts=[FactIn("User is 30 years old")])
+    [same] = fact_add(owner=alice, scope=scope, facts=[FactIn("User is 31 years old")])
+    assert (same.action, same.fact_id) == ("duplicate", old.fact_id)  # (cosine 0.966)
+    assert _facts(alice, scope) == ["User is 30 years old"]
+    [fixed] = fact_add(owner=alice, scope=scope, facts=[
+        FactIn("User is 31 years old", category="correction", source_kind="message"),
+    ])  # fmt: skip
+    assert (fixed.action, fixed.target_id) == ("replace", old.fact_id)
+    assert fixed.reason.endswith("a correction of a fact this near (similarity 0.97)")
+    assert _facts(alice, scope) == ["User is 31 years old"]
+    # a correction is no change of the world: the old version is retracted, not superseded
+    version = FactVersion.objects.get(fact_id=old.fact_id)
+    assert (version.action, version.superseded, version.valid_to) == ("replace", False, None)
 
 
 def test_confidence_threshold(alice, fixture_embedder, settings):

@@ -357,7 +357,7 @@ def test_facts_of_larger_dimensions_are_stored_and_searched(alice, dims):
     want = exact(scope, q, embedder.model, 10)
     assert [(h.id, h.similarity) for h in result.hits] == want
     # A duplicate is still found (the add's nearest-fact check reads the same ranking).
-    again = fact_add(owner=alice, scope=scope, facts=[FactIn("a sentence never seen")],
+    again = fact_add(owner=alice, scope=scope, facts=[FactIn("a sentence seen for the first time")],
                           embedder=embedder, dedup_threshold=-1.0)  # fmt: skip
     assert again[0].action == "duplicate" and again[0].match == "semantic"
 

@@ -12,6 +12,7 @@ from memories.facts.selectors import fact_list
 from memories.stores.models import MemoryItem
 from memories.tools.callables import memory_tools, node_memory_tools
 from memories.tools.registry import ToolError, openai_tools, tool_call
+from tests.memories.facts.conftest import fixture_embedder  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 SCOPE = ["user", "alice"]
@@ -230,3 +231,17 @@ def test_node_store_tools(alice, bob, alice_client, flow):
     assert err.value.status_code == 404
     assert str(err.value) == f"no flow with id {flow.pk}; give the id of one of your flows"
     assert MemoryItem.objects.count() == 1
+
+
+@pytest.mark.usefixtures("fixture_embedder")
+def test_manage_memory_creating_the_opposite_of_a_memory_replaces_it(alice):
+    manage_memory, _search = memory_tools(owner=alice, scope=SCOPE)
+    vegan = manage_memory("User is vegan")["id"]
+    created = manage_memory("User is not vegan")
+    assert created == {
+        "action": "created", "id": created["id"], "content": "User is not vegan",
+        "message": f"Created memory {created['id']}. It replaces memory {vegan}, which said "
+        "otherwise.",
+        "replaced_id": vegan,
+    }  # fmt: skip
+    assert _facts(alice) == ["User is not vegan"]
