@@ -96,11 +96,13 @@ class JsonText:
             entries = edited._entries(start)
             if isinstance(last, str):
                 at = [i for i, e in enumerate(entries) if e.key == last]
-            else:
-                at = [last] if -len(entries) <= last < len(entries) else []
+            else:  # an item: once (the next one takes its place)
+                if not -len(entries) <= last < len(entries):
+                    return edited
+                return edited._without(entries, last % len(entries))
             if not at:
                 return edited
-            edited = edited._without(entries, at[-1] % len(entries))
+            edited = edited._without(entries, at[-1])
 
     def insert(self, path: Path, index: int, *values: Any) -> JsonText:
         """``values`` into the array at ``path``, before its item ``index`` (its length:

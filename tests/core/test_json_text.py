@@ -41,6 +41,11 @@ def test_insert_append_set_and_remove():
     assert text.remove(("nothing",)).text == BODY
     assert text.remove(("messages", 1)).text == BODY.replace(',{"role":"user","content":"olá"}', "")
     assert JsonText('{"a":1}').remove(("a",)).text == "{}"
+    # an item is removed once: the one after it moves into its place and stays
+    assert JsonText('{"a":[1,2,3]}').remove(("a", 0)).text == '{"a":[2,3]}'
+    assert JsonText('{"a":[1,2,3]}').remove(("a", 1)).text == '{"a":[1,3]}'
+    assert JsonText('{"a":[1,2,3]}').remove(("a", -1)).text == '{"a":[1,2]}'
+    assert JsonText('{"a":[1,2,3]}').remove(("a", 3)).text == '{"a":[1,2,3]}'
     assert JsonText('{"a":1,"b":2,"a":3}').remove(("a",)).text == '{"b":2}'
     assert JsonText('{"a":1,"a":3}').set(("a",), 4).text == '{"a":1,"a":4}'  # the last wins
     with pytest.raises(KeyError):

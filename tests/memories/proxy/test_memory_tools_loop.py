@@ -275,6 +275,26 @@ def test_streamed_client_call_beside_a_memory_call_runs_both(
     assert len(_sent(openai_server)) == 1
 
 
+def test_client_call_beside_a_memory_call_runs_both(
+    live_server, alice, llm_settings, openai_server
+):
+    """Not streamed, taking the memory call out of the answer took every call after it
+    too: the client's own call was lost (``tool_calls: []``)."""
+    openai_server.push(_calls(("manage_memory", {"content": "User likes tea"}), ("get_time", {})))
+    answer = _client(live_server, alice).chat.completions.create(
+        model="fake-model", tools=[CLIENT_TOOL], extra_body={"memory_tools": True},
+        messages=[{"role": "user", "content": "Remember I like tea; what time is it?"}],
+    )  # fmt: skip
+    choice = answer.choices[0]
+    assert [(c.id, c.function.name) for c in choice.message.tool_calls] == [("call_1", "get_time")]
+    assert choice.finish_reason == "tool_calls"
+    assert [
+        (r["name"], r["result"]["action"]) for r in answer.model_extra["memory_tool_calls"]
+    ] == [("manage_memory", "created")]
+    assert _facts(alice) == ["User likes tea"]
+    assert len(_sent(openai_server)) == 1
+
+
 def _streamed_text_then_call(text: str, name: str, arguments: dict) -> Scripted:
     """A round that writes text, then calls a memory tool (as models often do)."""
     base = {"id": "c4", "object": "chat.completion.chunk", "created": 4, "model": "m"}
