@@ -46,7 +46,10 @@ def parse_timestamp(value: Any) -> datetime | None:
     ``since`` and ``until`` take it."""
     if value is None or value == "":
         return None
-    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    try:  # (the shape of one, but no time: 2026-13-01, an offset of +25:00)
+        parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    except ValueError:
+        parsed = None
     if parsed is None:
         raise KnowledgeError(f"metadata timestamp {value!r} is not an ISO 8601 date-time",
                              details={"timestamp": "not an ISO 8601 date-time"})  # fmt: skip

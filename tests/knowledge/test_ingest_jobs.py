@@ -305,6 +305,18 @@ def test_a_bad_timestamp_in_a_background_batch_is_a_400_and_no_job(alice, alice_
     assert not IngestJob.objects.exists()
 
 
+@pytest.mark.parametrize("when", ["2026-13-01T00:00:00Z", "2026-01-01T00:00:00+25:00"])
+def test_a_timestamp_shaped_as_one_but_no_time_is_a_400(alice, alice_client, when):
+    """The shape of an ISO 8601 time with a 13th month or an offset of 25 hours: a 500."""
+    kb = make_kb(alice)
+    body = {"documents": [{"text": "t", "source_key": "k", "metadata": {"timestamp": when}}]}
+    response = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents", body, format="json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert f"metadata timestamp {when!r} is not an ISO 8601 date-time" in error["message"]
+    assert not IngestJob.objects.exists() and not kb.chunks.exists()
+
+
 def test_the_job_sweep_is_registered():
     from django_q.models import Schedule
 
