@@ -76,9 +76,9 @@ from django.db import connection, transaction  # noqa: E402
 from django.test import override_settings  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
-import ingestion.capture as capture  # noqa: E402
 import ingestion.memory_bases as runner  # noqa: E402
 import knowledge.services.ingest as ks  # noqa: E402
+import memories.bases.services as capture  # noqa: E402
 import memories.bases.services as mbs  # noqa: E402
 import memories.conversations.services as convs  # noqa: E402
 from core.providers.embeddings import _feature_slot  # noqa: E402

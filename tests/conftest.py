@@ -11,8 +11,7 @@ from core import tenancy
 from core.db_backend.base import table_owner
 from core.schedules import register_schedules
 from core.services import api_key_create
-from ingestion.capture import messages_record
-from memories.bases.services import memory_base_create
+from memories.bases.services import memory_base_create, messages_record
 from memories.conversations.services import MessageIn, flow_create
 from tests.browser import browser  # noqa: F401  (the admin's end-to-end tests' fixture)
 from tests.factories import UserFactory

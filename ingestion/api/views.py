@@ -17,8 +17,8 @@ from ingestion.api.serializers import (
     RunInSerializer,
     SingleMessageInSerializer,
 )
-from ingestion.capture import messages_record
 from memories.bases.selectors import memory_base_get
+from memories.bases.services import messages_record
 from memories.conversations.api.serializers import MessageOutputSerializer, content_to_text
 from memories.conversations.api.views import flow_for
 from memories.conversations.selectors import message_list

@@ -11,8 +11,9 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -23,7 +24,7 @@ from django.utils import timezone
 from core.audit import access_record
 from core.errors import Conflict, InvalidInput, NameTaken, NotFound
 from core.key_limits import resource_create_check
-from core.queue import enqueue_on_commit
+from core.queue import after_commit, enqueue_on_commit
 from core.validation import validate_session_id
 from knowledge.services import (
     knowledge_base_create,
@@ -32,13 +33,17 @@ from knowledge.services import (
     knowledge_base_recount,
 )
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
-from memories.conversations.models import Flow
+from memories.conversations.models import Flow, Message
 from memories.conversations.selectors import (
     outputs_after,
     session_has_messages,
     session_ids_with_outputs,
 )
-from memories.conversations.services import session_messages_delete_rows
+from memories.conversations.services import (
+    MessageIn,
+    messages_store,
+    session_messages_delete_rows,
+)
 
 logger = logging.getLogger(__name__)
 # Runs a job in this process: (job id, progress(done, total)) -> anything.
@@ -72,6 +77,27 @@ class JobConflict(Conflict):
 
 
 # --- triggers -----------------------------------------------------------------------
+def messages_record(
+    *, flow: Flow, session_id: str, run_id: str, messages: Sequence[MessageIn]
+) -> list[Message]:
+    """Store one run's messages and trigger ingestion where a threshold is reached
+    (``ingestion_trigger``)."""
+    with transaction.atomic():
+        stored = messages_store(flow=flow, session_id=session_id, run_id=run_id, messages=messages)
+        ingestion_trigger(flow=flow, session_id=session_id)
+    return stored
+
+
+def ingestion_trigger(*, flow: Flow, session_id: str) -> None:
+    """After messages of ``session_id`` were stored (in the caller's transaction): for
+    each auto-capture memory base of the flow the session row is ensured and, if the
+    pending outputs reach the threshold, a job is queued after the commit; the messages
+    are committed whatever happens to the trigger (a failure to queue is logged and
+    retried at the next trigger)."""
+    for session in sessions_due(flow=flow, session_id=session_id):
+        after_commit(partial(session_ingest_enqueue_quietly, session=session))
+
+
 def sessions_due(*, flow: Flow, session_id: str) -> list[MemoryBaseSession]:
     """Sessions of ``flow``'s auto-capture memory bases whose pending outputs reach the
     threshold (their rows ensured on the way)."""

@@ -33,6 +33,7 @@ from core.providers.llm import get_llm
 from core.providers.relay import SSEEvent
 from core.queue import enqueue_on_commit
 from core.usage import Attribution, usage_as
+from memories.bases.services import ingestion_trigger
 from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_find, session_has_other_sender
 from memories.conversations.services import MessageIn, flow_ensure, messages_store, session_lock
@@ -316,6 +317,7 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
             return
         stored = messages_store(flow=flow, session_id=prepared.chat_id,
                                 run_id=f"chat-{uuid.uuid4().hex}", messages=messages)  # fmt: skip
+        ingestion_trigger(flow=flow, session_id=prepared.chat_id)  # (memory bases of the flow)
     replicas.wrote(prepared.owner_id)  # (a streamed turn: before its [DONE] goes out)
     if prepared.formation_pending and messages[0].role == "user":
         _queue_formation(prepared, str(stored[0].pk))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.capture import messages_record
+from memories.bases.services import messages_record
 from memories.conversations.models import Message
 from memories.conversations.services import MessageIn
 from memories.facts.models import Scope

@@ -9,7 +9,6 @@ import pytest
 from core.errors import InvalidInput
 from core.providers.errors import ProviderError
 from ingestion import memory_bases as runner
-from ingestion.capture import messages_record
 from ingestion.memory_bases import session_ingest_run
 from knowledge.models import Chunk, KnowledgeBase
 from knowledge.services import ingest as kb_services
@@ -23,6 +22,7 @@ from memories.bases.services import (
     memory_base_flush,
     memory_base_regenerate,
     memory_base_update,
+    messages_record,
     session_ingest_enqueue,
     session_messages_delete,
 )

@@ -17,13 +17,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from core.providers.embeddings import get_embedder
-from ingestion.capture import messages_record
 from knowledge.models import Chunk, KnowledgeBase
 from knowledge.services.bases import knowledge_base_create
 from knowledge.services.errors import DocumentIn
 from knowledge.services.ingest import knowledge_base_ingest
 from memories.bases.models import MemoryBase, MemoryBaseSession
-from memories.bases.services import memory_base_create, memory_base_session_ensure
+from memories.bases.services import memory_base_create, memory_base_session_ensure, messages_record
 from memories.conversations.models import ConversationSummary, Flow, Message
 from memories.conversations.node_memory.services import (
     node_memory_append_turn,

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from ingestion.capture import messages_record
 from knowledge.models import Chunk
 from memories.bases.models import MemoryBaseSession
-from memories.bases.services import memory_base_create
+from memories.bases.services import memory_base_create, messages_record
 from memories.conversations.models import Message
 from memories.conversations.services import MessageIn, flow_create
 from memories.facts.scopes import end_user_ensure

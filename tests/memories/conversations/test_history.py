@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.providers.tokens import count_message_tokens, count_tokens
-from ingestion.capture import messages_record
+from memories.bases.services import messages_record
 from memories.conversations.history import (
     HistoryError,
     TokenBufferMemory,

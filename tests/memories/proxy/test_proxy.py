@@ -378,6 +378,32 @@ def test_open_webui_chat_id_becomes_a_conversation(live_server, alice, llm_setti
     )  # fmt: skip
 
 
+def test_a_memory_base_on_the_proxys_flow_captures_its_chats(
+    live_server, alice, llm_settings, openai_server, settings
+):
+    """The proxy stored its turns without the capture's trigger: a memory base on the
+    ``chat-proxy`` flow never learned a chat on its own (its threshold was never checked)."""
+    from memories.bases.models import MemoryBaseJob
+    from memories.bases.services import memory_base_create
+    from memories.conversations.services import flow_ensure
+
+    flow = flow_ensure(owner_id=alice.pk, name=settings.CHAT_PROXY_FLOW)
+    memory_base = memory_base_create(owner=alice, name="chats", flow=flow, threshold=1)
+    openai_server.push(Scripted(body=chat_body("Tea it is.")))
+    key = _key(alice)
+    client = openai.OpenAI(
+        base_url=live_server.url + "/v1", api_key=key, max_retries=0,
+        default_headers={"X-OpenWebUI-User-Id": "wes", "X-OpenWebUI-Chat-Id": "wes-1"},
+    )  # fmt: skip
+    client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "Tea or coffee?"}]
+    )
+    job = MemoryBaseJob.objects.get(memory_base=memory_base)
+    assert (job.trigger, job.session.session_id) == ("auto", "wes-1")
+    texts = list(memory_base.knowledge_base.chunks.values_list("text", flat=True))
+    assert texts == ["Tea it is."]
+
+
 def test_a_bad_chat_id_is_a_400_and_nothing_is_sent(
     live_server, alice, llm_settings, openai_server
 ):
