@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import ProtectedError, RestrictedError
+from django.db.models import RESTRICT, ProtectedError, RestrictedError
 
 from core.errors import Conflict, NameTaken
 from core.key_limits import resource_create_check
 from core.providers.embeddings import EmbeddingConfig
 from knowledge.models import FTS_LANGUAGES, KnowledgeBase
-from knowledge.services.errors import FILE_CHUNKING, MESSAGE_CHUNKING, KnowledgeError
+from knowledge.services.errors import (
+    FILE_CHUNKING,
+    MESSAGE_CHUNKING,
+    KnowledgeError,
+    ReadOnlyKnowledgeBase,
+)
 
 
 def knowledge_base_create(
@@ -74,10 +79,39 @@ def knowledge_base_create(
         raise
 
 
+def knowledge_base_holder(knowledge_base: KnowledgeBase) -> str | None:
+    """What the base belongs to, when it is a memory base's or a memory store's (the
+    objects whose one-to-one link keeps it from being deleted alone), by its name: that
+    object writes the base's chunks and names it; None for a base of its own."""
+    for rel in KnowledgeBase._meta.get_fields(include_hidden=True):
+        if rel.one_to_one and rel.auto_created and getattr(rel, "on_delete", None) is RESTRICT:
+            model = rel.related_model
+            if model._default_manager.filter(**{rel.field.name: knowledge_base}).exists():
+                return str(model._meta.verbose_name)
+    return None
+
+
+def knowledge_base_writable(knowledge_base: KnowledgeBase, *, documents: bool = True) -> None:
+    """Raises ``ReadOnlyKnowledgeBase`` (409 ``read_only``) for a base the API does not
+    write: one a memory base or a memory store holds (a document there would take a
+    captured turn's place, or stand among a store's items), and for ``documents`` one
+    that indexes files."""
+    if documents and knowledge_base.source_kind == KnowledgeBase.SourceKind.FILES:
+        raise ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
+    holder = knowledge_base_holder(knowledge_base)
+    if holder is not None:
+        raise ReadOnlyKnowledgeBase(
+            f"this knowledge base is a {holder}'s: the {holder} writes it (and names it), and "
+            "it is read-only here; search it, or write to a knowledge base of your own"
+        )
+
+
 def knowledge_base_update(
     *, knowledge_base: KnowledgeBase, name: str | None = None, description: str | None = None
 ) -> KnowledgeBase:
-    """Rename or re-describe a base. Embedding settings never change after creation."""
+    """Rename or re-describe a base (not one a memory base or store holds: 409).
+    Embedding settings never change after creation."""
+    knowledge_base_writable(knowledge_base, documents=False)
     if name is not None:
         knowledge_base.name = name
     if description is not None:

@@ -15,7 +15,8 @@ from core.db_recovery import read_after_commit
 from core.jobs import job_claim, job_finish, job_outcome, job_stale
 from core.queue import enqueue, enqueue_on_commit
 from knowledge.models import IngestJob, KnowledgeBase
-from knowledge.services.errors import DocumentIn, IngestResult, ReadOnlyKnowledgeBase
+from knowledge.services.bases import knowledge_base_writable
+from knowledge.services.errors import DocumentIn, IngestResult
 from knowledge.services.ingest import _check_batch, knowledge_base_ingest
 
 logger = logging.getLogger(__name__)
@@ -72,8 +73,7 @@ def knowledge_documents_submit(
     embeds wait for it and then run (queued again here once the lock is let go).
     File-backed bases are written by their file sources only.
     """
-    if knowledge_base.source_kind == KnowledgeBase.SourceKind.FILES:
-        raise ReadOnlyKnowledgeBase("this knowledge base indexes files and is read-only here")
+    knowledge_base_writable(knowledge_base)
     if background is None:
         background = sum(len(d.text) for d in documents) > settings.INGEST_SYNC_MAX_CHARS
     if background:

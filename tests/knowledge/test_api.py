@@ -369,3 +369,38 @@ def test_search_naming_rrf_k_fuses_by_reciprocal_rank(alice, alice_client):
     # 1/(k+1) from each leg; 1/(k+2) from the vector leg (no context between documents).
     assert top["score"] == pytest.approx(2 / 11)
     assert second["score"] == pytest.approx(1 / 12)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_memory_bases_knowledge_base_is_read_only_here(alice, alice_client, flow):
+    """A document sent to a memory base's knowledge base took the place of a captured turn
+    (``source_key: message:3``), and PATCH renamed it: both 409 now, nothing changed."""
+    from memories.bases.services import memory_base_create, messages_record
+    from memories.conversations.services import MessageIn
+
+    memory_base = memory_base_create(owner=alice, name="shop", flow=flow, threshold=1)
+    [turn] = messages_record(flow=flow, session_id="order-77", run_id="r",
+                             messages=[MessageIn(role="assistant", text="It arrives Thursday.")])  # fmt: skip
+    kb = memory_base.knowledge_base
+    before = list(kb.chunks.values_list("source_key", "text", "session_id"))
+    assert before == [(f"message:{turn.pk}#0", "It arrives Thursday.", "order-77")]
+    url = f"/api/v1/knowledge-bases/{kb.pk}"
+    body = {"documents": [{"text": "injected", "source_key": f"message:{turn.pk}"}]}
+    response = alice_client.post(f"{url}/documents", body, format="json")
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == "read_only"
+    assert "memory base's" in response.json()["error"]["message"]
+    response = alice_client.patch(url, {"name": "renamed"}, format="json")
+    assert response.status_code == 409, response.content
+    kb.refresh_from_db()
+    assert kb.name == "Memory: shop"
+    assert list(kb.chunks.values_list("source_key", "text", "session_id")) == before
+    # a search still reads it
+    assert (
+        alice_client.post(f"{url}/search", {"query": "Thursday"}, format="json").status_code == 200
+    )
+
+    # a base of one's own: written and renamed as before
+    own = make_kb(alice, name="own")
+    assert alice_client.patch(f"/api/v1/knowledge-bases/{own.pk}", {"name": "mine"},
+                              format="json").status_code == 200  # fmt: skip
