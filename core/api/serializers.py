@@ -23,6 +23,26 @@ from core.selectors import USAGE_GROUPS
 LIMIT_IDS = "Only these ids (an empty list: none); null: every one."
 
 
+def refuse_unknown(data: Any, fields: Collection[str]) -> None:
+    """A body's keys that name no field of it, each named in one 400: a typo
+    (``session`` for ``session_id``) would otherwise ask for the request's widest form
+    (a flush of every session, a regeneration of the whole base)."""
+    if isinstance(data, Mapping):
+        unknown = sorted(str(key) for key in set(data) - set(fields))
+        if unknown:
+            raise serializers.ValidationError({key: [f"Unknown field {key}."] for key in unknown})
+
+
+class RefusingUnknown(serializers.Serializer):
+    """A body (or an item of one) whose keys that name no field are a 400 naming each
+    (``refuse_unknown``): ``"topk": 1`` searched with the default, ``"chunksize": 300``
+    made a base of 1,000-character chunks, a misspelt ``infer`` ran an extraction."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        refuse_unknown(data, self.fields)
+        return super().to_internal_value(data)
+
+
 class KeyLimitsSerializer(serializers.Serializer):
     """What a key is narrowed to (``core.key_limits``); null: not narrowed on that."""
 
@@ -65,7 +85,7 @@ class APIKeyOutputSerializer(serializers.ModelSerializer):
         return key_limits_payload(key)
 
 
-class APIKeyCreateInputSerializer(serializers.Serializer):
+class APIKeyCreateInputSerializer(RefusingUnknown):
     name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
     # (a field named as Field's own attribute: DRF moves declared fields off the class)
     read_only = StrictBooleanField(  # type: ignore[assignment]
@@ -116,7 +136,7 @@ class MeSerializer(serializers.Serializer):
     )
 
 
-class MeUpdateSerializer(serializers.Serializer):
+class MeUpdateSerializer(RefusingUnknown):
     background_daily_tokens = StrictIntegerField(
         min_value=0, max_value=MAX_DAILY_TOKENS, allow_null=True, help_text=BUDGET_HELP
     )
@@ -224,16 +244,6 @@ class JobOutputBase(serializers.ModelSerializer):
 
     def get_url(self, job: Any) -> str:
         return reverse("job-detail", kwargs={"job_id": job.pk})
-
-
-def refuse_unknown(data: Any, fields: Collection[str]) -> None:
-    """A body's keys that name no field of it, each named in one 400: a typo
-    (``session`` for ``session_id``) would otherwise ask for the request's widest form
-    (a flush of every session, a regeneration of the whole base)."""
-    if isinstance(data, Mapping):
-        unknown = sorted(str(key) for key in set(data) - set(fields))
-        if unknown:
-            raise serializers.ValidationError({key: [f"Unknown field {key}."] for key in unknown})
 
 
 def query_flag(params: Mapping[str, Any], name: str, *, default: bool) -> bool:

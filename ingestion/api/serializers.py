@@ -6,11 +6,12 @@ from django.conf import settings
 from rest_framework import serializers
 
 from core.api.fields import StrictCharField
+from core.api.serializers import RefusingUnknown
 from core.validation import SessionIdField
 from memories.conversations.api.serializers import MessageInSerializer
 
 
-class RunInSerializer(serializers.Serializer):
+class RunInSerializer(RefusingUnknown):
     session_id = SessionIdField()
     run_id = StrictCharField(max_length=64, required=False, allow_blank=True, default="")
     messages = MessageInSerializer(many=True, allow_empty=False)

@@ -15,7 +15,7 @@ from core.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
-from core.api.serializers import JOB_FIELDS, JobOutputBase, refuse_changes
+from core.api.serializers import JOB_FIELDS, JobOutputBase, RefusingUnknown, refuse_changes
 from knowledge.models import FTS_LANGUAGES, Chunk, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
 from knowledge.services.errors import COLUMN_KEYS, KnowledgeError, parse_timestamp
@@ -59,7 +59,7 @@ class KnowledgeBaseOutputSerializer(serializers.ModelSerializer):
         return kb.embedding_metadata()
 
 
-class KnowledgeBaseCreateSerializer(serializers.Serializer):
+class KnowledgeBaseCreateSerializer(RefusingUnknown):
     name = StrictCharField(max_length=200)
     description = StrictCharField(required=False, allow_blank=True, default="")
     language = serializers.ChoiceField(choices=FTS_LANGUAGES, default="english")
@@ -110,7 +110,7 @@ class KnowledgeBaseUpdateSerializer(serializers.Serializer):
         return attrs
 
 
-class DocumentSerializer(serializers.Serializer):
+class DocumentSerializer(RefusingUnknown):
     text = StrictCharField(trim_whitespace=False)
     source_key = StrictCharField(max_length=500, required=False)
     metadata = MetadataField()
@@ -156,7 +156,7 @@ class DocumentSerializer(serializers.Serializer):
         return attrs
 
 
-class IngestSerializer(serializers.Serializer):
+class IngestSerializer(RefusingUnknown):
     documents = DocumentSerializer(many=True, allow_empty=False)
     # Unset: batches over INGEST_SYNC_MAX_CHARS characters are ingested in the
     # background (202 with a job); true/false forces one way.
@@ -173,7 +173,7 @@ class IngestSerializer(serializers.Serializer):
         return value
 
 
-class SearchSerializer(serializers.Serializer):
+class SearchSerializer(RefusingUnknown):
     query = StrictCharField(required=False, trim_whitespace=True, max_length=10000)
     vector = QueryVectorField(required=False, min_length=1, max_length=16000)
     top_k = StrictIntegerField(min_value=1, max_value=100, default=10)

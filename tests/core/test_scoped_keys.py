@@ -47,7 +47,7 @@ def test_a_read_only_key_reads_and_searches_over_rest(alice, reader):
     assert reader.get("/api/v1/users/u1/memories").status_code == 200
     reads = [
         (f"/api/v1/knowledge-bases/{kb.pk}/search", {"query": "Lisbon"}),
-        ("/api/v1/search", {"query": "Lisbon", "knowledge_bases": [str(kb.pk)]}),
+        ("/api/v1/search", {"query": "Lisbon", "knowledge_base_ids": [str(kb.pk)]}),
         ("/api/v1/users/u1/memories/search", {"query": "Lisbon"}),
         ("/api/v1/engine/search", {"scope": SCOPE, "query": "Lisbon"}),
         ("/api/v1/engine/injection", {"scope": SCOPE, "query": "Lisbon", "max_tokens": 200}),

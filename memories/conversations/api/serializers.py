@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
+from core.api.serializers import RefusingUnknown
 from memories.conversations.history import (
     DEFAULT_AI_PREFIX,
     DEFAULT_HUMAN_PREFIX,
@@ -104,7 +105,7 @@ def validate_message_content(role: str, content: Any) -> None:
         )
 
 
-class MessageInSerializer(serializers.Serializer):
+class MessageInSerializer(RefusingUnknown):
     role = serializers.ChoiceField(choices=Message.Role.choices)
     content = serializers.JSONField()
     message_id = MessageIdField(

@@ -28,7 +28,7 @@ from core.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
-from core.api.serializers import refuse_unknown
+from core.api.serializers import RefusingUnknown, refuse_unknown
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange
 from memories.facts.services import MAX_FACT_CHARS
 from memories.facts.timeline import at_from, instant
@@ -287,7 +287,7 @@ class InputMessageSerializer(serializers.Serializer):
     content = StrictCharField(max_length=100_000)
 
 
-class MemoryAddSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Serializer):
+class MemoryAddSerializer(AliasesMixin, ValidityFieldsMixin, RefusingUnknown):
     aliases = {"text": "content"}
 
     content = StrictCharField(

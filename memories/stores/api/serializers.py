@@ -12,7 +12,7 @@ from core.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
-from core.api.serializers import refuse_changes
+from core.api.serializers import RefusingUnknown, refuse_changes
 from core.validation import SessionIdField
 from knowledge.models import Chunk
 from memories.stores.models import STAGES, MemoryAttachment, MemoryItem, MemoryStore
@@ -20,7 +20,7 @@ from memories.stores.registry import store_type
 from memories.stores.services import backend_for, memory_store_problem
 
 
-class StoreCreateSerializer(serializers.Serializer):
+class StoreCreateSerializer(RefusingUnknown):
     name = StrictCharField(max_length=100)
     type = StrictCharField(max_length=64)
     config = serializers.JSONField(required=False, default=dict)
@@ -146,7 +146,7 @@ class AttachmentOutputSerializer(serializers.ModelSerializer):
         ]
 
 
-class RetrieveInSerializer(serializers.Serializer):
+class RetrieveInSerializer(RefusingUnknown):
     stage = serializers.ChoiceField(STAGES)
     query = StrictCharField(allow_blank=True, max_length=20_000, trim_whitespace=False)
     session_id = SessionIdField(required=False, default="")
@@ -200,7 +200,7 @@ class RetrieveOutputSerializer(serializers.Serializer):
     errors = StoreErrorSerializer(many=True)  # type: ignore[assignment]  # (a field named errors)
 
 
-class WriteInSerializer(serializers.Serializer):
+class WriteInSerializer(RefusingUnknown):
     input = serializers.JSONField(help_text="A string or {text, blocks}")
     output = serializers.JSONField(help_text="A string or {text, blocks}")
     metadata = MetadataField()
