@@ -131,12 +131,20 @@ class ChatRelay:
                 response = self.client.send(request, stream=True)
             except httpx2.HTTPError as exc:
                 raise _transport_error(exc) from exc
-            if response.status_code >= 400:
+            kind = response.headers.get("content-type", "")
+            streamed = not kind or kind.split(";")[0].strip().lower() == "text/event-stream"
+            if response.status_code >= 400 or not streamed:
                 try:
                     response.read()
                 finally:
                     response.close()
             _check(response)
+            if not streamed:  # (JSON, a page: relayed as events, it read as an empty answer)
+                text = response.content[:300].decode("utf-8", errors="replace")
+                raise ProviderError(
+                    f"provider answered a streamed request with {kind}, not "
+                    f"text/event-stream: {text}"
+                )
             return response
 
         response = call_with_retries(call, max_retries=self.max_retries, backoff=self.backoff)

@@ -119,3 +119,20 @@ def test_a_stream_that_fails_before_its_first_byte_raises_at_once(openai_server)
     assert (raised.value.status_code, str(raised.value)) == (
         400, "provider answered 400: bad tools",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "scripted",
+    [Scripted(body=chat_body("not streamed")), Scripted(body='{"id": "x", "choices": ['),
+     Scripted(body="<html>busy</html>", headers={"Content-Type": "text/html"})],
+)  # fmt: skip
+def test_a_stream_answered_with_no_event_stream_is_a_502_at_once(openai_server, scripted):
+    """Relayed as events, a JSON answer to a streamed request read as an empty answer
+    (200), and the turn was learned from."""
+    openai_server.push(scripted)
+    with pytest.raises(ProviderError) as raised:
+        _relay(openai_server).stream(json.dumps({"stream": True}).encode())
+    assert raised.value.status_code == 502
+    assert str(raised.value).startswith("provider answered a streamed request with ")
+    assert "not text/event-stream" in str(raised.value)
+    assert len(openai_server.requests) == 1
