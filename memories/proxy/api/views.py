@@ -24,7 +24,7 @@ from core.key_limits import end_user_check
 from core.providers.errors import ProviderError, ProviderNotConfigured
 from core.providers.llm import get_llm
 from core.tracing import carry_iter
-from core.validation import SESSION_ID, validate_end_user_id, validate_session_id
+from core.validation import END_USER_ID, SESSION_ID, validate_end_user_id, validate_session_id
 from memories.engine.owner_settings import memory_tools_enabled
 from memories.proxy.api.serializers import (
     CHAT_ANSWER_SCHEMA,
@@ -38,6 +38,7 @@ from memories.proxy.chat import (
     chat_prepare,
     chat_sender,
     chat_stream,
+    unmade_on_failure,
 )
 from memories.proxy.tool_loop import loop_complete, loop_stream
 
@@ -71,10 +72,16 @@ class ChatCompletionsView(APIView):
         return openai_exception_handler
 
     def _external_id(self, request: Request, body: dict[str, Any]) -> str | None:
-        external_id = _header(request, settings.MEMORY_USER_HEADER) or body.get("user") or None
+        """The end user: the user header's, else the body's ``user``; a bad one is a 400
+        naming where it came from (the header was reported as a ``user`` field the
+        request never sent)."""
+        header = settings.MEMORY_USER_HEADER
+        external_id = _header(request, header) or None
         if external_id is None:
-            return None
-        return validate_end_user_id(external_id)
+            return validate_end_user_id(body["user"]) if body.get("user") else None
+        if not END_USER_ID.matches(external_id):
+            raise InvalidInput.at(header, END_USER_ID.message, code=END_USER_ID.code)
+        return external_id
 
     def _chat_id(self, request: Request) -> str | None:
         """The chat id header, checked as a session id but named as the client sent it
@@ -136,9 +143,10 @@ class ChatCompletionsView(APIView):
             return prepared
 
     def answer(self, prepared: PreparedChat) -> HttpResponse | StreamingHttpResponse:
-        if prepared.body.get("stream"):
-            return event_stream(chat_stream(prepared))
-        return json_answer(chat_complete(prepared))
+        with unmade_on_failure(prepared):
+            if prepared.body.get("stream"):
+                return event_stream(chat_stream(prepared))
+            return json_answer(chat_complete(prepared))
 
 
 def _raw_body(request: Request) -> bytes | None:
@@ -238,6 +246,7 @@ class MemoryToolsChatView(ChatCompletionsView):
         prepared = self.prepare(request, body)
         if prepared.end_user is None or not runs:
             return self.answer(prepared)
-        if prepared.body.get("stream"):
-            return event_stream(loop_stream(prepared))
-        return json_answer(loop_complete(prepared))
+        with unmade_on_failure(prepared):
+            if prepared.body.get("stream"):
+                return event_stream(loop_stream(prepared))
+            return json_answer(loop_complete(prepared))

@@ -70,7 +70,10 @@ def test_invalid_user_id(alice_client, configured):
         HTTP_X_OPENWEBUI_USER_ID="bad user id!",
     )
     assert response.status_code == 400
-    assert response.json()["error"]["code"] == "invalid_user"
+    error = response.json()["error"]
+    # named by the header it came in (it was named "user", a field the body never had)
+    assert (error["code"], error["param"]) == ("invalid_user", "X-OpenWebUI-User-Id")
+    assert error["message"].startswith("X-OpenWebUI-User-Id: must be 1-255 characters")
     assert not Scope.objects.exists() and configured.requests == []
 
 

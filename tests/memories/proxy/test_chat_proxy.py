@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import httpx
 import openai
 import pytest
 from django.utils import timezone
@@ -269,6 +270,47 @@ def test_upstream_timeout_is_504(live_server, alice, upstream, llm_settings):
     assert info.value.status_code == 504
     assert info.value.body["type"] == "api_error"
     assert not Fact.objects.exists()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_chat_makes_no_end_user(live_server, alice, upstream, llm_settings, stream):
+    """The end user was made before the upstream was asked: after a 502 the user's
+    memories answered 200 (an empty list) where an unknown user's are a 404."""
+    llm_settings.LLM_MAX_RETRIES = 0
+    end_user_ensure(owner=alice, external_id="known")
+    for user in ("fails", "known"):
+        upstream.push(Scripted(status=500, body={"error": {"message": "down"}}))
+        with pytest.raises(openai.APIStatusError) as info:
+            answer = _client(live_server, alice, user).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": QUESTION}], stream=stream
+            )
+            list(answer) if stream else None
+        assert info.value.status_code == 502
+    # the end user seen before stays, as it was
+    assert list(Scope.objects.values_list("external_id", flat=True)) == ["known"]
+    key = api_key_create(owner=alice)[1]
+    answer = httpx.get(f"{live_server.url}/api/v1/users/fails/memories",
+                       headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+    assert answer.status_code == 404, answer.text
+
+
+def test_a_streamed_chat_answered_with_json_is_a_502_and_teaches_nothing(
+    live_server, alice, upstream, llm_settings
+):
+    """An upstream that answers ``stream: true`` with a JSON body (or a broken one): it
+    was relayed as an event, 200 with an empty answer, and the turn was learned from."""
+    from memories.engine.models import PendingUpdate
+
+    upstream.push(Scripted(body='{"id": "x", "choices": ['))
+    with pytest.raises(openai.APIStatusError) as info:
+        list(
+            _client(live_server, alice, "u1").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": QUESTION}], stream=True
+            )
+        )
+    assert info.value.status_code == 502
+    assert "not text/event-stream" in info.value.body["message"]
+    assert not PendingUpdate.objects.exists() and not Fact.objects.exists()
 
 
 def test_streaming_upstream_error_before_first_chunk_is_json_error(
