@@ -13,7 +13,7 @@ from django.db import close_old_connections
 
 from core.api.schema import ROOM_TAGS
 from core.services import api_key_create
-from knowledge.services import DocumentIn, knowledge_documents_submit
+from knowledge.services import DocumentIn, knowledge_base_create, knowledge_documents_submit
 from memories.facts.scopes import end_user_ensure
 from memoryproject.wsgi import application
 from scripts.faults.fuzz import fuzz
@@ -40,8 +40,10 @@ def _known_ids(alice, memory_base) -> dict[str, object]:
     """Existing objects for a pass whose paths name them."""
     flow = memory_base.flow
     record(flow, "s1", "an answer worth keeping", run_id="r1")
+    # (a base of the owner's own: a memory base's is read-only through the API)
+    docs = knowledge_base_create(owner=alice, name="docs")
     knowledge_documents_submit(
-        knowledge_base=memory_base.knowledge_base,
+        knowledge_base=docs,
         documents=[DocumentIn.from_payload(text="tea facts", source_key="d1")],
         background=False,
     )
@@ -51,7 +53,7 @@ def _known_ids(alice, memory_base) -> dict[str, object]:
     return {
         "flow_id": flow.pk,
         "mb_id": memory_base.pk,
-        "kb_id": memory_base.knowledge_base_id,
+        "kb_id": docs.pk,
         "session_id": "s1",
         "node_id": "n1",
         "user_id": "u1",

@@ -32,6 +32,7 @@ from tests.conftest import record
 from tests.core.key_clients import bearer_client as _client
 from tests.core.key_clients import mcp_rpc as _rpc
 from tests.fakes.openai_server import Scripted, chat_body
+from tests.knowledge.factories import ingest
 
 pytestmark = pytest.mark.django_db
 U1, U2 = ["user", "u1"], ["user", "u2"]
@@ -272,10 +273,10 @@ def test_a_memory_bases_knowledge_base_is_the_memory_bases(alice, alice_client):
     files = knowledge_base_create(owner=alice, name="files of a store")
     store = MemoryStore.objects.create(owner=alice, name="docs_store", type="file",
                                        knowledge_base=files)  # fmt: skip
-    for kb, text in ((other.knowledge_base, "the other secret"), (docs, "a public note")):
-        added = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents",
-                                  {"documents": [{"text": text}]}, format="json")  # fmt: skip
-        assert added.status_code in (200, 201), added.content
+    ingest(other.knowledge_base, ("message:1", "the other secret"))  # (its memory base's own)
+    added = alice_client.post(f"/api/v1/knowledge-bases/{docs.pk}/documents",
+                              {"documents": [{"text": "a public note"}]}, format="json")  # fmt: skip
+    assert added.status_code in (200, 201), added.content
     key = _narrowed(alice, memory_bases=[str(mine.pk)], memory_stores=[])
     listed = _names(key.get("/api/v1/knowledge-bases"))
     assert listed == sorted(["docs", mine.knowledge_base.name]), listed
