@@ -17,6 +17,7 @@ from core.api.schema import ERROR
 from ingestion.updates import updates_run_pending
 from memories.engine.api.serializers import DecisionSerializer, ScopedSerializer
 from memories.engine.facade import MemoryEngine
+from memories.facts.services import FactDecision
 
 
 class UpdatesRunOutputSerializer(serializers.Serializer):
@@ -30,8 +31,14 @@ class UpdatesRunOutputSerializer(serializers.Serializer):
         "malformed: its answer could not be read.",
     )
     note = StrictCharField(allow_blank=True)
+    error = StrictCharField(
+        allow_blank=True, help_text="Why a failed or malformed run did not learn (else empty)."
+    )
     updates = StrictIntegerField(help_text="The flushes this run folded.")
-    decisions = DecisionSerializer(many=True)
+    decisions = DecisionSerializer(
+        many=True, help_text="One per fact: added, replaced, a duplicate...; a fact the "
+        "messages made untrue is a delete, its id in target_id.",
+    )  # fmt: skip
 
 
 class UpdatesRunView(APIView):
@@ -49,8 +56,14 @@ class UpdatesRunView(APIView):
         engine = MemoryEngine(owner=request.user, values=data.validated_data["scope_values"])
         row = engine.existing(data.validated_data["scope"])
         run = updates_run_pending(scope=row)
+        removed = [
+            FactDecision(run.removed_content.get(fact_id, ""), "delete", "no longer true",
+                         target_id=fact_id)
+            for fact_id in run.removed
+        ]  # fmt: skip
         body: dict[str, Any] = {
-            "scope": list(row.path), "status": run.status, "note": run.note,
-            "updates": len(run.updates), "decisions": DecisionSerializer(run.decisions, many=True).data,
+            "scope": list(row.path), "status": run.status, "note": run.note, "error": run.error,
+            "updates": len(run.updates),
+            "decisions": DecisionSerializer([*run.decisions, *removed], many=True).data,
         }  # fmt: skip
         return Response(body)

@@ -3,6 +3,7 @@ flushes live in Postgres; a run is all-or-nothing and safe to repeat."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -17,7 +18,8 @@ from memories.engine.updates import schedule_name, update_record
 from memories.facts.models import Fact, FactChange
 from memories.facts.scopes import scope_find
 from memories.facts.selectors import fact_list
-from tests.fakes.openai_server import Scripted
+from memories.facts.services import FactIn, fact_add
+from tests.fakes.openai_server import Scripted, chat_body
 from tests.ingestion.conftest import DARK, RUST, TEA
 from tests.memories.engine.scripted import fact, scope_held
 
@@ -284,6 +286,34 @@ def test_a_client_can_have_pending_messages_learned_now_and_wait(
     unknown = alice_client.post("/api/v1/engine/updates/run", {"scope": ["user", "nobody"]},
                                 format="json")  # fmt: skip
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "scope_not_found"
+
+
+def test_a_run_now_answers_what_it_removed_and_why_it_failed(
+    alice, alice_client, engine_llm, openai_server
+):
+    """The run answered its additions only: a fact the messages made untrue was removed
+    unsaid (the users API lists it as a delete), and a failed run said no reason."""
+    [tea] = fact_add(
+        owner=alice, scope=SCOPE, facts=[FactIn("User drinks green tea every morning")]
+    )
+    answer = {"newFacts": [], "factsToRemove": [{"id": tea.fact_id}]}
+    openai_server.chat_fn = lambda payload: Scripted(body=chat_body(json.dumps(answer)))
+    body = {"scope": list(SCOPE), "messages": [{"role": "user", "content": "I quit tea."}]}
+    assert alice_client.post("/api/v1/engine/flush", body, format="json").status_code == 202
+    ran = alice_client.post("/api/v1/engine/updates/run", {"scope": list(SCOPE)}, format="json")
+    result = ran.json()
+    assert (result["status"], result["error"]) == ("done", "")
+    assert [(d["action"], d["content"], d["target_id"]) for d in result["decisions"]] == [
+        ("delete", "User drinks green tea every morning", tea.fact_id)
+    ]
+    assert not Fact.objects.filter(pk=tea.fact_id).exists()
+
+    openai_server.chat_fn = lambda payload: Scripted(status=400, body={"error": {"message": "no"}})
+    assert alice_client.post("/api/v1/engine/flush", body, format="json").status_code == 202
+    ran = alice_client.post("/api/v1/engine/updates/run", {"scope": list(SCOPE)}, format="json")
+    result = ran.json()
+    assert (result["status"], result["decisions"]) == ("failed", [])
+    assert result["error"] == "provider answered 400: Error code: 400 - no"
 
 
 @pytest.mark.parametrize(
