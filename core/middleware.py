@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import TooManyFieldsSent
+from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
@@ -14,25 +16,45 @@ from core.api.parsers import UnstorableInput, check_parsed
 
 
 class RequestSizeLimitMiddleware:
-    """Refuse oversized API bodies with a JSON 413 before anything reads them."""
+    """Refuse oversized API bodies with a JSON 413 before anything reads them (a chunked
+    one, which has no length, read up to the limit)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path.startswith(API_PREFIXES):
+            chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+            if chunked and not request.META.get("CONTENT_LENGTH") and not _read_whole(request):
+                return _too_large(request, None)
             try:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 return api_error_response(request, 400, "Invalid Content-Length header.")
             if length > settings.MAX_REQUEST_BYTES:
-                message = (
-                    f"Request body of {length} bytes exceeds the limit of "
-                    f"{settings.MAX_REQUEST_BYTES} bytes."
-                )
-                details = {"limit": settings.MAX_REQUEST_BYTES, "size": length}
-                return api_error_response(request, 413, message, details)
+                return _too_large(request, length)
         return self.get_response(request)
+
+
+def _too_large(request: HttpRequest, length: int | None) -> HttpResponse:
+    limit = settings.MAX_REQUEST_BYTES
+    size = "Request body" if length is None else f"Request body of {length} bytes"
+    message = f"{size} exceeds the limit of {limit} bytes."
+    return api_error_response(request, 413, message, {"limit": limit, "size": length})
+
+
+def _read_whole(request: HttpRequest) -> bool:
+    """A chunked body (no Content-Length; the server de-chunks it) read up to the limit
+    and given to the request with its length, as any (Django reads no body without one:
+    the request ran as if empty, a 400 about missing fields, an import of an empty
+    file). False past the limit, the rest unread."""
+    raw = request.META["wsgi.input"].read(settings.MAX_REQUEST_BYTES + 1)
+    if len(raw) > settings.MAX_REQUEST_BYTES:
+        return False
+    request.META.pop("HTTP_TRANSFER_ENCODING", None)
+    request.META["wsgi.input"], request.META["CONTENT_LENGTH"] = io.BytesIO(raw), str(len(raw))
+    request._stream = LimitedStream(request.META["wsgi.input"], len(raw))  # type: ignore[attr-defined]
+    return True
 
 
 class QueryInputMiddleware:

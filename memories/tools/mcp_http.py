@@ -35,7 +35,6 @@ from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from core.api.errors import api_error_response
 from core.audit import acting_as, actor
 from core.tracing import attach_context, current_context, detach_context
 
@@ -253,15 +252,13 @@ class MCPView(APIView):
         environ = request._request.META  # the WSGI environ; the body is read below (_body)
         # The SDK answers a missing body or Content-Type with a text/plain 400 that no
         # client can parse: refuse them here, in the API's JSON error shape.
-        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
-        if not chunked and environ.get("CONTENT_LENGTH", "") in ("", "0"):
+        # (a chunked body has its length by now: core.middleware read it, up to the limit)
+        if environ.get("CONTENT_LENGTH", "") in ("", "0"):
             raise ParseError("The body must be a JSON-RPC message, sent as application/json.")
         media_type = (request.content_type or "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise UnsupportedMediaType(request.content_type or "(none)")
-        raw = _body(environ, chunked)
-        if raw is None:
-            return api_error_response(request._request, 413, "The request body is too large.")
+        raw = _body(environ)
         refused = jsonrpc_refusal(raw)
         if refused is not None:
             known, code, message = refused
@@ -289,17 +286,9 @@ class MCPView(APIView):
         return response
 
 
-def _body(environ: dict[str, Any], chunked: bool) -> bytes | None:
-    """The request's body, read (a chunked one up to the size limit, None past it: the
-    size middleware reads only Content-Length), and put back in the environ for the SDK."""
-    stream = environ["wsgi.input"]
-    if chunked:
-        raw = stream.read(settings.MAX_REQUEST_BYTES + 1)
-        if len(raw) > settings.MAX_REQUEST_BYTES:
-            return None
-        environ.pop("HTTP_TRANSFER_ENCODING", None)
-    else:
-        raw = stream.read(int(environ["CONTENT_LENGTH"]))
+def _body(environ: dict[str, Any]) -> bytes:
+    """The request's body, read and put back in the environ for the SDK."""
+    raw = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))
     environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(raw), str(len(raw))
     return raw
 
