@@ -53,7 +53,7 @@ def _read_whole(request: HttpRequest) -> bool:
         return False
     request.META.pop("HTTP_TRANSFER_ENCODING", None)
     request.META["wsgi.input"], request.META["CONTENT_LENGTH"] = io.BytesIO(raw), str(len(raw))
-    request._stream = LimitedStream(request.META["wsgi.input"], len(raw))  # type: ignore[attr-defined]
+    request._stream = LimitedStream(request.META["wsgi.input"], len(raw))  # type: ignore[assignment]
     return True
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import RESTRICT, ProtectedError, RestrictedError
+from django.db.models import RESTRICT, OneToOneRel, ProtectedError, RestrictedError
 
 from core.errors import Conflict, NameTaken
 from core.key_limits import resource_create_check
@@ -84,10 +84,11 @@ def knowledge_base_holder(knowledge_base: KnowledgeBase) -> str | None:
     objects whose one-to-one link keeps it from being deleted alone), by its name: that
     object writes the base's chunks and names it; None for a base of its own."""
     for rel in KnowledgeBase._meta.get_fields(include_hidden=True):
-        if rel.one_to_one and rel.auto_created and getattr(rel, "on_delete", None) is RESTRICT:
-            model = rel.related_model
-            if model._default_manager.filter(**{rel.field.name: knowledge_base}).exists():
-                return str(model._meta.verbose_name)
+        if not (isinstance(rel, OneToOneRel) and rel.on_delete is RESTRICT):
+            continue
+        model = rel.related_model
+        if model._default_manager.filter(**{rel.field.name: knowledge_base}).exists():
+            return str(model._meta.verbose_name)
     return None
 
 
