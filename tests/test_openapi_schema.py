@@ -34,3 +34,6 @@ def test_the_answers_a_new_users_audit_met_are_in_the_schema():
     assert {"409", "502"} <= statuses("/api/v1/tools/{name}/call")
     assert "502" in statuses("/api/v1/engine/summaries")
     assert "502" in statuses("/api/v1/conversations/{session_id}/history", "get")  # summarize
+    # the chat proxy's own request field, which the docs name and the proxy reads
+    chat = SchemaGenerator().get_schema(request=None, public=True)["components"]["schemas"]
+    assert chat["ChatCompletionRequest"]["properties"]["memory_tools"]["type"] == "boolean"

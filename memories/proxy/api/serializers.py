@@ -40,6 +40,12 @@ class ChatCompletionSerializer(serializers.Serializer):
     # The end user's id when no header names one: checked as one (400 invalid_user, as
     # the header's), so its length is not refused here with another code.
     user = StrictCharField(required=False, allow_blank=True)
+    memory_tools = StrictBooleanField(
+        required=False, allow_null=True,
+        help_text="This service's own field (never sent upstream): true offers the model "
+        "manage_memory and search_memory, which the proxy runs itself (needs an end user); "
+        "false keeps them off where the owner's setting turns them on.",
+    )  # fmt: skip
 
     def validate_model(self, value: str) -> str:
         if not isinstance(self.initial_data.get("model"), str):
