@@ -167,9 +167,18 @@ class IngestSerializer(RefusingUnknown):
             raise serializers.ValidationError(
                 f"At most {settings.INGEST_MAX_DOCUMENTS} documents per request."
             )
-        keys = [doc["source_key"] for doc in value]
-        if len(keys) != len(set(keys)):
-            raise serializers.ValidationError("source_key values must be unique in a batch.")
+        sent = self.initial_data["documents"]  # (the list the items were read from)
+        seen: dict[str, int] = {}
+        for i, doc in enumerate(value):
+            first = seen.setdefault(doc["source_key"], i)
+            if first == i:
+                continue
+            if "source_key" in sent[i]:
+                said = f"Documents {first} and {i} have the same source_key."
+            else:  # a document without one is keyed by its text
+                said = (f"Documents {first} and {i} have the same text and no source_key: "
+                        "send it once, or give each a source_key.")  # fmt: skip
+            raise serializers.ValidationError(said)
         return value
 
 

@@ -404,3 +404,24 @@ def test_a_memory_bases_knowledge_base_is_read_only_here(alice, alice_client, fl
     own = make_kb(alice, name="own")
     assert alice_client.patch(f"/api/v1/knowledge-bases/{own.pk}", {"name": "mine"},
                               format="json").status_code == 200  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("documents", "said"),
+    [
+        ([{"text": "same"}, {"text": "other"}, {"text": "same"}],
+         "documents: Documents 0 and 2 have the same text and no source_key: send it once, or "
+         "give each a source_key."),
+        ([{"text": "a", "source_key": "k"}, {"text": "b", "source_key": "k"}],
+         "documents: Documents 0 and 1 have the same source_key."),
+    ],
+)  # fmt: skip
+def test_two_documents_of_one_key_in_a_batch_are_named(alice, alice_client, documents, said):
+    """Two documents without a source_key and with the same text were refused for
+    "source_key values", a field the client never sent."""
+    kb = make_kb(alice)
+    response = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents",
+                                 {"documents": documents}, format="json")  # fmt: skip
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == said
+    assert not Chunk.objects.exists()
