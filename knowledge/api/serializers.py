@@ -16,6 +16,7 @@ from core.api.fields import (
     StrictIntegerField,
 )
 from core.api.serializers import JOB_FIELDS, JobOutputBase, RefusingUnknown, refuse_changes
+from core.validation import SESSION_ID
 from knowledge.models import FTS_LANGUAGES, Chunk, IngestJob, KnowledgeBase
 from knowledge.search import FILTER_KEYS, MODES
 from knowledge.services.errors import COLUMN_KEYS, KnowledgeError, parse_timestamp
@@ -126,7 +127,8 @@ class DocumentSerializer(RefusingUnknown):
 
     def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
         """The keys stored in their own chunk columns: a string (or a whole number, taken
-        as its digits) that fits its column; ``timestamp``: an ISO 8601 string."""
+        as its digits) that fits its column; ``session_id`` a session id;
+        ``timestamp``: an ISO 8601 string."""
         errors: dict[str, list[str]] = {}
         for key, limit in column_limits().items():
             given = value.get(key)
@@ -136,6 +138,13 @@ class DocumentSerializer(RefusingUnknown):
                 errors[key] = ["Must be a string."]
             elif limit is not None and len(str(given)) > limit:
                 errors[key] = [f"Ensure this field has no more than {limit} characters."]
+        session = value.get("session_id")
+        if (
+            "session_id" not in errors
+            and session not in (None, "")
+            and not SESSION_ID.matches(str(session))
+        ):  # (as every session id: the session routes address it, a search filters by it)
+            errors["session_id"] = [SESSION_ID.message]
         stamp = value.get("timestamp")
         if stamp is not None and stamp != "":
             if not isinstance(stamp, str):

@@ -425,3 +425,17 @@ def test_two_documents_of_one_key_in_a_batch_are_named(alice, alice_client, docu
     assert response.status_code == 400
     assert response.json()["error"]["message"] == said
     assert not Chunk.objects.exists()
+
+
+@pytest.mark.parametrize("session", ["bad id with spaces", "   ", "-starts-with-a-dash"])
+def test_a_documents_session_id_is_a_session_id(alice, alice_client, session):
+    """Any text was taken: chunks that a search can filter by, but no session route can
+    name."""
+    kb = make_kb(alice)
+    body = {"documents": [{"text": "t", "metadata": {"session_id": session}}]}
+    response = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["message"].startswith(
+        "documents[0].metadata.session_id: must be 1-255 characters"
+    )
+    assert not Chunk.objects.exists()
