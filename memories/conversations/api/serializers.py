@@ -139,6 +139,9 @@ class MessageInSerializer(RefusingUnknown):
 
 class MessageOutputSerializer(serializers.ModelSerializer):
     flow = serializers.UUIDField(source="flow_id")
+    message_id = serializers.SerializerMethodField(
+        help_text="Your message_id when you gave one, else the server id (as history items)."
+    )
     parent_message_id = serializers.SerializerMethodField(
         help_text="The parent's message_id when it has one, else its server id."
     )
@@ -162,6 +165,10 @@ class MessageOutputSerializer(serializers.ModelSerializer):
             "starts_thread",
             "created_at",
         ]
+
+    @extend_schema_field(serializers.JSONField())
+    def get_message_id(self, message: Message) -> int | str:
+        return message.message_id or message.pk
 
     def get_parent_message_id(self, message: Message) -> int | str | None:
         caller_id = getattr(message, "parent_caller_id", None)

@@ -116,3 +116,15 @@ def test_a_summary_budget_error_names_its_field(alice_client, flow):
         assert answer.status_code == 400, answer.content
         error = answer.json()["error"]
         assert (error["message"], error["details"]) == (f"{field}: {said}", {field: [said]})
+
+
+def test_a_message_without_a_message_id_is_listed_by_its_server_id(alice_client, flow):
+    """Listings answered ``message_id: null`` where the docs (and the history) say
+    "yours, else the server id"."""
+    mine = _post(alice_client, flow, message_id="q1").json()
+    bare = _post(alice_client, flow).json()
+    assert (mine["message_id"], bare["message_id"]) == ("q1", bare["id"])
+    listed = alice_client.get("/api/v1/messages", {"flow": str(flow.pk), "session_id": "s1"})
+    assert [(m["id"], m["message_id"]) for m in listed.json()["results"]] == [
+        (mine["id"], "q1"), (bare["id"], bare["id"]),
+    ]  # fmt: skip
