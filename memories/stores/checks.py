@@ -46,6 +46,7 @@ def memory_store_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
                 )
                 .values_list(
                     "name",
+                    "owner__username",
                     "config",
                     "embedding_provider",
                     "embedding_model",
@@ -55,12 +56,12 @@ def memory_store_embedding_mismatch(app_configs: Any, **kwargs: Any) -> list:
     except DatabaseError:  # not migrated yet, or no database
         return []
     warnings = []
-    for name, config, provider, model, dims in stale:
+    for name, owner, config, provider, model, dims in stale:
         if (config or {}).get("embedding"):
             continue
         warnings.append(
             Warning(
-                f"Memory store {name!r} embeds with {provider}/{model} ({dims} dims), recorded "
+                f"Memory store {name!r} of {owner!r} embeds with {provider}/{model} ({dims} dims), recorded "
                 f"when it was created; the configured default is now "
                 f"{settings.EMBEDDING_PROVIDER}/{settings.EMBEDDING_MODEL} "
                 f"({settings.EMBEDDING_DIMENSIONS} dims).",

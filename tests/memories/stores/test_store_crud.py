@@ -166,4 +166,4 @@ def test_knowledge_check_leaves_file_store_indexes_to_the_store_check(
     assert [w.id for w in warnings] == ["core.W002"]  # the plain base only, once
     assert "hashing/hashing-v1 (384 dims)" in warnings[0].msg
     stores = [m for m in run_checks() if m.id == "memory_stores.W001"]
-    assert [w.msg.split(" embeds")[0] for w in stores] == ["Memory store 'docs-default'"]
+    assert [w.msg.split(" embeds")[0] for w in stores] == ["Memory store 'docs-default' of 'alice'"]

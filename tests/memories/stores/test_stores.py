@@ -373,7 +373,11 @@ def test_check_warns_when_the_default_embedding_moved(alice_client, settings):
     settings.EMBEDDING_MODEL = "another-model"
     warnings = [m for m in run_checks() if m.id == "memory_stores.W001"]
     assert len(warnings) == 1
-    assert "Memory store 'notes' embeds with hashing/hashing-v1 (384 dims)" in warnings[0].msg
+    # (named with its owner: two owners' stores of one name read alike)
+    assert (
+        "Memory store 'notes' of 'alice' embeds with hashing/hashing-v1 (384 dims)"
+        in warnings[0].msg
+    )
 
 
 def test_large_stores_search_through_the_hnsw_index(alice, flow, monkeypatch):
