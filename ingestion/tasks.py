@@ -3,6 +3,7 @@ safe to run twice. Their dotted paths are what queues and schedules store."""
 
 from __future__ import annotations
 
+import logging
 from datetime import date
 
 from django.conf import settings
@@ -13,7 +14,10 @@ from ingestion import memory_bases, updates
 from memories.conversations.node_memory import node_memory_delete_idle
 from memories.engine.dreams import dream_scheduled, dreams_daily
 from memories.engine.updates import update_record
-from memories.facts.scopes import user_scope
+from memories.facts.models import Scope
+from memories.facts.scopes import ScopePath, user_scope
+
+logger = logging.getLogger(__name__)
 
 
 def ingest_session(job_id: str) -> str:
@@ -35,13 +39,20 @@ def node_memory_cleanup() -> int:
 
 
 def form_memories(
-    owner_id: int, external_id: str, message: str, message_at: str, message_id: str = ""
+    owner_id: int,
+    external_id: str,
+    message: str,
+    message_at: str,
+    message_id: str = "",
+    scope_id: int | None = None,
 ) -> int:
     """After a chat answer (queued by the chat proxy): the user's message joins the
     debounced updates of the scope ``["user", external_id]`` (one extraction per
     debounce window, however many messages). ``message_id``: the message as the proxy
-    recorded it (with a chat id), the source of the facts learned from it. Returns the
-    pending update's id."""
+    recorded it (with a chat id), the source of the facts learned from it. ``scope_id``:
+    the end user's scope as the chat found it; erased since (the end user's memories
+    deleted while the answer streamed), nothing is learned and none is made again.
+    Returns the pending update's id (0: erased)."""
     at = parse_datetime(message_at)
     if at is None:  # queued by the chat proxy as isoformat(): never
         raise ValueError(f"not an ISO 8601 date-time: {message_at!r}")
@@ -49,9 +60,16 @@ def form_memories(
     item = {"role": "user", "content": message, "at": at.isoformat()}
     if message_id:
         item["id"] = str(message_id)
+    scope: Scope | ScopePath = user_scope(external_id)
+    if scope_id is not None:
+        found = Scope.objects.filter(pk=scope_id, owner_id=owner_id).first()
+        if found is None:
+            logger.info("a chat's message not learned: its end user was erased since")
+            return 0
+        scope = found
     update = update_record(
         owner=owner_id,
-        scope=user_scope(external_id),
+        scope=scope,
         messages=[item],
         source="chat",
         require_llm=False,  # recorded either way; the run waits for an LLM

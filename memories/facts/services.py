@@ -191,6 +191,14 @@ def scope_hold(*, owner: AbstractBaseUser | int, scope: ScopePath) -> Scope:
     return row
 
 
+def scope_held_if_there(scope: Scope) -> bool:
+    """In the caller's transaction: the scope's lock against its erasure (which takes the
+    same lock), and whether the scope is still there: False when it was erased since the
+    caller read it, and what the caller meant to write for it must not outlive that."""
+    _lock(scope)
+    return Scope.objects.filter(pk=scope.pk).exists()
+
+
 # The scope's fact count and its fact with this normalised text, if any ((owner,
 # normalized) index: a handful of rows whatever the scope's size), in one round trip.
 _CHECK = (

@@ -41,6 +41,7 @@ from memories.conversations.services import MessageIn, flow_ensure, messages_sto
 from memories.facts.injection import format_for_injection
 from memories.facts.models import Scope
 from memories.facts.scopes import end_user_made, end_user_unmake
+from memories.facts.services import scope_held_if_there
 
 logger = logging.getLogger(__name__)
 
@@ -284,6 +285,7 @@ def _queue_formation(prepared: PreparedChat, message_id: str) -> None:
         prepared.user_text,
         prepared.received_at.isoformat(),
         message_id,
+        prepared.end_user.pk,  # (erased since, nothing is learned)
         task_name="form-memories",
         owner_id=prepared.end_user.owner_id,
     )
@@ -326,6 +328,11 @@ def chat_record(prepared: PreparedChat, text: str) -> None:
     if not messages:
         return
     with transaction.atomic():
+        if prepared.end_user is not None and not scope_held_if_there(prepared.end_user):
+            # erased while the answer came: the turn is not recorded, nor learned from
+            logger.info("chat turn not recorded: its end user was erased meanwhile")
+            prepared.formation_pending = False
+            return
         flow = flow_ensure(owner_id=prepared.owner_id, name=settings.CHAT_PROXY_FLOW)
         session_lock(flow, prepared.chat_id)
         if _taken(flow, prepared.chat_id, sender):  # (another end user's first turn won)

@@ -86,6 +86,37 @@ def test_the_turn_that_lost_the_race_is_not_recorded(alice):
     assert _said() == [(CHAT, "assistant", "assistant"), (CHAT, "user", "u2"), (CHAT, "user", "u2")]
 
 
+def test_a_turn_whose_end_user_was_erased_while_it_streamed_is_dropped(alice):
+    """An end user erased while their answer streamed: the turn was recorded when it
+    ended, and the learning queued, which brought the end user back."""
+    from ingestion.tasks import form_memories
+    from memories.engine.models import PendingUpdate
+    from memories.facts.models import Scope
+    from memories.facts.scopes import end_user_ensure
+    from memories.facts.services import scope_erase
+
+    scope = end_user_ensure(owner=alice, external_id="xena")
+    turn = PreparedChat(request=JsonText.of(BODY), owner_id=alice.pk, chat_id="xena-1",
+                        chat_sender="xena", user_text="I own a red bicycle", end_user=scope,
+                        formation_pending=True)  # fmt: skip
+    scope_id = scope.pk
+    scope_erase(scope=Scope.objects.get(pk=scope_id))
+    chat_record(turn, "Nice bicycle.")
+    assert _said() == [] and turn.formation_pending is False
+    # a learning queued before the erasure (a chat without a chat id) learns nothing
+    assert form_memories(alice.pk, "xena", "I own a red bicycle", "2026-11-28T10:00:00+00:00",
+                         "", scope_id) == 0  # fmt: skip
+    assert not Scope.objects.exists() and not PendingUpdate.objects.exists()
+    # an end user still there: recorded and learned as before
+    kept = end_user_ensure(owner=alice, external_id="yuri")
+    turn = PreparedChat(request=JsonText.of(BODY), owner_id=alice.pk, chat_id="yuri-1",
+                        chat_sender="yuri", user_text="I own a red bicycle", end_user=kept)  # fmt: skip
+    chat_record(turn, "Nice bicycle.")
+    assert _said() == [("yuri-1", "assistant", "assistant"), ("yuri-1", "user", "yuri")]
+    assert form_memories(alice.pk, "yuri", "I own a red bicycle", "2026-11-28T10:00:00+00:00",
+                         "", kept.pk) > 0  # fmt: skip
+
+
 def test_a_key_narrowed_on_flows_records_only_in_a_flow_it_reaches(
     alice, llm_settings, openai_server
 ):
