@@ -276,7 +276,8 @@ class HitSerializer(serializers.Serializer):
     metadata = serializers.DictField()
     score = StrictFloatField(
         help_text="hybrid (with or without rrf_k): 0 to 1, 1 first in both legs; mode "
-        "vector: the cosine similarity (-1 to 1); mode keyword: the BM25 score (0 and up)."
+        "vector: the cosine similarity (-1 to 1); mode keyword: the BM25 score (0 and up); "
+        "with rewrite: the queries' scores summed, up to 1 + 0.5 per rewritten query."
     )
     vector_score = StrictFloatField(allow_null=True)
     vector_rank = StrictIntegerField(allow_null=True)
