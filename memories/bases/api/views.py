@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, DeletedSerializer, paginated, wrapped
 from core.db_recovery import read_after_commit
+from core.errors import NotFound
 from knowledge.api.serializers import IngestJobAnswerSerializer, job_answer
 from knowledge.selectors import ingest_job_get_by_id
 from memories.bases.api.serializers import (
@@ -39,6 +40,7 @@ from memories.bases.services import (
     session_messages_delete,
 )
 from memories.conversations.api.views import flow_for
+from memories.conversations.models import Flow
 
 
 def _memory_base(request: Request, mb_id: Any) -> MemoryBase:
@@ -67,13 +69,17 @@ class MemoryBaseListView(APIView):
     @extend_schema(
         summary="Create a memory base",
         request=MemoryBaseCreateSerializer,
-        responses={201: MemoryBaseOutputSerializer, 409: ERROR},
+        responses={201: MemoryBaseOutputSerializer, 404: ERROR, 409: ERROR},
     )
     def post(self, request: Request) -> Response:
         data = MemoryBaseCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        flow = flow_for(request, values.pop("flow"))
+        flow_id = values.pop("flow")
+        try:
+            flow = flow_for(request, flow_id)
+        except Flow.DoesNotExist:  # (the body names it: said, as a search's bases are)
+            raise NotFound(f"flow {flow_id} not found", details={"flow": str(flow_id)}) from None
         mb = memory_base_create(owner=request.user, flow=flow, **values)
         # Committed: re-read with the counters, or answer from what create returned.
         out = read_after_commit(

@@ -74,6 +74,11 @@ def test_unknown_flow_is_404_and_creates_nothing(alice_client, bob):
         "/api/v1/memories", {"name": "m", "flow": str(bobs_flow.pk)}, format="json"
     )
     assert response.status_code == 404
+    # the body's flow, named (it answered "Not found.")
+    assert response.json()["error"] == {
+        "code": "not_found", "message": f"flow {bobs_flow.pk} not found",
+        "details": {"flow": str(bobs_flow.pk)},
+    }  # fmt: skip
     assert not MemoryBase.objects.exists()
 
 
