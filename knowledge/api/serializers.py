@@ -111,6 +111,10 @@ class KnowledgeBaseUpdateSerializer(serializers.Serializer):
         return attrs
 
 
+# What a search hit's metadata says of its chunk beside the document's own metadata.
+HIT_KEYS = frozenset({"source_key", "document_key", "chunk_index", "chunk_total"})
+
+
 class DocumentSerializer(RefusingUnknown):
     text = StrictCharField(trim_whitespace=False)
     source_key = StrictCharField(max_length=500, required=False)
@@ -138,6 +142,8 @@ class DocumentSerializer(RefusingUnknown):
                 errors[key] = ["Must be a string."]
             elif limit is not None and len(str(given)) > limit:
                 errors[key] = [f"Ensure this field has no more than {limit} characters."]
+        for key in sorted(set(value) & HIT_KEYS):  # (a hit's own would hide the client's)
+            errors[key] = [f"{key} is a search hit's own metadata key: name yours otherwise."]
         session = value.get("session_id")
         if (
             "session_id" not in errors

@@ -439,3 +439,15 @@ def test_a_documents_session_id_is_a_session_id(alice, alice_client, session):
         "documents[0].metadata.session_id: must be 1-255 characters"
     )
     assert not Chunk.objects.exists()
+
+
+def test_a_documents_metadata_may_not_use_a_hits_own_keys(alice, alice_client):
+    """``metadata: {"source_key": "override"}`` was stored, listed, and replaced in every
+    search hit by the chunk's own: the client's value silently hidden."""
+    kb = make_kb(alice)
+    body = {"documents": [{"text": "t", "metadata": {"source_key": "x", "chunk_index": 3}}]}
+    response = alice_client.post(f"/api/v1/knowledge-bases/{kb.pk}/documents", body, format="json")
+    assert response.status_code == 400, response.content
+    details = response.json()["error"]["details"]["documents"]["0"]["metadata"]
+    assert sorted(details) == ["chunk_index", "source_key"]
+    assert not Chunk.objects.exists()
