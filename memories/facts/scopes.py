@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.errors import InvalidInput
@@ -129,57 +129,28 @@ def global_scope_find(*, owner: AbstractBaseUser | int) -> Scope | None:
 
 
 def _ensure(owner_id: int, path: ScopePath) -> Scope:
-    return _ensure_made(owner_id, path)[0]
-
-
-def _ensure_made(owner_id: int, path: ScopePath) -> tuple[Scope, bool]:
     scope_check(path)  # (an end user, the global memories: not parsed from a client's list)
     found = Scope.objects.filter(owner_id=owner_id, path=list(path)).first()
     if found is not None:
-        return found, False
+        return found
     try:
         with transaction.atomic():
-            made = Scope.objects.create(
+            return Scope.objects.create(
                 owner_id=owner_id, path=list(path), external_id=external_id_of(path)
             )
-            return made, True
     except IntegrityError:  # created meanwhile by another request
-        return Scope.objects.get(owner_id=owner_id, path=list(path)), False
+        return Scope.objects.get(owner_id=owner_id, path=list(path))
 
 
 def end_user_ensure(*, owner: AbstractBaseUser | int, external_id: str) -> Scope:
     """The scope ``["user", external_id]`` of the owner's end user, created on first
     sight (race-safe), its ``last_seen_at`` kept to the minutes."""
-    return end_user_made(owner=owner, external_id=external_id)[0]
-
-
-def end_user_made(*, owner: AbstractBaseUser | int, external_id: str) -> tuple[Scope, bool]:
-    """``end_user_ensure``, and whether this call made the end user."""
     validate_end_user_id(external_id)
-    scope, made = _ensure_made(owner_pk(owner), user_scope(external_id))
+    scope = _ensure(owner_pk(owner), user_scope(external_id))
     now = timezone.now()
     # A write (and its commit) on every chat request would dominate the proxy's
     # latency; minutes are resolution enough for "last seen".
     if scope.last_seen_at is None or now - scope.last_seen_at > LAST_SEEN_RESOLUTION:
         Scope.objects.filter(pk=scope.pk).update(last_seen_at=now)
         scope.last_seen_at = now
-    return scope, made
-
-
-def end_user_unmake(scope: Scope) -> bool:
-    """Delete the scope of an end user a request made and then failed (its upstream did
-    not answer): a failed request writes nothing. Only while no row refers to it: the
-    database's foreign keys, checked as the delete commits, keep one that another
-    request has begun to use meanwhile (False; and nothing is deleted inside a
-    transaction of the caller's, where that check would come too late)."""
-    if connection.in_atomic_block:
-        return False
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                "DELETE FROM memories_scope WHERE id = %s AND owner_id = %s",
-                [scope.pk, scope.owner_id],
-            )
-            return cursor.rowcount == 1
-    except IntegrityError:
-        return False
+    return scope

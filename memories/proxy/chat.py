@@ -12,7 +12,6 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
@@ -40,7 +39,7 @@ from memories.conversations.selectors import flow_find, session_has_other_sender
 from memories.conversations.services import MessageIn, flow_ensure, messages_store, session_lock
 from memories.facts.injection import format_for_injection
 from memories.facts.models import Scope
-from memories.facts.scopes import end_user_made, end_user_unmake
+from memories.facts.scopes import end_user_ensure
 from memories.facts.services import scope_held_if_there
 
 logger = logging.getLogger(__name__)
@@ -77,7 +76,6 @@ class PreparedChat:
     owner_id: int = 0
     memories: list[InjectedMemory] = field(default_factory=list)
     end_user: Scope | None = None
-    end_user_new: bool = False  # made by this request (first seen)
     user_text: str = ""
     received_at: datetime = field(default_factory=timezone.now)
     # Open WebUI's forwarded headers: the chat becomes a conversation (history, summaries)
@@ -147,9 +145,7 @@ def chat_prepare(
     prepared.user_text = message_text(users[-1].get("content")) if users else ""
     if not external_id:
         return prepared
-    prepared.end_user, prepared.end_user_new = end_user_made(
-        owner=owner_id, external_id=external_id
-    )
+    prepared.end_user = end_user_ensure(owner=owner_id, external_id=external_id)
     if not prepared.user_text.strip():
         return prepared
     block, prepared.memories = memory_block(
@@ -157,18 +153,6 @@ def chat_prepare(
     )
     prepared.request = inject(prepared.request, block)
     return prepared
-
-
-@contextmanager
-def unmade_on_failure(prepared: PreparedChat) -> Iterator[None]:
-    """An end user first seen by a request whose upstream then failed (before its
-    answer began) is not kept: a failed request writes nothing."""
-    try:
-        yield
-    except ProviderError:
-        if prepared.end_user is not None and prepared.end_user_new:
-            end_user_unmake(prepared.end_user)
-        raise
 
 
 def chat_sender(external_id: str | None) -> str:

@@ -38,7 +38,6 @@ from memories.proxy.chat import (
     chat_prepare,
     chat_sender,
     chat_stream,
-    unmade_on_failure,
 )
 from memories.proxy.tool_loop import loop_complete, loop_stream
 
@@ -143,10 +142,9 @@ class ChatCompletionsView(APIView):
             return prepared
 
     def answer(self, prepared: PreparedChat) -> HttpResponse | StreamingHttpResponse:
-        with unmade_on_failure(prepared):
-            if prepared.body.get("stream"):
-                return event_stream(chat_stream(prepared))
-            return json_answer(chat_complete(prepared))
+        if prepared.body.get("stream"):
+            return event_stream(chat_stream(prepared))
+        return json_answer(chat_complete(prepared))
 
 
 def _raw_body(request: Request) -> bytes | None:
@@ -246,7 +244,6 @@ class MemoryToolsChatView(ChatCompletionsView):
         prepared = self.prepare(request, body)
         if prepared.end_user is None or not runs:
             return self.answer(prepared)
-        with unmade_on_failure(prepared):
-            if prepared.body.get("stream"):
-                return event_stream(loop_stream(prepared))
-            return json_answer(loop_complete(prepared))
+        if prepared.body.get("stream"):
+            return event_stream(loop_stream(prepared))
+        return json_answer(loop_complete(prepared))
