@@ -428,22 +428,33 @@ def fact_add(
 
 
 _NEGATIONS = frozenset("not no never nor neither none nothing nobody nowhere cannot".split())
+# Words a negation brings along ("does not live" for "lives"), left out of the comparison.
+_AUXILIARIES = frozenset(
+    "do does did is are was were am be has have had any longer anymore".split()
+)
 
 
-def _negations(text: str) -> int:
+def _words(text: str) -> tuple[bool, set[str]]:
+    """(whether the text is negated, its other words, crudely stemmed)."""
     text = unicodedata.normalize("NFKC", text).casefold().replace("\u2019", "'")
     words = re.findall(r"[a-z']+", text)
-    return sum(1 for w in words if w in _NEGATIONS or w.endswith("n't"))
+    negated = any(w in _NEGATIONS or w.endswith("n't") for w in words)
+    kept = {w for w in words if w not in _NEGATIONS and w not in _AUXILIARIES
+            and not w.endswith("n't")}  # fmt: skip
+    return negated, {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in kept}
 
 
 def contradiction(fact: FactIn, near: str) -> str | None:
     """Why ``fact``, as near in meaning as a duplicate to the scope's fact ``near``, replaces
-    it rather than being one: it is a correction, or it says the opposite (one of the two
-    is negated: "User does not live in Lisbon" against "User lives in Lisbon", which an
-    embedder places side by side). None: a duplicate."""
+    it rather than being one: it is a correction, or it says the opposite: one of the two
+    is negated and they differ in little else ("User does not live in Lisbon" against
+    "User lives in Lisbon", which an embedder places side by side; not "User lives in
+    Lisbon" against "User lives in Lisbon and does not own a car", which says more).
+    None: a duplicate."""
     if fact.category == "correction":
         return "a correction of a fact this near"
-    if _negations(fact.content) % 2 != _negations(near) % 2:
+    (new_negated, new_words), (old_negated, old_words) = _words(fact.content), _words(near)
+    if new_negated != old_negated and len(new_words ^ old_words) <= 1:
         return "says the opposite of a fact this near"
     return None
 

@@ -15,7 +15,14 @@ from memories.facts import search
 from memories.facts.models import Fact, FactChange, FactLink, FactVersion, Scope
 from memories.facts.scopes import ScopeValueMissing, end_user_ensure, scope_fill, scope_find
 from memories.facts.selectors import FactNotFound, fact_list
-from memories.facts.services import FactIn, fact_add, fact_delete, fact_share, fact_update
+from memories.facts.services import (
+    FactIn,
+    contradiction,
+    fact_add,
+    fact_delete,
+    fact_share,
+    fact_update,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -151,6 +158,23 @@ def test_the_opposite_of_a_memory_replaces_it_where_a_paraphrase_is_a_duplicate(
     [back] = fact_add(owner=alice, scope=scope, facts=[FactIn("User is vegan")])
     assert (back.action, back.fact_id) == ("flip_flop", decisions[0].fact_id)
     assert (Fact.objects.count(), FactChange.objects.count()) == before
+
+
+@pytest.mark.parametrize(
+    ("near", "new", "opposite"),
+    [("User drinks coffee and tea", "User drinks neither coffee nor tea", True),
+     ("User lives in Lisbon", "User no longer lives in Lisbon", True),
+     ("User has two pets", "User has no pets", True),
+     # one says more (a car), not the opposite: a duplicate, as any near fact
+     ("User lives in Lisbon and does not own a car", "User lives in Lisbon", False),
+     ("User is not vegan", "User isn't vegan", False)],
+)  # fmt: skip
+def test_what_says_the_opposite(near, new, opposite):
+    """Negated on one side only, and little else different ("neither ... nor" is one
+    negation, not two that cancel)."""
+    said = contradiction(FactIn(new), near)
+    assert (said == "says the opposite of a fact this near") is opposite
+    assert opposite or said is None
 
 
 def test_a_correction_replaces_the_memory_it_is_as_near_as_a_duplicate_to(alice, fixture_embedder):
