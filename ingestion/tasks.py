@@ -7,6 +7,7 @@ import logging
 from datetime import date
 
 from django.conf import settings
+from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
 from core.tenancy import maintenance
@@ -15,7 +16,8 @@ from memories.conversations.node_memory import node_memory_delete_idle
 from memories.engine.dreams import dream_scheduled, dreams_daily
 from memories.engine.updates import update_record
 from memories.facts.models import Scope
-from memories.facts.scopes import ScopePath, user_scope
+from memories.facts.scopes import user_scope
+from memories.facts.services import scope_held_if_there
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +62,21 @@ def form_memories(
     item = {"role": "user", "content": message, "at": at.isoformat()}
     if message_id:
         item["id"] = str(message_id)
-    scope: Scope | ScopePath = user_scope(external_id)
-    if scope_id is not None:
+    if scope_id is None:  # (queued before the chats named their scope)
+        return update_record(owner=owner_id, scope=user_scope(external_id), messages=[item],
+                             source="chat", require_llm=False).pk  # fmt: skip
+    with transaction.atomic():  # under the erasure's lock: recorded before it, or not at all
         found = Scope.objects.filter(pk=scope_id, owner_id=owner_id).first()
-        if found is None:
+        if found is None or not scope_held_if_there(found):
             logger.info("a chat's message not learned: its end user was erased since")
             return 0
-        scope = found
-    update = update_record(
-        owner=owner_id,
-        scope=scope,
-        messages=[item],
-        source="chat",
-        require_llm=False,  # recorded either way; the run waits for an LLM
-    )
+        update = update_record(
+            owner=owner_id,
+            scope=found,
+            messages=[item],
+            source="chat",
+            require_llm=False,  # recorded either way; the run waits for an LLM
+        )
     return update.pk
 
 
