@@ -48,7 +48,10 @@ def _read_whole(request: HttpRequest) -> bool:
     and given to the request with its length, as any (Django reads no body without one:
     the request ran as if empty, a 400 about missing fields, an import of an empty
     file). False past the limit, the rest unread."""
-    raw = request.META["wsgi.input"].read(settings.MAX_REQUEST_BYTES + 1)
+    stream = request.META.get("wsgi.input")
+    if stream is None:  # (not WSGI: nothing to read here)
+        return True
+    raw = stream.read(settings.MAX_REQUEST_BYTES + 1)
     if len(raw) > settings.MAX_REQUEST_BYTES:
         return False
     request.META.pop("HTTP_TRANSFER_ENCODING", None)

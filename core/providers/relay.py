@@ -132,7 +132,8 @@ class ChatRelay:
             except httpx2.HTTPError as exc:
                 raise _transport_error(exc) from exc
             kind = response.headers.get("content-type", "")
-            streamed = not kind or kind.split(";")[0].strip().lower() == "text/event-stream"
+            # (a JSON answer or a page is no stream; an odd type on events is let through)
+            streamed = kind.split(",")[0].split(";")[0].strip().lower() not in NOT_STREAMS
             if response.status_code >= 400 or not streamed:
                 try:
                     response.read()
@@ -149,6 +150,9 @@ class ChatRelay:
 
         response = call_with_retries(call, max_retries=self.max_retries, backoff=self.backoff)
         return _read(response)
+
+
+NOT_STREAMS = frozenset({"application/json", "application/problem+json", "text/html"})
 
 
 def _read(response: httpx2.Response) -> Iterator[SSEEvent]:
