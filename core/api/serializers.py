@@ -33,13 +33,21 @@ def refuse_unknown(data: Any, fields: Collection[str]) -> None:
             raise serializers.ValidationError({key: [f"Unknown field {key}."] for key in unknown})
 
 
+# An OpenAI message's keys beside role and content, which a message of a run (or of a
+# user's memories) takes and drops: an agent's message list is sent as it is.
+OPENAI_MESSAGE_KEYS = frozenset({"name", "tool_call_id", "tool_calls", "refusal"})
+
+
 class RefusingUnknown(serializers.Serializer):
     """A body (or an item of one) whose keys that name no field are a 400 naming each
     (``refuse_unknown``): ``"topk": 1`` searched with the default, ``"chunksize": 300``
     made a base of 1,000-character chunks, a misspelt ``infer`` ran an extraction."""
 
+    # Keys a well-known client sends that the body has no use for: taken and dropped.
+    passed_over: frozenset[str] = frozenset()
+
     def to_internal_value(self, data: Any) -> Any:
-        refuse_unknown(data, self.fields)
+        refuse_unknown(data, {*self.fields, *self.passed_over})
         return super().to_internal_value(data)
 
 

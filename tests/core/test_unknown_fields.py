@@ -90,3 +90,33 @@ def test_a_memory_store_with_a_misspelt_field(alice_client):
     _refused(alice_client.post("/api/v1/memory-stores", {"name": "s", "type": "simple",
                                                          "confg": {}}, format="json"), "confg")  # fmt: skip
     assert not MemoryStore.objects.exists()
+
+
+def test_flows_searches_tool_calls_and_node_turns_with_a_misspelt_field(alice_client, flow):
+    from memories.conversations.models import Flow
+
+    _refused(alice_client.post("/api/v1/flows", {"name": "f", "nmae": "g"}, format="json"), "nmae")
+    assert Flow.objects.count() == 1
+    _refused(alice_client.post("/api/v1/users/ann/memories/search", {"query": "tea", "limt": 3},
+                               format="json"), "limt")  # fmt: skip
+    _refused(alice_client.post("/api/v1/tools/search_memory/call", {
+        "scope": ["user", "ann"], "argument": {"query": "tea"}}, format="json"), "argument")  # fmt: skip
+    turn = {"flow": str(flow.pk), "message_id": "m1", "user_content": "q",
+            "assistant_content": "a", "assitant_files": []}  # fmt: skip
+    _refused(alice_client.post("/api/v1/conversations/s1/nodes/n1/turns", turn, format="json"),
+             "assitant_files")  # fmt: skip
+    assert not Message.objects.exists()
+
+
+def test_an_agents_openai_messages_go_into_a_run_as_they_are(alice_client, flow):
+    """A tool message's ``tool_call_id`` and a message's ``name`` (OpenAI's keys) are
+    taken and dropped, as before; only keys no such client sends are refused."""
+    messages = [
+        {"role": "user", "content": "weather?", "name": "ann"},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        {"role": "assistant", "content": "It is sunny."},
+    ]
+    response = alice_client.post(f"/api/v1/flows/{flow.pk}/runs",
+                                 {"session_id": "s", "messages": messages}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert Message.objects.count() == 3

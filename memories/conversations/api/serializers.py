@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
-from core.api.serializers import RefusingUnknown
+from core.api.serializers import OPENAI_MESSAGE_KEYS, RefusingUnknown
 from memories.conversations.history import (
     DEFAULT_AI_PREFIX,
     DEFAULT_HUMAN_PREFIX,
@@ -106,6 +106,8 @@ def validate_message_content(role: str, content: Any) -> None:
 
 
 class MessageInSerializer(RefusingUnknown):
+    passed_over = OPENAI_MESSAGE_KEYS
+
     role = serializers.ChoiceField(choices=Message.Role.choices)
     content = serializers.JSONField()
     message_id = MessageIdField(
@@ -183,7 +185,7 @@ class MessageOutputSerializer(serializers.ModelSerializer):
         return data
 
 
-class FlowInSerializer(serializers.Serializer):
+class FlowInSerializer(RefusingUnknown):
     name = StrictCharField(max_length=200)
 
     def validate_name(self, value: str) -> str:
@@ -247,7 +249,7 @@ class NodeHistoryQuerySerializer(_HistoryQuerySerializer):
     current_message_id = StrictCharField(max_length=MESSAGE_ID_MAX, required=False)
 
 
-class NodeTurnInSerializer(FlowQuerySerializer):
+class NodeTurnInSerializer(RefusingUnknown, FlowQuerySerializer):
     message_id = StrictCharField(max_length=MESSAGE_ID_MAX)
     parent_message_id = StrictCharField(
         max_length=MESSAGE_ID_MAX,

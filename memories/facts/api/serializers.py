@@ -28,7 +28,7 @@ from core.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
-from core.api.serializers import RefusingUnknown, refuse_unknown
+from core.api.serializers import OPENAI_MESSAGE_KEYS, RefusingUnknown, refuse_unknown
 from memories.facts.models import CATEGORIES, SOURCE_KINDS, Fact, FactChange
 from memories.facts.services import MAX_FACT_CHARS
 from memories.facts.timeline import at_from, instant
@@ -219,7 +219,7 @@ class FactFilterSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class FactSearchSerializer(AliasesMixin, AtFieldsMixin, serializers.Serializer):
+class FactSearchSerializer(AliasesMixin, AtFieldsMixin, RefusingUnknown):
     """What a search of facts takes, at every door."""
 
     aliases = {"q": "query", "top_k": "limit"}
@@ -282,7 +282,9 @@ class FactUpdateSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Serial
         return take_validity(attrs)
 
 
-class InputMessageSerializer(serializers.Serializer):
+class InputMessageSerializer(RefusingUnknown):
+    passed_over = OPENAI_MESSAGE_KEYS
+
     role = serializers.ChoiceField(choices=CHAT_ROLES)
     content = StrictCharField(max_length=100_000)
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from core.api.fields import StrictCharField
+from core.api.serializers import RefusingUnknown
 
 
-class ToolCallSerializer(serializers.Serializer):
+class ToolCallSerializer(RefusingUnknown):
     """``scope`` (a list, possibly a template filled from ``scope_values``; the end-user
     header fills ``user_id``) is required by the memory tools, not by the node tools."""
 

@@ -41,7 +41,7 @@ def test_caller_ids_round_trip_and_parents_of_either_kind(alice_client, flow):
     # A parent named by its server id, as an integer or as digits; a message without a
     # caller id is shown by its server id.
     b = _post(alice_client, flow, content="B", parent_message_id=a["id"]).json()
-    assert (b["message_id"], b["parent_message_id"]) == (None, "a-1")
+    assert (b["message_id"], b["parent_message_id"]) == (b["id"], "a-1")
     c = _post(alice_client, flow, role="assistant", content="C", parent_message_id=str(b["id"]))
     assert c.json()["parent_message_id"] == b["id"]
     items = _history(alice_client, flow)["items"]
