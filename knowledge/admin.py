@@ -14,6 +14,7 @@ from core.errors import ServiceError
 from knowledge.models import Chunk, IngestJob, KnowledgeBase
 from knowledge.selectors import with_live_chunks
 from knowledge.services import knowledge_base_delete
+from knowledge.services.bases import knowledge_base_holder
 
 MEMORY_BASE_KB_TEXT = (
     "{name} is a memory base's own knowledge base and is not deleted here: delete the "
@@ -80,6 +81,14 @@ class KnowledgeBaseAdmin(admin.ModelAdmin):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # A memory base's (or a memory store's) base is named by its holder: the API
+        # refuses to rename it too.
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is not None and knowledge_base_holder(obj) is not None:
+            fields = ["name", "description", *fields]
+        return fields
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # A memory base's own knowledge base goes with its memory base.

@@ -105,6 +105,7 @@ def test_operator_sees_mismatch_and_regenerates(browser, live_server, flow, memo
     browser.get(f"{live_server.url}/admin/knowledge/knowledgebase/{kb.pk}/change/")
     assert "delete the memory base instead" in messages(browser)
     assert not browser.find_elements(By.CSS_SELECTOR, "a.deletelink")
+    assert not browser.find_elements(By.NAME, "name")  # its memory base names it
     shot(browser, "admin-knowledge-base-of-memory-base")
 
 
