@@ -436,8 +436,7 @@ _AUXILIARIES = frozenset(
 
 def _words(text: str) -> tuple[bool, set[str]]:
     """(whether the text is negated, its other words, crudely stemmed)."""
-    text = unicodedata.normalize("NFKC", text).casefold().replace("\u2019", "'")
-    words = re.findall(r"[a-z']+", text)
+    words = re.findall(r"[a-z']+", normalize_fact(text).replace("\u2019", "'"))
     negated = any(w in _NEGATIONS or w.endswith("n't") for w in words)
     kept = {w for w in words if w not in _NEGATIONS and w not in _AUXILIARIES
             and not w.endswith("n't")}  # fmt: skip
