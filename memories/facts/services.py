@@ -50,7 +50,7 @@ from memories.facts.models import (
     FactVersion,
     Scope,
 )
-from memories.facts.scopes import ScopePath, scope_ensure
+from memories.facts.scopes import ScopePath, scope_ensure, scope_find, scope_parse
 from memories.facts.search import fact_nearest
 from memories.facts.selectors import fact_resolve
 
@@ -387,23 +387,31 @@ def fact_add(
     threshold = settings.ENGINE_MIN_CONFIDENCE if min_confidence is None else min_confidence
     limit = settings.ENGINE_MAX_FACTS if max_facts is None else max_facts
     dedup = settings.MEMORY_DEDUP_THRESHOLD if dedup_threshold is None else dedup_threshold
-    target = scope if isinstance(scope, Scope) else scope_ensure(owner=owner, scope=scope)
-    scope_check(target.path)
+    below = [f.confidence < threshold for f in checked]
+    target: Scope | None
+    if isinstance(scope, Scope):
+        target = scope
+        scope_check(scope.path)
+    elif all(below):  # nothing to write: the path is checked (in reach of the key), not made
+        target = scope_find(owner=owner, scope=scope_parse(list(scope)))
+    else:
+        target = scope_ensure(owner=owner, scope=scope)
     decisions: list[FactDecision | None] = [None] * len(checked)
     pending: list[int] = []
     for i, fact in enumerate(checked):
-        if fact.confidence < threshold:
+        if below[i]:
             decisions[i] = FactDecision(
                 fact.content, "below_threshold", f"confidence {fact.confidence} < {threshold}"
             )
         elif (
-            not fact.replaces
+            target is not None  # (None only when every fact is below the threshold)
+            and not fact.replaces
             and (found := _check(target, normalize_fact(fact.content))[1]) is not None
         ):  # cheap check first: no embedding needed
             decisions[i] = _duplicate(fact, found, "exact", 1.0)
         else:
             pending.append(i)
-    if pending:
+    if pending and target is not None:
         embedder = embedder or get_embedder()
         vectors = embedder.embed([checked[i].content for i in pending])
         embeddings = {i: [float(x) for x in vec] for i, vec in zip(pending, vectors, strict=True)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -34,7 +35,12 @@ from memories.facts.api.serializers import (
     VersionSerializer,
 )
 from memories.facts.models import Scope
-from memories.facts.scopes import end_user_ensure, global_scope_ensure, global_scope_find
+from memories.facts.scopes import (
+    end_user_ensure,
+    global_scope_ensure,
+    global_scope_find,
+    user_scope,
+)
 from memories.facts.search import fact_filter, fact_search
 from memories.facts.selectors import (
     FactNotFound,
@@ -107,7 +113,9 @@ class UserMemoriesView(APIView):
         """``infer: false``: the texts stored as given through the write service
         (``fact_add``): source ``api``, exact duplicates skipped, and the scope trimmed to
         ``ENGINE_MAX_FACTS`` (each eviction audited)."""
-        end_user = end_user_ensure(owner=request.user, external_id=external_id)
+        # Texts below the threshold write nothing, and make no end user either.
+        end_user = (end_user_ensure(owner=request.user, external_id=external_id)
+                    if values["confidence"] >= settings.ENGINE_MIN_CONFIDENCE else None)  # fmt: skip
         now = timezone.now()
         validity = values.get("validity") or {}
         facts = [FactIn(text, category=values["category"], confidence=values["confidence"],
@@ -115,12 +123,14 @@ class UserMemoriesView(APIView):
                         valid_from=validity.get("valid_from"), valid_to=validity.get("valid_to"))
                  for text in values["texts"]]  # fmt: skip
         decisions = fact_add(
-            owner=request.user.pk, scope=end_user, reason="added through the API", facts=facts,
+            owner=request.user.pk, scope=end_user or user_scope(external_id),
+            reason="added through the API", facts=facts,
             dedup_threshold=1.01,  # as given: only the same text is a duplicate
             source=API_SOURCE,
         )  # fmt: skip
         kept = [d for d in decisions if d.action in ("add", "duplicate")]
-        found = facts_by_id(scope=end_user, ids=[d.fact_id for d in kept if d.fact_id])
+        found = facts_by_id(scope=end_user, ids=[d.fact_id for d in kept if d.fact_id]) if (
+            end_user is not None) else {}  # fmt: skip
         stored = [found[d.fact_id] for d in kept if d.action == "add" and d.fact_id in found]
         duplicates = [
             found[d.fact_id] for d in kept if d.action == "duplicate" and d.fact_id in found

@@ -127,6 +127,13 @@ def test_duplicate_and_below_threshold_answer_200(alice_client, fixture_embedder
     assert r.json()["fact"] is None and Fact.objects.count() == 1
 
 
+def test_a_fact_below_the_threshold_makes_no_scope(alice_client, fixture_embedder):
+    r = _create(alice_client, ["user", "u9"], "User uses Bun", confidence=0.5)
+    assert r.status_code == 200 and r.json()["decision"]["action"] == "below_threshold"
+    assert not Scope.objects.exists() and not Fact.objects.exists()
+    assert alice_client.get("/api/v1/users/u9/memories").status_code == 404
+
+
 def test_search_and_injection(alice_client, fixture_embedder):
     _create(
         alice_client, ["user", "u1"], "User plays the violin", category="behavior", confidence=0.9
