@@ -54,3 +54,17 @@ def test_ingest_jobs_are_listed_without_their_payload(admin_client, alice):
     assert str(job.pk) in listing and "queued" in listing
     detail = admin_client.get(f"/admin/knowledge/ingestjob/{job.pk}/change/").content.decode()
     assert "notes" in detail and "secret payload text" not in detail
+
+
+def test_a_confirmation_page_names_each_objects_owner(admin_client, alice, bob):
+    """Two owners' bases of one name were listed alike on the page asking to delete them."""
+    from knowledge.models import KnowledgeBase
+
+    ids = [make_kb(alice, name="notes").pk, make_kb(bob, name="notes").pk]
+    page = admin_client.post("/admin/knowledge/knowledgebase/",
+                             {"action": "delete_with_chunks", "_selected_action": ids})  # fmt: skip
+    html = page.content.decode()
+    assert page.status_code == 200 and "Delete these knowledge bases?" in html
+    assert '<strong>notes</strong> <span class="confirm-owner">(owner: alice)</span>' in html
+    assert '<strong>notes</strong> <span class="confirm-owner">(owner: bob)</span>' in html
+    assert KnowledgeBase.objects.filter(pk__in=ids).count() == 2  # asked, nothing deleted
