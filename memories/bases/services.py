@@ -33,17 +33,14 @@ from knowledge.services import (
     knowledge_base_recount,
 )
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
+from memories.conversations.erasure import sessions_erase
 from memories.conversations.models import Flow, Message
 from memories.conversations.selectors import (
     outputs_after,
     session_has_messages,
     session_ids_with_outputs,
 )
-from memories.conversations.services import (
-    MessageIn,
-    messages_store,
-    session_messages_delete_rows,
-)
+from memories.conversations.services import MessageIn, messages_store
 
 logger = logging.getLogger(__name__)
 # Runs a job in this process: (job id, progress(done, total)) -> anything.
@@ -483,13 +480,15 @@ def memory_base_regenerate(
 
 
 def session_messages_delete(*, flow: Flow, session_id: str) -> int:
-    """Delete a session's messages and purge that session's chunks from every
-    memory base of the flow (``session_chunks_delete``). The erasure is recorded in the
-    audit trail of access (the count, not the session's id), in the transaction that
-    deletes the messages: they go with their record or not at all."""
+    """Delete a session: its messages, its running summary and its node memory
+    (``sessions_erase``: nothing of it reaches a prompt again, and the id starts afresh),
+    after purging that session's chunks from every memory base of the flow
+    (``session_chunks_delete``). The erasure is recorded in the audit trail of access
+    (the count, not the session's id), in the transaction that deletes the messages:
+    they go with their record or not at all."""
     session_chunks_delete(flow=flow, session_id=session_id)
     with transaction.atomic():
-        deleted = session_messages_delete_rows(flow=flow, session_id=session_id)
+        deleted = sessions_erase(flow=flow, session_ids=[session_id])
         access_record(owner_id=flow.owner_id, action="erasure",
                       detail={"scope_kind": "session", "counts": {"messages": deleted}})  # fmt: skip
     return deleted

@@ -211,11 +211,3 @@ def sessions_delete_rows(*, flow: Flow, session_ids: Sequence[str]) -> int:
     """Delete every message of these sessions of ``flow`` (the chat proxy's erasure)."""
     deleted, _ = Message.objects.filter(flow=flow, session_id__in=list(session_ids)).delete()
     return deleted
-
-
-def session_messages_delete_rows(*, flow: Flow, session_id: str) -> int:
-    """Delete a session's messages (memory bases purge their chunks first:
-    ``memories.bases.services.session_messages_delete``)."""
-    validate_session_id(session_id)
-    deleted, _ = Message.objects.filter(flow=flow, session_id=session_id).delete()
-    return deleted

@@ -634,3 +634,31 @@ def test_a_session_id_holding_nodes_has_its_history_read(alice_client, flow, wri
     assert missing.json()["error"]["message"] == (
         "no memory for node 'y' in conversation 'team' of this flow"
     )
+
+
+def test_deleting_a_sessions_messages_deletes_its_summary_and_node_memory(
+    alice, alice_client, django_capture_on_commit_callbacks
+):
+    """DELETE .../sessions/{id}/messages left the session's running summary (served as
+    the history of the emptied conversation, and extended by its next messages) and its
+    node memory (served as before)."""
+    from memories.conversations.models import ConversationSummary
+
+    flow = flow_create(owner=alice, name="desk")
+    for session in ("s1", "s2"):
+        alice_client.post(f"/api/v1/flows/{flow.pk}/runs", {"session_id": session, "messages": [
+            {"role": "user", "content": "My printer is offline."}]}, format="json")  # fmt: skip
+        _turn(flow, "t1", session_id=session, user="My SSN is 123-45-6789")
+        ConversationSummary.objects.create(owner=alice, key=f"flow:{flow.pk}:{session}",
+                                           text="A printer was offline.", token_count=5)  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        gone = alice_client.delete(f"/api/v1/flows/{flow.pk}/sessions/s1/messages")
+    assert gone.status_code == 200 and gone.json() == {"deleted": 1}
+    history = alice_client.get(f"/api/v1/conversations/s1/history?flow={flow.pk}"
+                               "&strategy=summarize&max_tokens=1000")  # fmt: skip
+    assert history.status_code == 200 and history.json()["messages"] == []
+    assert set(ConversationSummary.objects.values_list("key", flat=True)) == {f"flow:{flow.pk}:s2"}
+    with pytest.raises(NodeMemoryNotFound):
+        node_memory_history(flow=flow, session_id="s1", node_id="llm1")
+    kept = node_memory_history(flow=flow, session_id="s2", node_id="llm1")  # the other stays
+    assert _contents(kept) == ["My SSN is 123-45-6789", "a"]
