@@ -351,13 +351,22 @@ class GlobalMemoryInSerializer(AliasesMixin, serializers.Serializer):
         return attrs
 
 
+class SkippedSerializer(serializers.Serializer):
+    """Schema only: a text not stored, and why ("confidence 0.5 < 0.7")."""
+
+    content = serializers.CharField()
+    reason = serializers.CharField()
+
+
 class MemoryAddResultSerializer(serializers.Serializer):
-    """Schema only: memories stored as given, those that were already stored, and the
-    ids of the user's memories trimmed by ``ENGINE_MAX_FACTS`` to make room."""
+    """Schema only: memories stored as given, those that were already stored, the ids
+    of the user's memories trimmed by ``ENGINE_MAX_FACTS`` to make room, and the texts
+    stored nowhere because their confidence is below ``ENGINE_MIN_CONFIDENCE``."""
 
     memories = MemoryOutputSerializer(many=True)
     duplicates = MemoryOutputSerializer(many=True)
     evicted = serializers.ListField(child=serializers.UUIDField())
+    below_threshold = SkippedSerializer(many=True)
 
 
 class ClosedBySerializer(serializers.Serializer):

@@ -140,6 +140,11 @@ class UserMemoriesView(APIView):
                 "memories": MemoryOutputSerializer(stored, many=True).data,
                 "duplicates": MemoryOutputSerializer(duplicates, many=True).data,
                 "evicted": decisions[-1].evicted_ids if decisions else [],
+                "below_threshold": [
+                    {"content": d.content, "reason": d.reason}
+                    for d in decisions
+                    if d.action == "below_threshold"
+                ],  # fmt: skip
             },
             status=status.HTTP_201_CREATED if stored else status.HTTP_200_OK,
         )

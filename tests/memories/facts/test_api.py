@@ -65,7 +65,8 @@ def test_add_as_given_takes_category_and_confidence(alice_client):
 def test_an_add_below_the_threshold_writes_nothing_and_makes_no_end_user(alice_client):
     response = _add(alice_client, "User may like jazz", user="u7", confidence=0.5)
     assert response.status_code == 200, response.content
-    assert response.json() == {"memories": [], "duplicates": [], "evicted": []}
+    assert response.json() == {"memories": [], "duplicates": [], "evicted": [], "below_threshold": [
+        {"content": "User may like jazz", "reason": "confidence 0.5 < 0.7"}]}  # fmt: skip
     assert not Scope.objects.exists() and not Fact.objects.exists()
     assert alice_client.get("/api/v1/users/u7/memories").status_code == 404
     assert _add(alice_client, "User prefers dark mode", user="u7").status_code == 201  # made
