@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated, wrapped
+from core.errors import InvalidInput
 from ingestion.api.serializers import (
     MessageQuerySerializer,
     RunInSerializer,
@@ -40,6 +41,22 @@ def _message_in(data: dict[str, Any]) -> MessageIn:
     )
 
 
+def _run_messages(messages: list[dict[str, Any]]) -> list[MessageIn]:
+    """A run's messages to record: OpenAI's tool-calling steps passed over
+    (``MessageInSerializer``); a message naming a step as its parent follows that
+    step's own parent."""
+    kept, through = [], {}
+    for message in messages:
+        parent = message.get("parent_message_id", PREVIOUS)
+        parent = through.get(parent, parent) if isinstance(parent, str) else parent
+        if message["tool_step"]:
+            if message.get("message_id"):
+                through[message["message_id"]] = parent
+            continue
+        kept.append(_message_in({**message, "parent_message_id": parent}))
+    return kept
+
+
 class FlowRunView(APIView):
     @extend_schema(
         summary="Record a run's messages",
@@ -54,7 +71,7 @@ class FlowRunView(APIView):
             flow=flow,
             session_id=data.validated_data["session_id"],
             run_id=data.validated_data["run_id"],
-            messages=[_message_in(m) for m in data.validated_data["messages"]],
+            messages=_run_messages(data.validated_data["messages"]),
         )
         return Response(
             {"messages": MessageOutputSerializer(stored, many=True).data},
@@ -95,6 +112,13 @@ class MessageListView(APIView):
     def post(self, request: Request) -> Response:
         data = SingleMessageInSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        if data.validated_data["tool_step"]:
+            raise InvalidInput(
+                "A tool-calling step is not recorded: record the question and the final "
+                "answer (a run's list may hold its steps: they are passed over).",
+                details={"tool_calls" if data.validated_data["role"] == "assistant"
+                         else "tool_call_id": "a tool-calling step"},
+            )  # fmt: skip
         flow = flow_for(request, data.validated_data["flow"])
         (message,) = messages_record(
             flow=flow,

@@ -119,4 +119,41 @@ def test_an_agents_openai_messages_go_into_a_run_as_they_are(alice_client, flow)
     response = alice_client.post(f"/api/v1/flows/{flow.pk}/runs",
                                  {"session_id": "s", "messages": messages}, format="json")  # fmt: skip
     assert response.status_code == 201, response.content
-    assert Message.objects.count() == 3
+    assert list(Message.objects.order_by("id").values_list("role", "text")) == [
+        ("user", "weather?"),
+        ("assistant", "It is sunny."),
+    ]  # the tool's result passed over
+
+
+def test_a_tool_calling_turn_keeps_its_question_in_the_history(alice_client, flow):
+    """An assistant message with tool_calls and no text read as an answer being
+    generated: the history left out the question with it and began with an orphan tool
+    message. OpenAI's own shape (content null) was refused."""
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "What is the weather in Porto?"},
+        {"role": "assistant", "content": None, "tool_calls": [call], "message_id": "step"},
+        {"role": "tool", "tool_call_id": "c1", "content": "18C sunny"},
+        {"role": "assistant", "content": "It is 18C and sunny in Porto.",
+         "parent_message_id": "step"},
+    ]  # fmt: skip
+    response = alice_client.post(f"/api/v1/flows/{flow.pk}/runs",
+                                 {"session_id": "tools", "messages": messages}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert [m["role"] for m in response.json()["messages"]] == ["user", "assistant"]
+    history = alice_client.get(f"/api/v1/conversations/tools/history?flow={flow.pk}").json()
+    assert history["messages"] == [
+        {"role": "user", "content": "What is the weather in Porto?"},
+        {"role": "assistant", "content": "It is 18C and sunny in Porto."}]  # fmt: skip
+    _, answer = Message.objects.order_by("id")
+    # It named the step, so it follows the step's parent: the message before (stored as
+    # no parent and no new thread), as the history shows.
+    assert (answer.parent_id, answer.starts_thread) == (None, False)
+    # A step alone through /messages is refused, and so is null content without a call.
+    step = {"flow": str(flow.pk), "session_id": "tools", **messages[1]}
+    refused = alice_client.post("/api/v1/messages", step, format="json")
+    assert refused.status_code == 400 and "tool_calls" in refused.json()["error"]["details"]
+    null = {"flow": str(flow.pk), "session_id": "tools", "role": "user", "content": None}
+    refused = alice_client.post("/api/v1/messages", null, format="json")
+    assert refused.status_code == 400 and "content" in refused.json()["error"]["details"]
+    assert Message.objects.count() == 2

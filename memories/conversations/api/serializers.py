@@ -106,10 +106,21 @@ def validate_message_content(role: str, content: Any) -> None:
 
 
 class MessageInSerializer(RefusingUnknown):
+    """A message of a run. OpenAI's tool-calling steps (an assistant message with
+    ``tool_calls`` and no text, its ``content`` null or empty; a ``tool`` message with a
+    ``tool_call_id``, the call's result) validate with ``tool_step`` set: a run passes
+    them over, so its history keeps the question and the final answer (a text-less
+    assistant message would read as an answer being generated and take its question
+    out of the history, and a tool message without the call it answers is no valid
+    OpenAI history)."""
+
     passed_over = OPENAI_MESSAGE_KEYS
 
     role = serializers.ChoiceField(choices=Message.Role.choices)
-    content = serializers.JSONField()
+    content = serializers.JSONField(allow_null=True)
+    tool_calls = serializers.ListField(child=serializers.DictField(), required=False,
+                                       allow_null=True, allow_empty=True)  # fmt: skip
+    tool_call_id = StrictCharField(required=False, allow_null=True, allow_blank=True)
     message_id = MessageIdField(
         required=False,
         help_text="Your id for the message, unique within the conversation; history "
@@ -126,7 +137,8 @@ class MessageInSerializer(RefusingUnknown):
     )
 
     def validate_content(self, value: Any) -> Any:
-        content_to_text(value)
+        if value is not None:  # (null: a tool call's, checked in validate)
+            content_to_text(value)
         return value
 
     def validate_message_id(self, value: Any) -> Any:
@@ -135,7 +147,16 @@ class MessageInSerializer(RefusingUnknown):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        validate_message_content(attrs["role"], attrs["content"])
+        role, content = attrs["role"], attrs["content"]
+        calls = attrs.pop("tool_calls", None) and role == Message.Role.ASSISTANT
+        answered = attrs.pop("tool_call_id", None) and role == Message.Role.TOOL
+        if content is None and not calls:
+            raise serializers.ValidationError({"content": ["This field may not be null."]})
+        attrs["content"] = content = "" if content is None else content
+        text, blocks = content_to_text(content)
+        attrs["tool_step"] = bool(answered or (calls and not text.strip() and not blocks))
+        if not attrs["tool_step"]:
+            validate_message_content(role, content)
         return attrs
 
 
