@@ -276,7 +276,8 @@ class NodeTurnInSerializer(RefusingUnknown, FlowQuerySerializer):
         max_length=MESSAGE_ID_MAX,
         required=False,
         allow_null=True,
-        help_text="The turn this one follows. Omitted: the newest stored turn. "
+        help_text="The turn this one follows. Omitted (or "
+        "00000000-0000-0000-0000-000000000000, Dify's 'no parent'): the newest stored turn. "
         "null: starts a new thread (e.g. regenerating the first turn).",
     )
     user_content = StrictCharField(allow_blank=True, trim_whitespace=False)
@@ -296,6 +297,16 @@ class NodeTurnInSerializer(RefusingUnknown, FlowQuerySerializer):
 
     def validate_assistant_content(self, value: str) -> str:
         return self._bounded(value)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("parent_message_id") == UUID_NIL:  # as a run's messages read it
+            del attrs["parent_message_id"]
+        empty = {f"{side}_content": ["Content has no text or file."]
+                 for side in ("user", "assistant")
+                 if not attrs[f"{side}_content"].strip() and not attrs[f"{side}_files"]}  # fmt: skip
+        if empty:  # (a turn is a question and its answer: an empty one is neither)
+            raise serializers.ValidationError(empty)
+        return attrs
 
 
 class _HistoryItemSerializer(serializers.Serializer):

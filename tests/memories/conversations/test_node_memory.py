@@ -231,6 +231,31 @@ def test_files_round_trip_through_the_api(alice_client, flow):
     ]
 
 
+def test_a_turn_takes_difys_nil_parent_and_refuses_an_empty_side(alice_client, flow):
+    """Dify's nil UUID as a parent was a 422 unknown_parent (a run's messages read it as
+    "follows the newest"); a turn of empty texts and no files was stored and replayed."""
+    nil = "00000000-0000-0000-0000-000000000000"
+
+    def post(**body):
+        return alice_client.post(f"{_base(flow)}/turns", {"flow": str(flow.pk), **body},
+                                 format="json")  # fmt: skip
+
+    assert post(message_id="m1", user_content="q1", assistant_content="a1").status_code == 201
+    second = post(message_id="m2", parent_message_id=nil, user_content="q2",
+                  assistant_content="a2")  # fmt: skip
+    assert second.status_code == 201 and second.json()["parent_message_id"] == "m1"
+    for body in ({"user_content": "", "assistant_content": "a"},
+                 {"user_content": "q", "assistant_content": "  "}):  # fmt: skip
+        refused = post(message_id="m3", **body)
+        assert refused.status_code == 400, refused.content
+        side = "user_content" if not body["user_content"] else "assistant_content"
+        assert refused.json()["error"]["details"] == {side: ["Content has no text or file."]}
+    only_a_file = post(message_id="m4", user_content="", user_files=[IMAGE], assistant_content="ok")
+    assert only_a_file.status_code == 201
+    history = alice_client.get(f"{_base(flow)}/history", {"flow": str(flow.pk)}).json()
+    assert [i["message_id"] for i in history["items"]] == ["m1", "m1", "m2", "m2", "m4", "m4"]
+
+
 def test_nodes_of_one_conversation_are_isolated(flow, node_storage):
     _turn(flow, "m1", user="for the planner", assistant="plan", node="planner")
     _turn(flow, "m1", user="for the writer", assistant="draft", node="writer")
