@@ -95,6 +95,11 @@ def validate_message_content(role: str, content: Any) -> None:
     """Text or an image; an assistant message may be exactly ``""`` (an answer still
     being generated, left out of histories)."""
     text, blocks = content_to_text(content)
+    for block in blocks:
+        if block["type"] == "image_url" and not _image_url(block.get("image_url")):
+            raise serializers.ValidationError({"content": [
+                'An image_url block needs "image_url": {"url": ...} with an http, https or '
+                "data URL."]})  # fmt: skip
     has_image = any(block.get("type") in IMAGE_BLOCK_TYPES for block in blocks)
     pending = role == Message.Role.ASSISTANT and text == "" and not blocks
     if not text.strip() and not has_image and not pending:
@@ -103,6 +108,13 @@ def validate_message_content(role: str, content: Any) -> None:
         raise serializers.ValidationError(
             {"content": [f"Content is longer than {settings.MESSAGE_MAX_CHARS} characters."]}
         )
+
+
+def _image_url(value: Any) -> bool:
+    """OpenAI's ``image_url`` object (a replayed history's image is sent to a model as
+    it is: one without a URL, or with a ``javascript:`` one, no provider takes)."""
+    url = value.get("url") if isinstance(value, dict) else None
+    return isinstance(url, str) and url.split(":", 1)[0].lower() in ("http", "https", "data")
 
 
 class MessageInSerializer(RefusingUnknown):

@@ -195,6 +195,20 @@ def test_image_only_messages_are_accepted_and_keep_their_blocks(alice_client, fl
     assert text == "Human: [image]\nAssistant: A cat."
 
 
+@pytest.mark.parametrize("block", [
+    {"type": "image_url"}, {"type": "image_url", "image_url": {}},
+    {"type": "image_url", "image_url": "notadict"},
+    {"type": "image_url", "image_url": {"url": "javascript:alert(1)"}},
+])  # fmt: skip
+def test_an_image_url_block_without_a_web_or_data_url_is_refused(alice_client, flow, block):
+    """Stored, then replayed to a model in every history, which no provider takes."""
+    response = _post(alice_client, flow, content=[block])
+    assert response.status_code == 400, response.content
+    assert "image_url" in response.json()["error"]["message"] and _rows(flow) == []
+    data_url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}
+    assert _post(alice_client, flow, content=[data_url]).status_code == 201
+
+
 def test_content_is_always_blocks(alice_client, flow):
     """One shape per field: a message sent as a string answers its content as one text
     block beside its text (not ``[]``); one sent as blocks answers them."""
