@@ -54,9 +54,11 @@ def confirmation_page(
 def _with_owners(objects: Sequence[Any]) -> list[tuple[Any, str]]:
     """Each object with its owner's username ("" for one without an owner): two owners'
     objects of one name are told apart on the page. One query for the lot."""
-    ids = {getattr(obj, "owner_id", None) for obj in objects} - {None}
+    owners: list[int | None] = [getattr(obj, "owner_id", None) for obj in objects]
+    ids = {owner for owner in owners if owner is not None}
     names = dict(get_user_model().objects.filter(pk__in=ids).values_list("pk", "username"))
-    return [(obj, names.get(getattr(obj, "owner_id", None), "")) for obj in objects]
+    return [(obj, names.get(owner, "") if owner is not None else "")
+            for obj, owner in zip(objects, owners, strict=True)]  # fmt: skip
 
 
 def is_confirmed(request: HttpRequest) -> bool:

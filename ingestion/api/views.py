@@ -45,7 +45,8 @@ def _run_messages(messages: list[dict[str, Any]]) -> list[MessageIn]:
     """A run's messages to record: OpenAI's tool-calling steps passed over
     (``MessageInSerializer``); a message naming a step as its parent follows that
     step's own parent."""
-    kept, through = [], {}
+    kept: list[MessageIn] = []
+    through: dict[str, Any] = {}
     for message in messages:
         parent = message.get("parent_message_id", PREVIOUS)
         parent = through.get(parent, parent) if isinstance(parent, str) else parent
