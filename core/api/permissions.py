@@ -38,3 +38,12 @@ class KeyAllows(permissions.BasePermission):
         if getattr(view, "reads", False):
             return True
         raise ReadOnlyKey(REFUSED)
+
+
+def refuse_read_only(request: Request) -> None:
+    """A 403 ``read_only_key`` for a read-only key's ``GET`` that writes (a history with
+    ``strategy=summarize`` advances the running summary with the chat LLM): called by the
+    view before anything runs, as ``KeyAllows`` refuses any other write."""
+    key = request.auth if isinstance(request.auth, APIKey) else None
+    if key is not None and key.read_only:
+        raise ReadOnlyKey(REFUSED)

@@ -13,6 +13,7 @@ from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
 from core.api.pagination import paginated_response
+from core.api.permissions import refuse_read_only
 from core.api.schema import ERROR, paginated
 from memories.conversations.api.serializers import (
     ConversationHistoryAnswerSerializer,
@@ -107,7 +108,8 @@ class ConversationHistoryView(APIView):
         description="The current thread of a conversation (flow + session), cut to "
         "max_tokens by whole turns, newest kept; an empty conversation has an empty history; "
         "with strategy=summarize the older messages are folded into the conversation's "
-        "running summary instead of dropped.",
+        "running summary instead of dropped (that stores the summary: a read-only key's "
+        "strategy=summarize is a 403 read_only_key).",
     )
     def get(self, request: Request, session_id: str) -> Response:
         return _conversation_history(request, session_id)
@@ -117,6 +119,9 @@ def _conversation_history(request: Request, session_id: str) -> Response:
     """A conversation's history, as its route answers it (the node route's too, for a
     session id holding "/nodes/")."""
     params = _query(ConversationHistoryQuerySerializer, request)
+    if params["strategy"] == "summarize":
+        # it stores the running summary and spends LLM tokens: a write, by GET
+        refuse_read_only(request)
     thread = {
         "flow": flow_for(request, params["flow"]),
         "session_id": session_id,

@@ -5,10 +5,12 @@ strategy=summarize next to truncation."""
 from __future__ import annotations
 
 import pytest
+from rest_framework.test import APIClient
 
 from core.errors import InvalidInput
 from core.models import UsageDay
 from core.providers.errors import ProviderNotConfigured
+from core.services import api_key_create
 from memories.conversations.models import ConversationSummary
 from memories.conversations.summaries import SummaryMessage, summary_fold
 from tests.conftest import record
@@ -166,3 +168,22 @@ def test_history_endpoint_strategy_summarize(alice, alice_client, bob_client, fl
     assert bob_client.get(url + "&strategy=summarize").status_code == 404
     bad = alice_client.get(url + "&strategy=compress")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid"
+
+
+def test_a_read_only_key_may_not_summarize(alice, alice_client, flow, summarizer):
+    """A read-only key's GET with strategy=summarize stored a running summary and spent
+    LLM tokens (a full key's next call then saw the summary instead of the messages)."""
+    for i in range(6):
+        record(flow, "s1", f"question {i} " + "word " * 30, run_id=f"r{i}", role="user")
+        record(flow, "s1", f"answer {i} " + "word " * 30, run_id=f"r{i}")
+    _, raw = api_key_create(owner=alice, name="extension", read_only=True)
+    reader = APIClient()
+    reader.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    url = f"/api/v1/conversations/s1/history?flow={flow.pk}&max_tokens=200"
+
+    refused = reader.get(url + "&strategy=summarize&max_summary_tokens=60")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "read_only_key"
+    assert summarizer.calls["summary"] == 0 and not ConversationSummary.objects.exists()
+    assert not UsageDay.objects.exists()
+    # it still reads the truncated history, the same a full key reads
+    assert reader.get(url).json() == alice_client.get(url).json()
