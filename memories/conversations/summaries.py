@@ -8,7 +8,10 @@ LangMem's ``summarize_messages`` pattern, with its known bugs beaten:
 - the running summary is extended, not replaced: the second and later folds send the
   stored summary with an "extend this summary" prompt (#118), and the summary, the
   ids of the messages folded into it and the last one are stored per conversation
-  (``ConversationSummary``), so a call only summarises what is new.
+  (``ConversationSummary``), so a call only summarises what is new;
+- a stored conversation's summary follows its newest thread: a thread uses the stored
+  summary only if the messages it folded are the thread's first ones, so after a
+  regeneration the old branch, or a later point of the conversation, never leaks in.
 
 Token counts are those of the conversation history (``history.message_cost``). The
 running summary enters the answer as one system message in front.
@@ -43,8 +46,9 @@ from memories.conversations.history import (
     effective_message_limit,
     extract_thread,
     message_cost,
+    resolve_message,
 )
-from memories.conversations.models import ConversationSummary, Flow
+from memories.conversations.models import ConversationSummary, Flow, Message
 
 logger = logging.getLogger(__name__)
 FEATURE = "Context summaries"
@@ -139,6 +143,18 @@ def _unsummarised(
     return [m for m in messages if m.id not in done]
 
 
+def _fits(state: ConversationSummary, messages: list[SummaryMessage]) -> bool:
+    """Whether the stored summary belongs to this thread: the messages it folded, the
+    last one included, are the thread's first messages, in order (only those still among
+    the candidates, when ``message_limit`` cut the thread's start)."""
+    ids = [m.id for m in messages]
+    folded = list(state.summarized_ids)
+    if not folded or folded[-1] not in ids:
+        return False
+    start = ids.index(folded[-1]) + 1
+    return start <= len(folded) and ids[:start] == folded[len(folded) - start :]
+
+
 def _split(fresh: list[SummaryMessage], budget: int) -> int:
     """Index of the first message kept: the newest that fit ``budget``, and always the
     latest human message with everything after it; a tool answer keeps its call."""
@@ -169,6 +185,8 @@ def summary_fold(
     max_summary_tokens: Any = 256,
     llm: ChatLLM | None = None,
     with_store: Callable[[], Any] | None = None,
+    thread: bool = False,
+    store: bool = True,
 ) -> SummaryResult:
     """Keep the conversation within ``max_tokens``, folding older messages into its
     running summary when it passes ``max_tokens_before_summary`` (default
@@ -180,17 +198,23 @@ def summary_fold(
     ``InvalidInput``; a needed fold without an LLM raises ``ProviderNotConfigured``
     (503); a provider error stores nothing. ``with_store`` runs in the transaction that
     stores the summary (a scope's summary makes its scope, which erasure then finds).
+
+    ``thread``: ``messages`` are a stored conversation's whole thread, so the stored
+    summary is used only if it fits it (``_fits``); one that does not is replaced by this
+    thread's when the call stores, else left as it is. ``store`` false folds without
+    storing (a thread other than the conversation's newest).
     """
     limit, trigger, summary_budget = validate_budget(max_tokens, max_tokens_before_summary,
                                                      max_summary_tokens)  # fmt: skip
     owner_id = int(owner if isinstance(owner, int) else owner.pk)
     for _ in range(MAX_FOLD_ATTEMPTS):
         state = ConversationSummary.objects.filter(owner_id=owner_id, key=key).first()
-        fresh = _unsummarised(state, messages)
+        base = state if state is not None and (not thread or _fits(state, messages)) else None
+        fresh = _unsummarised(base, messages)
         result = SummaryResult(
-            summary=state.text if state else "",
-            summarized_ids=list(state.summarized_ids) if state else [],
-            last_summarized_id=state.last_summarized_id if state else "",
+            summary=base.text if base else "",
+            summarized_ids=list(base.summarized_ids) if base else [],
+            last_summarized_id=base.last_summarized_id if base else "",
             kept=fresh,
         )
         if result.token_count <= trigger:
@@ -203,11 +227,13 @@ def summary_fold(
         with usage_for(owner_id=owner_id, kind="summary", subject=_usage_subject(key)):
             text = _summarise(llm, result.summary, to_fold, summary_budget)
         result.llm_calls = 1
-        with transaction.atomic():
-            if with_store is not None:
-                with_store()
-            stored = _store(owner_id, key, state, text, to_fold)
-            transaction.set_rollback(not stored)
+        stored = not store
+        if store:
+            with transaction.atomic():
+                if with_store is not None:
+                    with_store()
+                stored = _store(owner_id, key, state, state is base, text, to_fold)
+                transaction.set_rollback(not stored)
         if stored:
             result.summary = text
             result.folded = [m.id for m in to_fold]
@@ -243,9 +269,10 @@ def _summarise(
     return truncate_to_tokens(reading.text, budget)
 
 
-def _store(owner_id: int, key: str, state: ConversationSummary | None, text: str,
+def _store(owner_id: int, key: str, state: ConversationSummary | None, extends: bool, text: str,
            folded: list[SummaryMessage]) -> bool:  # fmt: skip
-    """Advance the stored summary if it is still ``state`` (a conditional update)."""
+    """Advance the stored summary (``extends``), or replace it with another thread's, if
+    it is still ``state`` (a conditional update)."""
     ids = [m.id for m in folded]
     values = {"text": text, "last_summarized_id": ids[-1], "token_count": count_tokens(text)}
     if state is None:
@@ -258,7 +285,9 @@ def _store(owner_id: int, key: str, state: ConversationSummary | None, text: str
             return False
     return bool(
         ConversationSummary.objects.filter(pk=state.pk, version=state.version).update(
-            summarized_ids=[*state.summarized_ids, *ids], version=state.version + 1, **values
+            summarized_ids=[*state.summarized_ids, *ids] if extends else ids,
+            version=state.version + 1,
+            **values,
         )
     )
 
@@ -328,6 +357,17 @@ def conversation_thread(
     return list(reversed(list(_thread_items(thread, 1 << 30))))
 
 
+def _is_newest(flow: Flow, session_id: str, current_message_id: int | str | None) -> bool:
+    """Whether the current message is the conversation's newest (its thread is the one the
+    stored summary follows)."""
+    if current_message_id is None:
+        return True
+    messages = Message.objects.filter(flow=flow, session_id=session_id)
+    current = resolve_message(messages, current_message_id)
+    newest = messages.order_by("-created_at", "-id").values_list("pk", flat=True).first()
+    return current is not None and current.pk == newest
+
+
 @dataclass(frozen=True)
 class SummarizedHistory(History):
     """A conversation history whose older messages are folded into ``summary``."""
@@ -354,7 +394,12 @@ def conversation_history_summarized(
 ) -> SummarizedHistory:
     """The conversation's thread with its older messages folded into the conversation's
     running summary (``summary_fold``; the same summary ``POST /api/v1/engine/summaries``
-    keeps for this conversation). ``flow`` must come from an owner-scoped lookup."""
+    keeps for this conversation). ``flow`` must come from an owner-scoped lookup.
+
+    The stored summary follows the newest thread: a call for it extends the summary (or
+    replaces one that does not fit it, after a regeneration); a call for an earlier
+    ``current_message_id`` uses the stored summary only if it fits that thread, and what
+    it folds is not stored."""
     validate_session_id(session_id)
     limit = effective_message_limit(message_limit)
     items = conversation_thread(flow=flow, session_id=session_id,
@@ -364,7 +409,8 @@ def conversation_history_summarized(
         owner=flow.owner_id, key=conversation_key(flow, session_id),
         messages=[SummaryMessage(str(i.id), i.role, i.text_content()) for i in items],
         max_tokens=max_tokens, max_tokens_before_summary=max_tokens_before_summary,
-        max_summary_tokens=max_summary_tokens, llm=llm,
+        max_summary_tokens=max_summary_tokens, llm=llm, thread=True,
+        store=_is_newest(flow, session_id, current_message_id),
     )  # fmt: skip
     kept = {m.id for m in result.kept}
     return SummarizedHistory(

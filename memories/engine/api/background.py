@@ -344,6 +344,7 @@ class SummariesView(APIView):
             # kept for a scope no erasure could name)
             with_store=None if scope is None else (
                 lambda: scope_hold(owner=_owner(request), scope=scope)),
+            thread="conversation" in values,  # a stored conversation's newest thread
         )  # fmt: skip
         return Response({
             "scope": list(values["scope"]),

@@ -11,7 +11,9 @@ from core.errors import InvalidInput
 from core.models import UsageDay
 from core.providers.errors import ProviderNotConfigured
 from core.services import api_key_create
-from memories.conversations.models import ConversationSummary
+from memories.bases.services import messages_record
+from memories.conversations.models import ConversationSummary, Message
+from memories.conversations.services import MessageIn
 from memories.conversations.summaries import SummaryMessage, summary_fold
 from tests.conftest import record
 from tests.memories.engine.scripted import EngineLLM
@@ -187,3 +189,79 @@ def test_a_read_only_key_may_not_summarize(alice, alice_client, flow, summarizer
     assert not UsageDay.objects.exists()
     # it still reads the truncated history, the same a full key reads
     assert reader.get(url).json() == alice_client.get(url).json()
+
+
+def _say(flow, session_id: str, message_id: str, role: str, parent: str | None = None) -> None:
+    text = f"{message_id} says " + "word " * 30
+    extra = {} if parent is None else {"parent": parent}
+    messages_record(flow=flow, session_id=session_id, run_id=message_id,
+                    messages=[MessageIn(role=role, text=text, message_id=message_id, **extra)])  # fmt: skip
+
+
+def _ids(flow, session_id: str, *message_ids: str) -> list[str]:
+    pk = dict(Message.objects.filter(flow=flow, session_id=session_id)
+              .values_list("message_id", "pk"))  # fmt: skip
+    return [str(pk[m]) for m in message_ids]
+
+
+def test_a_regenerated_thread_does_not_extend_the_old_branchs_summary(alice_client, flow,
+                                                                       summarizer):  # fmt: skip
+    """The running summary was per conversation: after a regeneration the newest thread
+    extended the summary of messages that were never on it (a1), and sent them to the LLM."""
+    for message_id, role in (("q1", "user"), ("a1", "assistant"), ("q2", "user"),
+                             ("a2", "assistant")):  # fmt: skip
+        _say(flow, "br", message_id, role)
+    url = (f"/api/v1/conversations/br/history?flow={flow.pk}&strategy=summarize&max_tokens=100"
+           "&max_summary_tokens=20")  # fmt: skip
+    old = alice_client.get(url).json()
+    assert old["summary"]["summarized_message_ids"] == _ids(flow, "br", "q1", "a1")
+    _say(flow, "br", "a1b", "assistant", parent="q1")  # a regeneration of a1
+    _say(flow, "br", "q3", "user", parent="a1b")
+
+    new = alice_client.get(url).json()
+    assert [i["message_id"] for i in new["items"]] == ["q3"]
+    assert new["summary"]["summarized_message_ids"] == _ids(flow, "br", "q1", "a1b")
+    assert new["summary"]["folded_now"] == _ids(flow, "br", "q1", "a1b")
+    prompt = summarizer.prompts["summary"][1]
+    assert prompt.startswith("Create a summary of the conversation below.")
+    assert "q1 says" in prompt and "a1b says" in prompt and "a1 says" not in prompt
+    # the stored summary now follows the newest thread (replaced, by a conditional update)
+    stored = ConversationSummary.objects.get()
+    assert (stored.summarized_ids, stored.last_summarized_id, stored.text, stored.version) == (
+        _ids(flow, "br", "q1", "a1b"), _ids(flow, "br", "a1b")[0], new["summary"]["text"], 2,
+    )  # fmt: skip
+
+    # the old branch again: its own summary, from its own messages, not stored
+    branch = alice_client.get(url + "&current_message_id=a2").json()
+    assert [i["message_id"] for i in branch["items"]] == ["q2", "a2"]
+    assert branch["summary"]["summarized_message_ids"] == _ids(flow, "br", "q1", "a1")
+    prompt = summarizer.prompts["summary"][2]
+    assert prompt.startswith("Create a summary of the conversation below.")
+    assert "a1 says" in prompt and "a1b says" not in prompt
+    assert summarizer.calls["summary"] == 3
+    assert ConversationSummary.objects.get().version == 2
+
+
+def test_an_earlier_message_gets_no_summary_of_later_ones(alice_client, flow, summarizer):
+    """With the current message early in the conversation, the stored summary of later
+    messages was answered, summarising the future and dropping the current question."""
+    for i in range(12):
+        _say(flow, "s", f"m{i}", "user" if i % 2 == 0 else "assistant")
+    url = (f"/api/v1/conversations/s/history?flow={flow.pk}&strategy=summarize&max_tokens=150"
+           "&max_summary_tokens=20")  # fmt: skip
+    newest = alice_client.get(url).json()
+    folded = newest["summary"]["summarized_message_ids"]
+    assert folded == _ids(flow, "s", *(f"m{i}" for i in range(len(folded)))) and len(folded) > 3
+
+    early = alice_client.get(url + "&current_message_id=m2").json()
+    assert [i["message_id"] for i in early["items"]] == ["m0", "m1", "m2"]
+    assert early["summary"] == {"text": "", "summarized_message_ids": [],
+                                "last_summarized_message_id": "", "folded_now": [],
+                                "llm_calls": 0}  # fmt: skip
+    assert [m["content"][:8] for m in early["messages"]] == ["m0 says ", "m1 says ", "m2 says "]
+    # a later message whose thread starts with the folded ones uses the stored summary
+    later = alice_client.get(url + f"&current_message_id=m{len(folded) + 1}").json()
+    assert later["summary"]["summarized_message_ids"] == folded
+    assert [i["message_id"] for i in later["items"]] == [f"m{len(folded)}", f"m{len(folded) + 1}"]
+    assert summarizer.calls["summary"] == 1
+    assert ConversationSummary.objects.get().summarized_ids == folded
