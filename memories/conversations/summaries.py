@@ -212,7 +212,8 @@ def summary_fold(
         base = state if state is not None and (not thread or _fits(state, messages)) else None
         fresh = _unsummarised(base, messages)
         result = SummaryResult(
-            summary=base.text if base else "",
+            # (stored by a call with a larger max_summary_tokens, it would break max_tokens)
+            summary=truncate_to_tokens(base.text, summary_budget) if base else "",
             summarized_ids=list(base.summarized_ids) if base else [],
             last_summarized_id=base.last_summarized_id if base else "",
             kept=fresh,
@@ -225,7 +226,8 @@ def summary_fold(
             return result
         to_fold, result.kept = fresh[:start], fresh[start:]
         with usage_for(owner_id=owner_id, kind="summary", subject=_usage_subject(key)):
-            text = _summarise(llm, result.summary, to_fold, summary_budget)
+            # the whole stored summary, to choose from: the new one is cut anyway
+            text = _summarise(llm, base.text if base else "", to_fold, summary_budget)
         result.llm_calls = 1
         stored = not store
         if store:

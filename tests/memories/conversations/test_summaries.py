@@ -10,12 +10,14 @@ from rest_framework.test import APIClient
 from core.errors import InvalidInput
 from core.models import UsageDay
 from core.providers.errors import ProviderNotConfigured
+from core.providers.tokens import count_tokens, truncate_to_tokens
 from core.services import api_key_create
 from memories.bases.services import messages_record
 from memories.conversations.models import ConversationSummary, Message
 from memories.conversations.services import MessageIn
 from memories.conversations.summaries import SummaryMessage, summary_fold
 from tests.conftest import record
+from tests.fakes.openai_server import Scripted, chat_body
 from tests.memories.engine.scripted import EngineLLM
 
 pytestmark = pytest.mark.django_db
@@ -265,3 +267,25 @@ def test_an_earlier_message_gets_no_summary_of_later_ones(alice_client, flow, su
     assert [i["message_id"] for i in later["items"]] == [f"m{len(folded)}", f"m{len(folded) + 1}"]
     assert summarizer.calls["summary"] == 1
     assert ConversationSummary.objects.get().summarized_ids == folded
+
+
+def test_a_longer_stored_summary_is_cut_to_the_calls_max_summary_tokens(alice, openai_server,
+                                                                         llm_settings):  # fmt: skip
+    """A summary stored with max_summary_tokens=150, used by a call with 20, was answered
+    whole: token_count went past max_tokens with nothing protected to excuse it."""
+    openai_server.chat_fn = lambda payload: Scripted(body=chat_body("long summary " * 200))
+    first = summary_fold(owner=alice, key="k", messages=turns(12), max_tokens=300,
+                         max_summary_tokens=150)  # fmt: skip
+    stored = ConversationSummary.objects.get()
+    assert first.llm_calls == 1 and count_tokens(stored.text) == 150
+    assert first.folded == [f"m{i}" for i in range(8)] and first.token_count == 279
+
+    second = summary_fold(owner=alice, key="k", messages=turns(12), max_tokens=200,
+                          max_summary_tokens=20)  # fmt: skip
+    assert second.llm_calls == 0 and second.summary == truncate_to_tokens(stored.text, 20)
+    assert [m.id for m in second.kept] == ["m8", "m9", "m10", "m11"]
+    # 3 + the summary (3 + 1 + 6 + 20) + the kept (4 * 29): within max_tokens
+    assert count_tokens(second.summary) == 20 and second.token_count == 149
+    # the stored summary is not rewritten: a call with a larger budget gets it whole
+    again = ConversationSummary.objects.get()
+    assert (again.text, again.version, again.summarized_ids) == (stored.text, 1, first.folded)
