@@ -36,6 +36,8 @@ from core.providers.tokens import count_tokens, truncate_to_tokens
 from core.usage import usage_for
 from core.validation import validate_session_id
 from memories.conversations.history import (
+    DEFAULT_AI_PREFIX,
+    DEFAULT_HUMAN_PREFIX,
     PRIMING_TOKENS,
     History,
     HistoryItem,
@@ -53,6 +55,7 @@ from memories.conversations.models import ConversationSummary, Flow, Message
 logger = logging.getLogger(__name__)
 FEATURE = "Context summaries"
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+SUMMARY_TEXT_PREFIX = "System: "  # the summary's line in a history's format=text
 MAX_FOLD_ATTEMPTS = 3
 
 FIRST_PROMPT = """Create a summary of the conversation below. Keep the facts, decisions, names, numbers and open questions a reader needs to continue it; leave out greetings and filler. Answer with the summary only.
@@ -381,6 +384,18 @@ class SummarizedHistory(History):
         if self.summary is not None and self.summary.summary:
             head = [{"role": "system", "content": SUMMARY_PREFIX + self.summary.summary}]
         return head + super().as_messages()
+
+    def as_text(
+        self, *, human_prefix: str = DEFAULT_HUMAN_PREFIX, ai_prefix: str = DEFAULT_AI_PREFIX
+    ) -> str:
+        """The transcript after the summary, which it leads as a ``System:`` line (the
+        transcript leaves system messages out, but without it the folded messages would
+        be in neither; ``token_count`` counts it)."""
+        text = super().as_text(human_prefix=human_prefix, ai_prefix=ai_prefix)
+        if self.summary is None or not self.summary.summary:
+            return text
+        head = f"{SUMMARY_TEXT_PREFIX}{SUMMARY_PREFIX}{self.summary.summary}"
+        return f"{head}\n{text}" if text else head
 
 
 def conversation_history_summarized(

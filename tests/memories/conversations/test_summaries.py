@@ -289,3 +289,27 @@ def test_a_longer_stored_summary_is_cut_to_the_calls_max_summary_tokens(alice, o
     # the stored summary is not rewritten: a call with a larger budget gets it whole
     again = ConversationSummary.objects.get()
     assert (again.text, again.version, again.summarized_ids) == (stored.text, 1, first.folded)
+
+
+def test_a_summarized_history_as_text_begins_with_the_summary(alice_client, flow, summarizer):
+    """format=text began with the kept messages: the folded ones were neither there nor
+    summarised, though token_count counted the summary."""
+    for i in range(6):
+        record(flow, "s1", f"question {i} " + "word " * 30, run_id=f"r{i}", role="user")
+        record(flow, "s1", f"answer {i} " + "word " * 30, run_id=f"r{i}")
+    url = (f"/api/v1/conversations/s1/history?flow={flow.pk}&max_tokens=200&strategy=summarize"
+           "&max_summary_tokens=60")  # fmt: skip
+    messages = alice_client.get(url).json()
+    text = alice_client.get(url + "&format=text&human_prefix=User&ai_prefix=Bot").json()
+    summary = messages["summary"]["text"]
+    assert summary.startswith("SUMMARY[user: question 0") and summarizer.calls["summary"] == 1
+    lines = [f"User: {i['content']}" if i["role"] == "user" else f"Bot: {i['content']}"
+             for i in messages["items"]]  # fmt: skip
+    assert text["text"] == "\n".join(
+        ["System: Summary of the earlier conversation:\n" + summary, *lines]
+    )
+    assert text["token_count"] == messages["token_count"] and text["items"] == messages["items"]
+    assert (
+        text["summary"]["summarized_message_ids"] == messages["summary"]["summarized_message_ids"]
+    )
+    assert text["summary"]["llm_calls"] == 0 and summarizer.calls["summary"] == 1
