@@ -22,7 +22,12 @@ from rest_framework.views import APIView
 from core.api.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from core.api.pagination import paginated_response
 from core.api.schema import ERROR, paginated
-from core.api.serializers import query_flag, refuse_unknown
+from core.api.serializers import (
+    OPENAI_MESSAGE_KEYS,
+    RefusingUnknown,
+    query_flag,
+    refuse_unknown,
+)
 from core.errors import InvalidInput
 from memories.conversations.history import effective_message_limit
 from memories.conversations.selectors import flow_get
@@ -99,7 +104,9 @@ class SettingsOutSerializer(serializers.Serializer):
     memory_tools = serializers.BooleanField()
 
 
-class SummaryMessageSerializer(serializers.Serializer):
+class SummaryMessageSerializer(RefusingUnknown):
+    passed_over = OPENAI_MESSAGE_KEYS  # an agent's message list is sent as it is
+
     # (required, and unique in a call: the running summary remembers messages by id; an
     # id left out was its place in the list, so the next call's new messages were taken
     # for the folded ones and lost)
@@ -108,7 +115,7 @@ class SummaryMessageSerializer(serializers.Serializer):
     content = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=100_000)
 
 
-class ConversationRefSerializer(serializers.Serializer):
+class ConversationRefSerializer(RefusingUnknown):
     flow = serializers.UUIDField()
     session_id = StrictCharField(max_length=255)
     message_limit = StrictIntegerField(min_value=1, max_value=10_000, default=500)

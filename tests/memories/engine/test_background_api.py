@@ -367,3 +367,27 @@ def test_a_message_said_in_the_future_was_said_when_its_flush_came(alice, alice_
     came = PendingUpdate.objects.get(owner=alice)
     _process(alice)
     assert Fact.objects.get(owner=alice).observed_at == came.created_at
+
+
+def test_a_summary_body_refuses_unknown_keys_in_its_objects(alice, alice_client, flow,
+                                                            engine_llm):  # fmt: skip
+    """A conversation object (or a message) with a key that names no field answered 200:
+    a misspelt "session" summarised nothing asked for, silently."""
+    from memories.conversations.models import ConversationSummary
+
+    base = {"scope": SCOPE, "max_tokens": 120, "max_summary_tokens": 30}
+    unknown = alice_client.post("/api/v1/engine/summaries", {**base, "conversation": {
+        "flow": str(flow.pk), "session_id": "s", "x": 1}}, format="json")  # fmt: skip
+    assert unknown.status_code == 400
+    assert unknown.json()["error"]["details"] == {"conversation": {"x": ["Unknown field x."]}}
+    message = {"id": "m0", "role": "user", "content": "hello"}
+    wrong = alice_client.post("/api/v1/engine/summaries", {**base, "conversation_id": "c",
+                              "messages": [{**message, "x": 1}]}, format="json")  # fmt: skip
+    assert wrong.status_code == 400
+    assert wrong.json()["error"]["details"] == {"messages": {"0": {"x": ["Unknown field x."]}}}
+    assert engine_llm.calls["summary"] == 0 and not ConversationSummary.objects.exists()
+    # an OpenAI message's other keys are taken and dropped, as a run's messages do
+    named = alice_client.post("/api/v1/engine/summaries", {**base, "conversation_id": "c",
+                              "messages": [{**message, "name": "ann"}]}, format="json")  # fmt: skip
+    assert named.status_code == 200
+    assert named.json()["messages"] == [{"role": "user", "content": "hello"}]
