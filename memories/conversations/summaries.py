@@ -105,8 +105,11 @@ class SummaryResult:
 
     @property
     def token_count(self) -> int:
+        messages = self.as_messages()
+        if not messages:
+            return 0  # nothing to send, as an empty history counts (no reply priming)
         return PRIMING_TOKENS + sum(
-            message_cost(m["role"], count_tokens(m["content"])) for m in self.as_messages()
+            message_cost(m["role"], count_tokens(m["content"])) for m in messages
         )
 
 

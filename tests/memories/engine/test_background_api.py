@@ -391,3 +391,22 @@ def test_a_summary_body_refuses_unknown_keys_in_its_objects(alice, alice_client,
                               "messages": [{**message, "name": "ann"}]}, format="json")  # fmt: skip
     assert named.status_code == 200
     assert named.json()["messages"] == [{"role": "user", "content": "hello"}]
+
+
+def test_an_empty_conversation_summarises_to_nothing_costing_nothing(alice, alice_client, flow,
+                                                                     engine_llm):  # fmt: skip
+    """messages: [] answered token_count 3 (the reply priming of nothing), where the
+    history of an empty conversation answers 0."""
+    base = {"scope": SCOPE, "max_tokens": 120, "max_summary_tokens": 30}
+    empty = alice_client.post("/api/v1/engine/summaries", {**base, "conversation_id": "c",
+                              "messages": []}, format="json").json()  # fmt: skip
+    stored = alice_client.post("/api/v1/engine/summaries", {**base, "conversation": {
+        "flow": str(flow.pk), "session_id": "none"}}, format="json").json()  # fmt: skip
+    history = alice_client.get(f"/api/v1/conversations/none/history?flow={flow.pk}"
+                               "&strategy=summarize&max_tokens=120&max_summary_tokens=30").json()  # fmt: skip
+    nothing = {"text": "", "summarized_message_ids": [], "last_summarized_message_id": ""}
+    for answer in (empty, stored):
+        assert (answer["messages"], answer["token_count"], answer["running_summary"],
+                answer["llm_calls"]) == ([], 0, nothing, 0)  # fmt: skip
+    assert (history["messages"], history["token_count"]) == ([], 0)
+    assert engine_llm.calls["summary"] == 0
