@@ -273,6 +273,9 @@ def _is_read_view(request: HttpRequest, view_func: Any) -> bool:
         return False  # the admin, the chat proxy, MCP: the primary
     if getattr(view_class, "tools_may_write", False):
         return False  # the tools: read-only keys may call them, but a tool may write
+    writes = getattr(view_class, "get_writes", None)
+    if request.method == "GET" and writes is not None and writes(request):
+        return False  # a GET that writes (a summarized history): it reads what it advances
     return request.method in ("GET", "HEAD", "OPTIONS") or bool(getattr(view_class, "reads", False))
 
 

@@ -119,3 +119,19 @@ def test_healthz_reports_each_replica_and_stays_ok_without_one(
     public = anon_client.get("/healthz").json()
     assert "replicas" not in public  # (the deployment's layout is for a key or staff)
     assert public["status"] == full["status"]  # a replica's trouble degrades nothing
+
+
+def test_a_summarized_history_reads_from_the_primary():
+    """A GET with strategy=summarize advances the running summary (a conditional update
+    of the version it read): read on a replica behind, it would retry against a stale
+    version. The tools, which may write, read from the primary as well."""
+    from django.test import RequestFactory
+    from django.urls import resolve
+
+    def read(path):
+        return replicas._is_read_view(RequestFactory().get(path), resolve(path.split("?")[0]).func)
+
+    history = "/api/v1/conversations/s1/history?flow=x"
+    node = "/api/v1/conversations/s1/nodes/n1/history?flow=x"
+    assert read(history) and read(node) and read(history + "&strategy=truncate")
+    assert not read(history + "&strategy=summarize") and not read(node + "&strategy=summarize")

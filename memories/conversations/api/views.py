@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -92,8 +93,15 @@ def _history_response(
     return Response(serializer_class(history, context=context).data)
 
 
+def _summarizes(request: HttpRequest) -> bool:
+    """A history asked with ``strategy=summarize`` stores the running summary: it reads
+    the summary's state from the primary, where it writes (``core.replicas``)."""
+    return request.GET.get("strategy") == "summarize"
+
+
 class ConversationHistoryView(APIView):
     content_negotiation_class = HistoryFormatNegotiation
+    get_writes = staticmethod(_summarizes)
 
     @extend_schema(
         summary="A conversation's history",
@@ -172,6 +180,7 @@ class NodeTurnsView(APIView):
 
 class NodeHistoryView(APIView):
     content_negotiation_class = HistoryFormatNegotiation
+    get_writes = staticmethod(_summarizes)  # (a session's history when no such node)
 
     @extend_schema(
         summary="A node's history",
