@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from django.conf import settings
@@ -250,6 +251,19 @@ class _HistoryQuerySerializer(FlowQuerySerializer):
         max_length=50, default=DEFAULT_HUMAN_PREFIX, trim_whitespace=False
     )
     ai_prefix = StrictCharField(max_length=50, default=DEFAULT_AI_PREFIX, trim_whitespace=False)
+
+    def _one_line(self, value: str) -> str:
+        # (a line break in a prefix writes lines into the transcript no one said)
+        if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value):
+            raise serializers.ValidationError("A prefix may not hold a line break or control "
+                                              "character.")  # fmt: skip
+        return value
+
+    def validate_human_prefix(self, value: str) -> str:
+        return self._one_line(value)
+
+    def validate_ai_prefix(self, value: str) -> str:
+        return self._one_line(value)
 
 
 class ConversationHistoryQuerySerializer(_HistoryQuerySerializer):

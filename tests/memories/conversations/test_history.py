@@ -285,6 +285,16 @@ def test_api_history_text_format_with_prefixes(alice_client, flow, seed_thread):
     assert default["text"] == "Human: A\nAssistant: A''\nHuman: C\nAssistant: C'"
 
 
+@pytest.mark.parametrize("prefix", ["a\nb", "Human: x\rAssistant", "tab\there", "p\u2028q"])
+def test_a_prefix_with_a_line_break_is_refused(alice_client, flow, seed_thread, prefix):
+    """human_prefix=a%0Ab wrote transcript lines no one said."""
+    for name in ("human_prefix", "ai_prefix"):
+        response = alice_client.get(_url(), {"flow": str(flow.pk), "format": "text", name: prefix})
+        assert response.status_code == 400, response.content
+        assert response.json()["error"]["details"] == {
+            name: ["A prefix may not hold a line break or control character."]}  # fmt: skip
+
+
 def test_api_history_budget_and_limit(alice_client, flow, six):
     budget = 3 + _cost("user", TEXTS[4]) + _cost("assistant", TEXTS[5])
     body = alice_client.get(_url(), {"flow": str(flow.pk), "max_tokens": budget}).json()
