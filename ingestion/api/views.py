@@ -96,13 +96,16 @@ class MessageListView(APIView):
             flow_ids.add(mb.flow_id)
         if "flow" in params:
             flow_ids.add(flow_for(request, params["flow"]).pk)
+        if len(flow_ids) > 1:  # (it answered an empty page, as if the flow had none)
+            raise InvalidInput(
+                "memory_base_id names a memory base of another flow than flow.",
+                details={"memory_base_id": "a memory base of another flow than flow"},
+            )
         qs = message_list(
             owner=request.user,
             session_id=params.get("session_id"),
-            flow_id=next(iter(flow_ids)) if len(flow_ids) == 1 else None,
+            flow_id=next(iter(flow_ids)) if flow_ids else None,
         )
-        if len(flow_ids) > 1:  # a memory base of another flow than the one named
-            qs = qs.none()
         return paginated_response(self, request, qs, MessageOutputSerializer)
 
     @extend_schema(

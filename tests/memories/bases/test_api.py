@@ -138,6 +138,11 @@ def test_single_message_endpoint_and_listing(alice_client, flow, memory_base):
         f"/api/v1/messages?memory_base_id={memory_base.pk}&session_id=s9"
     ).json()
     assert [m["text"] for m in by_mb["results"]] == ["hi", "hello"]
+    other = alice_client.post("/api/v1/flows", {"name": "other"}, format="json").json()["id"]
+    both = alice_client.get(f"/api/v1/messages?memory_base_id={memory_base.pk}&flow={other}")
+    assert both.status_code == 400  # (an empty page, as if the flow had no messages)
+    assert both.json()["error"]["details"] == {
+        "memory_base_id": ["a memory base of another flow than flow"]}  # fmt: skip
 
 
 @pytest.mark.parametrize(
