@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from django.contrib.auth.models import User
 
-from core.errors import NotFound
+from core.errors import InvalidInput, NotFound
 from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_get
 from memories.engine.facade import MemoryEngine
@@ -191,7 +191,11 @@ def _hit(hit: FactHit) -> dict[str, Any]:
 
 def search_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     scope = ctx.filled_scope()
-    at = at_from(args.get("as_of"), args.get("valid_at"))
+    try:
+        at = at_from(args.get("as_of"), args.get("valid_at"))
+    except InvalidInput as exc:  # (an argument: answered as every argument's error is)
+        raise ToolError(f"invalid arguments: {exc}", code="invalid_arguments",
+                        details=exc.details) from None  # fmt: skip
     result = MemoryEngine(owner=ctx.owner).search(
         scope, args["query"], limit=args["limit"], offset=args["offset"],
         filter=args.get("filter"), at=at,

@@ -171,6 +171,7 @@ def test_the_search_tool_reads_as_of(alice):
         tool_call(owner=alice, name="search_memory", scope=scope,
                   arguments={"query": query, "as_of": "2999-01-01"})  # fmt: skip
     assert error.value.status_code == 400 and "as_of" in error.value.details
+    assert error.value.code == "invalid_arguments"  # as every bad argument (it said invalid)
 
 
 @pytest.mark.parametrize(
