@@ -354,8 +354,8 @@ class GlobalMemoryInSerializer(AliasesMixin, serializers.Serializer):
 class SkippedSerializer(serializers.Serializer):
     """Schema only: a text not stored, and why ("confidence 0.5 < 0.7")."""
 
-    content = serializers.CharField()
-    reason = serializers.CharField()
+    content = StrictCharField()
+    reason = StrictCharField()
 
 
 class MemoryAddResultSerializer(serializers.Serializer):
