@@ -132,23 +132,37 @@ class StrictIntegerField(serializers.IntegerField):
         return int(super().to_internal_value(data))
 
 
+# Why a vector cannot be searched by cosine (``vector_refusal``): the query field's
+# messages and the import's.
+VECTOR_REFUSALS = {
+    "not_finite": "Vector components must be finite numbers of magnitude at most 3.4e38.",
+    "zero": "The vector is all zeros: it has no direction to search by.",
+}
+
+
+def vector_refusal(values: list[float]) -> str | None:
+    """The key in ``VECTOR_REFUSALS`` of what is wrong with ``values`` for cosine search,
+    or None: a component float4 cannot hold, or no component at all but zeros (a zero
+    vector has no direction: its cosine distances are NaN, which no JSON answer holds)."""
+    if any(not math.isfinite(x) or abs(x) > FLOAT4_MAX for x in values):
+        return "not_finite"
+    if math.fsum(x * x for x in values) == 0.0:
+        return "zero"
+    return None
+
+
 class QueryVectorField(serializers.ListField):
     """A query embedding for cosine search: finite floats a float4 column can hold, not
-    all zero (a zero vector has no direction: cosine distances came back NaN). It is
-    scaled to unit length, which leaves cosine distances unchanged and keeps pgvector's
-    float4 sums of squares from overflowing (``[3e38, 3e38]``) or underflowing to 0."""
+    all zero (``vector_refusal``). It is scaled to unit length, which leaves cosine
+    distances unchanged and keeps pgvector's float4 sums of squares from overflowing
+    (``[3e38, 3e38]``) or underflowing to 0."""
 
     child = StrictFloatField()
-    default_error_messages = {
-        "not_finite": "Vector components must be finite numbers of magnitude at most 3.4e38.",
-        "zero": "The vector is all zeros: it has no direction to search by.",
-    }
+    default_error_messages = {**VECTOR_REFUSALS}
 
     def to_internal_value(self, data: Any) -> list[float]:
         values = super().to_internal_value(data)
-        if any(not math.isfinite(x) or abs(x) > FLOAT4_MAX for x in values):
-            self.fail("not_finite")
+        if refused := vector_refusal(values):
+            self.fail(refused)
         norm = math.sqrt(math.fsum(x * x for x in values))
-        if norm == 0.0:
-            self.fail("zero")
         return [x / norm for x in values]

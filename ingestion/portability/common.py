@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.api.fields import metadata_refusal
+import numpy as np
+
+from core.api.fields import VECTOR_REFUSALS, metadata_refusal, vector_refusal
 from core.errors import InvalidInput
 from core.times import RANGE, storable
 
@@ -120,7 +122,17 @@ def embedding(obj: dict[str, Any], line: int) -> list[float] | None:
         isinstance(x, int | float) and not isinstance(x, bool) for x in value
     ):
         raise bad(line, "embedding is not a list of numbers")
-    return [float(x) for x in value]
+    values = [float(x) for x in value]
+    # Refused as a query vector is (a zero vector made every search over the data a 500:
+    # its cosine distances are NaN). Stored unscaled as float4, whose squares pgvector
+    # sums in float4: a vector whose squares all round to 0 there is zero to it too.
+    refused = vector_refusal(values)
+    with np.errstate(under="ignore"):
+        if refused is None and not np.square(np.asarray(values, dtype=np.float32)).any():
+            refused = "zero"
+    if refused:
+        raise bad(line, f"embedding: {VECTOR_REFUSALS[refused]}")
+    return values
 
 
 @dataclass

@@ -378,6 +378,31 @@ def test_a_bad_line_is_named_and_nothing_is_written(alice, bob, alice_client, bo
     assert not Message.objects.filter(owner=bob).exists()
 
 
+@pytest.mark.parametrize("kind", ["fact", "version", "chunk", "store_item"])
+@pytest.mark.parametrize("component", [0.0, 1e-30])  # (1e-30: its square is 0 in float4)
+def test_an_all_zero_vector_is_refused_and_nothing_is_written(alice, bob, alice_client,
+                                                              bob_client, kind, component):  # fmt: skip
+    """A zero vector has no direction: imported, it made every search over its data a
+    500 (cosine distances NaN, "Out of range float values are not JSON compliant")."""
+    _populate(alice)
+    lines = _export(alice_client)
+    changed = _first(lines, kind, {"embedding": [component] * 384})
+    number = next(i for i, line in enumerate(changed, start=1) if line.get("type") == kind)
+    response = _import(bob_client, changed)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == {
+        "code": "invalid_import",
+        "message": f"line {number}: embedding: The vector is all zeros: it has no direction "
+                   "to search by.",
+        "details": {"line": number, "error": ["embedding: The vector is all zeros: it has no "
+                                              "direction to search by."]},
+    }  # fmt: skip
+    assert _counts(bob) == (0,) * 8
+    assert not Message.objects.filter(owner=bob).exists()
+    assert not Chunk.objects.filter(knowledge_base__owner=bob).exists()
+    assert not MemoryItem.objects.filter(store__owner=bob).exists()
+
+
 def _first(lines, kind, values):
     out, done = [], False
     for line in lines:
