@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from django.db import connection
+from django.db.models.functions import Coalesce
 from pgvector.psycopg import register_vector
 from psycopg.types.json import Jsonb
 
@@ -200,7 +201,11 @@ class Facts:
                 else global_scope_ensure(owner=owner_id)
             )  # fmt: skip
             counts["scopes"] += 0 if before else 1
-        counts["facts"] = _copy_facts(self.facts, owner_id, ids, rows, now)
+        closes = [_closes(v, ids, rows, self.variants) for v in self.versions]
+        _close_current(closes, owner_id)
+        known = _closed_until(closes, owner_id, {ids.new("fact", f["id"], f["variant"])
+                                                 for f in self.facts})  # fmt: skip
+        counts["facts"] = _copy_facts(self.facts, owner_id, ids, rows, now, known)
         counts["versions"] = _copy_versions(self.versions, owner_id, ids, rows, self.variants)
         if counts["facts"]:
             enqueue_fact_indexing(on_commit=True)
@@ -245,6 +250,50 @@ def _common(obj: dict[str, Any], line: int) -> dict[str, Any]:
         "recorded_from": when(obj.get("recorded_from"), line, "recorded_from", required=True),
         "embedding": embedding(obj, line), "embedding_model": obj.get("embedding_model") or "",
     }  # fmt: skip
+
+
+# A newer export of what was imported before (the source edited or deleted a fact since)
+# holds the version closing the copy's current fact. Its row and that version were both
+# kept (the row's insert did nothing, its id taken): the edit never arrived, the history
+# showed the version twice and reads in time the same id twice. Now the copy follows the
+# file: each version closes the copy's fact in its scope when it is the state the copy
+# holds (recorded from the same time), and a fact line is not placed in a scope where the
+# copy already holds a later end of it (an older file imported after a newer, or a fact
+# deleted here since). A change made here since the import is kept: the file's versions
+# of a state the copy already closed are not written.
+
+
+def _closes(row: dict[str, Any], ids: Ids, scopes: dict[Path, Scope],
+            variants: dict[str, str]) -> tuple[uuid.UUID, int, Any, Any]:  # fmt: skip
+    """A version line's fact (the copy's id), scope, and recorded interval."""
+    fact = variants.get(row["fact_id"], row["variant"])
+    start = min(row["recorded_from"], row["recorded_to"])
+    return ids.new("fact", row["fact_id"], fact), scopes[row["scope"]].pk, start, row["recorded_to"]
+
+
+def _close_current(closes: list[tuple[uuid.UUID, int, Any, Any]], owner_id: int) -> None:
+    """Unlink the copy's current facts the file's versions close; a fact no scope holds
+    then goes, as ``fact_delete`` does."""
+    since = dict(
+        Fact.objects.filter(owner_id=owner_id, pk__in={c[0] for c in closes})
+        .annotate(since=Coalesce("recorded_at", "created_at"))
+        .values_list("pk", "since")
+    )
+    closed = {(fact, scope) for fact, scope, start, _ in closes if since.get(fact) == start}
+    for fact, scope in closed:
+        FactLink.objects.filter(fact_id=fact, scope_id=scope).delete()
+    Fact.objects.filter(pk__in={f for f, _ in closed}, links__isnull=True).delete()
+
+
+def _closed_until(closes: list[tuple[uuid.UUID, int, Any, Any]], owner_id: int,
+                  facts: set[uuid.UUID]) -> dict[tuple[uuid.UUID, int], Any]:  # fmt: skip
+    """The latest end the copy or the file records of each fact in each scope."""
+    ends: dict[tuple[uuid.UUID, int], Any] = {}
+    held = FactVersion.objects.filter(owner_id=owner_id, fact_id__in=facts)
+    rows = held.values_list("fact_id", "scope_id", "recorded_to")
+    for fact, scope, end in [*rows, *((f, s, e) for f, s, _, e in closes if f in facts)]:
+        ends[(fact, scope)] = max(end, ends.get((fact, scope), end))
+    return ends
 
 
 # Facts and versions are written in bulk: binary COPY into a temporary table, then one
@@ -294,8 +343,8 @@ def _raw() -> Any:
     return raw
 
 
-def _copy_facts(facts: list[dict[str, Any]], owner_id: int, ids: Ids,
-                scopes: dict[Path, Scope], now: Any) -> int:  # fmt: skip
+def _copy_facts(facts: list[dict[str, Any]], owner_id: int, ids: Ids, scopes: dict[Path, Scope],
+                now: Any, closed: dict[tuple[uuid.UUID, int], Any]) -> int:  # fmt: skip
     if not facts:
         return 0
     with _raw().cursor() as cur:
@@ -304,10 +353,15 @@ def _copy_facts(facts: list[dict[str, Any]], owner_id: int, ids: Ids,
         with cur.copy(f"COPY import_fact ({_FACT_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(_FACT_TYPES)
             for row in facts:
-                held = [scopes[p].pk for p in dict.fromkeys(row["scopes"])]
+                pk = ids.new("fact", row["id"], row["variant"])
+                held = [scopes[p].pk for p in dict.fromkeys(row["scopes"])
+                        if closed.get((pk, scopes[p].pk), row["recorded_from"])
+                        <= row["recorded_from"]]  # fmt: skip
+                if not held:
+                    continue
                 line = fact_line(_Line(row["category"], row["confidence"], row["content"]))
                 copy.write_row((
-                    ids.new("fact", row["id"], row["variant"]), row["content"],
+                    pk, row["content"],
                     normalize_fact(row["content"]),
                     held[0] if len(held) == 1 else None, ",".join(map(str, held)),
                     row["category"], row["confidence"], row["source_kind"], row["source_ref"],
@@ -340,7 +394,11 @@ _VERSION_COLUMNS = (
 )
 _VERSION_MOVE = (
     f"WITH v AS (INSERT INTO memories_factversion ({_VERSION_COLUMNS}, owner_id, updated_at) "
-    f"SELECT {_VERSION_COLUMNS}, %s, recorded_to FROM import_version "
+    f"SELECT {_VERSION_COLUMNS}, %s, recorded_to FROM import_version i "
+    # (a state of the fact the copy closed itself: the file's end of it is not written)
+    "WHERE NOT EXISTS (SELECT FROM memories_factversion o WHERE o.owner_id = %s "
+    "AND o.fact_id = i.fact_id AND o.scope_id = i.scope_id "
+    "AND o.recorded_from = i.recorded_from) "
     "ON CONFLICT (id) DO NOTHING RETURNING id) SELECT count(*) FROM v"
 )
 
@@ -372,5 +430,5 @@ def _copy_versions(versions: list[dict[str, Any]], owner_id: int, ids: Ids,
                     ids.maybe("fact", row["successor"], successor),
                     row["action"], row["reason"], Jsonb(row["closed_by"]), row["superseded"],
                 ))  # fmt: skip
-        cur.execute(_VERSION_MOVE, [owner_id])
+        cur.execute(_VERSION_MOVE, [owner_id, owner_id])
         return int(cur.fetchone()[0])

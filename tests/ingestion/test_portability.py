@@ -15,6 +15,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from core.providers.embeddings import get_embedder
 from knowledge.models import Chunk, KnowledgeBase
@@ -433,6 +434,61 @@ def test_a_scope_map_that_merges_two_scopes_is_refused(alice, bob, alice_client,
     response = _import(bob_client, lines, scope_map=json.dumps(mapping))
     assert response.status_code == 400 and "scope_map" in response.json()["error"]["details"]
     assert not Scope.objects.filter(owner=bob).exists()
+
+
+SAM = "/api/v1/users/sam/memories"
+
+
+def _read(response) -> list[tuple[str, str]]:
+    return [(f["id"], f["content"]) for f in response.json()["results"]]
+
+
+@pytest.mark.parametrize("change", ["edit", "delete"])
+def test_a_newer_export_brings_the_sources_edit_or_deletion(alice, bob, alice_client,
+                                                            bob_client, change):  # fmt: skip
+    """The source edited or deleted a fact after the copy imported it: the newer file
+    answered 200 with the fact unchanged and the version closing it written too (the
+    history showed it twice, reads in time the same id twice; a deleted fact stayed
+    current). Now the copy follows the file, and the file again, or the older file after
+    it, writes nothing."""
+    [added] = fact_add(owner=alice, scope=["user", "sam"], facts=[FactIn("User lives in Porto")],
+                       dedup_threshold=1.01)  # fmt: skip
+    older = _export(alice_client)
+    assert _import(bob_client, older).json()["facts"] == 1
+    [copy] = Fact.objects.filter(owner=bob)
+    between = timezone.now().isoformat()
+    if change == "edit":
+        response = alice_client.patch(f"{SAM}/{added.fact_id}",
+                                      {"content": "User lives in Porto, Portugal"}, format="json")  # fmt: skip
+    else:
+        response = alice_client.delete(f"{SAM}/{added.fact_id}")
+    assert response.status_code < 300, response.content
+    newer = _export(alice_client)
+    report = _import(bob_client, newer).json()
+    assert (report["facts"], report["versions"]) == ((1, 1) if change == "edit" else (0, 1))
+    now = [(str(copy.pk), "User lives in Porto, Portugal")] if change == "edit" else []
+    history = ["User lives in Porto", *(c for _, c in now)]
+
+    def same_as_the_source():
+        assert _comparable(_export(bob_client)) == _comparable(newer)
+        assert _read(bob_client.get(SAM)) == now
+        assert _read(bob_client.get(SAM, {"as_of": between})) == [
+            (str(copy.pk), "User lives in Porto")
+        ]
+        versions = bob_client.get(f"/api/v1/engine/facts/{copy.pk}/history").json()["versions"]
+        assert [v["content"] for v in versions] == history
+        assert FactVersion.objects.filter(owner=bob).count() == 1
+        assert list(Fact.objects.filter(owner=bob).values_list("content", flat=True)) == [
+            c for _, c in now
+        ]
+
+    same_as_the_source()
+    for lines in (newer, older):
+        again = _import(bob_client, lines).json()
+        assert {k: v for k, v in again.items() if k != "lines"} == dict.fromkeys(
+            [k for k in again if k != "lines"], 0
+        )
+        same_as_the_source()
 
 
 def test_the_commands_export_and_import(alice, bob, tmp_path, capsys):
