@@ -65,6 +65,7 @@ class Conversations:
     messages: list[dict[str, Any]] = field(default_factory=list)
     summaries: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    message_ids: set[str] = field(default_factory=set)
     types = ("flow", "message", "summary", "node_memory")
 
     def parse(self, obj: dict[str, Any], line: int) -> None:
@@ -82,6 +83,10 @@ class Conversations:
             for name in ("content", "files"):
                 if not isinstance(obj.get(name, []), list):
                     raise bad(line, f"{name} is not a list")
+            # (a parent naming no earlier line was imported as no parent, silently)
+            parent = obj.get("parent") or None
+            if parent is not None and str(parent) not in self.message_ids:
+                raise bad(line, f"parent {parent} is not a message line before it")
             self.messages.append({
                 "line": line, "id": old_id(obj.get("id"), line), "flow": flow,
                 "session_id": text(obj, "session_id", line, blank=False, limit=255),
@@ -91,10 +96,11 @@ class Conversations:
                 "role": role, "sender": text(obj, "sender", line, limit=100),
                 "sender_name": text(obj, "sender_name", line, limit=200),
                 "text": text(obj, "text", line), "content": obj.get("content") or [],
-                "files": obj.get("files") or [], "parent": obj.get("parent"),
+                "files": obj.get("files") or [], "parent": parent,
                 "starts_thread": bool(obj.get("starts_thread")),
                 "created_at": when(obj.get("created_at"), line, "created_at", True),
             })  # fmt: skip
+            self.message_ids.add(self.messages[-1]["id"])
         elif kind == "node_memory":
             flow = old_id(obj.get("flow"), line, "flow")
             doc = obj.get("document")
@@ -142,7 +148,7 @@ class Conversations:
                 role=m["role"], text=m["text"],
             ).first()  # fmt: skip
             if same is None:
-                parent = pks.get(str(m["parent"])) if m["parent"] else None
+                parent = pks[str(m["parent"])] if m["parent"] is not None else None
                 same = Message.objects.create(
                     owner_id=owner_id, flow_id=flow_id, parent_id=parent,
                     **{k: m[k] for k in ("session_id", "message_id", "run_id", "is_output",

@@ -436,6 +436,40 @@ def test_a_scope_map_that_merges_two_scopes_is_refused(alice, bob, alice_client,
     assert not Scope.objects.filter(owner=bob).exists()
 
 
+@pytest.mark.parametrize("names", ["a later line", "no line"])
+def test_a_parent_naming_no_earlier_message_line_is_refused(alice, bob, alice_client, bob_client,
+                                                            names):  # fmt: skip
+    """It was imported with no parent, silently, as the docs said it would not be."""
+    _populate(alice)
+    lines = _export(alice_client)
+    first, second = (i for i, line in enumerate(lines) if line.get("type") == "message")
+    parent = lines[second]["id"] if names == "a later line" else "999999"
+    changed = [*lines[:first], {**lines[first], "parent": parent}, *lines[first + 1 :]]
+    response = _import(bob_client, changed)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    why = f"parent {parent} is not a message line before it"
+    assert (error["code"], error["message"], error["details"]) == (
+        "invalid_import", f"line {first + 1}: {why}", {"line": first + 1, "error": [why]},
+    )  # fmt: skip
+    assert _counts(bob) == (0,) * 8
+    assert not Message.objects.filter(owner=bob).exists()
+
+
+def test_a_parent_naming_an_earlier_message_line_is_kept(alice, bob, alice_client, bob_client):
+    _populate(alice)
+    lines = _export(alice_client)
+    first, second = (i for i, line in enumerate(lines) if line.get("type") == "message")
+    changed = [
+        *lines[:second],
+        {**lines[second], "parent": lines[first]["id"]},
+        *lines[second + 1 :],
+    ]
+    assert _import(bob_client, changed).json()["messages"] == 2
+    answer = Message.objects.get(owner=bob, role="assistant")
+    assert answer.parent == Message.objects.get(owner=bob, role="user")
+
+
 SAM = "/api/v1/users/sam/memories"
 
 
