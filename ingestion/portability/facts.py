@@ -120,6 +120,7 @@ class Facts:
     versions: list[dict[str, Any]] = field(default_factory=list)
     mapped: set[Path] = field(default_factory=set)  # the map's scopes the file has
     variants: dict[str, str] = field(default_factory=dict)  # a fact's id: its renamings
+    lines: dict[str, int] = field(default_factory=dict)  # a fact's id: its line
     types = ("scope", "fact", "version")
 
     def all_mapped(self) -> None:
@@ -169,6 +170,10 @@ class Facts:
         row = _common(obj, line)
         row["id"] = old_id(obj.get("id"), line)
         if kind == "fact":
+            # (the second was dropped by the insert, its id taken, after being embedded)
+            if row["id"] in self.lines:
+                raise bad(line, f"id {row['id']} is the fact of line {self.lines[row['id']]} too")
+            self.lines[row["id"]] = line
             row["scopes"] = [self.path(p, line) for p in obj.get("scopes") or []]
             if not row["scopes"]:
                 raise bad(line, "a fact needs the scopes that hold it")

@@ -470,6 +470,28 @@ def test_a_parent_naming_an_earlier_message_line_is_kept(alice, bob, alice_clien
     assert answer.parent == Message.objects.get(owner=bob, role="user")
 
 
+def test_two_fact_lines_of_one_id_are_refused(alice, bob, alice_client, bob_client):
+    """The second was dropped (its id taken), after being embedded, with 200."""
+    _facts(alice)
+    lines = _export(alice_client)
+    first, *_ = (i for i, line in enumerate(lines) if line.get("type") == "fact")
+    twin = {**lines[first], "content": "User lives in Faro"}
+    changed = [
+        *lines[: first + 1],
+        twin,
+        *lines[first + 1 : -1],
+        {"type": "end", "lines": len(lines)},
+    ]
+    response = _import(bob_client, changed)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    why = f"id {twin['id']} is the fact of line {first + 1} too"
+    assert (error["code"], error["message"], error["details"]) == (
+        "invalid_import", f"line {first + 2}: {why}", {"line": first + 2, "error": [why]},
+    )  # fmt: skip
+    assert _counts(bob) == (0,) * 8
+
+
 SAM = "/api/v1/users/sam/memories"
 
 
