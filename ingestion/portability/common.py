@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from django.utils import timezone
 
 from core.api.fields import VECTOR_REFUSALS, metadata_refusal, vector_refusal
 from core.errors import InvalidInput
@@ -71,8 +72,16 @@ def literal(values: list[float]) -> str:
     return "[" + ",".join(repr(float(x)) for x in values) + "]"
 
 
-def when(value: Any, line: int, name: str, required: bool = False) -> datetime | None:
-    """An ISO 8601 time with its zone; None for null unless ``required``."""
+# How far a time the service recorded may lie ahead of this clock: another
+# deployment's clock runs a little fast.
+CLOCK_SKEW = timedelta(minutes=5)
+
+
+def when(value: Any, line: int, name: str, required: bool = False,
+         past: bool = False) -> datetime | None:  # fmt: skip
+    """An ISO 8601 time with its zone; None for null unless ``required``. ``past``: a
+    time the service recorded, not in the future (beyond ``CLOCK_SKEW``): a fact recorded
+    from 2099 was invisible to every ``as_of`` read, which may not be in the future."""
     if value is None and not required:
         return None
     if not isinstance(value, str):
@@ -85,6 +94,8 @@ def when(value: Any, line: int, name: str, required: bool = False) -> datetime |
         raise bad(line, f"{name} has no time zone")
     if not storable(parsed):
         raise bad(line, f"{name} is not {RANGE}")
+    if past and parsed > timezone.now() + CLOCK_SKEW:
+        raise bad(line, f"{name} is in the future")
     return parsed
 
 

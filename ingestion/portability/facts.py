@@ -184,7 +184,7 @@ class Facts:
         row["successor"] = str(obj["successor"]) if obj.get("successor") else None
         row["scope"] = self.path(obj.get("scope"), line)
         row["variant"] = self.renamed([obj.get("scope")])
-        row["recorded_to"] = when(obj.get("recorded_to"), line, "recorded_to", True)
+        row["recorded_to"] = when(obj.get("recorded_to"), line, "recorded_to", True, past=True)
         row["action"] = str(obj.get("action") or "update")[:16]
         row["reason"] = str(obj.get("reason") or "")
         closed_by = obj.get("closed_by")
@@ -249,10 +249,10 @@ def _common(obj: dict[str, Any], line: int) -> dict[str, Any]:
         "confidence": float(confidence), "source_kind": str(source.get("kind") or "import")[:16],
         "source_ref": str(source.get("ref") or "")[:255],
         "metadata": metadata if isinstance(metadata, dict) else {},
-        "observed_at": when(obj.get("observed_at"), line, "observed_at", required=True),
+        "observed_at": when(obj.get("observed_at"), line, "observed_at", True, past=True),
         "valid_from": valid_from, "valid_to": valid_to,
-        "created_at": when(obj.get("created_at"), line, "created_at", required=True),
-        "recorded_from": when(obj.get("recorded_from"), line, "recorded_from", required=True),
+        "created_at": when(obj.get("created_at"), line, "created_at", True, past=True),
+        "recorded_from": when(obj.get("recorded_from"), line, "recorded_from", True, past=True),
         "embedding": embedding(obj, line), "embedding_model": obj.get("embedding_model") or "",
     }  # fmt: skip
 

@@ -9,7 +9,7 @@ import io
 import json
 import re
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import jsonschema
@@ -490,6 +490,38 @@ def test_two_fact_lines_of_one_id_are_refused(alice, bob, alice_client, bob_clie
         "invalid_import", f"line {first + 2}: {why}", {"line": first + 2, "error": [why]},
     )  # fmt: skip
     assert _counts(bob) == (0,) * 8
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [("fact", "recorded_from"), ("fact", "created_at"), ("fact", "observed_at"),
+     ("version", "recorded_from"), ("version", "recorded_to")],
+)  # fmt: skip
+def test_a_time_recorded_in_the_future_is_refused(alice, bob, alice_client, bob_client, kind,
+                                                  name):  # fmt: skip
+    """A fact recorded from 2099 was imported, then invisible to every ``as_of`` read."""
+    _facts(alice)
+    lines = _export(alice_client)
+    changed = _first(lines, kind, {name: "2099-01-01T00:00:00Z"})
+    number = next(i for i, line in enumerate(changed, start=1) if line.get("type") == kind)
+    response = _import(bob_client, changed)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert (error["code"], error["message"], error["details"]) == (
+        "invalid_import", f"line {number}: {name} is in the future",
+        {"line": number, "error": [f"{name} is in the future"]},
+    )  # fmt: skip
+    assert _counts(bob) == (0,) * 8
+
+
+def test_a_clock_a_little_ahead_is_no_future(alice, bob, alice_client, bob_client):
+    _facts(alice)
+    lines = _export(alice_client)
+    ahead = (timezone.now() + timedelta(minutes=2)).isoformat()
+    changed = _first(lines, "fact", {"recorded_from": ahead, "created_at": ahead,
+                                     "observed_at": ahead})  # fmt: skip
+    assert _import(bob_client, changed).json()["facts"] == 4
+    assert Fact.objects.filter(owner=bob, recorded_at=datetime.fromisoformat(ahead)).count() == 1
 
 
 SAM = "/api/v1/users/sam/memories"
