@@ -157,9 +157,11 @@ class Facts:
         """The renamings of the map that place a row (its ids' ``variant``): a fact of a
         scope mapped away is another row than the same fact imported where it was (the
         file imported first with the map, then without it, wrote no fact the second
-        time, their ids taken, and left an empty scope); with the same map, the same."""
-        said = {f"{'/'.join(p)}>{'/'.join(self.mapping[tuple(p)])}" for p in paths
-                if isinstance(p, list) and tuple(p) in self.mapping}  # fmt: skip
+        time, their ids taken, and left an empty scope); with the same map, the same. A
+        scope mapped to itself is not renamed (it placed a second copy of each fact)."""
+        moved = {k: v for k, v in self.mapping.items() if k != v}
+        said = {f"{'/'.join(p)}>{'/'.join(moved[tuple(p)])}" for p in paths
+                if isinstance(p, list) and tuple(p) in moved}  # fmt: skip
         return ",".join(sorted(said))
 
     def parse(self, obj: dict[str, Any], line: int) -> None:

@@ -294,6 +294,25 @@ def test_the_file_again_without_the_map_copies_the_renamed_scope(alice, bob, ali
     assert Fact.objects.filter(owner=bob).count() == 6
 
 
+def test_a_scope_mapped_to_itself_is_not_renamed(alice, bob, alice_client, bob_client):
+    """``{"user/alice": "user/alice"}`` imported a second copy of every fact of the scope
+    into the same scope: the file with it and without it, or twice, is one import."""
+    _facts(alice)
+    lines = _export(alice_client)
+    same = json.dumps({"user/alice": "user/alice"})
+    first = _import(bob_client, lines, scope_map=same).json()
+    assert (first["scopes"], first["facts"], first["versions"]) == (3, 4, 3)
+    for params in ({}, {"scope_map": same}):
+        again = _import(bob_client, lines, **params).json()
+        assert (again["scopes"], again["facts"], again["versions"]) == (0, 0, 0)
+    assert Fact.objects.filter(owner=bob).count() == 4
+    assert FactVersion.objects.filter(owner=bob).count() == 3
+    assert sorted(FactLink.objects.filter(scope__owner=bob, scope__path=["user", "alice"])
+                  .values_list("fact__content", flat=True)) == [
+        "User drinks green tea", "User lives in Porto",
+    ]  # fmt: skip
+
+
 def test_a_scope_map_naming_a_scope_the_file_lacks_is_refused(alice, bob, alice_client,
                                                               bob_client, tmp_path):  # fmt: skip
     """A typo in the map (``user/alcie``) imported everything unrenamed, with 200."""
