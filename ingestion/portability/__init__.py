@@ -112,6 +112,8 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
     ended = 0  # the end line's number, once read
     read = 0  # the lines read, blank ones left out (as the end line counts them)
     for number, raw in enumerate(lines, start=1):
+        if number == 1:  # (a byte order mark, which editors on Windows write, is no text)
+            raw = raw.removeprefix("\ufeff")
         if not raw.strip():
             continue
         read += 1

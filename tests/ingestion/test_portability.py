@@ -719,6 +719,22 @@ def test_an_end_line_that_miscounts_or_is_not_last_is_refused(alice, bob, alice_
     assert _import(bob_client, spaced).status_code == 200
 
 
+def test_a_byte_order_mark_before_the_header_is_skipped(alice, bob, alice_client, bob_client,
+                                                        tmp_path):  # fmt: skip
+    """It was refused as "line 1: not a JSON object (a truncated line?)"."""
+    _facts(alice)
+    lines = _export(alice_client)
+    text = "\n".join(json.dumps(line) for line in lines)
+    response = bob_client.post("/api/v1/import", ("\ufeff" + text).encode("utf-8"),
+                               content_type="application/x-ndjson")  # fmt: skip
+    assert response.status_code == 200, response.content
+    assert (response.json()["facts"], response.json()["lines"]) == (4, len(lines))
+    path = tmp_path / "alice.jsonl"
+    path.write_text(text, encoding="utf-8-sig")  # (the mark, as Notepad saves)
+    call_command("import_memory", "bob", str(path))
+    assert Fact.objects.filter(owner=bob).count() == 4
+
+
 def test_an_export_made_before_the_end_line_still_imports(alice, bob, alice_client, bob_client):
     _facts(alice)
     lines = _export(alice_client)
