@@ -137,6 +137,9 @@ def _parse(lines: Iterable[str], scope_map: Mapping[str, str] | None) -> tuple[_
             ends = obj.get("end_line") is True
             continue
         if obj.get("type") == END:
+            if extra := sorted(set(obj) - {"type", "lines"}):  # (the schema allows none)
+                raise bad(number, f"the end line has keys other than type and lines: "
+                                  f"{', '.join(extra)}")  # fmt: skip
             if obj.get("lines") != read - 1:
                 raise bad(number, f"the end line counts {obj.get('lines')!r} lines before "
                                   f"it, the file has {read - 1}")  # fmt: skip

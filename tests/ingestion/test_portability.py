@@ -719,6 +719,23 @@ def test_an_end_line_that_miscounts_or_is_not_last_is_refused(alice, bob, alice_
     assert _import(bob_client, spaced).status_code == 200
 
 
+def test_an_end_line_with_other_keys_is_refused(alice, bob, alice_client, bob_client):
+    """The schema says ``additionalProperties: false``; the import took them."""
+    _facts(alice)
+    lines = _export(alice_client)
+    extra = [*lines[:-1], {**lines[-1], "extra": 1, "checksum": "x"}]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(extra[-1], SCHEMA)
+    response = _import(bob_client, extra)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    why = "the end line has keys other than type and lines: checksum, extra"
+    assert (error["code"], error["message"], error["details"]) == (
+        "invalid_import", f"line {len(lines)}: {why}", {"line": len(lines), "error": [why]},
+    )  # fmt: skip
+    assert _counts(bob) == (0,) * 8
+
+
 def test_a_byte_order_mark_before_the_header_is_skipped(alice, bob, alice_client, bob_client,
                                                         tmp_path):  # fmt: skip
     """It was refused as "line 1: not a JSON object (a truncated line?)"."""
