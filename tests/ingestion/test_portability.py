@@ -400,8 +400,9 @@ def test_a_bad_line_is_named_and_nothing_is_written(alice, bob, alice_client, bo
 
 @pytest.mark.parametrize("kind", ["fact", "version", "chunk", "store_item"])
 @pytest.mark.parametrize("component", [0.0, 1e-30])  # (1e-30: its square is 0 in float4)
-def test_an_all_zero_vector_is_refused_and_nothing_is_written(alice, bob, alice_client,
-                                                              bob_client, kind, component):  # fmt: skip
+def test_an_all_zero_vector_is_refused_and_nothing_is_written(
+    alice, bob, alice_client, bob_client, kind, component
+):
     """A zero vector has no direction: imported, it made every search over its data a
     500 (cosine distances NaN, "Out of range float values are not JSON compliant")."""
     _populate(alice)
@@ -565,8 +566,8 @@ def test_a_newer_export_brings_the_sources_edit_or_deletion(alice, bob, alice_cl
     [copy] = Fact.objects.filter(owner=bob)
     between = timezone.now().isoformat()
     if change == "edit":
-        response = alice_client.patch(f"{SAM}/{added.fact_id}",
-                                      {"content": "User lives in Porto, Portugal"}, format="json")  # fmt: skip
+        edit = {"content": "User lives in Porto, Portugal"}
+        response = alice_client.patch(f"{SAM}/{added.fact_id}", edit, format="json")
     else:
         response = alice_client.delete(f"{SAM}/{added.fact_id}")
     assert response.status_code < 300, response.content
@@ -596,6 +597,28 @@ def test_a_newer_export_brings_the_sources_edit_or_deletion(alice, bob, alice_cl
             [k for k in again if k != "lines"], 0
         )
         same_as_the_source()
+
+
+def test_a_change_made_in_the_copy_is_kept_when_a_newer_export_arrives(alice, bob,
+                                                                       alice_client, bob_client):  # fmt: skip
+    """The copy's own edit closed the state the source's edit closes too: the file's
+    version of it is not written (the history would hold one state twice), and the copy's
+    text stays."""
+    [added] = fact_add(owner=alice, scope=["user", "sam"], facts=[FactIn("User lives in Porto")],
+                       dedup_threshold=1.01)  # fmt: skip
+    assert _import(bob_client, _export(alice_client)).json()["facts"] == 1
+    [copy] = Fact.objects.filter(owner=bob)
+    between = timezone.now().isoformat()
+    edit = {"content": "User lives in Braga"}
+    assert bob_client.patch(f"{SAM}/{copy.pk}", edit, format="json").status_code == 200
+    edit = {"content": "User lives in Porto, Portugal"}
+    assert alice_client.patch(f"{SAM}/{added.fact_id}", edit, format="json").status_code == 200
+    report = _import(bob_client, _export(alice_client)).json()
+    assert (report["facts"], report["versions"]) == (0, 0)
+    assert _read(bob_client.get(SAM)) == [(str(copy.pk), "User lives in Braga")]
+    assert _read(bob_client.get(SAM, {"as_of": between})) == [(str(copy.pk), "User lives in Porto")]
+    versions = bob_client.get(f"/api/v1/engine/facts/{copy.pk}/history").json()["versions"]
+    assert [v["content"] for v in versions] == ["User lives in Porto", "User lives in Braga"]
 
 
 def test_the_commands_export_and_import(alice, bob, tmp_path, capsys):
