@@ -14,7 +14,8 @@ naming its line: nothing is written), embeds what has no vector of the target's 
 (outside any transaction), then writes everything in one transaction (the files after
 it). It is idempotent: the ids it writes are derived from the file's and the importing
 owner (``common.Ids``), and rows without ids are matched by what they hold, so the same
-file twice writes nothing new.
+file twice writes nothing new; a newer export of the same facts brings their edits and
+deletions (``facts``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ that hold it, its times) and ``version`` (a closed version in its ``scope``, wit
 ``scope_map`` renames scopes on the way in (``{"user/alice": "user/ann"}``: an end
 user's id is its scope's second segment); a map that makes two scopes one is refused.
 Imported facts are taken as the file has them: not deduplicated against the scope's
-facts, not trimmed to ``ENGINE_MAX_FACTS``.
+facts, not trimmed to ``ENGINE_MAX_FACTS``. A newer export of facts imported before
+brings the source's edits and deletions since (``_close_current``); a change made in the
+copy since is kept.
 """
 
 from __future__ import annotations
