@@ -554,11 +554,11 @@ def _read(response) -> list[tuple[str, str]]:
     return [(f["id"], f["content"]) for f in response.json()["results"]]
 
 
-@pytest.mark.parametrize("change", ["edit", "delete"])
+@pytest.mark.parametrize("change", ["edit", "delete", "replace"])
 def test_a_newer_export_brings_the_sources_edit_or_deletion(alice, bob, alice_client,
                                                             bob_client, change):  # fmt: skip
-    """The source edited or deleted a fact after the copy imported it: the newer file
-    answered 200 with the fact unchanged and the version closing it written too (the
+    """The source edited, deleted or replaced a fact after the copy imported it: the newer
+    file answered 200 with the fact unchanged and the version closing it written too (the
     history showed it twice, reads in time the same id twice; a deleted fact stayed
     current). Now the copy follows the file, and the file again, or the older file after
     it, writes nothing."""
@@ -571,27 +571,31 @@ def test_a_newer_export_brings_the_sources_edit_or_deletion(alice, bob, alice_cl
     if change == "edit":
         edit = {"content": "User lives in Porto, Portugal"}
         response = alice_client.patch(f"{SAM}/{added.fact_id}", edit, format="json")
+        assert response.status_code == 200, response.content
+    elif change == "delete":
+        assert alice_client.delete(f"{SAM}/{added.fact_id}").status_code == 204
     else:
-        response = alice_client.delete(f"{SAM}/{added.fact_id}")
-    assert response.status_code < 300, response.content
+        fact_add(owner=alice, scope=["user", "sam"], dedup_threshold=1.01,
+                 facts=[FactIn("User lives in Braga", replaces=added.fact_id)])  # fmt: skip
     newer = _export(alice_client)
     report = _import(bob_client, newer).json()
-    assert (report["facts"], report["versions"]) == ((1, 1) if change == "edit" else (0, 1))
-    now = [(str(copy.pk), "User lives in Porto, Portugal")] if change == "edit" else []
-    history = ["User lives in Porto", *(c for _, c in now)]
+    assert (report["facts"], report["versions"]) == ((0, 1) if change == "delete" else (1, 1))
+    now = {"edit": ["User lives in Porto, Portugal"], "delete": [],
+           "replace": ["User lives in Braga"]}[change]  # fmt: skip
+    current = list(Fact.objects.filter(owner=bob).values_list("pk", flat=True))
+    if change == "edit":
+        assert current == [copy.pk]  # (the same fact, edited)
 
     def same_as_the_source():
         assert _comparable(_export(bob_client)) == _comparable(newer)
-        assert _read(bob_client.get(SAM)) == now
+        assert _read(bob_client.get(SAM)) == [(str(pk), c) for pk, c in zip(current, now)]
         assert _read(bob_client.get(SAM, {"as_of": between})) == [
             (str(copy.pk), "User lives in Porto")
         ]
         versions = bob_client.get(f"/api/v1/engine/facts/{copy.pk}/history").json()["versions"]
-        assert [v["content"] for v in versions] == history
+        assert [v["content"] for v in versions] == ["User lives in Porto", *now]
         assert FactVersion.objects.filter(owner=bob).count() == 1
-        assert list(Fact.objects.filter(owner=bob).values_list("content", flat=True)) == [
-            c for _, c in now
-        ]
+        assert list(Fact.objects.filter(owner=bob).values_list("content", flat=True)) == now
 
     same_as_the_source()
     for lines in (newer, older):
