@@ -4,6 +4,7 @@ error (a bad line, named by its number), times, vectors and the id map."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -138,12 +139,20 @@ def embedding(obj: dict[str, Any], line: int) -> list[float] | None:
     # its cosine distances are NaN). Stored unscaled as float4, whose squares pgvector
     # sums in float4: a vector whose squares all round to 0 there is zero to it too.
     refused = vector_refusal(values)
-    with np.errstate(under="ignore"):
+    with np.errstate(under="ignore", over="ignore"):  # (inf: not zero, as it should)
         if refused is None and not np.square(np.asarray(values, dtype=np.float32)).any():
             refused = "zero"
     if refused:
         raise bad(line, f"embedding: {VECTOR_REFUSALS[refused]}")
-    return values
+    # One far from unit length is scaled to it (its cosines unchanged): the 16-bit copy
+    # (halfvec) holds neither a component past 65504 (1e20: the indexer failed on it)
+    # nor the squares of tiny ones (1e-10 each: zero there, NaN distances). An embedder's
+    # vectors, about unit length already, are stored as the file has them.
+    norm = math.sqrt(math.fsum(x * x for x in values))
+    return values if abs(norm - 1.0) < UNIT_SLACK else [x / norm for x in values]
+
+
+UNIT_SLACK = 0.01
 
 
 @dataclass

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
@@ -677,6 +678,25 @@ def test_an_export_to_a_reader_that_leaves_early_ends_without_a_traceback(
         call_command("export_memory", "alice")
     assert ended.value.code == 1
     sink.close()
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-10])
+def test_a_vector_far_from_unit_length_is_scaled_to_it(alice, bob, alice_client, bob_client,
+                                                       scale):  # fmt: skip
+    """1e20 x a vector imported with a 200, then the indexer failed on its 16-bit copy
+    ("out of range for type halfvec"); 1e-10 x one is zero there (NaN distances)."""
+    _facts(alice)
+    lines = _export(alice_client)
+    first = next(line for line in lines if line.get("type") == "fact")
+    scaled = _first(lines, "fact", {"embedding": [x * scale for x in first["embedding"]]})
+    assert _import(bob_client, scaled).status_code == 200
+    Fact.objects.filter(owner=bob).update(index_pending=True)
+    assert index_pending_facts() == 4  # (the 16-bit copies made without an error)
+    stored = Fact.objects.get(owner=bob, content=first["content"]).embedding
+    assert np.allclose(stored, first["embedding"], atol=1e-6)  # unit length, as it was
+    query = {"scope": ["user", "alice"], "query": first["content"]}
+    found = bob_client.post("/api/v1/engine/search", query, format="json")
+    assert found.status_code == 200 and found.json()["results"][0]["content"] == first["content"]
 
 
 def test_the_export_holds_only_the_callers_data(alice, bob, bob_client):
