@@ -33,11 +33,15 @@ def sessions_erase(*, flow: Flow, session_ids: Sequence[str]) -> int:
     their node memory documents once the transaction commits. Returns the messages
     deleted."""
     sessions = list(session_ids)
+    # The messages first: a summary being stored holds the thread's newest message until
+    # its commit (``summaries._still_there``), so the summaries' delete, a statement after
+    # it, sees and deletes that summary too.
+    deleted = sessions_delete_rows(flow=flow, session_ids=sessions)
     sessions_summaries_delete(flow=flow, session_ids=sessions)
     transaction.on_commit(
         partial(node_memory_sessions_delete, flow_id=flow.pk, session_ids=sessions)
     )
-    return sessions_delete_rows(flow=flow, session_ids=sessions)
+    return deleted
 
 
 def node_memory_sessions_delete(*, flow_id: uuid.UUID, session_ids: Sequence[str]) -> int:

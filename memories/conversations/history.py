@@ -257,7 +257,7 @@ class _Link(NamedTuple):
     pending: bool
 
 
-def _pending_answer() -> ExpressionWrapper:
+def pending_answer() -> ExpressionWrapper:
     """An assistant message with no text and no image: an answer being generated."""
     no_image = ~Q(content__contains=[{"type": IMAGE_BLOCK_TYPES_ORDERED[0]}])
     for block_type in IMAGE_BLOCK_TYPES_ORDERED[1:]:
@@ -302,7 +302,7 @@ def _candidates(
     return [
         _Link(*row)
         for row in messages.order_by("-created_at", "-id")
-        .annotate(pending=_pending_answer())
+        .annotate(pending=pending_answer())
         .values_list("id", "parent_id", "starts_thread", "role", "pending")[:message_limit]
     ]
 

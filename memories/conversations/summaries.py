@@ -23,13 +23,14 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
-from core.errors import InvalidInput
+from core.errors import Conflict, InvalidInput
 from core.providers.json_answer import MalformedAnswer, read_text
 from core.providers.llm import ChatLLM, get_llm
 from core.providers.tokens import count_tokens, truncate_to_tokens
@@ -48,6 +49,7 @@ from memories.conversations.history import (
     effective_message_limit,
     extract_thread,
     message_cost,
+    pending_answer,
     resolve_message,
 )
 from memories.conversations.models import ConversationSummary, Flow, Message
@@ -155,10 +157,21 @@ def _fits(state: ConversationSummary, messages: list[SummaryMessage]) -> bool:
     the candidates, when ``message_limit`` cut the thread's start)."""
     ids = [m.id for m in messages]
     folded = list(state.summarized_ids)
-    if not folded or folded[-1] not in ids:
+    if not folded or not ids:
         return False
+    if folded[-1] not in ids:
+        # The window (``message_limit``) moved past what was folded: it fits if all of
+        # that is older than the window (server ids grow), as it does on a long thread;
+        # a summary of later messages (an earlier current message) does not. Whether an
+        # old branch's summary lies beyond the window is not read (its parents are not).
+        return not set(folded) & set(ids) and _before(folded[-1], ids[0])
     start = ids.index(folded[-1]) + 1
     return start <= len(folded) and ids[:start] == folded[len(folded) - start :]
+
+
+def _before(folded: str, first: str) -> bool:
+    return folded.isascii() and folded.isdigit() and first.isascii() and first.isdigit() and (
+        int(folded) < int(first))  # fmt: skip
 
 
 def _split(fresh: list[SummaryMessage], budget: int) -> int:
@@ -365,6 +378,22 @@ def conversation_thread(
     return list(reversed(list(_thread_items(thread, 1 << 30))))
 
 
+def _still_there(flow: Flow, session_id: str, newest: int | None) -> None:
+    """In the transaction that stores the summary: the thread's newest message, held
+    until the commit. A deletion of the session that committed while the LLM folded (its
+    messages first, then its summary: ``sessions_erase``) leaves none, and a summary of
+    what it deleted is not stored; one that comes after waits for this commit, then
+    deletes the summary too."""
+    if newest is None or not (
+        Message.objects.select_for_update().filter(flow=flow, session_id=session_id, pk=newest)
+        .exists()
+    ):  # fmt: skip
+        raise Conflict(
+            f"Conversation {session_id!r} was deleted while it was being summarised.",
+            details={"session_id": session_id},
+        )
+
+
 def _is_newest(flow: Flow, session_id: str, current_message_id: int | str | None) -> bool:
     """Whether the current message is the conversation's newest (its thread is the one the
     stored summary follows)."""
@@ -372,7 +401,9 @@ def _is_newest(flow: Flow, session_id: str, current_message_id: int | str | None
         return True
     messages = Message.objects.filter(flow=flow, session_id=session_id)
     current = resolve_message(messages, current_message_id)
-    newest = messages.order_by("-created_at", "-id").values_list("pk", flat=True).first()
+    # (a pending answer, stored before the history is asked for, is no thread's message)
+    newest = (messages.annotate(pending=pending_answer()).filter(pending=False)
+              .order_by("-created_at", "-id").values_list("pk", flat=True).first())  # fmt: skip
     return current is not None and current.pk == newest
 
 
@@ -431,6 +462,7 @@ def conversation_history_summarized(
         max_tokens=max_tokens, max_tokens_before_summary=max_tokens_before_summary,
         max_summary_tokens=max_summary_tokens, llm=llm, thread=True,
         store=_is_newest(flow, session_id, current_message_id),
+        with_store=partial(_still_there, flow, session_id, items[-1].id if items else None),
     )  # fmt: skip
     kept = {m.id for m in result.kept}
     return SummarizedHistory(

@@ -313,3 +313,54 @@ def test_a_summarized_history_as_text_begins_with_the_summary(alice_client, flow
         text["summary"]["summarized_message_ids"] == messages["summary"]["summarized_message_ids"]
     )
     assert text["summary"]["llm_calls"] == 0 and summarizer.calls["summary"] == 1
+
+
+def test_a_window_that_moved_past_the_folded_messages_keeps_the_summary(alice_client, flow,
+                                                                         summarizer):  # fmt: skip
+    """With message_limit, once the thread grew past the last folded message the stored
+    summary was judged another thread's: left out of the answer, then replaced by one of
+    the window alone (the summary of the older messages lost)."""
+    for i in range(6):
+        _say(flow, "s", f"m{i}", "user" if i % 2 == 0 else "assistant")
+    url = (f"/api/v1/conversations/s/history?flow={flow.pk}&strategy=summarize&max_tokens=150"
+           "&max_summary_tokens=20&message_limit=6")  # fmt: skip
+    first = alice_client.get(url).json()["summary"]
+    assert first["summarized_message_ids"] and summarizer.calls["summary"] == 1
+    for i in range(6, 14):  # the window of 6 now holds none of the folded messages
+        _say(flow, "s", f"m{i}", "user" if i % 2 == 0 else "assistant")
+    later = alice_client.get(url).json()
+    folded = later["summary"]["summarized_message_ids"]
+    assert folded[: len(first["summarized_message_ids"])] == first["summarized_message_ids"]
+    assert later["messages"][0]["role"] == "system" and summarizer.calls["summary"] == 2
+    stored = ConversationSummary.objects.get()
+    assert stored.summarized_ids == folded and stored.version == 2  # extended, not replaced
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_deleted_while_it_is_summarised_keeps_no_summary(alice_client, flow,
+                                                                   summarizer, openai_server):  # fmt: skip
+    """The deletion committed while the LLM folded; the fold then stored a summary of the
+    deleted messages, served to the next conversation of that id."""
+    from memories.bases.services import session_messages_delete
+
+    for i in range(8):
+        _say(flow, "s", f"m{i}", "user" if i % 2 == 0 else "assistant")
+
+    def delete_then_answer(payload):  # (the server's thread: its own connection commits)
+        from django.db import connection
+
+        try:
+            session_messages_delete(flow=flow, session_id="s")
+        finally:
+            connection.close()  # (left open, it kept the test database from its teardown)
+        return summarizer(payload)
+
+    openai_server.chat_fn = delete_then_answer
+    url = (f"/api/v1/conversations/s/history?flow={flow.pk}&strategy=summarize&max_tokens=150"
+           "&max_summary_tokens=20")  # fmt: skip
+    response = alice_client.get(url)
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["details"] == {"session_id": "s"}
+    assert not ConversationSummary.objects.exists() and not Message.objects.exists()
+    _say(flow, "s", "again", "user")  # the id starts afresh
+    assert alice_client.get(url).json()["messages"][0]["content"].startswith("again says")
