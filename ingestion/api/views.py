@@ -49,12 +49,22 @@ def _run_messages(messages: list[dict[str, Any]]) -> list[MessageIn]:
     through: dict[str, Any] = {}
     for message in messages:
         parent = message.get("parent_message_id", PREVIOUS)
-        parent = through.get(parent, parent) if isinstance(parent, str) else parent
+        if isinstance(parent, str) and parent is not PREVIOUS:
+            parent = through.get(parent, parent)
         if message["tool_step"]:
             if message.get("message_id"):
-                through[message["message_id"]] = parent
+                # "the message before the step": the last kept one, named if it can be
+                # (a message in between would otherwise become the parent)
+                before = kept[-1].message_id if kept and parent is PREVIOUS else None
+                through[message["message_id"]] = before or parent
             continue
         kept.append(_message_in({**message, "parent_message_id": parent}))
+    if not kept:
+        raise InvalidInput(
+            "The run holds only tool-calling steps, which are not recorded: send the "
+            "question and the final answer.",
+            details={"messages": "only tool-calling steps"},
+        )
     return kept
 
 

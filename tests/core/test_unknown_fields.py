@@ -157,3 +157,24 @@ def test_a_tool_calling_turn_keeps_its_question_in_the_history(alice_client, flo
     refused = alice_client.post("/api/v1/messages", null, format="json")
     assert refused.status_code == 400 and "content" in refused.json()["error"]["details"]
     assert Message.objects.count() == 2
+
+
+def test_a_message_naming_a_step_follows_the_message_before_the_step(alice_client, flow):
+    """A step's "previous" was read at the message naming it: a message in between
+    became its parent. A run of steps alone said "A run needs at least one message"."""
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "A", "message_id": "u1"},
+        {"role": "assistant", "content": None, "tool_calls": [call], "message_id": "t1"},
+        {"role": "user", "content": "B", "message_id": "u2", "parent_message_id": None},
+        {"role": "assistant", "content": "answer", "parent_message_id": "t1"},
+    ]
+    url = f"/api/v1/flows/{flow.pk}/runs"
+    assert alice_client.post(url, {"session_id": "s", "messages": messages},
+                             format="json").status_code == 201  # fmt: skip
+    u1 = Message.objects.get(message_id="u1")
+    assert Message.objects.get(text="answer").parent_id == u1.pk
+    steps = alice_client.post(url, {"session_id": "s", "messages": messages[1:2]}, format="json")
+    assert steps.status_code == 400
+    assert steps.json()["error"]["details"] == {"messages": ["only tool-calling steps"]}
+    assert Message.objects.count() == 3
