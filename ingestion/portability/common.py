@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import numpy as np
 from django.utils import timezone
 
 from core.api.fields import VECTOR_REFUSALS, metadata_refusal, vector_refusal
@@ -136,12 +135,8 @@ def embedding(obj: dict[str, Any], line: int) -> list[float] | None:
         raise bad(line, "embedding is not a list of numbers")
     values = [float(x) for x in value]
     # Refused as a query vector is (a zero vector made every search over the data a 500:
-    # its cosine distances are NaN). Stored unscaled as float4, whose squares pgvector
-    # sums in float4: a vector whose squares all round to 0 there is zero to it too.
+    # its cosine distances are NaN).
     refused = vector_refusal(values)
-    with np.errstate(under="ignore", over="ignore"):  # (inf: not zero, as it should)
-        if refused is None and not np.square(np.asarray(values, dtype=np.float32)).any():
-            refused = "zero"
     if refused:
         raise bad(line, f"embedding: {VECTOR_REFUSALS[refused]}")
     # One far from unit length is scaled to it (its cosines unchanged): the 16-bit copy

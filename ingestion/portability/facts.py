@@ -40,7 +40,7 @@ from ingestion.portability.common import (
 )
 from memories.facts.models import CATEGORIES, Fact, FactLink, FactVersion, Scope
 from memories.facts.scopes import global_scope_ensure, scope_ensure, scope_parse
-from memories.facts.services import MAX_FACT_CHARS, fact_line, normalize_fact
+from memories.facts.services import MAX_FACT_CHARS, fact_line, normalize_fact, scope_lock
 from memories.facts.tasks import enqueue_fact_indexing
 
 Path = tuple[str, ...]
@@ -282,7 +282,11 @@ def _closes(row: dict[str, Any], ids: Ids, scopes: dict[Path, Scope],
 
 def _close_current(closes: list[tuple[uuid.UUID, int, Any, Any]], owner_id: int) -> None:
     """Unlink the copy's current facts the file's versions close; a fact no scope holds
-    then goes, as ``fact_delete`` does."""
+    then goes, as ``fact_delete`` does. Each scope's lock is held first, as the fact
+    services hold it (a change of the fact beside the import failed once it was gone)."""
+    held = Scope.objects.filter(owner_id=owner_id, pk__in={c[1] for c in closes})
+    for row in held.order_by("pk"):
+        scope_lock(scope=row)
     since = dict(
         Fact.objects.filter(owner_id=owner_id, pk__in={c[0] for c in closes})
         .annotate(since=Coalesce("recorded_at", "created_at"))

@@ -178,6 +178,12 @@ def _lock(scope: Scope) -> None:
     advisory_xact_lock(_lock_key(scope))
 
 
+def scope_lock(*, scope: Scope) -> None:
+    """Hold the lock every write of the scope's facts takes, for the caller's
+    transaction (an import closing facts the services may be changing)."""
+    _lock(scope)
+
+
 def scope_hold(*, owner: AbstractBaseUser | int, scope: ScopePath) -> Scope:
     """The scope, made if missing and locked for the caller's transaction against its
     erasure (which takes the same lock): what another room writes for it then cannot

@@ -400,7 +400,7 @@ def test_a_bad_line_is_named_and_nothing_is_written(alice, bob, alice_client, bo
 
 
 @pytest.mark.parametrize("kind", ["fact", "version", "chunk", "store_item"])
-@pytest.mark.parametrize("component", [0.0, 1e-30])  # (1e-30: its square is 0 in float4)
+@pytest.mark.parametrize("component", [0.0, 1e-200])  # (1e-200: its square is 0 in float64)
 def test_an_all_zero_vector_is_refused_and_nothing_is_written(
     alice, bob, alice_client, bob_client, kind, component
 ):
@@ -680,7 +680,7 @@ def test_an_export_to_a_reader_that_leaves_early_ends_without_a_traceback(
     sink.close()
 
 
-@pytest.mark.parametrize("scale", [1e20, 1e-10])
+@pytest.mark.parametrize("scale", [1e20, 1e-10, 1e-30])  # (1e-30: its square is 0 in float4)
 def test_a_vector_far_from_unit_length_is_scaled_to_it(alice, bob, alice_client, bob_client,
                                                        scale):  # fmt: skip
     """1e20 x a vector imported with a 200, then the indexer failed on its 16-bit copy
