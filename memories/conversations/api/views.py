@@ -106,9 +106,11 @@ class ConversationHistoryView(APIView):
     @extend_schema(
         summary="A conversation's history",
         parameters=[ConversationHistoryQuerySerializer],
-        # 502, 504: strategy=summarize asks the chat LLM
+        # 502, 504: strategy=summarize asks the chat LLM; 409: the conversation was
+        # deleted while its summary was made
         responses={
             200: ConversationHistoryAnswerSerializer,
+            409: ERROR,
             422: ERROR,
             502: ERROR,
             504: ERROR,
@@ -185,7 +187,15 @@ class NodeHistoryView(APIView):
     @extend_schema(
         summary="A node's history",
         parameters=[NodeHistoryQuerySerializer],
-        responses={200: NodeHistoryOutputSerializer, 422: ERROR},
+        # (a session id holding "/nodes/" is answered that conversation's history, which
+        # strategy=summarize may fold: 409, 502, 504 as there)
+        responses={
+            200: NodeHistoryOutputSerializer,
+            409: ERROR,
+            422: ERROR,
+            502: ERROR,
+            504: ERROR,
+        },  # fmt: skip
     )
     def get(self, request: Request, session_id: str, node_id: str) -> Response:
         params = _query(NodeHistoryQuerySerializer, request)
