@@ -460,6 +460,13 @@ def test_a_scope_map_that_merges_two_scopes_is_refused(alice, bob, alice_client,
     assert not Scope.objects.filter(owner=bob).exists()
 
 
+def _refused_at(response, line: int, why: str) -> None:
+    """A 400 ``invalid_import`` naming ``line`` and why, in the error shape."""
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == {"code": "invalid_import", "message": f"line {line}: {why}",
+                                        "details": {"line": line, "error": [why]}}  # fmt: skip
+
+
 @pytest.mark.parametrize("names", ["a later line", "no line"])
 def test_a_parent_naming_no_earlier_message_line_is_refused(alice, bob, alice_client, bob_client,
                                                             names):  # fmt: skip
@@ -470,12 +477,7 @@ def test_a_parent_naming_no_earlier_message_line_is_refused(alice, bob, alice_cl
     parent = lines[second]["id"] if names == "a later line" else "999999"
     changed = [*lines[:first], {**lines[first], "parent": parent}, *lines[first + 1 :]]
     response = _import(bob_client, changed)
-    assert response.status_code == 400, response.content
-    error = response.json()["error"]
-    why = f"parent {parent} is not a message line before it"
-    assert (error["code"], error["message"], error["details"]) == (
-        "invalid_import", f"line {first + 1}: {why}", {"line": first + 1, "error": [why]},
-    )  # fmt: skip
+    _refused_at(response, first + 1, f"parent {parent} is not a message line before it")
     assert _counts(bob) == (0,) * 8
     assert not Message.objects.filter(owner=bob).exists()
 
@@ -507,12 +509,7 @@ def test_two_fact_lines_of_one_id_are_refused(alice, bob, alice_client, bob_clie
         {"type": "end", "lines": len(lines)},
     ]
     response = _import(bob_client, changed)
-    assert response.status_code == 400, response.content
-    error = response.json()["error"]
-    why = f"id {twin['id']} is the fact of line {first + 1} too"
-    assert (error["code"], error["message"], error["details"]) == (
-        "invalid_import", f"line {first + 2}: {why}", {"line": first + 2, "error": [why]},
-    )  # fmt: skip
+    _refused_at(response, first + 2, f"id {twin['id']} is the fact of line {first + 1} too")
     assert _counts(bob) == (0,) * 8
 
 
@@ -529,12 +526,7 @@ def test_a_time_recorded_in_the_future_is_refused(alice, bob, alice_client, bob_
     changed = _first(lines, kind, {name: "2099-01-01T00:00:00Z"})
     number = next(i for i, line in enumerate(changed, start=1) if line.get("type") == kind)
     response = _import(bob_client, changed)
-    assert response.status_code == 400, response.content
-    error = response.json()["error"]
-    assert (error["code"], error["message"], error["details"]) == (
-        "invalid_import", f"line {number}: {name} is in the future",
-        {"line": number, "error": [f"{name} is in the future"]},
-    )  # fmt: skip
+    _refused_at(response, number, f"{name} is in the future")
     assert _counts(bob) == (0,) * 8
 
 
@@ -777,12 +769,8 @@ def test_an_end_line_with_other_keys_is_refused(alice, bob, alice_client, bob_cl
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(extra[-1], SCHEMA)
     response = _import(bob_client, extra)
-    assert response.status_code == 400, response.content
-    error = response.json()["error"]
-    why = "the end line has keys other than type and lines: checksum, extra"
-    assert (error["code"], error["message"], error["details"]) == (
-        "invalid_import", f"line {len(lines)}: {why}", {"line": len(lines), "error": [why]},
-    )  # fmt: skip
+    _refused_at(response, len(lines), "the end line has keys other than type and lines: "
+                "checksum, extra")  # fmt: skip
     assert _counts(bob) == (0,) * 8
 
 
