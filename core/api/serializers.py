@@ -3,6 +3,7 @@ from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Any
 
+from django.http import QueryDict
 from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field, inline_serializer
@@ -281,13 +282,29 @@ def refuse_changes(
     ``fixed`` nor ``ignored`` (the answer's computed fields: ``unknown``), each named in
     one 400. A GET body sent back unchanged passes."""
     errors = {}
+    text = isinstance(data, QueryDict)  # (a form's values are all text: compared as text)
     for key, value in data.items():
-        if key in fixed and not _same(value, fixed[key]):
+        if key in fixed and not text and (wrong := _wrong_type(value, fixed[key])):
+            errors[key] = wrong
+        elif key in fixed and not _same(value, fixed[key]):
             errors[key] = why_fixed.format(key=key)
         elif key not in changeable and key not in fixed and key not in ignored:
             errors[key] = unknown.format(key=key)
     if errors:
         raise serializers.ValidationError(errors)
+
+
+def _wrong_type(given: Any, kept: Any) -> str | None:
+    """What is wrong with a fixed field's value of another JSON type than the object's
+    own (``"1000"`` or ``1000.0`` for a ``chunk_size`` of 1000), None when it is of it:
+    the strict fields' type error, as a changeable field's, not "cannot be changed"."""
+    if isinstance(kept, bool):
+        return None if isinstance(given, bool) else "Must be a boolean (true or false)."
+    if isinstance(kept, int):
+        return None if type(given) is int else "Must be a whole number."
+    if kept is None or isinstance(given, str):
+        return None
+    return "Must be a string."
 
 
 def _same(given: Any, kept: Any) -> bool:

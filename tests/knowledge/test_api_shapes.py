@@ -78,3 +78,42 @@ def test_patch_accepts_a_get_body_sent_back_and_refuses_unknown_fields(alice, al
     assert unknown.json()["error"]["message"] == (
         "colour: Unknown field colour: only name and description can be changed."
     )
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("chunk_size", "1000", "Must be a whole number."),
+        ("chunk_size", 1000.0, "Must be a whole number."),
+        ("chunk_overlap", True, "Must be a whole number."),
+        ("is_memory_base", 0, "Must be a boolean (true or false)."),
+        ("language", 7, "Must be a string."),
+    ],
+)
+def test_patch_refuses_an_unchanged_fixed_field_of_another_type(
+    alice, alice_client, field, value, message
+):
+    """``"chunk_size": "1000"`` for a base of 1000 passed as "unchanged", and ``1000.0``
+    was refused as "cannot be changed": a fixed field's value of another JSON type is
+    its type error, as every field's, and nothing changes."""
+    kb = make_kb(alice)
+    assert (kb.chunk_size, kb.chunk_overlap, kb.is_memory_base) == (1000, 100, False)
+    before = KnowledgeBase.objects.filter(pk=kb.pk).values().get()
+    response = alice_client.patch(
+        f"/api/v1/knowledge-bases/{kb.pk}", {"name": "renamed", field: value}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == f"{field}: {message}"
+    assert KnowledgeBase.objects.filter(pk=kb.pk).values().get() == before
+
+
+def test_patch_as_a_form_compares_fixed_fields_as_text(alice, alice_client):
+    kb = make_kb(alice)
+    url = f"/api/v1/knowledge-bases/{kb.pk}"
+    same = alice_client.patch(url, "name=renamed&chunk_size=1000",
+                              content_type="application/x-www-form-urlencoded")  # fmt: skip
+    assert same.status_code == 200 and same.json()["name"] == "renamed"
+    other = alice_client.patch(url, "chunk_size=500",
+                               content_type="application/x-www-form-urlencoded")  # fmt: skip
+    assert other.status_code == 400
+    assert KnowledgeBase.objects.get(pk=kb.pk).chunk_size == 1000
