@@ -39,6 +39,11 @@ class Scope(models.Model):
     path = ArrayField(models.CharField(max_length=255), blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The chat request that made this end user and may yet fail (its upstream not answered
+    # yet): that request takes it back if it fails while nothing refers to it; any other
+    # use claims it first (``memories.facts.scopes``). NULL once claimed, and for every
+    # scope not made so.
+    made_by = models.UUIDField(null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = "scope"

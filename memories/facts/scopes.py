@@ -13,12 +13,13 @@ send it: a path has 1-8 segments).
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from core.errors import InvalidInput
@@ -128,25 +129,40 @@ def global_scope_find(*, owner: AbstractBaseUser | int) -> Scope | None:
     return scope_find(owner=owner, scope=Scope.GLOBAL)
 
 
-def _ensure(owner_id: int, path: ScopePath) -> Scope:
+def _ensure(owner_id: int, path: ScopePath, made_by: uuid.UUID | None = None) -> Scope:
+    """The scope, created if need be (race-safe), ``made_by`` the request making it
+    (``end_user_made``). One made by another request that may yet take it back is
+    claimed first, so it no longer can; one taken back meanwhile is made again."""
     scope_check(path)  # (an end user, the global memories: not parsed from a client's list)
-    found = Scope.objects.filter(owner_id=owner_id, path=list(path)).first()
-    if found is not None:
-        return found
-    try:
-        with transaction.atomic():
-            return Scope.objects.create(
-                owner_id=owner_id, path=list(path), external_id=external_id_of(path)
-            )
-    except IntegrityError:  # created meanwhile by another request
-        return Scope.objects.get(owner_id=owner_id, path=list(path))
+    for _ in range(5):
+        found = Scope.objects.filter(owner_id=owner_id, path=list(path)).first()
+        if found is not None:
+            if found.made_by is None or found.made_by == made_by:
+                return found
+            claimed = Scope.objects.filter(pk=found.pk, made_by=found.made_by)
+            if claimed.update(made_by=None) or Scope.objects.filter(pk=found.pk).exists():
+                found.made_by = None
+                return found
+            continue  # taken back by its failed request meanwhile: made again
+        try:
+            with transaction.atomic():
+                return Scope.objects.create(
+                    owner_id=owner_id, path=list(path), external_id=external_id_of(path),
+                    made_by=made_by,
+                )  # fmt: skip
+        except IntegrityError:  # created meanwhile by another request
+            continue
+    raise RuntimeError(f"scope {list(path)} of owner {owner_id} kept changing")
 
 
-def end_user_ensure(*, owner: AbstractBaseUser | int, external_id: str) -> Scope:
+def end_user_ensure(
+    *, owner: AbstractBaseUser | int, external_id: str, made_by: uuid.UUID | None = None
+) -> Scope:
     """The scope ``["user", external_id]`` of the owner's end user, created on first
-    sight (race-safe), its ``last_seen_at`` kept to the minutes."""
+    sight (race-safe), its ``last_seen_at`` kept to the minutes. ``made_by``: the chat
+    request that may take it back (``end_user_unmake``) if it made it and then fails."""
     validate_end_user_id(external_id)
-    scope = _ensure(owner_pk(owner), user_scope(external_id))
+    scope = _ensure(owner_pk(owner), user_scope(external_id), made_by)
     now = timezone.now()
     # A write (and its commit) on every chat request would dominate the proxy's
     # latency; minutes are resolution enough for "last seen".
@@ -154,3 +170,24 @@ def end_user_ensure(*, owner: AbstractBaseUser | int, external_id: str) -> Scope
         Scope.objects.filter(pk=scope.pk).update(last_seen_at=now)
         scope.last_seen_at = now
     return scope
+
+
+def end_user_unmake(scope: Scope, made_by: uuid.UUID) -> bool:
+    """Delete the end user that the request ``made_by`` made, now that it failed (its
+    upstream did not answer): a failed request writes nothing. Only while it is still
+    that request's, unclaimed by any other use (``_ensure``), and while no row refers to
+    it (its foreign keys, checked as the delete commits); never inside a transaction of
+    the caller's, where that check would come too late. Whether it was deleted."""
+    if connection.in_atomic_block:
+        return False
+    try:  # (SQL, not the ORM's delete, which would delete what refers to it first)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {Scope._meta.db_table} WHERE id = %s AND owner_id = %s "
+                "AND made_by = %s",
+                [scope.pk, scope.owner_id, made_by],
+            )
+            deleted = cursor.rowcount
+    except IntegrityError:  # a fact, a change... of it since: it is in use
+        return False
+    return deleted == 1

@@ -12,6 +12,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain
@@ -39,7 +40,7 @@ from memories.conversations.selectors import flow_find, session_has_other_sender
 from memories.conversations.services import MessageIn, flow_ensure, messages_store, session_lock
 from memories.facts.injection import format_for_injection
 from memories.facts.models import Scope
-from memories.facts.scopes import end_user_ensure
+from memories.facts.scopes import end_user_ensure, end_user_unmake, scope_find, user_scope
 from memories.facts.services import scope_held_if_there
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ class PreparedChat:
     owner_id: int = 0
     memories: list[InjectedMemory] = field(default_factory=list)
     end_user: Scope | None = None
+    # this request's token (``end_user_ensure``'s ``made_by``): an end user it makes is
+    # taken back if its upstream fails (``unmade_on_failure``)
+    token: uuid.UUID = field(default_factory=uuid.uuid4)
+    external_id: str | None = None  # the end user's id the request named
     user_text: str = ""
     received_at: datetime = field(default_factory=timezone.now)
     # Open WebUI's forwarded headers: the chat becomes a conversation (history, summaries)
@@ -130,6 +135,7 @@ def chat_prepare(
     chat_id: str | None = None,
     user_name: str = "",
     user_email: str = "",
+    token: uuid.UUID | None = None,
 ) -> PreparedChat:
     """Resolve the end user, retrieve their memories and build the upstream request:
     ``body`` as the client sent it (its bytes, given a ``JsonText``), the memory block
@@ -140,12 +146,15 @@ def chat_prepare(
     prepared = PreparedChat(
         request=request, owner_id=owner_id, chat_id=chat_id, user_name=user_name,
         user_email=user_email, actor=actor(), chat_sender=chat_sender(external_id),
+        token=token or uuid.uuid4(), external_id=external_id,
     )  # fmt: skip
     users = [m for m in prepared.body["messages"] if m.get("role") == "user"]
     prepared.user_text = message_text(users[-1].get("content")) if users else ""
     if not external_id:
         return prepared
-    prepared.end_user = end_user_ensure(owner=owner_id, external_id=external_id)
+    prepared.end_user = end_user_ensure(
+        owner=owner_id, external_id=external_id, made_by=prepared.token
+    )
     if not prepared.user_text.strip():
         return prepared
     block, prepared.memories = memory_block(
@@ -153,6 +162,23 @@ def chat_prepare(
     )
     prepared.request = inject(prepared.request, block)
     return prepared
+
+
+@contextmanager
+def unmade_on_failure(prepared: PreparedChat) -> Iterator[None]:
+    """An end user first seen by this request, whose upstream then failed before the
+    answer began, is taken back (``end_user_unmake``): a failed request writes nothing.
+    One another request has used meanwhile, or anything refers to, stays."""
+    try:
+        yield
+    except ProviderError:
+        if prepared.external_id:
+            end_user = prepared.end_user or scope_find(
+                owner=prepared.owner_id, scope=user_scope(prepared.external_id)
+            )
+            if end_user is not None:
+                end_user_unmake(end_user, prepared.token)
+        raise
 
 
 def chat_sender(external_id: str | None) -> str:

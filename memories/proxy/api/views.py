@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -38,6 +39,7 @@ from memories.proxy.chat import (
     chat_prepare,
     chat_sender,
     chat_stream,
+    unmade_on_failure,
 )
 from memories.proxy.tool_loop import loop_complete, loop_stream
 
@@ -128,6 +130,7 @@ class ChatCompletionsView(APIView):
             "owner_id": request.user.pk,
             "body": body,
             "chat_id": chat_id,
+            "token": uuid.uuid4(),  # (the end user it makes: ``unmade_on_failure``)
             "user_name": _header(request, settings.MEMORY_USER_NAME_HEADER),
             "user_email": _header(request, settings.MEMORY_USER_EMAIL_HEADER),
         }
@@ -139,12 +142,14 @@ class ChatCompletionsView(APIView):
             logger.exception("memory retrieval failed; answering without memories")
             prepared = chat_prepare(external_id=None, **common)
             prepared.chat_sender = chat_sender(external_id)
+            prepared.external_id = external_id  # (made before it failed: unmade_on_failure)
             return prepared
 
     def answer(self, prepared: PreparedChat) -> HttpResponse | StreamingHttpResponse:
-        if prepared.body.get("stream"):
-            return event_stream(chat_stream(prepared))
-        return json_answer(chat_complete(prepared))
+        with unmade_on_failure(prepared):
+            if prepared.body.get("stream"):
+                return event_stream(chat_stream(prepared))
+            return json_answer(chat_complete(prepared))
 
 
 def _raw_body(request: Request) -> bytes | None:
@@ -244,6 +249,7 @@ class MemoryToolsChatView(ChatCompletionsView):
         prepared = self.prepare(request, body)
         if prepared.end_user is None or not runs:
             return self.answer(prepared)
-        if prepared.body.get("stream"):
-            return event_stream(loop_stream(prepared))
-        return json_answer(loop_complete(prepared))
+        with unmade_on_failure(prepared):
+            if prepared.body.get("stream"):
+                return event_stream(loop_stream(prepared))
+            return json_answer(loop_complete(prepared))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import httpx
 import openai
 import pytest
 from django.utils import timezone
@@ -269,6 +270,38 @@ def test_upstream_timeout_is_504(live_server, alice, upstream, llm_settings):
     assert info.value.status_code == 504
     assert info.value.body["type"] == "api_error"
     assert not Fact.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "stream, tools", [(False, False), (True, False), (False, True), (True, True)]
+)
+def test_a_failed_chat_makes_no_end_user(live_server, alice, upstream, llm_settings, stream, tools):
+    """The end user was made before the upstream was asked: after a 502 the user's
+    memories answered 200 (an empty list) where an unknown user's are a 404. With and
+    without the memory tools' loop, streamed or not."""
+    llm_settings.LLM_MAX_RETRIES = 0
+    end_user_ensure(owner=alice, external_id="known")
+    extra = {"memory_tools": True} if tools else {}
+    for user in ("fails", "known"):
+        upstream.push(Scripted(status=500, body={"error": {"message": "down"}}))
+        with pytest.raises(openai.APIStatusError) as info:
+            answer = _client(live_server, alice, user).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": QUESTION}], stream=stream,
+                extra_body=extra,
+            )  # fmt: skip
+            list(answer) if stream else None
+        assert info.value.status_code == 502
+    # the end user seen before stays, as it was
+    assert list(Scope.objects.values_list("external_id", flat=True)) == ["known"]
+    key = api_key_create(owner=alice)[1]
+    answer = httpx.get(f"{live_server.url}/api/v1/users/fails/memories",
+                       headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+    assert answer.status_code == 404, answer.text
+    # and the next chat of theirs that is answered makes them
+    _client(live_server, alice, "fails").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": QUESTION}]
+    )
+    assert Scope.objects.filter(external_id="fails").count() == 1
 
 
 def test_a_streamed_chat_answered_with_json_is_a_502_and_teaches_nothing(
