@@ -34,7 +34,7 @@ def sessions_erase(*, flow: Flow, session_ids: Sequence[str]) -> int:
     deleted."""
     sessions = list(session_ids)
     # The messages first: a summary being stored holds the thread's newest message until
-    # its commit (``summaries._still_there``), so the summaries' delete, a statement after
+    # its commit (``summaries.session_still_there``), so the summaries' delete, a statement after
     # it, sees and deletes that summary too.
     deleted = sessions_delete_rows(flow=flow, session_ids=sessions)
     sessions_summaries_delete(flow=flow, session_ids=sessions)

@@ -378,7 +378,7 @@ def conversation_thread(
     return list(reversed(list(_thread_items(thread, 1 << 30))))
 
 
-def _still_there(flow: Flow, session_id: str, newest: int | None) -> None:
+def session_still_there(flow: Flow, session_id: str, newest: int | None) -> None:
     """In the transaction that stores the summary: the thread's newest message, held
     until the commit. A deletion of the session that committed while the LLM folded (its
     messages first, then its summary: ``sessions_erase``) leaves none, and a summary of
@@ -462,7 +462,7 @@ def conversation_history_summarized(
         max_tokens=max_tokens, max_tokens_before_summary=max_tokens_before_summary,
         max_summary_tokens=max_summary_tokens, llm=llm, thread=True,
         store=_is_newest(flow, session_id, current_message_id),
-        with_store=partial(_still_there, flow, session_id, items[-1].id if items else None),
+        with_store=partial(session_still_there, flow, session_id, items[-1].id if items else None),
     )  # fmt: skip
     kept = {m.id for m in result.kept}
     return SummarizedHistory(

@@ -8,6 +8,8 @@ Thin views: input serializer -> service -> output serializer. Errors are the ser
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 from uuid import UUID
 
@@ -36,6 +38,7 @@ from memories.conversations.summaries import (
     conversation_key,
     conversation_thread,
     scope_conversation_key,
+    session_still_there,
     summary_fold,
 )
 from memories.engine import files
@@ -341,16 +344,11 @@ class SummariesView(APIView):
         older ones folded into its running summary (stored per conversation)."""
         values = _validated(SummaryInSerializer, request.data)
         values["scope"] = _engine(request, values["scope_values"]).scope(values["scope"])
-        key, messages = _summary_input(request, values)
-        scope = values["scope"] if "messages" in values else None
+        key, messages, with_store = _summary_input(request, values)
         result = summary_fold(
             owner=_owner(request), key=key, messages=messages, max_tokens=values["max_tokens"],
             max_tokens_before_summary=values.get("max_tokens_before_summary"),
-            max_summary_tokens=values["max_summary_tokens"],
-            # a scope's summary makes the scope, so erasing it finds the summary (it was
-            # kept for a scope no erasure could name)
-            with_store=None if scope is None else (
-                lambda: scope_hold(owner=_owner(request), scope=scope)),
+            max_summary_tokens=values["max_summary_tokens"], with_store=with_store,
             thread="conversation" in values,  # a stored conversation's newest thread
         )  # fmt: skip
         return Response({
@@ -367,7 +365,13 @@ class SummariesView(APIView):
         })  # fmt: skip
 
 
-def _summary_input(request: Request, values: dict[str, Any]) -> tuple[str, list[SummaryMessage]]:
+def _summary_input(
+    request: Request, values: dict[str, Any]
+) -> tuple[str, list[SummaryMessage], Callable[[], Any]]:
+    """The summary's key, its messages, and what runs in the transaction that stores
+    it: a stored conversation's newest message held (a session deleted or erased while
+    the LLM folded is a 409, its summary not stored, as the history's), a scope's
+    summary its scope made (so erasing the scope finds the summary)."""
     if "conversation" in values:
         ref = values["conversation"]
         flow = flow_get(owner=cast(Any, request.user), flow_id=ref["flow"])
@@ -378,8 +382,16 @@ def _summary_input(request: Request, values: dict[str, Any]) -> tuple[str, list[
             message_limit=effective_message_limit(ref["message_limit"]),
         )
         # Server ids, as the history's strategy=summarize remembers them (same summary).
-        return conversation_key(flow, ref["session_id"]), [
-            SummaryMessage(str(i.id), i.role, i.text_content()) for i in items
-        ]
+        messages = [SummaryMessage(str(i.id), i.role, i.text_content()) for i in items]
+        newest = items[-1].id if items else None
+        return (
+            conversation_key(flow, ref["session_id"]),
+            messages,
+            partial(session_still_there, flow, ref["session_id"], newest),
+        )
     messages = [SummaryMessage(m["id"], m["role"], m["content"]) for m in values["messages"]]
-    return scope_conversation_key(list(values["scope"]), values["conversation_id"]), messages
+    scope = values["scope"]
+    return (
+        scope_conversation_key(list(scope), values["conversation_id"]), messages,
+        partial(scope_hold, owner=_owner(request), scope=scope),
+    )  # fmt: skip

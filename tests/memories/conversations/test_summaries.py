@@ -337,10 +337,13 @@ def test_a_window_that_moved_past_the_folded_messages_keeps_the_summary(alice_cl
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_session_deleted_while_it_is_summarised_keeps_no_summary(alice_client, flow,
+@pytest.mark.parametrize("door", ["history", "engine"])
+def test_a_session_deleted_while_it_is_summarised_keeps_no_summary(alice_client, flow, door,
                                                                    summarizer, openai_server):  # fmt: skip
     """The deletion committed while the LLM folded; the fold then stored a summary of the
-    deleted messages, served to the next conversation of that id."""
+    deleted messages, served to the next conversation of that id. Through the history's
+    strategy=summarize, and through ``POST /engine/summaries`` naming the conversation
+    (which still stored it)."""
     from memories.bases.services import session_messages_delete
 
     for i in range(8):
@@ -358,7 +361,13 @@ def test_a_session_deleted_while_it_is_summarised_keeps_no_summary(alice_client,
     openai_server.chat_fn = delete_then_answer
     url = (f"/api/v1/conversations/s/history?flow={flow.pk}&strategy=summarize&max_tokens=150"
            "&max_summary_tokens=20")  # fmt: skip
-    response = alice_client.get(url)
+    if door == "history":
+        response = alice_client.get(url)
+    else:
+        response = alice_client.post("/api/v1/engine/summaries", {
+            "scope": ["user", "u1"], "max_tokens": 150, "max_summary_tokens": 20,
+            "conversation": {"flow": str(flow.pk), "session_id": "s"},
+        }, format="json")  # fmt: skip
     assert response.status_code == 409, response.content
     assert response.json()["error"]["details"] == {"session_id": "s"}
     assert not ConversationSummary.objects.exists() and not Message.objects.exists()
