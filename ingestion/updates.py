@@ -565,27 +565,42 @@ def _malformed(rows: list[PendingUpdate], result: UpdateRun, reading: Reading,
 def _failed(
     rows: list[PendingUpdate], result: UpdateRun, exc: Exception, now: datetime
 ) -> UpdateRun:
-    """Keep the flushes for a later run (the sweep), backing off; give up after the
-    attempts, keeping the rows (and what they said) as failed."""
-    attempts = max(r.attempts for r in rows) + 1
-    ids = [r.pk for r in rows]
+    """Keep the flushes for a later run (the sweep), backing off; give up on a flush
+    after its attempts, keeping it (and what it said) as failed.
+
+    Each flush counts its own attempts: its first, and each retry made once its back-off
+    has passed. A run a client asks for meanwhile (``infer: true``, ``updates/run``)
+    that fails again is not one of them: five such calls in a second of an outage gave
+    up on the flushes at once, a new flush among them included (it took the batch's
+    count)."""
+    counted = {r.pk: r.attempts + (1 if r.attempts == 0 or r.due_at <= now else 0)
+               for r in rows}  # fmt: skip
     result.error = str(exc)
-    if attempts >= settings.MEMORY_UPDATE_MAX_ATTEMPTS:
-        PendingUpdate.objects.filter(pk__in=ids).update(
-            status=PendingUpdate.Status.FAILED, attempts=attempts, error=str(exc)[:2000],
-            processed_at=now,
-        )  # fmt: skip
-        result.status = "gave_up"
-    else:
-        retry_at = now + timedelta(seconds=min(3600, 60 * 2 ** (attempts - 1)))
-        PendingUpdate.objects.filter(pk__in=ids).update(
-            attempts=attempts, error=str(exc)[:2000], due_at=retry_at
-        )
+    error = str(exc)[:2000]
+    limit = settings.MEMORY_UPDATE_MAX_ATTEMPTS
+    kept = {pk: n for pk, n in counted.items() if n < limit}
+    for attempts in set(counted.values()):
+        ids = [pk for pk, n in counted.items() if n == attempts]
+        if attempts >= limit:
+            PendingUpdate.objects.filter(pk__in=ids).update(
+                status=PendingUpdate.Status.FAILED, attempts=attempts, error=error,
+                processed_at=now,
+            )  # fmt: skip
+    if kept:
+        # (one retry time for the scope's batch, backing off as its most tried flush)
+        retry_at = now + timedelta(seconds=min(3600, 60 * 2 ** (max(kept.values()) - 1)))
+        for attempts in set(kept.values()):
+            ids = [pk for pk, n in kept.items() if n == attempts]
+            PendingUpdate.objects.filter(pk__in=ids).update(
+                attempts=attempts, error=error, due_at=retry_at
+            )
         schedule_run(rows[0].scope_id, retry_at, owner_id=rows[0].owner_id)
         result.status = "failed"
+    else:
+        result.status = "gave_up"
     _record_run(rows, result, FormationRun.Status.FAILED, now)
     logger.warning(json.dumps({"event": "engine_update_failed", "scope_id": result.scope_id,
-                               "attempts": attempts, "error": result.error}))  # fmt: skip
+                               "attempts": max(counted.values()), "error": result.error}))  # fmt: skip
     return result
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from ingestion.tasks import engine_updates_sweep, form_memories
-from ingestion.updates import updates_run, updates_sweep
+from ingestion.updates import updates_now, updates_run, updates_sweep
 from memories.engine import files
 from memories.engine.models import PendingUpdate
 from memories.engine.updates import schedule_name, update_record
@@ -190,6 +190,32 @@ def test_llm_failure_keeps_the_flushes_and_backs_off_then_gives_up(
     update.refresh_from_db()
     assert second.status == "gave_up" and (update.status, update.attempts) == ("failed", 2)
     assert update.messages == [{"role": "user", "content": TEA}]  # kept, with what it said
+
+
+def test_runs_a_client_asks_for_during_the_back_off_do_not_use_up_the_attempts(
+    alice, engine_llm, openai_server, settings
+):
+    """A flush, then five ``infer: true`` adds within a second of an outage: each ran
+    the scope's pending flushes and counted a failure for all of them at the batch's
+    highest count, so the fifth gave up on all six, the newest after its one try."""
+    settings.MEMORY_UPDATE_MAX_ATTEMPTS = 5
+    openai_server.chat_fn = lambda payload: Scripted(
+        status=500, body={"error": {"message": "down"}}
+    )
+    first = update_record(owner=alice, scope=SCOPE, messages=[{"role": "user", "content": TEA}])
+    for i in range(5):
+        _, run = updates_now(owner=alice, scope=SCOPE,
+                             messages=[{"role": "user", "content": f"{DARK} ({i})"}])  # fmt: skip
+        assert run.status == "failed"
+    rows = PendingUpdate.objects.order_by("id").values_list("status", "attempts")
+    assert list(rows) == [("pending", 1)] * 6
+    # the scheduled retries, each once the back-off has passed, count: 1, 2, 4, 8 minutes
+    now = timezone.now()
+    for minutes, status in ((1, "failed"), (3, "failed"), (7, "failed"), (15, "gave_up")):
+        assert updates_run(scope_id=first.scope_id, now=now + timedelta(minutes=minutes,
+                                                                        seconds=5)).status == status  # fmt: skip
+    assert list(rows.all()) == [("failed", 5)] * 6
+    assert PendingUpdate.objects.get(pk=first.pk).messages == [{"role": "user", "content": TEA}]
 
 
 def test_malformed_json_is_repaired_by_one_retry(alice, engine_llm, openai_server):
