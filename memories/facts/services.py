@@ -52,7 +52,7 @@ from memories.facts.models import (
 )
 from memories.facts.scopes import ScopePath, scope_ensure, scope_find, scope_parse
 from memories.facts.search import fact_nearest
-from memories.facts.selectors import fact_resolve
+from memories.facts.selectors import FactNotFound, fact_resolve
 
 logger = logging.getLogger("memories.decisions")
 
@@ -722,9 +722,10 @@ def fact_delete(
         if FactLink.objects.filter(scope=row, fact=fact).exists():
             _close(row, fact.pk, Closing("delete", reason, _source(source)))
         removed, _ = FactLink.objects.filter(scope=row, fact=fact).delete()
-        if removed:
-            _audit(row, FactChange.Action.DELETE, reason, old=fact)
-            _delete_if_orphan(fact)
+        if not removed:  # deleted by a request beside this one, under the same lock
+            raise FactNotFound("no such fact")
+        _audit(row, FactChange.Action.DELETE, reason, old=fact)
+        _delete_if_orphan(fact)
 
 
 def fact_share(*, scope: Scope, fact: Fact, reason: str = "shared") -> None:

@@ -6,22 +6,25 @@ these, on the service every door now writes through.)"""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from core.models import MetricCounter
 from core.providers.tokens import count_tokens
 from memories.facts.models import Fact, FactChange, FactLink
 from memories.facts.scopes import end_user_ensure
-from memories.facts.selectors import facts_snapshot
+from memories.facts.selectors import FactNotFound, facts_snapshot
 from memories.facts.services import (
     FactIn,
     fact_add,
+    fact_delete,
     fact_line,
     fact_restore,
     fact_share,
     fact_update,
+    scope_lock,
 )
 from tests.memories.facts.seed import seed
 
@@ -59,6 +62,47 @@ def test_concurrent_adds_of_the_same_fact_leave_one(alice, fixture_embedder):
     assert Fact.objects.count() == 1
     assert FactChange.objects.filter(action="add").count() == 1
     assert (_counter("memory_additions_total"), _counter("memory_dedup_total")) == (1, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_deletes_of_a_fact_delete_it_once_and_the_others_are_told(alice,
+                                                                             fixture_embedder):  # fmt: skip
+    """Ten parallel deletes of one fact answered five 204s (each had found it before the
+    first committed): one deletes it, the others find it gone (404), one audit row."""
+    scope = end_user_ensure(owner=alice, external_id="u1")
+    [added] = fact_add(owner=alice, scope=scope,
+                       facts=[FactIn("User drinks green tea every morning")])  # fmt: skip
+    outcomes: list[str] = []
+
+    def run() -> None:
+        try:
+            fact_delete(owner=alice.pk, fact_id=added.fact_id, scope=scope)
+            outcomes.append("deleted")
+        except FactNotFound:
+            outcomes.append("not found")
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        scope_lock(scope=scope)  # (each finds the fact, then waits for the scope's lock)
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        waiting = 0
+        for _ in range(300):  # until all three wait on the lock
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_stat_clear_snapshot()")  # (else kept per transaction)
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = "
+                               "'advisory' AND datname = current_database()")  # fmt: skip
+                waiting = cursor.fetchone()[0]
+            if waiting == 3:
+                break
+            time.sleep(0.05)
+        assert waiting == 3
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["deleted", "not found", "not found"]
+    assert FactChange.objects.filter(action="delete").count() == 1 and not _active(scope)
 
 
 @pytest.mark.django_db
