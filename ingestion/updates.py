@@ -3,11 +3,16 @@ a scope, then the facts written and the flushes marked done in one transaction.
 
 A run holds the scope's run lock for its whole length, so two runs of one scope never
 overlap (a second one leaves at once; the sweep comes back). The LLM call happens with
-no transaction open. The journal entries are written before the commit: a crash after
-them leaves the flushes pending, and the next run finds each entry already there (same
-hash) and does not append it twice. A crash anywhere before the commit leaves the
-flushes pending and no fact written; after it, nothing is pending. So a killed worker
-loses nothing and a re-run does nothing twice.
+no transaction open. An erasure of the scope does not wait for that lock (nor for the
+LLM), so once the LLM answered, the run writes anything (rows, the journal, MEMORY.md)
+only in a transaction holding the lock every erasure takes (``scope_held_if_there``),
+after it found the scope and its flushes still there: an erasure that came first left
+nothing to write for, one that comes later waits and deletes what was written. The
+journal entries are written in that transaction, before its commit: a crash after them
+leaves the flushes pending, and the next run finds each entry already there (same hash)
+and does not append it twice. A crash anywhere before the commit leaves the flushes
+pending and no fact written; after it, nothing is pending. So a killed worker loses
+nothing and a re-run does nothing twice.
 """
 
 from __future__ import annotations
@@ -59,7 +64,14 @@ from memories.engine.updates import (
 from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, scope_ensure
 from memories.facts.selectors import FactNotFound, fact_list
-from memories.facts.services import MAX_FACT_CHARS, FactDecision, FactIn, fact_add, fact_delete
+from memories.facts.services import (
+    MAX_FACT_CHARS,
+    FactDecision,
+    FactIn,
+    fact_add,
+    fact_delete,
+    scope_held_if_there,
+)
 
 logger = logging.getLogger("memories.decisions")
 
@@ -439,19 +451,14 @@ def _extract(rows: list[PendingUpdate], now: datetime, llm: ChatLLM | None,
         pre = PrecomputedEmbedder(embedder or get_embedder(), [f.content for f in extracted.facts])
     except ProviderError as exc:  # not configured, down, timed out: retried later
         return _failed(rows, result, exc, now)
-    for row in rows:  # before the commit; a re-run finds them (same hash)
-        at = _said_at(row.messages[-1].get("at")) or row.created_at
-        result.journal_entries += files.journal_append(
-            owner_id=scope.owner_id, scope=scope.path, messages=row.messages, at=at,
-            source=row.source,
-        )  # fmt: skip
     if reading.malformed:
         return _malformed(rows, result, reading, now)
     reason = f"debounced update {result.batch_id} ({len(rows)} flushes)"
     with transaction.atomic():
         ids = [r.pk for r in rows]
-        if not _still_pending(scope.pk, ids):  # cannot happen under the run lock
+        if not _still_pending(scope, ids):  # erased while the LLM answered
             return UpdateRun(scope.pk, "empty")
+        _journal(rows, result)
         source = {"kind": "flush", "ref": result.batch_id, "flushes": ids}
         result.decisions = fact_add(
             owner=scope.owner_id, scope=scope, facts=extracted.facts, reason=reason, embedder=pre,
@@ -504,10 +511,27 @@ def learnable(messages: list[dict[str, Any]]) -> bool:
     return False
 
 
-def _still_pending(scope_id: int, ids: list[int]) -> bool:
-    """Lock the batch's rows; whether every one is still pending (never write twice)."""
-    still = pending_of(scope_id).select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
+def _still_pending(scope: Scope, ids: list[int]) -> bool:
+    """In the caller's transaction: hold the scope's lock against its erasure, then lock
+    the batch's rows (the erasure's order: no deadlock with it); whether the scope is
+    still there and every row still pending (never write twice, nor for an erased
+    scope)."""
+    if not scope_held_if_there(scope):
+        return False
+    still = pending_of(scope.pk).select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
     return len(list(still)) == len(ids)
+
+
+def _journal(rows: list[PendingUpdate], result: UpdateRun) -> None:
+    """The flushes' messages appended to the scope's journal days, in the transaction
+    that found them still pending (before its commit; a re-run finds them: same hash)."""
+    scope = rows[0].scope
+    for row in rows:
+        at = _said_at(row.messages[-1].get("at")) or row.created_at
+        result.journal_entries += files.journal_append(
+            owner_id=scope.owner_id, scope=scope.path, messages=row.messages, at=at,
+            source=row.source,
+        )  # fmt: skip
 
 
 def _note(reading: Reading, extracted: Extracted, result: UpdateRun) -> str:
@@ -546,8 +570,9 @@ def _malformed(rows: list[PendingUpdate], result: UpdateRun, reading: Reading,
     ids = [r.pk for r in rows]
     result.status, result.error = "malformed", reading.reason
     with transaction.atomic():
-        if not _still_pending(rows[0].scope_id, ids):
+        if not _still_pending(rows[0].scope, ids):
             return UpdateRun(rows[0].scope_id, "empty")
+        _journal(rows, result)
         PendingUpdate.objects.filter(pk__in=ids).update(
             status=PendingUpdate.Status.MALFORMED, batch_id=result.batch_id, processed_at=now,
             attempts=F("attempts") + 1, error=reading.reason[:2000],
@@ -579,26 +604,29 @@ def _failed(
     error = str(exc)[:2000]
     limit = settings.MEMORY_UPDATE_MAX_ATTEMPTS
     kept = {pk: n for pk, n in counted.items() if n < limit}
-    for attempts in set(counted.values()):
-        ids = [pk for pk, n in counted.items() if n == attempts]
-        if attempts >= limit:
-            PendingUpdate.objects.filter(pk__in=ids).update(
-                status=PendingUpdate.Status.FAILED, attempts=attempts, error=error,
-                processed_at=now,
-            )  # fmt: skip
-    if kept:
-        # (one retry time for the scope's batch, backing off as its most tried flush)
-        retry_at = now + timedelta(seconds=min(3600, 60 * 2 ** (max(kept.values()) - 1)))
-        for attempts in set(kept.values()):
-            ids = [pk for pk, n in kept.items() if n == attempts]
-            PendingUpdate.objects.filter(pk__in=ids).update(
-                attempts=attempts, error=error, due_at=retry_at
-            )
-        schedule_run(rows[0].scope_id, retry_at, owner_id=rows[0].owner_id)
-        result.status = "failed"
-    else:
-        result.status = "gave_up"
-    _record_run(rows, result, FormationRun.Status.FAILED, now)
+    with transaction.atomic():
+        if not _still_pending(rows[0].scope, [r.pk for r in rows]):
+            return UpdateRun(rows[0].scope_id, "empty")  # erased meanwhile: no retry, no record
+        for attempts in set(counted.values()):
+            ids = [pk for pk, n in counted.items() if n == attempts]
+            if attempts >= limit:
+                PendingUpdate.objects.filter(pk__in=ids).update(
+                    status=PendingUpdate.Status.FAILED, attempts=attempts, error=error,
+                    processed_at=now,
+                )  # fmt: skip
+        if kept:
+            # (one retry time for the scope's batch, backing off as its most tried flush)
+            retry_at = now + timedelta(seconds=min(3600, 60 * 2 ** (max(kept.values()) - 1)))
+            for attempts in set(kept.values()):
+                ids = [pk for pk, n in kept.items() if n == attempts]
+                PendingUpdate.objects.filter(pk__in=ids).update(
+                    attempts=attempts, error=error, due_at=retry_at
+                )
+            schedule_run(rows[0].scope_id, retry_at, owner_id=rows[0].owner_id)
+            result.status = "failed"
+        else:
+            result.status = "gave_up"
+        _record_run(rows, result, FormationRun.Status.FAILED, now)
     logger.warning(json.dumps({"event": "engine_update_failed", "scope_id": result.scope_id,
                                "attempts": max(counted.values()), "error": result.error}))  # fmt: skip
     return result

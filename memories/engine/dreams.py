@@ -63,6 +63,7 @@ from memories.facts.services import (
     fact_restore,
     fact_update,
     normalize_fact,
+    scope_held_if_there,
     version_vector,
 )
 
@@ -153,12 +154,17 @@ def render_memory_md(scope: Scope, facts: list[dict[str, Any]]) -> str:
 def memory_md_sync(scope: Scope) -> str:
     """Bring the scope's stored files up to date, for a caller holding the scope's run
     lock: the diary entries of dreams (and undos) a crash left unwritten, then
-    ``MEMORY.md`` rendered from the facts, rewritten when it differs. Returns the text."""
-    dream_files_recover(scope)
-    text = render_memory_md(scope, facts_snapshot(scope=scope))
-    name = files.memory_md_path(scope.owner_id, scope.path)
-    if files.read_text(name) != text:
-        files.write_text(name, text)
+    ``MEMORY.md`` rendered from the facts, rewritten when it differs. Returns the text.
+    A scope erased meanwhile gets no file (the erasure does not wait for the run lock,
+    so they are written under the lock it takes: an erasure after them deletes them)."""
+    with transaction.atomic():
+        if not scope_held_if_there(scope):
+            return render_memory_md(scope, [])
+        dream_files_recover(scope)
+        text = render_memory_md(scope, facts_snapshot(scope=scope))
+        name = files.memory_md_path(scope.owner_id, scope.path)
+        if files.read_text(name) != text:
+            files.write_text(name, text)
     return text
 
 
