@@ -373,7 +373,8 @@ def dream_run(
     one with ``skipped`` when the inputs are unchanged (no LLM call).
 
     Raises ``ProviderNotConfigured`` (503, names ``LLM_BASE_URL``) without an LLM,
-    ``ScopeNotFound`` for a scope the owner does not have, ``ScopeBusy`` (409) while an
+    ``ScopeNotFound`` for a scope the owner does not have (or erased while the LLM
+    answered: nothing is written for it, files included), ``ScopeBusy`` (409) while an
     update or another dream of the scope runs, ``DreamTooLossy`` (422) and provider
     errors; in each case nothing changes. ``wait_seconds``: how long to wait for a run
     of the scope holding its lock before ``ScopeBusy``.
@@ -391,7 +392,9 @@ def _dream(row: Scope, lookback: int, trigger: str, today: date | None, calls: J
     with scope_run_lock_waiting(row.pk, wait_seconds) as taken:
         if not taken:
             raise ScopeBusy("this scope's memory is being updated; try again shortly")
-        dream_files_recover(row)  # a dream a crash left without its files
+        with transaction.atomic():  # a dream a crash left without its files (not if erased)
+            if scope_held_if_there(row):
+                dream_files_recover(row)
         inputs = dream_inputs(row, lookback=lookback, today=today)
         before, memory_md, days, journal, input_hash = (
             inputs.facts,
@@ -414,6 +417,8 @@ def _dream(row: Scope, lookback: int, trigger: str, today: date | None, calls: J
         pre = PrecomputedEmbedder(embedder or get_embedder(),
                                   [c["content"] for c in plan if "content" in c])  # fmt: skip
         with transaction.atomic():
+            if not scope_held_if_there(row):  # erased while the LLM answered
+                raise ScopeNotFound("no such scope (erased meanwhile)")
             dream = Dream.objects.create(
                 owner_id=row.owner_id, scope=row, trigger=trigger, lookback_days=lookback,
                 journal_days=days, input_hash=input_hash, facts_before=before,
@@ -424,7 +429,9 @@ def _dream(row: Scope, lookback: int, trigger: str, today: date | None, calls: J
             dream.result_hash = _hash(dream.memory_md_after, journal, lookback)
             dream.diary = _diary(row, dream, diary)
             dream.save(update_fields=["changes", "memory_md_after", "result_hash", "diary"])
-        _write_files(row, dream, dream.memory_md_after)
+        with transaction.atomic():  # (an erasure since the commit deletes them: no files)
+            if scope_held_if_there(row):
+                _write_files(row, dream, dream.memory_md_after)
     counter_add("engine_dreams_total")
     logger.info(json.dumps({"event": "engine_dream", "dream_id": str(dream.pk), "scope": row.path,
                             "changes": [c["action"] for c in dream.changes]}))  # fmt: skip
@@ -669,6 +676,8 @@ def dream_scheduled(*, scope_id: int, day: date) -> str:
                             today=day, wait_seconds=SCHEDULED_WAIT_SECONDS)  # fmt: skip
     except ScopeBusy:
         return "busy"
+    except ScopeNotFound:  # erased while it dreamt
+        return "gone"
     except ServiceError:
         logger.exception("scheduled dream of scope %s failed", scope_id)
         return "failed"

@@ -4,6 +4,8 @@ diaries (files). Other scopes, nested ones and other owners' keep theirs."""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -138,3 +140,40 @@ def test_a_failed_erasure_keeps_rows_and_files(alice, engine_storage):
         raise RuntimeError("the caller's transaction fails after the erasure")
     assert _left_of(row_id, alice.pk, ["user", "u1"]) == ONE_EACH
     assert _files(engine_storage) == before
+
+
+@pytest.mark.parametrize("door", ["api", "schedule"])
+def test_a_scope_erased_while_its_dream_waits_on_the_llm_gets_no_dream(
+    alice, alice_client, llm_settings, openai_server, engine_storage, door
+):
+    """The erasure does not wait for the dream's LLM call; the dream then finds the scope
+    gone: a 404 as if erased first (was a 500, the dream's row failing its scope's key at
+    the commit), and neither the dream's row nor MEMORY.md nor a diary is written."""
+    from django.db import connection
+
+    from memories.engine.dreams import dream_scheduled
+    from memories.facts.services import scope_erase
+    from tests.fakes.openai_server import Scripted, chat_body
+
+    row = _fill(alice, ("user", "u1"), "User plays the violin")
+    Dream.objects.all().delete()  # (a dream to make: its inputs changed)
+    files.storage().delete(files.memory_md_path(alice.pk, ["user", "u1"]))
+
+    def erase_then_answer(payload: dict) -> Scripted:
+        for scope in Scope.objects.filter(pk=row.pk):
+            scope_erase(scope=scope)
+        connection.close()
+        kept = [{"id": fact_id, "content": "User plays the violin"} for fact_id in re.findall(
+            r"\(id: ([^)]+)\)", json.dumps(payload))]  # fmt: skip
+        return Scripted(body=chat_body(json.dumps({"facts": kept, "diary": "Nothing new."})))
+
+    openai_server.chat_fn = erase_then_answer
+    if door == "api":
+        response = alice_client.post("/api/v1/engine/dream", {"scope": ["user", "u1"]},
+                                     format="json")  # fmt: skip
+        assert response.status_code == 404, response.content
+        assert response.json()["error"]["code"] == "scope_not_found"
+    else:
+        assert dream_scheduled(scope_id=row.pk, day=AT.date()) == "gone"
+    assert _left_of(row.pk, alice.pk, ["user", "u1"]) == NOTHING
+    assert _files(engine_storage) == set()
