@@ -28,5 +28,10 @@ class CoreConfig(AppConfig):
         pre_execute.connect(task_started, dispatch_uid="core.tenancy.task_started")
         post_execute_in_worker.connect(task_ended, dispatch_uid="core.tenancy.task_ended")
 
+        from core.erasure import scope_erased
+        from core.usage import scope_erase_usage
+
+        scope_erased.connect(scope_erase_usage, dispatch_uid="usage-scope-erasure")
+
         # Once per migrate (the sender filter), after every app's migrations ran.
         post_migrate.connect(register_schedules, sender=self, dispatch_uid="core.schedules")

@@ -94,6 +94,42 @@ _ASYNC_SQL = _RECORD_SQL.replace(
 ).replace("FROM total WHERE", "FROM total, quick WHERE")
 
 
+# Erasure: the scope's rows merged into the owner's rows of the same day, kind and model
+# with the anonymous subject (their counts added), in one statement.
+_ERASE_SQL = """
+WITH gone AS (
+    DELETE FROM core_usageday WHERE owner_id = %(owner)s AND subject = %(subject)s
+    RETURNING day, kind, model, calls, tokens_in, tokens_out, estimated_calls
+)
+INSERT INTO core_usageday AS u (owner_id, day, kind, model, subject, calls, tokens_in,
+                                tokens_out, estimated_calls)
+SELECT %(owner)s, day, kind, model, %(erased)s, calls, tokens_in, tokens_out, estimated_calls
+FROM gone
+ON CONFLICT (owner_id, day, kind, model, subject) DO UPDATE SET calls = u.calls + excluded.calls,
+    tokens_in = u.tokens_in + excluded.tokens_in,
+    tokens_out = u.tokens_out + excluded.tokens_out,
+    estimated_calls = u.estimated_calls + excluded.estimated_calls
+"""
+ERASED_SUBJECT = "(erased)"
+
+
+def usage_subject_erase(*, owner_id: int, subject: str) -> None:
+    """The owner's usage rows about ``subject`` (an erased scope's label, ``user/alice``)
+    keep their counts (the owner's bill) under ``ERASED_SUBJECT``, merged with any
+    already there: no row names the subject any more."""
+    if not subject:
+        return
+    with connection.cursor() as cur:
+        cur.execute(_ERASE_SQL, {"owner": owner_id, "subject": subject[:255],
+                                 "erased": ERASED_SUBJECT})  # fmt: skip
+
+
+def scope_erase_usage(*, owner_id: int, scope: list[str], **_: Any) -> None:
+    """Receiver of ``core.erasure.scope_erased``: the scope's usage rows no longer name
+    it (its subject is its label, ``"/".join(scope)``: ``user/<end user id>``)."""
+    usage_subject_erase(owner_id=owner_id, subject="/".join(scope))
+
+
 # Counts made while this thread's database connection was busy (a finaliser run by the
 # garbage collector inside a database call would otherwise wait for the connection's own
 # lock forever): written by the next count.

@@ -39,7 +39,7 @@ from core.providers.json_answer import Field, ListSpec, Reading, Shape
 from core.providers.llm import ChatLLM, get_llm
 from core.times import storable
 from core.tracing import annotate, span, traceparent
-from core.usage import budget_spent, usage_for
+from core.usage import budget_spent, usage_for, usage_subject_erase
 from ingestion.erasure import queued_turns
 from memories.engine import files
 from memories.engine.dreams import memory_md_sync
@@ -517,6 +517,8 @@ def _still_pending(scope: Scope, ids: list[int]) -> bool:
     still there and every row still pending (never write twice, nor for an erased
     scope)."""
     if not scope_held_if_there(scope):
+        # (the LLM call's usage, counted after the erasure, names it no more either)
+        usage_subject_erase(owner_id=scope.owner_id, subject=scope.label)
         return False
     still = pending_of(scope.pk).select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
     return len(list(still)) == len(ids)

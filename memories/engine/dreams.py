@@ -38,7 +38,7 @@ from core.providers.errors import ProviderBadResponse
 from core.providers.json_answer import Field, ListSpec, MalformedAnswer, Shape
 from core.providers.llm import ChatLLM
 from core.queue import enqueue
-from core.usage import budget_spent, usage_for
+from core.usage import budget_spent, usage_for, usage_subject_erase
 from memories.engine import files
 from memories.engine.llm import (
     CATEGORY,
@@ -382,8 +382,12 @@ def dream_run(
     lookback = _lookback(lookback_days)
     calls = json_calls(llm, feature=FEATURE)
     row = _scope_row(owner, scope)
-    with usage_for(owner_id=row.owner_id, kind="dream", subject=row.label):
-        return _dream(row, lookback, trigger, today, calls, embedder, wait_seconds)
+    try:
+        with usage_for(owner_id=row.owner_id, kind="dream", subject=row.label):
+            return _dream(row, lookback, trigger, today, calls, embedder, wait_seconds)
+    except ScopeNotFound:  # erased meanwhile: its LLM call's usage names it no more
+        usage_subject_erase(owner_id=row.owner_id, subject=row.label)
+        raise
 
 
 def _dream(row: Scope, lookback: int, trigger: str, today: date | None, calls: JsonCalls,

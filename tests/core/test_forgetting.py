@@ -21,7 +21,7 @@ from django.db import connection
 from django.utils import timezone
 from django_q.tasks import async_task
 
-from core.models import AccessEvent, APIKey
+from core.models import AccessEvent, APIKey, UsageDay
 from ingestion.updates import updates_run
 from memories.bases.services import memory_base_create, memory_base_flush
 from memories.conversations.models import Flow
@@ -320,3 +320,7 @@ def test_erasing_an_end_user_leaves_no_trace_of_them(alice, alice_client, storag
                       "changes": counts["changes"], "chats": 1}  # fmt: skip
     assert counts["versions"] >= 2 and counts["changes"] >= 4
     assert ERIN not in json.dumps(record.detail) + record.actor
+    # The usage counts of their chats, extractions, dreams and summaries stay (the owner's
+    # bill), under no end user's id.
+    subjects = set(UsageDay.objects.values_list("subject", flat=True))
+    assert {"(erased)", f"user/{OTHER}"} <= subjects and f"user/{ERIN}" not in subjects

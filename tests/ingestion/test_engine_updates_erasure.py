@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 from django_q.models import Schedule
 
+from core.models import UsageDay
 from ingestion.updates import updates_run
 from memories.engine import files
 from memories.engine.dreams import memory_md_sync
@@ -65,6 +66,8 @@ def test_a_run_whose_scope_is_erased_during_its_extraction_writes_nothing(
     assert (Fact.objects.count(), PendingUpdate.objects.count(), FormationRun.objects.count(),
             Schedule.objects.filter(name=schedule_name(row.pk)).count()) == (0, 0, 0, 0)  # fmt: skip
     assert _files(engine_storage) == []  # no journal day, no MEMORY.md of the erased scope
+    # The LLM call, counted after the erasure, is the owner's, about no one named.
+    assert set(UsageDay.objects.values_list("subject", flat=True)) <= {"(erased)"}
 
 
 def test_a_run_whose_scope_is_kept_writes_its_journal(

@@ -304,3 +304,34 @@ def test_a_memory_base_job_a_caller_asked_for_is_never_held(alice, flow, llm_set
     done = session_ingest_run(job_id=job.pk)
     assert (done.status, done.deferred_until) == (MemoryBaseJob.Status.SUCCEEDED, None)
     assert len(openai_server.requests) == 1
+
+
+def test_erasing_an_end_user_keeps_their_usage_counts_but_not_their_id(
+    alice, bob, alice_client, engine_llm
+):
+    """The usage rows about an erased end user (their id is the subject) are merged into
+    the owner's anonymous ``(erased)`` rows: the bill stays, the id goes; another end
+    user's rows and another owner's rows of the same id are untouched."""
+    from memories.facts.scopes import end_user_ensure
+
+    gone, kept = "mail.x1@example.com", "mail.x2@example.com"
+    for owner, user in ((alice, gone), (alice, kept), (bob, gone)):
+        end_user_ensure(owner=owner, external_id=user)
+        for kind, tokens in (("proxy", 100), ("extraction", 10)):
+            with usage_for(owner_id=owner.pk, kind=kind, subject=f"user/{user}"):
+                usage_record(model="m", tokens_in=tokens, tokens_out=1, estimated=False)
+    with usage_for(owner_id=alice.pk, kind="proxy", subject="(erased)"):  # an earlier erasure's
+        usage_record(model="m", tokens_in=1000, tokens_out=1, estimated=True)
+    totals = alice_client.get("/api/v1/usage", {"group_by": "kind"}).json()["totals"]
+
+    assert alice_client.delete(f"/api/v1/users/{gone}/memories").status_code == 200
+
+    assert _rows(alice) == [
+        ("extraction", "m", "(erased)", 1, 10, 1, 0),
+        ("extraction", "m", f"user/{kept}", 1, 10, 1, 0),
+        ("proxy", "m", "(erased)", 2, 1100, 2, 1),
+        ("proxy", "m", f"user/{kept}", 1, 100, 1, 0),
+    ]
+    by_subject = alice_client.get("/api/v1/usage", {"group_by": "subject"}).json()
+    assert gone not in str(by_subject) and by_subject["totals"] == totals
+    assert [row[2] for row in _rows(bob)] == [f"user/{gone}"] * 2
