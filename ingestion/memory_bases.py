@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
@@ -27,7 +28,7 @@ from core.queue import owner_group
 from core.usage import budget_spent, usage_for
 from knowledge.services import DocumentIn, IngestCancelled, knowledge_base_ingest
 from memories.bases.models import MemoryBase, MemoryBaseJob, MemoryBaseSession
-from memories.bases.services import session_cursor_advance
+from memories.bases.services import session_cursor_advance, session_ingest_continue
 from memories.conversations.models import Message
 from memories.conversations.selectors import outputs_in_scope
 
@@ -130,10 +131,21 @@ def session_ingest_run(
             return None
         with job_outcome(MemoryBaseJob, job.pk):
             try:
-                job_finish(MemoryBaseJob, job.pk, _ingest(job, progress))
+                _finish(job, _ingest(job, progress))
             except _Deferred as deferred:
                 _defer(job, deferred.until)
     return MemoryBaseJob.objects.select_related("session").filter(pk=job.pk).first()
+
+
+def _finish(job: MemoryBaseJob, status: str) -> None:
+    """Record how the job ended; a success queues the session's next job if outputs
+    captured meanwhile reach the threshold (``session_ingest_continue``). One
+    transaction: a worker killed between the two leaves the job running for the sweep,
+    never finished with the outputs it left behind stranded until the next run."""
+    with transaction.atomic():
+        job_finish(MemoryBaseJob, job.pk, status)
+        if status == MemoryBaseJob.Status.SUCCEEDED:
+            session_ingest_continue(session_pk=job.session_id)
 
 
 def _ingest(job: MemoryBaseJob, progress: Callable[[int, int], None] | None) -> str:

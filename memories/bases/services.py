@@ -112,14 +112,29 @@ def session_ingest_enqueue_quietly(*, session: MemoryBaseSession) -> None:
     job that finished at that very moment is no reason: the job is queued again at once
     (its messages after the finished job's would otherwise wait for the next trigger)."""
     try:
-        try:
-            session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
-        except JobJustFinished:
-            session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
+        with transaction.atomic():  # in a caller's transaction, a failure here leaves it usable
+            try:
+                session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
+            except JobJustFinished:
+                session_ingest_enqueue(session=session, trigger=MemoryBaseJob.Trigger.AUTO)
     except JobConflict as exc:
         logger.info("auto-trigger skipped: %s", exc)
     except Exception:  # noqa: BLE001 - the run is stored; the next trigger retries
         logger.exception("could not queue ingestion for session %s", session.pk)
+
+
+def session_ingest_continue(*, session_pk: int) -> None:
+    """After a job of the session succeeded, in the transaction that records it: the
+    outputs captured while it was active had their triggers refused (one active job per
+    session), so if the session's pending outputs reach the threshold of its auto-capture
+    memory base, the next automatic job is queued now. A concurrent trigger that queues
+    it first wins (the database keeps one active job); this one is then logged, skipped.
+    A session deleted meanwhile is nothing to do."""
+    session = MemoryBaseSession.objects.select_related("memory_base").filter(pk=session_pk).first()
+    if session is None or not session.memory_base.auto_capture:
+        return
+    if session_pending_count(session=session) >= session.memory_base.threshold:
+        session_ingest_enqueue_quietly(session=session)
 
 
 def memory_base_session_ensure(*, memory_base: MemoryBase, session_id: str) -> MemoryBaseSession:

@@ -211,6 +211,75 @@ def test_auto_trigger_conflict_does_not_lose_the_run(flow, memory_base, hold_dis
     assert MemoryBaseJob.objects.count() == 1
 
 
+@pytest.mark.parametrize("run", ["task", "sweep"])
+def test_outputs_captured_while_a_job_is_active_are_ingested_when_it_ends(
+    flow, memory_base, monkeypatch, run
+):
+    """Threshold 3, ten one-output runs: the third queues a job; the seven captured while
+    it is active meet it (one active job per session) and queue none. When it ends (run
+    by its task, or by the sweep after the task was lost), the seven pending reach the
+    threshold and the next job runs: all ten are ingested, each once, with no flush."""
+    from ingestion import tasks
+
+    monkeypatch.setattr(services, "_dispatch", lambda job: None)  # not picked up yet
+    for i in range(10):
+        record(flow, "s1", f"output {i}", run_id=f"r{i}")
+    first = MemoryBaseJob.objects.get()
+    assert first.status == MemoryBaseJob.Status.QUEUED
+    monkeypatch.undo()  # the next job is dispatched (and runs: tasks are inline in tests)
+    if run == "task":
+        assert tasks.ingest_session(str(first.pk)) == MemoryBaseJob.Status.SUCCEEDED
+    else:
+        assert runner.memory_base_jobs_sweep(stale_seconds=0) == 1
+    ids = Message.objects.filter(session_id="s1").values_list("pk", flat=True)
+    assert _chunks(memory_base) == sorted(f"message:{i}#0" for i in ids)
+    session = _session(memory_base, "s1")
+    assert (session.total_processed, services.session_pending_count(session=session)) == (10, 0)
+    jobs = MemoryBaseJob.objects.order_by("created_at").values_list(
+        "trigger", "status", "messages_processed"
+    )
+    assert list(jobs) == [("auto", "succeeded", 3), ("auto", "succeeded", 7)]
+    memory_base.knowledge_base.refresh_from_db()
+    assert memory_base.knowledge_base.chunk_count == 10
+
+
+def test_concurrent_one_output_runs_are_all_ingested_once(flow, memory_base):
+    """Ten concurrent one-output runs, threshold 3 (tasks inline: a run's trigger runs
+    its job): however their triggers meet the active jobs, all ten end ingested, each
+    once, no job left active and no flush."""
+    from django.db import connection
+
+    barrier = threading.Barrier(10)
+
+    def run(i):
+        try:
+            barrier.wait()
+            record(flow, "s1", f"output {i}", run_id=f"r{i}")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    ids = Message.objects.filter(session_id="s1").values_list("pk", flat=True)
+    assert _chunks(memory_base) == sorted(f"message:{i}#0" for i in ids)
+    assert _session(memory_base, "s1").total_processed == 10
+    assert not MemoryBaseJob.objects.filter(status__in=MemoryBaseJob.ACTIVE).exists()
+    assert sum(MemoryBaseJob.objects.values_list("messages_processed", flat=True)) == 10
+
+
+def test_a_job_ending_below_the_threshold_queues_none(flow, memory_base, hold_dispatch):
+    """What a job leaves pending below the threshold waits for the next trigger."""
+    record(flow, "s1", "m1", "m2", "m3")
+    first = MemoryBaseJob.objects.get()
+    record(flow, "s1", "m4", "m5")  # met the active job
+    session_ingest_run(job_id=first.pk)
+    assert list(MemoryBaseJob.objects.values_list("status", flat=True)) == ["succeeded"]
+    assert services.session_pending_count(session=_session(memory_base, "s1")) == 2
+
+
 def test_run_is_stored_even_when_enqueueing_fails(flow, memory_base, monkeypatch):
     def broken(job):
         raise ConnectionError("broker unavailable")
