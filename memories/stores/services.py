@@ -257,9 +257,15 @@ def _restore(store: MemoryStore, previous: ValidStore, updated_at: Any) -> None:
 
 
 def memory_store_delete(*, store: MemoryStore) -> None:
-    """Delete a store, its items and its attachments (a file store: its knowledge base)."""
+    """Delete a store, its items and its attachments (a file store: its knowledge base).
+    ``NotFound`` if it is gone already. A write to it either commits first (and its item
+    is deleted with the store) or finds it gone (``node_memory_write``: 404)."""
     backend = backend_for(store) if store_type(store.type) else None
     with transaction.atomic():
+        # The writers' lock, taken before the items are deleted: else an item a write
+        # commits between the items' DELETE and the store's breaks the foreign key.
+        if not MemoryStore.objects.select_for_update().filter(pk=store.pk).exists():
+            raise NotFound(f"memory store {store.name!r} was deleted")
         store.delete()
         if backend is not None:
             backend.deleted()
