@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import models, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -111,13 +112,20 @@ def job_run_lock(model: type[Job], job_id: Any) -> Iterator[bool]:
 def job_outcome(model: type[Job], job_id: Any) -> Iterator[None]:
     """Record how a claimed run ends when it ends by an exception.
 
-    An error is the job's failure (its poller must learn what happened); a time
-    limit or shutdown (``BaseException``) is recorded as interrupted and re-raised.
+    An error is the job's failure (its poller must learn what happened), logged with
+    its traceback; a ``DoesNotExist`` with the job row gone too (deleted with its base or
+    session meanwhile) is logged at INFO, without one. A time limit or shutdown
+    (``BaseException``) is recorded as interrupted and re-raised.
     """
     try:
         yield
     except Exception as exc:
-        logger.exception("%s %s failed", model._meta.verbose_name, job_id)
+        if isinstance(exc, ObjectDoesNotExist) and not _job_exists(model, job_id):
+            # What it worked on was deleted meanwhile, and the job with it (a base deleted,
+            # a chat erased): an expected end, with nothing left to record it on.
+            logger.info("%s %s ended: %s (deleted meanwhile)", _kind(model), job_id, exc)
+            return
+        logger.exception("%s %s failed", _kind(model), job_id)
         message = str(exc) if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
         job_finish(model, job_id, Job.Status.FAILED, message)
     except BaseException as exc:
@@ -128,6 +136,14 @@ def job_outcome(model: type[Job], job_id: Any) -> Iterator[None]:
             f"interrupted: {type(exc).__name__}; {model.RETRY_HINT}",
         )
         raise
+
+
+def _kind(model: type[Job]) -> str:
+    return str(model._meta.verbose_name)
+
+
+def _job_exists(model: type[Job], job_id: Any) -> bool:
+    return model._default_manager.filter(pk=job_id).exists()
 
 
 def job_stale(model: type[J], *, stale_seconds: float | None = None) -> QuerySet[J]:

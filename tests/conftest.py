@@ -200,6 +200,14 @@ def memory_base(alice, flow):
     return memory_base_create(owner=alice, name="support-memory", flow=flow, threshold=3)
 
 
+def jobs_logged(caplog) -> list[tuple[str, object, str]]:
+    """What ``core.jobs`` logged (level, exc_info, message), once nothing logged an error."""
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+    return [
+        (r.levelname, r.exc_info, r.getMessage()) for r in caplog.records if r.name == "core.jobs"
+    ]
+
+
 def record(flow, session_id: str, *texts: str, run_id: str = "run", role: str = "assistant"):
     """Capture one run of ``texts`` (outputs unless ``role`` is user)."""
     return messages_record(

@@ -28,7 +28,7 @@ from memories.bases.services import (
 )
 from memories.conversations.models import Message
 from memories.conversations.services import MessageIn, UnknownParent
-from tests.conftest import record
+from tests.conftest import jobs_logged, record
 
 # on_commit callbacks (enqueue, dispatch) must really run: transactional tests.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -343,6 +343,49 @@ def test_delete_during_running_sync_stops_job_and_leaves_nothing(flow, memory_ba
     assert not Chunk.objects.exists()
     assert not MemoryBaseJob.objects.exists()
     assert Message.objects.count() == 2  # the flow's messages are not the memory base's
+
+
+def test_a_job_whose_chat_is_erased_as_it_starts_ends_quietly(
+    flow, memory_base, hold_dispatch, monkeypatch, caplog
+):
+    """The session (and its job with it) is deleted once the run has claimed the job: the
+    run ends on the vanished session, logged at INFO without a traceback."""
+    record(flow, "s1", "m1", "m2", "m3")
+    job = MemoryBaseJob.objects.get()
+    claim = runner.job_claim
+
+    def erased_meanwhile(*args, **kwargs):
+        claimed = claim(*args, **kwargs)
+        session_messages_delete(flow=flow, session_id="s1")
+        return claimed
+
+    monkeypatch.setattr(runner, "job_claim", erased_meanwhile)
+    caplog.set_level("INFO", logger="core.jobs")
+    assert session_ingest_run(job_id=job.pk) is None
+    assert not MemoryBaseJob.objects.exists() and _chunks(memory_base) == []
+    assert jobs_logged(caplog) == [
+        ("INFO", None, f"memory base job {job.pk} ended: MemoryBaseSession matching query "
+         "does not exist. (deleted meanwhile)"),
+    ]  # fmt: skip
+
+
+def test_a_does_not_exist_of_a_job_still_there_is_an_error(
+    flow, memory_base, hold_dispatch, monkeypatch, caplog
+):
+    """Only a job gone with what it worked on ends quietly: otherwise the same exception
+    is a failure, logged as an error with its traceback."""
+    record(flow, "s1", "m1", "m2", "m3")
+    job = MemoryBaseJob.objects.get()
+
+    def broken(job, progress):
+        raise MemoryBaseSession.DoesNotExist("a bug")
+
+    monkeypatch.setattr(runner, "_ingest", broken)
+    session_ingest_run(job_id=job.pk)
+    job.refresh_from_db()
+    assert (job.status, job.error) == ("failed", "DoesNotExist: a bug")
+    (error,) = [r for r in caplog.records if r.name == "core.jobs"]
+    assert error.levelname == "ERROR" and error.exc_info is not None
 
 
 def test_mismatch_and_regenerate_rebuild_the_same_chunks(flow, memory_base):

@@ -14,6 +14,7 @@ from knowledge.models import Chunk, IngestJob
 from knowledge.services import jobs as services
 from knowledge.services import knowledge_ingest_job_run
 from knowledge.tasks import run_ingest_job
+from tests.conftest import jobs_logged
 from tests.knowledge.factories import make_kb
 
 pytestmark = pytest.mark.django_db
@@ -172,7 +173,9 @@ def test_bad_batches_are_refused_before_any_job_exists(alice, alice_client, sett
     assert not IngestJob.objects.exists()
 
 
-def test_a_base_deleted_while_its_job_runs(alice, settings, monkeypatch):
+def test_a_base_deleted_while_its_job_runs(alice, settings, monkeypatch, caplog):
+    """The job goes with its base; its run ends on the vanished base, logged at INFO
+    without a traceback (an expected end, not an error)."""
     from knowledge.services import DocumentIn, knowledge_base_delete, knowledge_ingest_job_create
 
     kb = make_kb(alice)
@@ -186,9 +189,14 @@ def test_a_base_deleted_while_its_job_runs(alice, settings, monkeypatch):
         return original(knowledge_base=knowledge_base, documents=documents)
 
     monkeypatch.setattr(services, "knowledge_base_ingest", deleted_meanwhile)
+    caplog.set_level("INFO", logger="core.jobs")
     assert knowledge_ingest_job_run(job_id=str(job.pk)) is None
     assert run_ingest_job(str(job.pk)) == "gone"
     assert not Chunk.objects.exists() and not IngestJob.objects.exists()
+    assert jobs_logged(caplog) == [
+        ("INFO", None, f"ingest job {job.pk} ended: KnowledgeBase matching query does not "
+         "exist. (deleted meanwhile)"),
+    ]  # fmt: skip
 
 
 def _queue(kb, *docs):
