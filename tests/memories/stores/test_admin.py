@@ -187,6 +187,20 @@ def test_a_bad_store_is_shown_on_the_form_and_nothing_saved(
     assert everything() == before
 
 
+def test_a_yaml_alias_bomb_is_shown_on_the_form_and_nothing_saved(admin_client, alice):
+    before = everything()
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)]
+    response = admin_client.post(ADD, store_form(alice, "notes", "blackboard", "\n".join(levels)))
+    assert form_errors(response) == {
+        "config": [
+            "Not YAML or JSON: YAML aliases may repeat at most 1,000 values in all;"
+            " these repeat 12,345,660."
+        ]
+    }
+    assert everything() == before
+
+
 def test_a_taken_name_and_an_unset_variable_are_shown_on_the_form(
     admin_client, alice, docs_root, monkeypatch, stores
 ):

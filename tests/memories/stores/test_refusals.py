@@ -123,3 +123,57 @@ def test_a_yaml_number_in_exponent_form_is_a_number(alice_client, flow):
     assert response.status_code == 200, response.json()
     exported = alice_client.get("/api/v1/memory-config").json()
     assert exported["nodes"][0]["memories"][0]["similarity_threshold"] == 0.5
+
+
+def alias_bomb(levels: int) -> str:
+    """A few hundred bytes of YAML whose aliases expand tenfold per level."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    board = (
+        f"memory:\n  - {{name: board, type: blackboard, config: {{memory_path: *a{levels - 1}}}}}"
+    )
+    return "\n".join([*lines, board]) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(alice_client):
+    """Seven levels (428 bytes, ten million values) held a worker for 37 s; the aliases
+    are now counted on the parsed nodes, so even four levels are refused."""
+    response = alice_client.generic(
+        "POST", "/api/v1/memory-config?dry_run=true", alias_bomb(4), content_type="application/yaml"
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "parse_error"
+    assert (
+        "YAML aliases may repeat at most 1,000 values in all; these repeat 23,441."
+        in (error["message"])
+    )
+    assert not MemoryStore.objects.exists()
+
+
+def test_a_yaml_alias_to_its_own_node_is_refused(alice_client):
+    document = "memory: &m\n  - {name: board, type: blackboard, config: {x: *m}}\n"
+    response = alice_client.generic(
+        "POST", "/api/v1/memory-config", document, content_type="application/yaml"
+    )
+    assert response.status_code == 400
+    assert "may not refer to a node that contains it" in response.json()["error"]["message"]
+    assert not MemoryStore.objects.exists()
+
+
+def test_a_yaml_alias_that_repeats_a_few_values_still_works(alice_client, flow):
+    document = (
+        "memory:\n  - {name: board, type: blackboard}\n  - {name: notes, type: blackboard}\n"
+        f"nodes:\n  - id: answer\n    flow: {flow.name}\n    memories:\n"
+        "      - &usual {name: board, similarity_threshold: 0.5, top_k: 3}\n"
+        "      - {<<: *usual, name: notes}\n"
+    )
+    response = alice_client.generic(
+        "POST", "/api/v1/memory-config", document, content_type="application/yaml"
+    )
+    assert response.status_code == 200, response.json()
+    memories = alice_client.get("/api/v1/memory-config").json()["nodes"][0]["memories"]
+    assert [(m["name"], m["similarity_threshold"], m["top_k"]) for m in memories] == [
+        ("board", 0.5, 3),
+        ("notes", 0.5, 3),
+    ]

@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ServiceError
+from memories.stores.api.parsers import yaml_load
 from memories.stores.config import memory_config_apply
 from memories.stores.services import ConfigInvalid
 
@@ -39,7 +40,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, file: Path, owner: str | None, dry_run: bool, **opts: Any) -> None:
         try:
-            document = yaml.safe_load(file.read_text(encoding="utf-8"))
+            document = yaml_load(file.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
             raise CommandError(f"cannot read {file}: {exc}") from exc
         user = self._owner(owner)
