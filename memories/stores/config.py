@@ -175,17 +175,18 @@ def _check_stores(
             continue
         _unknown_keys(entry, ("name", "type", "config"), where, errors)
         name = entry.get("name")
-        if isinstance(name, str) and name in defined:
-            first = defined[name][0]
+        first = defined[name][0] if isinstance(name, str) and name in defined else None
+        if first is not None:
             _error(errors, f"{where}.name", f"duplicate store name {name!r} (memory[{first}])")
-            continue
-        valid = validate_store_definition(
+        valid = validate_store_definition(  # a duplicate's type and config are checked too
             name=name,
             type_name=entry.get("type"),
             config=entry.get("config"),
             where=where,
             errors=errors,
         )
+        if first is not None:
+            continue
         if isinstance(name, str):
             defined[name] = (index, valid)
         if valid is not None and isinstance(name, str) and name in existing:
@@ -235,18 +236,23 @@ def _check_node(
     for j, raw in enumerate(memories):
         place = f"{where}.memories[{j}]"
         attachment = attachment_validate(raw, where=place, errors=errors)
-        if attachment is None:
+        # An attachment with a bad stage or top_k still has its store named, or refused.
+        if attachment is not None:
+            name = attachment["name"]
+        else:
+            name = raw.get("name") if isinstance(raw, dict) else None
+        if not isinstance(name, str) or f"{place}.name" in errors:
             continue
-        name = attachment["name"]
         known, read_only = _store_kind(name, *stores)
         if not known:
             _error(errors, f"{place}.name", f"no memory store named {name!r}")
         elif name in seen:
             _error(errors, f"{place}.name", attached_twice(name))
-        else:
+        elif attachment is not None:
             attachment_write_check(attachment, read_only=read_only, where=place, errors=errors)
         seen.add(name)
-        attachments.append(attachment)
+        if attachment is not None:
+            attachments.append(attachment)
     if flow is None or not NODE_ID.matches(node_id):
         return None
     return _Node(flow=flow, node_id=str(node_id), attachments=attachments)

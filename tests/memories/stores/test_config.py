@@ -110,6 +110,39 @@ def test_bad_config_is_refused_at_its_place_with_nothing_written(
     assert snapshot_db() == before
 
 
+@pytest.mark.parametrize(
+    ("entries", "details"),
+    [
+        (
+            {"memory": [{"name": "a", "type": "simple"}, {"name": "a", "type": "nope"}]},
+            {"memory[1].name", "memory[1].type"},
+        ),
+        (
+            {
+                "nodes": [
+                    {
+                        "id": "n",
+                        "flow": "{flow}",
+                        "memories": [{"name": "zzz", "retrieve_stage": ["lunch"]}],
+                    }
+                ]
+            },
+            {"nodes[0].memories[0].name", "nodes[0].memories[0].retrieve_stage[0]"},
+        ),
+    ],
+    ids=["duplicate with an unknown type", "unknown store with a bad stage"],
+)
+def test_every_problem_of_one_entry_is_named(alice_client, flow, entries, details):
+    """A duplicate name stopped the entry's other checks, and an attachment's bad field
+    stopped the check of the store it names."""
+    for node in entries.get("nodes", []):
+        node["flow"] = flow.name
+    response = alice_client.post(URL, entries, format="json")
+    assert response.status_code == 400, response.json()
+    assert set(response.json()["error"]["details"]) == details
+    assert not MemoryStore.objects.exists()
+
+
 def test_every_problem_is_listed_at_once(alice_client, base_doc):
     doc = _mutate(base_doc, "memory/0/type", "vector")
     doc = _mutate(doc, "nodes/0/memories/1/write", True)
