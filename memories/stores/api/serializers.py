@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -32,10 +33,20 @@ class StoreUpdateSerializer(serializers.Serializer):
 
     config = serializers.JSONField()
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        # Before the fields: {"name": "renamed"} alone was a 400 "config: This field is
+        # required.", which named the wrong thing to fix.
+        if isinstance(data, Mapping):
+            try:
+                self._refuse_fixed(data)
+            except serializers.ValidationError as exc:  # (validate()'s errors are lists)
+                raise serializers.ValidationError(serializers.as_serializer_error(exc)) from None
+        return super().to_internal_value(data)
+
+    def _refuse_fixed(self, data: Mapping[str, Any]) -> None:
         store: MemoryStore = self.context["store"]
         refuse_changes(
-            self.initial_data,
+            data,
             changeable=self.fields,
             fixed={"id": store.pk, "name": store.name, "type": store.type},
             ignored=set(StoreOutputSerializer.Meta.fields) | {"load"},
@@ -43,7 +54,6 @@ class StoreUpdateSerializer(serializers.Serializer):
             "attach it in the node's place (docs/memory-stores.md).",
             unknown="Unknown field {key}.",
         )
-        return attrs
 
 
 class StoreOutputSerializer(serializers.ModelSerializer):

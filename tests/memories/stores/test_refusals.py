@@ -47,6 +47,20 @@ def test_a_patch_naming_another_name_or_type_is_refused_and_changes_nothing(
     assert snapshot_db() == before
 
 
+@pytest.mark.parametrize("change", [{"name": "renamed"}, {"type": "simple"}])
+def test_a_patch_of_only_a_name_or_type_names_it_not_the_missing_config(
+    alice_client, board, change
+):
+    before = snapshot_db()
+    response = alice_client.patch(f"{URL}/{board.pk}", change, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    (key,) = change
+    assert list(error["details"]) == [key]
+    assert error["message"].startswith(f"{key}: {key} cannot be changed: ")
+    assert snapshot_db() == before
+
+
 def test_a_get_body_sent_back_with_a_new_config_is_applied(alice_client, board):
     body = alice_client.get(f"{URL}/{board.pk}").json()
     body["config"] = {**body["config"], "max_items": 3}
