@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -102,7 +102,7 @@ def entry_hash(messages: list[dict[str, Any]]) -> str:
 
 def render_entry(messages: list[dict[str, Any]], at: datetime, source: str) -> str:
     lines = [
-        f"## {at.strftime('%H:%M:%S')} UTC · {source}",
+        f"## {_utc(at).strftime('%H:%M:%S')} UTC · {source}",
         f"<!-- entry {entry_hash(messages)} -->",
         "",
     ]
@@ -118,13 +118,20 @@ def journal_append(
     """Append one dated entry to the scope's journal of ``at``'s day (UTC); an entry
     with the same messages already in that day's file is not appended again
     (a re-run after a crash, a client retrying its flush). Whether it appended."""
-    name = journal_path(owner_id, scope, at.date())
+    day = _utc(at).date()
+    name = journal_path(owner_id, scope, day)
     current = read_text(name)
     if current is not None and entry_hash(messages) in ENTRY_MARK.findall(current):
         return False
-    header = f"# Journal · {'/'.join(scope)} · {at.date().isoformat()}\n\n"
+    header = f"# Journal · {'/'.join(scope)} · {day.isoformat()}\n\n"
     write_text(name, (current or header) + render_entry(messages, at, source))
     return True
+
+
+def _utc(at: datetime) -> datetime:
+    """``at`` in UTC, the journal's days and clock (a message's ``at`` keeps the offset
+    it was given: 01:00+05:00 was journaled as 01:00 UTC of its local day); naive is UTC."""
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 def journal_read(*, owner_id: int, scope: list[str], day: date) -> str:

@@ -341,6 +341,23 @@ def test_facts_learned_from_a_flush_were_observed_when_it_was_said(alice, alice_
     assert second.observed_at == came.created_at
 
 
+def test_a_message_said_with_an_offset_is_journaled_on_its_utc_day(alice, alice_client,
+                                                                   engine_llm):  # fmt: skip
+    """01:00+05:00 is 20:00 UTC the day before: its fact was observed then, but its
+    journal entry was the local day's, headed "01:00:00 UTC"."""
+    said = "2025-03-02T01:00:00+05:00"
+    flushed = _flush(alice_client, messages=[{"role": "user", "content": SAID, "at": said}])
+    assert flushed.status_code == 202
+    _process(alice)
+    assert Fact.objects.get(owner=alice).observed_at.isoformat() == "2025-03-01T20:00:00+00:00"
+    days = alice_client.get("/api/v1/engine/journal", {"scope": SCOPE}).json()
+    assert days == {"scope": SCOPE, "days": ["2025-03-01"]}
+    shown = alice_client.get("/api/v1/engine/journal", {"scope": SCOPE, "date": "2025-03-01"})
+    markdown = shown.json()["markdown"]
+    assert markdown.startswith("# Journal · org/acme/agent-1 · 2025-03-01\n")
+    assert "\n## 20:00:00 UTC · api\n" in markdown
+
+
 def test_a_flush_error_names_its_field_with_a_list_of_words(alice_client, engine_llm):
     """The API's error shape: each field's messages as a list, the field named by its
     path (a flush's were strings inside nested objects, or a flat key of another form)."""
