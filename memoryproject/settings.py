@@ -277,6 +277,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ChatRoleEnum": "core.api.fields.CHAT_ROLES",
         "MessageRoleEnum": "memories.conversations.models.Message.Role",
+        "EngineMessageRoleEnum": "memories.engine.updates.ROLES",
         "JobStatusEnum": "core.jobs.Job.Status",
         "UpdateStatusEnum": "memories.engine.models.PendingUpdate.Status",
         "DreamStatusEnum": "memories.engine.models.Dream.Status",

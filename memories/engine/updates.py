@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import Max, Min, QuerySet
 from django.utils import timezone
 
+from core.api.serializers import OPENAI_MESSAGE_KEYS
 from core.errors import InvalidInput
 from core.providers.llm import get_llm
 from core.queue import enqueue_on_commit, owner_group
@@ -40,6 +41,7 @@ def schedule_name(scope_id: int) -> str:
 
 
 MESSAGE_ID_CHARS = 255
+MESSAGE_KEYS = frozenset({"role", "content", "at", "id"})
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
@@ -53,6 +55,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         )
     out = []
     for i, message in enumerate(messages):
+        _refuse_unknown_keys(message, i)
         role = message.get("role") if isinstance(message, dict) else None
         content = message.get("content") if isinstance(message, dict) else None
         # (each error names its field by its path, its words as that field's list: the
@@ -73,6 +76,20 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
             item["id"] = _message_id(message["id"], i)
         out.append(item)
     return out
+
+
+def _refuse_unknown_keys(message: Any, index: int) -> None:
+    """A key that names no field of a message is a 400 naming it, as the summaries' and
+    the user memories' messages do ("confidance": 0.9 was taken and dropped); an OpenAI
+    message's other keys are dropped, an agent's list being sent as it is."""
+    if not isinstance(message, dict):
+        return
+    unknown = sorted(str(k) for k in set(message) - MESSAGE_KEYS - OPENAI_MESSAGE_KEYS)
+    if unknown:
+        details = {f"messages[{index}].{key}": [f"Unknown field {key}."] for key in unknown}
+        raise InvalidInput(
+            "; ".join(f"{path}: {said[0]}" for path, said in details.items()), details=details
+        )
 
 
 def _message_at(value: Any, index: int) -> str:

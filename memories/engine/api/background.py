@@ -13,9 +13,15 @@ from functools import partial
 from typing import Any, cast
 from uuid import UUID
 
+from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -52,7 +58,7 @@ from memories.engine.dreams import (
 )
 from memories.engine.models import Dream, PendingUpdate
 from memories.engine.owner_settings import engine_settings_get, engine_settings_update
-from memories.engine.updates import pending_of, update_list
+from memories.engine.updates import MESSAGE_ID_CHARS, ROLES, pending_of, update_list
 from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, scope_find
 from memories.facts.services import scope_hold
@@ -74,9 +80,50 @@ def scope_row(request: Request) -> Scope:
     return row
 
 
-@extend_schema_serializer(component_name="EngineFlushIn")
 class FlushInSerializer(ScopedSerializer):
+    # (each message an object here: validate_messages reads them, its errors naming
+    # each field by its path, messages[0].role)
     messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": MESSAGE_ID_CHARS,
+             "pattern": "^[^,]+$"},
+            {"type": "integer"},
+        ],
+        "description": "Your id of the message (no comma), the source of the facts "
+        "learned from it.",
+    }
+)  # fmt: skip
+class FlushMessageIdField(serializers.Field):
+    """(Schema only: ``validate_messages`` reads the id.)"""
+
+
+@extend_schema_serializer(component_name="EngineFlushMessage")
+class FlushMessageSchema(serializers.Serializer):
+    """A flush's message (schema only: ``validate_messages`` reads it). Beside these keys
+    an OpenAI message's ``name``, ``tool_call_id``, ``tool_calls`` and ``refusal`` are
+    taken and dropped; any other is a 400 naming it."""
+
+    role = serializers.ChoiceField(choices=ROLES)
+    content = StrictCharField(max_length=settings.MESSAGE_MAX_CHARS)
+    at = StrictCharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        help_text="When it was said, ISO 8601 (without a zone, UTC; an offset is converted).",
+    )
+    id = FlushMessageIdField(required=False)
+
+
+@extend_schema_serializer(component_name="EngineFlushIn")
+class FlushInSchema(FlushInSerializer):
+    # (the flush's body as the schema shows it; FlushInSerializer takes it)
+    messages = serializers.ListField(
+        child=FlushMessageSchema(), min_length=1, max_length=settings.RUN_MAX_MESSAGES
+    )
 
 
 class DreamInSerializer(ScopedSerializer):
@@ -188,7 +235,7 @@ class DreamListSerializer(DreamOutputSerializer):
 class FlushView(APIView):
     @extend_schema(
         summary="Record messages for the scope's next extraction",
-        request=FlushInSerializer,
+        request=FlushInSchema,
         responses={202: PendingUpdateOutputSerializer},
     )
     def post(self, request: Request) -> Response:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from ingestion.updates import updates_run
 from memories.engine.facade import MemoryEngine
 from memories.engine.models import Dream, PendingUpdate
-from memories.facts.models import Fact
+from memories.facts.models import Fact, Scope
 from tests.memories.engine.scripted import EngineLLM, fact
 
 pytestmark = pytest.mark.django_db
@@ -301,7 +301,6 @@ def test_a_summary_of_a_new_scope_makes_the_scope_so_erasure_finds_it(alice, ali
     """The summary of a scope nobody had written to was kept with no scope row: both
     erasure doors answered 404 and the summarised text stayed."""
     from memories.conversations.models import ConversationSummary
-    from memories.facts.models import Scope
 
     ghost = ["user", "ghost"]
     messages = [{"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant",
@@ -374,6 +373,21 @@ def test_a_flush_error_names_its_field_with_a_list_of_words(alice_client, engine
         assert answer.json()["error"]["details"] == {path: [said]}
         assert answer.json()["error"]["message"] == f"{path}: {said}"
     assert PendingUpdate.objects.count() == 0
+
+
+def test_a_flush_message_refuses_a_key_that_names_no_field(alice, alice_client, engine_llm):
+    """ "confidance": 0.9 in a message answered 202 and was dropped, where the summaries'
+    and the user memories' messages refuse it; an OpenAI message's keys are dropped."""
+    message = {"role": "user", "content": SAID}
+    answer = _flush(alice_client, messages=[{**message, "confidance": 0.9}])
+    assert answer.status_code == 400
+    said = "Unknown field confidance."
+    assert answer.json()["error"]["details"] == {"messages[0].confidance": [said]}
+    assert answer.json()["error"]["message"] == f"messages[0].confidance: {said}"
+    assert PendingUpdate.objects.count() == 0 and not Scope.objects.filter(path=SCOPE).exists()
+    named = _flush(alice_client, messages=[{**message, "name": "ann", "tool_call_id": None}])
+    assert named.status_code == 202
+    assert PendingUpdate.objects.get().messages == [message]
 
 
 def test_a_message_said_in_the_future_was_said_when_its_flush_came(alice, alice_client,
