@@ -242,7 +242,7 @@ def summary_fold(
         head = message_cost("system", count_tokens(SUMMARY_PREFIX))
         start = _split(fresh, limit - summary_budget - head - PRIMING_TOKENS)
         if start == 0:  # only the protected tail is left: nothing can be folded
-            return result
+            return _within(result, limit)
         to_fold, result.kept = fresh[:start], fresh[start:]
         with usage_for(owner_id=owner_id, kind="summary", subject=_usage_subject(key)):
             # the whole stored summary, to choose from: the new one is cut anyway
@@ -260,8 +260,22 @@ def summary_fold(
             result.folded = [m.id for m in to_fold]
             result.summarized_ids += result.folded
             result.last_summarized_id = to_fold[-1].id
-            return result
+            return _within(result, limit)
     raise SummaryInputError("this conversation's summary keeps changing; try again")
+
+
+def _within(result: SummaryResult, limit: int) -> SummaryResult:
+    """The answer's summary cut to the room the kept messages leave within ``limit``
+    (none when they leave none; the stored one stays whole). The summary's prefix and
+    overheads came on top of ``max_summary_tokens``, and a protected tail past the split's
+    budget took the summary's room: the answer passed ``max_tokens`` though the latest
+    human message and what follows it fit."""
+    kept = sum(m.cost for m in result.kept)
+    room = limit - PRIMING_TOKENS - kept - message_cost("system", count_tokens(SUMMARY_PREFIX))
+    while result.summary and result.token_count > limit:
+        result.summary = truncate_to_tokens(result.summary, room) if room > 0 else ""
+        room -= 1  # (a cut summary may join the prefix's last token differently)
+    return result
 
 
 def summary_messages(summary: str, to_fold: list[SummaryMessage]) -> list[dict[str, str]]:

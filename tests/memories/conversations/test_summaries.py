@@ -373,3 +373,37 @@ def test_a_session_deleted_while_it_is_summarised_keeps_no_summary(alice_client,
     assert not ConversationSummary.objects.exists() and not Message.objects.exists()
     _say(flow, "s", "again", "user")  # the id starts afresh
     assert alice_client.get(url).json()["messages"][0]["content"].startswith("again says")
+
+
+DOC_EXAMPLE = [  # docs/engine.md's
+    SummaryMessage(
+        "1", "user", "My order 77 is late: it was due Monday and I need it on Saturday."
+    ),
+    SummaryMessage("2", "assistant", "I asked the courier to deliver order 77 by Friday."),
+    SummaryMessage("3", "user", "Thanks. Will I get a tracking link?"),
+]
+
+
+@pytest.mark.parametrize("answer", ["order 77 late, courier asked " * 40, "late order"])
+def test_the_answer_stays_within_max_tokens_when_the_latest_human_message_fits(
+    alice, openai_server, llm_settings, answer
+):
+    """The doc's example (max_tokens 40, max_summary_tokens 30) answered token_count 47:
+    the summary's prefix and overheads came on top of its 30 tokens, and the kept
+    question left it no room. The answer's summary is cut to the room left."""
+    openai_server.chat_fn = lambda payload: Scripted(body=chat_body(answer))
+    example = summary_fold(owner=alice, key="doc", messages=DOC_EXAMPLE, max_tokens=40,
+                           max_summary_tokens=30)  # fmt: skip
+    assert example.folded == ["1", "2"] and [m.id for m in example.kept] == ["3"]
+    assert example.token_count <= 40 and example.summary
+    assert ConversationSummary.objects.get(key="doc").text == truncate_to_tokens(answer, 30)
+    long = [*turns(12), SummaryMessage("q", "user", "And the deployment? " * 5)]
+    for limit, summary_budget in [(16, 1), (30, 12), (60, 50), (80, 20), (150, 140)]:
+        key = f"k{limit}-{summary_budget}"
+        result = summary_fold(owner=alice, key=key, messages=long, max_tokens=limit,
+                              max_summary_tokens=summary_budget)  # fmt: skip
+        tail = sum(m.cost for m in long[-1:]) + 3  # the question, primed
+        assert result.token_count <= limit or tail > limit, (limit, summary_budget)
+        again = summary_fold(owner=alice, key=key, messages=long, max_tokens=limit,
+                             max_summary_tokens=summary_budget)  # fmt: skip
+        assert again.llm_calls == 0 and (again.token_count <= limit or tail > limit)
