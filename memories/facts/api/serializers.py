@@ -257,6 +257,12 @@ class MemorySearchSerializer(FactSearchSerializer):
     )  # fmt: skip
 
 
+class MemorySearchQuerySerializer(MemorySearchSerializer):
+    """The GET form's parameters: the POST form's but its filter (a nested object)."""
+
+    filter = None  # type: ignore[assignment]
+
+
 class FactUpdateSerializer(AliasesMixin, ValidityFieldsMixin, serializers.Serializer):
     aliases = {"text": "content"}
 

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from core.api.pagination import PageNumberPagination
 from core.api.schema import ERROR, paginated
+from core.errors import InvalidInput
 from core.key_limits import end_user_check
 from core.validation import validate_end_user_id
 from memories.facts.api.serializers import (
@@ -31,6 +32,7 @@ from memories.facts.api.serializers import (
     MemoryHitSerializer,
     MemoryOutputSerializer,
     MemorySearchOutputSerializer,
+    MemorySearchQuerySerializer,
     MemorySearchSerializer,
     VersionSerializer,
 )
@@ -200,12 +202,14 @@ class UserMemorySearchView(APIView):
 
     @extend_schema(
         summary="Search an end user's memories (query parameters)",
-        parameters=[MemorySearchSerializer],
+        parameters=[MemorySearchQuerySerializer],
         responses={200: MemorySearchOutputSerializer, 404: ERROR},
         description="The older alias of POST: the same search with its parameters in the "
         "query string (no filter).",
     )
     def get(self, request: Request, user_id: str) -> Response:
+        if "filter" in request.query_params:  # (it was ignored: every memory matched)
+            raise InvalidInput.at("filter", "the GET form takes no filter: POST the search")
         return self._search(request, user_id, request.query_params)
 
 

@@ -123,3 +123,13 @@ def test_every_door_returns_the_same_facts_in_the_same_order(
         contents = {str(h.id): h.content for h in expected.hits}
         assert lines == [contents[m["id"]] for m in memories]
         assert settings.MEMORY_PROMPT_MAX_TOKENS >= 100  # (the whole block fits here)
+
+
+def test_the_get_search_refuses_a_filter_it_would_ignore(alice_client, facts):
+    """GET took ?filter=garbage (or a real filter) and searched without it, where an
+    unknown parameter is a 400: every memory matched what the caller meant to narrow."""
+    for value in ("garbage", '{"category": "preference"}'):
+        answer = alice_client.get("/api/v1/users/u1/memories/search", {"q": "x", "filter": value})
+        assert answer.status_code == 400
+        said = "the GET form takes no filter: POST the search"
+        assert answer.json()["error"]["details"] == {"filter": [said]}
