@@ -36,7 +36,13 @@ def refuse_unknown(data: Any, fields: Collection[str]) -> None:
 
 # An OpenAI message's keys beside role and content, which a message of a run (or of a
 # user's memories) takes and drops: an agent's message list is sent as it is.
-OPENAI_MESSAGE_KEYS = frozenset({"name", "tool_call_id", "tool_calls", "refusal"})
+# The keys of OpenAI's messages (an SDK's ``model_dump()`` of a reply included: its
+# ``annotations``, ``audio``, ``function_call``; DeepSeek's and OpenRouter's reasoning)
+# that a message list sent as an agent keeps it may carry: taken and not used.
+OPENAI_MESSAGE_KEYS = frozenset({
+    "name", "tool_call_id", "tool_calls", "refusal", "annotations", "audio", "function_call",
+    "reasoning_content", "reasoning",
+})  # fmt: skip
 
 
 class RefusingUnknown(serializers.Serializer):

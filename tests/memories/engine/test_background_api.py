@@ -387,7 +387,15 @@ def test_a_flush_message_refuses_a_key_that_names_no_field(alice, alice_client, 
     assert PendingUpdate.objects.count() == 0 and not Scope.objects.filter(path=SCOPE).exists()
     named = _flush(alice_client, messages=[{**message, "name": "ann", "tool_call_id": None}])
     assert named.status_code == 202
-    assert PendingUpdate.objects.get().messages == [message]
+    # an OpenAI SDK's model_dump() of a reply, as an agent keeps it (and a reasoning model's)
+    dumped = {"role": "assistant", "content": "Noted.", "refusal": None, "annotations": [],
+              "audio": None, "function_call": None, "tool_calls": None,
+              "reasoning_content": "..."}  # fmt: skip
+    assert _flush(alice_client, messages=[dumped]).status_code == 202
+    assert PendingUpdate.objects.order_by("id").last().messages == [
+        {"role": "assistant", "content": "Noted."}
+    ]
+    assert PendingUpdate.objects.order_by("id").first().messages == [message]
 
 
 def test_a_message_said_in_the_future_was_said_when_its_flush_came(alice, alice_client,
