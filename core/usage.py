@@ -95,7 +95,8 @@ _ASYNC_SQL = _RECORD_SQL.replace(
 
 
 # Erasure: the scope's rows merged into the owner's rows of the same day, kind and model
-# with the anonymous subject (their counts added), in one statement.
+# with the anonymous subject (their counts added), in one statement; in key order, so two
+# erasures of one owner lock the shared rows in the same order (no deadlock).
 _ERASE_SQL = """
 WITH gone AS (
     DELETE FROM core_usageday WHERE owner_id = %(owner)s AND subject = %(subject)s
@@ -104,7 +105,7 @@ WITH gone AS (
 INSERT INTO core_usageday AS u (owner_id, day, kind, model, subject, calls, tokens_in,
                                 tokens_out, estimated_calls)
 SELECT %(owner)s, day, kind, model, %(erased)s, calls, tokens_in, tokens_out, estimated_calls
-FROM gone
+FROM gone ORDER BY day, kind, model
 ON CONFLICT (owner_id, day, kind, model, subject) DO UPDATE SET calls = u.calls + excluded.calls,
     tokens_in = u.tokens_in + excluded.tokens_in,
     tokens_out = u.tokens_out + excluded.tokens_out,
