@@ -18,7 +18,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
@@ -138,14 +137,15 @@ def session_ingest_run(
 
 
 def _finish(job: MemoryBaseJob, status: str) -> None:
-    """Record how the job ended; a success queues the session's next job if outputs
-    captured meanwhile reach the threshold (``session_ingest_continue``). One
-    transaction: a worker killed between the two leaves the job running for the sweep,
-    never finished with the outputs it left behind stranded until the next run."""
-    with transaction.atomic():
-        job_finish(MemoryBaseJob, job.pk, status)
-        if status == MemoryBaseJob.Status.SUCCEEDED:
-            session_ingest_continue(session_pk=job.session_id)
+    """Record how the job ended; a success then queues the session's next job if outputs
+    captured meanwhile reach the threshold (``session_ingest_continue``). Two
+    transactions: in one, the job's row changed while the next job's insert waited on a
+    run's trigger inserting its own, which waited on that row: a deadlock, which
+    PostgreSQL broke after a second. (A worker killed between the two leaves those
+    outputs for the session's next run or flush, as before.)"""
+    job_finish(MemoryBaseJob, job.pk, status)
+    if status == MemoryBaseJob.Status.SUCCEEDED:
+        session_ingest_continue(session_pk=job.session_id)
 
 
 def _ingest(job: MemoryBaseJob, progress: Callable[[int, int], None] | None) -> str:

@@ -124,7 +124,7 @@ def session_ingest_enqueue_quietly(*, session: MemoryBaseSession) -> None:
 
 
 def session_ingest_continue(*, session_pk: int) -> None:
-    """After a job of the session succeeded, in the transaction that records it: the
+    """After a job of the session succeeded, once that is recorded: the
     outputs captured while it was active had their triggers refused (one active job per
     session), so if the session's pending outputs reach the threshold of its auto-capture
     memory base, the next automatic job is queued now. A concurrent trigger that queues
