@@ -63,7 +63,7 @@ from memories.engine.updates import (
 )
 from memories.facts.models import Scope
 from memories.facts.scopes import ScopePath, scope_ensure
-from memories.facts.selectors import FactNotFound, fact_list
+from memories.facts.selectors import FactNotFound, ScopeNotFound, fact_list
 from memories.facts.services import (
     MAX_FACT_CHARS,
     FactDecision,
@@ -359,7 +359,10 @@ def updates_now(
         if update.pk not in {r.pk for r in rows}:  # more than a batch pending: ours first
             rows = [*rows[: BATCH_MAX_UPDATES - 1], update]
         result = _run(rows, timezone.now(), llm, embedder)
-    update.refresh_from_db()
+    try:
+        update.refresh_from_db()
+    except PendingUpdate.DoesNotExist:  # the scope was erased while it ran (a 500 before)
+        raise ScopeNotFound("no such scope (erased meanwhile)") from None
     return update, result
 
 
@@ -596,8 +599,8 @@ def _failed(
     after its attempts, keeping it (and what it said) as failed.
 
     Each flush counts its own attempts: its first, and each retry made once its back-off
-    has passed. A run a client asks for meanwhile (``infer: true``, ``updates/run``)
-    that fails again is not one of them: five such calls in a second of an outage gave
+    has passed. A run a client asks for meanwhile (``infer: true``, ``updates/run``), or
+    a new flush's run, that fails again is not one of them: five such calls in a second of an outage gave
     up on the flushes at once, a new flush among them included (it took the batch's
     count)."""
     counted = {r.pk: r.attempts + (1 if r.attempts == 0 or r.due_at <= now else 0)

@@ -92,3 +92,20 @@ def test_memory_md_of_a_scope_erased_since_it_was_read_is_not_written(alice, eng
     scope_erase(scope=Scope.objects.get(pk=row.pk))
     memory_md_sync(row)  # (a run or a read that found the scope before the erasure)
     assert _files(engine_storage) == []
+
+
+def test_an_inferred_add_whose_scope_is_erased_during_its_extraction_is_a_404(
+    alice, llm_settings, openai_server, engine_storage
+):
+    """``infer: true`` (``updates_now``) read its flush back after the run, and the
+    erasure had deleted it: a 500 (PendingUpdate.DoesNotExist)."""
+    from ingestion.updates import updates_now
+    from memories.facts.selectors import ScopeNotFound
+
+    row = scope_ensure(owner=alice, scope=("user", "jr2"))
+    openai_server.chat_fn = _erase_then(ANSWERS["facts"], row.pk)
+    with pytest.raises(ScopeNotFound):
+        updates_now(owner=alice, scope=row, messages=[{"role": "user", "content": SAID}])
+    assert not Scope.objects.filter(pk=row.pk).exists()
+    assert (Fact.objects.count(), PendingUpdate.objects.count()) == (0, 0)
+    assert _files(engine_storage) == []
