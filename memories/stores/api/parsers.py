@@ -30,8 +30,9 @@ _Loader.add_implicit_resolver(
 
 # Values aliases may repeat, in all. An alias costs nothing to parse and everything to
 # expand: seven levels of ten aliases each (a 428-byte body) made ten million values, which
-# the checks and the validation then walked for 37 s ("billion laughs").
-YAML_MAX_ALIASED = 1000
+# the checks and the validation then walked for 37 s ("billion laughs"). Room for a large
+# config's shared anchors (an 11-value embedding block named by 500 stores is 5,000).
+YAML_MAX_ALIASED = 20000
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:

@@ -194,7 +194,7 @@ def test_a_yaml_alias_bomb_is_shown_on_the_form_and_nothing_saved(admin_client, 
     response = admin_client.post(ADD, store_form(alice, "notes", "blackboard", "\n".join(levels)))
     assert form_errors(response) == {
         "config": [
-            "Not YAML or JSON: YAML aliases may repeat at most 1,000 values in all;"
+            "Not YAML or JSON: YAML aliases may repeat at most 20,000 values in all;"
             " these repeat 12,345,660."
         ]
     }

@@ -151,7 +151,7 @@ def alias_bomb(levels: int) -> str:
 
 def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(alice_client):
     """Seven levels (428 bytes, ten million values) held a worker for 37 s; the aliases
-    are now counted on the parsed nodes, so even four levels are refused."""
+    are now counted on the parsed nodes, so even four levels (23,441 values) are refused."""
     response = alice_client.generic(
         "POST", "/api/v1/memory-config?dry_run=true", alias_bomb(4), content_type="application/yaml"
     )
@@ -159,7 +159,7 @@ def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(alice_client):
     error = response.json()["error"]
     assert error["code"] == "parse_error"
     assert (
-        "YAML aliases may repeat at most 1,000 values in all; these repeat 23,441."
+        "YAML aliases may repeat at most 20,000 values in all; these repeat 23,441."
         in (error["message"])
     )
     assert not MemoryStore.objects.exists()
@@ -191,3 +191,16 @@ def test_a_yaml_alias_that_repeats_a_few_values_still_works(alice_client, flow):
         ("board", 0.5, 3),
         ("notes", 0.5, 3),
     ]
+
+
+def test_a_large_config_sharing_an_anchor_is_read():
+    """An embedding block of 11 values named by 200 stores repeats 2,200: refused when
+    the limit was 1,000, though no bomb."""
+    from memories.stores.api.parsers import yaml_load
+
+    text = "usual: &usual {provider: openai, model: m, params: {dimensions: 8, a: 1}}\nmemory:\n"
+    text += "".join(f"  - {{name: s{i}, type: simple, config: {{embedding: *usual}}}}\n"
+                    for i in range(200))  # fmt: skip
+    loaded = yaml_load(text)
+    assert len(loaded["memory"]) == 200
+    assert loaded["memory"][199]["config"]["embedding"]["params"] == {"dimensions": 8, "a": 1}
