@@ -13,6 +13,7 @@ network calls stay outside transactions.
 from __future__ import annotations
 
 import functools
+from contextlib import suppress
 from typing import Any
 
 import yaml
@@ -27,7 +28,7 @@ from django.utils.html import format_html, format_html_join
 
 from core.admin_confirm import confirm_first
 from core.api.parsers import UnstorableInput, check_parsed, too_deep, unstorable_message
-from core.errors import NameTaken, ServiceError
+from core.errors import NameTaken, NotFound, ServiceError
 from core.validation import NODE_ID
 from memories.conversations.models import Flow
 from memories.stores.api.parsers import yaml_load
@@ -410,7 +411,8 @@ class MemoryStoreAdmin(admin.ModelAdmin):
     def delete_with_items(self, request: HttpRequest, queryset: QuerySet[MemoryStore]) -> None:
         names = []
         for store in list(queryset):
-            memory_store_delete(store=store)
+            with suppress(NotFound):  # (deleted meanwhile by someone else: gone all the same)
+                memory_store_delete(store=store)
             names.append(store.name)
         self.message_user(request, f"Deleted {', '.join(names)} with their items and attachments.")
 

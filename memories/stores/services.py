@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -220,7 +221,8 @@ def memory_store_create(
     try:
         return store, memory_store_load(store=store)
     except Exception:
-        memory_store_delete(store=store)
+        with suppress(NotFound):  # (deleted meanwhile: the load's own error is the one told)
+            memory_store_delete(store=store)
         raise
 
 
