@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
@@ -305,7 +306,7 @@ class MemoryAddSerializer(AliasesMixin, ValidityFieldsMixin, RefusingUnknown):
         required=False, max_length=100_000, help_text="Another name for content."
     )
     messages = InputMessageSerializer(  # type: ignore[call-arg]  # ListSerializer takes it
-        many=True, required=False, allow_empty=False, max_length=200
+        many=True, required=False, allow_empty=False
     )
     infer = StrictBooleanField(default=True)
     category = serializers.ChoiceField(
@@ -315,6 +316,13 @@ class MemoryAddSerializer(AliasesMixin, ValidityFieldsMixin, RefusingUnknown):
         min_value=0, max_value=1, default=1.0, help_text="infer=false: the facts' confidence."
     )
     metadata = MetadataField()
+
+    def validate_messages(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """As many as a run or a flush takes (``RUN_MAX_MESSAGES``; a fixed 200 was said
+        nowhere), the error a list of words as every field's."""
+        if len(value) > settings.RUN_MAX_MESSAGES:
+            raise serializers.ValidationError(f"At most {settings.RUN_MAX_MESSAGES} messages.")
+        return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)

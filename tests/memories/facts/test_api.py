@@ -376,3 +376,14 @@ def test_a_global_memory_refuses_what_only_a_fact_takes_and_writes_nothing(alice
     [key] = extra
     assert response.json()["error"]["details"] == {key: [f"Unknown field {key}."]}
     assert not Fact.objects.exists()
+
+
+def test_an_add_takes_as_many_messages_as_a_run_and_says_so_flat(alice, alice_client, settings):
+    """201 messages were a 400 ("no more than 200 elements", nested under
+    non_field_errors) where runs and flushes take RUN_MAX_MESSAGES (500), and docs said so."""
+    settings.RUN_MAX_MESSAGES = 3
+    said = [{"role": "user", "content": f"I like tea number {i}"} for i in range(4)]
+    response = alice_client.post(BASE, {"messages": said, "infer": False}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == {"messages": ["At most 3 messages."]}
+    assert not Scope.objects.exists()
