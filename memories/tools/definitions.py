@@ -4,11 +4,14 @@ facts of a scope (LangMem's semantics), ``retrieve_node_memory`` and
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from django.contrib.auth.models import User
 
 from core.errors import InvalidInput, NotFound
+from core.validation import NODE_ID, SESSION_ID
 from memories.conversations.models import Flow
 from memories.conversations.selectors import flow_get
 from memories.engine.facade import MemoryEngine
@@ -191,11 +194,8 @@ def _hit(hit: FactHit) -> dict[str, Any]:
 
 def search_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     scope = ctx.filled_scope()
-    try:
+    with _arguments():
         at = at_from(args.get("as_of"), args.get("valid_at"))
-    except InvalidInput as exc:  # (an argument: answered as every argument's error is)
-        raise ToolError(f"invalid arguments: {exc}", code="invalid_arguments",
-                        details=exc.details) from None  # fmt: skip
     result = MemoryEngine(owner=ctx.owner).search(
         scope, args["query"], limit=args["limit"], offset=args["offset"],
         filter=args.get("filter"), at=at,
@@ -281,20 +281,35 @@ def _flow(ctx: ToolContext, value: str) -> Flow:
         ) from None
 
 
+# (the limits of the ids every door takes: REST took 255-character session ids the tools
+# refused, and the tools said 200 of node ids, which are 1-128)
 NODE_PROPERTIES: dict[str, Any] = {
     "flow": {"type": "string", "description": "The flow's id."},
-    "node_id": {"type": "string", "minLength": 1, "maxLength": 200,
+    "node_id": {"type": "string", "minLength": 1, "maxLength": NODE_ID.max_length,
                 "description": "The agent node whose attached memory stores are used."},
-    "session_id": {"type": "string", "maxLength": 200, "default": "",
+    "session_id": {"type": "string", "maxLength": SESSION_ID.max_length, "default": "",
                    "description": "The conversation, for stores that keep sessions apart."},
 }  # fmt: skip
 
 
+@contextmanager
+def _arguments() -> Iterator[None]:
+    """A service's refusal of an argument answered as every bad argument of a tool is
+    (``invalid_arguments``; a bad node id was ``invalid``)."""
+    try:
+        yield
+    except InvalidInput as exc:
+        raise ToolError(f"invalid arguments: {exc}", code="invalid_arguments",
+                        details=exc.details) from None  # fmt: skip
+
+
 def retrieve_node_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    result = node_memory_retrieve(
-        flow=_flow(ctx, args["flow"]), node_id=args["node_id"], stage=args["stage"],
-        query=args["query"], session_id=args["session_id"], max_tokens=args.get("max_tokens"),
-    )  # fmt: skip
+    flow = _flow(ctx, args["flow"])
+    with _arguments():
+        result = node_memory_retrieve(
+            flow=flow, node_id=args["node_id"], stage=args["stage"], query=args["query"],
+            session_id=args["session_id"], max_tokens=args.get("max_tokens"),
+        )  # fmt: skip
     return {
         "stage": result.stage,
         "prompt": result.prompt,
@@ -327,10 +342,12 @@ def _error(error: StoreError) -> dict[str, str]:
 
 
 def write_node_memory(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    results = node_memory_write(
-        flow=_flow(ctx, args["flow"]), node_id=args["node_id"], input=args["input"],
-        output=args["output"], session_id=args["session_id"],
-    )  # fmt: skip
+    flow = _flow(ctx, args["flow"])
+    with _arguments():
+        results = node_memory_write(
+            flow=flow, node_id=args["node_id"], input=args["input"], output=args["output"],
+            session_id=args["session_id"],
+        )  # fmt: skip
     return {
         "results": [
             {

@@ -233,6 +233,33 @@ def test_node_store_tools(alice, bob, alice_client, flow):
     assert MemoryItem.objects.count() == 1
 
 
+def test_node_tools_take_the_ids_rest_takes_and_call_a_bad_one_an_argument(alice, alice_client,
+                                                                          flow):  # fmt: skip
+    """The tools refused a session id of 201-255 characters that REST takes, said node
+    ids may have 200 (they have 128), and answered a bad node id ``invalid``, not
+    ``invalid_arguments`` as every bad argument of a tool."""
+    doc = {
+        "memory": [{"name": "log", "type": "blackboard"}],
+        "nodes": [{"id": "worker", "flow": flow.name, "memories": [{"name": "log"}]}],
+    }
+    assert alice_client.post("/api/v1/memory-config", doc, format="json").status_code == 200
+    long_session = "s" * 230
+    call = "/api/v1/tools/write_node_memory/call"
+    args = {"flow": str(flow.pk), "node_id": "worker", "input": "a", "output": "done",
+            "session_id": long_session}  # fmt: skip
+    written = alice_client.post(call, {"arguments": args}, format="json")
+    assert written.status_code == 200, written.content
+    assert written.json()["result"]["results"][0]["action"] == "added"
+    bad = alice_client.post(call, {"arguments": {**args, "node_id": "no such node!"}},
+                            format="json")  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_arguments"
+    assert MemoryItem.objects.count() == 1
+    listed = {t["function"]["name"]: t["function"]
+              for t in alice_client.get("/api/v1/tools").json()["tools"]}  # fmt: skip
+    properties = listed["write_node_memory"]["parameters"]["properties"]
+    assert (properties["node_id"]["maxLength"], properties["session_id"]["maxLength"]) == (128, 255)
+
+
 @pytest.mark.usefixtures("fixture_embedder")
 def test_manage_memory_creating_the_opposite_of_a_memory_replaces_it(alice):
     manage_memory, _search = memory_tools(owner=alice, scope=SCOPE)
