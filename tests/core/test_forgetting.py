@@ -24,7 +24,7 @@ from django_q.tasks import async_task
 from core.models import AccessEvent, APIKey, UsageDay
 from ingestion.updates import updates_run
 from memories.bases.services import memory_base_create, memory_base_flush
-from memories.conversations.models import Flow
+from memories.conversations.models import ConversationSummary, Flow
 from memories.conversations.node_memory import LATEST, node_memory_append_turn
 from memories.engine.dreams import dream_run
 from memories.facts.scopes import scope_find
@@ -149,7 +149,9 @@ def _populate(owner, client, user: str) -> None:
             "scope": list(scope), "max_tokens": 40, "max_summary_tokens": 20, **body,
         }, format="json")  # fmt: skip
         assert folded.status_code == 200, folded.content
-        assert m in folded.json()["running_summary"]["text"]
+    # (stored whole; an answer's summary is cut to the room its kept messages leave)
+    stored = ConversationSummary.objects.filter(owner=owner).values_list("text", flat=True)
+    assert sum(m in text for text in stored) == 2  # (the chat's and the client's, of this user)
 
 
 def _populate_shared(owner, users: list[str]) -> None:
